@@ -1,0 +1,59 @@
+"""Decoding options shared by every scheduler: block length, steps, remasking policy, cache, canvas."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REMASKING = ("low_confidence", "threshold", "entropy", "maskgit_plus", "topk_margin")
+CACHE_MODES = ("none", "prefix", "dual")
+CANVAS_MODES = ("block", "full")
+
+
+class DecodingConfigError(ValueError):
+    """Decoding options that cannot work together."""
+
+
+@dataclass(frozen=True)
+class DecodingConfig:
+    """How every block is denoised. One config is shared by all rows of a batch."""
+
+    block_length: int = 32  # L: tokens per block
+    steps_per_block: int = 32  # S: denoising steps per block (a cap for threshold decoding)
+    remasking: str = "threshold"  # which positions to commit at each step (see decoding/policies)
+    threshold: float = 0.9  # confidence needed by the threshold policy
+    cache: str = "dual"  # none: full forwards; prefix: cache before the block; dual: cache outside it
+    canvas: str = "block"  # block: prompt + blocks so far (BlockServe); full: + masked suffix (Fast-dLLM)
+    ignore_eos: bool = False  # keep generating after a block that contains EOS
+    eps: float = 1e-3  # Dream's final timestep, used by the timestep schedule of quota policies
+
+    def __post_init__(self) -> None:
+        if self.block_length < 1:
+            raise DecodingConfigError(f"block length must be positive, got {self.block_length}")
+        if self.steps_per_block < 1:
+            raise DecodingConfigError(f"steps per block must be positive, got {self.steps_per_block}")
+        if self.remasking not in REMASKING:
+            raise DecodingConfigError(f"unknown remasking {self.remasking!r}; choose one of {REMASKING}")
+        if self.cache not in CACHE_MODES:
+            raise DecodingConfigError(f"unknown cache mode {self.cache!r}; choose one of {CACHE_MODES}")
+        if self.canvas not in CANVAS_MODES:
+            raise DecodingConfigError(f"unknown canvas {self.canvas!r}; choose one of {CANVAS_MODES}")
+        if not 0.0 < self.threshold <= 1.0:
+            raise DecodingConfigError(f"threshold must be in (0, 1], got {self.threshold}")
+
+    @property
+    def uses_cache(self) -> bool:
+        return self.cache != "none"
+
+
+def steps_per_block_for(gen_length: int, block_length: int, steps: int) -> int:
+    """Split ``steps`` over the blocks of ``gen_length`` as LLaDA and Fast-dLLM do, validating it."""
+    if gen_length < 1:
+        raise DecodingConfigError(f"generation length must be positive, got {gen_length}")
+    if block_length < 1 or gen_length % block_length:
+        raise DecodingConfigError(
+            f"block length {block_length} does not divide the generation length {gen_length}"
+        )
+    num_blocks = gen_length // block_length
+    if steps < num_blocks or steps % num_blocks:
+        raise DecodingConfigError(f"steps {steps} is not a positive multiple of the number of blocks {num_blocks}")
+    return steps // num_blocks

@@ -1,0 +1,157 @@
+"""Model configuration: one frozen dataclass read from a real checkpoint's ``config.json``.
+
+LLaDA (``model_type: llada``) and Dream (``model_type: Dream``, Qwen2 field names) use different
+field names for the same architecture; this module owns the translation and its validation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("llada", "dream")
+
+
+class ModelConfigError(ValueError):
+    """The checkpoint's config.json describes a model this engine cannot run."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture and special tokens of a bidirectional Llama/Qwen2-style diffusion LM."""
+
+    family: str  # "llada" or "dream": decides parameter names and decoding quirks
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    rope_theta: float
+    rms_norm_eps: float
+    qkv_bias: bool  # Dream (Qwen2) has q/k/v biases, LLaDA none
+    mask_token_id: int
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None = None
+    max_position_embeddings: int = 4096
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ModelConfigError(f"unknown model family {self.family!r}; expected one of {FAMILIES}")
+        if self.hidden_size % self.num_heads:
+            raise ModelConfigError(f"hidden size {self.hidden_size} is not divisible by {self.num_heads} heads")
+        if self.num_heads % self.num_kv_heads:
+            raise ModelConfigError(f"{self.num_heads} heads are not divisible by {self.num_kv_heads} KV heads")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ModelConfigError(f"mask token id {self.mask_token_id} is outside the vocabulary")
+
+    def with_eos(self, eos_token_ids: tuple[int, ...]) -> ModelConfig:
+        return replace(self, eos_token_ids=eos_token_ids)
+
+
+def _as_tuple(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, (list, tuple)):
+        return tuple(int(v) for v in value)
+    return (int(value),)
+
+
+def _require(raw: dict[str, Any], key: str) -> Any:
+    if key not in raw:
+        raise ModelConfigError(f"config.json has no field {key!r}")
+    return raw[key]
+
+
+def _check_llada_supported(raw: dict[str, Any]) -> None:
+    unsupported = {
+        "alibi": (raw.get("alibi", False), False),
+        "rope": (raw.get("rope", True), True),
+        "block_type": (raw.get("block_type", "llama"), "llama"),
+        "layer_norm_type": (raw.get("layer_norm_type", "rms"), "rms"),
+        "activation_type": (raw.get("activation_type", "silu"), "silu"),
+        "weight_tying": (raw.get("weight_tying", False), False),
+    }
+    for key, (value, expected) in unsupported.items():
+        if value != expected:
+            raise ModelConfigError(f"LLaDA config field {key}={value!r} is not supported (expected {expected!r})")
+
+
+def _llada_config(raw: dict[str, Any]) -> ModelConfig:
+    _check_llada_supported(raw)
+    d_model = int(_require(raw, "d_model"))
+    n_heads = int(_require(raw, "n_heads"))
+    n_kv = raw.get("n_kv_heads") or (1 if raw.get("multi_query_attention") else n_heads)
+    mlp_hidden = raw.get("mlp_hidden_size") or int(raw.get("mlp_ratio", 4) * d_model)
+    vocab = int(raw.get("embedding_size") or _require(raw, "vocab_size"))
+    return ModelConfig(
+        family="llada",
+        hidden_size=d_model,
+        num_layers=int(_require(raw, "n_layers")),
+        num_heads=n_heads,
+        num_kv_heads=int(n_kv),
+        intermediate_size=int(mlp_hidden),
+        vocab_size=vocab,
+        rope_theta=float(raw.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+        qkv_bias=bool(raw.get("include_qkv_bias", False) or raw.get("include_bias", False)),
+        mask_token_id=int(raw.get("mask_token_id", 126336)),
+        eos_token_ids=_as_tuple(raw.get("eos_token_id", 126081)),
+        pad_token_id=raw.get("pad_token_id"),
+        max_position_embeddings=int(raw.get("max_sequence_length", 4096)),
+        raw=raw,
+    )
+
+
+def _dream_config(raw: dict[str, Any]) -> ModelConfig:
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ModelConfigError(f"Dream hidden_act={raw.get('hidden_act')!r} is not supported (expected 'silu')")
+    heads = int(_require(raw, "num_attention_heads"))
+    return ModelConfig(
+        family="dream",
+        hidden_size=int(_require(raw, "hidden_size")),
+        num_layers=int(_require(raw, "num_hidden_layers")),
+        num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        intermediate_size=int(_require(raw, "intermediate_size")),
+        vocab_size=int(_require(raw, "vocab_size")),
+        rope_theta=float(raw.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        qkv_bias=True,
+        mask_token_id=int(raw.get("mask_token_id", 151666)),
+        eos_token_ids=_as_tuple(raw.get("eos_token_id", 151643)),
+        pad_token_id=raw.get("pad_token_id"),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
+        raw=raw,
+    )
+
+
+_PARSERS = {"llada": _llada_config, "dream": _dream_config}
+
+
+def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
+    """Build a ModelConfig from the fields of a real checkpoint's config.json."""
+    model_type = str(raw.get("model_type", "")).lower()
+    if model_type not in _PARSERS:
+        raise ModelConfigError(
+            f"unknown model_type {raw.get('model_type')!r} in config.json; supported: 'llada', 'Dream'"
+        )
+    return _PARSERS[model_type](raw)
+
+
+def load_config(model_dir: Path) -> ModelConfig:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise ModelConfigError(f"no config.json in {model_dir}")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelConfigError(f"{path} is not valid JSON: {exc}") from exc
+    return config_from_dict(raw)

@@ -1,0 +1,155 @@
+"""Transformer building blocks shared by LLaDA and Dream: RMSNorm, RoPE, attention, SwiGLU MLP."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine_pod.models.config import ModelConfig
+from engine_pod.models.kv_cache import KVCache
+
+_SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+class RMSNorm(nn.Module):
+    """``w * (x * rsqrt(mean(x^2) + eps))`` computed in at least float32."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        compute = torch.promote_types(x.dtype, torch.float32)
+        h = x.to(compute)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate-half RoPE at explicit position ids (each row's first real token is position 0)."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim
+        # a plain attribute, not a buffer: model.to(bfloat16) must not round the frequencies
+        self.inv_freq = theta ** (-exponents)
+        self._on_device: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+    def _frequencies(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        key = (device, dtype)
+        if key not in self._on_device:
+            self._on_device[key] = self.inv_freq.to(device=device, dtype=dtype)
+        return self._on_device[key]
+
+    def cos_sin(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of shape [rows, 1, tokens, head_dim], in float32 (float64 for float64 models)."""
+        compute = torch.promote_types(dtype, torch.float32)
+        angles = position_ids.to(compute)[..., None] * self._frequencies(position_ids.device, compute)
+        angles = torch.cat([angles, angles], dim=-1)[:, None]
+        return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate [rows, heads, tokens, head_dim] by the given cos/sin, in their precision."""
+    h = x.to(cos.dtype)
+    half = h.shape[-1] // 2
+    rotated = torch.cat([-h[..., half:], h[..., :half]], dim=-1)
+    return (h * cos + rotated * sin).to(x.dtype)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+    """Bidirectional attention of q [R,H,Tq,hd] over k/v [R,Hkv,Tk,hd]; key_mask [R,Tk] bool."""
+    groups = q.shape[1] // k.shape[1]
+    mask = key_mask[:, None, None, :]
+    if groups == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if _SDPA_HAS_GQA:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    k = k.repeat_interleave(groups, dim=1)
+    v = v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with grouped KV heads; reads and writes the runner's KV cache."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        hd, kv = config.head_dim, config.num_kv_heads
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, kv, hd
+        self.q_proj = nn.Linear(config.hidden_size, config.num_heads * hd, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv * hd, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv * hd, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(config.num_heads * hd, config.hidden_size, bias=False)
+
+    def _project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        rows, tokens, _ = x.shape
+        q = self.q_proj(x).view(rows, tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(rows, tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(rows, tokens, self.num_kv_heads, self.head_dim)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin).transpose(1, 2), v
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        q, k, v = self._project(x, cos, sin)  # k, v token-major: [R, T, Hkv, hd]
+        keys, values, key_mask = ctx.keys_values(k, v)
+        out = attend(q, keys.transpose(1, 2), values.transpose(1, 2), key_mask)
+        rows, _, tokens, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(rows, tokens, -1))
+
+
+class AttentionContext:
+    """Where one layer's keys come from: the inputs themselves, a fresh cache, or a cached window."""
+
+    def __init__(
+        self,
+        key_mask: torch.Tensor | None,
+        cache: KVCache | None = None,
+        rows: torch.Tensor | None = None,
+        slots: torch.Tensor | None = None,
+    ) -> None:
+        self.key_mask = key_mask  # [R, T] for full forwards
+        self.cache = cache
+        self.rows = rows  # cache rows of a window forward (None: all rows in order)
+        self.slots = slots  # [R, W] cache slots of the window tokens; None for a full forward
+        self.layer = 0
+
+    def keys_values(self, k: torch.Tensor, v: torch.Tensor):
+        layer, self.layer = self.layer, self.layer + 1
+        if self.slots is None:
+            if self.cache is not None:
+                self.cache.store(layer, k, v)
+            return k, v, self.key_mask
+        rows = self.rows if self.rows is not None else torch.arange(k.shape[0], device=k.device)
+        self.cache.scatter(layer, rows, self.slots, k, v)
+        keys, values = self.cache.gather_rows(layer, self.rows)
+        return keys, values, self.cache.keys_mask_for(self.rows)
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(h)) * up(h))``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm block: residual after attention and after the MLP."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn = Attention(config)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLU(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, ctx)
+        return x + self.mlp(self.mlp_norm(x))

@@ -1,0 +1,168 @@
+"""Load a model and its tokenizer from a local directory, a Hugging Face repo id, or ``random:PRESET``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine_pod.models.config import ModelConfig, config_from_dict, load_config
+from engine_pod.models.presets import preset
+from engine_pod.models.transformer import DiffusionTransformer
+from engine_pod.models.weights import load_state_dict
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+_END_TOKENS = ("<|eot_id|>", "<|endoftext|>", "<|im_end|>", "<eos>")
+
+
+class ModelLoadError(ValueError):
+    """The model could not be found or loaded; the message says why in one line."""
+
+
+@dataclass
+class LoadedModel:
+    model: DiffusionTransformer
+    config: ModelConfig
+    tokenizer: Any  # a transformers tokenizer, or None when the directory has none
+    source: str
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def weights_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def parse_device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"unknown device {name!r}: {exc}") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"device {name!r} requested but CUDA is not available on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"device {name!r} does not exist: {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type not in ("cpu", "mps"):
+        raise ModelLoadError(f"unsupported device {name!r}; use cpu or cuda[:N]")
+    return device
+
+
+def _looks_like_repo_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
+
+
+def _download(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as exc:  # the hub raises many kinds of errors; all mean "not available here"
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelLoadError(
+            f"cannot fetch {repo_id!r} from the Hugging Face Hub ({reason}); "
+            "pass a local checkpoint directory instead"
+        ) from exc
+
+
+def resolve_model_dir(spec: str) -> Path:
+    """A local checkpoint directory for ``spec`` (a path or a Hugging Face repo id)."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelLoadError(f"model path {spec!r} is not a directory")
+        return path
+    if _looks_like_repo_id(spec):
+        return _download(spec)
+    raise ModelLoadError(f"model path {spec!r} does not exist")
+
+
+def _eos_ids(config: ModelConfig, model_dir: Path | None, tokenizer: Any) -> tuple[int, ...]:
+    ids = list(config.eos_token_ids)
+    generation = model_dir / "generation_config.json" if model_dir else None
+    if generation is not None and generation.is_file():
+        value = json.loads(generation.read_text()).get("eos_token_id")
+        ids += value if isinstance(value, list) else ([value] if value is not None else [])
+    if tokenizer is not None:
+        if tokenizer.eos_token_id is not None:
+            ids.append(tokenizer.eos_token_id)
+        vocab = tokenizer.get_vocab()
+        ids += [vocab[token] for token in _END_TOKENS if token in vocab]
+    return tuple(dict.fromkeys(int(i) for i in ids if i != config.mask_token_id))
+
+
+def _load_tokenizer(model_dir: Path) -> Any:
+    if not any((model_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception as exc:  # a broken tokenizer should not stop id-level use of the model
+        logger.warning("could not load the tokenizer from %s: %s", model_dir, exc)
+        return None
+
+
+def _random_init(model: DiffusionTransformer, seed: int) -> None:
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                values = torch.randn(param.shape, generator=generator, dtype=torch.float32) * 0.02
+                param.copy_(values.to(param.dtype))
+
+
+def build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> DiffusionTransformer:
+    with torch.device("meta"):
+        model = DiffusionTransformer(config)
+    return model.to_empty(device=device).to(dtype).eval()
+
+
+def load_model(spec: str, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> LoadedModel:
+    """Load ``spec`` (directory, repo id, or random:PRESET) onto ``device`` in ``dtype``."""
+    torch_device, torch_dtype = parse_device(device), parse_dtype(dtype)
+    if spec.startswith("random:"):
+        config = config_from_dict(preset(spec.split(":", 1)[1]))
+        model = build_model(config, torch_device, torch_dtype)
+        _random_init(model, seed)
+        config = config.with_eos(_eos_ids(config, None, None))
+        return LoadedModel(model, config, None, spec, torch_device, torch_dtype)
+    model_dir = resolve_model_dir(spec)
+    config = load_config(model_dir)
+    model = build_model(config, torch_device, torch_dtype)
+    state = load_state_dict(config, model_dir)
+    _check_complete(model, state)
+    model.load_state_dict({k: v.to(torch_dtype) for k, v in state.items()})
+    tokenizer = _load_tokenizer(model_dir)
+    config = config.with_eos(_eos_ids(config, model_dir, tokenizer))
+    logger.info("loaded %s (%s) on %s as %s", spec, config.family, torch_device, dtype)
+    return LoadedModel(model, config, tokenizer, str(model_dir), torch_device, torch_dtype)
+
+
+def _check_complete(model: DiffusionTransformer, state: dict[str, torch.Tensor]) -> None:
+    expected = {name for name, _ in model.named_parameters()}
+    missing = expected - set(state)
+    if missing:
+        raise ModelLoadError(f"checkpoint lacks parameters {sorted(missing)[:3]}")
+    for name, param in model.named_parameters():
+        if tuple(param.shape) != tuple(state[name].shape):
+            raise ModelLoadError(
+                f"parameter {name} has shape {tuple(state[name].shape)} in the checkpoint, "
+                f"expected {tuple(param.shape)} from config.json"
+            )

@@ -1,0 +1,118 @@
+"""Checkpoint parameter names: the real LLaDA and Dream names mapped onto our module names.
+
+Reads ``model.safetensors`` or a sharded set listed in ``model.safetensors.index.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from engine_pod.models.config import ModelConfig
+
+_LLADA_LAYER = {
+    "attn_norm.weight": "attn_norm.weight",
+    "ff_norm.weight": "mlp_norm.weight",
+    "q_proj.weight": "attn.q_proj.weight",
+    "k_proj.weight": "attn.k_proj.weight",
+    "v_proj.weight": "attn.v_proj.weight",
+    "q_proj.bias": "attn.q_proj.bias",
+    "k_proj.bias": "attn.k_proj.bias",
+    "v_proj.bias": "attn.v_proj.bias",
+    "attn_out.weight": "attn.o_proj.weight",
+    "ff_proj.weight": "mlp.gate_proj.weight",
+    "up_proj.weight": "mlp.up_proj.weight",
+    "ff_out.weight": "mlp.down_proj.weight",
+}
+_DREAM_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "mlp_norm.weight",
+    "self_attn.q_proj.weight": "attn.q_proj.weight",
+    "self_attn.k_proj.weight": "attn.k_proj.weight",
+    "self_attn.v_proj.weight": "attn.v_proj.weight",
+    "self_attn.q_proj.bias": "attn.q_proj.bias",
+    "self_attn.k_proj.bias": "attn.k_proj.bias",
+    "self_attn.v_proj.bias": "attn.v_proj.bias",
+    "self_attn.o_proj.weight": "attn.o_proj.weight",
+    "mlp.gate_proj.weight": "mlp.gate_proj.weight",
+    "mlp.up_proj.weight": "mlp.up_proj.weight",
+    "mlp.down_proj.weight": "mlp.down_proj.weight",
+}
+_TOP_LEVEL = {
+    "llada": {
+        "model.transformer.wte.weight": "embed_tokens.weight",
+        "model.transformer.ln_f.weight": "norm.weight",
+        "model.transformer.ff_out.weight": "lm_head.weight",
+    },
+    "dream": {
+        "model.embed_tokens.weight": "embed_tokens.weight",
+        "model.norm.weight": "norm.weight",
+        "lm_head.weight": "lm_head.weight",
+    },
+}
+_LAYER_PREFIX = {"llada": "model.transformer.blocks.{}.", "dream": "model.layers.{}."}
+_LAYER_NAMES = {"llada": _LLADA_LAYER, "dream": _DREAM_LAYER}
+
+
+class CheckpointError(ValueError):
+    """The checkpoint's files are missing or do not match its config."""
+
+
+def name_map(config: ModelConfig) -> dict[str, str]:
+    """Checkpoint parameter name -> our module's parameter name, for every parameter of the model."""
+    mapping = dict(_TOP_LEVEL[config.family])
+    for index in range(config.num_layers):
+        prefix = _LAYER_PREFIX[config.family].format(index)
+        for theirs, ours in _LAYER_NAMES[config.family].items():
+            if theirs.endswith(".bias") and not config.qkv_bias:
+                continue
+            mapping[prefix + theirs] = f"layers.{index}.{ours}"
+    return mapping
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / shard for shard in shards]
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
+
+
+def iter_checkpoint(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in weight_files(model_dir):
+        if not path.is_file():
+            raise CheckpointError(f"missing weight shard {path}")
+        with safe_open(str(path), framework="pt") as handle:
+            for key in handle.keys():
+                yield key, handle.get_tensor(key)
+
+
+def load_state_dict(config: ModelConfig, model_dir: Path) -> dict[str, torch.Tensor]:
+    """Our state dict from the checkpoint, checking that every parameter is present exactly once."""
+    mapping = name_map(config)
+    state: dict[str, torch.Tensor] = {}
+    for key, tensor in iter_checkpoint(model_dir):
+        if key not in mapping:
+            if key.endswith("rotary_emb.inv_freq"):
+                continue
+            raise CheckpointError(f"unexpected parameter {key!r} for a {config.family} checkpoint")
+        state[mapping[key]] = tensor
+    missing = sorted(set(mapping) - {k for k, v in mapping.items() if v in state})
+    if missing:
+        raise CheckpointError(f"checkpoint is missing {len(missing)} parameters, e.g. {missing[0]!r}")
+    return state
+
+
+def save_checkpoint(config: ModelConfig, state: dict[str, torch.Tensor], model_dir: Path) -> None:
+    """Write our state dict under the real checkpoint's parameter names."""
+    inverse = {ours: theirs for theirs, ours in name_map(config).items()}
+    tensors = {inverse[name]: tensor.contiguous() for name, tensor in state.items() if name in inverse}
+    save_file(tensors, str(Path(model_dir) / "model.safetensors"), metadata={"format": "pt"})

@@ -1,0 +1,185 @@
+"""The one denoising loop: run one block cycle for every row of a mixed-state batch.
+
+A block cycle starts with a full forward over the box (which refreshes the KV cache), then runs
+cached window forwards (the active block, or the block and its suffix) until every row's block is
+complete. Rows whose block is complete stop costing compute when ``gather_rows`` is set (BlockServe);
+without it every row stays in every forward (static batching, as Fast-dLLM does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.decoding.policies import StepContext, make_policy
+from engine_pod.models.adapter import adapter_for
+from engine_pod.models.loader import LoadedModel
+from engine_pod.runner.canvas import Canvas, build_canvas
+from engine_pod.scheduler.cycle_row import CycleRow
+
+
+@dataclass
+class CycleStats:
+    forwards: int = 0  # model forward calls
+    computed_positions: int = 0  # query token positions pushed through the model
+    useful_positions: int = 0  # of those, positions of live requests' prompts and blocks
+
+
+@dataclass
+class CycleOutput:
+    blocks: list[list[int]]  # per row: the block's tokens as committed (mask id where left masked)
+    steps: list[int]  # per row: forwards the row's block took
+    stats: CycleStats
+    trace: list[dict] = field(default_factory=list)  # row 0's forwards and commits, when recorded
+
+
+@dataclass
+class _StepRows:
+    """The rows taking part in one forward and what they may commit."""
+
+    index: torch.Tensor  # [R'] row numbers in the canvas
+    all_rows: bool  # index covers every row in order (lets the cache skip a gather)
+    block: torch.Tensor  # [R', L] current block tokens
+    candidates: torch.Tensor  # [R', L] masked positions that may be committed now
+
+
+class BlockCycleRunner:
+    """Runs block cycles of one model with one decoding config."""
+
+    def __init__(self, loaded: LoadedModel, decoding: DecodingConfig, record_trace: bool = False) -> None:
+        self.loaded = loaded
+        self.model = loaded.model
+        self.decoding = decoding
+        self.adapter = adapter_for(loaded.config)
+        self.policy = make_policy(decoding.remasking)
+        self.mask_id = loaded.config.mask_token_id
+        self.pad_id = loaded.config.pad_token_id if loaded.config.pad_token_id is not None else 0
+        self.record_trace = record_trace
+        self.step_cap = self.adapter.step_cap(decoding.cache, decoding.steps_per_block, self.policy.quota_schedule)
+        self.exact_steps = self.policy.quota_schedule and not decoding.uses_cache
+
+    @torch.no_grad()
+    def run(self, rows: list[CycleRow], gather_rows: bool = True) -> CycleOutput:
+        if not rows:
+            raise ValueError("a block cycle needs at least one row")
+        L = self.decoding.block_length
+        canvas = build_canvas(rows, L, self.mask_id, self.pad_id, self.loaded.device)
+        cache = self.model.new_cache() if self.decoding.uses_cache else None
+        masks_at_start = (canvas.block_tokens() == self.mask_id).sum(1)
+        done = ~canvas.active
+        steps_taken = torch.zeros(len(rows), dtype=torch.long, device=canvas.tokens.device)
+        output = CycleOutput(blocks=[], steps=[], stats=CycleStats())
+        step = 0
+        while not bool(done.all()):
+            self._check_runaway(step)
+            step_rows = self._step_rows(canvas, done, gather_rows and step > 0)
+            self._denoise_step(canvas, cache, step_rows, step, masks_at_start, output)
+            steps_taken[step_rows.index] += (~done[step_rows.index]).long()
+            step += 1
+            done = done | self._finished(canvas, step)
+        output.blocks = canvas.block_tokens().tolist()
+        output.steps = steps_taken.tolist()
+        return output
+
+    def _check_runaway(self, step: int) -> None:
+        limit = self.decoding.block_length + self.decoding.steps_per_block + 1
+        if step > limit:
+            raise RuntimeError(f"block did not complete within {limit} forwards; this is a bug")
+
+    def _finished(self, canvas: Canvas, step: int) -> torch.Tensor:
+        at_cap = self.step_cap is not None and step >= self.step_cap
+        if self.exact_steps:
+            return torch.full_like(canvas.active, at_cap)
+        complete = (canvas.block_tokens() != self.mask_id).all(1)
+        return complete | at_cap
+
+    def _step_rows(self, canvas: Canvas, done: torch.Tensor, only_unfinished: bool) -> _StepRows:
+        if only_unfinished:
+            index = (~done).nonzero(as_tuple=True)[0]
+        else:
+            index = torch.arange(done.shape[0], device=done.device)
+        block = canvas.block_tokens(index)
+        candidates = (block == self.mask_id) & ~done[index, None]
+        return _StepRows(index, index.shape[0] == done.shape[0], block, candidates)
+
+    def _denoise_step(
+        self, canvas: Canvas, cache, rows: _StepRows, step: int, masks_at_start: torch.Tensor, out: CycleOutput
+    ) -> None:
+        refresh = step == 0 or cache is None
+        candidates = rows.candidates
+        forced_start = refresh and cache is not None and self.adapter.commits_block_start_on_refresh
+        if forced_start:
+            candidates = candidates.clone()
+            candidates[:, 1:] = False
+        pick_r, pick_k = candidates.nonzero(as_tuple=True)
+        if refresh:
+            logits = self._full_forward(canvas, cache, rows, pick_r, pick_k, out.stats)
+        else:
+            logits = self._window_forward(canvas, cache, rows, pick_r, pick_k, out.stats)
+        proposal, confidence = logits.map_logits(self.policy.scorer)
+        block = rows.block
+        proposals = block.clone()
+        proposals[pick_r, pick_k] = proposal
+        if forced_start:
+            transfer = candidates
+        else:
+            scores = torch.full(block.shape, float("-inf"), dtype=confidence.dtype, device=block.device)
+            scores[pick_r, pick_k] = confidence
+            transfer = self.policy.select(scores, candidates, self._context(step, rows, masks_at_start))
+        canvas.write_block(rows.index, torch.where(transfer, proposals, block))
+        out.stats.forwards += 1
+        if self.record_trace:
+            self._trace(canvas, rows, refresh, transfer, proposals, out.trace)
+
+    def _context(self, step: int, rows: _StepRows, masks_at_start: torch.Tensor) -> StepContext:
+        return StepContext(
+            step=step,
+            steps_per_block=self.decoding.steps_per_block,
+            masks_at_block_start=masks_at_start[rows.index],
+            masks_now=rows.candidates.sum(1),
+            threshold=self.decoding.threshold,
+            eps=self.decoding.eps,
+        )
+
+    def _full_forward(self, canvas: Canvas, cache, rows: _StepRows, pick_r, pick_k, stats: CycleStats):
+        index = None if rows.all_rows else rows.index
+        take = (lambda t: t) if index is None else (lambda t: t[index])
+        source = take(canvas.block_slots)[pick_r, pick_k] - self.adapter.logit_shift
+        stats.computed_positions += rows.index.shape[0] * canvas.width
+        live = take(canvas.context)[canvas.active[rows.index]]
+        stats.useful_positions += int(live.sum())
+        return self.model.forward_full(
+            take(canvas.tokens), take(canvas.position_ids), take(canvas.key_mask), cache, (pick_r, source)
+        )
+
+    def _window_forward(self, canvas: Canvas, cache, rows: _StepRows, pick_r, pick_k, stats: CycleStats):
+        index = rows.index
+        if self.decoding.cache == "dual":
+            slots = canvas.block_slots[index]
+        else:
+            slots = canvas.prefix_window()[0][index]
+        tokens = torch.cat([canvas.tokens, canvas.tokens.new_full((canvas.tokens.shape[0], 1), self.pad_id)], 1)
+        positions = torch.cat([canvas.position_ids, canvas.position_ids.new_zeros(canvas.tokens.shape[0], 1)], 1)
+        window_tokens = tokens[index].gather(1, slots)
+        window_positions = positions[index].gather(1, slots)
+        stats.computed_positions += slots.numel()
+        stats.useful_positions += int(canvas.active[index].sum()) * canvas.block_length
+        source = (pick_k - self.adapter.logit_shift).clamp(min=0)
+        return self.model.forward_window(
+            window_tokens, window_positions, cache, None if rows.all_rows else index, slots, (pick_r, source)
+        )
+
+    def _trace(self, canvas: Canvas, rows: _StepRows, refresh: bool, transfer, proposals, trace: list) -> None:
+        if int(rows.index[0]) != 0:
+            return
+        positions = canvas.position_ids[0].gather(0, canvas.block_slots[0])
+        start = int(positions[0])
+        kind = "full" if refresh else self.decoding.cache
+        offset = 0 if refresh else start
+        input_len = int(canvas.real[0].sum()) - offset
+        if kind == "dual":
+            input_len = self.decoding.block_length
+        commits = [[int(positions[k]), int(proposals[0, k])] for k in transfer[0].nonzero(as_tuple=True)[0]]
+        trace.append({"kind": kind, "offset": offset, "input_len": input_len, "commits": commits})

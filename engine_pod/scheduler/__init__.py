@@ -1,0 +1,1 @@
+"""Torch-free scheduling: requests, the pending queue, BlockServe and the static baselines."""

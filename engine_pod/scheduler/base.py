@@ -1,0 +1,97 @@
+"""What every scheduler shares: request intake, committing a block cycle's output, completion checks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from engine_pod.scheduler.output import SchedulerOutput
+from engine_pod.scheduler.request import FinishReason, Request, RequestError, RequestState
+
+
+class Scheduler:
+    """Base class: subclasses decide which rows run in the next block cycle (``schedule``)."""
+
+    gather_rows = True  # rows whose block is complete leave the forwards early
+
+    def __init__(
+        self,
+        block_length: int,
+        eos_ids: Iterable[int],
+        ignore_eos: bool = False,
+        canvas: str = "block",
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.block_length = block_length
+        self.eos_ids = frozenset(eos_ids)
+        self.ignore_eos = ignore_eos
+        self.canvas = canvas
+        self.clock = clock
+        self.requests: dict[str, Request] = {}
+
+    # -- intake -------------------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise RequestError(f"request id {request.request_id!r} is already scheduled")
+        self.check_fits(request)
+        self.requests[request.request_id] = request
+        self._enqueue(request)
+
+    def check_fits(self, request: Request) -> None:
+        """Raise RequestError for a request this scheduler could never run."""
+
+    def cancel(self, request_id: str) -> Request | None:
+        request = self.requests.pop(request_id, None)
+        if request is not None and not request.is_finished:
+            self._withdraw(request)
+            request.state = RequestState.CANCELLED
+            request.finish_time = self.clock()
+        return request
+
+    def has_unfinished(self) -> bool:
+        return any(not r.is_finished for r in self.requests.values())
+
+    # -- the cycle ----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        raise NotImplementedError
+
+    def update_from_output(self, output: SchedulerOutput, blocks: list[list[int]]) -> list[Request]:
+        """Commit each active row's block; return the requests that finished at this boundary."""
+        now = self.clock()
+        finished = []
+        for request_id, row, block in zip(output.request_ids, output.rows, blocks):
+            request = self.requests.get(request_id)
+            if not row.active or request is None or request.is_finished:
+                continue
+            request.generated.extend(block)
+            reason = self._finish_reason(request, block)
+            if reason is not None:
+                request.state, request.finish_reason, request.finish_time = RequestState.FINISHED, reason, now
+                finished.append(request)
+        self._after_update(output, finished)
+        for request in finished:
+            self.requests.pop(request.request_id, None)
+        return finished
+
+    def _finish_reason(self, request: Request, block: list[int]) -> FinishReason | None:
+        if not self.ignore_eos and any(token in self.eos_ids for token in block):
+            return FinishReason.EOS
+        if request.blocks_done(self.block_length) >= request.max_blocks:
+            return FinishReason.LENGTH
+        return None
+
+    def _mark_running(self, request: Request) -> None:
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = self.clock()
+        request.state = RequestState.RUNNING
+        request.waited_cycles = 0
+
+    # -- subclass hooks -----------------------------------------------------------------------
+    def _enqueue(self, request: Request) -> None:
+        raise NotImplementedError
+
+    def _withdraw(self, request: Request) -> None:
+        raise NotImplementedError
+
+    def _after_update(self, output: SchedulerOutput, finished: list[Request]) -> None:
+        """Called after commits, before finished requests are forgotten."""

@@ -1,0 +1,20 @@
+"""What the scheduler asks the runner to compute for one request in one block cycle (no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CycleRow:
+    """One row of the dense batch: a request's canvas for this block cycle."""
+
+    prefix_ids: tuple[int, ...]  # prompt followed by the blocks committed so far
+    suffix_blocks: int = 0  # fully masked future blocks materialised after the active block
+    suffix_visible: bool = False  # whether attention sees that suffix (Fast-dLLM canvas) or not
+    active: bool = True  # False: the row is computed (a static batch's finished row) but never committed
+
+    @property
+    def width(self) -> int:
+        """Tokens this row occupies, without the block length (added by the runner)."""
+        return len(self.prefix_ids)

@@ -1,0 +1,26 @@
+"""The plain dataclass a scheduler hands the runner for one block cycle (no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine_pod.scheduler.cycle_row import CycleRow
+
+
+@dataclass
+class SchedulerOutput:
+    request_ids: list[str]  # the request behind each row, in row order
+    rows: list[CycleRow]  # what each row materialises in this block cycle
+    gather_rows: bool  # rows whose block is complete leave the forwards (BlockServe) or stay (static)
+    box_width: int  # widest row, block included: the dense tensor is len(rows) x box_width
+    admitted: list[str] = field(default_factory=list)  # requests that joined at this block boundary
+    preempted: list[str] = field(default_factory=list)  # requests sent back to the queue at it
+
+    @property
+    def cost(self) -> int:
+        """Cost(A) = |A| x box width, the tokens the dense batch materialises."""
+        return len(self.rows) * self.box_width
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.rows

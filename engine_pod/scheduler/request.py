@@ -1,0 +1,76 @@
+"""A generation request and its lifecycle states (no torch)."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"  # in the pending queue, never run
+    RUNNING = "running"  # in the active set
+    PREEMPTED = "preempted"  # back in the pending queue with its committed blocks kept
+    FINISHED = "finished"  # done: EOS in a block, or its last block committed
+    CANCELLED = "cancelled"  # withdrawn by the client
+
+
+class FinishReason(enum.Enum):
+    EOS = "stop"  # a committed block contained an end-of-sequence token
+    LENGTH = "length"  # all K blocks were generated
+
+
+class RequestError(ValueError):
+    """A request that can never be served (empty prompt, too long for the budget, ...)."""
+
+
+@dataclass
+class Request:
+    """One prompt to complete, generated block by block."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    max_blocks: int  # K = ceil(generation budget / L)
+    arrival_time: float = 0.0
+    state: RequestState = RequestState.WAITING
+    generated: list[int] = field(default_factory=list)  # committed tokens, whole blocks
+    finish_reason: FinishReason | None = None
+    first_scheduled_time: float | None = None
+    finish_time: float | None = None
+    num_preemptions: int = 0
+    waited_cycles: int = 0  # block cycles spent pending since arrival or preemption
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise RequestError(f"request {self.request_id}: the prompt is empty")
+        if self.max_blocks < 1:
+            raise RequestError(f"request {self.request_id}: the generation budget must be at least one block")
+
+    @classmethod
+    def from_tokens(cls, request_id: str, prompt_ids, max_tokens: int, block_length: int, arrival_time: float = 0.0):
+        if max_tokens < 1:
+            raise RequestError(f"request {request_id}: max_tokens must be positive, got {max_tokens}")
+        return cls(request_id, tuple(prompt_ids), math.ceil(max_tokens / block_length), arrival_time)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    def blocks_done(self, block_length: int) -> int:
+        return len(self.generated) // block_length
+
+    def prefix_len(self) -> int:
+        """Tokens before the next block: prompt plus committed blocks (the queue's sort key)."""
+        return self.prompt_len + len(self.generated)
+
+    def next_width(self, block_length: int) -> int:
+        """Row width p + (b+1) L of the next block cycle without a suffix."""
+        return self.prefix_len() + block_length
+
+    def peak_width(self, block_length: int) -> int:
+        """Widest this request's row can ever be: p + K L."""
+        return self.prompt_len + self.max_blocks * block_length
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in (RequestState.FINISHED, RequestState.CANCELLED)

@@ -1,0 +1,76 @@
+"""Baselines: static batching (Fast-dLLM semantics) and sequential serving.
+
+``StaticScheduler`` takes B requests in arrival order and runs them as one batch until the slowest
+is done: each row materialises the prompt and the full generation budget, finished rows stay in
+the batch (computed, never committed), and nothing is admitted before the whole batch is done.
+With ``materialize_suffix=False`` and B = 1 it is the sequential baseline: one request at a time,
+laid out exactly as the canvas mode says.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from engine_pod.scheduler.base import Scheduler
+from engine_pod.scheduler.cycle_row import CycleRow
+from engine_pod.scheduler.output import SchedulerOutput
+from engine_pod.scheduler.request import Request
+
+
+class StaticScheduler(Scheduler):
+    gather_rows = False
+
+    def __init__(self, block_length: int, eos_ids, batch_size: int, materialize_suffix: bool = True, **kwargs):
+        super().__init__(block_length, eos_ids, **kwargs)
+        if batch_size < 1:
+            raise ValueError(f"batch size must be positive, got {batch_size}")
+        self.batch_size = batch_size
+        self.materialize_suffix = materialize_suffix
+        self.gather_rows = not materialize_suffix
+        self.waiting: deque[Request] = deque()
+        self.batch: list[Request] = []
+
+    def schedule(self) -> SchedulerOutput:
+        admitted = []
+        if all(r.is_finished for r in self.batch):
+            self.batch = []
+            while self.waiting and len(self.batch) < self.batch_size:
+                request = self.waiting.popleft()
+                self._mark_running(request)
+                self.batch.append(request)
+                admitted.append(request.request_id)
+        rows = [self._row(r) for r in self.batch]
+        box = max((len(row.prefix_ids) + self.block_length * (1 + row.suffix_blocks) for row in rows), default=0)
+        return SchedulerOutput(
+            request_ids=[r.request_id for r in self.batch],
+            rows=rows,
+            gather_rows=self.gather_rows,
+            box_width=box,
+            admitted=admitted,
+        )
+
+    def _row(self, request: Request) -> CycleRow:
+        L = self.block_length
+        if request.is_finished:
+            filled = request.generated + [next(iter(self.eos_ids), 0)] * (request.max_blocks * L)
+            prefix = request.prompt_ids + tuple(filled[: (request.max_blocks - 1) * L])
+            return CycleRow(prefix, suffix_blocks=0, suffix_visible=True, active=False)
+        prefix = request.prompt_ids + tuple(request.generated)
+        blocks_left = request.max_blocks - request.blocks_done(L) - 1
+        if self.materialize_suffix:
+            return CycleRow(prefix, suffix_blocks=blocks_left, suffix_visible=self.canvas == "full")
+        suffix = blocks_left if self.canvas == "full" else 0
+        return CycleRow(prefix, suffix_blocks=suffix, suffix_visible=True)
+
+    def _enqueue(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def _withdraw(self, request: Request) -> None:
+        if request in self.waiting:
+            self.waiting.remove(request)
+        # a cancelled request in the running batch simply stops being committed
+
+
+def sequential_scheduler(block_length: int, eos_ids, **kwargs) -> StaticScheduler:
+    """One request at a time, in arrival order."""
+    return StaticScheduler(block_length, eos_ids, batch_size=1, materialize_suffix=False, **kwargs)
