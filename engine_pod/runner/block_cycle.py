@@ -8,7 +8,7 @@ without it every row stays in every forward (static batching, as Fast-dLLM does)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -32,7 +32,6 @@ class CycleOutput:
     blocks: list[list[int]]  # per row: the block's tokens as committed (mask id where left masked)
     steps: list[int]  # per row: forwards the row's block took
     stats: CycleStats
-    trace: list[dict] = field(default_factory=list)  # row 0's forwards and commits, when recorded
 
 
 @dataclass
@@ -57,6 +56,7 @@ class BlockCycleRunner:
         self.mask_id = loaded.config.mask_token_id
         self.pad_id = loaded.config.pad_token_id if loaded.config.pad_token_id is not None else 0
         self.record_trace = record_trace
+        self.trace: list[dict] = []  # row 0's forwards and their commits, across cycles, when recorded
         self.step_cap = self.adapter.step_cap(decoding.cache, decoding.steps_per_block, self.policy.quota_schedule)
         self.exact_steps = self.policy.quota_schedule and not decoding.uses_cache
 
@@ -131,7 +131,7 @@ class BlockCycleRunner:
         canvas.write_block(rows.index, torch.where(transfer, proposals, block))
         out.stats.forwards += 1
         if self.record_trace:
-            self._trace(canvas, rows, refresh, transfer, proposals, out.trace)
+            self._trace(canvas, rows, refresh, transfer, proposals)
 
     def _context(self, step: int, rows: _StepRows, masks_at_start: torch.Tensor) -> StepContext:
         return StepContext(
@@ -171,7 +171,7 @@ class BlockCycleRunner:
             window_tokens, window_positions, cache, None if rows.all_rows else index, slots, (pick_r, source)
         )
 
-    def _trace(self, canvas: Canvas, rows: _StepRows, refresh: bool, transfer, proposals, trace: list) -> None:
+    def _trace(self, canvas: Canvas, rows: _StepRows, refresh: bool, transfer, proposals) -> None:
         if int(rows.index[0]) != 0:
             return
         positions = canvas.position_ids[0].gather(0, canvas.block_slots[0])
@@ -182,4 +182,4 @@ class BlockCycleRunner:
         if kind == "dual":
             input_len = self.decoding.block_length
         commits = [[int(positions[k]), int(proposals[0, k])] for k in transfer[0].nonzero(as_tuple=True)[0]]
-        trace.append({"kind": kind, "offset": offset, "input_len": input_len, "commits": commits})
+        self.trace.append({"kind": kind, "offset": offset, "input_len": input_len, "commits": commits})

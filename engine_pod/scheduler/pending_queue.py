@@ -40,7 +40,11 @@ class PendingQueue:
         return self._requests[index - 1] if index else None
 
     def longest_waiting(self) -> Request | None:
-        return max(self._requests, key=lambda r: r.waited_cycles, default=None)
+        """The request pending for the most block cycles; the earliest queued among equals."""
+        if not self._requests:
+            return None
+        index = max(range(len(self._requests)), key=lambda i: (self._requests[i].waited_cycles, -self._keys[i][1]))
+        return self._requests[index]
 
     def find(self, request_id: str) -> Request | None:
         return next((r for r in self._requests if r.request_id == request_id), None)

@@ -1,0 +1,71 @@
+"""Arguments shared by several ``dllm`` commands, and the one way they become configs."""
+
+from __future__ import annotations
+
+import argparse
+
+from engine_pod.decoding.config import CACHE_MODES, CANVAS_MODES, REMASKING, DecodingConfig
+from engine_pod.defaults import DEFAULT_BLOCK_LENGTH, DEFAULT_MODEL, DEFAULT_THRESHOLD
+
+
+class CliError(ValueError):
+    """A bad command line: printed as one line, exit status 2."""
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="checkpoint directory, Hugging Face repo id, or random:PRESET (llada-8b, dream-7b, llada-tiny); "
+        "default: the small model shipped with the package",
+    )
+    group.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    group.add_argument(
+        "--dtype", default="float32", help="float32, bfloat16, float16 or float64 (default: float32)"
+    )
+
+
+def add_decoding_args(parser: argparse.ArgumentParser, canvas_default: str = "block") -> None:
+    group = parser.add_argument_group("decoding")
+    group.add_argument("--block-length", type=int, default=DEFAULT_BLOCK_LENGTH, help="tokens per block L (default: 32)")
+    group.add_argument(
+        "--remasking",
+        choices=REMASKING,
+        default="threshold",
+        help="which masked positions to commit at each step (default: threshold)",
+    )
+    group.add_argument(
+        "--threshold", type=float, default=DEFAULT_THRESHOLD, help="confidence threshold (default: 0.9)"
+    )
+    group.add_argument("--cache", choices=CACHE_MODES, default="dual", help="KV cache mode (default: dual)")
+    group.add_argument(
+        "--canvas",
+        choices=CANVAS_MODES,
+        default=canvas_default,
+        help="block: prompt + blocks so far (BlockServe); full: also the masked suffix (LLaDA/Fast-dLLM) "
+        f"(default: {canvas_default})",
+    )
+    group.add_argument("--ignore-eos", action="store_true", help="do not stop after a block that contains EOS")
+
+
+def decoding_config(args: argparse.Namespace, steps_per_block: int) -> DecodingConfig:
+    return DecodingConfig(
+        block_length=args.block_length,
+        steps_per_block=steps_per_block,
+        remasking=args.remasking,
+        threshold=args.threshold,
+        cache=args.cache,
+        canvas=args.canvas,
+        ignore_eos=args.ignore_eos,
+    )
+
+
+def parse_int_list(text: str, what: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise CliError(f"{what} must be comma-separated integers, got {text!r}") from exc
+    if not values:
+        raise CliError(f"{what} is empty")
+    return values

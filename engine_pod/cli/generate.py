@@ -1,0 +1,64 @@
+"""``dllm generate``: complete one prompt and print the text (or one JSON object with --json)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config, parse_int_list
+from engine_pod.decoding.config import steps_per_block_for
+from engine_pod.generation import generate_one
+from engine_pod.models.loader import LoadedModel, load_model
+from engine_pod.prompts import encode_prompt
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "generate",
+        help="complete one prompt",
+        description="Complete one prompt with block-wise diffusion decoding. The defaults reproduce "
+        "LLaDA/Fast-dLLM semantics (the masked suffix is part of the canvas).",
+    )
+    add_model_args(parser)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="prompt text (needs the model's tokenizer)")
+    source.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 1,2,3")
+    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    parser.add_argument("--gen-length", type=int, default=128, help="tokens to generate (default: 128)")
+    parser.add_argument("--steps", type=int, help="denoising steps over all blocks (default: gen length)")
+    add_decoding_args(parser, canvas_default="full")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+    parser.set_defaults(handler=run)
+
+
+def _prompt_ids(args: argparse.Namespace, loaded: LoadedModel) -> list[int]:
+    if args.prompt_ids is not None:
+        ids = parse_int_list(args.prompt_ids, "--prompt-ids")
+        vocab = loaded.config.vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise CliError(f"--prompt-ids has ids outside the vocabulary of {vocab}: {bad[:5]}")
+        return ids
+    return encode_prompt(loaded.tokenizer, args.prompt, chat=args.chat)
+
+
+def run(args: argparse.Namespace) -> int:
+    steps = args.steps if args.steps is not None else args.gen_length
+    spb = steps_per_block_for(args.gen_length, args.block_length, steps)
+    decoding = decoding_config(args, spb)
+    loaded = load_model(args.model, args.device, args.dtype)
+    result = generate_one(loaded, _prompt_ids(args, loaded), args.gen_length, decoding)
+    if args.json:
+        payload = {
+            "token_ids": result.token_ids,
+            "text": result.text,
+            "completion_tokens": result.completion_tokens,
+            "finish_reason": result.finish_reason,
+            "num_forward_passes": result.num_forward_passes,
+            "elapsed_s": round(result.elapsed_s, 6),
+        }
+        sys.stdout.write(json.dumps(payload) + "\n")
+    else:
+        sys.stdout.write(result.text + "\n")
+    return 0

@@ -1,0 +1,44 @@
+"""The ``dllm`` command: one subcommand per job; bad input ends with one line and exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from engine_pod.cli import generate, train
+
+_COMMANDS = [generate, train]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dllm",
+        description="Serve diffusion LLMs (LLaDA, Dream) with block-granularity continuous batching.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for command in _COMMANDS:
+        command.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args.handler(args) or 0)
+    except (ValueError, FileNotFoundError, OSError) as exc:
+        sys.stderr.write(f"dllm {args.command}: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write(f"dllm {args.command}: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

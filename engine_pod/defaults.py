@@ -1,0 +1,11 @@
+"""Embedded defaults: the shipped model and the decoding settings every command starts from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+DEFAULT_MODEL = str(ASSETS_DIR / "tiny-llada")
+DEFAULT_BLOCK_LENGTH = 32
+DEFAULT_THRESHOLD = 0.9
+DEFAULT_TOKEN_BUDGET = 8192

@@ -1,0 +1,80 @@
+"""Batching never changes a request's greedy output (float64, so no rounding can flip a decision).
+
+Random workloads vary prompt lengths, generation budgets, early EOS, arrival order, token budgets,
+static batch sizes, decoding policy, cache mode and canvas; every request's tokens must equal the
+tokens it gets alone.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.models.loader import load_model
+from engine_pod.scheduler.blockserve import BlockServeScheduler
+from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
+from tests.engine_utils import common_token, run_workload
+from tests.factories import REFERENCE_DIR, random_workload
+
+BLOCK = 8
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {family: load_model(str(REFERENCE_DIR / family), dtype="float64") for family in ("llada", "dream")}
+
+
+workloads = st.fixed_dictionaries(
+    {
+        "seed": st.integers(0, 10_000),
+        "family": st.sampled_from(["llada", "dream"]),
+        "requests": st.integers(2, 10),
+        "remasking": st.sampled_from(["threshold", "low_confidence", "entropy", "topk_margin"]),
+        "threshold": st.sampled_from([0.3, 0.6, 0.9]),
+        "cache": st.sampled_from(["none", "prefix", "dual"]),
+        "canvas": st.sampled_from(["block", "full"]),
+        "budget_slack": st.integers(0, 200),
+        "admission": st.sampled_from(["preempt", "projected"]),
+        "static_batch": st.integers(1, 6),
+        "eos_rank": st.integers(0, 6),
+    }
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=workloads)
+def test_output_is_independent_of_the_batch(models, case):
+    rng = random.Random(case["seed"])
+    workload = random_workload(rng, case["requests"], 480, BLOCK, max_prompt=30, max_blocks=4)
+    decoding = DecodingConfig(
+        block_length=BLOCK, steps_per_block=4, remasking=case["remasking"], threshold=case["threshold"],
+        cache=case["cache"], canvas=case["canvas"],
+    )
+    loaded = models[case["family"]]
+    free = run_workload(loaded, sequential_scheduler(BLOCK, [], ignore_eos=True, canvas=case["canvas"]), decoding, workload)
+    eos = [common_token(free, case["eos_rank"])]
+    alone = run_workload(loaded, sequential_scheduler(BLOCK, eos, canvas=case["canvas"]), decoding, workload)
+    peak = max(len(p) + g for _, p, g in workload)
+    budget = peak + case["budget_slack"]
+    order = list(range(len(workload)))
+    rng.shuffle(order)
+    blockserve = BlockServeScheduler(BLOCK, eos, token_budget=budget, admission=case["admission"], canvas=case["canvas"])
+    static = StaticScheduler(BLOCK, eos, batch_size=case["static_batch"], canvas=case["canvas"])
+    assert run_workload(loaded, blockserve, decoding, workload, order) == alone
+    assert run_workload(loaded, static, decoding, workload, order) == alone
+
+
+def test_early_eos_really_happens_in_these_workloads(models):
+    """Guard against a vacuous property: EOS does cut some requests short."""
+    workload = random_workload(random.Random(7), 10, 480, BLOCK, max_blocks=4)
+    decoding = DecodingConfig(block_length=BLOCK, steps_per_block=4, cache="dual", canvas="block")
+    loaded = models["llada"]
+    free = run_workload(loaded, sequential_scheduler(BLOCK, [], ignore_eos=True), decoding, workload)
+    eos = [common_token(free, 0)]
+    alone = run_workload(loaded, sequential_scheduler(BLOCK, eos), decoding, workload)
+    budgets = {rid: budget for rid, _, budget in workload}
+    assert any(len(tokens) < budgets[rid] for rid, tokens in alone.items())

@@ -1,0 +1,28 @@
+"""Helpers to run a workload through an engine with a given scheduler and collect outputs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.engine import Engine
+from engine_pod.models.loader import LoadedModel
+from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.scheduler.request import Request
+
+
+def run_workload(loaded: LoadedModel, scheduler, decoding: DecodingConfig, workload, order=None) -> dict[str, list[int]]:
+    """Generated tokens per request id, submitting the workload in ``order`` (default: as given)."""
+    engine = Engine(BlockCycleRunner(loaded, decoding), scheduler)
+    items = workload if order is None else [workload[i] for i in order]
+    for request_id, prompt, budget in items:
+        engine.add_request(Request.from_tokens(request_id, prompt, budget, decoding.block_length))
+    outputs: dict[str, list[int]] = {}
+    engine.run(lambda r: outputs.__setitem__(r.request_id, list(r.generated)))
+    return outputs
+
+
+def common_token(outputs: dict[str, list[int]], rank: int = 2) -> int:
+    """A token the model emits often: declared EOS, it makes requests stop at different blocks."""
+    counts = Counter(token for tokens in outputs.values() for token in tokens)
+    return counts.most_common(rank + 1)[-1][0]

@@ -1,0 +1,113 @@
+"""Test factories: tiny random checkpoints in the real on-disk formats, and request workloads."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from engine_pod.models.config import config_from_dict
+from engine_pod.models.weights import name_map
+
+REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"
+
+
+def llada_config(d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, mlp=128, vocab=512, mask=500, eos=501) -> dict:
+    return {
+        "model_type": "llada",
+        "architectures": ["LLaDAModelLM"],
+        "d_model": d_model,
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+        "n_kv_heads": n_kv_heads,
+        "mlp_hidden_size": mlp,
+        "embedding_size": vocab,
+        "vocab_size": vocab,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+        "mask_token_id": mask,
+        "eos_token_id": eos,
+        "pad_token_id": eos,
+        "include_bias": False,
+        "include_qkv_bias": False,
+        "block_type": "llama",
+        "layer_norm_type": "rms",
+        "activation_type": "silu",
+        "rope": True,
+        "alibi": False,
+        "weight_tying": False,
+    }
+
+
+def dream_config(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=160, vocab=512, mask=500, eos=501) -> dict:
+    return {
+        "model_type": "Dream",
+        "architectures": ["DreamModel"],
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": intermediate,
+        "vocab_size": vocab,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "mask_token_id": mask,
+        "eos_token_id": eos,
+        "bos_token_id": eos,
+        "pad_token_id": eos,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    }
+
+
+def _init(name: str, shape: tuple[int, ...], generator: torch.Generator, hidden: int) -> torch.Tensor:
+    """Reference-style init: peaked LM head, unit-scale embeddings, 1 + 0.1 N norms."""
+    noise = torch.randn(shape, generator=generator)
+    if name.endswith("norm.weight") or "ln_f" in name or "layernorm" in name:
+        return 1 + 0.1 * noise
+    if name.endswith(".bias"):
+        return 0.1 * noise
+    if "wte" in name or "embed_tokens" in name:
+        return noise
+    if name in ("model.transformer.ff_out.weight", "lm_head.weight"):
+        return 5 / math.sqrt(hidden) * noise
+    scale = 3 if any(k in name for k in ("q_proj", "k_proj")) else 2
+    return scale / math.sqrt(shape[1]) * noise
+
+
+def write_checkpoint(directory: Path, raw_config: dict, seed: int = 0) -> Path:
+    """A random checkpoint under the real parameter names, with the reference's [MASK] edits."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = config_from_dict(raw_config)
+    generator = torch.Generator().manual_seed(seed)
+    shapes = _shapes(config)
+    tensors = {}
+    for name in sorted(shapes):
+        tensors[name] = _init(name, shapes[name], generator, config.hidden_size).contiguous()
+    head = "model.transformer.ff_out.weight" if config.family == "llada" else "lm_head.weight"
+    embed = "model.transformer.wte.weight" if config.family == "llada" else "model.embed_tokens.weight"
+    tensors[head][config.mask_token_id] = 0.0
+    tensors[embed][config.mask_token_id] *= 0.3
+    save_file(tensors, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(raw_config, indent=2))
+    return directory
+
+
+def _shapes(config) -> dict[str, tuple[int, ...]]:
+    from engine_pod.models.loader import build_model
+
+    model = build_model(config, torch.device("meta"), torch.float32)
+    ours = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    return {theirs: ours[mine] for theirs, mine in name_map(config).items()}
+
+
+def random_workload(rng: random.Random, n: int, vocab: int, block: int, max_prompt: int = 40, max_blocks: int = 4):
+    """(request id, prompt ids, generation budget) triples with varied prompts and budgets."""
+    return [
+        (f"r{i}", [rng.randrange(vocab) for _ in range(rng.randint(1, max_prompt))], rng.randint(1, max_blocks) * block)
+        for i in range(n)
+    ]
