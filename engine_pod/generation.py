@@ -31,7 +31,9 @@ def generate_one(
     """Generate ``gen_length`` tokens (whole blocks) after ``prompt_ids``."""
     eos = loaded.config.eos_token_ids
     runner = BlockCycleRunner(loaded, decoding, record_trace=trace)
-    scheduler = sequential_scheduler(decoding.block_length, eos, ignore_eos=decoding.ignore_eos, canvas=decoding.canvas)
+    scheduler = sequential_scheduler(
+        decoding.block_length, eos, ignore_eos=decoding.ignore_eos, canvas=decoding.canvas
+    )
     engine = Engine(runner, scheduler)
     request = Request.from_tokens("generate", prompt_ids, gen_length, decoding.block_length)
     engine.add_request(request)

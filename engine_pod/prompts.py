@@ -15,7 +15,9 @@ def encode_prompt(tokenizer: Any, text: str, chat: bool = False) -> list[int]:
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise PromptError("the tokenizer has no chat template: drop --chat")
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     else:
         ids = tokenizer(text)["input_ids"]

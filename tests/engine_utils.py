@@ -11,7 +11,9 @@ from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.scheduler.request import Request
 
 
-def run_workload(loaded: LoadedModel, scheduler, decoding: DecodingConfig, workload, order=None) -> dict[str, list[int]]:
+def run_workload(
+    loaded: LoadedModel, scheduler, decoding: DecodingConfig, workload, order=None
+) -> dict[str, list[int]]:
     """Generated tokens per request id, submitting the workload in ``order`` (default: as given)."""
     engine = Engine(BlockCycleRunner(loaded, decoding), scheduler)
     items = workload if order is None else [workload[i] for i in order]

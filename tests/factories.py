@@ -16,7 +16,9 @@ from engine_pod.models.weights import name_map
 REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"
 
 
-def llada_config(d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, mlp=128, vocab=512, mask=500, eos=501) -> dict:
+def llada_config(
+    d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, mlp=128, vocab=512, mask=500, eos=501
+) -> dict:
     return {
         "model_type": "llada",
         "architectures": ["LLaDAModelLM"],
@@ -43,7 +45,9 @@ def llada_config(d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, mlp=128, vocab
     }
 
 
-def dream_config(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=160, vocab=512, mask=500, eos=501) -> dict:
+def dream_config(
+    hidden=64, layers=2, heads=4, kv_heads=2, intermediate=160, vocab=512, mask=500, eos=501
+) -> dict:
     return {
         "model_type": "Dream",
         "architectures": ["DreamModel"],
@@ -105,9 +109,15 @@ def _shapes(config) -> dict[str, tuple[int, ...]]:
     return {theirs: ours[mine] for theirs, mine in name_map(config).items()}
 
 
-def random_workload(rng: random.Random, n: int, vocab: int, block: int, max_prompt: int = 40, max_blocks: int = 4):
+def random_workload(
+    rng: random.Random, n: int, vocab: int, block: int, max_prompt: int = 40, max_blocks: int = 4
+):
     """(request id, prompt ids, generation budget) triples with varied prompts and budgets."""
     return [
-        (f"r{i}", [rng.randrange(vocab) for _ in range(rng.randint(1, max_prompt))], rng.randint(1, max_blocks) * block)
+        (
+            f"r{i}",
+            [rng.randrange(vocab) for _ in range(rng.randint(1, max_prompt))],
+            rng.randint(1, max_blocks) * block,
+        )
         for i in range(n)
     ]

@@ -33,13 +33,34 @@ class NaiveModel:
         self.hd = self.D // self.H
 
     _NAMES = {
-        True: ("model.layers.{}.", {
-            "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
-            "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj",
-            "n1": "input_layernorm", "n2": "post_attention_layernorm"}),
-        False: ("model.transformer.blocks.{}.", {
-            "q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "attn_out", "gate": "ff_proj", "up": "up_proj",
-            "down": "ff_out", "n1": "attn_norm", "n2": "ff_norm"}),
+        True: (
+            "model.layers.{}.",
+            {
+                "q": "self_attn.q_proj",
+                "k": "self_attn.k_proj",
+                "v": "self_attn.v_proj",
+                "o": "self_attn.o_proj",
+                "gate": "mlp.gate_proj",
+                "up": "mlp.up_proj",
+                "down": "mlp.down_proj",
+                "n1": "input_layernorm",
+                "n2": "post_attention_layernorm",
+            },
+        ),
+        False: (
+            "model.transformer.blocks.{}.",
+            {
+                "q": "q_proj",
+                "k": "k_proj",
+                "v": "v_proj",
+                "o": "attn_out",
+                "gate": "ff_proj",
+                "up": "up_proj",
+                "down": "ff_out",
+                "n1": "attn_norm",
+                "n2": "ff_norm",
+            },
+        ),
     }
 
     def _weight(self, layer: int, name: str, kind: str = "weight") -> torch.Tensor | None:
@@ -85,14 +106,21 @@ class NaiveModel:
             x = x + attn @ self._weight(layer, "o").T
             h = self._norm(x, self._weight(layer, "n2"))
             gate = h @ self._weight(layer, "gate").T
-            x = x + ((gate * torch.sigmoid(gate)) * (h @ self._weight(layer, "up").T)) @ self._weight(layer, "down").T
+            x = (
+                x
+                + ((gate * torch.sigmoid(gate)) * (h @ self._weight(layer, "up").T))
+                @ self._weight(layer, "down").T
+            )
         final = self.w["model.norm.weight" if self.dream else "model.transformer.ln_f.weight"]
         head = self.w["lm_head.weight" if self.dream else "model.transformer.ff_out.weight"]
         return self._norm(x, final) @ head.T, kvs
 
 
 def _prefix_keys(cache, s):
-    return lambda layer, k, v: (torch.cat([cache[layer][0][:, :s], k], 1), torch.cat([cache[layer][1][:, :s], v], 1))
+    return lambda layer, k, v: (
+        torch.cat([cache[layer][0][:, :s], k], 1),
+        torch.cat([cache[layer][1][:, :s], v], 1),
+    )
 
 
 def _dual_keys(cache, s, e):
@@ -100,6 +128,7 @@ def _dual_keys(cache, s, e):
         keys, values = cache[layer][0].clone(), cache[layer][1].clone()
         keys[:, s:e], values[:, s:e] = k, v
         return keys, values
+
     return splice
 
 
@@ -154,8 +183,15 @@ def llada_generate(model, prompt, gen, block, steps, cache, threshold):
             probs = torch.softmax(logits[[p - offset for p in cand]], -1) if cand else None
             if cand:
                 rule = "topk" if threshold is None else "thr"
-                _commit(x, cand, probs.max(-1).values, probs.argmax(-1), rule,
-                        quota[step] if threshold is None else None, threshold)
+                _commit(
+                    x,
+                    cand,
+                    probs.max(-1).values,
+                    probs.argmax(-1),
+                    rule,
+                    quota[step] if threshold is None else None,
+                    threshold,
+                )
             step += 1
             done = all(t != model.mask for t in x[s:e])
             if cache == "none" and threshold is None:
@@ -163,7 +199,7 @@ def llada_generate(model, prompt, gen, block, steps, cache, threshold):
                     break
             elif done or (cache == "dual" and step == spb):
                 break
-    return x[len(prompt):], nfe
+    return x[len(prompt) :], nfe
 
 
 def dream_block_generate(model, prompt, gen, block, steps, dual, threshold, eps=1e-3):
@@ -194,7 +230,7 @@ def dream_block_generate(model, prompt, gen, block, steps, dual, threshold, eps=
                 i += 1
             if all(tok != model.mask for tok in x[s:e]):
                 break
-    return x[len(prompt):], nfe
+    return x[len(prompt) :], nfe
 
 
 def dream_original_generate(model, prompt, gen, steps, alg, eps=1e-3):
@@ -214,4 +250,4 @@ def dream_original_generate(model, prompt, gen, steps, alg, eps=1e-3):
         n = torch.tensor(float(len(cand)), dtype=torch.float32)
         k = int(n * (1 - t[i + 1] / t[i])) if i < steps - 1 else int(n)
         _commit(x, cand, score, probs.argmax(-1), "topk", k)
-    return x[len(prompt):], steps
+    return x[len(prompt) :], steps

@@ -28,7 +28,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 def add_decoding_args(parser: argparse.ArgumentParser, canvas_default: str = "block") -> None:
     group = parser.add_argument_group("decoding")
-    group.add_argument("--block-length", type=int, default=DEFAULT_BLOCK_LENGTH, help="tokens per block L (default: 32)")
+    group.add_argument(
+        "--block-length", type=int, default=DEFAULT_BLOCK_LENGTH, help="tokens per block L (default: 32)"
+    )
     group.add_argument(
         "--remasking",
         choices=REMASKING,
@@ -46,7 +48,9 @@ def add_decoding_args(parser: argparse.ArgumentParser, canvas_default: str = "bl
         help="block: prompt + blocks so far (BlockServe); full: also the masked suffix (LLaDA/Fast-dLLM) "
         f"(default: {canvas_default})",
     )
-    group.add_argument("--ignore-eos", action="store_true", help="do not stop after a block that contains EOS")
+    group.add_argument(
+        "--ignore-eos", action="store_true", help="do not stop after a block that contains EOS"
+    )
 
 
 def decoding_config(args: argparse.Namespace, steps_per_block: int) -> DecodingConfig:

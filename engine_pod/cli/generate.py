@@ -24,7 +24,9 @@ def register(subparsers) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text (needs the model's tokenizer)")
     source.add_argument("--prompt-ids", help="prompt as comma-separated token ids, e.g. 1,2,3")
-    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    parser.add_argument(
+        "--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template"
+    )
     parser.add_argument("--gen-length", type=int, default=128, help="tokens to generate (default: 128)")
     parser.add_argument("--steps", type=int, help="denoising steps over all blocks (default: gen length)")
     add_decoding_args(parser, canvas_default="full")

@@ -22,7 +22,9 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--out", default="runs/train", help="output directory (default: runs/train)")
     parser.add_argument("--steps", type=int, default=6000, help="optimiser steps (default: 6000)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and of the data (default: 0)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the weights and of the data (default: 0)"
+    )
     parser.add_argument("--max-minutes", type=float, help="stop and export after this many minutes")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (default: 2)")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt if present")
@@ -33,7 +35,9 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise ValueError(f"--steps must be positive, got {args.steps}")
-    cfg = TrainConfig(out_dir=args.out, steps=args.steps, seed=args.seed, max_minutes=args.max_minutes, threads=args.threads)
+    cfg = TrainConfig(
+        out_dir=args.out, steps=args.steps, seed=args.seed, max_minutes=args.max_minutes, threads=args.threads
+    )
     trainer = Trainer(cfg)
     if args.resume:
         trainer.resume()

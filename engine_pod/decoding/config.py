@@ -55,5 +55,7 @@ def steps_per_block_for(gen_length: int, block_length: int, steps: int) -> int:
         )
     num_blocks = gen_length // block_length
     if steps < num_blocks or steps % num_blocks:
-        raise DecodingConfigError(f"steps {steps} is not a positive multiple of the number of blocks {num_blocks}")
+        raise DecodingConfigError(
+            f"steps {steps} is not a positive multiple of the number of blocks {num_blocks}"
+        )
     return steps // num_blocks

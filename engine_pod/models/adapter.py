@@ -27,8 +27,12 @@ class ModelAdapter:
 
 
 _ADAPTERS = {
-    "llada": ModelAdapter("llada", logit_shift=0, commits_block_start_on_refresh=False, caps_dual_cache_steps=True),
-    "dream": ModelAdapter("dream", logit_shift=1, commits_block_start_on_refresh=True, caps_dual_cache_steps=False),
+    "llada": ModelAdapter(
+        "llada", logit_shift=0, commits_block_start_on_refresh=False, caps_dual_cache_steps=True
+    ),
+    "dream": ModelAdapter(
+        "dream", logit_shift=1, commits_block_start_on_refresh=True, caps_dual_cache_steps=False
+    ),
 }
 
 

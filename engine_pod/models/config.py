@@ -46,9 +46,13 @@ class ModelConfig:
         if self.family not in FAMILIES:
             raise ModelConfigError(f"unknown model family {self.family!r}; expected one of {FAMILIES}")
         if self.hidden_size % self.num_heads:
-            raise ModelConfigError(f"hidden size {self.hidden_size} is not divisible by {self.num_heads} heads")
+            raise ModelConfigError(
+                f"hidden size {self.hidden_size} is not divisible by {self.num_heads} heads"
+            )
         if self.num_heads % self.num_kv_heads:
-            raise ModelConfigError(f"{self.num_heads} heads are not divisible by {self.num_kv_heads} KV heads")
+            raise ModelConfigError(
+                f"{self.num_heads} heads are not divisible by {self.num_kv_heads} KV heads"
+            )
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ModelConfigError(f"mask token id {self.mask_token_id} is outside the vocabulary")
 
@@ -81,7 +85,9 @@ def _check_llada_supported(raw: dict[str, Any]) -> None:
     }
     for key, (value, expected) in unsupported.items():
         if value != expected:
-            raise ModelConfigError(f"LLaDA config field {key}={value!r} is not supported (expected {expected!r})")
+            raise ModelConfigError(
+                f"LLaDA config field {key}={value!r} is not supported (expected {expected!r})"
+            )
 
 
 def _llada_config(raw: dict[str, Any]) -> ModelConfig:
@@ -112,7 +118,9 @@ def _llada_config(raw: dict[str, Any]) -> ModelConfig:
 
 def _dream_config(raw: dict[str, Any]) -> ModelConfig:
     if raw.get("hidden_act", "silu") != "silu":
-        raise ModelConfigError(f"Dream hidden_act={raw.get('hidden_act')!r} is not supported (expected 'silu')")
+        raise ModelConfigError(
+            f"Dream hidden_act={raw.get('hidden_act')!r} is not supported (expected 'silu')"
+        )
     heads = int(_require(raw, "num_attention_heads"))
     return ModelConfig(
         family="dream",

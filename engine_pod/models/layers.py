@@ -91,7 +91,9 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(rows, tokens, self.num_kv_heads, self.head_dim)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin).transpose(1, 2), v
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext
+    ) -> torch.Tensor:
         q, k, v = self._project(x, cos, sin)  # k, v token-major: [R, T, Hkv, hd]
         keys, values, key_mask = ctx.keys_values(k, v)
         out = attend(q, keys.transpose(1, 2), values.transpose(1, 2), key_mask)
@@ -150,6 +152,8 @@ class DecoderBlock(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLU(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext
+    ) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin, ctx)
         return x + self.mlp(self.mlp_norm(x))

@@ -17,7 +17,12 @@ from engine_pod.models.weights import load_state_dict
 
 logger = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
 _END_TOKENS = ("<|eot_id|>", "<|endoftext|>", "<|im_end|>", "<eos>")
 
 
@@ -54,7 +59,9 @@ def parse_device(name: str) -> torch.device:
         if not torch.cuda.is_available():
             raise ModelLoadError(f"device {name!r} requested but CUDA is not available on this machine")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ModelLoadError(f"device {name!r} does not exist: {torch.cuda.device_count()} CUDA device(s)")
+            raise ModelLoadError(
+                f"device {name!r} does not exist: {torch.cuda.device_count()} CUDA device(s)"
+            )
     elif device.type not in ("cpu", "mps"):
         raise ModelLoadError(f"unsupported device {name!r}; use cpu or cuda[:N]")
     return device

@@ -91,7 +91,7 @@ def iter_checkpoint(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
         if not path.is_file():
             raise CheckpointError(f"missing weight shard {path}")
         with safe_open(str(path), framework="pt") as handle:
-            for key in handle.keys():
+            for key in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
                 yield key, handle.get_tensor(key)
 
 

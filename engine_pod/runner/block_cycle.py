@@ -57,7 +57,9 @@ class BlockCycleRunner:
         self.pad_id = loaded.config.pad_token_id if loaded.config.pad_token_id is not None else 0
         self.record_trace = record_trace
         self.trace: list[dict] = []  # row 0's forwards and their commits, across cycles, when recorded
-        self.step_cap = self.adapter.step_cap(decoding.cache, decoding.steps_per_block, self.policy.quota_schedule)
+        self.step_cap = self.adapter.step_cap(
+            decoding.cache, decoding.steps_per_block, self.policy.quota_schedule
+        )
         self.exact_steps = self.policy.quota_schedule and not decoding.uses_cache
 
     @torch.no_grad()
@@ -105,7 +107,13 @@ class BlockCycleRunner:
         return _StepRows(index, index.shape[0] == done.shape[0], block, candidates)
 
     def _denoise_step(
-        self, canvas: Canvas, cache, rows: _StepRows, step: int, masks_at_start: torch.Tensor, out: CycleOutput
+        self,
+        canvas: Canvas,
+        cache,
+        rows: _StepRows,
+        step: int,
+        masks_at_start: torch.Tensor,
+        out: CycleOutput,
     ) -> None:
         refresh = step == 0 or cache is None
         candidates = rows.candidates
@@ -160,8 +168,12 @@ class BlockCycleRunner:
             slots = canvas.block_slots[index]
         else:
             slots = canvas.prefix_window()[0][index]
-        tokens = torch.cat([canvas.tokens, canvas.tokens.new_full((canvas.tokens.shape[0], 1), self.pad_id)], 1)
-        positions = torch.cat([canvas.position_ids, canvas.position_ids.new_zeros(canvas.tokens.shape[0], 1)], 1)
+        tokens = torch.cat(
+            [canvas.tokens, canvas.tokens.new_full((canvas.tokens.shape[0], 1), self.pad_id)], 1
+        )
+        positions = torch.cat(
+            [canvas.position_ids, canvas.position_ids.new_zeros(canvas.tokens.shape[0], 1)], 1
+        )
         window_tokens = tokens[index].gather(1, slots)
         window_positions = positions[index].gather(1, slots)
         stats.computed_positions += slots.numel()

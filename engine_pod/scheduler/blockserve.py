@@ -81,7 +81,9 @@ class BlockServeScheduler(Scheduler):
         preempted = self._preempt_overflow() if self.admission == "preempt" else []
         admitted = self._admit()
         rows = [self._row(r) for r in self.active]
-        box = max((len(row.prefix_ids) + self.block_length * (1 + row.suffix_blocks) for row in rows), default=0)
+        box = max(
+            (len(row.prefix_ids) + self.block_length * (1 + row.suffix_blocks) for row in rows), default=0
+        )
         return SchedulerOutput(
             request_ids=[r.request_id for r in self.active],
             rows=rows,
@@ -94,7 +96,9 @@ class BlockServeScheduler(Scheduler):
     def _row(self, request: Request) -> CycleRow:
         blocks_left = request.max_blocks - request.blocks_done(self.block_length) - 1
         suffix = blocks_left if self.canvas == "full" else 0
-        return CycleRow(request.prompt_ids + tuple(request.generated), suffix_blocks=suffix, suffix_visible=True)
+        return CycleRow(
+            request.prompt_ids + tuple(request.generated), suffix_blocks=suffix, suffix_visible=True
+        )
 
     def _preempt_overflow(self) -> list[Request]:
         preempted = []

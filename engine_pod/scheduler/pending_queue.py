@@ -43,7 +43,9 @@ class PendingQueue:
         """The request pending for the most block cycles; the earliest queued among equals."""
         if not self._requests:
             return None
-        index = max(range(len(self._requests)), key=lambda i: (self._requests[i].waited_cycles, -self._keys[i][1]))
+        index = max(
+            range(len(self._requests)), key=lambda i: (self._requests[i].waited_cycles, -self._keys[i][1])
+        )
         return self._requests[index]
 
     def find(self, request_id: str) -> Request | None:

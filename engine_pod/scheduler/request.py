@@ -47,7 +47,9 @@ class Request:
             raise RequestError(f"request {self.request_id}: the generation budget must be at least one block")
 
     @classmethod
-    def from_tokens(cls, request_id: str, prompt_ids, max_tokens: int, block_length: int, arrival_time: float = 0.0):
+    def from_tokens(
+        cls, request_id: str, prompt_ids, max_tokens: int, block_length: int, arrival_time: float = 0.0
+    ):
         if max_tokens < 1:
             raise RequestError(f"request {request_id}: max_tokens must be positive, got {max_tokens}")
         return cls(request_id, tuple(prompt_ids), math.ceil(max_tokens / block_length), arrival_time)

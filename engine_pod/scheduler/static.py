@@ -20,7 +20,9 @@ from engine_pod.scheduler.request import Request
 class StaticScheduler(Scheduler):
     gather_rows = False
 
-    def __init__(self, block_length: int, eos_ids, batch_size: int, materialize_suffix: bool = True, **kwargs):
+    def __init__(
+        self, block_length: int, eos_ids, batch_size: int, materialize_suffix: bool = True, **kwargs
+    ):
         super().__init__(block_length, eos_ids, **kwargs)
         if batch_size < 1:
             raise ValueError(f"batch size must be positive, got {batch_size}")
@@ -40,7 +42,9 @@ class StaticScheduler(Scheduler):
                 self.batch.append(request)
                 admitted.append(request.request_id)
         rows = [self._row(r) for r in self.batch]
-        box = max((len(row.prefix_ids) + self.block_length * (1 + row.suffix_blocks) for row in rows), default=0)
+        box = max(
+            (len(row.prefix_ids) + self.block_length * (1 + row.suffix_blocks) for row in rows), default=0
+        )
         return SchedulerOutput(
             request_ids=[r.request_id for r in self.batch],
             rows=rows,

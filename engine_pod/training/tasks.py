@@ -45,7 +45,9 @@ def _count_down(rng: random.Random, max_answer: int) -> Example:
 def _letters(rng: random.Random, max_answer: int) -> Example:
     first = rng.randrange(26)
     last = rng.randint(first, min(25, first + max(0, max_answer - 1)))
-    return Example("letters", f"letters from {LETTERS[first]} to {LETTERS[last]} .", " ".join(LETTERS[first : last + 1]))
+    return Example(
+        "letters", f"letters from {LETTERS[first]} to {LETTERS[last]} .", " ".join(LETTERS[first : last + 1])
+    )
 
 
 def _lookup(rng: random.Random, max_answer: int) -> Example:
@@ -53,7 +55,9 @@ def _lookup(rng: random.Random, max_answer: int) -> Example:
     values = [rng.randrange(1000) for _ in names]
     records = " , ".join(f"{n} is {v}" for n, v in zip(names, values))
     target = rng.randrange(len(names))
-    return Example("lookup", f"records : {records} . what is the value of {names[target]} ?", str(values[target]))
+    return Example(
+        "lookup", f"records : {records} . what is the value of {names[target]} ?", str(values[target])
+    )
 
 
 def _copy(rng: random.Random, max_answer: int) -> Example:
@@ -88,7 +92,9 @@ def is_held_out(example: Example) -> bool:
     return digest[0] % HELD_OUT_BUCKETS == 0
 
 
-def generate_examples(seed: int, split: str, max_answer: int = 128, tasks: list[str] | None = None) -> Iterator[Example]:
+def generate_examples(
+    seed: int, split: str, max_answer: int = 128, tasks: list[str] | None = None
+) -> Iterator[Example]:
     """An endless, reproducible stream of examples of the given split ("train" or "eval")."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")

@@ -125,7 +125,9 @@ class Trainer:
         self.model = build_model(config_from_dict(self.model_config), torch.device("cpu"), torch.float32)
         _init_weights(self.model, cfg.seed)
         self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01
+        )
         self.step = 0
         self.history: list[tuple[int, float]] = []
 
@@ -202,7 +204,13 @@ class Trainer:
         (directory / "config.json").write_text(json.dumps(self.model_config, indent=2) + "\n")
         save_checkpoint(config_from_dict(self.model_config), self.model.state_dict(), directory)
         save_tokenizer(self.tokenizer, directory)
-        meta = {"steps": self.step, "seed": self.cfg.seed, "final_loss": self.history[-1][1] if self.history else None}
-        (directory / "training.json").write_text(json.dumps(meta | {"config": asdict(self.cfg)}, indent=2) + "\n")
+        meta = {
+            "steps": self.step,
+            "seed": self.cfg.seed,
+            "final_loss": self.history[-1][1] if self.history else None,
+        }
+        (directory / "training.json").write_text(
+            json.dumps(meta | {"config": asdict(self.cfg)}, indent=2) + "\n"
+        )
         plot_loss(self.history, self.out / "loss.png")
         return directory

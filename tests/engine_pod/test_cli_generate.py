@@ -41,11 +41,17 @@ def test_bad_arguments_fail_with_one_line(capsys, argv, message):
 
 
 def test_missing_model_and_unknown_type(capsys, tmp_path):
-    assert "does not exist" in _error_of(capsys, ["generate", "--model", str(tmp_path / "nope"), "--prompt-ids", "1"])
+    assert "does not exist" in _error_of(
+        capsys, ["generate", "--model", str(tmp_path / "nope"), "--prompt-ids", "1"]
+    )
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    assert "unknown model_type" in _error_of(capsys, ["generate", "--model", str(tmp_path), "--prompt-ids", "1"])
+    assert "unknown model_type" in _error_of(
+        capsys, ["generate", "--model", str(tmp_path), "--prompt-ids", "1"]
+    )
     (tmp_path / "config.json").write_text(json.dumps(llada_config()))
-    assert "model.safetensors" in _error_of(capsys, ["generate", "--model", str(tmp_path), "--prompt-ids", "1"])
+    assert "model.safetensors" in _error_of(
+        capsys, ["generate", "--model", str(tmp_path), "--prompt-ids", "1"]
+    )
 
 
 def test_text_prompt_without_tokenizer_is_a_clear_error(capsys):
@@ -54,7 +60,9 @@ def test_text_prompt_without_tokenizer_is_a_clear_error(capsys):
 
 def test_hub_id_offline_fails_with_one_line(capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert "Hugging Face Hub" in _error_of(capsys, ["generate", "--model", "GSAI-ML/LLaDA-8B-Instruct", "--prompt-ids", "1"])
+    assert "Hugging Face Hub" in _error_of(
+        capsys, ["generate", "--model", "GSAI-ML/LLaDA-8B-Instruct", "--prompt-ids", "1"]
+    )
 
 
 def test_eos_stops_at_block_boundary_and_fills(tmp_path):
@@ -66,7 +74,9 @@ def test_eos_stops_at_block_boundary_and_fills(tmp_path):
     raw = llada_config(eos=eos)
     (model_dir / "config.json").write_text(json.dumps(raw))
     argv = ["generate", "--model", str(model_dir), "--prompt-ids", "5,6,7", *options, "--json"]
-    out = subprocess.run([sys.executable, "-m", "engine_pod.cli.main", *argv], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "engine_pod.cli.main", *argv], capture_output=True, text=True, check=True
+    )
     result = json.loads(out.stdout)
     first_eos = free.index(eos)
     stop_block_end = (first_eos // 16 + 1) * 16

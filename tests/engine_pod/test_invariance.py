@@ -51,18 +51,26 @@ def test_output_is_independent_of_the_batch(models, case):
     rng = random.Random(case["seed"])
     workload = random_workload(rng, case["requests"], 480, BLOCK, max_prompt=30, max_blocks=4)
     decoding = DecodingConfig(
-        block_length=BLOCK, steps_per_block=4, remasking=case["remasking"], threshold=case["threshold"],
-        cache=case["cache"], canvas=case["canvas"],
+        block_length=BLOCK,
+        steps_per_block=4,
+        remasking=case["remasking"],
+        threshold=case["threshold"],
+        cache=case["cache"],
+        canvas=case["canvas"],
     )
     loaded = models[case["family"]]
-    free = run_workload(loaded, sequential_scheduler(BLOCK, [], ignore_eos=True, canvas=case["canvas"]), decoding, workload)
+    free = run_workload(
+        loaded, sequential_scheduler(BLOCK, [], ignore_eos=True, canvas=case["canvas"]), decoding, workload
+    )
     eos = [common_token(free, case["eos_rank"])]
     alone = run_workload(loaded, sequential_scheduler(BLOCK, eos, canvas=case["canvas"]), decoding, workload)
     peak = max(len(p) + g for _, p, g in workload)
     budget = peak + case["budget_slack"]
     order = list(range(len(workload)))
     rng.shuffle(order)
-    blockserve = BlockServeScheduler(BLOCK, eos, token_budget=budget, admission=case["admission"], canvas=case["canvas"])
+    blockserve = BlockServeScheduler(
+        BLOCK, eos, token_budget=budget, admission=case["admission"], canvas=case["canvas"]
+    )
     static = StaticScheduler(BLOCK, eos, batch_size=case["static_batch"], canvas=case["canvas"])
     assert run_workload(loaded, blockserve, decoding, workload, order) == alone
     assert run_workload(loaded, static, decoding, workload, order) == alone

@@ -81,15 +81,32 @@ def reference_options(family: str, run: dict) -> list[str]:
         else:
             remasking = ["--remasking", "entropy"]
     return [
-        "--gen-length", str(gen), "--block-length", str(block), "--steps", str(args["steps"]),
-        *remasking, "--cache", cache,
+        "--gen-length",
+        str(gen),
+        "--block-length",
+        str(block),
+        "--steps",
+        str(args["steps"]),
+        *remasking,
+        "--cache",
+        cache,
     ]
 
 
 def run_generate(model_dir, prompt_ids: list[int], options: list[str], dtype: str = "float32") -> dict:
     argv = [
-        "generate", "--model", str(model_dir), "--prompt-ids", ",".join(map(str, prompt_ids)),
-        *options, "--ignore-eos", "--device", "cpu", "--dtype", dtype, "--json",
+        "generate",
+        "--model",
+        str(model_dir),
+        "--prompt-ids",
+        ",".join(map(str, prompt_ids)),
+        *options,
+        "--ignore-eos",
+        "--device",
+        "cpu",
+        "--dtype",
+        dtype,
+        "--json",
     ]
     buffer = io.StringIO()
     with redirect_stdout(buffer):

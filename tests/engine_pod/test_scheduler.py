@@ -66,7 +66,12 @@ def test_rows_are_at_different_blocks_in_one_batch():
     requests = [make_request(i, 5 + i, 6) for i in range(4)]
     scheduler = BlockServeScheduler(L, [EOS], token_budget=200, max_rows=2)
     outputs = drive(scheduler, requests, {"r0-5": 0})
-    mixed = [o for o in outputs if len({(len(row.prefix_ids) - int(i.split("-")[1])) // L for i, row in zip(o.request_ids, o.rows)}) > 1]
+    mixed = [
+        o
+        for o in outputs
+        if len({(len(row.prefix_ids) - int(i.split("-")[1])) // L for i, row in zip(o.request_ids, o.rows)})
+        > 1
+    ]
     assert mixed, "a finished request's slot should be refilled while the other row is mid-generation"
 
 

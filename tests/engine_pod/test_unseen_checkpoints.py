@@ -21,11 +21,47 @@ LLADA_CASES = [
 ]
 DREAM_CASES = [
     # (config overrides, prompt length, gen, block, steps, cache, remasking, threshold)
-    (dict(hidden=48, layers=3, heads=6, kv_heads=3, intermediate=96), 8, 48, 16, 24, "dual", "threshold", 0.8),
-    (dict(hidden=32, layers=1, heads=4, kv_heads=1, intermediate=64), 5, 32, 16, 32, "prefix", "entropy", None),
-    (dict(hidden=64, layers=2, heads=8, kv_heads=2, intermediate=128), 14, 24, 24, 12, "none", "topk_margin", None),
+    (
+        dict(hidden=48, layers=3, heads=6, kv_heads=3, intermediate=96),
+        8,
+        48,
+        16,
+        24,
+        "dual",
+        "threshold",
+        0.8,
+    ),
+    (
+        dict(hidden=32, layers=1, heads=4, kv_heads=1, intermediate=64),
+        5,
+        32,
+        16,
+        32,
+        "prefix",
+        "entropy",
+        None,
+    ),
+    (
+        dict(hidden=64, layers=2, heads=8, kv_heads=2, intermediate=128),
+        14,
+        24,
+        24,
+        12,
+        "none",
+        "topk_margin",
+        None,
+    ),
     (dict(hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64), 4, 32, 8, 16, "dual", "entropy", None),
-    (dict(hidden=32, layers=2, heads=4, kv_heads=4, intermediate=64), 9, 20, 20, 10, "none", "maskgit_plus", None),
+    (
+        dict(hidden=32, layers=2, heads=4, kv_heads=4, intermediate=64),
+        9,
+        20,
+        20,
+        10,
+        "none",
+        "maskgit_plus",
+        None,
+    ),
 ]
 
 
@@ -35,8 +71,22 @@ def test_llada_unseen(tmp_path, case_index):
     model_dir = write_checkpoint(tmp_path / "m", llada_config(**overrides), seed=100 + case_index)
     prompt = [random.Random(case_index).randrange(480) for _ in range(prompt_len)]
     expected, nfe = llada_generate(NaiveModel(model_dir), prompt, gen, block, steps, cache, threshold)
-    remasking = ["--remasking", "low_confidence"] if threshold is None else ["--remasking", "threshold", "--threshold", str(threshold)]
-    options = ["--gen-length", str(gen), "--block-length", str(block), "--steps", str(steps), "--cache", cache, *remasking]
+    remasking = (
+        ["--remasking", "low_confidence"]
+        if threshold is None
+        else ["--remasking", "threshold", "--threshold", str(threshold)]
+    )
+    options = [
+        "--gen-length",
+        str(gen),
+        "--block-length",
+        str(block),
+        "--steps",
+        str(steps),
+        "--cache",
+        cache,
+        *remasking,
+    ]
     result = run_generate(model_dir, prompt, options, dtype="float64")
     assert result["token_ids"] == expected
     assert result["num_forward_passes"] == nfe
@@ -52,8 +102,18 @@ def test_dream_unseen(tmp_path, case_index):
         expected, nfe = dream_original_generate(naive, prompt, gen, steps, remasking)
     else:
         expected, nfe = dream_block_generate(naive, prompt, gen, block, steps, cache == "dual", threshold)
-    options = ["--gen-length", str(gen), "--block-length", str(block), "--steps", str(steps), "--cache", cache,
-               "--remasking", remasking]
+    options = [
+        "--gen-length",
+        str(gen),
+        "--block-length",
+        str(block),
+        "--steps",
+        str(steps),
+        "--cache",
+        cache,
+        "--remasking",
+        remasking,
+    ]
     if threshold is not None:
         options += ["--threshold", str(threshold)]
     result = run_generate(model_dir, prompt, options, dtype="float64")
