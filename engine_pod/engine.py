@@ -40,6 +40,7 @@ class Engine:
         self.scheduler = scheduler
         self.clock = clock
         self.records: list[CycleRecord] = []
+        self.margins: dict[str, list[float]] = {}  # per request, per generated token (runner records them)
         self._start: float | None = None
 
     def add_request(self, request: Request) -> None:
@@ -57,6 +58,7 @@ class Engine:
         if self._start is None:
             self._start = begin
         cycle = self.runner.run(output.rows, gather_rows=output.gather_rows)
+        self._keep_margins(output, cycle.margins)
         finished = self.scheduler.update_from_output(output, cycle.blocks)
         self.records.append(
             CycleRecord(
@@ -73,6 +75,13 @@ class Engine:
             )
         )
         return finished
+
+    def _keep_margins(self, output, margins: list[list[float]] | None) -> None:
+        if margins is None:
+            return
+        for request_id, row, row_margins in zip(output.request_ids, output.rows, margins):
+            if row.active:
+                self.margins.setdefault(request_id, []).extend(row_margins)
 
     def run(self, on_finished: Callable[[Request], None] | None = None) -> None:
         """Step until no request is left unfinished."""

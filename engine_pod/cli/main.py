@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-from engine_pod.cli import generate, train
+from engine_pod.cli import bench, generate, train
 
-_COMMANDS = [generate, train]
+_COMMANDS = [generate, bench, train]
 
 
 def build_parser() -> argparse.ArgumentParser:

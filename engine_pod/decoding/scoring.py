@@ -34,3 +34,9 @@ def negative_entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Proposal = argmax; confidence = sum p log(p + 1e-10) (higher is more certain)."""
     probs = _probabilities(logits)
     return probs.argmax(dim=-1), (probs * torch.log(probs + 1e-10)).sum(dim=-1)
+
+
+def top_two_gap(logits: torch.Tensor) -> torch.Tensor:
+    """Top-1 minus top-2 probability: how close a position's argmax is to flipping."""
+    top = _probabilities(logits).topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]

@@ -59,8 +59,21 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (h * cos + rotated * sin).to(x.dtype)
 
 
+QUERY_CHUNK = 256  # queries per attention call: bounds the score matrix to R x H x 256 x Tk
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-    """Bidirectional attention of q [R,H,Tq,hd] over k/v [R,Hkv,Tk,hd]; key_mask [R,Tk] bool."""
+    """Bidirectional attention of q [R,H,Tq,hd] over k/v [R,Hkv,Tk,hd]; key_mask [R,Tk] bool.
+
+    Long query sets are processed in chunks so that memory stays linear in the batch's tokens even
+    where the kernel materialises the score matrix (CPU).
+    """
+    if q.shape[2] > QUERY_CHUNK and q.device.type == "cpu":
+        return torch.cat([_attend(part, k, v, key_mask) for part in q.split(QUERY_CHUNK, dim=2)], dim=2)
+    return _attend(q, k, v, key_mask)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     mask = key_mask[:, None, None, :]
     if groups == 1:

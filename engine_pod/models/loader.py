@@ -116,7 +116,9 @@ def _load_tokenizer(model_dir: Path) -> Any:
     if not any((model_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         return None
     from transformers import AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
+    transformers_logging.set_verbosity_error()  # it warns about our model_type, which it does not know
     try:
         return AutoTokenizer.from_pretrained(str(model_dir))
     except Exception as exc:  # a broken tokenizer should not stop id-level use of the model
@@ -139,6 +141,17 @@ def build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -
     with torch.device("meta"):
         model = DiffusionTransformer(config)
     return model.to_empty(device=device).to(dtype).eval()
+
+
+def load_metadata(spec: str) -> tuple[ModelConfig, Any]:
+    """The config (EOS ids resolved) and tokenizer of ``spec`` without loading any weights."""
+    if spec.startswith("random:"):
+        config = config_from_dict(preset(spec.split(":", 1)[1]))
+        return config.with_eos(_eos_ids(config, None, None)), None
+    model_dir = resolve_model_dir(spec)
+    config = load_config(model_dir)
+    tokenizer = _load_tokenizer(model_dir)
+    return config.with_eos(_eos_ids(config, model_dir, tokenizer)), tokenizer
 
 
 def load_model(spec: str, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> LoadedModel:

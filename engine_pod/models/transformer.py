@@ -24,10 +24,12 @@ class SelectedHidden:
     vocabularies) by a constant, so peak memory stays linear in the tokens of the batch.
     """
 
-    def __init__(self, hidden: torch.Tensor, lm_head: nn.Linear, chunk: int = 1024) -> None:
+    LOGITS_PER_CHUNK = 1 << 24  # vocabulary entries per chunk (64 MB in float32)
+
+    def __init__(self, hidden: torch.Tensor, lm_head: nn.Linear) -> None:
         self.hidden = hidden
         self.lm_head = lm_head
-        self.chunk = chunk
+        self.chunk = max(16, self.LOGITS_PER_CHUNK // lm_head.out_features)
 
     def map_logits(self, fn):
         """Apply ``fn(logits) -> tuple of [n] tensors`` chunk by chunk and concatenate the results."""

@@ -14,6 +14,7 @@ import torch
 
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.policies import StepContext, make_policy
+from engine_pod.decoding.scoring import top_two_gap
 from engine_pod.models.adapter import adapter_for
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.canvas import Canvas, build_canvas
@@ -32,6 +33,8 @@ class CycleOutput:
     blocks: list[list[int]]  # per row: the block's tokens as committed (mask id where left masked)
     steps: list[int]  # per row: forwards the row's block took
     stats: CycleStats
+    margins: list[list[float]] | None = None  # per row and block position: top-1 minus top-2 probability
+    # when the position was committed (inf if never), recorded on request to locate near-ties
 
 
 @dataclass
@@ -47,7 +50,9 @@ class _StepRows:
 class BlockCycleRunner:
     """Runs block cycles of one model with one decoding config."""
 
-    def __init__(self, loaded: LoadedModel, decoding: DecodingConfig, record_trace: bool = False) -> None:
+    def __init__(
+        self, loaded: LoadedModel, decoding: DecodingConfig, record_trace: bool = False, record_margins: bool = False
+    ) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.decoding = decoding
@@ -56,6 +61,7 @@ class BlockCycleRunner:
         self.mask_id = loaded.config.mask_token_id
         self.pad_id = loaded.config.pad_token_id if loaded.config.pad_token_id is not None else 0
         self.record_trace = record_trace
+        self.record_margins = record_margins
         self.trace: list[dict] = []  # row 0's forwards and their commits, across cycles, when recorded
         self.step_cap = self.adapter.step_cap(
             decoding.cache, decoding.steps_per_block, self.policy.quota_schedule
@@ -73,16 +79,19 @@ class BlockCycleRunner:
         done = ~canvas.active
         steps_taken = torch.zeros(len(rows), dtype=torch.long, device=canvas.tokens.device)
         output = CycleOutput(blocks=[], steps=[], stats=CycleStats())
+        margins = torch.full(canvas.block_slots.shape, float("inf"), device=canvas.tokens.device)
         step = 0
         while not bool(done.all()):
             self._check_runaway(step)
             step_rows = self._step_rows(canvas, done, gather_rows and step > 0)
-            self._denoise_step(canvas, cache, step_rows, step, masks_at_start, output)
+            self._denoise_step(canvas, cache, step_rows, step, masks_at_start, output, margins)
             steps_taken[step_rows.index] += (~done[step_rows.index]).long()
             step += 1
             done = done | self._finished(canvas, step)
         output.blocks = canvas.block_tokens().tolist()
         output.steps = steps_taken.tolist()
+        if self.record_margins:
+            output.margins = margins.tolist()
         return output
 
     def _check_runaway(self, step: int) -> None:
@@ -114,6 +123,7 @@ class BlockCycleRunner:
         step: int,
         masks_at_start: torch.Tensor,
         out: CycleOutput,
+        margins: torch.Tensor,
     ) -> None:
         refresh = step == 0 or cache is None
         candidates = rows.candidates
@@ -137,9 +147,19 @@ class BlockCycleRunner:
             scores[pick_r, pick_k] = confidence
             transfer = self.policy.select(scores, candidates, self._context(step, rows, masks_at_start))
         canvas.write_block(rows.index, torch.where(transfer, proposals, block))
+        if self.record_margins:
+            self._record_margins(logits, pick_r, pick_k, transfer, rows.index, margins)
         out.stats.forwards += 1
         if self.record_trace:
             self._trace(canvas, rows, refresh, transfer, proposals)
+
+    @staticmethod
+    def _record_margins(logits, pick_r, pick_k, transfer, index, margins: torch.Tensor) -> None:
+        (gaps,) = logits.map_logits(lambda x: (top_two_gap(x),))
+        grid = torch.full(transfer.shape, float("inf"), dtype=margins.dtype, device=margins.device)
+        grid[pick_r, pick_k] = gaps.to(margins.dtype)
+        committed = margins[index]
+        margins[index] = torch.where(transfer, grid, committed)
 
     def _context(self, step: int, rows: _StepRows, masks_at_start: torch.Tensor) -> StepContext:
         return StepContext(

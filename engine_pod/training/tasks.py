@@ -93,7 +93,7 @@ def is_held_out(example: Example) -> bool:
 
 
 def generate_examples(
-    seed: int, split: str, max_answer: int = 128, tasks: list[str] | None = None
+    seed: int, split: str, max_answer: int = 120, tasks: list[str] | None = None
 ) -> Iterator[Example]:
     """An endless, reproducible stream of examples of the given split ("train" or "eval")."""
     if split not in ("train", "eval"):

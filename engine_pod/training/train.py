@@ -47,7 +47,7 @@ class TrainConfig:
     token_budget: int = 4096  # tokens per optimiser micro-batch
     lr: float = 1e-3
     warmup: int = 300
-    curriculum_fraction: float = 0.4  # answers grow from 8 tokens to 128 over this share of steps
+    curriculum_fraction: float = 0.4  # answers grow from 8 tokens to 120 over this share of steps
     save_every: int = 250
     max_minutes: float | None = None
     threads: int = 2
@@ -111,7 +111,7 @@ def _learning_rate(cfg: TrainConfig, step: int) -> float:
 
 def _max_answer(cfg: TrainConfig, step: int) -> int:
     grown = step / max(1, cfg.curriculum_fraction * cfg.steps)
-    return int(8 + (128 - 8) * min(1.0, grown))
+    return int(8 + (120 - 8) * min(1.0, grown))
 
 
 class Trainer:

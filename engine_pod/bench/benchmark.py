@@ -1,0 +1,84 @@
+"""``dllm bench`` end to end: prepare the workload, run every policy, compare, report, plot."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass
+
+from engine_pod.bench.execute import ModelSpec, PolicyRun, run_policy, run_policy_isolated
+from engine_pod.bench.policies import PolicySpec, static_batch_size_for
+from engine_pod.bench.prepare import prepare_requests
+from engine_pod.bench.report import compare_outputs, policy_metrics, summarise, timeline
+from engine_pod.bench.workloads import load_workload
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.models.loader import load_metadata, load_model
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: ModelSpec
+    workload: str
+    policies: tuple[str, ...]
+    decoding: DecodingConfig
+    token_budget: int
+    batch_size: int | None = None  # static batch size; default: the largest that fits the token budget
+    admission: str = "preempt"
+    max_rows: int = 256
+    limit: int | None = None  # use only the first N requests of the workload
+    isolate: bool = True  # one child process per policy (separate peak memory)
+    record_margins: bool = True
+    seed: int = 0
+
+
+def _static_widths(requests, block_length: int) -> list[int]:
+    return [len(r.prompt_ids) + math.ceil(r.max_tokens / block_length) * block_length for r in requests]
+
+
+def run_benchmark(cfg: BenchConfig) -> dict:
+    items = load_workload(cfg.workload)[: cfg.limit]
+    config, tokenizer = load_metadata(cfg.model.model)
+    requests = prepare_requests(items, config, tokenizer, cfg.seed)
+    widths = _static_widths(requests, cfg.decoding.block_length)
+    batch = cfg.batch_size or static_batch_size_for(widths, cfg.token_budget)
+    runs: dict[str, PolicyRun] = {}
+    loaded = None if cfg.isolate else load_model(cfg.model.model, cfg.model.device, cfg.model.dtype, seed=cfg.seed)
+    for name in cfg.policies:
+        spec = PolicySpec(name, cfg.token_budget, batch, cfg.admission, cfg.max_rows)
+        logger.info("running policy %s on %d requests", name, len(requests))
+        if loaded is None:
+            runs[name] = run_policy_isolated(cfg.model, cfg.decoding, spec, requests, cfg.record_margins, cfg.seed)
+        else:
+            runs[name] = run_policy(loaded, cfg.decoding, spec, requests, cfg.record_margins)
+    return _report(cfg, runs, requests, widths, batch, config.eos_token_ids)
+
+
+def _report(cfg: BenchConfig, runs: dict[str, PolicyRun], requests, widths, batch: int, eos_ids) -> dict:
+    policies = {name: policy_metrics(run, eos_ids) for name, run in runs.items()}
+    static = policies.get("static")
+    for name, metrics in policies.items():
+        if name.startswith("blockserve") and static and static["tokens_per_s"]:
+            metrics["speedup_vs_static"] = round(metrics["tokens_per_s"] / static["tokens_per_s"], 3)
+    comparison = compare_outputs(runs, requests, cfg.decoding.block_length)
+    return {
+        "model": cfg.model.model,
+        "device": cfg.model.device,
+        "dtype": cfg.model.dtype,
+        "workload": {
+            "name": cfg.workload,
+            "requests": len(requests),
+            "prompt_tokens": summarise([len(r.prompt_ids) for r in requests]),
+            "max_tokens": summarise([r.max_tokens for r in requests]),
+        },
+        "decoding": asdict(cfg.decoding),
+        "token_budget": cfg.token_budget,
+        "static_batch_size": batch,
+        "static_max_box_tokens": max(len(widths[i : i + batch]) * max(widths[i : i + batch]) for i in range(0, len(widths), batch)),
+        "policies": policies,
+        "outputs_identical": comparison["outputs_identical"],
+        "output_comparison": comparison,
+        "latencies": {name: [o.latency_s for o in run.outcomes.values()] for name, run in runs.items()},
+        "timelines": {name: timeline(run) for name, run in runs.items()},
+    }

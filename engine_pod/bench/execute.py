@@ -1,0 +1,127 @@
+"""Run one policy over a prepared workload, in a child process of its own when asked.
+
+A child per policy gives each its own peak resident memory (CPU) and a clean allocator (CUDA).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue as queue_module
+import resource
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from engine_pod.bench.policies import PolicySpec, build_scheduler
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.engine import CycleRecord, Engine
+from engine_pod.models.loader import LoadedModel, load_model
+from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.scheduler.cycle_row import CycleRow
+from engine_pod.scheduler.request import Request
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model: str
+    device: str
+    dtype: str
+
+
+@dataclass
+class PreparedRequest:
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+
+
+@dataclass
+class RequestOutcome:
+    generated: list[int]
+    finish_reason: str
+    latency_s: float  # from the start of the run (every request arrives at t=0 offline)
+    margins: list[float] = field(default_factory=list)
+
+
+@dataclass
+class PolicyRun:
+    policy: str
+    wall_s: float
+    peak_memory_bytes: int
+    outcomes: dict[str, RequestOutcome]
+    cycles: list[CycleRecord]
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _warm_up(runner: BlockCycleRunner, requests: list[PreparedRequest]) -> None:
+    """One untimed block cycle, so that one-off kernel and allocator set-up is not charged to a policy."""
+    if requests:
+        runner.run([CycleRow(tuple(requests[0].prompt_ids))])
+
+
+def run_policy(
+    loaded: LoadedModel,
+    decoding: DecodingConfig,
+    spec: PolicySpec,
+    requests: list[PreparedRequest],
+    record_margins: bool = True,
+    progress: bool = True,
+) -> PolicyRun:
+    eos = loaded.config.eos_token_ids
+    scheduler = build_scheduler(spec, decoding.block_length, eos, decoding.ignore_eos, decoding.canvas)
+    engine = Engine(BlockCycleRunner(loaded, decoding, record_margins=record_margins), scheduler)
+    for item in requests:
+        engine.add_request(Request.from_tokens(item.request_id, item.prompt_ids, item.max_tokens, decoding.block_length))
+    _warm_up(engine.runner, requests)
+    if loaded.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(loaded.device)
+    outcomes: dict[str, RequestOutcome] = {}
+    bar = tqdm(total=len(requests), desc=spec.name, unit="req", disable=not progress, leave=False)
+    start = time.perf_counter()
+
+    def finished(request: Request) -> None:
+        reason = request.finish_reason.value if request.finish_reason else "length"
+        outcomes[request.request_id] = RequestOutcome(list(request.generated), reason, time.perf_counter() - start)
+        bar.update(1)
+
+    engine.run(finished)
+    if loaded.device.type == "cuda":
+        torch.cuda.synchronize(loaded.device)
+    wall = time.perf_counter() - start
+    bar.close()
+    for request_id, margins in engine.margins.items():
+        if request_id in outcomes:
+            outcomes[request_id].margins = margins
+    return PolicyRun(spec.name, wall, _peak_memory(loaded.device), outcomes, engine.records)
+
+
+def _child(model: ModelSpec, decoding, spec, requests, record_margins, seed, queue) -> None:
+    torch.manual_seed(seed)
+    loaded = load_model(model.model, model.device, model.dtype, seed=seed)
+    queue.put(run_policy(loaded, decoding, spec, requests, record_margins))
+
+
+def run_policy_isolated(
+    model: ModelSpec, decoding: DecodingConfig, spec: PolicySpec, requests: list[PreparedRequest], record_margins: bool, seed: int = 0
+) -> PolicyRun:
+    """``run_policy`` in a fresh process: its peak memory is this policy's alone."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_child, args=(model, decoding, spec, requests, record_margins, seed, queue))
+    process.start()
+    while True:
+        try:
+            result = queue.get(timeout=1.0)
+            break
+        except queue_module.Empty:
+            if not process.is_alive():
+                raise RuntimeError(f"benchmark child for policy {spec.name} died (exit status {process.exitcode})") from None
+    process.join()
+    return result

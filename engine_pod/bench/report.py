@@ -1,0 +1,98 @@
+"""Benchmark figures from policy runs: throughput, latency, padding efficiency, output agreement."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict
+
+from engine_pod.bench.execute import PolicyRun, PreparedRequest
+from engine_pod.text import completion_tokens
+
+NEAR_TIE = 1e-4  # a divergence must start where the top-2 probability gap is below this
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def policy_metrics(run: PolicyRun, eos_ids) -> dict:
+    generated = sum(completion_tokens(o.generated, eos_ids) for o in run.outcomes.values())
+    latencies = [o.latency_s for o in run.outcomes.values()]
+    computed = sum(c.computed_positions for c in run.cycles)
+    useful = sum(c.useful_positions for c in run.cycles)
+    return {
+        "requests": len(run.outcomes),
+        "generated_tokens": generated,
+        "wall_s": round(run.wall_s, 4),
+        "tokens_per_s": round(generated / run.wall_s, 3) if run.wall_s else 0.0,
+        "requests_per_s": round(len(run.outcomes) / run.wall_s, 4) if run.wall_s else 0.0,
+        "latency_p50_s": round(_percentile(latencies, 0.5), 4),
+        "latency_p99_s": round(_percentile(latencies, 0.99), 4),
+        "padding_efficiency": round(useful / computed, 4) if computed else 0.0,
+        "num_forward_passes": sum(c.forwards for c in run.cycles),
+        "block_cycles": len(run.cycles),
+        "max_rows": max((c.rows for c in run.cycles), default=0),
+        "max_cost_tokens": max((c.rows * c.box_width for c in run.cycles), default=0),
+        "preemptions": sum(c.preempted for c in run.cycles),
+        "peak_memory_bytes": run.peak_memory_bytes,
+    }
+
+
+def timeline(run: PolicyRun) -> list[dict]:
+    return [asdict(c) for c in run.cycles]
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    for index, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return index
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare_outputs(runs: dict[str, PolicyRun], requests: list[PreparedRequest], block_length: int) -> dict:
+    """Every policy's tokens against the first policy's (the reference: ideally 'sequential')."""
+    names = list(runs)
+    reference = runs[names[0]]
+    report = {"reference_policy": names[0], "per_policy": {}}
+    identical = True
+    for name in names[1:]:
+        same, tokens, agreeing, divergences = 0, 0, 0, []
+        for item in requests:
+            ours, theirs = runs[name].outcomes[item.request_id], reference.outcomes[item.request_id]
+            tokens += max(len(ours.generated), len(theirs.generated))
+            agreeing += sum(x == y for x, y in zip(ours.generated, theirs.generated))
+            first = _first_difference(ours.generated, theirs.generated)
+            if first is None:
+                same += 1
+                continue
+            divergences.append(_divergence(item.request_id, first, ours.margins, theirs.margins, block_length))
+        identical = identical and not divergences
+        report["per_policy"][name] = {
+            "identical_requests": same,
+            "requests": len(requests),
+            "token_agreement": round(agreeing / tokens, 6) if tokens else 1.0,
+            "divergences": divergences,
+            "all_divergences_at_near_ties": all(d["near_tie"] for d in divergences),
+        }
+    report["outputs_identical"] = identical
+    return report
+
+
+def _divergence(request_id: str, first: int, ours: list[float], theirs: list[float], block_length: int) -> dict:
+    start = (first // block_length) * block_length
+    gaps = [g for g in ours[start : start + block_length] + theirs[start : start + block_length] if g != float("inf")]
+    gap = min(gaps) if gaps else None
+    return {
+        "request_id": request_id,
+        "first_differing_token": first,
+        "min_top2_gap_in_block": gap,
+        "near_tie": gap is not None and gap < NEAR_TIE,
+    }
+
+
+def summarise(values: list[int]) -> dict:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "mean": round(statistics.mean(values), 2)}
