@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.scheduler.base import Scheduler
+from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.request import Request
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,13 @@ class CycleRecord:
     finished: int
 
 
+@dataclass
+class StepResult:
+    output: SchedulerOutput  # what ran
+    blocks: list[list[int]]  # each row's block as committed (inactive rows included)
+    finished: list[Request]  # requests that finished at this block boundary
+
+
 class Engine:
     """Drives one scheduler and one block-cycle runner until every request is finished."""
 
@@ -49,11 +57,11 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def step(self) -> list[Request]:
-        """Run one block cycle; return the requests that finished at its end."""
+    def step(self) -> StepResult:
+        """Run one block cycle: every row's committed block and the requests that finished."""
         output = self.scheduler.schedule()
         if output.is_empty:
-            return []
+            return StepResult(output, [], [])
         begin = self.clock()
         if self._start is None:
             self._start = begin
@@ -74,7 +82,7 @@ class Engine:
                 finished=len(finished),
             )
         )
-        return finished
+        return StepResult(output, cycle.blocks, finished)
 
     def _keep_margins(self, output, margins: list[list[float]] | None) -> None:
         if margins is None:
@@ -86,6 +94,6 @@ class Engine:
     def run(self, on_finished: Callable[[Request], None] | None = None) -> None:
         """Step until no request is left unfinished."""
         while self.has_work():
-            for request in self.step():
+            for request in self.step().finished:
                 if on_finished is not None:
                     on_finished(request)

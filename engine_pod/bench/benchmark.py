@@ -44,12 +44,16 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     widths = _static_widths(requests, cfg.decoding.block_length)
     batch = cfg.batch_size or static_batch_size_for(widths, cfg.token_budget)
     runs: dict[str, PolicyRun] = {}
-    loaded = None if cfg.isolate else load_model(cfg.model.model, cfg.model.device, cfg.model.dtype, seed=cfg.seed)
+    loaded = (
+        None if cfg.isolate else load_model(cfg.model.model, cfg.model.device, cfg.model.dtype, seed=cfg.seed)
+    )
     for name in cfg.policies:
         spec = PolicySpec(name, cfg.token_budget, batch, cfg.admission, cfg.max_rows)
         logger.info("running policy %s on %d requests", name, len(requests))
         if loaded is None:
-            runs[name] = run_policy_isolated(cfg.model, cfg.decoding, spec, requests, cfg.record_margins, cfg.seed)
+            runs[name] = run_policy_isolated(
+                cfg.model, cfg.decoding, spec, requests, cfg.record_margins, cfg.seed
+            )
         else:
             runs[name] = run_policy(loaded, cfg.decoding, spec, requests, cfg.record_margins)
     return _report(cfg, runs, requests, widths, batch, config.eos_token_ids)
@@ -75,7 +79,9 @@ def _report(cfg: BenchConfig, runs: dict[str, PolicyRun], requests, widths, batc
         "decoding": asdict(cfg.decoding),
         "token_budget": cfg.token_budget,
         "static_batch_size": batch,
-        "static_max_box_tokens": max(len(widths[i : i + batch]) * max(widths[i : i + batch]) for i in range(0, len(widths), batch)),
+        "static_max_box_tokens": max(
+            len(widths[i : i + batch]) * max(widths[i : i + batch]) for i in range(0, len(widths), batch)
+        ),
         "policies": policies,
         "outputs_identical": comparison["outputs_identical"],
         "output_comparison": comparison,

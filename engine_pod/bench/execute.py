@@ -78,7 +78,9 @@ def run_policy(
     scheduler = build_scheduler(spec, decoding.block_length, eos, decoding.ignore_eos, decoding.canvas)
     engine = Engine(BlockCycleRunner(loaded, decoding, record_margins=record_margins), scheduler)
     for item in requests:
-        engine.add_request(Request.from_tokens(item.request_id, item.prompt_ids, item.max_tokens, decoding.block_length))
+        engine.add_request(
+            Request.from_tokens(item.request_id, item.prompt_ids, item.max_tokens, decoding.block_length)
+        )
     _warm_up(engine.runner, requests)
     if loaded.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(loaded.device)
@@ -88,7 +90,9 @@ def run_policy(
 
     def finished(request: Request) -> None:
         reason = request.finish_reason.value if request.finish_reason else "length"
-        outcomes[request.request_id] = RequestOutcome(list(request.generated), reason, time.perf_counter() - start)
+        outcomes[request.request_id] = RequestOutcome(
+            list(request.generated), reason, time.perf_counter() - start
+        )
         bar.update(1)
 
     engine.run(finished)
@@ -109,12 +113,19 @@ def _child(model: ModelSpec, decoding, spec, requests, record_margins, seed, que
 
 
 def run_policy_isolated(
-    model: ModelSpec, decoding: DecodingConfig, spec: PolicySpec, requests: list[PreparedRequest], record_margins: bool, seed: int = 0
+    model: ModelSpec,
+    decoding: DecodingConfig,
+    spec: PolicySpec,
+    requests: list[PreparedRequest],
+    record_margins: bool,
+    seed: int = 0,
 ) -> PolicyRun:
     """``run_policy`` in a fresh process: its peak memory is this policy's alone."""
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    process = context.Process(target=_child, args=(model, decoding, spec, requests, record_margins, seed, queue))
+    process = context.Process(
+        target=_child, args=(model, decoding, spec, requests, record_margins, seed, queue)
+    )
     process.start()
     while True:
         try:
@@ -122,6 +133,8 @@ def run_policy_isolated(
             break
         except queue_module.Empty:
             if not process.is_alive():
-                raise RuntimeError(f"benchmark child for policy {spec.name} died (exit status {process.exitcode})") from None
+                raise RuntimeError(
+                    f"benchmark child for policy {spec.name} died (exit status {process.exitcode})"
+                ) from None
     process.join()
     return result

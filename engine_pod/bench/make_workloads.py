@@ -39,7 +39,9 @@ def homogeneous(n: int = 64) -> list[Example]:
     for _ in range(n):
         start = rng.randint(0, 900)
         values = list(range(start, start + 70))
-        examples.append(Example("count", f"count from {values[0]} to {values[-1]} .", " ".join(map(str, values))))
+        examples.append(
+            Example("count", f"count from {values[0]} to {values[-1]} .", " ".join(map(str, values)))
+        )
     return examples
 
 

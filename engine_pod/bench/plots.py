@@ -29,7 +29,9 @@ def _throughput(ax, policies: dict) -> None:
     for bar, name in zip(bars, names):
         ratio = policies[name].get("speedup_vs_static")
         label = f"{bar.get_height():.0f}" + (f"\n{ratio:.2f}x static" if ratio else "")
-        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+        ax.annotate(
+            label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8
+        )
     ax.set_ylabel("generated tokens / s")
     ax.set_title("throughput")
 

@@ -47,7 +47,11 @@ def build_scheduler(spec: PolicySpec, block_length: int, eos_ids, ignore_eos: bo
 def static_batch_size_for(widths_in_arrival_order: list[int], token_budget: int) -> int:
     """Largest B whose every arrival-order batch box (B x widest p + g) fits the budget."""
     for batch in range(len(widths_in_arrival_order), 0, -1):
-        chunks = [widths_in_arrival_order[i : i + batch] for i in range(0, len(widths_in_arrival_order), batch)]
+        chunks = [
+            widths_in_arrival_order[i : i + batch] for i in range(0, len(widths_in_arrival_order), batch)
+        ]
         if all(len(chunk) * max(chunk) <= token_budget for chunk in chunks):
             return batch
-    raise ValueError(f"token budget {token_budget} cannot hold the widest request ({max(widths_in_arrival_order)} tokens)")
+    raise ValueError(
+        f"token budget {token_budget} cannot hold the widest request ({max(widths_in_arrival_order)} tokens)"
+    )

@@ -21,7 +21,9 @@ def _random_ids(rng: random.Random, length: int, config: ModelConfig) -> list[in
     return ids
 
 
-def prepare_requests(items: list[WorkloadItem], config: ModelConfig, tokenizer: Any, seed: int = 0) -> list[PreparedRequest]:
+def prepare_requests(
+    items: list[WorkloadItem], config: ModelConfig, tokenizer: Any, seed: int = 0
+) -> list[PreparedRequest]:
     """Chat-formatted prompts when the model has a tokenizer; random ids of the same length otherwise."""
     rng = random.Random(seed)
     prepared = []

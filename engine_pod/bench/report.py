@@ -69,7 +69,9 @@ def compare_outputs(runs: dict[str, PolicyRun], requests: list[PreparedRequest],
             if first is None:
                 same += 1
                 continue
-            divergences.append(_divergence(item.request_id, first, ours.margins, theirs.margins, block_length))
+            divergences.append(
+                _divergence(item.request_id, first, ours.margins, theirs.margins, block_length)
+            )
         identical = identical and not divergences
         report["per_policy"][name] = {
             "identical_requests": same,
@@ -82,9 +84,15 @@ def compare_outputs(runs: dict[str, PolicyRun], requests: list[PreparedRequest],
     return report
 
 
-def _divergence(request_id: str, first: int, ours: list[float], theirs: list[float], block_length: int) -> dict:
+def _divergence(
+    request_id: str, first: int, ours: list[float], theirs: list[float], block_length: int
+) -> dict:
     start = (first // block_length) * block_length
-    gaps = [g for g in ours[start : start + block_length] + theirs[start : start + block_length] if g != float("inf")]
+    gaps = [
+        g
+        for g in ours[start : start + block_length] + theirs[start : start + block_length]
+        if g != float("inf")
+    ]
     gap = min(gaps) if gaps else None
     return {
         "request_id": request_id,
@@ -95,4 +103,9 @@ def _divergence(request_id: str, first: int, ours: list[float], theirs: list[flo
 
 
 def summarise(values: list[int]) -> dict:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values), "mean": round(statistics.mean(values), 2)}
+    return {
+        "min": min(values),
+        "median": statistics.median(values),
+        "max": max(values),
+        "mean": round(statistics.mean(values), 2),
+    }

@@ -26,7 +26,9 @@ class WorkloadError(ValueError):
 class WorkloadItem:
     request_id: str
     prompt: str | None  # the user's message; None for synthetic token-only items
-    prompt_tokens: int  # its length with the shipped tokenizer's chat template (geometry for tokenizer-less models)
+    prompt_tokens: (
+        int  # its length with the shipped tokenizer's chat template (geometry for tokenizer-less models)
+    )
     max_tokens: int  # generation budget
     task: str | None = None
     answer: str | None = None  # the exact reference answer, when known

@@ -28,15 +28,25 @@ def register(subparsers) -> None:
         "or a JSONL trace with prompt/prompt_tokens and max_tokens per line.",
     )
     add_model_args(parser)
-    parser.add_argument("--workload", default="heterogeneous", help="named workload, synthetic spec or JSONL path")
     parser.add_argument(
-        "--policy", default="sequential,static,blockserve", help=f"comma-separated, from: {', '.join(POLICIES)}"
+        "--workload", default="heterogeneous", help="named workload, synthetic spec or JSONL path"
     )
-    parser.add_argument("--batch-size", type=int, help="static batch size (default: largest that fits the budget)")
+    parser.add_argument(
+        "--policy",
+        default="sequential,static,blockserve",
+        help=f"comma-separated, from: {', '.join(POLICIES)}",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, help="static batch size (default: largest that fits the budget)"
+    )
     add_budget_args(parser)
-    parser.add_argument("--admission", choices=("preempt", "projected"), default="preempt", help="BlockServe admission")
+    parser.add_argument(
+        "--admission", choices=("preempt", "projected"), default="preempt", help="BlockServe admission"
+    )
     parser.add_argument("--max-rows", type=int, default=256, help="BlockServe's upper limit on active rows")
-    parser.add_argument("--steps-per-block", type=int, default=32, help="denoising steps per block (default: 32)")
+    parser.add_argument(
+        "--steps-per-block", type=int, default=32, help="denoising steps per block (default: 32)"
+    )
     parser.add_argument("--limit", type=int, help="use only the first N requests")
     parser.add_argument("--no-isolate", action="store_true", help="run every policy in this process")
     parser.add_argument("--json", dest="json_out", required=True, help="write the report here")

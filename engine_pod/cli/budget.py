@@ -12,7 +12,9 @@ from engine_pod.defaults import DEFAULT_TOKEN_BUDGET
 
 def add_budget_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--token-budget", type=int, help=f"BlockServe token budget (default: {DEFAULT_TOKEN_BUDGET})")
+    group.add_argument(
+        "--token-budget", type=int, help=f"BlockServe token budget (default: {DEFAULT_TOKEN_BUDGET})"
+    )
     group.add_argument("--profile", help="JSON written by `dllm profile`; its token_budget is used")
 
 

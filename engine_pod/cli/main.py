@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-from engine_pod.cli import bench, generate, train
+from engine_pod.cli import bench, generate, profile, train
 
-_COMMANDS = [generate, bench, train]
+_COMMANDS = [generate, bench, profile, train]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -59,7 +59,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (h * cos + rotated * sin).to(x.dtype)
 
 
-QUERY_CHUNK = 256  # queries per attention call: bounds the score matrix to R x H x 256 x Tk
+QUERY_CHUNK = 64  # queries per attention call: bounds the score matrix to R x H x 64 x Tk
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:

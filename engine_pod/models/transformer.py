@@ -25,11 +25,12 @@ class SelectedHidden:
     """
 
     LOGITS_PER_CHUNK = 1 << 24  # vocabulary entries per chunk (64 MB in float32)
+    MAX_ROWS_PER_CHUNK = 1024  # small vocabularies: still a bounded number of positions per chunk
 
     def __init__(self, hidden: torch.Tensor, lm_head: nn.Linear) -> None:
         self.hidden = hidden
         self.lm_head = lm_head
-        self.chunk = max(16, self.LOGITS_PER_CHUNK // lm_head.out_features)
+        self.chunk = max(16, min(self.MAX_ROWS_PER_CHUNK, self.LOGITS_PER_CHUNK // lm_head.out_features))
 
     def map_logits(self, fn):
         """Apply ``fn(logits) -> tuple of [n] tensors`` chunk by chunk and concatenate the results."""

@@ -51,7 +51,11 @@ class BlockCycleRunner:
     """Runs block cycles of one model with one decoding config."""
 
     def __init__(
-        self, loaded: LoadedModel, decoding: DecodingConfig, record_trace: bool = False, record_margins: bool = False
+        self,
+        loaded: LoadedModel,
+        decoding: DecodingConfig,
+        record_trace: bool = False,
+        record_margins: bool = False,
     ) -> None:
         self.loaded = loaded
         self.model = loaded.model
@@ -73,7 +77,7 @@ class BlockCycleRunner:
         if not rows:
             raise ValueError("a block cycle needs at least one row")
         L = self.decoding.block_length
-        canvas = build_canvas(rows, L, self.mask_id, self.pad_id, self.loaded.device)
+        canvas = build_canvas(rows, L, self.mask_id, self.pad_id, self.loaded.device, self.decoding.threshold)
         cache = self.model.new_cache() if self.decoding.uses_cache else None
         masks_at_start = (canvas.block_tokens() == self.mask_id).sum(1)
         done = ~canvas.active
@@ -145,7 +149,9 @@ class BlockCycleRunner:
         else:
             scores = torch.full(block.shape, float("-inf"), dtype=confidence.dtype, device=block.device)
             scores[pick_r, pick_k] = confidence
-            transfer = self.policy.select(scores, candidates, self._context(step, rows, masks_at_start))
+            transfer = self.policy.select(
+                scores, candidates, self._context(canvas, step, rows, masks_at_start)
+            )
         canvas.write_block(rows.index, torch.where(transfer, proposals, block))
         if self.record_margins:
             self._record_margins(logits, pick_r, pick_k, transfer, rows.index, margins)
@@ -161,13 +167,15 @@ class BlockCycleRunner:
         committed = margins[index]
         margins[index] = torch.where(transfer, grid, committed)
 
-    def _context(self, step: int, rows: _StepRows, masks_at_start: torch.Tensor) -> StepContext:
+    def _context(
+        self, canvas: Canvas, step: int, rows: _StepRows, masks_at_start: torch.Tensor
+    ) -> StepContext:
         return StepContext(
             step=step,
             steps_per_block=self.decoding.steps_per_block,
             masks_at_block_start=masks_at_start[rows.index],
             masks_now=rows.candidates.sum(1),
-            threshold=self.decoding.threshold,
+            threshold=canvas.thresholds[rows.index],
             eps=self.decoding.eps,
         )
 

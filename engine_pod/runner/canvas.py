@@ -24,6 +24,7 @@ class Canvas:
     position_ids: torch.Tensor  # [R, W] logical positions, 0 at each row's first real token
     block_slots: torch.Tensor  # [R, L] columns of each row's active block
     active: torch.Tensor  # [R] rows whose commits count
+    thresholds: torch.Tensor  # [R] confidence threshold of each row
     block_length: int
 
     @property
@@ -54,7 +55,12 @@ def _row_tokens(row: CycleRow, block_length: int, mask_id: int) -> list[int]:
 
 
 def build_canvas(
-    rows: list[CycleRow], block_length: int, mask_id: int, pad_id: int, device: torch.device
+    rows: list[CycleRow],
+    block_length: int,
+    mask_id: int,
+    pad_id: int,
+    device: torch.device,
+    threshold: float = 0.9,
 ) -> Canvas:
     """Left-pad every row to the widest one and compute positions, masks and block slots."""
     contents = [_row_tokens(row, block_length, mask_id) for row in rows]
@@ -78,5 +84,8 @@ def build_canvas(
         position_ids=positions.to(device),
         block_slots=slots.to(device),
         active=active.to(device),
+        thresholds=torch.tensor(
+            [threshold if r.threshold is None else r.threshold for r in rows], dtype=torch.float64
+        ).to(device),
         block_length=block_length,
     )

@@ -13,6 +13,7 @@ class CycleRow:
     suffix_blocks: int = 0  # fully masked future blocks materialised after the active block
     suffix_visible: bool = False  # whether attention sees that suffix (Fast-dLLM canvas) or not
     active: bool = True  # False: the row is computed (a static batch's finished row) but never committed
+    threshold: float | None = None  # this request's confidence threshold, if it overrides the engine's
 
     @property
     def width(self) -> int:

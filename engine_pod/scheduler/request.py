@@ -39,6 +39,7 @@ class Request:
     finish_time: float | None = None
     num_preemptions: int = 0
     waited_cycles: int = 0  # block cycles spent pending since arrival or preemption
+    threshold: float | None = None  # overrides the engine's confidence threshold for this request
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:

@@ -62,9 +62,9 @@ class StaticScheduler(Scheduler):
         prefix = request.prompt_ids + tuple(request.generated)
         blocks_left = request.max_blocks - request.blocks_done(L) - 1
         if self.materialize_suffix:
-            return CycleRow(prefix, suffix_blocks=blocks_left, suffix_visible=self.canvas == "full")
+            return CycleRow(prefix, blocks_left, self.canvas == "full", threshold=request.threshold)
         suffix = blocks_left if self.canvas == "full" else 0
-        return CycleRow(prefix, suffix_blocks=suffix, suffix_visible=True)
+        return CycleRow(prefix, suffix_blocks=suffix, suffix_visible=True, threshold=request.threshold)
 
     def _enqueue(self, request: Request) -> None:
         self.waiting.append(request)

@@ -18,7 +18,7 @@ class StepContext:
     steps_per_block: int  # S
     masks_at_block_start: torch.Tensor  # [R] masked positions when the block started
     masks_now: torch.Tensor  # [R] masked positions before this step's commits
-    threshold: float  # confidence threshold (threshold policy)
+    threshold: torch.Tensor  # [R] confidence threshold of each row (threshold policy)
     eps: float  # final timestep of Dream's schedule
 
 

@@ -14,7 +14,7 @@ class ThresholdPolicy:
     quota_schedule = False
 
     def select(self, confidence: torch.Tensor, candidates: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        confident = candidates & (confidence >= ctx.threshold)
+        confident = candidates & (confidence >= ctx.threshold[:, None].to(confidence.dtype))
         best = torch.zeros_like(candidates)
         best.scatter_(-1, confidence.argmax(dim=-1, keepdim=True), True)
         return confident | (best & candidates)

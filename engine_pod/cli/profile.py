@@ -1,0 +1,91 @@
+"""``dllm profile``: measure peak memory over batch shapes and write the token budget."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from engine_pod.cli.common import CliError, add_model_args
+from engine_pod.profiling.profiler import ProfileConfig, compact, run_profile
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+TERMINATION_LIMIT = 4096
+
+
+def parse_bytes(text: str) -> int:
+    """``1073741824``, ``1024M``, ``1.5GiB`` or ``2G`` -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
+    if not match:
+        raise CliError(f"cannot read a memory size from {text!r} (use bytes, or a K/M/G/T suffix)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "profile",
+        help="turn a device into a token budget",
+        description="Run real block cycles over a grid of batch shapes, record each one's peak memory "
+        "(CUDA: allocator peak; CPU: peak resident memory of a child process per shape), fit "
+        "peak = weights + a + b x tokens and write the token budget that fits the usable memory.",
+    )
+    add_model_args(parser)
+    limit = parser.add_mutually_exclusive_group()
+    limit.add_argument(
+        "--memory-limit",
+        type=parse_bytes,
+        help="usable bytes (e.g. 2G); default: device memory x utilization",
+    )
+    limit.add_argument(
+        "--utilization", type=float, default=0.9, help="share of device memory to use (default: 0.9)"
+    )
+    parser.add_argument("--block-length", type=int, default=32, help="block length L (default: 32)")
+    parser.add_argument(
+        "--steps", type=int, default=4, help="denoising steps per profiled block cycle (default: 4)"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, help="largest grid batch in tokens (default: 16384 CPU, 65536 CUDA)"
+    )
+    parser.add_argument("--json", dest="json_out", required=True, help="write the full result here")
+    parser.add_argument(
+        "--termination-log", help="also write a compact result here (Kubernetes termination message)"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 < args.utilization <= 1:
+        raise CliError(f"--utilization must be in (0, 1], got {args.utilization}")
+    if args.block_length < 1 or args.steps < 1:
+        raise CliError("--block-length and --steps must be positive")
+    max_tokens = args.max_tokens or (65536 if args.device.startswith("cuda") else 16384)
+    if max_tokens < 4 * args.block_length:
+        raise CliError(f"--max-tokens must be at least {4 * args.block_length}")
+    config = ProfileConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        block_length=args.block_length,
+        steps=args.steps,
+        memory_limit=args.memory_limit,
+        utilization=args.utilization,
+        max_tokens=max_tokens,
+    )
+    result = run_profile(config)
+    Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
+    if args.termination_log:
+        message = json.dumps(compact(result), separators=(",", ":"))
+        if len(message) >= TERMINATION_LIMIT:
+            raise CliError(
+                f"compact profile result is {len(message)} bytes, over the {TERMINATION_LIMIT}-byte limit"
+            )
+        Path(args.termination_log).write_text(message)
+    fit = result["fit"]
+    sys.stdout.write(
+        f"token budget {result['token_budget']} ({fit['bytes_per_token']:.0f} bytes/token, "
+        f"R^2 {fit['r_squared']:.4f}, held-out error "
+        f"{max(h['relative_error'] for h in result['held_out']):.1%})\n"
+    )
+    return 0

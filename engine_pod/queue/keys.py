@@ -1,0 +1,75 @@
+"""Redis key names of one service's queue. Every key of a service starts with ``dllm:{service}:``."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+
+_SERVICE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+def new_request_id(prefix: str = "req") -> str:
+    """Time-ordered ids: members with equal scores sort by arrival in the pending sorted set."""
+    return f"{prefix}-{time.time_ns():016x}-{os.urandom(4).hex()}"
+
+
+@dataclass(frozen=True)
+class ServiceKeys:
+    service: str
+
+    def __post_init__(self) -> None:
+        if not _SERVICE.match(self.service):
+            raise ValueError(
+                f"service name {self.service!r} must be a DNS label (lowercase letters, digits, '-')"
+            )
+
+    def _key(self, *parts: str) -> str:
+        return ":".join(("dllm", self.service, *parts))
+
+    @property
+    def pending(self) -> str:
+        """Sorted set: request id -> prompt tokens (plus committed tokens for resumed requests)."""
+        return self._key("pending")
+
+    @property
+    def inflight(self) -> str:
+        """Sorted set: request id -> lease deadline in milliseconds since the epoch."""
+        return self._key("inflight")
+
+    @property
+    def cancelled(self) -> str:
+        """Set of in-flight request ids whose client cancelled them."""
+        return self._key("cancelled")
+
+    @property
+    def wakeup(self) -> str:
+        """Pub/sub channel announcing new pending work to idle workers."""
+        return self._key("wakeup")
+
+    @property
+    def workers(self) -> str:
+        """Hash: worker id -> JSON heartbeat (for status and autoscaling)."""
+        return self._key("workers")
+
+    def request(self, request_id: str) -> str:
+        """Hash: payload, state, generated (committed blocks), worker, result."""
+        return self._key("req", request_id)
+
+    def events(self, request_id: str) -> str:
+        """List of JSON events for the waiting gateway: one per committed block, then one 'done'."""
+        return self._key("events", request_id)
+
+    def batch(self, batch_id: str) -> str:
+        return self._key("batch", batch_id)
+
+    def batch_requests(self, batch_id: str) -> str:
+        return self._key("batch", batch_id, "requests")
+
+    def file(self, file_id: str) -> str:
+        return self._key("file", file_id)
+
+    @property
+    def batches(self) -> str:
+        return self._key("batches")

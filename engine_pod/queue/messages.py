@@ -1,0 +1,61 @@
+"""JSON messages on the queue: the request payload, per-block events and the final result."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+@dataclass
+class QueuedRequest:
+    """What the gateway enqueues; the worker needs nothing else to run it."""
+
+    id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    created: float
+    threshold: float | None = None  # per-request override of the service's confidence threshold
+    stream: bool = False
+    meta: dict[str, Any] = field(default_factory=dict)  # API-level details the worker passes through
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> QueuedRequest:
+        return cls(**json.loads(text))
+
+
+@dataclass
+class BlockEvent:
+    index: int  # block number within the generation
+    token_ids: list[int]
+    type: str = "block"
+
+
+@dataclass
+class DoneEvent:
+    token_ids: list[int]  # every committed token (whole blocks; EOS and what follows included)
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int  # up to and including the first EOS
+    worker: str = ""
+    error: str | None = None
+    type: str = "done"
+
+
+def encode_event(event: BlockEvent | DoneEvent) -> str:
+    return json.dumps(asdict(event), separators=(",", ":"))
+
+
+def decode_event(text: str | bytes) -> BlockEvent | DoneEvent:
+    data = json.loads(text)
+    kind = data.pop("type", None)
+    if kind == "block":
+        return BlockEvent(**data)
+    if kind == "done":
+        return DoneEvent(**data)
+    raise ValueError(f"unknown queue event type {kind!r}")

@@ -1,0 +1,115 @@
+"""Queue operations as plain (script, keys, args) calls, executed by the sync or the asyncio client.
+
+Building the calls once keeps the worker (sync) and the gateway (asyncio) speaking exactly the same
+protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from engine_pod.queue import scripts
+from engine_pod.queue.keys import ServiceKeys
+from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest, encode_event
+
+RESULT_TTL_S = 3600
+DEFAULT_LEASE_MS = 30_000
+
+
+@dataclass(frozen=True)
+class ScriptCall:
+    script: str  # name of a script in engine_pod.queue.scripts
+    keys: list[str]
+    args: list[str | int | float]
+
+
+@dataclass
+class Claimed:
+    request: QueuedRequest
+    generated: list[int]  # blocks committed by earlier workers
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class QueueOps:
+    def __init__(
+        self, service: str, lease_ms: int = DEFAULT_LEASE_MS, result_ttl_s: int = RESULT_TTL_S
+    ) -> None:
+        self.keys = ServiceKeys(service)
+        self.lease_ms = lease_ms
+        self.result_ttl_s = result_ttl_s
+
+    @property
+    def request_prefix(self) -> str:
+        return self.keys.request("")
+
+    def enqueue(self, request: QueuedRequest, max_queued: int = 0) -> ScriptCall:
+        score = len(request.prompt_ids)
+        keys = [self.keys.pending, self.keys.request(request.id), self.keys.wakeup]
+        return ScriptCall("ENQUEUE", keys, [score, request.to_json(), max_queued, self.keys.inflight])
+
+    def claim(self, worker: str, max_prefix: int, count: int) -> ScriptCall:
+        deadline = now_ms() + self.lease_ms
+        keys = [self.keys.pending, self.keys.inflight, self.request_prefix]
+        return ScriptCall("CLAIM", keys, [max_prefix, count, deadline, worker])
+
+    @staticmethod
+    def parse_claim(reply: list) -> list[Claimed]:
+        items = [part.decode() if isinstance(part, bytes) else part for part in reply]
+        return [
+            Claimed(QueuedRequest.from_json(items[i + 1]), json.loads(items[i + 2] or "[]"))
+            for i in range(0, len(items), 3)
+        ]
+
+    def renew(self, worker: str, request_ids: list[str]) -> ScriptCall:
+        return ScriptCall(
+            "RENEW",
+            [self.keys.inflight, self.request_prefix],
+            [now_ms() + self.lease_ms, worker, *request_ids],
+        )
+
+    def reap(self) -> ScriptCall:
+        keys = [self.keys.inflight, self.keys.pending, self.request_prefix, self.keys.wakeup]
+        return ScriptCall("REAP", keys, [now_ms()])
+
+    def progress(
+        self, worker: str, request_id: str, event: BlockEvent, generated: list[int], score: int
+    ) -> ScriptCall:
+        keys = [self.keys.inflight, self.keys.request(request_id), self.keys.events(request_id)]
+        return ScriptCall("PROGRESS", keys, [worker, encode_event(event), json.dumps(generated), score])
+
+    def complete(self, worker: str, request_id: str, done: DoneEvent) -> ScriptCall:
+        keys = [
+            self.keys.inflight,
+            self.keys.request(request_id),
+            self.keys.events(request_id),
+            self.keys.cancelled,
+        ]
+        return ScriptCall("COMPLETE", keys, [worker, encode_event(done), self.result_ttl_s])
+
+    def release(self, worker: str, request_id: str, generated: list[int], score: int) -> ScriptCall:
+        keys = [self.keys.inflight, self.keys.pending, self.keys.request(request_id), self.keys.wakeup]
+        return ScriptCall("RELEASE", keys, [worker, json.dumps(generated), score])
+
+    def cancel(self, request_id: str, prompt_tokens: int) -> ScriptCall:
+        done = DoneEvent(
+            token_ids=[], finish_reason="cancelled", prompt_tokens=prompt_tokens, completion_tokens=0
+        )
+        keys = [
+            self.keys.pending,
+            self.keys.request(request_id),
+            self.keys.events(request_id),
+            self.keys.cancelled,
+        ]
+        return ScriptCall("CANCEL", keys, [encode_event(done), self.result_ttl_s])
+
+
+def script_sources() -> dict[str, str]:
+    return {
+        name: getattr(scripts, name)
+        for name in ("CLAIM", "RENEW", "REAP", "PROGRESS", "COMPLETE", "RELEASE", "CANCEL", "ENQUEUE")
+    }
