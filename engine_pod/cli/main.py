@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-from engine_pod.cli import bench, generate, profile, train
+from engine_pod.cli import bench, generate, profile, serve, train, worker
 
-_COMMANDS = [generate, bench, profile, train]
+_COMMANDS = [generate, serve, bench, profile, train, worker]
 
 
 def build_parser() -> argparse.ArgumentParser:

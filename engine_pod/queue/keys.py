@@ -62,14 +62,13 @@ class ServiceKeys:
         return self._key("events", request_id)
 
     def batch(self, batch_id: str) -> str:
+        """Hash: batch metadata and counters (total, completed, failed)."""
         return self._key("batch", batch_id)
 
-    def batch_requests(self, batch_id: str) -> str:
-        return self._key("batch", batch_id, "requests")
+    def batch_results(self, batch_id: str) -> str:
+        """List of {"id", "done"} JSON objects, one per finished member of the batch (Lua writes it)."""
+        return self._key("batch", batch_id, "results")
 
     def file(self, file_id: str) -> str:
+        """Hash: an uploaded file's metadata and content."""
         return self._key("file", file_id)
-
-    @property
-    def batches(self) -> str:
-        return self._key("batches")

@@ -44,6 +44,7 @@ class DoneEvent:
     completion_tokens: int  # up to and including the first EOS
     worker: str = ""
     error: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # the request's meta, passed through (batch custom_id)
     type: str = "done"
 
 

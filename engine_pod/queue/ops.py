@@ -47,10 +47,12 @@ class QueueOps:
     def request_prefix(self) -> str:
         return self.keys.request("")
 
-    def enqueue(self, request: QueuedRequest, max_queued: int = 0) -> ScriptCall:
+    def enqueue(self, request: QueuedRequest, max_queued: int = 0, batch_id: str = "") -> ScriptCall:
         score = len(request.prompt_ids)
         keys = [self.keys.pending, self.keys.request(request.id), self.keys.wakeup]
-        return ScriptCall("ENQUEUE", keys, [score, request.to_json(), max_queued, self.keys.inflight])
+        return ScriptCall(
+            "ENQUEUE", keys, [score, request.to_json(), max_queued, self.keys.inflight, batch_id]
+        )
 
     def claim(self, worker: str, max_prefix: int, count: int) -> ScriptCall:
         deadline = now_ms() + self.lease_ms
@@ -89,7 +91,9 @@ class QueueOps:
             self.keys.events(request_id),
             self.keys.cancelled,
         ]
-        return ScriptCall("COMPLETE", keys, [worker, encode_event(done), self.result_ttl_s])
+        return ScriptCall(
+            "COMPLETE", keys, [worker, encode_event(done), self.result_ttl_s, self.keys.batch("")]
+        )
 
     def release(self, worker: str, request_id: str, generated: list[int], score: int) -> ScriptCall:
         keys = [self.keys.inflight, self.keys.pending, self.keys.request(request_id), self.keys.wakeup]
@@ -105,7 +109,7 @@ class QueueOps:
             self.keys.events(request_id),
             self.keys.cancelled,
         ]
-        return ScriptCall("CANCEL", keys, [encode_event(done), self.result_ttl_s])
+        return ScriptCall("CANCEL", keys, [encode_event(done), self.result_ttl_s, self.keys.batch("")])
 
 
 def script_sources() -> dict[str, str]:

@@ -64,9 +64,28 @@ redis.call('RPUSH', KEYS[3], ARGV[2])
 return 1
 """
 
-# KEYS: inflight, request hash, events list, cancelled set; ARGV: worker id, done json, ttl seconds
+
+# Shared by COMPLETE and CANCEL: a finished member of a batch is counted and its result kept.
+_RECORD_BATCH = """
+local function record_batch(request_key, id, done_json, batch_prefix)
+  local batch = redis.call('HGET', request_key, 'batch')
+  if not batch or batch == '' then return end
+  local key = batch_prefix .. batch
+  local reason = cjson.decode(done_json)['finish_reason']
+  if reason == 'error' or reason == 'cancelled' then
+    redis.call('HINCRBY', key, 'failed', 1)
+  else
+    redis.call('HINCRBY', key, 'completed', 1)
+  end
+  redis.call('RPUSH', key .. ':results', cjson.encode({id = id, done = done_json}))
+end
+"""
+
+# KEYS: inflight, request hash, events list, cancelled set; ARGV: worker id, done json, ttl seconds, batch prefix
 # Completes a request exactly once: the first caller that still owns it wins, later ones get 0.
-COMPLETE = """
+COMPLETE = (
+    _RECORD_BATCH
+    + """
 local id = KEYS[2]:match('[^:]+$')
 if redis.call('HGET', KEYS[2], 'state') == 'done' then return 0 end
 if redis.call('HGET', KEYS[2], 'worker') ~= ARGV[1] or not redis.call('ZSCORE', KEYS[1], id) then return 0 end
@@ -76,8 +95,10 @@ redis.call('HSET', KEYS[2], 'state', 'done', 'result', ARGV[2])
 redis.call('RPUSH', KEYS[3], ARGV[2])
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
+record_batch(KEYS[2], id, ARGV[2], ARGV[4])
 return 1
 """
+)
 
 # KEYS: inflight, pending, request hash, wakeup; ARGV: worker id, generated json, score
 # A draining worker hands an unfinished request back, keeping its committed blocks.
@@ -91,9 +112,11 @@ redis.call('PUBLISH', KEYS[4], 1)
 return 1
 """
 
-# KEYS: pending, request hash, events list, cancelled set; ARGV: done json, ttl seconds
+# KEYS: pending, request hash, events list, cancelled set; ARGV: done json, ttl seconds, batch prefix
 # Cancels a request: a pending one completes at once; an in-flight one is flagged for its worker.
-CANCEL = """
+CANCEL = (
+    _RECORD_BATCH
+    + """
 local id = KEYS[2]:match('[^:]+$')
 local state = redis.call('HGET', KEYS[2], 'state')
 if not state or state == 'done' then return 0 end
@@ -102,19 +125,23 @@ if redis.call('ZREM', KEYS[1], id) == 1 then
   redis.call('RPUSH', KEYS[3], ARGV[1])
   redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
   redis.call('EXPIRE', KEYS[3], tonumber(ARGV[2]))
+  record_batch(KEYS[2], id, ARGV[1], ARGV[3])
   return 1
 end
 redis.call('SADD', KEYS[4], id)
 return 2
 """
+)
 
-# KEYS: pending, request hash, wakeup; ARGV: score, payload json, max pending (0: unlimited), inflight key
+# KEYS: pending, request hash, wakeup
+# ARGV: score, payload json, max queued (0: unlimited), inflight key, batch id ('' for none)
 # Enqueues a request unless the queue is full (returns 0 then).
 ENQUEUE = """
 local limit = tonumber(ARGV[3])
 if limit > 0 and (redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', ARGV[4])) >= limit then return 0 end
 local id = KEYS[2]:match('[^:]+$')
-redis.call('HSET', KEYS[2], 'payload', ARGV[2], 'state', 'pending', 'score', ARGV[1], 'generated', '[]', 'attempts', 0)
+redis.call('HSET', KEYS[2], 'payload', ARGV[2], 'state', 'pending', 'score', ARGV[1], 'generated', '[]',
+  'attempts', 0, 'batch', ARGV[5])
 redis.call('ZADD', KEYS[1], tonumber(ARGV[1]), id)
 redis.call('PUBLISH', KEYS[3], 1)
 return 1

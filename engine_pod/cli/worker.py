@@ -1,0 +1,85 @@
+"""``dllm worker``: an engine pod's process: BlockServe over the Redis queue of one service."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from engine_pod.cli.budget import add_budget_args, resolve_budget
+from engine_pod.cli.common import add_decoding_args, add_model_args, decoding_config
+from engine_pod.models.loader import load_model
+from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.worker.http import serve_probes
+from engine_pod.worker.worker import Worker, WorkerConfig
+
+logger = logging.getLogger(__name__)
+
+
+def add_worker_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-rows", type=int, default=256, help="upper limit on active rows (default: 256)")
+    parser.add_argument(
+        "--admission", choices=("preempt", "projected"), default="preempt", help="budget policy"
+    )
+    parser.add_argument(
+        "--steps-per-block", type=int, default=32, help="denoising steps per block (default: 32)"
+    )
+    parser.add_argument(
+        "--lease-ms", type=int, default=30_000, help="claim lease; renewed every third (default: 30000)"
+    )
+    parser.add_argument(
+        "--drain-timeout", type=float, default=60.0, help="seconds to finish work after SIGTERM"
+    )
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "worker",
+        help="serve a queue: the engine process of one pod",
+        description="Claim requests from the service's Redis sorted set (sand filling under the token budget), "
+        "run BlockServe block cycles, publish each committed block and each result. SIGTERM drains.",
+    )
+    add_model_args(parser)
+    parser.add_argument("--redis", required=True, help="Redis URL, e.g. redis://127.0.0.1:6379/0")
+    parser.add_argument("--service", required=True, help="service name (queue key prefix)")
+    parser.add_argument("--worker-id", default="", help="default: hostname-pid")
+    add_budget_args(parser)
+    add_worker_args(parser)
+    parser.add_argument(
+        "--host", default="0.0.0.0", help="address of /metrics, /healthz, /readyz (default: 0.0.0.0)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=9090, help="port of /metrics, /healthz, /readyz (0: none)"
+    )
+    add_decoding_args(parser)
+    parser.set_defaults(handler=run)
+
+
+def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Worker:
+    decoding = decoding_config(args, args.steps_per_block)
+    loaded = load_model(args.model, args.device, args.dtype)
+    config = WorkerConfig(
+        redis_url=redis_url,
+        service=service,
+        token_budget=resolve_budget(args),
+        worker_id=getattr(args, "worker_id", ""),
+        max_rows=args.max_rows,
+        admission=args.admission,
+        lease_ms=args.lease_ms,
+        drain_timeout_s=args.drain_timeout,
+    )
+    return Worker(BlockCycleRunner(loaded, decoding), config)
+
+
+def run(args: argparse.Namespace) -> int:
+    worker = build_worker(args, args.redis, args.service)
+    worker.install_signal_handlers()
+    server = serve_probes(args.host, args.port, worker.metrics.registry, worker.ready) if args.port else None
+    logger.info(
+        "worker %s serving %s (token budget %d)", worker.worker_id, args.service, worker.config.token_budget
+    )
+    try:
+        worker.run()
+    finally:
+        if server is not None:
+            server.shutdown()
+    return 0

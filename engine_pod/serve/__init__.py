@@ -1,0 +1,1 @@
+"""``dllm serve``: Redis, the gateway and one worker on one machine."""

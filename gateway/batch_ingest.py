@@ -1,0 +1,137 @@
+"""Batch ingestion in the background (chunked, tokenised off the event loop) and output rendering."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from pydantic import ValidationError
+
+from engine_pod.queue.messages import DoneEvent, decode_event
+from gateway.errors import ApiError
+from gateway.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.submission import build_request, check_decoding_fields
+from gateway.tokenizer import TokenizerError
+
+logger = logging.getLogger(__name__)
+_BODY = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}
+
+
+def _prepare(line_text: str, index: int, endpoint: str, state):
+    """A queued request for one input line, or the error line to report instead."""
+    custom_id = f"line-{index + 1}"
+    try:
+        line = json.loads(line_text)
+        custom_id = str(line.get("custom_id", custom_id))
+        if line.get("url", endpoint) != endpoint:
+            raise ApiError(400, f"line url {line.get('url')!r} differs from the batch endpoint {endpoint!r}")
+        body = _BODY[endpoint].model_validate(line.get("body") or {})
+        if body.stream:
+            raise ApiError(400, "stream is not allowed in a batch")
+        check_decoding_fields(body, state)
+        if endpoint == "/v1/chat/completions":
+            ids = state.tokenizer.encode_chat(
+                [m.model_dump(include={"role", "content"}) for m in body.messages]
+            )
+        elif isinstance(body.prompt, str):
+            ids = state.tokenizer.encode(body.prompt)
+        else:
+            raise ApiError(400, "batch completion lines take a single string prompt")
+        return build_request(ids, body, state, meta={"custom_id": custom_id, "model": body.model})
+    except (json.JSONDecodeError, ValidationError, ApiError, TokenizerError, AttributeError) as exc:
+        message = exc.message if isinstance(exc, ApiError) else str(exc).splitlines()[0]
+        return {
+            "id": None,
+            "line": {
+                "id": f"batch_req_line{index + 1}",
+                "custom_id": custom_id,
+                "response": None,
+                "error": {"code": "invalid_request", "message": message},
+            },
+        }
+
+
+async def ingest_batch(batch_id: str, content: bytes, endpoint: str, state) -> None:
+    keys = state.queue.ops.keys
+    lines = [line for line in content.decode(errors="replace").splitlines() if line.strip()]
+    await state.redis.hset(keys.batch(batch_id), "total", len(lines))
+    chunk = state.settings.batch_chunk
+    try:
+        for start in range(0, len(lines), chunk):
+            part = lines[start : start + chunk]
+            prepared = await asyncio.to_thread(
+                lambda p=part, s=start: [_prepare(t, s + i, endpoint, state) for i, t in enumerate(p)]
+            )
+            await asyncio.gather(*(_submit(item, batch_id, state) for item in prepared))
+            await asyncio.sleep(0)
+    except Exception as exc:  # a broken ingestion marks the batch failed instead of leaving it validating
+        logger.exception("batch %s ingestion failed", batch_id)
+        await state.redis.hset(
+            keys.batch(batch_id), mapping={"status": "failed", "errors": json.dumps({"message": str(exc)})}
+        )
+        return
+    await state.redis.hset(keys.batch(batch_id), "status", "in_progress")
+
+
+async def _submit(item, batch_id: str, state) -> None:
+    keys = state.queue.ops.keys
+    if isinstance(item, dict):
+        await state.redis.rpush(keys.batch_results(batch_id), json.dumps(item))
+        await state.redis.hincrby(keys.batch(batch_id), "failed", 1)
+        return
+    await state.queue.enqueue(item, max_queued=0, batch_id=batch_id)
+
+
+def _response_body(done: DoneEvent, request_id: str, endpoint: str, state) -> dict:
+    text = state.tokenizer.decode(done.token_ids)
+    usage = {
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+    }
+    model = done.meta.get("model", state.settings.served_model)
+    if endpoint == "/v1/chat/completions":
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": done.finish_reason,
+        }
+        return {
+            "id": request_id,
+            "object": "chat.completion",
+            "model": model,
+            "choices": [choice],
+            "usage": usage,
+        }
+    choice = {"index": 0, "text": text, "finish_reason": done.finish_reason, "logprobs": None}
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "model": model,
+        "choices": [choice],
+        "usage": usage,
+    }
+
+
+def output_lines(entries: list, endpoint: str, state) -> list[dict]:
+    lines = []
+    for raw in entries:
+        entry = json.loads(raw)
+        if entry.get("line") is not None:
+            lines.append(entry["line"])
+            continue
+        done = decode_event(entry["done"])
+        custom_id = done.meta.get("custom_id")
+        if done.error or done.finish_reason in ("error", "cancelled"):
+            error = {"code": done.finish_reason, "message": done.error or "cancelled"}
+            lines.append(
+                {"id": f"batch_req_{entry['id']}", "custom_id": custom_id, "response": None, "error": error}
+            )
+            continue
+        body = _response_body(done, entry["id"], endpoint, state)
+        response = {"status_code": 200, "request_id": entry["id"], "body": body}
+        lines.append(
+            {"id": f"batch_req_{entry['id']}", "custom_id": custom_id, "response": response, "error": None}
+        )
+    return lines

@@ -1,0 +1,173 @@
+"""POST /v1/completions and /v1/chat/completions, with server-sent events for stream=true."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+
+from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
+from gateway.errors import ApiError
+from gateway.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    Usage,
+)
+from gateway.state import State, require_api_key
+from gateway.submission import (
+    apply_stop,
+    build_request,
+    check_decoding_fields,
+    enqueue,
+    events,
+    finish_reason,
+    wait_done,
+)
+from gateway.tokenizer import TokenizerError
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+
+
+def _usage(done_events: list[DoneEvent]) -> Usage:
+    prompt = sum(d.prompt_tokens for d in done_events)
+    completion = sum(d.completion_tokens for d in done_events)
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def _prompts(body: CompletionRequest, state) -> list[list[int]]:
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return [state.tokenizer.encode(prompt)]
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]
+    if prompt and all(isinstance(p, str) for p in prompt):
+        return [state.tokenizer.encode(p) for p in prompt]
+    raise ApiError(400, "prompt must be a string, a list of strings, or a list of token ids", param="prompt")
+
+
+@router.post("/completions", response_model=CompletionResponse)
+async def completions(body: CompletionRequest, request: Request, state: State):
+    started = time.monotonic()
+    check_decoding_fields(body, state)
+    queued = [build_request(ids, body, state) for ids in _prompts(body, state)]
+    if body.stream and len(queued) > 1:
+        raise ApiError(400, "stream=true takes a single prompt", param="stream")
+    for item in queued:
+        await enqueue(item, state)
+    if body.stream:
+        return _sse(_stream(queued[0], body, state, chat=False), state, "completions", started)
+    results = await asyncio.gather(*(wait_done(q, state, request.is_disconnected) for q in queued))
+    choices = []
+    for index, done in enumerate(results):
+        text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), body.stop_strings())
+        choices.append(CompletionChoice(index=index, text=text, finish_reason=finish_reason(done, stopped)))
+    _observe(state, "completions", started)
+    return CompletionResponse(
+        id=queued[0].id,
+        created=int(queued[0].created),
+        model=body.model,
+        choices=choices,
+        usage=_usage(list(results)),
+    )
+
+
+@router.post("/chat/completions", response_model=ChatCompletionResponse)
+async def chat_completions(body: ChatCompletionRequest, request: Request, state: State):
+    started = time.monotonic()
+    check_decoding_fields(body, state)
+    try:
+        prompt_ids = state.tokenizer.encode_chat(
+            [m.model_dump(include={"role", "content"}) for m in body.messages]
+        )
+    except TokenizerError as exc:
+        raise ApiError(400, str(exc), param="messages") from exc
+    queued = build_request(prompt_ids, body, state)
+    await enqueue(queued, state)
+    if body.stream:
+        return _sse(_stream(queued, body, state, chat=True), state, "chat", started)
+    done = await wait_done(queued, state, request.is_disconnected)
+    text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), body.stop_strings())
+    _observe(state, "chat", started)
+    choice = ChatChoice(
+        index=0, message=AssistantMessage(content=text), finish_reason=finish_reason(done, stopped)
+    )
+    return ChatCompletionResponse(
+        id=queued.id, created=int(queued.created), model=body.model, choices=[choice], usage=_usage([done])
+    )
+
+
+def _observe(state, endpoint: str, started: float) -> None:
+    state.metrics.latency.labels(endpoint).observe(time.monotonic() - started)
+
+
+def _sse(chunks: AsyncIterator[dict], state, endpoint: str, started: float) -> StreamingResponse:
+    async def body() -> AsyncIterator[bytes]:
+        async for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+        _observe(state, endpoint, started)
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _chunk(queued: QueuedRequest, body, text: str, reason: str | None, chat: bool) -> dict:
+    if chat:
+        delta = {"role": "assistant", "content": text} if text or reason is None else {}
+        choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+        kind = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+        kind = "text_completion"
+    return {
+        "id": queued.id,
+        "object": kind,
+        "created": int(queued.created),
+        "model": body.model,
+        "choices": [choice],
+    }
+
+
+async def _stream(queued: QueuedRequest, body, state, chat: bool) -> AsyncIterator[dict]:
+    """One chunk per committed block carrying the new text; the last one says why generation ended."""
+    tokens: list[int] = []
+    sent = ""
+    stops = body.stop_strings()
+    async for event in events(queued, state):
+        if isinstance(event, BlockEvent):
+            tokens.extend(event.token_ids)
+            text, stopped = apply_stop(state.tokenizer.decode(tokens), stops)
+            if text != sent and text.startswith(sent):
+                yield _chunk(queued, body, text[len(sent) :], None, chat)
+                sent = text
+            if stopped:
+                await state.queue.cancel(queued.id, len(queued.prompt_ids))
+                yield _chunk(queued, body, "", "stop", chat) | _usage_field(
+                    body, len(queued.prompt_ids), len(tokens)
+                )
+                return
+        elif isinstance(event, DoneEvent):
+            text, stopped = apply_stop(state.tokenizer.decode(event.token_ids), stops)
+            if text.startswith(sent) and text != sent:
+                yield _chunk(queued, body, text[len(sent) :], None, chat)
+            final = _chunk(queued, body, "", finish_reason(event, stopped), chat)
+            yield final | _usage_field(body, event.prompt_tokens, event.completion_tokens)
+
+
+def _usage_field(body, prompt_tokens: int, completion_tokens: int) -> dict:
+    if not (body.stream_options or {}).get("include_usage"):
+        return {}
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    return {"usage": usage}

@@ -1,0 +1,148 @@
+"""OpenAI request and response models (plus the dLLM extra body fields)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class DllmFields(BaseModel):
+    """Extra body fields for diffusion decoding. Block length and steps must equal the service's."""
+
+    block_length: int | None = Field(None, ge=1, description="tokens per block (must match the service)")
+    steps: int | None = Field(None, ge=1, description="denoising steps per block (must match the service)")
+    threshold: float | None = Field(None, gt=0, le=1, description="confidence threshold for this request")
+
+
+class CommonFields(DllmFields):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stream: bool = False
+    stream_options: dict | None = None
+    stop: str | list[str] | None = None
+    temperature: float | None = Field(None, ge=0, le=2, description="accepted; decoding is greedy")
+    top_p: float | None = Field(None, gt=0, le=1, description="accepted; decoding is greedy")
+    n: int = Field(1, ge=1, le=1, description="only one choice per prompt")
+    user: str | None = None
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class CompletionRequest(CommonFields):
+    prompt: str | list[str] | list[int] = Field(..., description="text, list of texts, or token ids")
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str
+
+
+class ChatCompletionRequest(CommonFields):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "dllm"
+    block_length: int
+    steps_per_block: int
+    threshold: float
+    max_prompt_tokens: int
+    max_tokens: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class FileObject(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+
+
+class BatchCreate(BaseModel):
+    input_file_id: str
+    endpoint: Literal["/v1/completions", "/v1/chat/completions"]
+    completion_window: Literal["24h"] = "24h"
+    metadata: dict[str, str] | None = None
+
+
+class RequestCounts(BaseModel):
+    total: int
+    completed: int
+    failed: int
+
+
+class BatchObject(BaseModel):
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str
+    input_file_id: str
+    completion_window: str = "24h"
+    status: Literal["validating", "failed", "in_progress", "finalizing", "completed", "cancelled"]
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    created_at: int
+    completed_at: int | None = None
+    request_counts: RequestCounts
+    errors: dict | None = None
+    metadata: dict[str, str] | None = None

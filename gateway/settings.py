@@ -1,0 +1,74 @@
+"""Gateway settings: one frozen dataclass, read from the environment only here."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class SettingsError(ValueError):
+    """A gateway setting with an unusable value."""
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    service: str = "default"
+    model_dir: str = ""  # directory with tokenizer.json (and config.json for EOS ids)
+    model_name: str = ""  # the id clients pass as "model"; default: the model directory's name
+    api_keys: tuple[str, ...] = ()  # empty: no authentication
+    max_queued: int = 10_000  # pending + in-flight requests beyond which new ones get 429
+    retry_after_s: int = 2
+    max_prompt_tokens: int = 1024
+    max_tokens_limit: int = 512  # largest max_tokens a request may ask for
+    default_max_tokens: int = 128
+    block_length: int = 32  # the service's decoding settings (requests may not change these)
+    steps_per_block: int = 32
+    threshold: float = 0.9
+    request_timeout_s: float = 600.0
+    batch_chunk: int = 200  # batch lines enqueued per event-loop turn
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.max_queued >= 1, "max_queued must be positive"),
+            (self.max_prompt_tokens >= 1, "max_prompt_tokens must be positive"),
+            (
+                1 <= self.default_max_tokens <= self.max_tokens_limit,
+                "default_max_tokens must be in 1..max_tokens_limit",
+            ),
+            (
+                self.block_length >= 1 and self.steps_per_block >= 1,
+                "block_length and steps_per_block must be positive",
+            ),
+            (0 < self.threshold <= 1, "threshold must be in (0, 1]"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise SettingsError(message)
+
+    @property
+    def served_model(self) -> str:
+        return self.model_name or Path(self.model_dir).name or "dllm"
+
+    @classmethod
+    def from_env(cls, **overrides) -> GatewaySettings:
+        env = os.environ
+        keys = tuple(k.strip() for k in env.get("DLLM_API_KEYS", "").split(",") if k.strip())
+        values = dict(
+            redis_url=env.get("DLLM_REDIS_URL", cls.redis_url),
+            service=env.get("DLLM_SERVICE", cls.service),
+            model_dir=env.get("DLLM_MODEL_DIR", cls.model_dir),
+            model_name=env.get("DLLM_MODEL_NAME", cls.model_name),
+            api_keys=keys,
+            max_queued=int(env.get("DLLM_MAX_QUEUED", cls.max_queued)),
+            max_prompt_tokens=int(env.get("DLLM_MAX_PROMPT_TOKENS", cls.max_prompt_tokens)),
+            max_tokens_limit=int(env.get("DLLM_MAX_TOKENS", cls.max_tokens_limit)),
+            default_max_tokens=int(env.get("DLLM_DEFAULT_MAX_TOKENS", cls.default_max_tokens)),
+            block_length=int(env.get("DLLM_BLOCK_LENGTH", cls.block_length)),
+            steps_per_block=int(env.get("DLLM_STEPS_PER_BLOCK", cls.steps_per_block)),
+            threshold=float(env.get("DLLM_THRESHOLD", cls.threshold)),
+            request_timeout_s=float(env.get("DLLM_REQUEST_TIMEOUT_S", cls.request_timeout_s)),
+        )
+        return cls(**(values | overrides))

@@ -1,0 +1,54 @@
+"""What the gateway's handlers share, owned by the app's lifespan, and the dependencies that reach it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Annotated
+
+import redis.asyncio as aioredis
+from fastapi import Depends, Request
+
+from engine_pod.queue.async_client import AsyncQueue
+from gateway.errors import ApiError
+from gateway.metrics import GatewayMetrics
+from gateway.settings import GatewaySettings
+from gateway.tokenizer import GatewayTokenizer
+
+
+@dataclass
+class GatewayState:
+    settings: GatewaySettings
+    tokenizer: GatewayTokenizer
+    redis: aioredis.Redis
+    queue: AsyncQueue
+    metrics: GatewayMetrics
+    tasks: set[asyncio.Task] = field(default_factory=set)  # background batch ingestion
+
+    def spawn(self, coroutine) -> None:
+        task = asyncio.create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+def get_state(request: Request) -> GatewayState:
+    return request.app.state.gateway
+
+
+State = Annotated[GatewayState, Depends(get_state)]
+
+
+def require_api_key(request: Request, state: State) -> None:
+    """Bearer API keys, when the service has any configured."""
+    keys = state.settings.api_keys
+    if not keys:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or token not in keys:
+        raise ApiError(
+            401,
+            "missing or invalid API key (send Authorization: Bearer <key>)",
+            "authentication_error",
+            headers={"WWW-Authenticate": "Bearer"},
+        )

@@ -1,0 +1,143 @@
+"""Turning an API request into queued requests, and waiting for their results."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from engine_pod.queue.keys import new_request_id
+from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
+from gateway.errors import ApiError
+from gateway.schemas import CommonFields
+from gateway.state import GatewayState
+
+POLL_S = 2.0  # longest single wait on Redis, so disconnects and timeouts are noticed
+
+
+def max_tokens_of(body: CommonFields, state: GatewayState) -> int:
+    settings = state.settings
+    value = body.max_completion_tokens or body.max_tokens or settings.default_max_tokens
+    if value > settings.max_tokens_limit:
+        raise ApiError(
+            400,
+            f"max_tokens {value} is above this service's limit of {settings.max_tokens_limit}",
+            param="max_tokens",
+        )
+    return value
+
+
+def check_decoding_fields(body: CommonFields, state: GatewayState) -> None:
+    settings = state.settings
+    if body.model != settings.served_model:
+        raise ApiError(
+            404,
+            f"model {body.model!r} is not served here; this service serves {settings.served_model!r}",
+            param="model",
+        )
+    if body.block_length is not None and body.block_length != settings.block_length:
+        raise ApiError(
+            400,
+            f"block_length {body.block_length}: this service decodes with block_length {settings.block_length}",
+            param="block_length",
+        )
+    if body.steps is not None and body.steps != settings.steps_per_block:
+        raise ApiError(
+            400,
+            f"steps {body.steps}: this service decodes with {settings.steps_per_block} steps per block",
+            param="steps",
+        )
+
+
+def check_prompt(prompt_ids: list[int], state: GatewayState) -> None:
+    limit = state.settings.max_prompt_tokens
+    if not prompt_ids:
+        raise ApiError(400, "the prompt is empty", param="prompt")
+    if len(prompt_ids) > limit:
+        raise ApiError(
+            400,
+            f"the prompt has {len(prompt_ids)} tokens; this service accepts at most {limit}",
+            param="prompt",
+        )
+    vocab = state.tokenizer.tokenizer.get_vocab_size()
+    if any(not 0 <= t < vocab for t in prompt_ids):
+        raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+
+
+def build_request(
+    prompt_ids: list[int], body: CommonFields, state: GatewayState, meta: dict | None = None
+) -> QueuedRequest:
+    check_prompt(prompt_ids, state)
+    return QueuedRequest(
+        id=new_request_id("cmpl"),
+        prompt_ids=prompt_ids,
+        max_tokens=max_tokens_of(body, state),
+        created=time.time(),
+        threshold=body.threshold,
+        stream=body.stream,
+        meta=meta or {},
+    )
+
+
+async def enqueue(request: QueuedRequest, state: GatewayState) -> None:
+    if not await state.queue.enqueue(request, state.settings.max_queued):
+        state.metrics.rejected.inc()
+        raise ApiError(
+            429,
+            "the queue is full; retry later",
+            "rate_limit_error",
+            headers={"Retry-After": str(state.settings.retry_after_s)},
+        )
+
+
+async def events(request: QueuedRequest, state: GatewayState, is_disconnected=None):
+    """Yield the request's block events and finally its done event; cancel it on disconnect or timeout."""
+    deadline = time.monotonic() + state.settings.request_timeout_s
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ApiError(
+                    504, f"no result within {state.settings.request_timeout_s:.0f} s", "timeout_error"
+                )
+            event = await state.queue.next_event(request.id, min(POLL_S, remaining))
+            if event is not None:
+                yield event
+                if isinstance(event, DoneEvent):
+                    return
+            elif is_disconnected is not None and await is_disconnected():
+                raise asyncio.CancelledError
+    except (asyncio.CancelledError, GeneratorExit, ApiError):
+        await state.queue.cancel(request.id, len(request.prompt_ids))
+        raise
+
+
+async def wait_done(request: QueuedRequest, state: GatewayState, is_disconnected=None) -> DoneEvent:
+    async for event in events(request, state, is_disconnected):
+        if isinstance(event, DoneEvent):
+            return event
+    raise ApiError(500, "the result stream ended without a result", "server_error")
+
+
+def apply_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """Cut ``text`` at the earliest stop string; True if one was found."""
+    cuts = [text.find(s) for s in stops if s and s in text]
+    return (text[: min(cuts)], True) if cuts else (text, False)
+
+
+def finish_reason(done: DoneEvent, stopped: bool) -> str:
+    if done.error:
+        raise ApiError(400, done.error)
+    return "stop" if stopped else done.finish_reason
+
+
+__all__ = [
+    "BlockEvent",
+    "DoneEvent",
+    "apply_stop",
+    "build_request",
+    "check_decoding_fields",
+    "enqueue",
+    "events",
+    "finish_reason",
+    "wait_done",
+]

@@ -1,0 +1,73 @@
+"""Torch-free tokenizer for the gateway: ``tokenizers`` plus the chat template rendered with Jinja."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from engine_pod.text import cut_at_eos
+
+
+class TokenizerError(ValueError):
+    """The model directory has no usable tokenizer."""
+
+
+def _token_text(value) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+class GatewayTokenizer:
+    def __init__(self, model_dir: str) -> None:
+        directory = Path(model_dir)
+        path = directory / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerError(
+                f"no tokenizer.json in {model_dir!r}: the gateway needs the model's tokenizer"
+            )
+        self.tokenizer = Tokenizer.from_file(str(path))
+        config_path = directory / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        template_file = directory / "chat_template.jinja"
+        self.chat_template = (
+            template_file.read_text() if template_file.is_file() else config.get("chat_template")
+        )
+        self.bos_token = _token_text(config.get("bos_token")) or ""
+        self.eos_token = _token_text(config.get("eos_token")) or ""
+        self.eos_ids = self._eos_ids(directory)
+        self._template = (
+            ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
+                self.chat_template
+            )
+            if self.chat_template
+            else None
+        )
+
+    def _eos_ids(self, directory: Path) -> set[int]:
+        ids = set()
+        if self.eos_token and self.tokenizer.token_to_id(self.eos_token) is not None:
+            ids.add(self.tokenizer.token_to_id(self.eos_token))
+        model_config = directory / "config.json"
+        if model_config.is_file():
+            value = json.loads(model_config.read_text()).get("eos_token_id")
+            ids.update(value if isinstance(value, list) else [value] if value is not None else [])
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=True).ids
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        if self._template is None:
+            raise TokenizerError("this model has no chat template: use /v1/completions")
+        text = self._template.render(
+            messages=messages, add_generation_prompt=True, bos_token=self.bos_token, eos_token=self.eos_token
+        )
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        """Text of the tokens before the first EOS, special tokens left out."""
+        return self.tokenizer.decode(cut_at_eos(token_ids, self.eos_ids), skip_special_tokens=True)

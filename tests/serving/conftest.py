@@ -1,0 +1,60 @@
+"""Fixtures: a real redis-server per test, the served tiny model, an in-process worker thread."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.models.loader import load_model
+from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.serve.redis_server import RedisServer
+from engine_pod.worker.worker import Worker, WorkerConfig
+from tests.serving_utils import BLOCK, write_served_model
+
+
+@pytest.fixture(scope="session")
+def served_model(tmp_path_factory):
+    return write_served_model(tmp_path_factory.mktemp("served-model"))
+
+
+@pytest.fixture
+def redis_server():
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def service():
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+class WorkerThread:
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.thread = threading.Thread(target=worker.run, daemon=True)
+
+    def __enter__(self) -> Worker:
+        self.thread.start()
+        return self.worker
+
+    def __exit__(self, *exc) -> None:
+        self.worker.drain()
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture
+def make_worker(served_model):
+    loaded = load_model(str(served_model))
+
+    def build(redis_url: str, service: str, token_budget: int = 2048, **decoding) -> WorkerThread:
+        config = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, **decoding)
+        worker = Worker(
+            BlockCycleRunner(loaded, config), WorkerConfig(redis_url, service, token_budget, lease_ms=3000)
+        )
+        return WorkerThread(worker)
+
+    return build

@@ -1,0 +1,147 @@
+"""End to end through real HTTP: gateway (uvicorn) -> real Redis -> engine worker -> back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+import redis
+
+from engine_pod.queue.messages import QueuedRequest
+from engine_pod.queue.ops import QueueOps
+from engine_pod.queue.sync_client import SyncQueue
+from tests.serving_utils import BLOCK, GatewayServer, completion, gateway_settings
+
+
+@pytest.fixture
+def stack(served_model, redis_server, service, make_worker):
+    with (
+        GatewayServer(gateway_settings(served_model, redis_server.url, service)) as gateway,
+        make_worker(redis_server.url, service),
+        httpx.Client(base_url=gateway.url, timeout=60) as client,
+    ):
+        yield client
+
+
+def test_completion_chat_and_models(stack):
+    models = stack.get("/v1/models").json()
+    assert models["data"][0]["id"] == "tiny" and models["data"][0]["block_length"] == BLOCK
+    reply = completion(stack, "count from 3 to 9 .", max_tokens=16)
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["object"] == "text_completion"
+    usage = body["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert 1 <= usage["completion_tokens"] <= 16
+    assert body["choices"][0]["finish_reason"] in ("stop", "length")
+    chat = stack.post(
+        "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["choices"][0]["message"]["role"] == "assistant"
+    assert chat.json()["usage"]["prompt_tokens"] == 4  # bos, <|user|>, hi, <|assistant|>
+
+
+def test_several_prompts_in_one_request(stack):
+    reply = completion(stack, ["copy : cat dog .", "letters from a to c ."], max_tokens=8)
+    assert reply.status_code == 200, reply.text
+    assert [c["index"] for c in reply.json()["choices"]] == [0, 1]
+
+
+def test_streaming_sends_one_chunk_per_committed_block(stack):
+    with stack.stream(
+        "POST",
+        "/v1/completions",
+        json={
+            "model": "tiny",
+            "prompt": "count from 1 to 5 .",
+            "max_tokens": 4 * BLOCK,
+            "stream": True,
+            "ignore": 1,
+            "stream_options": {"include_usage": True},
+        },
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    final = chunks[-1]
+    assert final["choices"][0]["finish_reason"] in ("stop", "length")
+    blocks = -(-final["usage"]["completion_tokens"] // BLOCK)
+    assert len(chunks) - 1 <= blocks  # at most one text chunk per committed block
+    streamed = "".join(c["choices"][0]["text"] for c in chunks)
+    whole = completion(stack, "count from 1 to 5 .", max_tokens=4 * BLOCK).json()["choices"][0]["text"]
+    assert streamed == whole  # greedy decoding: the stream carries exactly the non-streamed text
+
+
+def test_the_official_openai_client_works_unchanged(stack):
+    client = openai.OpenAI(base_url=str(stack.base_url) + "/v1", api_key="unused")
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    text = client.completions.create(model="tiny", prompt="letters from a to d .", max_tokens=8)
+    assert text.usage.completion_tokens >= 1
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "copy : cat ."}], max_tokens=8
+    )
+    assert chat.choices[0].message.role == "assistant"
+    stream = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=16, stream=True
+    )
+    finishes = [c.choices[0].finish_reason for c in stream if c.choices]
+    assert finishes[-1] in ("stop", "length")
+    extra = client.completions.create(model="tiny", prompt="a", max_tokens=8, extra_body={"threshold": 0.5})
+    assert extra.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize(
+    "payload, status, needle",
+    [
+        ({"model": "tiny", "prompt": "hi", "max_tokens": 1000}, 400, "max_tokens"),
+        ({"model": "other", "prompt": "hi"}, 404, "not served"),
+        ({"model": "tiny", "prompt": "hi", "block_length": 64}, 400, "block_length"),
+        ({"model": "tiny", "prompt": "hi", "steps": 3}, 400, "steps"),
+        ({"model": "tiny", "prompt": "hi", "threshold": 2}, 422, "threshold"),
+        ({"model": "tiny", "prompt": "hi " * 2000}, 400, "at most"),
+        ({"model": "tiny", "prompt": [99999]}, 400, "token ids"),
+        ({"model": "tiny"}, 422, "prompt"),
+        ({"model": "tiny", "prompt": "a", "n": 3}, 422, "n"),
+    ],
+)
+def test_bad_requests_get_a_clear_4xx(stack, payload, status, needle):
+    reply = stack.post("/v1/completions", json=payload)
+    assert reply.status_code == status, reply.text
+    assert needle in reply.json()["error"]["message"]
+
+
+def test_metrics_and_health(stack):
+    completion(stack, "a")
+    assert stack.get("/healthz").status_code == 200
+    metrics = stack.get("/metrics").text
+    assert "dllm_gateway_requests" in metrics and "dllm_queue_depth" in metrics
+
+
+def test_api_keys_and_queue_limit(served_model, redis_server, service):
+    settings = gateway_settings(served_model, redis_server.url, service, api_keys=("sekret",), max_queued=2)
+    with GatewayServer(settings) as gateway, httpx.Client(base_url=gateway.url, timeout=10) as client:
+        assert completion(client, "a").status_code == 401
+        auth = {"Authorization": "Bearer sekret"}
+        assert client.get("/v1/models", headers=auth).status_code == 200
+        # no worker is running: two queued requests fill the queue, the next is refused with Retry-After
+        queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
+        for index in range(2):
+            queue.run(queue.ops.enqueue(QueuedRequest(f"r-{index}", [1, 2], 8, time.time()), 0))
+        refused = client.post(
+            "/v1/completions", json={"model": "tiny", "prompt": "a", "max_tokens": 8}, headers=auth
+        )
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) > 0
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_gateway_does_not_import_torch():
+    code = "import sys, gateway.app, gateway.__main__; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

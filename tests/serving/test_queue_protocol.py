@@ -1,0 +1,90 @@
+"""The Redis queue protocol against a real redis-server: sand-filling claims, leases, exactly-once."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest, decode_event
+from engine_pod.queue.ops import QueueOps
+from engine_pod.queue.sync_client import SyncQueue
+
+
+def _queue(server, service, lease_ms=60_000) -> SyncQueue:
+    return SyncQueue(redis.Redis.from_url(server.url), QueueOps(service, lease_ms=lease_ms))
+
+
+def _enqueue(queue: SyncQueue, request_id: str, prompt_len: int, max_queued: int = 0) -> int:
+    request = QueuedRequest(request_id, [1] * prompt_len, 16, time.time())
+    return queue.run(queue.ops.enqueue(request, max_queued))
+
+
+def _events(queue: SyncQueue, request_id: str):
+    return [decode_event(e) for e in queue.redis.lrange(queue.ops.keys.events(request_id), 0, -1)]
+
+
+def test_pending_is_sorted_by_prompt_length_and_claims_sand_fill(redis_server, service):
+    queue = _queue(redis_server, service)
+    for request_id, length in [("r-a", 50), ("r-b", 5), ("r-c", 20), ("r-d", 5), ("r-e", 90)]:
+        assert _enqueue(queue, request_id, length) == 1
+    claimed = queue.claim("w1", max_prefix=25, count=10)
+    assert [c.request.id for c in claimed] == ["r-b", "r-d", "r-c"]  # shortest first, ties by arrival
+    assert queue.depth() == (2, 3)
+    assert [c.request.id for c in queue.claim("w1", max_prefix=1000, count=1)] == ["r-a"]
+
+
+def test_progress_and_completion_are_exactly_once_even_when_workers_race(redis_server, service):
+    queue = _queue(redis_server, service)
+    _enqueue(queue, "r-1", 4)
+    (claimed,) = queue.claim("w1", 100, 1)
+    assert queue.progress("w1", "r-1", BlockEvent(0, [7, 7]), [7, 7], 6)
+    assert not queue.progress("w2", "r-1", BlockEvent(0, [9, 9]), [9, 9], 6)  # not the owner
+    done = DoneEvent([7, 7], "length", 4, 2, worker="w1")
+    assert queue.complete("w1", "r-1", done)
+    assert not queue.complete("w1", "r-1", done)
+    assert not queue.complete("w2", "r-1", done)
+    events = _events(queue, "r-1")
+    assert [type(e).__name__ for e in events] == ["BlockEvent", "DoneEvent"]
+    assert queue.depth() == (0, 0)
+
+
+def test_expired_lease_returns_to_pending_with_progress_and_old_owner_is_fenced(redis_server, service):
+    queue = _queue(redis_server, service, lease_ms=50)
+    _enqueue(queue, "r-1", 10)
+    queue.claim("w1", 100, 1)
+    assert queue.progress("w1", "r-1", BlockEvent(0, [3] * 4), [3] * 4, 14)
+    time.sleep(0.1)
+    assert queue.reap() == 1
+    assert queue.redis.zscore(queue.ops.keys.pending, "r-1") == 14  # re-scored by its prefix length
+    (again,) = queue.claim("w2", 100, 1)
+    assert again.generated == [3] * 4
+    assert queue.renew("w1", ["r-1"]) == {"r-1"}  # w1 lost it
+    assert not queue.complete("w1", "r-1", DoneEvent([], "length", 10, 0))
+    assert queue.complete("w2", "r-1", DoneEvent([3] * 8, "length", 10, 8))
+
+
+def test_release_hands_work_back_with_its_blocks(redis_server, service):
+    queue = _queue(redis_server, service)
+    _enqueue(queue, "r-1", 3)
+    queue.claim("w1", 100, 1)
+    assert queue.release("w1", "r-1", [5] * 8, 11)
+    (claimed,) = queue.claim("w2", 100, 1)
+    assert claimed.generated == [5] * 8
+
+
+def test_cancel_pending_completes_at_once_and_inflight_is_flagged(redis_server, service):
+    queue = _queue(redis_server, service)
+    _enqueue(queue, "r-1", 3)
+    _enqueue(queue, "r-2", 3)
+    queue.claim("w1", 100, 1)
+    assert queue.run(queue.ops.cancel("r-2", 3)) == 1
+    assert isinstance(_events(queue, "r-2")[-1], DoneEvent)
+    assert queue.run(queue.ops.cancel("r-1", 3)) == 2
+    assert queue.cancelled_among(["r-1", "r-2"]) == {"r-1"}
+    assert queue.run(queue.ops.cancel("r-2", 3)) == 0
+
+
+def test_enqueue_refuses_beyond_the_depth_limit(redis_server, service):
+    queue = _queue(redis_server, service)
+    assert [_enqueue(queue, f"r-{i}", 2, max_queued=3) for i in range(5)] == [1, 1, 1, 0, 0]

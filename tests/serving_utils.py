@@ -1,0 +1,130 @@
+"""Real components for serving tests: redis-server processes, the gateway over HTTP, engine workers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from engine_pod.serve.redis_server import free_port
+from gateway.app import build_app
+from gateway.settings import GatewaySettings
+from tests.factories import llada_config, write_checkpoint
+
+BLOCK = 8
+
+
+def write_served_model(directory: Path, seed: int = 0) -> Path:
+    """A small random LLaDA checkpoint with the project's tokenizer and chat template."""
+    from engine_pod.training.tokenizer_build import build_tokenizer, save_tokenizer
+
+    tokenizer = build_tokenizer(1280)
+    raw = llada_config(
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=2,
+        mlp=64,
+        vocab=1280,
+        mask=tokenizer.mask_token_id,
+        eos=tokenizer.eos_token_id,
+    )
+    write_checkpoint(directory, raw, seed=seed)
+    save_tokenizer(tokenizer, directory)
+    return directory
+
+
+class GatewayServer:
+    """The real FastAPI app served by uvicorn on 127.0.0.1 in a background thread."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.port = free_port()
+        config = uvicorn.Config(build_app(settings), host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> GatewayServer:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("gateway did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def gateway_settings(model_dir: Path, redis_url: str, service: str, **overrides) -> GatewaySettings:
+    values = dict(
+        redis_url=redis_url,
+        service=service,
+        model_dir=str(model_dir),
+        model_name="tiny",
+        block_length=BLOCK,
+        steps_per_block=BLOCK,
+        default_max_tokens=16,
+        max_tokens_limit=64,
+    )
+    return GatewaySettings(**(values | overrides))
+
+
+def worker_command(model_dir: Path, redis_url: str, service: str, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "engine_pod.cli.main",
+        "worker",
+        "--model",
+        str(model_dir),
+        "--redis",
+        redis_url,
+        "--service",
+        service,
+        "--block-length",
+        str(BLOCK),
+        "--steps-per-block",
+        str(BLOCK),
+        "--token-budget",
+        "2048",
+        "--port",
+        "0",
+        *extra,
+    ]
+
+
+def start_worker_process(model_dir: Path, redis_url: str, service: str, *extra: str, log: Path | None = None):
+    out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 (closed with the process)
+    env = {"OMP_NUM_THREADS": "1"}
+    import os
+
+    return subprocess.Popen(
+        worker_command(model_dir, redis_url, service, *extra), stdout=out, stderr=out, env=os.environ | env
+    )
+
+
+def wait_for(predicate, timeout_s: float = 60.0, interval_s: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def completion(client: httpx.Client, prompt: str, max_tokens: int = 16, **extra) -> httpx.Response:
+    return client.post(
+        "/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": max_tokens} | extra
+    )
