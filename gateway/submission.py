@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from engine_pod.queue.keys import new_request_id
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
@@ -12,6 +15,8 @@ from gateway.schemas import CommonFields
 from gateway.state import GatewayState
 
 POLL_S = 2.0  # longest single wait on Redis, so disconnects and timeouts are noticed
+RECONNECT_S = 0.5  # pause before waiting again when Redis is restarting
+logger = logging.getLogger(__name__)
 
 
 def max_tokens_of(body: CommonFields, state: GatewayState) -> int:
@@ -99,7 +104,12 @@ async def events(request: QueuedRequest, state: GatewayState, is_disconnected=No
                 raise ApiError(
                     504, f"no result within {state.settings.request_timeout_s:.0f} s", "timeout_error"
                 )
-            event = await state.queue.next_event(request.id, min(POLL_S, remaining))
+            try:
+                event = await state.queue.next_event(request.id, min(POLL_S, remaining))
+            except RedisConnectionError:
+                logger.warning("redis unreachable while waiting for %s; retrying", request.id)
+                await asyncio.sleep(RECONNECT_S)
+                continue
             if event is not None:
                 yield event
                 if isinstance(event, DoneEvent):

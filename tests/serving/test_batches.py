@@ -1,0 +1,97 @@
+"""The batch API: upload JSONL, create a batch, poll its progress, read the results file."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.serving_utils import GatewayServer, gateway_settings, wait_for
+
+
+def _line(index: int, endpoint: str = "/v1/completions") -> dict:
+    body = {"model": "tiny", "prompt": f"letters from a to {'bcdef'[index % 5]} .", "max_tokens": 8}
+    if endpoint == "/v1/chat/completions":
+        body = {"model": "tiny", "messages": [{"role": "user", "content": body["prompt"]}], "max_tokens": 8}
+    return {"custom_id": f"job-{index}", "method": "POST", "url": endpoint, "body": body}
+
+
+def _upload(client: httpx.Client, lines: list[dict | str]) -> str:
+    content = "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
+    reply = client.post(
+        "/v1/files", files={"file": ("in.jsonl", content.encode())}, data={"purpose": "batch"}
+    )
+    assert reply.status_code == 200, reply.text
+    return reply.json()["id"]
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
+def test_batch_round_trip_with_an_invalid_line(served_model, redis_server, service, make_worker, endpoint):
+    lines = [_line(i, endpoint) for i in range(12)] + ["{not json"]
+    settings = gateway_settings(served_model, redis_server.url, service)
+    with (
+        GatewayServer(settings) as gateway,
+        make_worker(redis_server.url, service),
+        httpx.Client(base_url=gateway.url, timeout=30) as client,
+    ):
+        file_id = _upload(client, lines)
+        created = client.post(
+            "/v1/batches", json={"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"}
+        )
+        assert created.status_code == 200, created.text
+        batch_id = created.json()["id"]
+
+        def finished():
+            batch = client.get(f"/v1/batches/{batch_id}").json()
+            return batch if batch["status"] == "completed" else None
+
+        batch = wait_for(finished, 120, what="the batch to complete")
+        assert batch["request_counts"] == {"total": 13, "completed": 12, "failed": 1}
+        output = client.get(f"/v1/files/{batch['output_file_id']}/content")
+        assert output.status_code == 200
+        results = [json.loads(line) for line in output.text.splitlines()]
+    assert len(results) == 13
+    by_id = {r["custom_id"]: r for r in results}
+    assert by_id["line-13"]["error"]["code"] == "invalid_request"
+    for index in range(12):
+        result = by_id[f"job-{index}"]
+        assert result["error"] is None and result["response"]["status_code"] == 200
+        assert result["response"]["body"]["usage"]["completion_tokens"] >= 1
+
+
+def test_large_batch_is_ingested_without_blocking_the_event_loop(served_model, redis_server, service):
+    settings = gateway_settings(served_model, redis_server.url, service, batch_chunk=100)
+    with GatewayServer(settings) as gateway, httpx.Client(base_url=gateway.url, timeout=30) as client:
+        file_id = _upload(client, [_line(i) for i in range(5000)])
+        batch_id = client.post(
+            "/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions"}
+        ).json()["id"]
+        # the event loop keeps answering while ingestion is still under way
+        health_during = client.get("/healthz").status_code
+        status_during = client.get(f"/v1/batches/{batch_id}").json()["status"]
+        batch = wait_for(
+            lambda: (b := client.get(f"/v1/batches/{batch_id}").json())["status"] == "in_progress" and b,
+            120,
+            what="ingestion to finish",
+        )
+    assert health_during == 200 and status_during == "validating"
+    assert batch["request_counts"]["total"] == 5000
+
+
+def test_batch_errors_are_clear(served_model, redis_server, service):
+    with (
+        GatewayServer(gateway_settings(served_model, redis_server.url, service)) as gateway,
+        httpx.Client(base_url=gateway.url) as client,
+    ):
+        assert (
+            client.post(
+                "/v1/batches", json={"input_file_id": "file-nope", "endpoint": "/v1/completions"}
+            ).status_code
+            == 404
+        )
+        assert client.get("/v1/batches/batch-nope").status_code == 404
+        wrong = client.post("/v1/files", files={"file": ("a.jsonl", b"{}\n")}, data={"purpose": "fine-tune"})
+        assert wrong.status_code == 400 and "purpose" in wrong.json()["error"]["message"]
+        bad_endpoint = client.post("/v1/batches", json={"input_file_id": "x", "endpoint": "/v1/embeddings"})
+        assert bad_endpoint.status_code == 422
