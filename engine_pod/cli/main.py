@@ -6,9 +6,9 @@ import argparse
 import logging
 import sys
 
-from engine_pod.cli import bench, generate, profile, serve, train, worker
+from engine_pod.cli import bench, eval, generate, profile, serve, train, worker
 
-_COMMANDS = [generate, serve, bench, profile, train, worker]
+_COMMANDS = [generate, serve, bench, eval, profile, train, worker]
 
 
 def build_parser() -> argparse.ArgumentParser:

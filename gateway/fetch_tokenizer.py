@@ -1,0 +1,50 @@
+"""``python -m gateway.fetch_tokenizer SOURCE DEST``: copy only a model's tokenizer files (init container)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+PATTERNS = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "config.json",
+    "generation_config.json",
+]
+
+
+def fetch(source: str, dest: str) -> Path:
+    target = Path(dest)
+    target.mkdir(parents=True, exist_ok=True)
+    local = Path(source)
+    if local.is_dir():
+        for name in PATTERNS:
+            if (local / name).is_file():
+                shutil.copy2(local / name, target / name)
+    else:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(source, allow_patterns=PATTERNS, local_dir=str(target))
+    if not (target / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"no tokenizer.json found for {source!r}")
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        sys.stderr.write("usage: python -m gateway.fetch_tokenizer SOURCE DEST\n")
+        return 2
+    try:
+        fetch(*args)
+    except Exception as exc:  # any failure here must end the init container with one clear line
+        sys.stderr.write(f"fetch_tokenizer: error: {exc}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

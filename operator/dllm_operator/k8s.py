@@ -1,0 +1,127 @@
+"""A small Kubernetes REST client over the official client's ApiClient: get, create-or-patch, delete."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import kubernetes
+from kubernetes.client.rest import ApiException
+
+from dllm_operator.config import OperatorSettings
+
+logger = logging.getLogger(__name__)
+
+_PLURALS = {
+    "Deployment": "deployments",
+    "Service": "services",
+    "ConfigMap": "configmaps",
+    "Job": "jobs",
+    "Pod": "pods",
+    "ScaledObject": "scaledobjects",
+    "DLLMService": "dllmservices",
+    "Event": "events",
+    "Secret": "secrets",
+}
+
+
+def _base(api_version: str) -> str:
+    return f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+
+
+def collection_path(api_version: str, kind: str, namespace: str) -> str:
+    return f"{_base(api_version)}/namespaces/{namespace}/{_PLURALS[kind]}"
+
+
+def object_path(manifest: dict[str, Any]) -> str:
+    meta = manifest["metadata"]
+    return f"{collection_path(manifest['apiVersion'], manifest['kind'], meta['namespace'])}/{meta['name']}"
+
+
+class KubeClient:
+    def __init__(self, api: kubernetes.client.ApiClient) -> None:
+        self.api = api
+
+    @classmethod
+    def from_settings(cls, settings: OperatorSettings) -> KubeClient:
+        if settings.api_url:
+            configuration = kubernetes.client.Configuration(host=settings.api_url)
+            configuration.verify_ssl = False
+            return cls(kubernetes.client.ApiClient(configuration))
+        try:
+            kubernetes.config.load_incluster_config()
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config()
+        return cls(kubernetes.client.ApiClient())
+
+    def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        if hasattr(self.api, "param_serialize"):  # kubernetes >= 33 (new generator)
+            method, url, headers, body, _ = self.api.param_serialize(
+                method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
+            )
+            response = self.api.call_api(method, url, header_params=headers, body=body)
+            response.read()
+        else:
+            response = self.api.call_api(
+                path,
+                method,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+            )
+        if response.status >= 400:
+            raise ApiException(status=response.status, reason=response.reason, http_resp=response)
+        text = response.data.decode() if response.data else ""
+        return json.loads(text) if text else None
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        try:
+            return self._call("GET", path)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(
+        self, api_version: str, kind: str, namespace: str, labels: dict[str, str] | None = None
+    ) -> list[dict]:
+        items = (self.get(collection_path(api_version, kind, namespace)) or {}).get("items", [])
+        wanted = labels or {}
+        # filtered here as well as by the server: not every API server honours label selectors
+        return [
+            i
+            for i in items
+            if all(i.get("metadata", {}).get("labels", {}).get(k) == v for k, v in wanted.items())
+        ]
+
+    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create, or merge-patch what exists: idempotent, and it never drops fields others own."""
+        path = object_path(manifest)
+        if self.get(path) is None:
+            try:
+                meta = manifest["metadata"]
+                return self._call(
+                    "POST",
+                    collection_path(manifest["apiVersion"], manifest["kind"], meta["namespace"]),
+                    manifest,
+                )
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+        return self._call("PATCH", path, manifest, "application/merge-patch+json")
+
+    def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("PATCH", path, body, "application/merge-patch+json")
+
+    def delete(self, path: str) -> bool:
+        try:
+            self._call("DELETE", path)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise

@@ -1,0 +1,1 @@
+"""Pure functions from a ServiceSpec to Kubernetes manifests (plain dicts)."""

@@ -1,0 +1,109 @@
+"""Names, labels, owner references and pod-security settings every child manifest shares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dllm_operator.config import GROUP, KIND, VERSION
+from dllm_operator.spec import ServiceSpec
+
+APP = "dllm"
+
+
+def name_of(spec: ServiceSpec, component: str) -> str:
+    return f"{spec.name}-{component}"[:63].rstrip("-")
+
+
+def labels(spec: ServiceSpec, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": APP,
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": "dllm-operator",
+    }
+
+
+def selector_labels(spec: ServiceSpec, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/instance": spec.name, "app.kubernetes.io/component": component}
+
+
+def selector_string(spec: ServiceSpec, component: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector_labels(spec, component).items())
+
+
+def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": owner["name"],
+        "uid": owner["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def metadata(
+    spec: ServiceSpec, component: str, owner: dict[str, Any], name: str | None = None
+) -> dict[str, Any]:
+    return {
+        "name": name or name_of(spec, component),
+        "namespace": spec.namespace,
+        "labels": labels(spec, component),
+        "ownerReferences": [owner_reference(owner)],
+    }
+
+
+def container_security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def pod_security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "fsGroup": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def model_args(spec: ServiceSpec) -> list[str]:
+    """Where a container finds the model: a path on the model volume, or a Hugging Face repo id."""
+    uri = f"/models/{spec.model_uri.lstrip('/')}" if spec.volume_claim else spec.model_uri
+    return ["--model", uri, "--dtype", spec.dtype, "--device", "cuda" if spec.gpus else "cpu"]
+
+
+def volumes(spec: ServiceSpec) -> tuple[list[dict], list[dict]]:
+    """(volumes, mounts): scratch space for caches, and the model volume when there is one."""
+    vols = [{"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
+    mounts = [{"name": "cache", "mountPath": "/cache"}, {"name": "tmp", "mountPath": "/tmp"}]
+    if spec.volume_claim:
+        vols.append(
+            {"name": "models", "persistentVolumeClaim": {"claimName": spec.volume_claim, "readOnly": True}}
+        )
+        mounts.append({"name": "models", "mountPath": "/models", "readOnly": True})
+    return vols, mounts
+
+
+def cache_env() -> list[dict[str, str]]:
+    return [{"name": "HF_HOME", "value": "/cache/huggingface"}, {"name": "XDG_CACHE_HOME", "value": "/cache"}]
+
+
+def resources(spec: ServiceSpec) -> dict[str, Any]:
+    limits: dict[str, Any] = {"memory": spec.memory}
+    if spec.gpus:
+        limits[spec.gpu_resource] = str(spec.gpus)
+    return {"requests": {"cpu": spec.cpu, "memory": spec.memory}, "limits": limits}
+
+
+def scheduling(spec: ServiceSpec) -> dict[str, Any]:
+    placement: dict[str, Any] = {}
+    if spec.node_selector:
+        placement["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        placement["tolerations"] = list(spec.tolerations)
+    return placement

@@ -1,0 +1,111 @@
+"""The engine Deployment: `dllm worker` pods sized by the profiled token budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dllm_operator.config import OperatorSettings
+from dllm_operator.manifests import common
+from dllm_operator.spec import ServiceSpec
+
+PROFILE_MOUNT = "/etc/dllm/profile"
+METRICS_PORT = 9090
+
+
+def profile_configmap(spec: ServiceSpec, owner: dict, profile_json: str, profile_hash: str) -> dict[str, Any]:
+    meta = common.metadata(spec, "profile", owner)
+    meta["annotations"] = {"dllm.dev/profile-hash": profile_hash}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"profile.json": profile_json}}
+
+
+def redis_env(spec: ServiceSpec, redis_url: str) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": "DLLM_REDIS_URL", "value": redis_url}]
+    if spec.redis_password:
+        ref = {"secretKeyRef": {"name": spec.redis_password.name, "key": spec.redis_password.key}}
+        env.append({"name": "REDIS_PASSWORD", "valueFrom": ref})
+    return env
+
+
+def _probe(path: str, delay: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "metrics"},
+        "initialDelaySeconds": delay,
+        "periodSeconds": 10,
+        "failureThreshold": 6,
+    }
+
+
+def engine_deployment(
+    spec: ServiceSpec,
+    owner: dict,
+    settings: OperatorSettings,
+    redis_url: str,
+    replicas: int,
+    profile_hash: str,
+) -> dict[str, Any]:
+    vols, mounts = common.volumes(spec)
+    vols.append({"name": "profile", "configMap": {"name": common.name_of(spec, "profile")}})
+    mounts.append({"name": "profile", "mountPath": PROFILE_MOUNT, "readOnly": True})
+    command = [
+        "dllm",
+        "worker",
+        *common.model_args(spec),
+        "--redis",
+        "$(DLLM_REDIS_URL)",
+        "--service",
+        spec.queue_service,
+        "--profile",
+        f"{PROFILE_MOUNT}/profile.json",
+        "--block-length",
+        str(spec.block_length),
+        "--steps-per-block",
+        str(spec.steps_per_block),
+        "--remasking",
+        spec.remasking,
+        "--threshold",
+        str(spec.threshold),
+        "--cache",
+        spec.cache,
+        "--port",
+        str(METRICS_PORT),
+    ]
+    container = {
+        "name": "engine",
+        "image": spec.image or settings.engine_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": command,
+        "env": redis_env(spec, redis_url) + common.cache_env(),
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
+        "resources": common.resources(spec),
+        "volumeMounts": mounts,
+        "livenessProbe": _probe("/healthz", 30),
+        "readinessProbe": _probe("/readyz", 10),
+        "securityContext": common.container_security(),
+    }
+    template_meta = {
+        "labels": common.labels(spec, "engine"),
+        "annotations": {
+            "dllm.dev/profile-hash": profile_hash,
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(METRICS_PORT),
+        },
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": common.metadata(spec, "engine", owner),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": common.selector_labels(spec, "engine")},
+            "template": {
+                "metadata": template_meta,
+                "spec": {
+                    "terminationGracePeriodSeconds": 90,
+                    "securityContext": common.pod_security(),
+                    "containers": [container],
+                    "volumes": vols,
+                    **common.scheduling(spec),
+                },
+            },
+        },
+    }

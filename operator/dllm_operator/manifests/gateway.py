@@ -1,0 +1,106 @@
+"""The gateway Deployment (`python -m gateway`, no GPU, no torch) and its Service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dllm_operator.config import OperatorSettings
+from dllm_operator.manifests import common
+from dllm_operator.manifests.engine import redis_env
+from dllm_operator.spec import ServiceSpec
+
+PORT = 8000
+
+
+def _env(spec: ServiceSpec, redis_url: str) -> list[dict[str, Any]]:
+    values = {
+        "DLLM_SERVICE": spec.queue_service,
+        "DLLM_MODEL_DIR": "/cache/model",
+        "DLLM_MODEL_NAME": spec.model_name,
+        "DLLM_MAX_PROMPT_TOKENS": str(spec.max_prompt_tokens),
+        "DLLM_MAX_TOKENS": str(spec.max_generation_tokens),
+        "DLLM_DEFAULT_MAX_TOKENS": str(min(128, spec.max_generation_tokens)),
+        "DLLM_BLOCK_LENGTH": str(spec.block_length),
+        "DLLM_STEPS_PER_BLOCK": str(spec.steps_per_block),
+        "DLLM_THRESHOLD": str(spec.threshold),
+        "DLLM_MAX_QUEUED": str(spec.max_queued),
+    }
+    env = (
+        redis_env(spec, redis_url) + [{"name": k, "value": v} for k, v in values.items()] + common.cache_env()
+    )
+    if spec.api_key:
+        env.append(
+            {
+                "name": "DLLM_API_KEYS",
+                "valueFrom": {"secretKeyRef": {"name": spec.api_key.name, "key": spec.api_key.key}},
+            }
+        )
+    return env
+
+
+def _tokenizer_init(
+    spec: ServiceSpec, image: str, settings: OperatorSettings, mounts: list[dict]
+) -> dict[str, Any]:
+    """Fetch only the tokenizer files into /cache/model (the gateway never loads weights)."""
+    source = f"/models/{spec.model_uri.lstrip('/')}" if spec.volume_claim else spec.model_uri
+    return {
+        "name": "fetch-tokenizer",
+        "image": image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["python", "-m", "gateway.fetch_tokenizer", source, "/cache/model"],
+        "env": common.cache_env(),
+        "volumeMounts": mounts,
+        "securityContext": common.container_security(),
+    }
+
+
+def gateway_deployment(
+    spec: ServiceSpec, owner: dict, settings: OperatorSettings, redis_url: str
+) -> dict[str, Any]:
+    image = spec.gateway_image or settings.gateway_image
+    vols, mounts = common.volumes(spec)
+    probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}
+    container = {
+        "name": "gateway",
+        "image": image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["python", "-m", "gateway", "--port", str(PORT)],
+        "env": _env(spec, redis_url),
+        "ports": [{"name": "http", "containerPort": PORT}],
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "volumeMounts": mounts,
+        "livenessProbe": probe,
+        "readinessProbe": probe,
+        "securityContext": common.container_security(),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": common.metadata(spec, "gateway", owner),
+        "spec": {
+            "replicas": spec.gateway_replicas,
+            "selector": {"matchLabels": common.selector_labels(spec, "gateway")},
+            "template": {
+                "metadata": {"labels": common.labels(spec, "gateway")},
+                "spec": {
+                    "securityContext": common.pod_security(),
+                    "initContainers": [_tokenizer_init(spec, image, settings, mounts)],
+                    "containers": [container],
+                    "volumes": vols,
+                },
+            },
+        },
+    }
+
+
+def gateway_service(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": common.metadata(spec, "gateway", owner, name=spec.name),
+        "spec": {
+            "type": spec.service_type,
+            "selector": common.selector_labels(spec, "gateway"),
+            "ports": [{"name": "http", "port": spec.gateway_port, "targetPort": "http"}],
+        },
+    }

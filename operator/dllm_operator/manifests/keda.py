@@ -1,0 +1,45 @@
+"""A KEDA ScaledObject scaling the engine Deployment on queue depth (the redis scaler ZCARDs sorted sets)."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlparse
+
+from dllm_operator.manifests import common
+from dllm_operator.spec import ServiceSpec
+from engine_pod.queue.keys import ServiceKeys
+
+
+def _trigger(spec: ServiceSpec, address: str, database: str, key: str) -> dict[str, Any]:
+    metadata = {
+        "address": address,
+        "listName": key,
+        "listLength": str(spec.target_per_replica),
+        "databaseIndex": database,
+    }
+    trigger: dict[str, Any] = {"type": "redis", "metadata": metadata}
+    if spec.redis_password:
+        trigger["metadata"]["passwordFromEnv"] = "REDIS_PASSWORD"
+    return trigger
+
+
+def scaled_object(spec: ServiceSpec, owner: dict, redis_url: str) -> dict[str, Any]:
+    parsed = urlparse(redis_url)
+    address = f"{parsed.hostname}:{parsed.port or 6379}"
+    database = (parsed.path or "/0").lstrip("/") or "0"
+    keys = ServiceKeys(spec.queue_service)
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": common.metadata(spec, "engine", owner),
+        "spec": {
+            "scaleTargetRef": {"name": common.name_of(spec, "engine")},
+            "minReplicaCount": spec.min_replicas,
+            "maxReplicaCount": spec.max_replicas,
+            "cooldownPeriod": spec.scale_down_delay_s,
+            "triggers": [
+                _trigger(spec, address, database, keys.pending),
+                _trigger(spec, address, database, keys.inflight),
+            ],
+        },
+    }

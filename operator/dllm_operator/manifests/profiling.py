@@ -1,0 +1,67 @@
+"""The profiling Job: `dllm profile` in container mode on the engine's own hardware."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dllm_operator.config import OperatorSettings
+from dllm_operator.manifests import common
+from dllm_operator.spec import ServiceSpec
+
+TERMINATION_LOG = "/dev/termination-log"
+
+
+def job_name(spec: ServiceSpec, profile_hash: str) -> str:
+    return f"{spec.name[:45]}-profile-{profile_hash[:8]}"
+
+
+def profiling_job(
+    spec: ServiceSpec, owner: dict, settings: OperatorSettings, profile_hash: str
+) -> dict[str, Any]:
+    vols, mounts = common.volumes(spec)
+    command = [
+        "dllm",
+        "profile",
+        *common.model_args(spec),
+        "--utilization",
+        str(spec.utilization),
+        "--block-length",
+        str(spec.block_length),
+        "--json",
+        "/tmp/profile.json",
+        "--termination-log",
+        TERMINATION_LOG,
+    ]
+    container = {
+        "name": "profile",
+        "image": spec.image or settings.engine_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": command,
+        "env": common.cache_env(),
+        "resources": common.resources(spec),
+        "volumeMounts": mounts,
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
+        "securityContext": common.container_security(),
+    }
+    meta = common.metadata(spec, "profile", owner, job_name(spec, profile_hash))
+    meta["annotations"] = {"dllm.dev/profile-hash": profile_hash}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            "backoffLimit": 1,
+            "ttlSecondsAfterFinished": 86400,
+            "template": {
+                "metadata": {"labels": common.labels(spec, "profile")},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "securityContext": common.pod_security(),
+                    "containers": [container],
+                    "volumes": vols,
+                    **common.scheduling(spec),
+                },
+            },
+        },
+    }

@@ -1,0 +1,81 @@
+"""Where a service's token budget stands: from the spec, from a finished profiling Job, or not yet."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from dllm_operator.config import OperatorSettings
+from dllm_operator.k8s import KubeClient, collection_path
+from dllm_operator.manifests.profiling import job_name, profiling_job
+from dllm_operator.spec import ServiceSpec
+
+
+@dataclass(frozen=True)
+class ProfileState:
+    state: str  # "ready", "running" or "failed"
+    profile_hash: str
+    token_budget: int | None = None
+    result: dict[str, Any] | None = None  # the profiler's compact JSON (or {"token_budget": N} from the spec)
+    message: str = ""
+
+
+def _termination_message(client: KubeClient, namespace: str, job: str) -> str | None:
+    pods = client.list("v1", "Pod", namespace, {"job-name": job})
+    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""), reverse=True):
+        for status in pod.get("status", {}).get("containerStatuses", []):
+            message = status.get("state", {}).get("terminated", {}).get("message")
+            if message:
+                return message
+    return None
+
+
+def _job_finished(job: dict[str, Any]) -> str | None:
+    status = job.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("status") == "True" and condition.get("type") in ("Complete", "Failed"):
+            return condition["type"]
+    if status.get("succeeded"):
+        return "Complete"
+    if status.get("failed", 0) > job.get("spec", {}).get("backoffLimit", 6):
+        return "Failed"
+    return None
+
+
+def _parse(message: str | None) -> tuple[dict[str, Any] | None, str]:
+    if not message:
+        return None, "the profiling pod left no termination message"
+    try:
+        result = json.loads(message)
+    except json.JSONDecodeError:
+        return None, f"the profiling pod's termination message is not JSON: {message[:200]}"
+    if "error" in result:
+        return None, f"profiling failed: {result['error']}"
+    if not isinstance(result.get("token_budget"), int) or result["token_budget"] < 1:
+        return None, "the profiling result has no positive token_budget"
+    return result, ""
+
+
+def ensure_profile(
+    spec: ServiceSpec, owner: dict, settings: OperatorSettings, client: KubeClient
+) -> ProfileState:
+    profile_hash = spec.profile_hash(settings.engine_image)
+    if spec.token_budget is not None:
+        return ProfileState(
+            "ready", profile_hash, spec.token_budget, {"token_budget": spec.token_budget, "source": "spec"}
+        )
+    name = job_name(spec, profile_hash)
+    job = client.get(f"{collection_path('batch/v1', 'Job', spec.namespace)}/{name}")
+    if job is None:
+        client.apply(profiling_job(spec, owner, settings, profile_hash))
+        return ProfileState("running", profile_hash, message=f"profiling Job {name} created")
+    finished = _job_finished(job)
+    if finished is None:
+        return ProfileState("running", profile_hash, message=f"profiling Job {name} is running")
+    result, problem = _parse(_termination_message(client, spec.namespace, name))
+    if finished == "Failed" or result is None:
+        return ProfileState(
+            "failed", profile_hash, message=problem if result is None else f"profiling Job {name} failed"
+        )
+    return ProfileState("ready", profile_hash, result["token_budget"], result)

@@ -1,0 +1,278 @@
+"""Level-based reconciliation of one DLLMService: desired children from spec and status, applied idempotently.
+
+Order: Redis (managed) -> gateway -> profiling Job -> profile ConfigMap -> engine Deployment
+-> autoscaling (KEDA ScaledObject, or the operator's own queue-depth decision) -> status.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from dllm_operator import autoscale
+from dllm_operator.conditions import condition, set_condition
+from dllm_operator.config import OperatorSettings
+from dllm_operator.k8s import KubeClient, collection_path, object_path
+from dllm_operator.manifests import common
+from dllm_operator.manifests.engine import engine_deployment, profile_configmap
+from dllm_operator.manifests.gateway import gateway_deployment, gateway_service
+from dllm_operator.manifests.keda import scaled_object
+from dllm_operator.manifests.redis import managed_redis_url, redis_deployment, redis_service
+from dllm_operator.profile_state import ProfileState, ensure_profile
+from dllm_operator.spec import ServiceSpec, SpecError, parse_spec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    status: dict[str, Any]  # merged into the resource's status
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+
+
+class Reconciler:
+    def __init__(self, settings: OperatorSettings, client: KubeClient) -> None:
+        self.settings = settings
+        self.client = client
+
+    def reconcile(self, body: dict[str, Any], autoscale_now: bool = False) -> Outcome:
+        meta, status = body["metadata"], dict(body.get("status") or {})
+        if meta.get("deletionTimestamp"):
+            return Outcome({})  # being deleted: the delete handler owns what happens now
+        generation = int(meta.get("generation", 1))
+        conditions = list(status.get("conditions") or [])
+        try:
+            spec = parse_spec(meta["name"], meta["namespace"], body.get("spec") or {})
+            self._check_supported(spec)
+        except SpecError as exc:
+            return self._degraded(conditions, generation, "InvalidSpec", str(exc))
+        owner = {"name": meta["name"], "uid": meta["uid"]}
+        redis_url = self._ensure_redis(spec, owner)
+        self._ensure_gateway(spec, owner, redis_url)
+        profile = ensure_profile(spec, owner, self.settings, self.client)
+        return self._after_profile(
+            spec, owner, status, conditions, generation, redis_url, profile, autoscale_now
+        )
+
+    # -- steps ----------------------------------------------------------------------------------
+    def _check_supported(self, spec: ServiceSpec) -> None:
+        if spec.family not in self.settings.supported_families:
+            raise SpecError(
+                f"model family {spec.family!r} is not supported by this engine image "
+                f"(supported: {', '.join(self.settings.supported_families)})"
+            )
+
+    def _ensure_redis(self, spec: ServiceSpec, owner: dict) -> str:
+        if not spec.redis_managed:
+            return spec.redis_url
+        self.client.apply(redis_deployment(spec, owner, self.settings))
+        self.client.apply(redis_service(spec, owner))
+        return managed_redis_url(spec)
+
+    def _ensure_gateway(self, spec: ServiceSpec, owner: dict, redis_url: str) -> None:
+        self.client.apply(gateway_deployment(spec, owner, self.settings, redis_url))
+        self.client.apply(gateway_service(spec, owner))
+
+    def _after_profile(
+        self, spec, owner, status, conditions, generation, redis_url, profile: ProfileState, autoscale_now
+    ):
+        events: list[tuple[str, str, str]] = []
+        previous = status.get("profile") or {}
+        base = {
+            "observedGeneration": generation,
+            "redisUrl": redis_url,
+            "selector": common.selector_string(spec, "engine"),
+            "endpoint": f"http://{spec.name}.{spec.namespace}.svc:{spec.gateway_port}/v1",
+        }
+        if profile.state == "failed":
+            outcome = self._degraded(conditions, generation, "ProfilingFailed", profile.message)
+            outcome.status |= base
+            return outcome
+        if profile.state == "running" and not previous.get("tokenBudget"):
+            conditions = set_condition(
+                conditions, "Profiled", False, "Profiling", profile.message, generation
+            )
+            if previous.get("pendingHash") != profile.profile_hash:
+                events.append(("Normal", "Profiling", profile.message))
+            status_profile = previous | {"pendingHash": profile.profile_hash}
+            return Outcome(
+                base
+                | {
+                    "phase": "Profiling",
+                    "profile": status_profile,
+                    "conditions": self._not_degraded(conditions, generation),
+                },
+                events,
+            )
+        if profile.state == "ready":
+            if previous.get("hash") != profile.profile_hash:
+                events.append(("Normal", "Profiled", f"token budget {profile.token_budget}"))
+            current = {
+                "hash": profile.profile_hash,
+                "tokenBudget": profile.token_budget,
+                "result": profile.result,
+            }
+            reason = "ExplicitBudget" if spec.token_budget is not None else "Measured"
+            conditions = set_condition(
+                conditions, "Profiled", True, reason, f"token budget {profile.token_budget}", generation
+            )
+        else:  # re-profiling after a memory-affecting change: keep serving with the previous budget
+            current = previous | {"pendingHash": profile.profile_hash}
+            conditions = set_condition(
+                conditions, "Profiled", False, "Reprofiling", profile.message, generation
+            )
+        self._apply_engine(spec, owner, current, redis_url, status)
+        scaling = self._autoscale(spec, redis_url, status, events) if autoscale_now and not spec.keda else {}
+        return self._with_readiness(
+            spec, base | {"profile": current} | scaling, conditions, generation, events
+        )
+
+    def _apply_engine(
+        self, spec: ServiceSpec, owner: dict, profile: dict, redis_url: str, status: dict
+    ) -> None:
+        profile_json = json.dumps(profile["result"], separators=(",", ":"))
+        self.client.apply(profile_configmap(spec, owner, profile_json, profile["hash"]))
+        replicas = status.get("replicas", spec.min_replicas)
+        replicas = max(spec.min_replicas, min(spec.max_replicas, int(replicas)))
+        deployment = engine_deployment(spec, owner, self.settings, redis_url, replicas, profile["hash"])
+        if spec.keda:
+            deployment["spec"].pop("replicas")
+            self.client.apply(scaled_object(spec, owner, redis_url))
+        self.client.apply(deployment)
+
+    def _autoscale(self, spec: ServiceSpec, redis_url: str, status: dict, events: list) -> dict[str, Any]:
+        try:
+            depth = autoscale.queue_depth(redis_url, spec.queue_service, self._redis_password(spec))
+        except Exception as exc:  # Redis down or not yet up: keep the current size
+            logger.warning("queue depth of %s unavailable: %s", spec.name, exc)
+            return {}
+        current = int(status.get("replicas", spec.min_replicas))
+        below = (status.get("autoscaler") or {}).get("belowSince")
+        decision = autoscale.decide(
+            depth,
+            current,
+            spec.target_per_replica,
+            spec.min_replicas,
+            spec.max_replicas,
+            spec.scale_down_delay_s,
+            below,
+        )
+        if decision.replicas != current:
+            name = common.name_of(spec, "engine")
+            self.client.patch(
+                f"{collection_path('apps/v1', 'Deployment', spec.namespace)}/{name}",
+                {"spec": {"replicas": decision.replicas}},
+            )
+            events.append(
+                (
+                    "Normal",
+                    "Scaled",
+                    f"engine replicas {current} -> {decision.replicas} (queue depth {depth})",
+                )
+            )
+        return {
+            "queueDepth": depth,
+            "replicas": decision.replicas,
+            "autoscaler": {"belowSince": decision.below_since, "checkedAt": time.time()},
+        }
+
+    def _redis_password(self, spec: ServiceSpec) -> str | None:
+        if spec.redis_password is None:
+            return None
+        secret = (
+            self.client.get(f"{collection_path('v1', 'Secret', spec.namespace)}/{spec.redis_password.name}")
+            or {}
+        )
+        value = (secret.get("data") or {}).get(spec.redis_password.key)
+        return base64.b64decode(value).decode() if value else None
+
+    def _with_readiness(self, spec, status: dict, conditions: list, generation: int, events: list) -> Outcome:
+        engine = (
+            self.client.get(
+                object_path(
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "Deployment",
+                        "metadata": {"namespace": spec.namespace, "name": common.name_of(spec, "engine")},
+                    }
+                )
+            )
+            or {}
+        )
+        gateway = (
+            self.client.get(
+                object_path(
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "Deployment",
+                        "metadata": {"namespace": spec.namespace, "name": common.name_of(spec, "gateway")},
+                    }
+                )
+            )
+            or {}
+        )
+        engine_ready = int((engine.get("status") or {}).get("readyReplicas") or 0)
+        gateway_ready = int((gateway.get("status") or {}).get("readyReplicas") or 0)
+        ready = engine_ready >= 1 and gateway_ready >= 1
+        message = f"{engine_ready} engine and {gateway_ready} gateway replicas ready"
+        was_ready = (condition(conditions, "Ready") or {}).get("status") == "True"
+        conditions = set_condition(
+            conditions, "Ready", ready, "Serving" if ready else "Deploying", message, generation
+        )
+        if ready and not was_ready:
+            events.append(("Normal", "Ready", message))
+        status["replicas"] = status.get(
+            "replicas", int((engine.get("spec") or {}).get("replicas") or spec.min_replicas)
+        )
+        status |= {
+            "readyReplicas": engine_ready,
+            "phase": "Ready" if ready else "Deploying",
+            "conditions": self._not_degraded(conditions, generation),
+        }
+        return Outcome(status, events)
+
+    @staticmethod
+    def _not_degraded(conditions: list, generation: int) -> list:
+        return set_condition(conditions, "Degraded", False, "AsExpected", "", generation)
+
+    @staticmethod
+    def _degraded(conditions: list, generation: int, reason: str, message: str) -> Outcome:
+        before = condition(conditions, "Degraded") or {}
+        repeated = before.get("status") == "True" and before.get("message") == message
+        conditions = set_condition(conditions, "Degraded", True, reason, message, generation)
+        conditions = set_condition(conditions, "Ready", False, reason, message, generation)
+        events = [] if repeated else [("Warning", reason, message)]
+        return Outcome(
+            {"phase": "Failed", "observedGeneration": generation, "conditions": conditions}, events
+        )
+
+    # -- deletion -------------------------------------------------------------------------------
+    def delete_children(self, namespace: str, name: str) -> int:
+        """Delete every child (garbage collection does it too in a real cluster; this is explicit)."""
+        labels = {"app.kubernetes.io/instance": name, "app.kubernetes.io/managed-by": "dllm-operator"}
+        kinds = [
+            ("apps/v1", "Deployment"),
+            ("v1", "Service"),
+            ("v1", "ConfigMap"),
+            ("batch/v1", "Job"),
+            ("keda.sh/v1alpha1", "ScaledObject"),
+        ]
+        deleted = 0
+        for api_version, kind in kinds:
+            try:
+                items = self.client.list(api_version, kind, namespace, labels)
+            except Exception as exc:  # e.g. KEDA not installed: nothing of that kind to delete
+                logger.debug("cannot list %s: %s", kind, exc)
+                continue
+            for item in items:
+                item = {
+                    "apiVersion": api_version,
+                    "kind": kind,
+                    "metadata": item["metadata"] | {"namespace": namespace},
+                }
+                deleted += self.client.delete(object_path(item))
+        return deleted

@@ -1,0 +1,168 @@
+"""A DLLMService's spec as typed values, with the CRD's defaults applied (the emulator does not default)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class SpecError(ValueError):
+    """A spec the CRD accepted but this operator cannot run (reported as a Degraded condition)."""
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    namespace: str
+    model_uri: str
+    family: str = "llada"
+    dtype: str = "bfloat16"
+    served_name: str = ""
+    volume_claim: str | None = None
+    block_length: int = 32
+    steps_per_block: int = 32
+    remasking: str = "threshold"
+    threshold: float = 0.9
+    cache: str = "dual"
+    max_prompt_tokens: int = 2048
+    max_generation_tokens: int = 512
+    image: str | None = None
+    gpus: int = 1
+    gpu_resource: str = "nvidia.com/gpu"
+    memory: str = "64Gi"
+    cpu: str = "8"
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    profiling_enabled: bool = True
+    utilization: float = 0.9
+    token_budget: int | None = None
+    min_replicas: int = 1
+    max_replicas: int = 1
+    target_per_replica: int = 32
+    scale_down_delay_s: int = 300
+    keda: bool = False
+    redis_managed: bool = True
+    redis_url: str | None = None
+    redis_password: SecretRef | None = None
+    gateway_replicas: int = 1
+    gateway_image: str | None = None
+    service_type: str = "ClusterIP"
+    gateway_port: int = 80
+    max_queued: int = 10_000
+    api_key: SecretRef | None = None
+
+    @property
+    def queue_service(self) -> str:
+        """Redis key prefix of this service's queue (unique across namespaces on a shared Redis)."""
+        return f"{self.namespace}-{self.name}"[:63].rstrip("-")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_name or self.model_uri.rstrip("/").split("/")[-1]
+
+    def profile_hash(self, engine_image: str) -> str:
+        """Fingerprint of every field that changes peak memory: a new value means a new profile."""
+        memory_fields = {
+            "uri": self.model_uri,
+            "family": self.family,
+            "dtype": self.dtype,
+            "block": self.block_length,
+            "gpus": self.gpus,
+            "gpu_resource": self.gpu_resource,
+            "memory": self.memory,
+            "utilization": self.utilization,
+            "image": self.image or engine_image,
+            "node_selector": self.node_selector,
+        }
+        return hashlib.sha256(json.dumps(memory_fields, sort_keys=True).encode()).hexdigest()[:10]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ref(value: dict | None) -> SecretRef | None:
+    return SecretRef(value["name"], value["key"]) if value else None
+
+
+def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
+    """Typed spec with defaults; SpecError for what the CRD schema cannot express."""
+    model = spec.get("model") or {}
+    if not model.get("uri"):
+        raise SpecError("spec.model.uri is required")
+    decoding, resources = spec.get("decoding") or {}, spec.get("resources") or {}
+    profiling, replicas = spec.get("profiling") or {}, spec.get("replicas") or {}
+    redis, gateway = spec.get("redis") or {"managed": True}, spec.get("gateway") or {}
+    budget = profiling.get("tokenBudget")
+    parsed = ServiceSpec(
+        name=name,
+        namespace=namespace,
+        model_uri=model["uri"],
+        family=model.get("family", "llada"),
+        dtype=model.get("dtype", "bfloat16"),
+        served_name=model.get("servedName", ""),
+        volume_claim=model.get("volumeClaim"),
+        block_length=int(decoding.get("blockLength", 32)),
+        steps_per_block=int(decoding.get("stepsPerBlock", 32)),
+        remasking=decoding.get("remasking", "threshold"),
+        threshold=float(decoding.get("threshold", 0.9)),
+        cache=decoding.get("cache", "dual"),
+        max_prompt_tokens=int(decoding.get("maxPromptTokens", 2048)),
+        max_generation_tokens=int(decoding.get("maxGenerationTokens", 512)),
+        image=resources.get("image"),
+        gpus=int(resources.get("gpus", 1)),
+        gpu_resource=resources.get("gpuResourceName", "nvidia.com/gpu"),
+        memory=str(resources.get("memory", "64Gi")),
+        cpu=str(resources.get("cpu", "8")),
+        node_selector=dict(resources.get("nodeSelector") or {}),
+        tolerations=list(resources.get("tolerations") or []),
+        profiling_enabled=bool(profiling.get("enabled", budget is None)),
+        utilization=float(profiling.get("utilization", 0.9)),
+        token_budget=int(budget) if budget is not None else None,
+        min_replicas=int(replicas.get("min", 1)),
+        max_replicas=int(replicas.get("max", 1)),
+        target_per_replica=int(replicas.get("targetQueueDepthPerReplica", 32)),
+        scale_down_delay_s=int(replicas.get("scaleDownDelaySeconds", 300)),
+        keda=bool(replicas.get("keda", False)),
+        redis_managed=bool(redis.get("managed", False)),
+        redis_url=redis.get("url"),
+        redis_password=_ref(redis.get("passwordSecretRef")),
+        gateway_replicas=int(gateway.get("replicas", 1)),
+        gateway_image=gateway.get("image"),
+        service_type=gateway.get("serviceType", "ClusterIP"),
+        gateway_port=int(gateway.get("port", 80)),
+        max_queued=int(gateway.get("maxQueued", 10_000)),
+        api_key=_ref(gateway.get("apiKeySecretRef")),
+    )
+    _check(parsed)
+    return parsed
+
+
+def _check(spec: ServiceSpec) -> None:
+    """The CRD's CEL rules again: the operator must not trust that admission ran them."""
+    problems = [
+        (spec.min_replicas > spec.max_replicas, "replicas.min must not exceed replicas.max"),
+        (
+            spec.profiling_enabled and spec.token_budget is not None,
+            "set either profiling.enabled or profiling.tokenBudget",
+        ),
+        (
+            not spec.profiling_enabled and spec.token_budget is None,
+            "with profiling disabled, profiling.tokenBudget is required",
+        ),
+        (
+            spec.max_generation_tokens % spec.block_length != 0,
+            "decoding.blockLength must divide decoding.maxGenerationTokens",
+        ),
+        (spec.redis_managed == bool(spec.redis_url), "use either a managed Redis or redis.url, exactly one"),
+    ]
+    for failed, message in problems:
+        if failed:
+            raise SpecError(message)

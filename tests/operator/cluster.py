@@ -1,0 +1,127 @@
+"""An emulated Kubernetes API (kmock) served over HTTP from a background thread, and a client for it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from typing import Any
+
+import aiohttp.web
+import kmock
+import kubernetes
+
+CRD_VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
+
+
+class Emulator(kmock.KubernetesEmulator):
+    """Two gaps of kmock 0.8 filled as a real API server would: a missing object is a 404 (not a
+    bare 500), and ``metadata.generateName`` gets a unique name (Kopf names its events so)."""
+
+    async def _handle(self, request):
+        data = request.data if request.action == kmock.action.CREATE else None
+        meta = data.get("metadata") if isinstance(data, dict) else None
+        if isinstance(meta, dict) and meta.get("generateName") and not meta.get("name"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        try:
+            return await super()._handle(request)
+        except kmock.KubernetesError as exc:
+            body = {
+                "apiVersion": "v1",
+                "kind": "Status",
+                "status": "Failure",
+                "code": exc.status,
+                "reason": exc.reason,
+                "message": exc.message,
+            }
+            return aiohttp.web.json_response(body, status=exc.status)
+
+
+class EmulatedCluster:
+    def __init__(self) -> None:
+        self.emulator = Emulator()
+        self.emulator.resources.load_bundled()
+        self.emulator.resources["dllm.dev/v1alpha1/dllmservices"] = kmock.ResourceInfo(
+            kind="DLLMService", namespaced=True, verbs=CRD_VERBS, subresources={"status", "scale"}
+        )
+        self.emulator.resources["keda.sh/v1alpha1/scaledobjects"] = kmock.ResourceInfo(
+            kind="ScaledObject", namespaced=True, verbs=CRD_VERBS, subresources={"status"}
+        )
+        self.url = ""
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with kmock.Server(self.emulator, host="127.0.0.1") as server:
+            self.url = str(server.url).rstrip("/")
+            self._ready.set()
+            await self._stop.wait()
+
+    def __enter__(self) -> EmulatedCluster:
+        self._thread.start()
+        if not self._ready.wait(20):
+            raise RuntimeError("the emulated API server did not start")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=20)
+
+    def client(self) -> Kube:
+        configuration = kubernetes.client.Configuration(host=self.url)
+        configuration.verify_ssl = False
+        return Kube(kubernetes.client.ApiClient(configuration))
+
+
+class Kube:
+    """Typed clients of the official kubernetes package, pointed at the emulator."""
+
+    def __init__(self, api: kubernetes.client.ApiClient) -> None:
+        self.custom = kubernetes.client.CustomObjectsApi(api)
+        self.apps = kubernetes.client.AppsV1Api(api)
+        self.batch = kubernetes.client.BatchV1Api(api)
+        self.core = kubernetes.client.CoreV1Api(api)
+
+    def create_service(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        meta = manifest["metadata"]
+        meta.setdefault("namespace", "default")
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("resourceVersion", "1")
+        meta.setdefault("generation", 1)
+        return self.custom.create_namespaced_custom_object(
+            "dllm.dev", "v1alpha1", meta["namespace"], "dllmservices", manifest
+        )
+
+    def service(self, name: str, namespace: str = "default") -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(
+            "dllm.dev", "v1alpha1", namespace, "dllmservices", name
+        )
+
+    def patch_service(self, name: str, patch: dict[str, Any], namespace: str = "default") -> dict[str, Any]:
+        current = self.service(name, namespace)
+        patch.setdefault("metadata", {})["generation"] = int(current["metadata"].get("generation", 1)) + 1
+        return self.custom.patch_namespaced_custom_object(
+            "dllm.dev", "v1alpha1", namespace, "dllmservices", name, patch
+        )
+
+    def condition(self, name: str, kind: str) -> dict[str, Any] | None:
+        conditions = (self.service(name).get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == kind), None)
+
+    def deployment(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        try:
+            return self.apps.api_client.sanitize_for_serialization(
+                self.apps.read_namespaced_deployment(name, namespace)
+            )
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def jobs(self, namespace: str = "default") -> list[dict[str, Any]]:
+        listed = self.batch.list_namespaced_job(namespace)
+        return [self.batch.api_client.sanitize_for_serialization(j) for j in listed.items]

@@ -1,0 +1,98 @@
+"""The CRD: valid structural schema, defaults, CEL rules that reject bad specs, the example accepted."""
+
+from __future__ import annotations
+
+import copy
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.operator.crd_utils import EXAMPLE_PATH, admit, apply_defaults, load_crd, spec_schema
+
+K8S_VERSION = "1.33.0"
+
+
+def example_spec() -> dict:
+    return yaml.safe_load(EXAMPLE_PATH.read_text())["spec"]
+
+
+def test_crd_is_a_valid_kubernetes_object():
+    kubernetes_validate.validate(load_crd(), K8S_VERSION, strict=True)
+
+
+def test_crd_names_and_subresources():
+    crd = load_crd()
+    assert crd["spec"]["group"] == "dllm.dev" and crd["spec"]["names"]["plural"] == "dllmservices"
+    version = crd["spec"]["versions"][0]
+    assert version["name"] == "v1alpha1" and "status" in version["subresources"]
+    assert version["subresources"]["scale"]["labelSelectorPath"] == ".status.selector"
+    assert {c["name"] for c in version["additionalPrinterColumns"]} >= {"Phase", "Budget", "Replicas"}
+
+
+def test_example_is_accepted():
+    assert admit(example_spec()) == []
+
+
+def test_defaults_fill_an_almost_empty_spec():
+    spec = apply_defaults({"model": {"uri": "GSAI-ML/LLaDA-8B-Instruct"}}, spec_schema(load_crd()))
+    assert spec["decoding"]["blockLength"] == 32 and spec["redis"] == {"managed": True}
+    assert spec["replicas"] == {
+        "min": 1,
+        "max": 1,
+        "targetQueueDepthPerReplica": 32,
+        "scaleDownDelaySeconds": 300,
+        "keda": False,
+    }
+    assert admit({"model": {"uri": "x"}}) == []
+
+
+def _with(path: str, value) -> dict:
+    spec = copy.deepcopy(example_spec())
+    node = spec
+    *parents, leaf = path.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    return spec
+
+
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        ("replicas.min", 5, "replicas.min must not exceed replicas.max"),
+        (
+            "profiling",
+            {"enabled": True, "tokenBudget": 100000},
+            "either profiling.enabled or profiling.tokenBudget",
+        ),
+        ("profiling", {"enabled": False}, "with profiling disabled, profiling.tokenBudget is required"),
+        ("decoding.blockLength", 48, "decoding.blockLength must divide decoding.maxGenerationTokens"),
+        ("profiling", {"tokenBudget": 100}, "must hold one request"),
+        ("redis", {"managed": True, "url": "redis://r:6379/0"}, "exactly one"),
+        ("redis", {}, "exactly one"),
+    ],
+)
+def test_cel_rules_reject_bad_specs(path, value, message):
+    failures = admit(_with(path, value))
+    assert any(message in f for f in failures), failures
+
+
+@pytest.mark.parametrize(
+    "path, value",
+    [
+        ("model.family", "gpt2"),
+        ("decoding.threshold", 0),
+        ("decoding.cache", "paged"),
+        ("resources.memory", "lots"),
+        ("replicas.max", 0),
+        ("gateway.serviceType", "Ingress"),
+    ],
+)
+def test_schema_rejects_bad_values(path, value):
+    assert admit(_with(path, value))
+
+
+def test_budget_instead_of_profiling_is_accepted():
+    assert admit(_with("profiling", {"tokenBudget": 200000})) == []
+    assert admit(_with("redis", {"url": "redis://redis.example:6379/0"})) == []

@@ -1,0 +1,248 @@
+"""The real Kopf operator against an emulated API server over HTTP: the whole DLLMService lifecycle.
+
+The emulator runs no controllers, so the test plays kubelet and Job controller: it marks the
+profiling Job complete with a termination message and marks Deployments ready.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import kubernetes_validate
+import pytest
+import redis
+import yaml
+from kopf.testing import KopfRunner
+
+from engine_pod.serve.redis_server import RedisServer
+from tests.operator.cluster import EmulatedCluster, Kube
+from tests.operator.crd_utils import EXAMPLE_PATH
+from tests.serving_utils import wait_for
+
+NAME = "llada-8b"
+
+
+@pytest.fixture
+def cluster():
+    with EmulatedCluster() as emulated:
+        yield emulated
+
+
+@pytest.fixture
+def operator(cluster, monkeypatch):
+    from dllm_operator import handlers
+
+    monkeypatch.setenv("DLLM_K8S_API_URL", cluster.url)
+    handlers.reset()
+    with KopfRunner(["run", "--standalone", "--all-namespaces", "-m", "dllm_operator"], timeout=60) as runner:
+        yield runner
+    handlers.reset()
+
+
+def example() -> dict:
+    return yaml.safe_load(EXAMPLE_PATH.read_text())
+
+
+def complete_profiling(kube: Kube, budget: int, namespace: str = "default") -> str:
+    """Play the Job controller and the kubelet: the newest profiling Job succeeds with a result."""
+    job = wait_for(lambda: _newest_unfinished_job(kube), 30, what="a profiling Job")
+    name = job["metadata"]["name"]
+    message = json.dumps({"token_budget": budget, "device": "cuda:0", "bytes_per_token": 524288.0})
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{name}-x1", "namespace": namespace, "labels": {"job-name": name}},
+        "spec": {"containers": [{"name": "profile", "image": "engine"}], "restartPolicy": "Never"},
+        "status": {
+            "phase": "Succeeded",
+            "containerStatuses": [
+                {
+                    "name": "profile",
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": "engine",
+                    "imageID": "",
+                    "state": {"terminated": {"exitCode": 0, "message": message}},
+                }
+            ],
+        },
+    }
+    kube.core.create_namespaced_pod(namespace, pod)
+    status = {"status": {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}}
+    kube.batch.patch_namespaced_job_status(name, namespace, status)
+    return name
+
+
+def _newest_unfinished_job(kube: Kube):
+    jobs = [j for j in kube.jobs() if not (j.get("status") or {}).get("succeeded")]
+    return jobs[-1] if jobs else None
+
+
+def mark_ready(kube: Kube, *names: str) -> None:
+    for name in names:
+        wait_for(lambda n=name: kube.deployment(n), 30, what=f"deployment {name}")
+        kube.apps.patch_namespaced_deployment_status(
+            name, "default", {"status": {"readyReplicas": 1, "replicas": 1}}
+        )
+
+
+def engine_command(kube: Kube) -> list[str]:
+    return kube.deployment(f"{NAME}-engine")["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+def test_full_lifecycle_of_the_example(cluster, operator):
+    kube = cluster.client()
+    kube.create_service(example())
+    job = wait_for(lambda: _newest_unfinished_job(kube), 30, what="the profiling Job")
+    kubernetes_validate.validate(_clean(job), "1.33.0", strict=False)
+    assert wait_for(
+        lambda: (kube.service(NAME).get("status") or {}).get("phase") == "Profiling", 30, what="Profiling"
+    )
+    assert kube.deployment(f"{NAME}-engine") is None  # no engine before the budget is known
+
+    complete_profiling(kube, budget=131072)
+    wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+    configmap = kube.core.read_namespaced_config_map(f"{NAME}-profile", "default")
+    assert json.loads(configmap.data["profile.json"])["token_budget"] == 131072
+    assert "--profile" in engine_command(kube)
+    status = wait_for(
+        lambda: (s := kube.service(NAME).get("status") or {}).get("profile", {}).get("tokenBudget") and s,
+        30,
+        what="the budget in status",
+    )
+    assert status["profile"]["tokenBudget"] == 131072
+    assert kube.condition(NAME, "Profiled")["status"] == "True"
+    assert kube.deployment(f"{NAME}-gateway") and kube.deployment(f"{NAME}-redis")
+
+    mark_ready(kube, f"{NAME}-engine", f"{NAME}-gateway")
+    wait_for(lambda: (kube.condition(NAME, "Ready") or {}).get("status") == "True", 30, what="Ready")
+    assert kube.service(NAME)["status"]["phase"] == "Ready"
+    assert kube.condition(NAME, "Degraded")["status"] == "False"
+
+    # a field that does not change memory rolls the Deployment without re-profiling
+    jobs_before = len(kube.jobs())
+    kube.patch_service(NAME, {"spec": {"decoding": {"threshold": 0.8}}})
+    wait_for(lambda: "0.8" in engine_command(kube), 30, what="the new threshold in the engine pods")
+    assert len(kube.jobs()) == jobs_before
+
+    # a field that changes memory re-profiles; the old budget keeps serving until the new one is known
+    old_hash = kube.deployment(f"{NAME}-engine")["spec"]["template"]["metadata"]["annotations"][
+        "dllm.dev/profile-hash"
+    ]
+    kube.patch_service(NAME, {"spec": {"resources": {"memory": "80Gi"}}})
+    wait_for(lambda: len(kube.jobs()) == jobs_before + 1, 30, what="a second profiling Job")
+    wait_for(
+        lambda: (kube.condition(NAME, "Profiled") or {}).get("reason") == "Reprofiling",
+        30,
+        what="Reprofiling",
+    )
+    assert kube.service(NAME)["status"]["profile"]["tokenBudget"] == 131072
+    complete_profiling(kube, budget=163840)
+    wait_for(
+        lambda: kube.service(NAME)["status"]["profile"]["tokenBudget"] == 163840, 30, what="the new budget"
+    )
+    new_hash = kube.deployment(f"{NAME}-engine")["spec"]["template"]["metadata"]["annotations"][
+        "dllm.dev/profile-hash"
+    ]
+    assert new_hash != old_hash  # the pod template changed: the Deployment rolls onto the new budget
+
+    events = kube.core.list_namespaced_event("default").items
+    assert {"Profiling", "Profiled", "Ready"} <= {e.reason for e in events}
+
+    kube.custom.delete_namespaced_custom_object("dllm.dev", "v1alpha1", "default", "dllmservices", NAME)
+    children = [
+        kube.apps.list_namespaced_deployment,
+        kube.core.list_namespaced_config_map,
+        kube.batch.list_namespaced_job,
+        kube.core.list_namespaced_service,
+    ]
+    wait_for(
+        lambda: not any(list_children("default").items for list_children in children),
+        30,
+        what="children deleted",
+    )
+    wait_for(
+        lambda: (
+            not kube.custom.list_namespaced_custom_object("dllm.dev", "v1alpha1", "default", "dllmservices")[
+                "items"
+            ]
+        ),
+        30,
+        what="the finalizer to be released",
+    )
+
+
+def test_queue_depth_in_redis_scales_the_engine(cluster, operator):
+    with RedisServer() as server:
+        kube = cluster.client()
+        manifest = example()
+        manifest["spec"]["redis"] = {"url": server.url}
+        manifest["spec"]["profiling"] = {"tokenBudget": 65536}
+        manifest["spec"]["replicas"] = {
+            "min": 1,
+            "max": 4,
+            "targetQueueDepthPerReplica": 10,
+            "scaleDownDelaySeconds": 2,
+        }
+        kube.create_service(manifest)
+        wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+        assert kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 1
+        queue = redis.Redis.from_url(server.url)
+        queue.zadd(f"dllm:default-{NAME}:pending", {f"r-{i}": i for i in range(35)})
+        wait_for(lambda: kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 4, 30, what="scale up to 4")
+        assert kube.service(NAME)["status"]["queueDepth"] == 35
+        queue.delete(f"dllm:default-{NAME}:pending")
+        wait_for(
+            lambda: kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 1, 30, what="scale down to 1"
+        )
+        assert kube.condition(NAME, "Profiled")["reason"] == "ExplicitBudget"
+        assert not kube.jobs()  # an explicit budget never profiles
+
+
+def test_keda_mode_emits_a_scaled_object_and_leaves_replicas_to_it(cluster, operator):
+    kube = cluster.client()
+    manifest = example()
+    manifest["spec"]["replicas"] |= {"keda": True}
+    manifest["spec"]["profiling"] = {"tokenBudget": 65536}
+    kube.create_service(manifest)
+    scaled = wait_for(
+        lambda: kube.custom.list_namespaced_custom_object("keda.sh", "v1alpha1", "default", "scaledobjects")[
+            "items"
+        ],
+        30,
+        what="a ScaledObject",
+    )
+    assert scaled[0]["spec"]["scaleTargetRef"]["name"] == f"{NAME}-engine"
+    assert "replicas" not in kube.deployment(f"{NAME}-engine")["spec"]
+
+
+def test_a_spec_the_crd_cannot_reject_gives_degraded_without_a_crash(cluster, operator, monkeypatch):
+    monkeypatch.setenv("DLLM_SUPPORTED_FAMILIES", "llada")
+    from dllm_operator import handlers
+
+    handlers.reset()
+    kube = cluster.client()
+    manifest = example()
+    manifest["spec"]["model"] = {"uri": "Dream-org/Dream-v0-Instruct-7B", "family": "dream"}
+    kube.create_service(manifest)
+    degraded = wait_for(
+        lambda: (c := kube.condition(NAME, "Degraded")) and c["status"] == "True" and c, 30, what="Degraded"
+    )
+    assert "family 'dream' is not supported" in degraded["message"]
+    assert kube.service(NAME)["status"]["phase"] == "Failed"
+    assert kube.deployment(f"{NAME}-engine") is None and not kube.jobs()
+    # fixing the spec recovers
+    kube.patch_service(NAME, {"spec": {"model": {"uri": "GSAI-ML/LLaDA-8B-Instruct", "family": "llada"}}})
+    wait_for(lambda: kube.condition(NAME, "Degraded")["status"] == "False", 30, what="recovery")
+
+
+def _clean(manifest: dict) -> dict:
+    """An object as submitted (the emulator echoes what it stored)."""
+    cleaned = copy.deepcopy(manifest)
+    cleaned.pop("status", None)
+    return cleaned
+
+
+assert os.environ.get("DLLM_OPERATOR_RESYNC_S") == "1"

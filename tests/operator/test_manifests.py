@@ -1,0 +1,123 @@
+"""Every manifest the operator builds is a valid Kubernetes object (strict schema check)."""
+
+from __future__ import annotations
+
+import json
+
+import kubernetes_validate
+import pytest
+import yaml
+from dllm_operator.config import OperatorSettings
+from dllm_operator.manifests.engine import engine_deployment, profile_configmap
+from dllm_operator.manifests.gateway import gateway_deployment, gateway_service
+from dllm_operator.manifests.keda import scaled_object
+from dllm_operator.manifests.profiling import profiling_job
+from dllm_operator.manifests.redis import managed_redis_url, redis_deployment, redis_service
+from dllm_operator.spec import SpecError, parse_spec
+
+from tests.operator.crd_utils import EXAMPLE_PATH
+
+K8S_VERSION = "1.33.0"
+OWNER = {"name": "llada-8b", "uid": "0b8f2f4e-1111-2222-3333-444455556666"}
+
+
+def example(**changes):
+    spec = yaml.safe_load(EXAMPLE_PATH.read_text())["spec"]
+    for path, value in changes.items():
+        node = spec
+        *parents, leaf = path.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return parse_spec("llada-8b", "default", spec)
+
+
+def all_manifests(spec) -> list[dict]:
+    settings = OperatorSettings()
+    url = managed_redis_url(spec)
+    digest = spec.profile_hash(settings.engine_image)
+    return [
+        profiling_job(spec, OWNER, settings, digest),
+        profile_configmap(spec, OWNER, json.dumps({"token_budget": 100000}), digest),
+        engine_deployment(spec, OWNER, settings, url, 2, digest),
+        gateway_deployment(spec, OWNER, settings, url),
+        gateway_service(spec, OWNER),
+        redis_deployment(spec, OWNER, settings),
+        redis_service(spec, OWNER),
+    ]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {
+            "model__volumeClaim": "models",
+            "model__uri": "llada-8b-instruct",
+            "resources__nodeSelector": {"gpu": "h200"},
+            "resources__tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+            "gateway__apiKeySecretRef": {"name": "keys", "key": "api-keys"},
+        },
+        {"resources__gpus": 0, "model__dtype": "float32"},
+    ],
+)
+def test_every_child_manifest_passes_strict_validation(changes):
+    for manifest in all_manifests(example(**changes)):
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+def test_children_are_owned_non_root_and_read_only():
+    for manifest in all_manifests(example()):
+        assert manifest["metadata"]["ownerReferences"][0]["uid"] == OWNER["uid"]
+        pod = manifest.get("spec", {}).get("template", {}).get("spec")
+        if pod:
+            assert pod["securityContext"]["runAsNonRoot"]
+            for container in pod["containers"] + pod.get("initContainers", []):
+                assert container["securityContext"]["readOnlyRootFilesystem"]
+
+
+def test_engine_pods_take_the_budget_from_the_profile_configmap():
+    deployment = all_manifests(example())[2]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert "--profile" in container["command"] and container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert any(
+        v.get("configMap", {}).get("name") == "llada-8b-profile"
+        for v in deployment["spec"]["template"]["spec"]["volumes"]
+    )
+
+
+def test_profile_job_uses_the_termination_log_and_never_restarts():
+    job = all_manifests(example())[0]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert "--termination-log" in pod["containers"][0]["command"]
+
+
+def test_keda_scaled_object_counts_the_service_sorted_sets():
+    spec = example(redis__managed=False, redis__url="redis://redis.queue:6380/2", replicas__keda=True)
+    scaled = scaled_object(spec, OWNER, spec.redis_url)
+    triggers = scaled["spec"]["triggers"]
+    assert [t["metadata"]["listName"] for t in triggers] == [
+        "dllm:default-llada-8b:pending",
+        "dllm:default-llada-8b:inflight",
+    ]
+    assert (
+        triggers[0]["metadata"]["address"] == "redis.queue:6380"
+        and triggers[0]["metadata"]["databaseIndex"] == "2"
+    )
+    assert scaled["spec"]["maxReplicaCount"] == 4
+
+
+def test_memory_relevant_changes_change_the_profile_hash_and_others_do_not():
+    base = example().profile_hash("img")
+    assert example(model__dtype="float16").profile_hash("img") != base
+    assert example(resources__memory="80Gi").profile_hash("img") != base
+    assert example(decoding__threshold=0.5).profile_hash("img") == base
+    assert example(replicas__max=8).profile_hash("img") == base
+
+
+def test_operator_rechecks_what_cel_would_reject():
+    with pytest.raises(SpecError, match="replicas.min"):
+        example(replicas__min=9)
