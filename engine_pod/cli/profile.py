@@ -73,7 +73,12 @@ def run(args: argparse.Namespace) -> int:
         utilization=args.utilization,
         max_tokens=max_tokens,
     )
-    result = run_profile(config)
+    try:
+        result = run_profile(config)
+    except ValueError as exc:
+        if args.termination_log:  # the operator reads why from the pod status
+            Path(args.termination_log).write_text(json.dumps({"error": str(exc)})[: TERMINATION_LIMIT - 1])
+        raise
     Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
     if args.termination_log:
         message = json.dumps(compact(result), separators=(",", ":"))

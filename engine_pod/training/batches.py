@@ -70,6 +70,9 @@ def _noise(generated: list[int], rng: random.Random, block: int, answer_len: int
     return masked, noisy, end if kind == "block_cut" else len(generated)
 
 
+PADDING_WEIGHT = 0.2  # loss weight of the EOS padding after the answer's own EOS (easy, and most positions)
+
+
 def _sample(
     encoded: Encoded, rng: random.Random, block: int, eos: int, mask: int, kind: str
 ) -> tuple[list[int], list[int], list[float], int]:
@@ -79,7 +82,10 @@ def _sample(
     masked, in_loss, keep = _noise(generated, rng, block, len(encoded.answer), kind, t)
     generated = generated[:keep]
     inputs = encoded.prompt + [mask if m else tok for tok, m in zip(generated, masked)]
-    weights = [0.0] * len(encoded.prompt) + [1.0 / t if in_loss[i] else 0.0 for i in range(keep)]
+    answer_end = len(encoded.answer)  # positions from here on are padding
+    weights = [0.0] * len(encoded.prompt) + [
+        (1.0 if i < answer_end else PADDING_WEIGHT) / t if in_loss[i] else 0.0 for i in range(keep)
+    ]
     return inputs, encoded.prompt + generated, weights, keep
 
 

@@ -45,7 +45,7 @@ class TrainConfig:
     block_length: int = 32
     examples_per_step: int = 48
     token_budget: int = 4096  # tokens per optimiser micro-batch
-    lr: float = 1e-3
+    lr: float = 2e-3
     warmup: int = 300
     curriculum_fraction: float = 0.4  # answers grow from 8 tokens to 120 over this share of steps
     save_every: int = 250
@@ -124,6 +124,8 @@ class Trainer:
         self.model_config = llada_config(cfg, self.tokenizer)
         self.model = build_model(config_from_dict(self.model_config), torch.device("cpu"), torch.float32)
         _init_weights(self.model, cfg.seed)
+        with torch.no_grad():  # tied at the start, untied after: copying a prompt token is easy from step one
+            self.model.lm_head.weight.copy_(self.model.embed_tokens.weight)
         self.model.train()
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01

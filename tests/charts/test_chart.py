@@ -1,0 +1,98 @@
+"""The Helm chart: lints, renders, and every rendered manifest passes strict Kubernetes validation."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.operator.crd_utils import CRD_PATH, admit
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "dllm-operator"
+K8S_VERSION = "1.33.0"
+
+
+def helm_binary() -> str:
+    for candidate in (os.environ.get("DLLM_HELM"), str(ROOT / ".tools" / "helm"), shutil.which("helm")):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    pytest.fail("no helm binary: run .ci/get-helm.sh (it puts one in .tools/helm)")
+
+
+def helm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([helm_binary(), *args], capture_output=True, text=True)
+
+
+def render(*sets: str) -> list[dict]:
+    args = ["template", "dllm", str(CHART), "--namespace", "dllm-system", "--include-crds"]
+    for value in sets:
+        args += ["--set", value]
+    result = helm(*args)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def test_lint_strict_passes():
+    result = helm("lint", "--strict", str(CHART))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "sets", [(), ("example.enabled=true", "watchNamespace=serving", "serviceAccount.name=ops")]
+)
+def test_every_rendered_manifest_is_valid(sets):
+    documents = render(*sets)
+    kinds = {doc["kind"] for doc in documents}
+    assert {
+        "CustomResourceDefinition",
+        "Deployment",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ServiceAccount",
+    } <= kinds
+    for doc in documents:
+        if doc["kind"] == "DLLMService":
+            assert admit(doc["spec"]) == []
+        else:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_chart_ships_the_same_crd_as_the_repository():
+    assert (CHART / "crds" / CRD_PATH.name).read_text() == CRD_PATH.read_text()
+
+
+def test_operator_runs_non_root_with_a_read_only_root_filesystem():
+    deployment = next(d for d in render() if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] and container["securityContext"]["readOnlyRootFilesystem"]
+    assert (
+        container["command"][:3] == ["kopf", "run", "--standalone"]
+        and "dllm_operator" in container["command"]
+    )
+
+
+def test_rbac_is_least_privilege():
+    role = next(d for d in render() if d["kind"] == "ClusterRole")
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+    secrets = [r for r in role["rules"] if "secrets" in r["resources"]]
+    assert secrets and secrets[0]["verbs"] == ["get"]
+
+
+@pytest.mark.parametrize(
+    "bad", ["image.pullPolicy=Sometimes", "resyncSeconds=0", "supportedFamilies={gpt2}", "unknownKey=1"]
+)
+def test_values_schema_rejects_bad_values(bad):
+    result = helm("template", "dllm", str(CHART), "--set", bad)
+    assert result.returncode != 0
+    assert (
+        "values don't meet the specifications of the schema" in result.stderr
+        or "schema" in result.stderr.lower()
+    )
