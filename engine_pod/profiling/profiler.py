@@ -44,8 +44,8 @@ class ProfileConfig:
     dtype: str = "float32"
     block_length: int = 32
     steps: int = 4  # denoising steps per profiled block cycle (peak is reached by the first cached step)
-    memory_limit: int | None = None  # usable bytes; default: device memory x utilization
-    utilization: float = 0.9
+    memory_limit: int | None = None  # memory the engine may have; default: the device's total
+    utilization: float = 0.9  # share of it to plan for
     max_tokens: int = 16384  # largest batch (rows x width) on the grid
     seed: int = 0
 
@@ -122,7 +122,7 @@ def _measure_in_child(cfg: ProfileConfig, point: Point) -> int:
 def run_profile(cfg: ProfileConfig, progress: bool = True) -> dict:
     device = parse_device(cfg.device)
     total = total_memory(device)
-    usable = cfg.memory_limit if cfg.memory_limit is not None else int(total * cfg.utilization)
+    usable = int((cfg.memory_limit if cfg.memory_limit is not None else total) * cfg.utilization)
     loaded = load_model(cfg.model, cfg.device, cfg.dtype, seed=cfg.seed) if device.type == "cuda" else None
     weights = loaded.weights_bytes if loaded else _weights_bytes(cfg)
     if usable <= weights:

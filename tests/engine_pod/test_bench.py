@@ -1,0 +1,131 @@
+"""`dllm bench`: every policy in one run, the report's fields, output comparison, plots, workloads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine_pod.bench.policies import static_batch_size_for
+from engine_pod.bench.workloads import WorkloadError, load_workload, named_workloads
+from engine_pod.cli.main import main
+from tests.serving_utils import write_served_model
+
+FIELDS = {
+    "generated_tokens",
+    "wall_s",
+    "tokens_per_s",
+    "requests_per_s",
+    "latency_p50_s",
+    "latency_p99_s",
+    "padding_efficiency",
+    "num_forward_passes",
+    "peak_memory_bytes",
+}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_served_model(tmp_path_factory.mktemp("bench-model"))
+
+
+def test_bench_reports_every_policy_side_by_side(model, tmp_path):
+    out, plot = tmp_path / "b.json", tmp_path / "b.png"
+    argv = [
+        "bench",
+        "--model",
+        str(model),
+        "--dtype",
+        "float64",
+        "--workload",
+        "heterogeneous",
+        "--limit",
+        "16",
+        "--policy",
+        "sequential,static,blockserve,blockserve-projected",
+        "--token-budget",
+        "2048",
+        "--block-length",
+        "8",
+        "--steps-per-block",
+        "8",
+        "--json",
+        str(out),
+        "--plot",
+        str(plot),
+    ]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert set(report["policies"]) == {"sequential", "static", "blockserve", "blockserve-projected"}
+    for metrics in report["policies"].values():
+        assert set(metrics) >= FIELDS and metrics["requests"] == 16
+        assert 0 < metrics["padding_efficiency"] <= 1
+    assert report["policies"]["sequential"]["padding_efficiency"] == 1.0
+    assert report["policies"]["blockserve"]["speedup_vs_static"] > 0
+    assert report["policies"]["blockserve"]["max_cost_tokens"] <= 2048
+    assert report["static_max_box_tokens"] <= 2048  # equal memory: static's largest box fits the same budget
+    assert report["outputs_identical"] is True  # float64: batching cannot change any output
+    assert report["timelines"]["blockserve"] and plot.stat().st_size > 10_000
+
+
+def test_bench_takes_its_budget_from_a_profile(model, tmp_path):
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"token_budget": 1500}))
+    out = tmp_path / "b.json"
+    argv = [
+        "bench",
+        "--model",
+        str(model),
+        "--workload",
+        "synthetic:n=6,prompt=4-40,gen=8-16,seed=3",
+        "--policy",
+        "blockserve",
+        "--profile",
+        str(profile),
+        "--block-length",
+        "8",
+        "--json",
+        str(out),
+        "--no-isolate",
+    ]
+    assert main(argv) == 0
+    assert json.loads(out.read_text())["token_budget"] == 1500
+
+
+def test_named_and_synthetic_workloads():
+    assert {"heterogeneous", "homogeneous"} <= set(named_workloads())
+    heterogeneous = load_workload("heterogeneous")
+    prompts = [item.prompt_tokens for item in heterogeneous]
+    assert min(prompts) < 15 and max(prompts) > 200  # widely varying prompt lengths
+    answers = [len(item.answer.split()) for item in heterogeneous]
+    assert min(answers) == 1 and max(answers) > 96  # completions from one token to about four blocks
+    synthetic = load_workload("synthetic:n=5,prompt=10-20,gen=32,seed=1")
+    assert len(synthetic) == 5 and all(10 <= i.prompt_tokens <= 20 and i.max_tokens == 32 for i in synthetic)
+    assert load_workload("synthetic:n=5,seed=1") == load_workload("synthetic:n=5,seed=1")
+
+
+def test_jsonl_traces_and_bad_workloads(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        '{"prompt": "count from 1 to 3 .", "max_tokens": 32}\n{"prompt_tokens": 50, "max_tokens": 64}\n'
+    )
+    assert [i.max_tokens for i in load_workload(str(trace))] == [32, 64]
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "x"}\n')
+    with pytest.raises(WorkloadError, match="max_tokens"):
+        load_workload(str(tmp_path / "bad.jsonl"))
+    with pytest.raises(WorkloadError, match="unknown workload"):
+        load_workload("no-such-workload")
+    with pytest.raises(WorkloadError, match="unknown option"):
+        load_workload("synthetic:size=3")
+
+
+def test_static_batch_size_fits_the_budget():
+    assert static_batch_size_for([100, 100, 100, 100], 250) == 2
+    assert static_batch_size_for([100, 300, 100], 600) == 2
+    with pytest.raises(ValueError, match="widest request"):
+        static_batch_size_for([500], 100)
+
+
+def test_bench_rejects_unknown_policies(capsys):
+    assert main(["bench", "--policy", "fifo", "--json", "/dev/null"]) == 2
+    assert "unknown policies" in capsys.readouterr().err

@@ -1,0 +1,101 @@
+"""`dllm profile`: real block cycles over a grid, a linear fit that predicts held-out shapes, a budget
+that keeps BlockServe under the memory limit, and clear failures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine_pod.bench.benchmark import BenchConfig, run_benchmark
+from engine_pod.bench.execute import ModelSpec
+from engine_pod.cli.main import main
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.defaults import DEFAULT_MODEL
+from engine_pod.profiling.fit import MemoryFit
+
+MAX_TOKENS = 8192
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profile")
+    argv = [
+        "profile",
+        "--model",
+        DEFAULT_MODEL,
+        "--memory-limit",
+        "4G",
+        "--max-tokens",
+        str(MAX_TOKENS),
+        "--json",
+        str(out / "p.json"),
+        "--termination-log",
+        str(out / "term"),
+    ]
+    assert main(argv) == 0
+    return json.loads((out / "p.json").read_text()), (out / "term").read_text()
+
+
+def test_profile_measures_a_grid_and_fits_it(profile):
+    result, _ = profile
+    fitted = [p for p in result["points"] if not p["held_out"]]
+    assert len(fitted) >= 5 and len({(p["rows"], p["width"]) for p in fitted}) == len(fitted)
+    assert max(p["tokens"] for p in fitted) <= MAX_TOKENS
+    assert result["fit"]["bytes_per_token"] > 0 and result["fit"]["r_squared"] > 0.9
+    assert result["weights_bytes"] > 0 and result["token_budget"] > 0
+    usable = result["usable_memory_bytes"]
+    assert usable == int(4 * 2**30 * 0.9)
+
+
+def test_fit_predicts_held_out_shapes_within_ten_percent(profile):
+    result, _ = profile
+    assert result["held_out"], "the profile must measure shapes it did not fit"
+    for point in result["held_out"]:
+        assert point["relative_error"] <= 0.10, point
+
+
+def test_termination_message_is_compact_json(profile):
+    result, message = profile
+    assert len(message) < 4096
+    compact = json.loads(message)
+    assert compact["token_budget"] == result["token_budget"]
+
+
+def test_blockserve_at_the_profiled_budget_stays_under_the_limit(profile):
+    result, _ = profile
+    fit = result["fit"]
+    model_fit = MemoryFit(result["weights_bytes"], fit["intercept_bytes"], fit["bytes_per_token"], 1.0, 0.0)
+    limit = int(model_fit.predict(3000) / 0.9)  # a memory limit whose 90% holds about 3000 batch tokens
+    budget = model_fit.budget(limit * 0.9)
+    config = BenchConfig(
+        model=ModelSpec(DEFAULT_MODEL, "cpu", "float32"),
+        workload="heterogeneous",
+        policies=("blockserve",),
+        decoding=DecodingConfig(),
+        token_budget=budget,
+        limit=48,
+        record_margins=False,
+    )
+    report = run_benchmark(config)
+    blockserve = report["policies"]["blockserve"]
+    assert blockserve["max_cost_tokens"] > budget // 2, "the workload should fill the budget"
+    assert blockserve["max_cost_tokens"] <= budget
+    assert blockserve["peak_memory_bytes"] < limit
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--memory-limit", "1M"], "not more than the model's weights"),
+        (["--memory-limit", "300M", "--max-tokens", "1024"], "cannot run one block"),
+        (["--device", "cuda:3"], "CUDA is not available"),
+        (["--max-tokens", "10"], "--max-tokens must be at least"),
+        (["--utilization", "1.5"], "--utilization"),
+    ],
+)
+def test_bad_input_fails_with_one_line(capsys, tmp_path, extra, message):
+    argv = ["profile", "--model", DEFAULT_MODEL, "--json", str(tmp_path / "p.json"), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
