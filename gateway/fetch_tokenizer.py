@@ -19,6 +19,10 @@ PATTERNS = [
 def fetch(source: str, dest: str) -> Path:
     target = Path(dest)
     target.mkdir(parents=True, exist_ok=True)
+    if source.startswith("builtin:"):
+        from engine_pod.defaults import ASSETS_DIR  # torch-free: only paths
+
+        source = str(ASSETS_DIR / source.split(":", 1)[1])
     local = Path(source)
     if local.is_dir():
         for name in PATTERNS:

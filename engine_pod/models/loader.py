@@ -67,6 +67,17 @@ def parse_device(name: str) -> torch.device:
     return device
 
 
+def builtin_model_dir(name: str) -> Path:
+    """A model shipped inside the package (same name in every image, whatever its site-packages path)."""
+    from engine_pod.defaults import ASSETS_DIR
+
+    path = ASSETS_DIR / name
+    if not (path / "config.json").is_file():
+        shipped = sorted(p.name for p in ASSETS_DIR.iterdir() if (p / "config.json").is_file())
+        raise ModelLoadError(f"no built-in model {name!r}; shipped: {shipped}")
+    return path
+
+
 def _looks_like_repo_id(spec: str) -> bool:
     parts = spec.split("/")
     return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
@@ -87,7 +98,9 @@ def _download(repo_id: str) -> Path:
 
 
 def resolve_model_dir(spec: str) -> Path:
-    """A local checkpoint directory for ``spec`` (a path or a Hugging Face repo id)."""
+    """A local checkpoint directory for ``spec``: a path, ``builtin:NAME``, or a Hugging Face repo id."""
+    if spec.startswith("builtin:"):
+        spec = str(builtin_model_dir(spec.split(":", 1)[1]))
     path = Path(spec).expanduser()
     if path.exists():
         if not path.is_dir():

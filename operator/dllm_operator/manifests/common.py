@@ -73,8 +73,15 @@ def pod_security() -> dict[str, Any]:
 
 def model_args(spec: ServiceSpec) -> list[str]:
     """Where a container finds the model: a path on the model volume, or a Hugging Face repo id."""
-    uri = f"/models/{spec.model_uri.lstrip('/')}" if spec.volume_claim else spec.model_uri
+    uri = model_location(spec)
     return ["--model", uri, "--dtype", spec.dtype, "--device", "cuda" if spec.gpus else "cpu"]
+
+
+def model_location(spec: ServiceSpec) -> str:
+    """The model argument containers get: a path on the model volume, builtin:NAME, or a repo id."""
+    if spec.volume_claim and not spec.model_uri.startswith("builtin:"):
+        return f"/models/{spec.model_uri.lstrip('/')}"
+    return spec.model_uri
 
 
 def volumes(spec: ServiceSpec) -> tuple[list[dict], list[dict]]:

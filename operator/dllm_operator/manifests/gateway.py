@@ -42,7 +42,7 @@ def _tokenizer_init(
     spec: ServiceSpec, image: str, settings: OperatorSettings, mounts: list[dict]
 ) -> dict[str, Any]:
     """Fetch only the tokenizer files into /cache/model (the gateway never loads weights)."""
-    source = f"/models/{spec.model_uri.lstrip('/')}" if spec.volume_claim else spec.model_uri
+    source = common.model_location(spec)
     return {
         "name": "fetch-tokenizer",
         "image": image,
