@@ -62,9 +62,12 @@ def run_benchmark(cfg: BenchConfig) -> dict:
 def _report(cfg: BenchConfig, runs: dict[str, PolicyRun], requests, widths, batch: int, eos_ids) -> dict:
     policies = {name: policy_metrics(run, eos_ids) for name, run in runs.items()}
     static = policies.get("static")
+    engine = policies.get("blockserve")
     for name, metrics in policies.items():
         if name.startswith("blockserve") and static and static["tokens_per_s"]:
             metrics["speedup_vs_static"] = round(metrics["tokens_per_s"] / static["tokens_per_s"], 3)
+        if name == "gateway" and engine and engine["tokens_per_s"]:
+            metrics["throughput_vs_engine"] = round(metrics["tokens_per_s"] / engine["tokens_per_s"], 3)
     comparison = compare_outputs(runs, requests, cfg.decoding.block_length)
     return {
         "model": cfg.model.model,

@@ -74,6 +74,10 @@ def run_policy(
     record_margins: bool = True,
     progress: bool = True,
 ) -> PolicyRun:
+    if spec.through_gateway:
+        from engine_pod.bench.through_gateway import run_through_gateway
+
+        return run_through_gateway(loaded, decoding, spec, requests)
     eos = loaded.config.eos_token_ids
     scheduler = build_scheduler(spec, decoding.block_length, eos, decoding.ignore_eos, decoding.canvas)
     engine = Engine(BlockCycleRunner(loaded, decoding, record_margins=record_margins), scheduler)

@@ -8,7 +8,7 @@ from engine_pod.scheduler.base import Scheduler
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
 
-POLICIES = ("sequential", "static", "blockserve", "blockserve-preempt", "blockserve-projected")
+POLICIES = ("sequential", "static", "blockserve", "blockserve-preempt", "blockserve-projected", "gateway")
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,11 @@ class PolicySpec:
     @property
     def effective_admission(self) -> str:
         return self.name.split("-", 1)[1] if "-" in self.name else self.admission
+
+    @property
+    def through_gateway(self) -> bool:
+        """BlockServe behind the whole serving path: HTTP, gateway, Redis queue, worker."""
+        return self.name == "gateway"
 
 
 def build_scheduler(spec: PolicySpec, block_length: int, eos_ids, ignore_eos: bool, canvas: str) -> Scheduler:

@@ -144,19 +144,24 @@ class Worker:
                 self._publish_done(request, "cancelled")
 
     def _claim(self) -> None:
-        held = self._held()
-        free = self.config.max_rows - len(held)
-        box = max((self.scheduler.row_width(r) for r in held), default=0)
-        count = min(free, self.config.claim_batch)
+        """Sand filling: as many rows as fit, each as wide as the budget allows for that many.
+
+        Claiming n more rows caps every width at budget // (held + n); when fewer than n fit under that
+        cap, try half as many, each allowed to be twice as wide, down to one.
+        """
+        L = self.decoding.block_length
+        count = self._claim_count()
         while count >= 1:
+            held = self._held()
+            box = max((self.scheduler.row_width(r) for r in held), default=0)
             cap = self.config.token_budget // (len(held) + count)
-            if cap >= max(box, self.decoding.block_length + 1):
-                break
-            count //= 2
-        if count < 1:
-            return
-        for claimed in self.queue.claim(self.worker_id, cap - self.decoding.block_length, count):
-            self._admit(claimed)
+            claimed = self.queue.claim(self.worker_id, cap - L, count) if cap >= max(box, L + 1) else []
+            for item in claimed:
+                self._admit(item)
+            count = self._claim_count() if claimed and len(claimed) == count else count // 2
+
+    def _claim_count(self) -> int:
+        return min(self.config.max_rows - len(self._held()), self.config.claim_batch)
 
     def _admit(self, claimed: Claimed) -> None:
         payload = claimed.request

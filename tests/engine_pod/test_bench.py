@@ -129,3 +129,35 @@ def test_static_batch_size_fits_the_budget():
 def test_bench_rejects_unknown_policies(capsys):
     assert main(["bench", "--policy", "fifo", "--json", "/dev/null"]) == 2
     assert "unknown policies" in capsys.readouterr().err
+
+
+def test_gateway_policy_runs_the_same_workload_through_the_serving_path(model, tmp_path):
+    out = tmp_path / "g.json"
+    argv = [
+        "bench",
+        "--model",
+        str(model),
+        "--dtype",
+        "float64",
+        "--workload",
+        "heterogeneous",
+        "--limit",
+        "10",
+        "--policy",
+        "blockserve,gateway",
+        "--token-budget",
+        "2048",
+        "--block-length",
+        "8",
+        "--steps-per-block",
+        "8",
+        "--json",
+        str(out),
+    ]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert (
+        report["policies"]["gateway"]["requests"] == 10
+        and report["policies"]["gateway"]["throughput_vs_engine"] > 0
+    )
+    assert report["outputs_identical"] is True  # the same tokens through HTTP, Redis and the worker

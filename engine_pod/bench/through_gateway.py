@@ -1,0 +1,97 @@
+"""The ``gateway`` benchmark policy: the same workload through the whole serving path.
+
+A private redis-server, the gateway (its own process) and one BlockServe worker (a thread here)
+serve every request over HTTP at once; tokens come back from the queue's stored results, so the
+output comparison with the engine-alone policies is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import redis
+
+from engine_pod.bench.execute import PolicyRun, PreparedRequest, RequestOutcome, _peak_memory
+from engine_pod.bench.policies import PolicySpec
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.models.loader import LoadedModel
+from engine_pod.queue.keys import ServiceKeys
+from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.serve.gateway_process import GatewayProcess
+from engine_pod.serve.redis_server import RedisServer, free_port
+from engine_pod.worker.worker import Worker, WorkerConfig
+
+SERVICE = "bench"
+
+
+def _gateway_env(loaded: LoadedModel, redis_url: str, decoding: DecodingConfig, requests) -> dict[str, str]:
+    longest_prompt = max(len(r.prompt_ids) for r in requests)
+    longest_budget = max(r.max_tokens for r in requests)
+    return {
+        "DLLM_REDIS_URL": redis_url,
+        "DLLM_SERVICE": SERVICE,
+        "DLLM_MODEL_DIR": loaded.source,
+        "DLLM_MODEL_NAME": "bench",
+        "DLLM_MAX_QUEUED": str(len(requests) + 1),
+        "DLLM_MAX_PROMPT_TOKENS": str(longest_prompt),
+        "DLLM_MAX_TOKENS": str(longest_budget),
+        "DLLM_DEFAULT_MAX_TOKENS": str(min(128, longest_budget)),
+        "DLLM_BLOCK_LENGTH": str(decoding.block_length),
+        "DLLM_STEPS_PER_BLOCK": str(decoding.steps_per_block),
+        "DLLM_THRESHOLD": str(decoding.threshold),
+    }
+
+
+async def _submit_all(url: str, requests: list[PreparedRequest]) -> tuple[dict[str, str], dict[str, float]]:
+    """Post every request at once; map our ids to the queue's and record each latency."""
+    started = time.perf_counter()
+    ids, latencies = {}, {}
+    limits = httpx.Limits(max_connections=len(requests) + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as client:
+
+        async def one(item: PreparedRequest) -> None:
+            body = {"model": "bench", "prompt": item.prompt_ids, "max_tokens": item.max_tokens}
+            response = await client.post("/v1/completions", json=body)
+            response.raise_for_status()
+            ids[item.request_id] = response.json()["id"]
+            latencies[item.request_id] = time.perf_counter() - started
+
+        await asyncio.gather(*(one(item) for item in requests))
+    return ids, latencies
+
+
+def run_through_gateway(
+    loaded: LoadedModel, decoding: DecodingConfig, spec: PolicySpec, requests: list[PreparedRequest]
+) -> PolicyRun:
+    if loaded.tokenizer is None:
+        raise ValueError("the gateway policy needs a model with a tokenizer")
+    with RedisServer() as server:
+        config = WorkerConfig(
+            server.url, SERVICE, spec.token_budget, max_rows=spec.max_rows, admission="preempt"
+        )
+        worker = Worker(BlockCycleRunner(loaded, decoding), config)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        gateway = GatewayProcess(
+            "127.0.0.1", free_port(), _gateway_env(loaded, server.url, decoding, requests)
+        ).start()
+        try:
+            thread.start()
+            started = time.perf_counter()
+            ids, latencies = asyncio.run(_submit_all(gateway.url, requests))
+            wall = time.perf_counter() - started
+        finally:
+            worker.drain()
+            thread.join(timeout=60)
+            gateway.stop()
+        client, keys = redis.Redis.from_url(server.url), ServiceKeys(SERVICE)
+        outcomes = {}
+        for item in requests:
+            done = json.loads(client.hget(keys.request(ids[item.request_id]), "result"))
+            outcomes[item.request_id] = RequestOutcome(
+                done["token_ids"], done["finish_reason"], latencies[item.request_id]
+            )
+    return PolicyRun(spec.name, wall, _peak_memory(loaded.device), outcomes, worker.engine.records)
