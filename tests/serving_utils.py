@@ -23,14 +23,14 @@ def write_served_model(directory: Path, seed: int = 0) -> Path:
     """A small random LLaDA checkpoint with the project's tokenizer and chat template."""
     from engine_pod.training.tokenizer_build import build_tokenizer, save_tokenizer
 
-    tokenizer = build_tokenizer(1280)
+    tokenizer = build_tokenizer(320)
     raw = llada_config(
         d_model=32,
         n_layers=1,
         n_heads=2,
         n_kv_heads=2,
         mlp=64,
-        vocab=1280,
+        vocab=320,
         mask=tokenizer.mask_token_id,
         eos=tokenizer.eos_token_id,
     )

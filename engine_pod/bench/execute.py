@@ -5,8 +5,6 @@ A child per policy gives each its own peak resident memory (CPU) and a clean all
 
 from __future__ import annotations
 
-import multiprocessing
-import queue as queue_module
 import resource
 import time
 from dataclasses import dataclass, field
@@ -17,6 +15,7 @@ from tqdm import tqdm
 from engine_pod.bench.policies import PolicySpec, build_scheduler
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import CycleRecord, Engine
+from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.models.loader import LoadedModel, load_model
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.scheduler.cycle_row import CycleRow
@@ -110,10 +109,10 @@ def run_policy(
     return PolicyRun(spec.name, wall, _peak_memory(loaded.device), outcomes, engine.records)
 
 
-def _child(model: ModelSpec, decoding, spec, requests, record_margins, seed, queue) -> None:
+def _run_in_this_process(model: ModelSpec, decoding, spec, requests, record_margins, seed) -> PolicyRun:
     torch.manual_seed(seed)
     loaded = load_model(model.model, model.device, model.dtype, seed=seed)
-    queue.put(run_policy(loaded, decoding, spec, requests, record_margins))
+    return run_policy(loaded, decoding, spec, requests, record_margins)
 
 
 def run_policy_isolated(
@@ -125,20 +124,7 @@ def run_policy_isolated(
     seed: int = 0,
 ) -> PolicyRun:
     """``run_policy`` in a fresh process: its peak memory is this policy's alone."""
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    process = context.Process(
-        target=_child, args=(model, decoding, spec, requests, record_margins, seed, queue)
-    )
-    process.start()
-    while True:
-        try:
-            result = queue.get(timeout=1.0)
-            break
-        except queue_module.Empty:
-            if not process.is_alive():
-                raise RuntimeError(
-                    f"benchmark child for policy {spec.name} died (exit status {process.exitcode})"
-                ) from None
-    process.join()
-    return result
+    try:
+        return run_in_child(_run_in_this_process, model, decoding, spec, requests, record_margins, seed)
+    except ChildDied as exc:
+        raise RuntimeError(f"benchmark child for policy {spec.name} died ({exc})") from None

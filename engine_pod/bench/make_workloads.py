@@ -37,7 +37,7 @@ def homogeneous(n: int = 64) -> list[Example]:
     rng = random.Random(5)
     examples = []
     for _ in range(n):
-        start = rng.randint(0, 900)
+        start = rng.randint(0, 29)
         values = list(range(start, start + 70))
         examples.append(
             Example("count", f"count from {values[0]} to {values[-1]} .", " ".join(map(str, values)))
@@ -46,7 +46,7 @@ def homogeneous(n: int = 64) -> list[Example]:
 
 
 def write_all() -> None:
-    tokenizer = build_tokenizer(1280)
+    tokenizer = build_tokenizer(320)
     WORKLOAD_DIR.mkdir(exist_ok=True)
     for name, examples in (("heterogeneous", heterogeneous()), ("homogeneous", homogeneous())):
         lines = [_line(tokenizer, i, e, 128) for i, e in enumerate(examples)]

@@ -8,8 +8,6 @@ each run in a child process so that its peak resident memory is that point's alo
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import queue as queue_module
 import random
 from dataclasses import asdict, dataclass
 
@@ -17,6 +15,7 @@ import torch
 from tqdm import tqdm
 
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.models.loader import (
     LoadedModel,
     build_model,
@@ -94,29 +93,19 @@ def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> int:
     return peak_bytes(loaded.device)
 
 
-def _child(cfg: ProfileConfig, point: Point, results) -> None:
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+def _measure_fresh(cfg: ProfileConfig, point: Point) -> int:
     loaded = load_model(cfg.model, cfg.device, cfg.dtype, seed=cfg.seed)
-    results.put(measure_point(loaded, point, cfg))
+    return measure_point(loaded, point, cfg)
 
 
 def _measure_in_child(cfg: ProfileConfig, point: Point) -> int:
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    process = context.Process(target=_child, args=(cfg, point, results))
-    process.start()
-    while True:
-        try:
-            value = results.get(timeout=1.0)
-            break
-        except queue_module.Empty:
-            if not process.is_alive():
-                raise ProfileError(
-                    f"profiling {point.rows}x{point.width} tokens failed (exit status {process.exitcode}); "
-                    "the grid does not fit this device: lower --max-tokens"
-                ) from None
-    process.join()
-    return value
+    try:
+        return run_in_child(_measure_fresh, cfg, point)
+    except ChildDied as exc:
+        raise ProfileError(
+            f"profiling {point.rows}x{point.width} tokens failed ({exc}); the grid does not fit this device: "
+            "lower --max-tokens"
+        ) from None
 
 
 def run_profile(cfg: ProfileConfig, progress: bool = True) -> dict:

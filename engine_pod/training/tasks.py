@@ -12,9 +12,10 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from engine_pod.training.vocabulary import ANIMALS, COLORS, FRUITS, LETTERS, NAMES
+from engine_pod.training.vocabulary import ANIMALS, COLORS, FRUITS, LETTERS, NAMES, NUMBER_RANGE
 
 ITEMS = FRUITS + COLORS + ANIMALS
+TOP = NUMBER_RANGE
 HELD_OUT_BUCKETS = 10  # one prompt in ten belongs to the evaluation split
 
 
@@ -27,17 +28,16 @@ class Example:
 
 def _count_up(rng: random.Random, max_answer: int) -> Example:
     step = rng.choice([1, 1, 1, 2, 3, 5, 10])
-    length = rng.randint(1, max(1, max_answer))
-    start = rng.randint(0, 999 - step * (length - 1)) if step * (length - 1) < 999 else 0
-    length = min(length, (999 - start) // step + 1)
+    length = rng.randint(1, max(1, min(max_answer, (TOP - 1) // step + 1)))
+    start = rng.randint(0, TOP - 1 - step * (length - 1))
     values = [start + step * i for i in range(length)]
     by = "" if step == 1 else f" by {step}"
     return Example("count", f"count from {values[0]} to {values[-1]}{by} .", " ".join(map(str, values)))
 
 
 def _count_down(rng: random.Random, max_answer: int) -> Example:
-    length = rng.randint(1, max(1, max_answer))
-    start = rng.randint(length - 1, 999)
+    length = rng.randint(1, max(1, min(max_answer, TOP)))
+    start = rng.randint(length - 1, TOP - 1)
     values = [start - i for i in range(length)]
     return Example("countdown", f"count down from {values[0]} to {values[-1]} .", " ".join(map(str, values)))
 
@@ -52,7 +52,7 @@ def _letters(rng: random.Random, max_answer: int) -> Example:
 
 def _lookup(rng: random.Random, max_answer: int) -> Example:
     names = rng.sample(NAMES, rng.randint(2, min(len(NAMES), 70)))
-    values = [rng.randrange(1000) for _ in names]
+    values = [rng.randrange(TOP) for _ in names]
     records = " , ".join(f"{n} is {v}" for n, v in zip(names, values))
     target = rng.randrange(len(names))
     return Example(
@@ -72,7 +72,7 @@ def _last_word(rng: random.Random, max_answer: int) -> Example:
 
 
 def _largest(rng: random.Random, max_answer: int) -> Example:
-    values = rng.sample(range(1000), rng.randint(2, 30))
+    values = rng.sample(range(TOP), rng.randint(2, 30))
     return Example("largest", f"largest number in list : {' '.join(map(str, values))} ?", str(max(values)))
 
 

@@ -28,6 +28,7 @@ from engine_pod.training.batches import TrainingBatch, encode, make_batches
 from engine_pod.training.plots import plot_loss
 from engine_pod.training.tasks import generate_examples
 from engine_pod.training.tokenizer_build import build_tokenizer, save_tokenizer
+from engine_pod.training.vocabulary import LETTERS, NUMBERS
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class TrainConfig:
     n_layers: int = 4
     n_heads: int = 8
     mlp_hidden: int = 768
-    vocab_size: int = 1280
+    vocab_size: int = 320
     block_length: int = 32
     examples_per_step: int = 48
     token_budget: int = 4096  # tokens per optimiser micro-batch
@@ -95,6 +96,28 @@ def _init_weights(model: DiffusionTransformer, seed: int) -> None:
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
 
 
+def _value_code(values: torch.Tensor, dims: int, period: float) -> torch.Tensor:
+    """Sinusoids of several periods: a value's neighbours are near it, and +1 is a fixed rotation."""
+    pairs = dims // 2
+    periods = period * torch.logspace(0, -1.5, pairs, base=10)
+    angles = 2 * torch.pi * values[:, None] / periods[None, :]
+    return torch.cat([angles.sin(), angles.cos()], dim=1) * 0.02
+
+
+def ordered_embeddings(model: DiffusionTransformer, tokenizer) -> None:
+    """Initialise number and letter embeddings from their value (an initialisation, not an extra input).
+
+    The successor of a token is then a rotation, which a small model finds quickly; the rest of each
+    embedding stays random so that tokens remain distinguishable.
+    """
+    dims = model.config.hidden_size // 4
+    with torch.no_grad():
+        for group, period in ((NUMBERS, 2.0 * len(NUMBERS)), (LETTERS, 2.0 * len(LETTERS))):
+            ids = torch.tensor(tokenizer.convert_tokens_to_ids(group))
+            code = _value_code(torch.arange(len(group), dtype=torch.float32), dims, period)
+            model.embed_tokens.weight[ids, :dims] = code
+
+
 def loss_of(model: DiffusionTransformer, batch: TrainingBatch) -> torch.Tensor:
     rows, cols = (batch.loss_weight > 0).nonzero(as_tuple=True)
     selected = model.forward_full(batch.input_ids, batch.position_ids, batch.key_mask, None, (rows, cols))
@@ -124,6 +147,7 @@ class Trainer:
         self.model_config = llada_config(cfg, self.tokenizer)
         self.model = build_model(config_from_dict(self.model_config), torch.device("cpu"), torch.float32)
         _init_weights(self.model, cfg.seed)
+        ordered_embeddings(self.model, self.tokenizer)
         with torch.no_grad():  # tied at the start, untied after: copying a prompt token is easy from step one
             self.model.lm_head.weight.copy_(self.model.embed_tokens.weight)
         self.model.train()

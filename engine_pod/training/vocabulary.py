@@ -143,7 +143,8 @@ TASK_WORDS = [
     "and",
 ]
 PUNCTUATION = list(",.:?;=()")
-NUMBERS = [str(n) for n in range(1000)]
+NUMBER_RANGE = 100  # task numbers are 0..99, one token each
+NUMBERS = [str(n) for n in range(NUMBER_RANGE)]
 LETTERS = [chr(c) for c in range(ord("a"), ord("z") + 1)]
 
 

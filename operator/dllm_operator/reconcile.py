@@ -191,30 +191,7 @@ class Reconciler:
         return base64.b64decode(value).decode() if value else None
 
     def _with_readiness(self, spec, status: dict, conditions: list, generation: int, events: list) -> Outcome:
-        engine = (
-            self.client.get(
-                object_path(
-                    {
-                        "apiVersion": "apps/v1",
-                        "kind": "Deployment",
-                        "metadata": {"namespace": spec.namespace, "name": common.name_of(spec, "engine")},
-                    }
-                )
-            )
-            or {}
-        )
-        gateway = (
-            self.client.get(
-                object_path(
-                    {
-                        "apiVersion": "apps/v1",
-                        "kind": "Deployment",
-                        "metadata": {"namespace": spec.namespace, "name": common.name_of(spec, "gateway")},
-                    }
-                )
-            )
-            or {}
-        )
+        engine, gateway = self._deployment(spec, "engine"), self._deployment(spec, "gateway")
         engine_ready = int((engine.get("status") or {}).get("readyReplicas") or 0)
         gateway_ready = int((gateway.get("status") or {}).get("readyReplicas") or 0)
         ready = engine_ready >= 1 and gateway_ready >= 1
@@ -234,6 +211,10 @@ class Reconciler:
             "conditions": self._not_degraded(conditions, generation),
         }
         return Outcome(status, events)
+
+    def _deployment(self, spec: ServiceSpec, component: str) -> dict[str, Any]:
+        path = f"{collection_path('apps/v1', 'Deployment', spec.namespace)}/{common.name_of(spec, component)}"
+        return self.client.get(path) or {}
 
     @staticmethod
     def _not_degraded(conditions: list, generation: int) -> list:

@@ -98,7 +98,7 @@ def test_named_and_synthetic_workloads():
     prompts = [item.prompt_tokens for item in heterogeneous]
     assert min(prompts) < 15 and max(prompts) > 200  # widely varying prompt lengths
     answers = [len(item.answer.split()) for item in heterogeneous]
-    assert min(answers) == 1 and max(answers) > 96  # completions from one token to about four blocks
+    assert min(answers) == 1 and max(answers) > 90  # completions from one token to about three blocks
     synthetic = load_workload("synthetic:n=5,prompt=10-20,gen=32,seed=1")
     assert len(synthetic) == 5 and all(10 <= i.prompt_tokens <= 20 and i.max_tokens == 32 for i in synthetic)
     assert load_workload("synthetic:n=5,seed=1") == load_workload("synthetic:n=5,seed=1")

@@ -64,7 +64,7 @@ def test_tasks_have_exact_answers_varied_lengths_and_a_disjoint_eval_split():
     assert not any(is_held_out(e) for e in train)
     held = eval_set(70)
     assert all(is_held_out(e) for e in held) and Counter(e.task for e in held) == {t: 10 for t in TASKS}
-    tokenizer = build_tokenizer(1280)
+    tokenizer = build_tokenizer(320)
     answers = [len(tokenizer(e.answer)["input_ids"]) for e in train]
     prompts = [len(encode(tokenizer, e).prompt) for e in train]
     assert min(answers) == 1 and max(answers) >= 100
@@ -76,7 +76,7 @@ def test_tasks_have_exact_answers_varied_lengths_and_a_disjoint_eval_split():
 
 @pytest.mark.parametrize("kind", SAMPLE_KINDS)
 def test_prompt_is_never_masked_and_loss_only_on_masked_positions(kind):
-    tokenizer = build_tokenizer(1280)
+    tokenizer = build_tokenizer(320)
     encoded = encode(tokenizer, Example("count", "count from 3 to 40 .", " ".join(map(str, range(3, 41)))))
     for seed in range(20):
         inputs, targets, weights, kept = _sample(

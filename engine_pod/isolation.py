@@ -1,0 +1,37 @@
+"""Run a function in a fresh (spawned) process and get its result: peak memory of its own."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue as queue_module
+from collections.abc import Callable
+from typing import Any
+
+
+class ChildDied(RuntimeError):
+    """The child process exited without a result (an exception, or killed for memory)."""
+
+    def __init__(self, exitcode: int | None) -> None:
+        super().__init__(f"exit status {exitcode}")
+        self.exitcode = exitcode
+
+
+def _call(function: Callable[..., Any], args: tuple, results) -> None:
+    results.put(function(*args))
+
+
+def run_in_child(function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` in a spawned process; ChildDied if it ends without returning."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    process = context.Process(target=_call, args=(function, args, results))
+    process.start()
+    while True:
+        try:
+            value = results.get(timeout=1.0)
+            break
+        except queue_module.Empty:
+            if not process.is_alive():
+                raise ChildDied(process.exitcode) from None
+    process.join()
+    return value
