@@ -12,7 +12,7 @@ dllm profile --model random:llada-8b --device cuda --dtype bfloat16 --utilizatio
   --json "$out/profile.json"
 dllm bench --model random:llada-8b --device cuda --dtype bfloat16 --profile "$out/profile.json" \
   --workload "synthetic:n=256,prompt=32-1024,gen=32-512,seed=0" --policy static,blockserve \
-  --no-isolate --json "$out/bench.json" --plot "$out/bench.png"
+  --no-isolate --no-margins --json "$out/bench.json" --plot "$out/bench.png"
 python - "$out/bench.json" <<'PY'
 import json, sys
 report = json.load(open(sys.argv[1]))

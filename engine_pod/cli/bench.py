@@ -49,6 +49,11 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--limit", type=int, help="use only the first N requests")
     parser.add_argument("--no-isolate", action="store_true", help="run every policy in this process")
+    parser.add_argument(
+        "--no-margins",
+        action="store_true",
+        help="skip recording top-2 gaps (used to explain diverging outputs)",
+    )
     parser.add_argument("--json", dest="json_out", required=True, help="write the report here")
     parser.add_argument("--plot", help="write throughput, latency CDF and timeline plots to this PNG")
     add_decoding_args(parser, canvas_default="block")
@@ -73,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         max_rows=args.max_rows,
         limit=args.limit,
         isolate=not args.no_isolate,
+        record_margins=not args.no_margins,
     )
     report = run_benchmark(config)
     Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")

@@ -1,0 +1,77 @@
+"""The engine worker: probes and Prometheus metrics, per-request thresholds, long prompts, draining."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import redis
+
+from engine_pod.queue.messages import DoneEvent, QueuedRequest, decode_event
+from engine_pod.queue.ops import QueueOps
+from engine_pod.queue.sync_client import SyncQueue
+from engine_pod.serve.redis_server import free_port
+from engine_pod.worker.http import serve_probes
+from tests.serving_utils import wait_for
+
+
+def _enqueue(
+    url: str, service: str, request_id: str, prompt_len: int, max_tokens: int = 16, threshold=None
+) -> SyncQueue:
+    queue = SyncQueue(redis.Redis.from_url(url), QueueOps(service))
+    request = QueuedRequest(request_id, [7] * prompt_len, max_tokens, time.time(), threshold=threshold)
+    assert queue.run(queue.ops.enqueue(request, 0))
+    return queue
+
+
+def _done(queue: SyncQueue, request_id: str) -> DoneEvent | None:
+    events = [decode_event(e) for e in queue.redis.lrange(queue.ops.keys.events(request_id), 0, -1)]
+    return next((e for e in events if isinstance(e, DoneEvent)), None)
+
+
+def test_probes_and_metrics(redis_server, service, make_worker):
+    worker_thread = make_worker(redis_server.url, service)
+    port = free_port()
+    server = serve_probes(
+        "127.0.0.1", port, worker_thread.worker.metrics.registry, worker_thread.worker.ready
+    )
+    try:
+        with worker_thread as worker:
+            queue = _enqueue(redis_server.url, service, "r-1", 5)
+            wait_for(lambda: _done(queue, "r-1"), 60, what="the request to finish")
+            base = f"http://127.0.0.1:{port}"
+            assert httpx.get(f"{base}/healthz").status_code == 200
+            assert httpx.get(f"{base}/readyz").status_code == 200
+            metrics = httpx.get(f"{base}/metrics").text
+            for name in (
+                "dllm_generated_tokens_total",
+                "dllm_queue_depth",
+                "dllm_active_rows",
+                "dllm_box_width",
+                "dllm_padding_efficiency",
+                "dllm_block_cycle_seconds_bucket",
+                "dllm_token_budget",
+            ):
+                assert name in metrics, name
+            worker.drain()
+            assert httpx.get(f"{base}/readyz").status_code == 503
+    finally:
+        server.shutdown()
+
+
+def test_long_prompts_are_claimed_under_a_small_budget(redis_server, service, make_worker):
+    """Claiming many rows caps each width; the worker must still take the long prompts, fewer at a time."""
+    with make_worker(redis_server.url, service, token_budget=600):
+        queue = _enqueue(redis_server.url, service, "long", 400, max_tokens=16)
+        for index in range(10):
+            _enqueue(redis_server.url, service, f"short-{index}", 5, max_tokens=16)
+        ids = ["long"] + [f"short-{i}" for i in range(10)]
+        wait_for(lambda: all(_done(queue, i) for i in ids), 120, what="every request")
+    assert _done(queue, "long").finish_reason in ("stop", "length")
+
+
+def test_a_request_that_can_never_fit_fails_clearly(redis_server, service, make_worker):
+    with make_worker(redis_server.url, service, token_budget=200):
+        queue = _enqueue(redis_server.url, service, "huge", 150, max_tokens=64)
+        done = wait_for(lambda: _done(queue, "huge"), 60, what="the rejection")
+    assert done.finish_reason == "error" and "token budget" in done.error
