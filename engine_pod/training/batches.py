@@ -70,6 +70,12 @@ def _noise(generated: list[int], rng: random.Random, block: int, answer_len: int
     return masked, noisy, end if kind == "block_cut" else len(generated)
 
 
+def mask_ratio(rng: random.Random) -> float:
+    """t in [0.02, 1), skewed towards heavily masked answers (mean 2/3): decoding starts from a fully
+    masked block, and copying from the prompt is only learnt where the answer's own tokens are hidden."""
+    return max(0.02, 1.0 - rng.random() ** 2)
+
+
 PADDING_WEIGHT = 0.2  # loss weight of the EOS padding after the answer's own EOS (easy, and most positions)
 
 
@@ -78,7 +84,7 @@ def _sample(
 ) -> tuple[list[int], list[int], list[float], int]:
     """(input ids, targets, loss weights, generated positions) of one training row."""
     generated = _layout(encoded, rng, block, eos, max_extra_blocks=1)
-    t = rng.uniform(0.02, 1.0)
+    t = mask_ratio(rng)
     masked, in_loss, keep = _noise(generated, rng, block, len(encoded.answer), kind, t)
     generated = generated[:keep]
     inputs = encoded.prompt + [mask if m else tok for tok, m in zip(generated, masked)]

@@ -1,7 +1,7 @@
 """Seeded instruction tasks with exact answers, for training and evaluating the shipped model.
 
-Answer lengths range from one token to about four blocks of 32; prompts from a handful of tokens
-to a few hundred (``lookup`` carries long record lists). Examples whose prompt hashes into the
+Answer lengths range from one token to about four blocks of 32 (``count``, ``countdown``); prompts
+from a handful of tokens to a few hundred (``lookup``, ``first`` and ``last`` carry long lists). Examples whose prompt hashes into the
 held-out bucket are never produced for training, so the evaluation split is disjoint.
 """
 
@@ -51,7 +51,7 @@ def _letters(rng: random.Random, max_answer: int) -> Example:
 
 
 def _lookup(rng: random.Random, max_answer: int) -> Example:
-    names = rng.sample(NAMES, rng.randint(2, min(len(NAMES), 70)))
+    names = rng.sample(NAMES, rng.randint(2, min(len(NAMES), 60)))
     values = [rng.randrange(TOP) for _ in names]
     records = " , ".join(f"{n} is {v}" for n, v in zip(names, values))
     target = rng.randrange(len(names))
@@ -67,8 +67,13 @@ def _copy(rng: random.Random, max_answer: int) -> Example:
 
 
 def _last_word(rng: random.Random, max_answer: int) -> Example:
-    items = [rng.choice(ITEMS) for _ in range(rng.randint(1, 40))]
+    items = [rng.choice(ITEMS) for _ in range(rng.randint(1, 150))]
     return Example("last", f"what is the last word : {' '.join(items)} ?", items[-1])
+
+
+def _first_word(rng: random.Random, max_answer: int) -> Example:
+    items = [rng.choice(ITEMS) for _ in range(rng.randint(1, 150))]
+    return Example("first", f"what is the first word : {' '.join(items)} ?", items[0])
 
 
 def _largest(rng: random.Random, max_answer: int) -> Example:
@@ -81,10 +86,12 @@ TASKS: dict[str, Callable[[random.Random, int], Example]] = {
     "countdown": _count_down,
     "letters": _letters,
     "lookup": _lookup,
-    "copy": _copy,
     "last": _last_word,
-    "largest": _largest,
+    "first": _first_word,
 }
+# Measured and set aside: after 2 h of training a 4M-parameter model copied whole lists and found the
+# largest number no better than chance. They stay available for experiments (``--tasks``).
+EXTRA_TASKS: dict[str, Callable[[random.Random, int], Example]] = {"copy": _copy, "largest": _largest}
 
 
 def is_held_out(example: Example) -> bool:
@@ -99,13 +106,14 @@ def generate_examples(
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
     names = tasks or list(TASKS)
-    unknown = sorted(set(names) - set(TASKS))
+    every = TASKS | EXTRA_TASKS
+    unknown = sorted(set(names) - set(every))
     if unknown:
-        raise ValueError(f"unknown tasks {unknown}; choose from {sorted(TASKS)}")
+        raise ValueError(f"unknown tasks {unknown}; choose from {sorted(every)}")
     rng = random.Random(f"{seed}-{split}")
     want_held_out = split == "eval"
     while True:
-        example = TASKS[rng.choice(names)](rng, max_answer)
+        example = every[rng.choice(names)](rng, max_answer)
         if is_held_out(example) == want_held_out:
             yield example
 

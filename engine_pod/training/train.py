@@ -38,17 +38,17 @@ class TrainConfig:
     out_dir: str
     steps: int = 12000
     seed: int = 0
-    d_model: int = 256
+    d_model: int = 192
     n_layers: int = 4
-    n_heads: int = 8
-    mlp_hidden: int = 768
+    n_heads: int = 6
+    mlp_hidden: int = 576
     vocab_size: int = 320
     block_length: int = 32
-    examples_per_step: int = 48
+    examples_per_step: int = 64
     token_budget: int = 4096  # tokens per optimiser micro-batch
     lr: float = 2e-3
     warmup: int = 300
-    curriculum_fraction: float = 0.4  # answers grow from 8 tokens to 120 over this share of steps
+    curriculum_fraction: float = 0.3  # answers grow from 8 tokens to 120 over this share of steps
     save_every: int = 250
     max_minutes: float | None = None
     threads: int = 2

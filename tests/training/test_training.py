@@ -62,7 +62,7 @@ def test_checkpoint_is_in_the_llada_format_and_generates(tmp_path):
 def test_tasks_have_exact_answers_varied_lengths_and_a_disjoint_eval_split():
     train = list(islice(generate_examples(0, "train"), 3000))
     assert not any(is_held_out(e) for e in train)
-    held = eval_set(70)
+    held = eval_set(60)
     assert all(is_held_out(e) for e in held) and Counter(e.task for e in held) == {t: 10 for t in TASKS}
     tokenizer = build_tokenizer(320)
     answers = [len(tokenizer(e.answer)["input_ids"]) for e in train]

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Every figure in README.md's benchmark section, on this machine (CPU, the shipped model, 2 threads).
+# Results go to docs/results/: JSON reports and PNG plots. Takes about 30 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=docs/results
+mkdir -p "$out"
+
+# 1. Scheduling policies side by side on the shipped workloads (equal memory: static's batch size is
+#    the largest whose boxes fit BlockServe's token budget), plus the whole serving path.
+for workload in heterogeneous homogeneous; do
+  dllm bench --workload "$workload" --policy sequential,static,blockserve,blockserve-projected,gateway \
+    --json "$out/bench-$workload.json" --plot "$out/bench-$workload.png"
+done
+
+# 2. The profiled budget is safe and tight: BlockServe at the budget stays under the limit, at twice
+#    the budget it does not.
+dllm profile --memory-limit 1G --json "$out/profile-1G.json"
+budget=$(python -c "import json; print(json.load(open('$out/profile-1G.json'))['token_budget'])")
+dllm bench --workload heterogeneous --policy blockserve --token-budget "$budget" --json "$out/budget-1x.json"
+dllm bench --workload heterogeneous --policy blockserve --token-budget "$((2 * budget))" --json "$out/budget-2x.json"
+
+# 3. Generation quality of the shipped model under every policy.
+dllm eval --policy sequential,static,blockserve --n 210 --json --outputs "$out/eval-outputs.jsonl" > "$out/eval.json"
