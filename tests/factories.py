@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 from pathlib import Path
 
@@ -13,7 +14,18 @@ from safetensors.torch import save_file
 from engine_pod.models.config import config_from_dict
 from engine_pod.models.weights import name_map
 
-REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"
+VENDORED_REFERENCE = Path(__file__).resolve().parent / "data" / "reference"
+SHARED_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+
+
+def _reference_dir() -> Path:
+    """The reference vectors: $DLLM_REFERENCE_DIR, else ../shared/reference, else the copy vendored here."""
+    if os.environ.get("DLLM_REFERENCE_DIR"):
+        return Path(os.environ["DLLM_REFERENCE_DIR"])
+    return SHARED_REFERENCE if (SHARED_REFERENCE / "llada" / "config.json").is_file() else VENDORED_REFERENCE
+
+
+REFERENCE_DIR = _reference_dir()
 
 
 def llada_config(

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
+import gc
 import os
+import re
 import resource
 from pathlib import Path
 
@@ -29,9 +34,16 @@ def _cgroup_limit() -> int | None:
 
 
 def reset_peak(device: torch.device) -> None:
+    """Start a new peak window. CPU: return freed heap to the OS, then reset the kernel's VmHWM."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+        return
+    gc.collect()
+    _malloc_trim()
+    # Linux >= 4.0: peak RSS := current RSS. Without it the peak also covers what ran before (safe side).
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
 
 
 def peak_bytes(device: torch.device) -> int:
@@ -39,4 +51,38 @@ def peak_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         return int(torch.cuda.max_memory_allocated(device))
+    try:
+        match = re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())
+    except OSError:
+        match = None
+    if match:
+        return int(match.group(1)) * 1024
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+M_MMAP_THRESHOLD = -3
+
+
+def tune_cpu_allocator(mmap_threshold: int = 1 << 20) -> None:
+    """Serve large CPU tensors from mmap so that freed activations leave the resident set at once.
+
+    glibc's adaptive threshold otherwise keeps them in the heap, where reuse depends on history and
+    peak resident memory stops being a function of the batch shape (which a token budget needs).
+    """
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)
+
+
+def _libc():
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
+def _malloc_trim() -> None:
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)

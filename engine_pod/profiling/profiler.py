@@ -118,13 +118,13 @@ def run_profile(cfg: ProfileConfig, progress: bool = True) -> dict:
         raise ProfileError(
             f"usable memory {usable} bytes is not more than the model's weights ({weights} bytes)"
         )
-    measured = []
-    for point in tqdm(
-        grid(cfg.max_tokens, cfg.block_length), desc="profile", unit="shape", disable=not progress
-    ):
-        peak = measure_point(loaded, point, cfg) if loaded else _measure_in_child(cfg, point)
-        measured.append(Point(point.rows, point.width, peak, point.held_out))
-        logger.debug("%d x %d tokens: peak %d bytes", point.rows, point.width, peak)
+    shapes, measured = grid(cfg.max_tokens, cfg.block_length), []
+    with tqdm(total=len(shapes), desc="profile", unit="shape", disable=not progress) as bar:
+        for point in shapes:  # the bar ends its line even when a point fails, so an error prints alone
+            peak = measure_point(loaded, point, cfg) if loaded else _measure_in_child(cfg, point)
+            measured.append(Point(point.rows, point.width, peak, point.held_out))
+            logger.debug("%d x %d tokens: peak %d bytes", point.rows, point.width, peak)
+            bar.update(1)
     return _result(cfg, device, total, usable, weights, measured)
 
 
