@@ -21,7 +21,9 @@ def register(subparsers) -> None:
         "and OUT/loss.png.",
     )
     parser.add_argument("--out", default="runs/train", help="output directory (default: runs/train)")
-    parser.add_argument("--steps", type=int, default=6000, help="optimiser steps (default: 6000)")
+    parser.add_argument(
+        "--steps", type=int, default=4000, help="optimiser steps (default: 4000, the shipped model)"
+    )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of the weights and of the data (default: 0)"
     )

@@ -153,6 +153,8 @@ def _result(cfg: ProfileConfig, device, total: int, usable: int, weights: int, p
         "block_length": cfg.block_length,
         "steps": cfg.steps,
         "total_memory_bytes": total,
+        "memory_limit_bytes": cfg.memory_limit if cfg.memory_limit is not None else total,
+        "utilization": cfg.utilization,
         "usable_memory_bytes": usable,
         "weights_bytes": weights,
         "fit": {k: v for k, v in asdict(fit).items() if k != "weights_bytes"},

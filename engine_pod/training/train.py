@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class TrainConfig:
     out_dir: str
-    steps: int = 12000
+    steps: int = 4000
     seed: int = 0
     d_model: int = 192
     n_layers: int = 4

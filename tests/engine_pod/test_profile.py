@@ -45,7 +45,7 @@ def test_profile_measures_a_grid_and_fits_it(profile):
     assert result["fit"]["bytes_per_token"] > 0 and result["fit"]["r_squared"] > 0.9
     assert result["weights_bytes"] > 0 and result["token_budget"] > 0
     usable = result["usable_memory_bytes"]
-    assert usable == int(4 * 2**30 * 0.9)
+    assert usable == int(4 * 2**30 * 0.9) and result["memory_limit_bytes"] == 4 * 2**30
 
 
 def test_fit_predicts_held_out_shapes_within_ten_percent(profile):
