@@ -14,12 +14,15 @@ for workload in heterogeneous homogeneous; do
 done
 
 # 2. The profiled budget is safe and tight: BlockServe at the budget stays under the limit, at twice
-#    the budget it does not. The limit is small enough that the workload can fill twice the budget.
+#    the budget it does not. The limit is small enough that the workload can fill twice the budget, and
+#    the padding rule is off so that admission is limited by the token budget alone.
 limit=${LIMIT:-600M}
 dllm profile --memory-limit "$limit" --json "$out/profile.json"
 budget=$(python -c "import json; print(json.load(open('$out/profile.json'))['token_budget'])")
-dllm bench --workload heterogeneous --policy blockserve --token-budget "$budget" --json "$out/budget-1x.json"
-dllm bench --workload heterogeneous --policy blockserve --token-budget "$((2 * budget))" --json "$out/budget-2x.json"
+for factor in 1 2; do
+  dllm bench --workload heterogeneous --policy blockserve --min-padding-efficiency 0 \
+    --token-budget "$((factor * budget))" --json "$out/budget-${factor}x.json"
+done
 
 # 3. Generation quality of the shipped model under every policy.
 dllm eval --policy sequential,static,blockserve --n 210 --json --outputs "$out/eval-outputs.jsonl" > "$out/eval.json"

@@ -13,6 +13,7 @@ from engine_pod.bench.report import compare_outputs, policy_metrics, summarise, 
 from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import load_metadata, load_model
+from engine_pod.scheduler.blockserve import DEFAULT_MIN_PADDING_EFFICIENCY
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +28,7 @@ class BenchConfig:
     batch_size: int | None = None  # static batch size; default: the largest that fits the token budget
     admission: str = "preempt"
     max_rows: int = 256
+    min_padding_efficiency: float = DEFAULT_MIN_PADDING_EFFICIENCY
     limit: int | None = None  # use only the first N requests of the workload
     isolate: bool = True  # one child process per policy (separate peak memory)
     record_margins: bool = True
@@ -48,7 +50,9 @@ def run_benchmark(cfg: BenchConfig) -> dict:
         None if cfg.isolate else load_model(cfg.model.model, cfg.model.device, cfg.model.dtype, seed=cfg.seed)
     )
     for name in cfg.policies:
-        spec = PolicySpec(name, cfg.token_budget, batch, cfg.admission, cfg.max_rows)
+        spec = PolicySpec(
+            name, cfg.token_budget, batch, cfg.admission, cfg.max_rows, cfg.min_padding_efficiency
+        )
         logger.info("running policy %s on %d requests", name, len(requests))
         if loaded is None:
             runs[name] = run_policy_isolated(
@@ -81,6 +85,7 @@ def _report(cfg: BenchConfig, runs: dict[str, PolicyRun], requests, widths, batc
         },
         "decoding": asdict(cfg.decoding),
         "token_budget": cfg.token_budget,
+        "min_padding_efficiency": cfg.min_padding_efficiency,
         "static_batch_size": batch,
         "static_max_box_tokens": max(
             len(widths[i : i + batch]) * max(widths[i : i + batch]) for i in range(0, len(widths), batch)

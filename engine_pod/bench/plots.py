@@ -16,7 +16,8 @@ def plot_benchmark(report: dict, path: Path) -> None:
     _throughput(axes[0][0], policies)
     _latency_cdf(axes[0][1], report["latencies"])
     _timeline(axes[1][0], axes[1][1], report["timelines"])
-    fig.suptitle(f"{report['workload']['name']} on {report['model']} ({report['device']}, {report['dtype']})")
+    model = Path(report["model"]).name or report["model"]
+    fig.suptitle(f"{report['workload']['name']} on {model} ({report['device']}, {report['dtype']})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -34,6 +35,7 @@ def _throughput(ax, policies: dict) -> None:
         )
     ax.set_ylabel("generated tokens / s")
     ax.set_title("throughput")
+    ax.tick_params(axis="x", labelrotation=12)
 
 
 def _latency_cdf(ax, latencies: dict) -> None:

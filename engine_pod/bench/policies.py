@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine_pod.scheduler.base import Scheduler
-from engine_pod.scheduler.blockserve import BlockServeScheduler
+from engine_pod.scheduler.blockserve import DEFAULT_MIN_PADDING_EFFICIENCY, BlockServeScheduler
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
 
 POLICIES = ("sequential", "static", "blockserve", "blockserve-preempt", "blockserve-projected", "gateway")
@@ -18,6 +18,7 @@ class PolicySpec:
     static_batch_size: int
     admission: str = "preempt"  # BlockServe admission for the plain "blockserve" policy
     max_rows: int = 256
+    min_padding_efficiency: float = DEFAULT_MIN_PADDING_EFFICIENCY  # BlockServe's widening rule
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
@@ -45,6 +46,7 @@ def build_scheduler(spec: PolicySpec, block_length: int, eos_ids, ignore_eos: bo
         token_budget=spec.token_budget,
         max_rows=spec.max_rows,
         admission=spec.effective_admission,
+        min_padding_efficiency=spec.min_padding_efficiency,
         **common,
     )
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
-import gc
 import os
-import re
 import resource
 from pathlib import Path
 
@@ -34,16 +31,11 @@ def _cgroup_limit() -> int | None:
 
 
 def reset_peak(device: torch.device) -> None:
-    """Start a new peak window. CPU: return freed heap to the OS, then reset the kernel's VmHWM."""
+    """Start a new peak window on CUDA. On CPU the peak is the whole process's, on purpose: an engine
+    process also pays for its imports and its model load, so each grid point runs in a fresh child."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-        return
-    gc.collect()
-    _malloc_trim()
-    # Linux >= 4.0: peak RSS := current RSS. Without it the peak also covers what ran before (safe side).
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
 
 
 def peak_bytes(device: torch.device) -> int:
@@ -51,12 +43,6 @@ def peak_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         return int(torch.cuda.max_memory_allocated(device))
-    try:
-        match = re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())
-    except OSError:
-        match = None
-    if match:
-        return int(match.group(1)) * 1024
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
@@ -80,9 +66,3 @@ def _libc():
         return ctypes.CDLL(name) if name else None
     except OSError:
         return None
-
-
-def _malloc_trim() -> None:
-    libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)

@@ -89,6 +89,28 @@ def test_sand_filling_prefers_requests_that_fit_inside_the_box():
     assert output.request_ids == [wide.request_id, fits.request_id]
 
 
+def test_a_long_prompt_does_not_widen_a_batch_of_short_ones_until_it_has_waited():
+    scheduler = BlockServeScheduler(L, [EOS], token_budget=10_000, max_wait_cycles=2)
+    short = [make_request(i, 3, 6) for i in range(8)]  # width 7 each
+    long_prompt = make_request(8, 40, 1)  # width 44: 8 x 7 + 44 < 0.9 x 9 x 44
+    for request in [*short, long_prompt]:
+        scheduler.add(request)
+    first = scheduler.schedule()
+    assert first.request_ids == [r.request_id for r in short] and first.box_width == 7
+    admitted_at = None
+    for cycle in range(1, 6):
+        scheduler.update_from_output(first, [[1] * L for _ in first.rows])
+        first = scheduler.schedule()
+        if long_prompt.request_id in first.request_ids:
+            admitted_at = cycle
+            break
+    assert admitted_at is not None and admitted_at >= 2, "it waits (here until it ages), not admitted at once"
+    without_rule = BlockServeScheduler(L, [EOS], token_budget=10_000, min_padding_efficiency=0.0)
+    for request in [make_request(i, 3, 6) for i in range(8)] + [make_request(8, 40, 1)]:
+        without_rule.add(request)
+    assert len(without_rule.schedule().request_ids) == 9
+
+
 def test_preempted_request_keeps_its_blocks_and_resumes():
     scheduler = BlockServeScheduler(L, [EOS], token_budget=3 * (10 + 3 * L), admission="preempt")
     requests = [make_request(i, 10, 6) for i in range(3)]
