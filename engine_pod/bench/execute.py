@@ -5,7 +5,6 @@ A child per policy gives each its own peak resident memory (CPU) and a clean all
 
 from __future__ import annotations
 
-import resource
 import time
 from dataclasses import dataclass, field
 
@@ -17,6 +16,7 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import CycleRecord, Engine
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.models.loader import LoadedModel, load_model
+from engine_pod.profiling.memory import peak_bytes
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.request import Request
@@ -54,9 +54,7 @@ class PolicyRun:
 
 
 def _peak_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    return peak_bytes(device)  # CPU: this process's peak resident memory since exec
 
 
 def _warm_up(runner: BlockCycleRunner, requests: list[PreparedRequest]) -> None:

@@ -43,6 +43,18 @@ def peak_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         return int(torch.cuda.max_memory_allocated(device))
+    return _resident_high_water_mark()
+
+
+def _resident_high_water_mark() -> int:
+    """VmHWM: this address space's peak since exec. Not ru_maxrss, which a spawned child inherits from
+    the process it was forked from (Linux keeps it across execve), so a large parent would mask it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
