@@ -17,7 +17,7 @@ from engine_pod.training.tasks import TASKS
 # Floors below what this quick evaluation measured for the shipped checkpoint (exact match 0.111,
 # length accuracy 0.611 on these 36 examples; the full figures are in README.md), so that a broken or
 # worse model fails CI. The shipped model is far from the 0.5 / 0.95 goal: see README.md.
-MIN_EXACT_MATCH = 0.08
+MIN_EXACT_MATCH = 0.05  # 2 of 36: robust to a near tie flipping on another CPU
 MIN_LENGTH_ACCURACY = 0.5
 
 
