@@ -16,7 +16,7 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import CycleRecord, Engine
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.models.loader import LoadedModel, load_model
-from engine_pod.profiling.memory import peak_bytes
+from engine_pod.profiling.memory import peak_bytes, reset_peak
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.request import Request
@@ -53,10 +53,6 @@ class PolicyRun:
     cycles: list[CycleRecord]
 
 
-def _peak_memory(device: torch.device) -> int:
-    return peak_bytes(device)  # CPU: this process's peak resident memory since exec
-
-
 def _warm_up(runner: BlockCycleRunner, requests: list[PreparedRequest]) -> None:
     """One untimed block cycle, so that one-off kernel and allocator set-up is not charged to a policy."""
     if requests:
@@ -83,8 +79,7 @@ def run_policy(
             Request.from_tokens(item.request_id, item.prompt_ids, item.max_tokens, decoding.block_length)
         )
     _warm_up(engine.runner, requests)
-    if loaded.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(loaded.device)
+    reset_peak(loaded.device)
     outcomes: dict[str, RequestOutcome] = {}
     bar = tqdm(total=len(requests), desc=spec.name, unit="req", disable=not progress, leave=False)
     start = time.perf_counter()
@@ -104,7 +99,7 @@ def run_policy(
     for request_id, margins in engine.margins.items():
         if request_id in outcomes:
             outcomes[request_id].margins = margins
-    return PolicyRun(spec.name, wall, _peak_memory(loaded.device), outcomes, engine.records)
+    return PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, engine.records)
 
 
 def _run_in_this_process(model: ModelSpec, decoding, spec, requests, record_margins, seed) -> PolicyRun:

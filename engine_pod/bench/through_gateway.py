@@ -15,10 +15,11 @@ import time
 import httpx
 import redis
 
-from engine_pod.bench.execute import PolicyRun, PreparedRequest, RequestOutcome, _peak_memory
+from engine_pod.bench.execute import PolicyRun, PreparedRequest, RequestOutcome
 from engine_pod.bench.policies import PolicySpec
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import LoadedModel
+from engine_pod.profiling.memory import peak_bytes
 from engine_pod.queue.keys import ServiceKeys
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.serve.gateway_process import GatewayProcess
@@ -94,4 +95,4 @@ def run_through_gateway(
             outcomes[item.request_id] = RequestOutcome(
                 done["token_ids"], done["finish_reason"], latencies[item.request_id]
             )
-    return PolicyRun(spec.name, wall, _peak_memory(loaded.device), outcomes, worker.engine.records)
+    return PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, worker.engine.records)

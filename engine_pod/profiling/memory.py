@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import resource
 from pathlib import Path
@@ -72,6 +73,7 @@ def tune_cpu_allocator(mmap_threshold: int = 1 << 20) -> None:
         libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)
 
 
+@functools.cache
 def _libc():
     name = ctypes.util.find_library("c")
     try:

@@ -29,9 +29,9 @@ def model(tmp_path_factory):
     return write_served_model(tmp_path_factory.mktemp("bench-model"))
 
 
-def test_bench_reports_every_policy_side_by_side(model, tmp_path):
-    out, plot = tmp_path / "b.json", tmp_path / "b.png"
-    argv = [
+def heterogeneous_float64_bench(model, out, limit: int, policies: str) -> list[str]:
+    """`dllm bench` argv: the first ``limit`` heterogeneous requests in float64, budget 2048, L = S = 8."""
+    return [
         "bench",
         "--model",
         str(model),
@@ -40,9 +40,9 @@ def test_bench_reports_every_policy_side_by_side(model, tmp_path):
         "--workload",
         "heterogeneous",
         "--limit",
-        "16",
+        str(limit),
         "--policy",
-        "sequential,static,blockserve,blockserve-projected",
+        policies,
         "--token-budget",
         "2048",
         "--block-length",
@@ -51,9 +51,13 @@ def test_bench_reports_every_policy_side_by_side(model, tmp_path):
         "8",
         "--json",
         str(out),
-        "--plot",
-        str(plot),
     ]
+
+
+def test_bench_reports_every_policy_side_by_side(model, tmp_path):
+    out, plot = tmp_path / "b.json", tmp_path / "b.png"
+    argv = heterogeneous_float64_bench(model, out, 16, "sequential,static,blockserve,blockserve-projected")
+    argv += ["--plot", str(plot)]
     assert main(argv) == 0
     report = json.loads(out.read_text())
     assert set(report["policies"]) == {"sequential", "static", "blockserve", "blockserve-projected"}
@@ -133,27 +137,7 @@ def test_bench_rejects_unknown_policies(capsys):
 
 def test_gateway_policy_runs_the_same_workload_through_the_serving_path(model, tmp_path):
     out = tmp_path / "g.json"
-    argv = [
-        "bench",
-        "--model",
-        str(model),
-        "--dtype",
-        "float64",
-        "--workload",
-        "heterogeneous",
-        "--limit",
-        "10",
-        "--policy",
-        "blockserve,gateway",
-        "--token-budget",
-        "2048",
-        "--block-length",
-        "8",
-        "--steps-per-block",
-        "8",
-        "--json",
-        str(out),
-    ]
+    argv = heterogeneous_float64_bench(model, out, 10, "blockserve,gateway")
     assert main(argv) == 0
     report = json.loads(out.read_text())
     assert (
