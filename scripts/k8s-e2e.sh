@@ -30,5 +30,5 @@ forward=$!
 trap 'kill $forward' EXIT
 sleep 3
 curl -sf http://127.0.0.1:8000/v1/chat/completions -H 'content-type: application/json' \
-  -d '{"model": "tiny-llada", "messages": [{"role": "user", "content": "count from 3 to 9 ."}]}'
+  -d '{"model": "tiny-llada", "messages": [{"role": "user", "content": "count to 9 ."}]}'
 echo

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every figure in README.md's benchmark section, on this machine (CPU, the shipped model, 2 threads).
-# Results go to docs/results/: JSON reports and PNG plots. Takes about 30 minutes on 2 cores.
+# Results go to docs/results/: JSON reports and PNG plots. Takes about 10 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/results

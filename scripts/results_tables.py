@@ -81,12 +81,17 @@ def eval_table(report: dict) -> str:
     policies = report["policies"]
     tasks = sorted(next(iter(policies.values()))["per_task"])
     lines = [
-        "| policy | exact match | length accuracy | " + " | ".join(tasks) + " | agreement |",
+        "| policy | exact match | length accuracy | "
+        + " | ".join(f"{t} (exact / length)" for t in tasks)
+        + " | agreement |",
         "|---|---|---|" + "---|" * (len(tasks) + 1),
     ]
     agreement = report.get("output_agreement", {})
     for name, figures in policies.items():
-        per_task = [f"{figures['per_task'][t]['exact_match']:.2f}" for t in tasks]
+        per_task = [
+            f"{figures['per_task'][t]['exact_match']:.2f} / {figures['per_task'][t]['length_accuracy']:.2f}"
+            for t in tasks
+        ]
         same = agreement.get(name, 1.0 if name == report.get("agreement_with") else None)
         lines.append(
             f"| {name} | {figures['exact_match']:.3f} | {figures['length_accuracy']:.3f} | "

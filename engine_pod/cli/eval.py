@@ -11,7 +11,7 @@ from engine_pod.cli.budget import add_budget_args, resolve_budget
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config
 from engine_pod.evaluation import EvalConfig, evaluate, write_outputs
 from engine_pod.models.loader import load_model
-from engine_pod.training.tasks import TASKS
+from engine_pod.training.tasks import EXTRA_TASKS, TASKS, parse_tasks
 
 POLICIES = ("sequential", "static", "blockserve")
 
@@ -29,7 +29,11 @@ def register(subparsers) -> None:
         "--n", type=int, default=140, help="examples, spread evenly over the tasks (default: 140)"
     )
     parser.add_argument("--seed", type=int, default=1234, help="which held-out examples (default: 1234)")
-    parser.add_argument("--tasks", help=f"comma-separated subset of: {', '.join(TASKS)}")
+    parser.add_argument(
+        "--tasks",
+        help=f"comma-separated, from {', '.join(TASKS)} (default: all of these) "
+        f"or the set-aside {', '.join(EXTRA_TASKS)}",
+    )
     parser.add_argument("--policy", default="blockserve", help=f"comma-separated, from {', '.join(POLICIES)}")
     parser.add_argument(
         "--max-tokens", type=int, default=128, help="generation budget per example (default: 128)"
@@ -48,9 +52,7 @@ def run(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     if not policies or any(p not in POLICIES for p in policies):
         raise CliError(f"--policy takes a comma-separated list from {', '.join(POLICIES)}")
-    tasks = tuple(t.strip() for t in args.tasks.split(",")) if args.tasks else None
-    if tasks and any(t not in TASKS for t in tasks):
-        raise CliError(f"--tasks takes a comma-separated list from {', '.join(TASKS)}")
+    tasks = parse_tasks(args.tasks)
     if args.n < 1:
         raise CliError("--n must be positive")
     loaded = load_model(args.model, args.device, args.dtype)

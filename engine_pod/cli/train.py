@@ -7,6 +7,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from engine_pod.training.tasks import EXTRA_TASKS, TASKS, parse_tasks
 from engine_pod.training.train import TrainConfig, Trainer
 
 logger = logging.getLogger(__name__)
@@ -22,7 +23,12 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--out", default="runs/train", help="output directory (default: runs/train)")
     parser.add_argument(
-        "--steps", type=int, default=4000, help="optimiser steps (default: 4000, the shipped model)"
+        "--steps", type=int, default=5000, help="optimiser steps (default: 5000, the shipped model)"
+    )
+    parser.add_argument(
+        "--tasks",
+        help=f"comma-separated task families to train on (default: {', '.join(TASKS)}; "
+        f"also {', '.join(EXTRA_TASKS)})",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of the weights and of the data (default: 0)"
@@ -38,7 +44,12 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise ValueError(f"--steps must be positive, got {args.steps}")
     cfg = TrainConfig(
-        out_dir=args.out, steps=args.steps, seed=args.seed, max_minutes=args.max_minutes, threads=args.threads
+        out_dir=args.out,
+        steps=args.steps,
+        seed=args.seed,
+        max_minutes=args.max_minutes,
+        threads=args.threads,
+        tasks=parse_tasks(args.tasks),
     )
     trainer = Trainer(cfg)
     if args.resume:

@@ -1,11 +1,14 @@
 """Masked-diffusion SFT batches: the prompt is never masked, the answer and its EOS padding are.
 
-Three kinds of sample teach the model both canvases the engine uses:
+Four kinds of sample teach the model the canvases the engine uses:
 - ``uniform`` (LLaDA SFT): every generated position is masked with probability t;
 - ``block_suffix``: blocks before a random block b are clean, block b is masked with probability t,
   later blocks are fully masked (the Fast-dLLM canvas);
-- ``block_cut``: as above, but the sequence ends with block b (the BlockServe canvas).
-Each masked position's loss is weighted by 1/t.
+- ``block_cut``: as above, but the sequence ends with block b (the BlockServe canvas);
+- ``frontier``: the answer is clean up to a random position and masked after it (t = 1), the state
+  confidence decoding reaches when it commits left to right.
+Each masked position's loss is weighted by 1/t, the EOS padding exactly like the answer: any lower
+weight makes the model sure an answer goes on where the reference has already ended.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 
 from engine_pod.training.tasks import Example
 
-SAMPLE_KINDS = ("uniform", "block_suffix", "block_cut")
+SAMPLE_KINDS = ("uniform", "block_suffix", "block_cut", "frontier")
 
 
 @dataclass
@@ -56,6 +59,8 @@ def _layout(encoded: Encoded, rng: random.Random, block: int, eos: int, max_extr
 
 def _noise(generated: list[int], rng: random.Random, block: int, answer_len: int, kind: str, t: float):
     """(masked, in loss, kept length) for one row's generated region."""
+    if kind == "frontier":
+        return _frontier(generated, rng, block, answer_len)
     if kind == "uniform":
         masked = [rng.random() < t for _ in generated]
         if not any(masked):
@@ -70,13 +75,20 @@ def _noise(generated: list[int], rng: random.Random, block: int, answer_len: int
     return masked, noisy, end if kind == "block_cut" else len(generated)
 
 
+def _frontier(generated: list[int], rng: random.Random, block: int, answer_len: int):
+    """Everything before a random position k is clean, everything from k on is masked: the state
+    decoding reaches when it commits left to right, where the next token (or EOS) follows from the
+    previous one."""
+    k = rng.randint(0, answer_len)
+    masked = [i >= k for i in range(len(generated))]
+    end = min((k // block + 1) * block, len(generated))
+    return masked, masked, end if rng.random() < 0.5 else len(generated)
+
+
 def mask_ratio(rng: random.Random) -> float:
     """t in [0.02, 1), skewed towards heavily masked answers (mean 2/3): decoding starts from a fully
     masked block, and copying from the prompt is only learnt where the answer's own tokens are hidden."""
     return max(0.02, 1.0 - rng.random() ** 2)
-
-
-PADDING_WEIGHT = 0.2  # loss weight of the EOS padding after the answer's own EOS (easy, and most positions)
 
 
 def _sample(
@@ -84,14 +96,11 @@ def _sample(
 ) -> tuple[list[int], list[int], list[float], int]:
     """(input ids, targets, loss weights, generated positions) of one training row."""
     generated = _layout(encoded, rng, block, eos, max_extra_blocks=1)
-    t = mask_ratio(rng)
+    t = 1.0 if kind == "frontier" else mask_ratio(rng)
     masked, in_loss, keep = _noise(generated, rng, block, len(encoded.answer), kind, t)
     generated = generated[:keep]
     inputs = encoded.prompt + [mask if m else tok for tok, m in zip(generated, masked)]
-    answer_end = len(encoded.answer)  # positions from here on are padding
-    weights = [0.0] * len(encoded.prompt) + [
-        (1.0 if i < answer_end else PADDING_WEIGHT) / t if in_loss[i] else 0.0 for i in range(keep)
-    ]
+    weights = [0.0] * len(encoded.prompt) + [1.0 / t if in_loss[i] else 0.0 for i in range(keep)]
     return inputs, encoded.prompt + generated, weights, keep
 
 

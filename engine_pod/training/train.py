@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class TrainConfig:
     out_dir: str
-    steps: int = 4000
+    steps: int = 5000
     seed: int = 0
     d_model: int = 192
     n_layers: int = 4
@@ -48,10 +48,11 @@ class TrainConfig:
     token_budget: int = 4096  # tokens per optimiser micro-batch
     lr: float = 2e-3
     warmup: int = 300
-    curriculum_fraction: float = 0.3  # answers grow from 8 tokens to 120 over this share of steps
+    curriculum_fraction: float = 0.3  # answers grow from 8 tokens to 128 over this share of steps
     save_every: int = 250
     max_minutes: float | None = None
     threads: int = 2
+    tasks: tuple[str, ...] | None = None  # None: every task of TASKS
 
 
 def llada_config(cfg: TrainConfig, tokenizer) -> dict:
@@ -134,7 +135,7 @@ def _learning_rate(cfg: TrainConfig, step: int) -> float:
 
 def _max_answer(cfg: TrainConfig, step: int) -> int:
     grown = step / max(1, cfg.curriculum_fraction * cfg.steps)
-    return int(8 + (120 - 8) * min(1.0, grown))
+    return int(8 + (128 - 8) * min(1.0, grown))
 
 
 class Trainer:
@@ -187,7 +188,12 @@ class Trainer:
 
     def _step_batches(self) -> list[TrainingBatch]:
         rng = random.Random(f"{self.cfg.seed}-step-{self.step}")
-        stream = generate_examples(rng.randrange(2**31), "train", max_answer=_max_answer(self.cfg, self.step))
+        stream = generate_examples(
+            rng.randrange(2**31),
+            "train",
+            max_answer=_max_answer(self.cfg, self.step),
+            tasks=list(self.cfg.tasks) if self.cfg.tasks else None,
+        )
         encoded = [encode(self.tokenizer, e) for e in islice(stream, self.cfg.examples_per_step)]
         mask, eos = self.tokenizer.mask_token_id, self.tokenizer.eos_token_id
         return make_batches(encoded, rng, self.cfg.block_length, eos, mask, self.cfg.token_budget)

@@ -141,9 +141,11 @@ TASK_WORDS = [
     "of",
     "first",
     "and",
+    "which",
+    "up",
 ]
 PUNCTUATION = list(",.:?;=()")
-NUMBER_RANGE = 100  # task numbers are 0..99, one token each
+NUMBER_RANGE = 128  # task numbers are 0..127, one token each
 NUMBERS = [str(n) for n in range(NUMBER_RANGE)]
 LETTERS = [chr(c) for c in range(ord("a"), ord("z") + 1)]
 

@@ -14,11 +14,11 @@ from engine_pod.cli.main import main
 from engine_pod.defaults import DEFAULT_MODEL
 from engine_pod.training.tasks import TASKS
 
-# Floors below what this quick evaluation measured for the shipped checkpoint (exact match 0.111,
-# length accuracy 0.611 on these 36 examples; the full figures are in README.md), so that a broken or
-# worse model fails CI. The shipped model is far from the 0.5 / 0.95 goal: see README.md.
-MIN_EXACT_MATCH = 0.05  # 2 of 36: robust to a near tie flipping on another CPU
-MIN_LENGTH_ACCURACY = 0.5
+# The goal is exact match 0.5 and length accuracy 0.95 (README.md has the full evaluation: 0.967 and
+# 0.981 on 210 examples). This quick evaluation measured 0.944 and 0.972 on its 36 examples; the floors
+# leave room for one or two near ties flipping on another CPU, so that a broken or worse model fails.
+MIN_EXACT_MATCH = 0.85
+MIN_LENGTH_ACCURACY = 0.9
 
 
 def test_checkpoint_fits_in_the_repository():
@@ -35,4 +35,5 @@ def test_quick_evaluation_under_two_policies():
     assert set(report["per_task"]) == set(TASKS)
     assert report["exact_match"] >= MIN_EXACT_MATCH, report["per_task"]
     assert report["length_accuracy"] >= MIN_LENGTH_ACCURACY, report["per_task"]
+    assert max(task["exact_match"] for task in report["per_task"].values()) >= 0.9
     assert report["output_agreement"]["blockserve"] >= 0.97  # batching changes (almost) nothing
