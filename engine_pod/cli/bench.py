@@ -13,8 +13,14 @@ from engine_pod.bench.execute import ModelSpec
 from engine_pod.bench.policies import POLICIES
 from engine_pod.bench.workloads import named_workloads
 from engine_pod.cli.budget import add_budget_args, resolve_budget
-from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config
-from engine_pod.scheduler.blockserve import DEFAULT_MIN_PADDING_EFFICIENCY
+from engine_pod.cli.common import (
+    CliError,
+    add_decoding_args,
+    add_model_args,
+    add_padding_rule_arg,
+    decoding_config,
+    padding_rule,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,13 +51,7 @@ def register(subparsers) -> None:
         "--admission", choices=("preempt", "projected"), default="preempt", help="BlockServe admission"
     )
     parser.add_argument("--max-rows", type=int, default=256, help="BlockServe's upper limit on active rows")
-    parser.add_argument(
-        "--min-padding-efficiency",
-        type=float,
-        default=DEFAULT_MIN_PADDING_EFFICIENCY,
-        help="BlockServe widens the box for a longer prompt only while this share of positions stays useful "
-        f"(default: {DEFAULT_MIN_PADDING_EFFICIENCY}; 0: admission limited by the token budget alone)",
-    )
+    add_padding_rule_arg(parser)
     parser.add_argument(
         "--steps-per-block", type=int, default=32, help="denoising steps per block (default: 32)"
     )
@@ -75,8 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
     if args.batch_size is not None and args.batch_size < 1:
         raise CliError("--batch-size must be positive")
-    if not 0.0 <= args.min_padding_efficiency <= 1.0:
-        raise CliError(f"--min-padding-efficiency must be in [0, 1], got {args.min_padding_efficiency}")
+    min_padding_efficiency = padding_rule(args)
     config = BenchConfig(
         model=ModelSpec(args.model, args.device, args.dtype),
         workload=args.workload,
@@ -86,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         admission=args.admission,
         max_rows=args.max_rows,
-        min_padding_efficiency=args.min_padding_efficiency,
+        min_padding_efficiency=min_padding_efficiency,
         limit=args.limit,
         isolate=not args.no_isolate,
         record_margins=not args.no_margins,

@@ -6,7 +6,13 @@ import argparse
 import logging
 
 from engine_pod.cli.budget import add_budget_args, resolve_budget
-from engine_pod.cli.common import add_decoding_args, add_model_args, decoding_config
+from engine_pod.cli.common import (
+    add_decoding_args,
+    add_model_args,
+    add_padding_rule_arg,
+    decoding_config,
+    padding_rule,
+)
 from engine_pod.models.loader import load_model
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.worker.http import serve_probes
@@ -20,6 +26,7 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--admission", choices=("preempt", "projected"), default="preempt", help="budget policy"
     )
+    add_padding_rule_arg(parser)
     parser.add_argument(
         "--steps-per-block", type=int, default=32, help="denoising steps per block (default: 32)"
     )
@@ -56,6 +63,7 @@ def register(subparsers) -> None:
 
 def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Worker:
     decoding = decoding_config(args, args.steps_per_block)
+    min_padding_efficiency = padding_rule(args)
     loaded = load_model(args.model, args.device, args.dtype)
     config = WorkerConfig(
         redis_url=redis_url,
@@ -64,6 +72,7 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Work
         worker_id=getattr(args, "worker_id", ""),
         max_rows=args.max_rows,
         admission=args.admission,
+        min_padding_efficiency=min_padding_efficiency,
         lease_ms=args.lease_ms,
         drain_timeout_s=args.drain_timeout,
     )

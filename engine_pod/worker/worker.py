@@ -22,7 +22,7 @@ from engine_pod.queue.messages import BlockEvent, DoneEvent
 from engine_pod.queue.ops import Claimed
 from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.runner.block_cycle import BlockCycleRunner
-from engine_pod.scheduler.blockserve import BlockServeScheduler
+from engine_pod.scheduler.blockserve import DEFAULT_MIN_PADDING_EFFICIENCY, BlockServeScheduler
 from engine_pod.scheduler.request import Request, RequestError, RequestState
 from engine_pod.text import completion_tokens
 from engine_pod.worker.metrics import WorkerMetrics
@@ -38,6 +38,7 @@ class WorkerConfig:
     worker_id: str = ""
     max_rows: int = 256
     admission: str = "preempt"
+    min_padding_efficiency: float = DEFAULT_MIN_PADDING_EFFICIENCY  # BlockServe's widening rule
     lease_ms: int = 30_000
     idle_wait_s: float = 0.2  # longest wait for new work when idle
     drain_timeout_s: float = 60.0  # after SIGTERM: time to finish in-flight work before handing it back
@@ -62,6 +63,7 @@ class Worker:
             token_budget=config.token_budget,
             max_rows=config.max_rows,
             admission=config.admission,
+            min_padding_efficiency=config.min_padding_efficiency,
             ignore_eos=self.decoding.ignore_eos,
             canvas=self.decoding.canvas,
         )

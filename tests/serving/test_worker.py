@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import httpx
 import redis
 
+from engine_pod.cli import worker as worker_cli
+from engine_pod.cli.main import main
 from engine_pod.queue.messages import DoneEvent, QueuedRequest, decode_event
 from engine_pod.queue.ops import QueueOps
 from engine_pod.queue.sync_client import SyncQueue
@@ -75,3 +78,20 @@ def test_a_request_that_can_never_fit_fails_clearly(redis_server, service, make_
         queue = _enqueue(redis_server.url, service, "huge", 150, max_tokens=64)
         done = wait_for(lambda: _done(queue, "huge"), 60, what="the rejection")
     assert done.finish_reason == "error" and "token budget" in done.error
+
+
+def test_worker_command_passes_the_padding_rule_to_its_scheduler(redis_server, service):
+    parser = argparse.ArgumentParser()
+    commands = parser.add_subparsers()
+    worker_cli.register(commands)
+    argv = ["worker", "--redis", redis_server.url, "--service", service, "--min-padding-efficiency", "0.25"]
+    worker = worker_cli.build_worker(parser.parse_args(argv), redis_server.url, service)
+    assert worker.scheduler.min_padding_efficiency == 0.25
+    assert worker.config.min_padding_efficiency == 0.25
+
+
+def test_worker_command_rejects_a_padding_rule_outside_zero_to_one(capsys):
+    argv = ["worker", "--redis", "redis://127.0.0.1:1", "--service", "s", "--min-padding-efficiency", "1.5"]
+    assert main(argv) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--min-padding-efficiency" in err[0]
