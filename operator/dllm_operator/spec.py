@@ -34,6 +34,8 @@ class ServiceSpec:
     cache: str = "dual"
     max_prompt_tokens: int = 2048
     max_generation_tokens: int = 512
+    admission: str = "preempt"
+    min_padding_efficiency: float = 0.7
     image: str | None = None
     gpus: int = 1
     gpu_resource: str = "nvidia.com/gpu"
@@ -99,6 +101,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         raise SpecError("spec.model.uri is required")
     decoding, resources = spec.get("decoding") or {}, spec.get("resources") or {}
     profiling, replicas = spec.get("profiling") or {}, spec.get("replicas") or {}
+    scheduling = spec.get("scheduling") or {}
     redis, gateway = spec.get("redis") or {"managed": True}, spec.get("gateway") or {}
     budget = profiling.get("tokenBudget")
     parsed = ServiceSpec(
@@ -116,6 +119,8 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         cache=decoding.get("cache", "dual"),
         max_prompt_tokens=int(decoding.get("maxPromptTokens", 2048)),
         max_generation_tokens=int(decoding.get("maxGenerationTokens", 512)),
+        admission=scheduling.get("admission", "preempt"),
+        min_padding_efficiency=float(scheduling.get("minPaddingEfficiency", 0.7)),
         image=resources.get("image"),
         gpus=int(resources.get("gpus", 1)),
         gpu_resource=resources.get("gpuResourceName", "nvidia.com/gpu"),
@@ -162,6 +167,11 @@ def _check(spec: ServiceSpec) -> None:
             "decoding.blockLength must divide decoding.maxGenerationTokens",
         ),
         (spec.redis_managed == bool(spec.redis_url), "use either a managed Redis or redis.url, exactly one"),
+        (spec.admission not in ("preempt", "projected"), "scheduling.admission must be preempt or projected"),
+        (
+            not 0.0 <= spec.min_padding_efficiency <= 1.0,
+            "scheduling.minPaddingEfficiency must be between 0 and 1",
+        ),
     ]
     for failed, message in problems:
         if failed:

@@ -192,7 +192,10 @@ def test_queue_depth_in_redis_scales_the_engine(cluster, operator):
         queue = redis.Redis.from_url(server.url)
         queue.zadd(f"dllm:default-{NAME}:pending", {f"r-{i}": i for i in range(35)})
         wait_for(lambda: kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 4, 30, what="scale up to 4")
-        assert kube.service(NAME)["status"]["queueDepth"] == 35
+        # the timer patches the Deployment first and the status after it
+        wait_for(
+            lambda: kube.service(NAME)["status"].get("queueDepth") == 35, 30, what="status.queueDepth 35"
+        )
         queue.delete(f"dllm:default-{NAME}:pending")
         wait_for(
             lambda: kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 1, 30, what="scale down to 1"

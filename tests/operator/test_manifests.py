@@ -15,6 +15,7 @@ from dllm_operator.manifests.profiling import profiling_job
 from dllm_operator.manifests.redis import managed_redis_url, redis_deployment, redis_service
 from dllm_operator.spec import SpecError, parse_spec
 
+from engine_pod.cli.main import build_parser
 from tests.operator.crd_utils import EXAMPLE_PATH
 
 K8S_VERSION = "1.33.0"
@@ -88,6 +89,18 @@ def test_engine_pods_take_the_budget_from_the_profile_configmap():
     )
 
 
+def test_engine_command_is_what_dllm_worker_accepts_with_the_scheduling_fields():
+    spec = example(scheduling__admission="projected", scheduling__minPaddingEfficiency=0.5)
+    command = all_manifests(spec)[2]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["dllm", "worker"]
+    args = build_parser().parse_args(command[1:])
+    assert (args.admission, args.min_padding_efficiency, args.threshold) == ("projected", 0.5, 0.9)
+    defaults = build_parser().parse_args(
+        all_manifests(example())[2]["spec"]["template"]["spec"]["containers"][0]["command"][1:]
+    )
+    assert (defaults.admission, defaults.min_padding_efficiency) == ("preempt", 0.7)
+
+
 def test_profile_job_uses_the_termination_log_and_never_restarts():
     job = all_manifests(example())[0]
     pod = job["spec"]["template"]["spec"]
@@ -121,3 +134,5 @@ def test_memory_relevant_changes_change_the_profile_hash_and_others_do_not():
 def test_operator_rechecks_what_cel_would_reject():
     with pytest.raises(SpecError, match="replicas.min"):
         example(replicas__min=9)
+    with pytest.raises(SpecError, match="minPaddingEfficiency"):
+        example(scheduling__minPaddingEfficiency=1.5)

@@ -66,6 +66,10 @@ def engine_deployment(
         str(spec.threshold),
         "--cache",
         spec.cache,
+        "--admission",
+        spec.admission,
+        "--min-padding-efficiency",
+        str(spec.min_padding_efficiency),
         "--port",
         str(METRICS_PORT),
     ]
