@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from engine_pod.training.vocabulary import ANIMALS, COLORS, FRUITS, LETTERS, NAMES, NUMBER_RANGE
@@ -129,10 +129,17 @@ def parse_tasks(text: str | None) -> tuple[str, ...] | None:
     if not text:
         return None
     names = tuple(name.strip() for name in text.split(",") if name.strip())
-    known = TASKS | EXTRA_TASKS
-    if not names or any(name not in known for name in names):
-        raise ValueError(f"tasks must be a comma-separated list from {', '.join(known)}, got {text!r}")
+    if not names:
+        raise ValueError(f"tasks must be a comma-separated list of task names, got {text!r}")
+    _check_known(names)
     return names
+
+
+def _check_known(names: Sequence[str]) -> None:
+    every = TASKS | EXTRA_TASKS
+    unknown = sorted(set(names) - set(every))
+    if unknown:
+        raise ValueError(f"unknown tasks {unknown}; choose from {', '.join(every)}")
 
 
 def is_held_out(example: Example) -> bool:
@@ -141,16 +148,14 @@ def is_held_out(example: Example) -> bool:
 
 
 def generate_examples(
-    seed: int, split: str, max_answer: int = 128, tasks: list[str] | None = None
+    seed: int, split: str, max_answer: int = 128, tasks: Sequence[str] | None = None
 ) -> Iterator[Example]:
     """An endless, reproducible stream of examples of the given split ("train" or "eval")."""
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    names = tasks or list(TASKS)
+    names = list(tasks or TASKS)
+    _check_known(names)
     every = TASKS | EXTRA_TASKS
-    unknown = sorted(set(names) - set(every))
-    if unknown:
-        raise ValueError(f"unknown tasks {unknown}; choose from {sorted(every)}")
     rng = random.Random(f"{seed}-{split}")
     want_held_out = split == "eval"
     while True:

@@ -192,7 +192,7 @@ class Trainer:
             rng.randrange(2**31),
             "train",
             max_answer=_max_answer(self.cfg, self.step),
-            tasks=list(self.cfg.tasks) if self.cfg.tasks else None,
+            tasks=self.cfg.tasks,
         )
         encoded = [encode(self.tokenizer, e) for e in islice(stream, self.cfg.examples_per_step)]
         mask, eos = self.tokenizer.mask_token_id, self.tokenizer.eos_token_id

@@ -90,14 +90,14 @@ def test_engine_pods_take_the_budget_from_the_profile_configmap():
 
 
 def test_engine_command_is_what_dllm_worker_accepts_with_the_scheduling_fields():
-    spec = example(scheduling__admission="projected", scheduling__minPaddingEfficiency=0.5)
-    command = all_manifests(spec)[2]["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert command[:2] == ["dllm", "worker"]
-    args = build_parser().parse_args(command[1:])
+    def worker_args(spec):
+        command = all_manifests(spec)[2]["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert command[:2] == ["dllm", "worker"]
+        return build_parser().parse_args(command[1:])
+
+    args = worker_args(example(scheduling__admission="projected", scheduling__minPaddingEfficiency=0.5))
     assert (args.admission, args.min_padding_efficiency, args.threshold) == ("projected", 0.5, 0.9)
-    defaults = build_parser().parse_args(
-        all_manifests(example())[2]["spec"]["template"]["spec"]["containers"][0]["command"][1:]
-    )
+    defaults = worker_args(example())
     assert (defaults.admission, defaults.min_padding_efficiency) == ("preempt", 0.7)
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import httpx
 import redis
 
-from engine_pod.cli import worker as worker_cli
-from engine_pod.cli.main import main
+from engine_pod.cli.main import build_parser, main
+from engine_pod.cli.worker import build_worker
 from engine_pod.queue.messages import DoneEvent, QueuedRequest, decode_event
 from engine_pod.queue.ops import QueueOps
 from engine_pod.queue.sync_client import SyncQueue
@@ -81,11 +80,8 @@ def test_a_request_that_can_never_fit_fails_clearly(redis_server, service, make_
 
 
 def test_worker_command_passes_the_padding_rule_to_its_scheduler(redis_server, service):
-    parser = argparse.ArgumentParser()
-    commands = parser.add_subparsers()
-    worker_cli.register(commands)
     argv = ["worker", "--redis", redis_server.url, "--service", service, "--min-padding-efficiency", "0.25"]
-    worker = worker_cli.build_worker(parser.parse_args(argv), redis_server.url, service)
+    worker = build_worker(build_parser().parse_args(argv), redis_server.url, service)
     assert worker.scheduler.min_padding_efficiency == 0.25
     assert worker.config.min_padding_efficiency == 0.25
 
