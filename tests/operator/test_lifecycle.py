@@ -218,7 +218,8 @@ def test_keda_mode_emits_a_scaled_object_and_leaves_replicas_to_it(cluster, oper
         what="a ScaledObject",
     )
     assert scaled[0]["spec"]["scaleTargetRef"]["name"] == f"{NAME}-engine"
-    assert "replicas" not in kube.deployment(f"{NAME}-engine")["spec"]
+    deployment = wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+    assert "replicas" not in deployment["spec"]
 
 
 def test_a_spec_the_crd_cannot_reject_gives_degraded_without_a_crash(cluster, operator, monkeypatch):
