@@ -1,21 +1,84 @@
 #!/usr/bin/env bash
-# One prepared GPU run (about 10 minutes on one H200): profile a randomly initialised model of the real
-# LLaDA-8B shape in bfloat16, then benchmark static batching against BlockServe at the profiled budget.
-# Random weights never emit EOS, so requests end at their own budgets: the synthetic workload varies both
-# prompt lengths and generation budgets. Results land in runs/gpu/.
+# The prepared GPU run, sized for a short lease (estimated 3-5 minutes on one H200; see README "GPU").
+#
+# Needs only torch, safetensors, tokenizers/transformers, numpy, tqdm and matplotlib: the project is
+# not installed, it runs from the working tree (PYTHONPATH=.). Steps, each writing its result as soon
+# as it exists:
+#   1. device.txt    GPU name and memory, torch and CUDA versions
+#   2. profile.json  `dllm profile` of a random model of the real LLaDA-8B shape in bfloat16, weights
+#                    initialised on the device; peak = reserved memory (expandable segments), usable =
+#                    free memory x 0.9, the budget measured once at its own size
+#   3. bench.json    `dllm bench` at the profiled budget: blockserve, static, sequential on a mixed
+#                    workload, rewritten after each policy (a run cut short keeps what it measured);
+#                    the threshold is calibrated so that half of a block's first-forward confidences
+#                    reach it, since random weights never reach 0.9 and every block would take all
+#                    32 steps; summary.txt holds the printed table
+# Usage: bash scripts/gpu-bench.sh [OUT_DIR]          (default OUT_DIR: runs/gpu)
+# CPU rehearsal (what CI runs): DEVICE=cpu MODEL=random:llada-tiny DTYPE=float32 MEMORY_LIMIT=600M \
+#   MAX_TOKENS=2048 WORKLOAD=synthetic:n=12,prompt=8-100,gen=32-96,seed=0 bash scripts/gpu-bench.sh OUT
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=runs/gpu
+out=${1:-runs/gpu}
+python=${PYTHON:-python3}
+device=${DEVICE:-cuda}
+model=${MODEL:-random:llada-8b}
+dtype=${DTYPE:-bfloat16}
+workload=${WORKLOAD:-synthetic:n=128,prompt=32-512,gen=32-256,seed=0}
+policies=${POLICY:-blockserve,static,sequential}
+max_tokens=${MAX_TOKENS:-65536}
+calibrate=${CALIBRATE:-0.5}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt"
-dllm profile --model random:llada-8b --device cuda --dtype bfloat16 --utilization 0.9 --max-tokens 65536 \
-  --json "$out/profile.json"
-dllm bench --model random:llada-8b --device cuda --dtype bfloat16 --profile "$out/profile.json" \
-  --workload "synthetic:n=256,prompt=32-1024,gen=32-512,seed=0" --policy static,blockserve \
-  --no-isolate --no-margins --json "$out/bench.json" --plot "$out/bench.png"
-python - "$out/bench.json" <<'PY'
-import json, sys
-report = json.load(open(sys.argv[1]))
-for name, m in report["policies"].items():
-    print(name, m["tokens_per_s"], m.get("speedup_vs_static"), m["padding_efficiency"], m["peak_memory_bytes"])
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+
+dllm() { "$python" -m engine_pod.cli.main "$@"; }
+step() { echo "== gpu-bench [$((SECONDS))s] $*"; }
+
+step "device"
+"$python" - "$device" <<'PY' | tee "$out/device.txt"
+import sys
+
+import torch
+
+device = sys.argv[1]
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, device {device}")
+if device.startswith("cuda"):
+    props = torch.cuda.get_device_properties(torch.device(device))
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    print(f"{props.name}: {total / 2**30:.1f} GiB total, {free / 2**30:.1f} GiB free")
 PY
+
+step "profile ($model, $dtype, grid up to $max_tokens tokens)"
+limit_args=(--utilization 0.9)
+[ -n "${MEMORY_LIMIT:-}" ] && limit_args=(--memory-limit "$MEMORY_LIMIT")
+timeout "${PROFILE_TIMEOUT:-200}" "$python" -m engine_pod.cli.main profile --model "$model" --device "$device" \
+  --dtype "$dtype" "${limit_args[@]}" --max-tokens "$max_tokens" --json "$out/profile.json"
+
+step "bench ($workload: $policies)"
+status=0
+timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model "$model" --device "$device" \
+  --dtype "$dtype" --profile "$out/profile.json" --workload "$workload" --policy "$policies" \
+  --calibrate-threshold "$calibrate" --no-isolate --no-margins --json "$out/bench.json" \
+  --plot "$out/bench.png" | tee "$out/summary.txt" || status=$?
+
+step "done (bench exit status $status)"
+"$python" - "$out/profile.json" "$out/bench.json" <<'PY'
+import json
+import sys
+
+profile = json.load(open(sys.argv[1]))
+fit, checks = profile["fit"], profile["budget_checks"]
+print(
+    f"profile: {profile['device_name']}, usable {profile['usable_memory_bytes'] / 2**30:.1f} GiB of "
+    f"{profile['free_memory_bytes'] / 2**30:.1f} GiB free, weights {profile['weights_bytes'] / 2**30:.1f} GiB, "
+    f"{fit['bytes_per_token']:.0f} B/token (R^2 {fit['r_squared']:.4f}), budget {profile['token_budget']} tokens "
+    f"({profile['extrapolation']}x the largest grid point); check at {checks[-1]['tokens']} tokens: "
+    f"{checks[-1]['measured_bytes'] / 2**30:.2f} GiB {profile['peak_measure']}"
+    + (f", {checks[-1]['allocated_bytes'] / 2**30:.2f} GiB allocated" if checks[-1]["allocated_bytes"] else "")
+)
+try:
+    bench = json.load(open(sys.argv[2]))
+except FileNotFoundError:
+    sys.exit("no bench result")
+print(f"bench: policies measured {', '.join(bench['policies'])}")
+PY
+exit "$status"

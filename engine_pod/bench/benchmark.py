@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 
+import torch
+
+from engine_pod.bench.calibrate import calibrate_threshold
 from engine_pod.bench.execute import ModelSpec, PolicyRun, run_policy, run_policy_isolated
 from engine_pod.bench.policies import PolicySpec, static_batch_size_for
 from engine_pod.bench.prepare import prepare_requests
 from engine_pod.bench.report import compare_outputs, policy_metrics, summarise, timeline
 from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.models.loader import load_metadata, load_model
+from engine_pod.isolation import run_in_child
+from engine_pod.models.loader import LoadedModel, load_metadata, load_model
 from engine_pod.scheduler.blockserve import DEFAULT_MIN_PADDING_EFFICIENCY
 
 logger = logging.getLogger(__name__)
@@ -33,13 +38,26 @@ class BenchConfig:
     isolate: bool = True  # one child process per policy (separate peak memory)
     record_margins: bool = True
     seed: int = 0
+    calibrate_fraction: float | None = None  # set the threshold so this share of confidences reach it
+
+
+def _calibrate(loaded: LoadedModel | None, cfg: BenchConfig, prompts: list[list[int]]) -> dict:
+    if loaded is None:
+        return run_in_child(_calibrate_fresh, cfg, prompts)
+    return calibrate_threshold(loaded, cfg.decoding, prompts, cfg.calibrate_fraction)
+
+
+def _calibrate_fresh(cfg: BenchConfig, prompts: list[list[int]]) -> dict:
+    loaded = load_model(cfg.model.model, cfg.model.device, cfg.model.dtype, seed=cfg.seed)
+    return calibrate_threshold(loaded, cfg.decoding, prompts, cfg.calibrate_fraction)
 
 
 def _static_widths(requests, block_length: int) -> list[int]:
     return [len(r.prompt_ids) + math.ceil(r.max_tokens / block_length) * block_length for r in requests]
 
 
-def run_benchmark(cfg: BenchConfig) -> dict:
+def run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None = None) -> dict:
+    """Every policy of ``cfg`` on its workload; ``on_policy`` gets the report so far after each one."""
     items = load_workload(cfg.workload)[: cfg.limit]
     config, tokenizer = load_metadata(cfg.model.model)
     requests = prepare_requests(items, config, tokenizer, cfg.seed)
@@ -49,6 +67,15 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     loaded = (
         None if cfg.isolate else load_model(cfg.model.model, cfg.model.device, cfg.model.dtype, seed=cfg.seed)
     )
+    calibration = None
+    if cfg.calibrate_fraction is not None:
+        calibration = _calibrate(loaded, cfg, [r.prompt_ids for r in requests])
+        logger.info(
+            "calibrated threshold %.6g (%s of confidences reach it)",
+            calibration["threshold"],
+            cfg.calibrate_fraction,
+        )
+        cfg = replace(cfg, decoding=replace(cfg.decoding, threshold=calibration["threshold"]))
     for name in cfg.policies:
         spec = PolicySpec(
             name, cfg.token_budget, batch, cfg.admission, cfg.max_rows, cfg.min_padding_efficiency
@@ -60,10 +87,21 @@ def run_benchmark(cfg: BenchConfig) -> dict:
             )
         else:
             runs[name] = run_policy(loaded, cfg.decoding, spec, requests, cfg.record_margins)
-    return _report(cfg, runs, requests, widths, batch, config.eos_token_ids)
+        report = _report(cfg, runs, requests, widths, batch, config.eos_token_ids, calibration)
+        if on_policy is not None:
+            on_policy(report)
+    return report
 
 
-def _report(cfg: BenchConfig, runs: dict[str, PolicyRun], requests, widths, batch: int, eos_ids) -> dict:
+def _device_name(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return device
+
+
+def _report(
+    cfg: BenchConfig, runs: dict[str, PolicyRun], requests, widths, batch: int, eos_ids, calibration
+) -> dict:
     policies = {name: policy_metrics(run, eos_ids) for name, run in runs.items()}
     static = policies.get("static")
     engine = policies.get("blockserve")
@@ -76,6 +114,8 @@ def _report(cfg: BenchConfig, runs: dict[str, PolicyRun], requests, widths, batc
     return {
         "model": cfg.model.model,
         "device": cfg.model.device,
+        "device_name": _device_name(cfg.model.device),
+        "torch_version": torch.__version__,
         "dtype": cfg.model.dtype,
         "workload": {
             "name": cfg.workload,
@@ -84,6 +124,7 @@ def _report(cfg: BenchConfig, runs: dict[str, PolicyRun], requests, widths, batc
             "max_tokens": summarise([r.max_tokens for r in requests]),
         },
         "decoding": asdict(cfg.decoding),
+        "threshold_calibration": calibration,
         "token_budget": cfg.token_budget,
         "min_padding_efficiency": cfg.min_padding_efficiency,
         "static_batch_size": batch,

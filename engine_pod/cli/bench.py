@@ -12,7 +12,7 @@ from engine_pod.bench.benchmark import BenchConfig, run_benchmark
 from engine_pod.bench.execute import ModelSpec
 from engine_pod.bench.policies import POLICIES
 from engine_pod.bench.workloads import named_workloads
-from engine_pod.cli.budget import add_budget_args, resolve_budget
+from engine_pod.cli.budget import add_budget_args, profile_usable_memory, resolve_budget
 from engine_pod.cli.common import (
     CliError,
     add_decoding_args,
@@ -62,7 +62,17 @@ def register(subparsers) -> None:
         action="store_true",
         help="skip recording top-2 gaps (used to explain diverging outputs)",
     )
-    parser.add_argument("--json", dest="json_out", required=True, help="write the report here")
+    parser.add_argument(
+        "--calibrate-threshold",
+        type=float,
+        metavar="FRACTION",
+        help="set the confidence threshold to the level that FRACTION of a block's first-forward "
+        "confidences reach, so blocks finish early on random weights (whose confidences are near "
+        "1/vocabulary); the threshold used is reported",
+    )
+    parser.add_argument(
+        "--json", dest="json_out", required=True, help="write the report here (rewritten after each policy)"
+    )
     parser.add_argument("--plot", help="write throughput, latency CDF and timeline plots to this PNG")
     add_decoding_args(parser, canvas_default="block")
     parser.set_defaults(handler=run)
@@ -76,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         raise CliError("--batch-size must be positive")
     min_padding_efficiency = padding_rule(args)
+    calibrate = args.calibrate_threshold
+    if calibrate is not None and not (0 < calibrate < 1 and args.remasking == "threshold"):
+        raise CliError("--calibrate-threshold takes a fraction in (0, 1) and needs --remasking threshold")
     config = BenchConfig(
         model=ModelSpec(args.model, args.device, args.dtype),
         workload=args.workload,
@@ -89,24 +102,56 @@ def run(args: argparse.Namespace) -> int:
         limit=args.limit,
         isolate=not args.no_isolate,
         record_margins=not args.no_margins,
+        calibrate_fraction=calibrate,
     )
-    report = run_benchmark(config)
-    Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+    usable = profile_usable_memory(args.profile) if args.profile else None
+    out = Path(args.json_out)
+
+    def write(report: dict) -> None:  # after every policy, so a run cut short keeps what it measured
+        report["usable_memory_bytes"] = usable
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        logger.info("wrote %s (%s)", out, ", ".join(report["policies"]))
+
+    report = run_benchmark(config, on_policy=write)
     if args.plot:
         from engine_pod.bench.plots import plot_benchmark
 
         plot_benchmark(report, Path(args.plot))
-    _print_summary(report)
+    sys.stdout.write(summary_text(report) + "\n")
     return 0
 
 
-def _print_summary(report: dict) -> None:
-    lines = [f"{'policy':<22}{'tok/s':>10}{'req/s':>9}{'p50 s':>9}{'p99 s':>9}{'pad eff':>9}{'speedup':>9}"]
+def summary_text(report: dict) -> str:
+    """Everything needed to judge a run: the setup, then one line per policy."""
+    usable = report.get("usable_memory_bytes")
+    calibration = report.get("threshold_calibration")
+    threshold = report["decoding"]["threshold"]
+    lines = [
+        f"device {report['device_name']} ({report['device']}, {report['dtype']}), torch {report['torch_version']}",
+        f"token budget {report['token_budget']}, static batch size {report['static_batch_size']}, "
+        f"usable memory {f'{usable / 2**20:.0f} MiB' if usable else 'unknown (no --profile)'}",
+        f"threshold {threshold:.6g}"
+        + (
+            f" (calibrated: {calibration['fraction']} of first-forward confidences reach it)"
+            if calibration
+            else ""
+        ),
+        f"{'policy':<22}{'wall s':>8}{'tokens':>9}{'forwards':>9}{'tok/s':>10}{'speedup':>9}"
+        f"{'pad eff':>9}{'peak MiB':>10}{'peak/usable':>12}{'agreement':>10}",
+    ]
+    agreement = report["output_comparison"]["per_policy"]
     for name, m in report["policies"].items():
         speedup = m.get("speedup_vs_static")
+        peak = m["peak_memory_bytes"]
+        share = f"{peak / usable:.3f}" if usable else "-"
+        agrees = agreement.get(name, {}).get("token_agreement", 1.0)
         lines.append(
-            f"{name:<22}{m['tokens_per_s']:>10.1f}{m['requests_per_s']:>9.2f}{m['latency_p50_s']:>9.2f}"
-            f"{m['latency_p99_s']:>9.2f}{m['padding_efficiency']:>9.3f}{(f'{speedup:.2f}x' if speedup else '-'):>9}"
+            f"{name:<22}{m['wall_s']:>8.1f}{m['generated_tokens']:>9}{m['num_forward_passes']:>9}"
+            f"{m['tokens_per_s']:>10.1f}{(f'{speedup:.2f}x' if speedup else '-'):>9}"
+            f"{m['padding_efficiency']:>9.3f}{peak / 2**20:>10.0f}{share:>12}{agrees:>10.4f}"
         )
-    lines.append(f"outputs identical across policies: {report['outputs_identical']}")
-    sys.stdout.write("\n".join(lines) + "\n")
+    lines.append(
+        f"token agreement is against {report['output_comparison']['reference_policy']}; "
+        f"outputs identical across policies: {report['outputs_identical']}"
+    )
+    return "\n".join(lines)

@@ -18,14 +18,27 @@ def add_budget_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--profile", help="JSON written by `dllm profile`; its token_budget is used")
 
 
-def budget_from_profile(path: str) -> int:
+def _read_profile(path: str) -> dict:
     file = Path(path)
     if not file.is_file():
         raise CliError(f"profile file {path} does not exist")
     try:
-        budget = json.loads(file.read_text())["token_budget"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise CliError(f"{path} is not a `dllm profile` result (no token_budget)") from exc
+        result = json.loads(file.read_text())
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{path} is not a `dllm profile` result (not JSON)") from exc
+    if not isinstance(result, dict) or "token_budget" not in result:
+        raise CliError(f"{path} is not a `dllm profile` result (no token_budget)")
+    return result
+
+
+def profile_usable_memory(path: str) -> int | None:
+    """The usable memory a profile planned for (bytes), if it says."""
+    value = _read_profile(path).get("usable_memory_bytes")
+    return value if isinstance(value, int) else None
+
+
+def budget_from_profile(path: str) -> int:
+    budget = _read_profile(path)["token_budget"]
     if not isinstance(budget, int) or budget < 1:
         raise CliError(f"{path} has an invalid token_budget {budget!r}")
     return budget

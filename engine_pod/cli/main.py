@@ -7,6 +7,7 @@ import logging
 import sys
 
 from engine_pod.cli import bench, eval, generate, profile, serve, train, worker
+from engine_pod.profiling.memory import configure_cuda_allocator
 
 _COMMANDS = [generate, serve, bench, eval, profile, train, worker]
 
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    configure_cuda_allocator()  # before CUDA starts: the profiler and the engine must share one allocator
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -34,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except (ValueError, FileNotFoundError, OSError) as exc:
         sys.stderr.write(f"dllm {args.command}: error: {exc}\n")
+        return 2
+    except ImportError as exc:  # a bare device has the engine's libraries, not the serving stack
+        sys.stderr.write(
+            f"dllm {args.command}: error: {exc}; this command needs the full install (pip install -e .)\n"
+        )
         return 2
     except KeyboardInterrupt:
         sys.stderr.write(f"dllm {args.command}: interrupted\n")

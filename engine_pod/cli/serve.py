@@ -1,4 +1,7 @@
-"""``dllm serve``: the main job on one machine: private Redis, gateway and one worker; prints the URL."""
+"""``dllm serve``: the main job on one machine: private Redis, gateway and one worker; prints the URL.
+
+Like ``dllm worker``, it imports the serving stack only when it runs (``dllm`` must start on a bare device).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +13,6 @@ from pathlib import Path
 from engine_pod.cli.budget import add_budget_args
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args
 from engine_pod.cli.worker import add_worker_args, build_worker
-from engine_pod.models.loader import resolve_model_dir
-from engine_pod.serve.gateway_process import GatewayProcess
-from engine_pod.serve.redis_server import RedisServer
-from engine_pod.worker.http import serve_probes
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +61,11 @@ def _gateway_env(args: argparse.Namespace, model_dir: Path, redis_url: str) -> d
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine_pod.models.loader import resolve_model_dir
+    from engine_pod.serve.gateway_process import GatewayProcess
+    from engine_pod.serve.redis_server import RedisServer
+    from engine_pod.worker.http import serve_probes
+
     if args.model.startswith("random:"):
         raise CliError("dllm serve needs a model with a tokenizer; random models have none")
     model_dir = resolve_model_dir(args.model)

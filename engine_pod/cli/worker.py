@@ -1,9 +1,14 @@
-"""``dllm worker``: an engine pod's process: BlockServe over the Redis queue of one service."""
+"""``dllm worker``: an engine pod's process: BlockServe over the Redis queue of one service.
+
+The serving stack (redis, the worker loop, the probe server) is imported when the command runs, so
+that ``dllm`` itself starts on a bare device with only torch and the model libraries installed.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+from typing import TYPE_CHECKING
 
 from engine_pod.cli.budget import add_budget_args, resolve_budget
 from engine_pod.cli.common import (
@@ -13,10 +18,9 @@ from engine_pod.cli.common import (
     decoding_config,
     padding_rule,
 )
-from engine_pod.models.loader import load_model
-from engine_pod.runner.block_cycle import BlockCycleRunner
-from engine_pod.worker.http import serve_probes
-from engine_pod.worker.worker import Worker, WorkerConfig
+
+if TYPE_CHECKING:
+    from engine_pod.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +66,10 @@ def register(subparsers) -> None:
 
 
 def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Worker:
+    from engine_pod.models.loader import load_model
+    from engine_pod.runner.block_cycle import BlockCycleRunner
+    from engine_pod.worker.worker import Worker, WorkerConfig
+
     decoding = decoding_config(args, args.steps_per_block)
     min_padding_efficiency = padding_rule(args)
     loaded = load_model(args.model, args.device, args.dtype)
@@ -80,6 +88,8 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Work
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine_pod.worker.http import serve_probes
+
     worker = build_worker(args, args.redis, args.service)
     worker.install_signal_handlers()
     server = serve_probes(args.host, args.port, worker.metrics.registry, worker.ready) if args.port else None

@@ -9,8 +9,6 @@ from torch import nn
 from engine_pod.models.config import ModelConfig
 from engine_pod.models.kv_cache import KVCache
 
-_SDPA_HAS_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
-
 
 class RMSNorm(nn.Module):
     """``w * (x * rsqrt(mean(x^2) + eps))`` computed in at least float32."""
@@ -74,15 +72,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Te
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+    """One SDPA call. Grouped-query K/V are expanded to one head per query head first: SDPA's
+    ``enable_gqa`` together with a mask leaves only the math kernel on CUDA (its score matrix grows with
+    the square of the box width), while expanded heads keep the memory-efficient kernel, whose memory
+    is linear in the width. The expansion costs keys x query heads, also linear."""
     groups = q.shape[1] // k.shape[1]
-    mask = key_mask[:, None, None, :]
-    if groups == 1:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    if _SDPA_HAS_GQA:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-    k = k.repeat_interleave(groups, dim=1)
-    v = v.repeat_interleave(groups, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])
 
 
 class Attention(nn.Module):

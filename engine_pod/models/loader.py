@@ -141,20 +141,26 @@ def _load_tokenizer(model_dir: Path) -> Any:
 
 
 def _random_init(model: DiffusionTransformer, seed: int) -> None:
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    """Normal(0, 0.02) weights and unit norms, drawn in place on the model's device and in its dtype.
+
+    An 8B model initialises in seconds on a GPU this way (no float32 copy, no host round trip); the
+    draw is deterministic for a given seed, device type and dtype.
+    """
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
             else:
-                values = torch.randn(param.shape, generator=generator, dtype=torch.float32) * 0.02
-                param.copy_(values.to(param.dtype))
+                param.normal_(0.0, 0.02, generator=generator)
 
 
 def build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> DiffusionTransformer:
+    """The model's modules with uninitialised storage allocated once, directly in ``dtype`` on ``device``."""
     with torch.device("meta"):
         model = DiffusionTransformer(config)
-    return model.to_empty(device=device).to(dtype).eval()
+    return model.to(dtype).to_empty(device=device).eval()
 
 
 def load_metadata(spec: str) -> tuple[ModelConfig, Any]:

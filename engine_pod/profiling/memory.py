@@ -11,13 +11,36 @@ from pathlib import Path
 
 import torch
 
+CUDA_ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
+
+
+def configure_cuda_allocator() -> str:
+    """Expandable segments for the CUDA caching allocator, unless the user chose a setting.
+
+    Block cycles rebuild the KV cache with a different shape every cycle; fixed-size segments then
+    fragment, and reserved memory drifts above what is allocated. Expandable segments keep the two
+    close, so a budget profiled in one process holds in another. Must run before CUDA initialises;
+    ``dllm`` calls it first thing, for the profiler and the engine alike (they must match).
+    """
+    return os.environ.setdefault(CUDA_ALLOC_CONF, EXPANDABLE_SEGMENTS)
+
 
 def total_memory(device: torch.device) -> int:
-    """Bytes of memory the device offers this process (CPU: RAM, or the cgroup limit if lower)."""
+    """Bytes of memory the device has (CPU: RAM, or the cgroup limit if lower)."""
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory)
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return min(physical, _cgroup_limit() or physical)
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes this process can use now. CUDA: what the driver reports free (other processes' memory and
+    the CUDA context excluded) plus what this process's allocator already holds; CPU: ``total_memory``."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device))
+    return total_memory(device)
 
 
 def _cgroup_limit() -> int | None:
@@ -32,19 +55,31 @@ def _cgroup_limit() -> int | None:
 
 
 def reset_peak(device: torch.device) -> None:
-    """Start a new peak window on CUDA. On CPU the peak is the whole process's, on purpose: an engine
-    process also pays for its imports and its model load, so each grid point runs in a fresh child."""
+    """Start a new peak window on CUDA (cached blocks released, so reserved memory starts from what is
+    allocated). On CPU the peak is the whole process's, on purpose: an engine process also pays for its
+    imports and its model load, so each grid point runs in a fresh child."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
 
 def peak_bytes(device: torch.device) -> int:
-    """CUDA: the allocator's peak since the last reset. CPU: this process's peak resident memory."""
+    """The memory a piece of work held at its peak. CUDA: the caching allocator's reserved peak since the
+    last reset (allocations plus the cache and fragmentation around them: what the device gives up);
+    CPU: this process's peak resident memory."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_reserved(device))
+    return _resident_high_water_mark()
+
+
+def peak_allocated_bytes(device: torch.device) -> int:
+    """CUDA: the peak of live tensor bytes since the last reset (at most ``peak_bytes``); CPU: 0."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         return int(torch.cuda.max_memory_allocated(device))
-    return _resident_high_water_mark()
+    return 0
 
 
 def _resident_high_water_mark() -> int:

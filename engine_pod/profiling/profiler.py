@@ -1,13 +1,16 @@
 """Offline peak-memory profiling: real block cycles over a grid of batch shapes -> a token budget.
 
 Each grid point runs one block cycle (a refresh forward plus cached steps) on a batch of
-``rows x width`` tokens. CUDA points run in this process between allocator peak resets; CPU points
-each run in a child process so that its peak resident memory is that point's alone.
+``rows x width`` tokens. CUDA points run in this process between allocator peak resets and record
+the reserved peak (what the device gives up, fragmentation included) beside the allocated one; CPU
+points each run in a child process so that its peak resident memory is that point's alone. The
+budget the fit gives is then measured once at its own size and lowered until that peak fits.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 from dataclasses import asdict, dataclass
 
@@ -25,7 +28,14 @@ from engine_pod.models.loader import (
     parse_dtype,
 )
 from engine_pod.profiling.fit import MemoryFit, fit_peak
-from engine_pod.profiling.memory import peak_bytes, reset_peak, total_memory
+from engine_pod.profiling.memory import (
+    CUDA_ALLOC_CONF,
+    available_memory,
+    peak_allocated_bytes,
+    peak_bytes,
+    reset_peak,
+    total_memory,
+)
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.scheduler.cycle_row import CycleRow
 
@@ -43,7 +53,7 @@ class ProfileConfig:
     dtype: str = "float32"
     block_length: int = 32
     steps: int = 4  # denoising steps per profiled block cycle (peak is reached by the first cached step)
-    memory_limit: int | None = None  # memory the engine may have; default: the device's total
+    memory_limit: int | None = None  # memory the engine may have; default: what the device has free
     utilization: float = 0.9  # share of it to plan for
     max_tokens: int = 16384  # largest batch (rows x width) on the grid
     seed: int = 0
@@ -53,8 +63,9 @@ class ProfileConfig:
 class Point:
     rows: int
     width: int
-    peak_bytes: int = 0
+    peak_bytes: int = 0  # what the fit uses: CUDA reserved peak, CPU peak resident memory
     held_out: bool = False
+    allocated_bytes: int = 0  # CUDA: peak of live tensors (at most peak_bytes); CPU: 0
 
     @property
     def tokens(self) -> int:
@@ -81,8 +92,12 @@ def _rows_for(point: Point, loaded: LoadedModel, block_length: int, seed: int) -
     return [CycleRow(tuple(rng.choice(vocab) for _ in range(prefix))) for _ in range(point.rows)]
 
 
-def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> int:
-    """Peak bytes of one real block cycle at this shape (low-confidence quota: exactly cfg.steps forwards)."""
+CHECK_WIDTH = 1024  # width of the batch that checks the budget (narrower when the budget is small)
+MAX_CHECKS = 3  # measurements at the budget, each lowering it when its peak was over the limit
+
+
+def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> Point:
+    """One real block cycle at this shape (low-confidence quota: exactly cfg.steps forwards), measured."""
     decoding = DecodingConfig(
         block_length=cfg.block_length, steps_per_block=cfg.steps, remasking="low_confidence"
     )
@@ -90,15 +105,18 @@ def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> int:
     rows = _rows_for(point, loaded, cfg.block_length, cfg.seed)
     reset_peak(loaded.device)
     runner.run(rows, gather_rows=False)
-    return peak_bytes(loaded.device)
+    peak, allocated = peak_bytes(loaded.device), peak_allocated_bytes(loaded.device)
+    return Point(point.rows, point.width, peak, point.held_out, allocated)
 
 
-def _measure_fresh(cfg: ProfileConfig, point: Point) -> int:
+def _measure_fresh(cfg: ProfileConfig, point: Point) -> Point:
     loaded = load_model(cfg.model, cfg.device, cfg.dtype, seed=cfg.seed)
     return measure_point(loaded, point, cfg)
 
 
-def _measure_in_child(cfg: ProfileConfig, point: Point) -> int:
+def _measure(cfg: ProfileConfig, loaded: LoadedModel | None, point: Point) -> Point:
+    if loaded is not None:
+        return measure_point(loaded, point, cfg)
     try:
         return run_in_child(_measure_fresh, cfg, point)
     except ChildDied as exc:
@@ -108,10 +126,17 @@ def _measure_in_child(cfg: ProfileConfig, point: Point) -> int:
         ) from None
 
 
+def check_shape(budget: int) -> Point:
+    """A batch of at most ``budget`` tokens and as close to it as whole rows allow."""
+    rows = max(1, budget // min(CHECK_WIDTH, budget))
+    return Point(rows, budget // rows)
+
+
 def run_profile(cfg: ProfileConfig, progress: bool = True) -> dict:
     device = parse_device(cfg.device)
-    total = total_memory(device)
-    usable = int((cfg.memory_limit if cfg.memory_limit is not None else total) * cfg.utilization)
+    total, available = total_memory(device), available_memory(device)
+    limit = cfg.memory_limit if cfg.memory_limit is not None else available
+    usable = int(limit * cfg.utilization)
     loaded = load_model(cfg.model, cfg.device, cfg.dtype, seed=cfg.seed) if device.type == "cuda" else None
     weights = loaded.weights_bytes if loaded else _weights_bytes(cfg)
     if usable <= weights:
@@ -119,13 +144,61 @@ def run_profile(cfg: ProfileConfig, progress: bool = True) -> dict:
             f"usable memory {usable} bytes is not more than the model's weights ({weights} bytes)"
         )
     shapes, measured = grid(cfg.max_tokens, cfg.block_length), []
-    with tqdm(total=len(shapes), desc="profile", unit="shape", disable=not progress) as bar:
+    with tqdm(total=len(shapes) + 1, desc="profile", unit="shape", disable=not progress) as bar:
         for point in shapes:  # the bar ends its line even when a point fails, so an error prints alone
-            peak = measure_point(loaded, point, cfg) if loaded else _measure_in_child(cfg, point)
-            measured.append(Point(point.rows, point.width, peak, point.held_out))
-            logger.debug("%d x %d tokens: peak %d bytes", point.rows, point.width, peak)
+            measured.append(_measure(cfg, loaded, point))
+            logger.debug("%d x %d tokens: peak %d bytes", point.rows, point.width, measured[-1].peak_bytes)
             bar.update(1)
-    return _result(cfg, device, total, usable, weights, measured)
+        fit = _fit(measured, weights)
+        budget, checks = _checked_budget(cfg, loaded, fit, usable)
+        bar.update(1)
+    memory = {"total": total, "free": available, "limit": limit, "usable": usable, "weights": weights}
+    return _result(cfg, device, memory, fit, budget, checks, measured)
+
+
+def _fit(points: list[Point], weights: int) -> MemoryFit:
+    fitted = [p for p in points if not p.held_out]
+    return fit_peak([p.tokens for p in fitted], [p.peak_bytes for p in fitted], weights)
+
+
+def _checked_budget(
+    cfg: ProfileConfig, loaded: LoadedModel | None, fit: MemoryFit, usable: int
+) -> tuple[int, list[dict]]:
+    """The fit's budget, measured at its own size and scaled down until the measured peak fits."""
+    budget, checks = fit.budget(usable), []
+    for _ in range(MAX_CHECKS):
+        _require_one_block(budget, cfg, fit, usable)
+        point = _measure(cfg, loaded, check_shape(budget))
+        checks.append(_check_record(budget, point, fit, usable))
+        if point.peak_bytes <= usable:
+            return budget, checks
+        fixed = fit.predict(0)
+        budget = int(budget * (usable - fixed) / max(point.peak_bytes - fixed, 1))
+    raise ProfileError(
+        f"the measured peak at the budget stayed above usable memory ({usable} bytes) after {MAX_CHECKS} "
+        f"corrections (last: {checks[-1]['measured_bytes']} bytes at {checks[-1]['tokens']} tokens)"
+    )
+
+
+def _require_one_block(budget: int, cfg: ProfileConfig, fit: MemoryFit, usable: int) -> None:
+    if budget < 2 * cfg.block_length:
+        raise ProfileError(
+            f"usable memory {usable} bytes leaves room for only {max(budget, 0)} batch tokens "
+            f"(runtime {int(fit.intercept_bytes)} + weights {fit.weights_bytes} bytes); that cannot run one block"
+        )
+
+
+def _check_record(budget: int, point: Point, fit: MemoryFit, usable: int) -> dict:
+    return {
+        "budget": budget,
+        "rows": point.rows,
+        "width": point.width,
+        "tokens": point.tokens,
+        "measured_bytes": point.peak_bytes,
+        "allocated_bytes": point.allocated_bytes,
+        "predicted_bytes": int(fit.predict(point.tokens)),
+        "under_limit": point.peak_bytes <= usable,
+    }
 
 
 def _weights_bytes(cfg: ProfileConfig) -> int:
@@ -135,31 +208,31 @@ def _weights_bytes(cfg: ProfileConfig) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def _result(cfg: ProfileConfig, device, total: int, usable: int, weights: int, points: list[Point]) -> dict:
-    fitted = [p for p in points if not p.held_out]
-    fit = fit_peak([p.tokens for p in fitted], [p.peak_bytes for p in fitted], weights)
-    budget = fit.budget(usable)
-    if budget < 2 * cfg.block_length:
-        raise ProfileError(
-            f"usable memory {usable} bytes leaves room for only {max(budget, 0)} batch tokens "
-            f"(runtime {int(fit.intercept_bytes)} + weights {weights} bytes); that cannot run one block"
-        )
-    held_out = [_held_out_error(fit, p) for p in points if p.held_out]
+def _result(
+    cfg: ProfileConfig, device, memory: dict, fit: MemoryFit, budget: int, checks: list[dict], points
+) -> dict:
+    largest_fitted = max(p.tokens for p in points if not p.held_out)
     return {
         "model": cfg.model,
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch_version": torch.__version__,
         "dtype": cfg.dtype,
         "block_length": cfg.block_length,
         "steps": cfg.steps,
-        "total_memory_bytes": total,
-        "memory_limit_bytes": cfg.memory_limit if cfg.memory_limit is not None else total,
+        "total_memory_bytes": memory["total"],
+        "free_memory_bytes": memory["free"],
+        "memory_limit_bytes": memory["limit"],
         "utilization": cfg.utilization,
-        "usable_memory_bytes": usable,
-        "weights_bytes": weights,
+        "usable_memory_bytes": memory["usable"],
+        "weights_bytes": memory["weights"],
+        "peak_measure": "reserved" if device.type == "cuda" else "resident",
+        "cuda_alloc_conf": os.environ.get(CUDA_ALLOC_CONF, "") if device.type == "cuda" else None,
         "fit": {k: v for k, v in asdict(fit).items() if k != "weights_bytes"},
-        "held_out": held_out,
+        "held_out": [_held_out_error(fit, p) for p in points if p.held_out],
         "points": [asdict(p) | {"tokens": p.tokens} for p in points],
+        "budget_checks": checks,
+        "extrapolation": round(budget / largest_fitted, 2),
         "token_budget": budget,
     }
 
@@ -183,6 +256,7 @@ def compact(result: dict) -> dict:
         "device": result["device"],
         "device_name": result["device_name"],
         "dtype": result["dtype"],
+        "total_memory_bytes": result["total_memory_bytes"],
         "usable_memory_bytes": result["usable_memory_bytes"],
         "weights_bytes": result["weights_bytes"],
         "bytes_per_token": round(result["fit"]["bytes_per_token"], 1),

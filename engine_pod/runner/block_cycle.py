@@ -71,13 +71,16 @@ class BlockCycleRunner:
             decoding.cache, decoding.steps_per_block, self.policy.quota_schedule
         )
         self.exact_steps = self.policy.quota_schedule and not decoding.uses_cache
+        self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)  # what scores are computed in
 
     @torch.no_grad()
     def run(self, rows: list[CycleRow], gather_rows: bool = True) -> CycleOutput:
         if not rows:
             raise ValueError("a block cycle needs at least one row")
         L = self.decoding.block_length
-        canvas = build_canvas(rows, L, self.mask_id, self.pad_id, self.loaded.device, self.decoding.threshold)
+        canvas = build_canvas(
+            rows, L, self.mask_id, self.pad_id, self.loaded.device, self.decoding.threshold, self.score_dtype
+        )
         cache = self.model.new_cache() if self.decoding.uses_cache else None
         masks_at_start = (canvas.block_tokens() == self.mask_id).sum(1)
         done = ~canvas.active
@@ -196,14 +199,8 @@ class BlockCycleRunner:
             slots = canvas.block_slots[index]
         else:
             slots = canvas.prefix_window()[0][index]
-        tokens = torch.cat(
-            [canvas.tokens, canvas.tokens.new_full((canvas.tokens.shape[0], 1), self.pad_id)], 1
-        )
-        positions = torch.cat(
-            [canvas.position_ids, canvas.position_ids.new_zeros(canvas.tokens.shape[0], 1)], 1
-        )
-        window_tokens = tokens[index].gather(1, slots)
-        window_positions = positions[index].gather(1, slots)
+        window_tokens = canvas.tokens_with_scratch[index].gather(1, slots)
+        window_positions = canvas.positions_with_scratch[index].gather(1, slots)
         stats.computed_positions += slots.numel()
         stats.useful_positions += int(canvas.active[index].sum()) * canvas.block_length
         source = (pick_k - self.adapter.logit_shift).clamp(min=0)

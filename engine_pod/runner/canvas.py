@@ -17,14 +17,16 @@ from engine_pod.scheduler.cycle_row import CycleRow
 
 @dataclass
 class Canvas:
-    tokens: torch.Tensor  # [R, W] token ids, padding included
+    tokens_with_scratch: torch.Tensor  # [R, W + 1] token ids, padding included, pad in scratch column W
+    positions_with_scratch: torch.Tensor  # [R, W + 1] position_ids, 0 in scratch column W
+    tokens: torch.Tensor  # [R, W] view of the above: token ids, padding included
     real: torch.Tensor  # [R, W] True where a token belongs to the row (prompt, blocks, suffix)
     key_mask: torch.Tensor  # [R, W] True where attention may look (real and not a hidden suffix)
     context: torch.Tensor  # [R, W] True on the prompt, the committed blocks and the active block
     position_ids: torch.Tensor  # [R, W] logical positions, 0 at each row's first real token
     block_slots: torch.Tensor  # [R, L] columns of each row's active block
     active: torch.Tensor  # [R] rows whose commits count
-    thresholds: torch.Tensor  # [R] confidence threshold of each row
+    thresholds: torch.Tensor  # [R] confidence threshold of each row, in the scores' dtype
     block_length: int
 
     @property
@@ -54,6 +56,25 @@ def _row_tokens(row: CycleRow, block_length: int, mask_id: int) -> list[int]:
     return list(row.prefix_ids) + [mask_id] * masked
 
 
+_ROW_FIELDS = 5  # numbers per row after its tokens: length, block start, hidden suffix, active, threshold
+
+
+def _host_rows(rows: list[CycleRow], block_length: int, mask_id: int, pad_id: int, threshold: float):
+    """One int64 matrix [R, W + 1 + fields]: left-padded tokens, the scratch column, then per-row fields."""
+    contents = [_row_tokens(row, block_length, mask_id) for row in rows]
+    width = max(len(c) for c in contents)
+    thresholds = [threshold if r.threshold is None else r.threshold for r in rows]
+    threshold_bits = torch.tensor(thresholds, dtype=torch.float64).view(torch.int64).tolist()
+    matrix = [
+        [pad_id] * (width - len(c))
+        + c
+        + [pad_id, len(c), width - len(c) + row.width]
+        + [int(not row.suffix_visible), int(row.active), bits]
+        for c, row, bits in zip(contents, rows, threshold_bits)
+    ]
+    return torch.tensor(matrix, dtype=torch.long), width
+
+
 def build_canvas(
     rows: list[CycleRow],
     block_length: int,
@@ -61,31 +82,30 @@ def build_canvas(
     pad_id: int,
     device: torch.device,
     threshold: float = 0.9,
+    score_dtype: torch.dtype = torch.float32,
 ) -> Canvas:
     """Left-pad every row to the widest one and compute positions, masks and block slots."""
-    contents = [_row_tokens(row, block_length, mask_id) for row in rows]
-    width = max(len(c) for c in contents)
-    tokens = torch.tensor([[pad_id] * (width - len(c)) + c for c in contents], dtype=torch.long)
-    lengths = torch.tensor([len(c) for c in contents])
-    columns = torch.arange(width)
-    real = columns[None, :] >= (width - lengths)[:, None]
-    block_start = torch.tensor([width - len(c) + row.width for c, row in zip(contents, rows)])
+    host, width = _host_rows(rows, block_length, mask_id, pad_id, threshold)
+    packed = host.to(device)  # the one host-to-device copy
+    tokens = packed[:, : width + 1].contiguous()
+    lengths, block_start, hidden, active, bits = packed[:, width + 1 :].unbind(1)
+    columns = torch.arange(width, device=device)
+    start = width - lengths
+    real = columns[None, :] >= start[:, None]
     block_end = block_start + block_length
-    hidden_suffix = torch.tensor([not row.suffix_visible for row in rows])
-    visible = ~(hidden_suffix[:, None] & (columns[None, :] >= block_end[:, None]))
-    positions = (real.long().cumsum(1) - 1).clamp(min=0)
-    slots = block_start[:, None] + torch.arange(block_length)[None, :]
-    active = torch.tensor([row.active for row in rows])
+    visible = ~(hidden.bool()[:, None] & (columns[None, :] >= block_end[:, None]))
+    positions = torch.zeros_like(tokens)
+    positions[:, :width] = (columns[None, :] - start[:, None]).clamp(min=0)
     return Canvas(
-        tokens=tokens.to(device),
-        real=real.to(device),
-        key_mask=(real & visible).to(device),
-        context=(real & (columns[None, :] < block_end[:, None])).to(device),
-        position_ids=positions.to(device),
-        block_slots=slots.to(device),
-        active=active.to(device),
-        thresholds=torch.tensor(
-            [threshold if r.threshold is None else r.threshold for r in rows], dtype=torch.float64
-        ).to(device),
+        tokens_with_scratch=tokens,
+        positions_with_scratch=positions,
+        tokens=tokens[:, :width],
+        real=real,
+        key_mask=real & visible,
+        context=real & (columns[None, :] < block_end[:, None]),
+        position_ids=positions[:, :width],
+        block_slots=block_start[:, None] + torch.arange(block_length, device=device)[None, :],
+        active=active.bool(),
+        thresholds=bits.contiguous().view(torch.float64).to(score_dtype),
         block_length=block_length,
     )

@@ -1,0 +1,114 @@
+"""``dllm`` on a machine with only torch and the model libraries, and the GPU script rehearsed on the CPU.
+
+The lent GPU machine has no redis, fastapi, uvicorn, pydantic, kopf or kubernetes and the project is
+not installed there; ``tests/bare_device/sitecustomize.py`` makes a subprocess look the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BARE = ROOT / "tests" / "bare_device"
+
+
+def _bare_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=f"{BARE}{os.pathsep}{ROOT}", DLLM_TEST_THREADS="1", **extra)
+    env.pop("PYTHONSTARTUP", None)
+    return env
+
+
+def _run(args: list[str], timeout: float = 300, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        args, cwd=ROOT, env=_bare_env(**extra), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def _dllm(*args: str) -> subprocess.CompletedProcess:
+    return _run([sys.executable, "-m", "engine_pod.cli.main", *args])
+
+
+@pytest.mark.parametrize("package", ["redis", "fastapi", "uvicorn", "kopf", "kubernetes", "pydantic"])
+def test_the_bare_environment_really_lacks_the_serving_stack(package):
+    result = _run([sys.executable, "-c", f"import {package}"])
+    assert result.returncode != 0 and "blocked" in result.stderr
+
+
+def test_dllm_help_and_generate_run_without_the_serving_stack():
+    assert _dllm("--help").returncode == 0
+    result = _dllm("generate", "--prompt", "letters from t to z .", "--chat", "--canvas", "block")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "t u v w x y z"
+
+
+def test_serving_commands_say_what_is_missing_in_one_line():
+    result = _dllm("worker", "--redis", "redis://127.0.0.1:1/0", "--service", "s")
+    assert result.returncode != 0
+    assert "redis" in result.stderr.splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path_factory.mktemp("gpu-bench")
+    result = _run(
+        ["bash", "scripts/gpu-bench.sh", str(out)],
+        timeout=600,
+        PYTHON=sys.executable,
+        DEVICE="cpu",
+        MODEL="random:llada-tiny",
+        DTYPE="float32",
+        MEMORY_LIMIT="600M",
+        MAX_TOKENS="2048",
+        WORKLOAD="synthetic:n=12,prompt=8-100,gen=32-96,seed=0",
+    )
+    return result, out
+
+
+def test_gpu_bench_script_rehearsed_on_the_cpu_writes_every_result(rehearsal):
+    result, out = rehearsal
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+    for name in ("device.txt", "profile.json", "bench.json", "summary.txt", "bench.png"):
+        assert (out / name).is_file(), name
+    summary = (out / "summary.txt").read_text()
+    for text in ("token budget", "usable memory", "peak/usable", "agreement", "calibrated"):
+        assert text in summary
+    assert [
+        line.split()[0]
+        for line in summary.splitlines()
+        if line.split()[0] in ("blockserve", "static", "sequential")
+    ] == [
+        "blockserve",
+        "static",
+        "sequential",
+    ]
+
+
+def test_the_rehearsed_profile_checked_its_budget_under_the_limit(rehearsal):
+    _, out = rehearsal
+    profile = json.loads((out / "profile.json").read_text())
+    check = profile["budget_checks"][-1]
+    assert check["under_limit"] and check["budget"] == profile["token_budget"]
+    assert (
+        check["tokens"] <= profile["token_budget"]
+        and check["measured_bytes"] <= profile["usable_memory_bytes"]
+    )
+
+
+def test_with_a_calibrated_threshold_random_weights_finish_blocks_early(rehearsal):
+    _, out = rehearsal
+    bench = json.loads((out / "bench.json").read_text())
+    assert bench["threshold_calibration"]["fraction"] == 0.5
+    assert bench["decoding"]["threshold"] == bench["threshold_calibration"]["threshold"] < 0.9
+    steps = bench["decoding"]["steps_per_block"]
+    sequential = bench["timelines"]["sequential"]  # one row per cycle: forwards = that block's steps
+    forwards = [cycle["forwards"] for cycle in sequential]
+    assert sum(forwards) / len(forwards) < steps / 2, forwards  # uncalibrated, every block takes all 32
+    assert sum(f < steps for f in forwards) > len(forwards) / 2, forwards
+    assert len(set(forwards)) > 2, "blocks should need different numbers of steps"
+    assert bench["outputs_identical"]
