@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from engine_pod.bench.benchmark import BenchConfig, run_benchmark
 from engine_pod.bench.execute import ModelSpec
@@ -100,3 +101,24 @@ def test_bad_input_fails_with_one_line(capsys, tmp_path, extra, message):
     lines = capsys.readouterr().err.strip().splitlines()
     err = [line for line in lines if not line.startswith("profile:")]  # the progress bar may run first
     assert len(err) == 1 and message in err[0], lines
+
+
+def test_every_profile_measures_its_budget_once_and_it_fits(profile):
+    result, _ = profile
+    check = result["budget_checks"][-1]
+    assert check["budget"] == result["token_budget"] and check["under_limit"]
+    assert 0.9 * result["token_budget"] <= check["tokens"] <= result["token_budget"]
+    assert check["measured_bytes"] <= result["usable_memory_bytes"]
+    assert result["extrapolation"] == round(result["token_budget"] / MAX_TOKENS, 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
+def test_cuda_profile_fits_reserved_memory_under_expandable_segments(tmp_path):
+    argv = ["profile", "--model", "random:llada-tiny", "--device", "cuda", "--memory-limit", "4G"]
+    assert main([*argv, "--max-tokens", "8192", "--json", str(tmp_path / "p.json")]) == 0
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert result["peak_measure"] == "reserved" and "expandable_segments" in result["cuda_alloc_conf"]
+    for point in result["points"]:
+        assert 0 < point["allocated_bytes"] <= point["peak_bytes"]
+    assert result["free_memory_bytes"] <= result["total_memory_bytes"]
+    assert result["budget_checks"][-1]["under_limit"]
