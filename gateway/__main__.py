@@ -22,12 +22,34 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        app = build_app(GatewaySettings.from_env())
+        settings = GatewaySettings.from_env()
+        app = build_app(settings)
     except (SettingsError, TokenizerError, ValueError) as exc:
         sys.stderr.write(f"gateway: error: {exc}\n")
         return 2
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        timeout_graceful_shutdown=max(int(settings.drain_timeout_s), 1),
+    )
+    DrainingServer(config, app).run()
     return 0
+
+
+class DrainingServer(uvicorn.Server):
+    """Uvicorn that, on SIGTERM or Ctrl-C, tells open requests to end in time for their clients to hear."""
+
+    def __init__(self, config: uvicorn.Config, app) -> None:
+        super().__init__(config)
+        self.app = app
+
+    def handle_exit(self, sig, frame) -> None:
+        gateway = getattr(self.app.state, "gateway", None)
+        if gateway is not None:
+            gateway.shutting_down()
+        super().handle_exit(sig, frame)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from engine_pod.queue.async_client import AsyncQueue
 from engine_pod.queue.ops import QueueOps
+from engine_pod.queue.resilience import CLIENT_OPTIONS
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.routers import batches, completions, health, models
@@ -25,7 +26,7 @@ def build_app(settings: GatewaySettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        client = aioredis.Redis.from_url(settings.redis_url, max_connections=4096)
+        client = aioredis.Redis.from_url(settings.redis_url, max_connections=4096, **CLIENT_OPTIONS)
         queue = AsyncQueue(client, QueueOps(settings.service))
         app.state.gateway = GatewayState(settings, tokenizer, client, queue, GatewayMetrics())
         logger.info(

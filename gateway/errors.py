@@ -7,6 +7,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine_pod.queue.resilience import TRANSIENT_ERRORS
+
 
 class ApiError(Exception):
     def __init__(
@@ -48,6 +50,17 @@ def install_error_handlers(app: FastAPI) -> None:
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
         return JSONResponse(error_body(message, "invalid_request_error", param), status_code=422)
+
+    async def redis_unreachable(request: Request, exc: Exception) -> JSONResponse:
+        retry_after = request.app.state.gateway.settings.retry_after_s
+        return JSONResponse(
+            error_body(f"the queue is unreachable ({type(exc).__name__}); retry later", "server_error"),
+            status_code=503,
+            headers={"Retry-After": str(retry_after)},
+        )
+
+    for kind in TRANSIENT_ERRORS:  # any endpoint: a Redis outage is a 503, never a 500
+        app.add_exception_handler(kind, redis_unreachable)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

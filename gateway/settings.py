@@ -27,6 +27,8 @@ class GatewaySettings:
     steps_per_block: int = 32
     threshold: float = 0.9
     request_timeout_s: float = 600.0
+    enqueue_timeout_s: float = 10.0  # how long a Redis fault may delay accepting a request before 503
+    drain_timeout_s: float = 30.0  # after SIGTERM: time open requests get; streams then end with an error
     batch_chunk: int = 200  # batch lines enqueued per event-loop turn
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -43,6 +45,8 @@ class GatewaySettings:
                 "block_length and steps_per_block must be positive",
             ),
             (0 < self.threshold <= 1, "threshold must be in (0, 1]"),
+            (self.drain_timeout_s >= 0, "drain_timeout_s must not be negative"),
+            (self.enqueue_timeout_s >= 0, "enqueue_timeout_s must not be negative"),
         ]
         for ok, message in checks:
             if not ok:
@@ -70,5 +74,7 @@ class GatewaySettings:
             steps_per_block=int(env.get("DLLM_STEPS_PER_BLOCK", cls.steps_per_block)),
             threshold=float(env.get("DLLM_THRESHOLD", cls.threshold)),
             request_timeout_s=float(env.get("DLLM_REQUEST_TIMEOUT_S", cls.request_timeout_s)),
+            enqueue_timeout_s=float(env.get("DLLM_ENQUEUE_TIMEOUT_S", cls.enqueue_timeout_s)),
+            drain_timeout_s=float(env.get("DLLM_DRAIN_TIMEOUT_S", cls.drain_timeout_s)),
         )
         return cls(**(values | overrides))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -15,6 +17,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
 from gateway.tokenizer import GatewayTokenizer
 
+SHUTDOWN_MARGIN_S = 3.0  # ends waits this long before the drain timeout (one poll of Redis and a reply)
+
 
 @dataclass
 class GatewayState:
@@ -24,6 +28,12 @@ class GatewayState:
     queue: AsyncQueue
     metrics: GatewayMetrics
     tasks: set[asyncio.Task] = field(default_factory=set)  # background batch ingestion
+    stop_waiting_at: float = math.inf  # monotonic time at which waits end with a 503 (shutting down)
+
+    def shutting_down(self) -> None:
+        """Called on SIGTERM: waits end with an error early enough to reach clients within the drain."""
+        margin = self.settings.drain_timeout_s - SHUTDOWN_MARGIN_S
+        self.stop_waiting_at = min(self.stop_waiting_at, time.monotonic() + max(margin, 0.0))
 
     def spawn(self, coroutine) -> None:
         task = asyncio.create_task(coroutine)

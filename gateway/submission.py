@@ -6,16 +6,17 @@ import asyncio
 import logging
 import time
 
-from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
+from engine_pod.queue.async_client import START
 from engine_pod.queue.keys import new_request_id
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
+from engine_pod.queue.resilience import TRANSIENT_ERRORS, Backoff
 from gateway.errors import ApiError
 from gateway.schemas import CommonFields
 from gateway.state import GatewayState
 
-POLL_S = 2.0  # longest single wait on Redis, so disconnects and timeouts are noticed
-RECONNECT_S = 0.5  # pause before waiting again when Redis is restarting
+POLL_S = 2.0  # longest single wait on Redis, so disconnects, deadlines and shutdown are noticed
 logger = logging.getLogger(__name__)
 
 
@@ -83,8 +84,31 @@ def build_request(
     )
 
 
+def unavailable(what: str, state: GatewayState) -> ApiError:
+    """503 with Retry-After: Redis cannot be reached right now (never a 500)."""
+    return ApiError(
+        503,
+        f"{what}: the queue is unreachable; retry later",
+        "server_error",
+        headers={"Retry-After": str(state.settings.retry_after_s)},
+    )
+
+
 async def enqueue(request: QueuedRequest, state: GatewayState) -> None:
-    if not await state.queue.enqueue(request, state.settings.max_queued):
+    """Accept ``request`` into the queue: 429 when full; Redis faults are retried (the enqueue script
+    is idempotent) for up to ``enqueue_timeout_s``, then 503."""
+    give_up = time.monotonic() + state.settings.enqueue_timeout_s
+    backoff = Backoff()
+    while True:
+        try:
+            accepted = await state.queue.enqueue(request, state.settings.max_queued)
+            break
+        except TRANSIENT_ERRORS as exc:
+            if time.monotonic() >= give_up:
+                logger.warning("cannot enqueue %s: %s", request.id, exc)
+                raise unavailable("the request was not accepted", state) from exc
+            await asyncio.sleep(backoff.next_delay())
+    if not accepted:
         state.metrics.rejected.inc()
         raise ApiError(
             429,
@@ -95,30 +119,64 @@ async def enqueue(request: QueuedRequest, state: GatewayState) -> None:
 
 
 async def events(request: QueuedRequest, state: GatewayState, is_disconnected=None):
-    """Yield the request's block events and finally its done event; cancel it on disconnect or timeout."""
+    """Yield the request's block events and finally its done event; cancel it on disconnect or timeout.
+
+    Redis faults while waiting are retried with backoff until the request's deadline, which then ends
+    it with a 504; a gateway shutting down ends it with a 503 in time for the client to hear it.
+    """
     deadline = time.monotonic() + state.settings.request_timeout_s
+    backoff = Backoff()
+    cursor = START
     try:
         while True:
-            remaining = deadline - time.monotonic()
+            remaining = min(deadline, state.stop_waiting_at) - time.monotonic()
             if remaining <= 0:
-                raise ApiError(
-                    504, f"no result within {state.settings.request_timeout_s:.0f} s", "timeout_error"
-                )
+                raise _ended_early(state, deadline)
             try:
-                event = await state.queue.next_event(request.id, min(POLL_S, remaining))
-            except RedisConnectionError:
-                logger.warning("redis unreachable while waiting for %s; retrying", request.id)
-                await asyncio.sleep(RECONNECT_S)
+                event, cursor = await state.queue.next_event(request.id, cursor, min(POLL_S, remaining))
+            except TRANSIENT_ERRORS as exc:
+                if not backoff.failing:
+                    logger.warning("redis unreachable while waiting for %s (%s); retrying", request.id, exc)
+                await asyncio.sleep(min(backoff.next_delay(), max(remaining, 0)))
                 continue
+            backoff.reset()
+            if isinstance(event, DoneEvent):
+                await _forget_quietly(request, state)  # before the yield: a consumer stops at it
+                yield event
+                return
             if event is not None:
                 yield event
-                if isinstance(event, DoneEvent):
-                    return
             elif is_disconnected is not None and await is_disconnected():
                 raise asyncio.CancelledError
     except (asyncio.CancelledError, GeneratorExit, ApiError):
-        await state.queue.cancel(request.id, len(request.prompt_ids))
+        await cancel_quietly(request, state)
         raise
+
+
+def _ended_early(state: GatewayState, deadline: float) -> ApiError:
+    if time.monotonic() < deadline:
+        return ApiError(
+            503,
+            "the gateway is shutting down; retry the request",
+            "server_error",
+            headers={"Retry-After": str(state.settings.retry_after_s)},
+        )
+    return ApiError(504, f"no result within {state.settings.request_timeout_s:.0f} s", "timeout_error")
+
+
+async def _forget_quietly(request: QueuedRequest, state: GatewayState) -> None:
+    try:
+        await state.queue.forget_events(request.id)
+    except RedisError as exc:  # they expire with the result
+        logger.debug("could not drop the events of %s: %s", request.id, exc)
+
+
+async def cancel_quietly(request: QueuedRequest, state: GatewayState) -> None:
+    """Best effort: with Redis away the request stays queued, and its result expires unread."""
+    try:
+        await state.queue.cancel(request.id, len(request.prompt_ids))
+    except RedisError as exc:
+        logger.warning("could not cancel %s: %s", request.id, exc)
 
 
 async def wait_done(request: QueuedRequest, state: GatewayState, is_disconnected=None) -> DoneEvent:
@@ -145,6 +203,7 @@ __all__ = [
     "DoneEvent",
     "apply_stop",
     "build_request",
+    "cancel_quietly",
     "check_decoding_fields",
     "enqueue",
     "events",

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest, decode_event
+from engine_pod.queue.messages import EVENT_FIELD, BlockEvent, DoneEvent, QueuedRequest, decode_event
 from engine_pod.queue.ops import QueueOps, ScriptCall, script_sources
+
+START = "0-0"  # cursor before a stream's first event
 
 
 class AsyncQueue:
@@ -21,10 +23,22 @@ class AsyncQueue:
         """False when the queue already holds ``max_queued`` requests (pending + in flight)."""
         return bool(await self.run(self.ops.enqueue(request, max_queued, batch_id)))
 
-    async def next_event(self, request_id: str, timeout_s: float) -> BlockEvent | DoneEvent | None:
-        """The request's next event, or None if none came within ``timeout_s``."""
-        item = await self.redis.blpop([self.ops.keys.events(request_id)], timeout=timeout_s)
-        return None if item is None else decode_event(item[1])
+    async def next_event(
+        self, request_id: str, cursor: str, timeout_s: float
+    ) -> tuple[BlockEvent | DoneEvent | None, str]:
+        """The request's first event after ``cursor`` (None if none came within ``timeout_s``) and the
+        cursor to read on from. Nothing is removed: after a lost reply, read again from the same cursor."""
+        key = self.ops.keys.events(request_id)
+        reply = await self.redis.xread({key: cursor}, count=1, block=max(1, int(timeout_s * 1000)))
+        if not reply:
+            return None, cursor
+        entry_id, fields = reply[0][1][0]
+        entry = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+        return decode_event(fields[EVENT_FIELD.encode()]), entry
+
+    async def forget_events(self, request_id: str) -> None:
+        """Drop a request's events once its result was delivered (they expire anyway)."""
+        await self.redis.unlink(self.ops.keys.events(request_id))
 
     async def cancel(self, request_id: str, prompt_tokens: int) -> int:
         """1: cancelled while pending; 2: flagged for its worker; 0: unknown or already done."""

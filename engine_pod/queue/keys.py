@@ -58,7 +58,8 @@ class ServiceKeys:
         return self._key("req", request_id)
 
     def events(self, request_id: str) -> str:
-        """List of JSON events for the waiting gateway: one per committed block, then one 'done'."""
+        """Stream of JSON events (field ``e``) for the waiting gateway: one per committed block, then one
+        'done'. Read with a cursor, never popped, so a reply lost to a fault loses no event."""
         return self._key("events", request_id)
 
     def batch(self, batch_id: str) -> str:

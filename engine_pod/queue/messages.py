@@ -52,6 +52,9 @@ def encode_event(event: BlockEvent | DoneEvent) -> str:
     return json.dumps(asdict(event), separators=(",", ":"))
 
 
+EVENT_FIELD = "e"  # the field that holds an event's JSON in a request's events stream
+
+
 def decode_event(text: str | bytes) -> BlockEvent | DoneEvent:
     data = json.loads(text)
     kind = data.pop("type", None)

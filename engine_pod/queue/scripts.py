@@ -53,16 +53,23 @@ if #expired > 0 then redis.call('PUBLISH', KEYS[4], #expired) end
 return #expired
 """
 
-# KEYS: inflight, request hash, events list; ARGV: worker id, event json, generated json, score
+# Events go to a per-request stream (XADD), read with a cursor (XREAD): unlike a popped list, an event
+# whose reply is lost to a fault (a blocked reader that timed out) stays there to be read again.
+_EFFECTS = "if redis.replicate_commands then redis.replicate_commands() end\n"  # XADD '*' on Redis 6
+
+# KEYS: inflight, request hash, events stream; ARGV: worker id, event json, generated json, score
 # Records a committed block, only if this worker still owns the request.
-PROGRESS = """
+PROGRESS = (
+    _EFFECTS
+    + """
 if redis.call('HGET', KEYS[2], 'worker') ~= ARGV[1] or not redis.call('ZSCORE', KEYS[1], KEYS[2]:match('[^:]+$')) then
   return 0
 end
 redis.call('HSET', KEYS[2], 'generated', ARGV[3], 'score', ARGV[4])
-redis.call('RPUSH', KEYS[3], ARGV[2])
+redis.call('XADD', KEYS[3], '*', 'e', ARGV[2])
 return 1
 """
+)
 
 
 # Shared by COMPLETE and CANCEL: a finished member of a batch is counted and its result kept.
@@ -81,10 +88,11 @@ local function record_batch(request_key, id, done_json, batch_prefix)
 end
 """
 
-# KEYS: inflight, request hash, events list, cancelled set; ARGV: worker id, done json, ttl seconds, batch prefix
+# KEYS: inflight, request hash, events stream, cancelled set; ARGV: worker id, done json, ttl seconds, batch prefix
 # Completes a request exactly once: the first caller that still owns it wins, later ones get 0.
 COMPLETE = (
-    _RECORD_BATCH
+    _EFFECTS
+    + _RECORD_BATCH
     + """
 local id = KEYS[2]:match('[^:]+$')
 if redis.call('HGET', KEYS[2], 'state') == 'done' then return 0 end
@@ -92,7 +100,7 @@ if redis.call('HGET', KEYS[2], 'worker') ~= ARGV[1] or not redis.call('ZSCORE', 
 redis.call('ZREM', KEYS[1], id)
 redis.call('SREM', KEYS[4], id)
 redis.call('HSET', KEYS[2], 'state', 'done', 'result', ARGV[2])
-redis.call('RPUSH', KEYS[3], ARGV[2])
+redis.call('XADD', KEYS[3], '*', 'e', ARGV[2])
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
 record_batch(KEYS[2], id, ARGV[2], ARGV[4])
@@ -112,17 +120,18 @@ redis.call('PUBLISH', KEYS[4], 1)
 return 1
 """
 
-# KEYS: pending, request hash, events list, cancelled set; ARGV: done json, ttl seconds, batch prefix
+# KEYS: pending, request hash, events stream, cancelled set; ARGV: done json, ttl seconds, batch prefix
 # Cancels a request: a pending one completes at once; an in-flight one is flagged for its worker.
 CANCEL = (
-    _RECORD_BATCH
+    _EFFECTS
+    + _RECORD_BATCH
     + """
 local id = KEYS[2]:match('[^:]+$')
 local state = redis.call('HGET', KEYS[2], 'state')
 if not state or state == 'done' then return 0 end
 if redis.call('ZREM', KEYS[1], id) == 1 then
   redis.call('HSET', KEYS[2], 'state', 'done', 'result', ARGV[1])
-  redis.call('RPUSH', KEYS[3], ARGV[1])
+  redis.call('XADD', KEYS[3], '*', 'e', ARGV[1])
   redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
   redis.call('EXPIRE', KEYS[3], tonumber(ARGV[2]))
   record_batch(KEYS[2], id, ARGV[1], ARGV[3])
@@ -135,8 +144,10 @@ return 2
 
 # KEYS: pending, request hash, wakeup
 # ARGV: score, payload json, max queued (0: unlimited), inflight key, batch id ('' for none)
-# Enqueues a request unless the queue is full (returns 0 then).
+# Enqueues a request unless the queue is full (returns 0 then). Idempotent: a request id that exists
+# already (a retry after a reply lost to a Redis fault) answers 1 and changes nothing.
 ENQUEUE = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end
 local limit = tonumber(ARGV[3])
 if limit > 0 and (redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', ARGV[4])) >= limit then return 0 end
 local id = KEYS[2]:match('[^:]+$')

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import redis
 
-from engine_pod.queue.messages import BlockEvent, DoneEvent
+from engine_pod.queue.messages import EVENT_FIELD, BlockEvent, DoneEvent, decode_event
 from engine_pod.queue.ops import Claimed, QueueOps, ScriptCall, script_sources
+from engine_pod.queue.resilience import CLIENT_OPTIONS
 
 
 class SyncQueue:
@@ -16,7 +17,7 @@ class SyncQueue:
 
     @classmethod
     def connect(cls, url: str, service: str, lease_ms: int) -> SyncQueue:
-        return cls(redis.Redis.from_url(url), QueueOps(service, lease_ms=lease_ms))
+        return cls(redis.Redis.from_url(url, **CLIENT_OPTIONS), QueueOps(service, lease_ms=lease_ms))
 
     def run(self, call: ScriptCall):
         return self._scripts[call.script](keys=call.keys, args=call.args)
@@ -48,6 +49,11 @@ class SyncQueue:
             return set()
         flags = self.redis.smismember(self.ops.keys.cancelled, request_ids)
         return {rid for rid, flag in zip(request_ids, flags) if flag}
+
+    def events_of(self, request_id: str) -> list[BlockEvent | DoneEvent]:
+        """Every event still stored for a request, oldest first."""
+        entries = self.redis.xrange(self.ops.keys.events(request_id))
+        return [decode_event(fields[EVENT_FIELD.encode()]) for _, fields in entries]
 
     def depth(self) -> tuple[int, int]:
         pipe = self.redis.pipeline()

@@ -73,6 +73,13 @@ class Scheduler:
             self.requests.pop(request.request_id, None)
         return finished
 
+    def finish_reason_for(self, request: Request) -> FinishReason | None:
+        """Why ``request`` is already finished by the blocks it has (None if it is not): a request
+        resumed from stored progress may have committed its last block before its result was sent."""
+        if not request.generated:
+            return None
+        return self._finish_reason(request, request.generated[-self.block_length :])
+
     def _finish_reason(self, request: Request, block: list[int]) -> FinishReason | None:
         if not self.ignore_eos and any(token in self.eos_ids for token in block):
             return FinishReason.EOS

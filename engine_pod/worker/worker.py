@@ -1,13 +1,21 @@
 """The engine worker: BlockServe admission drawing from Redis, results published per request.
 
-Each loop iteration: reap expired leases, renew ours, honour cancellations, claim what fits the
-token budget (sand filling through the claim script), run one block cycle, then publish every
-committed block and complete finished requests exactly once. SIGTERM stops claiming; in-flight
-work finishes within the drain timeout or goes back to the queue with its committed blocks.
+Each loop iteration: send results not yet acknowledged, renew our leases, reap expired ones,
+honour cancellations, claim what fits the token budget (sand filling through the claim script), run
+one block cycle, then publish every committed block and complete finished requests exactly once.
+SIGTERM stops claiming; in-flight work finishes within the drain timeout or goes back to the queue
+with its committed blocks.
+
+Redis faults are ridden out (DESIGN.md section 8): a connection error or timeout ends the iteration,
+the loop backs off (bounded, jittered) and reports not ready, and the rows it holds stay in memory.
+Finished results wait in an outbox until Redis acknowledges them, their leases renewed meanwhile;
+a lease another worker took over while we were cut off is dropped, so every result is still
+delivered exactly once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -20,6 +28,7 @@ import redis
 from engine_pod.engine import Engine, StepResult
 from engine_pod.queue.messages import BlockEvent, DoneEvent
 from engine_pod.queue.ops import Claimed
+from engine_pod.queue.resilience import TRANSIENT_ERRORS, Backoff
 from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.scheduler.blockserve import DEFAULT_MIN_PADDING_EFFICIENCY, BlockServeScheduler
@@ -72,10 +81,15 @@ class Worker:
         self.metrics.token_budget.set(config.token_budget)
         self.draining = False
         self.stopped = False
+        self.connected = True  # False from a Redis fault until the next iteration that reaches Redis
+        self._backoff = Backoff()
+        self._drain_deadline: float | None = None
         self._last_renew = 0.0
         self._last_reap = 0.0
         self._pubsub = None
+        self._subscribed = False
         self._meta: dict[str, dict] = {}  # request id -> payload meta, echoed in its done event
+        self._outbox: dict[str, tuple[DoneEvent, str]] = {}  # finished, not yet acknowledged by Redis
 
     # -- lifecycle ----------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -85,10 +99,11 @@ class Worker:
     def drain(self) -> None:
         if not self.draining:
             logger.info("worker %s draining: no new claims", self.worker_id)
+            self._drain_deadline = time.monotonic() + self.config.drain_timeout_s
         self.draining = True
 
     def ready(self) -> bool:
-        if self.draining or self.stopped:
+        if self.draining or self.stopped or not self.connected:
             return False
         try:
             return bool(self.queue.redis.ping())
@@ -98,30 +113,74 @@ class Worker:
     def run(self, max_idle_s: float | None = None) -> None:
         """Serve until drained (SIGTERM) or, with ``max_idle_s``, until idle that long."""
         self._pubsub = self.queue.redis.pubsub(ignore_subscribe_messages=True)
-        self._pubsub.subscribe(self.queue.ops.keys.wakeup)
         idle_since = time.monotonic()
-        drain_deadline = None
         try:
-            while True:
-                self._housekeeping()
-                if not self.draining:
-                    self._claim()
-                elif drain_deadline is None:
-                    drain_deadline = time.monotonic() + self.config.drain_timeout_s
-                if self.engine.has_work():
-                    self._step()
-                    idle_since = time.monotonic()
-                elif self.draining or (max_idle_s is not None and time.monotonic() - idle_since > max_idle_s):
-                    break
-                else:
-                    self._wait_for_work()
-                if drain_deadline is not None and time.monotonic() > drain_deadline:
-                    break
+            while not self._should_stop(idle_since, max_idle_s):
+                try:
+                    if self._iterate():
+                        idle_since = time.monotonic()
+                    self._redis_reached()
+                except TRANSIENT_ERRORS as exc:
+                    self._redis_fault(exc)
         finally:
+            self._close()
+
+    def _should_stop(self, idle_since: float, max_idle_s: float | None) -> bool:
+        if self._drain_deadline is not None and time.monotonic() > self._drain_deadline:
+            return True
+        if self.engine.has_work() or self._outbox:
+            return False
+        if self.draining:
+            return True
+        return max_idle_s is not None and time.monotonic() - idle_since > max_idle_s
+
+    def _iterate(self) -> bool:
+        """One pass of the loop; True when it ran a block cycle."""
+        self._flush_outbox()
+        self._housekeeping()
+        if not self.draining:
+            self._claim()
+        if self.engine.has_work():
+            self._step()
+            return True
+        if not self.draining:
+            self._wait_for_work()
+        return False
+
+    def _redis_reached(self) -> None:
+        if self._backoff.failing:
+            logger.info("worker %s reached Redis again", self.worker_id)
+        self._backoff.reset()
+        self.connected = True
+
+    def _redis_fault(self, exc: Exception) -> None:
+        if not self._backoff.failing:
+            logger.warning(
+                "worker %s cannot reach Redis (%s: %s); keeping %d rows and %d results, retrying",
+                self.worker_id,
+                type(exc).__name__,
+                exc,
+                len(self._held()),
+                len(self._outbox),
+            )
+        self.connected = False
+        time.sleep(self._backoff.next_delay())
+
+    def _close(self) -> None:
+        try:
             self._hand_back_unfinished()
+            self._flush_outbox()
+        except TRANSIENT_ERRORS as exc:
+            logger.warning(
+                "worker %s stopped without reaching Redis (%s); its leases expire and the queue takes "
+                "their requests back",
+                self.worker_id,
+                exc,
+            )
+        with contextlib.suppress(redis.RedisError):
             self._pubsub.close()
-            self.stopped = True
-            logger.info("worker %s stopped", self.worker_id)
+        self.stopped = True
+        logger.info("worker %s stopped", self.worker_id)
 
     # -- the loop's parts ---------------------------------------------------------------------
     def _held(self) -> list[Request]:
@@ -129,21 +188,26 @@ class Worker:
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
+        if now - self._last_renew > self.config.lease_ms / 3000:  # renew before reaping: after an
+            self._renew()  # outage our own leases have expired, and they are still ours to keep
+            self._last_renew = now
         if now - self._last_reap > self.config.lease_ms / 3000:
             self.queue.reap()
             self._last_reap = now
             pending, inflight = self.queue.depth()
             self.metrics.queue_depth.labels("pending").set(pending)
             self.metrics.queue_depth.labels("inflight").set(inflight)
-        if now - self._last_renew > self.config.lease_ms / 3000:
-            for request_id in self.queue.renew(self.worker_id, [r.request_id for r in self._held()]):
-                logger.warning("lost the lease of %s; dropping it", request_id)
-                self.scheduler.cancel(request_id)
-            self._last_renew = now
         for request_id in self.queue.cancelled_among([r.request_id for r in self._held()]):
             request = self.scheduler.cancel(request_id)
             if request is not None:
                 self._publish_done(request, "cancelled")
+
+    def _renew(self) -> None:
+        held = [r.request_id for r in self._held()] + list(self._outbox)
+        for request_id in self.queue.renew(self.worker_id, held):
+            logger.warning("lost the lease of %s; dropping it", request_id)
+            self.scheduler.cancel(request_id)
+            self._outbox.pop(request_id, None)
 
     def _claim(self) -> None:
         """Sand filling: as many rows as fit, each as wide as the budget allows for that many.
@@ -167,12 +231,21 @@ class Worker:
 
     def _admit(self, claimed: Claimed) -> None:
         payload = claimed.request
+        held = self.scheduler.requests.get(payload.id)
+        if held is not None:  # our lease lapsed during a Redis fault and we claimed it back
+            if len(claimed.generated) <= len(held.generated):
+                return  # the copy we hold is as far along: keep it
+            self.scheduler.cancel(payload.id)
         request = Request.from_tokens(
             payload.id, payload.prompt_ids, payload.max_tokens, self.decoding.block_length
         )
         request.generated = list(claimed.generated)
         request.threshold = payload.threshold
         self._meta[payload.id] = payload.meta
+        finished = self.scheduler.finish_reason_for(request)
+        if finished is not None:  # its last block was stored, its result was not: send it as it is
+            self._publish_done(request, finished.value)
+            return
         try:
             self.scheduler.add(request)
         except RequestError as exc:
@@ -180,6 +253,9 @@ class Worker:
             self._publish_done(request, "error", str(exc))
 
     def _wait_for_work(self) -> None:
+        if not self._subscribed:  # once: after a dropped connection redis-py subscribes again itself
+            self._pubsub.subscribe(self.queue.ops.keys.wakeup)
+            self._subscribed = True
         self._pubsub.get_message(timeout=self.config.idle_wait_s)
 
     def _step(self) -> None:
@@ -187,9 +263,12 @@ class Worker:
         result = self.engine.step()
         if result.output.is_empty:
             return
-        self._publish_blocks(result)
-        for request in result.finished:
-            self._publish_done(request, request.finish_reason.value if request.finish_reason else "length")
+        try:
+            self._publish_blocks(result)
+        finally:  # even when Redis failed mid-way: the results wait in the outbox, not lost
+            for request in result.finished:
+                self._stage_done(request, request.finish_reason.value if request.finish_reason else "length")
+        self._flush_outbox()
         record = self.engine.records[-1]
         self.metrics.record_cycle(
             record.rows,
@@ -216,22 +295,34 @@ class Worker:
                 self.scheduler.cancel(request_id)
 
     def _publish_done(self, request: Request, reason: str, error: str | None = None) -> None:
+        self._stage_done(request, reason, error)
+        self._flush_outbox()
+
+    def _stage_done(self, request: Request, reason: str, error: str | None = None) -> None:
         generated = request.generated
-        used = completion_tokens(generated, self.eos_ids) if generated else 0
         done = DoneEvent(
             token_ids=list(generated),
             finish_reason=reason,
             prompt_tokens=request.prompt_len,
-            completion_tokens=used,
+            completion_tokens=completion_tokens(generated, self.eos_ids) if generated else 0,
             worker=self.worker_id,
             error=error,
             meta=self._meta.pop(request.request_id, {}),
         )
-        if self.queue.complete(self.worker_id, request.request_id, done):
-            self.metrics.requests.labels(reason).inc()
-            self.metrics.generated_tokens.inc(used)
+        self._outbox[request.request_id] = (done, reason)
+
+    def _flush_outbox(self) -> None:
+        """Complete every staged result; one that Redis refuses was completed or taken over elsewhere."""
+        for request_id, (done, reason) in list(self._outbox.items()):
+            if self.queue.complete(self.worker_id, request_id, done):
+                self.metrics.requests.labels(reason).inc()
+                self.metrics.generated_tokens.inc(done.completion_tokens)
+            else:
+                logger.info("%s was completed or taken over elsewhere; dropping our result", request_id)
+            del self._outbox[request_id]
 
     def _hand_back_unfinished(self) -> None:
+        """Release what we hold (a draining worker); Redis faults here end the attempt (leases expire)."""
         for request in self._held():
             if request.state in (RequestState.FINISHED, RequestState.CANCELLED):
                 continue

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
+from redis.exceptions import RedisError
 
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
-from gateway.errors import ApiError
+from gateway.errors import ApiError, error_body
 from gateway.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -26,6 +28,7 @@ from gateway.state import State, require_api_key
 from gateway.submission import (
     apply_stop,
     build_request,
+    cancel_quietly,
     check_decoding_fields,
     enqueue,
     events,
@@ -35,6 +38,7 @@ from gateway.submission import (
 from gateway.tokenizer import TokenizerError
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+logger = logging.getLogger(__name__)
 
 
 def _usage(done_events: list[DoneEvent]) -> Usage:
@@ -110,13 +114,26 @@ def _observe(state, endpoint: str, started: float) -> None:
 
 
 def _sse(chunks: AsyncIterator[dict], state, endpoint: str, started: float) -> StreamingResponse:
+    """Server-sent events. The status line is already sent when the first chunk goes out, so a failure
+    after it is an error event (OpenAI's error object) followed by ``[DONE]``, never a silent cut."""
+
     async def body() -> AsyncIterator[bytes]:
-        async for chunk in chunks:
-            yield f"data: {json.dumps(chunk)}\n\n".encode()
+        try:
+            async for chunk in chunks:
+                yield _event(chunk)
+        except ApiError as exc:
+            yield _event(error_body(exc.message, exc.kind, exc.param))
+        except RedisError as exc:
+            logger.warning("stream ended by a Redis error: %s", exc)
+            yield _event(error_body(f"the queue failed ({type(exc).__name__}); retry", "server_error"))
         yield b"data: [DONE]\n\n"
         _observe(state, endpoint, started)
 
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _event(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
 
 
 def _chunk(queued: QueuedRequest, body, text: str, reason: str | None, chat: bool) -> dict:
@@ -137,19 +154,27 @@ def _chunk(queued: QueuedRequest, body, text: str, reason: str | None, chat: boo
 
 
 async def _stream(queued: QueuedRequest, body, state, chat: bool) -> AsyncIterator[dict]:
-    """One chunk per committed block carrying the new text; the last one says why generation ended."""
+    """One chunk per committed block carrying the new text; the last one says why generation ended.
+
+    Block events are numbered; after a gap (a block the worker could not publish during a Redis fault)
+    no more block chunks go out, and the done event, which carries every token, sends the rest.
+    """
     tokens: list[int] = []
     sent = ""
     stops = body.stop_strings()
+    contiguous = True
     async for event in events(queued, state):
         if isinstance(event, BlockEvent):
+            contiguous = contiguous and event.index == len(tokens) // state.settings.block_length
+            if not contiguous:
+                continue
             tokens.extend(event.token_ids)
             text, stopped = apply_stop(state.tokenizer.decode(tokens), stops)
             if text != sent and text.startswith(sent):
                 yield _chunk(queued, body, text[len(sent) :], None, chat)
                 sent = text
             if stopped:
-                await state.queue.cancel(queued.id, len(queued.prompt_ids))
+                await cancel_quietly(queued, state)
                 yield _chunk(queued, body, "", "stop", chat) | _usage_field(
                     body, len(queued.prompt_ids), len(tokens)
                 )

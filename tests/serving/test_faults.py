@@ -9,10 +9,8 @@ import signal
 import httpx
 import redis
 
-from engine_pod.decoding.config import DecodingConfig
-from engine_pod.generation import generate_one
-from engine_pod.models.loader import load_model
 from engine_pod.serve.redis_server import RedisServer
+from tests.serving.outage_harness import reference_texts, undelivered_results
 from tests.serving_utils import BLOCK, GatewayServer, gateway_settings, start_worker_process, wait_for
 
 PROMPTS = [f"copy : {' '.join(['cat', 'dog', 'fox', 'owl'][: 1 + i % 4])} ." for i in range(24)]
@@ -33,19 +31,6 @@ def _start_posting(url: str, prompts: list[str], max_tokens: int):
 
     pool = concurrent.futures.ThreadPoolExecutor(1)
     return pool.submit(asyncio.run, _post_all(url, prompts, max_tokens))
-
-
-def _reference_texts(model_dir, prompts: list[str], max_tokens: int) -> list[str]:
-    from gateway.tokenizer import GatewayTokenizer
-
-    loaded = load_model(str(model_dir), dtype="float64")
-    tokenizer = GatewayTokenizer(str(model_dir))
-    decoding = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK)
-    texts = []
-    for prompt in prompts:
-        result = generate_one(loaded, tokenizer.encode(prompt), max_tokens, decoding)
-        texts.append(tokenizer.decode(result.token_ids))
-    return texts
 
 
 def _states(client: redis.Redis, service: str) -> dict[str, int]:
@@ -91,11 +76,10 @@ def test_sigkilled_worker_loses_nothing_and_results_arrive_once(
             second.wait(timeout=60)
     assert [r.status_code for r in responses] == [200] * len(PROMPTS)
     texts = [r.json()["choices"][0]["text"] for r in responses]
-    assert texts == _reference_texts(served_model, PROMPTS, max_tokens)  # resumed work is exact
+    assert texts == reference_texts(served_model, PROMPTS, max_tokens)  # resumed work is exact
     reclaimed = [int(client.hget(k, "attempts")) for k in client.scan_iter(f"dllm:{service}:req:*")]
     assert max(reclaimed) >= 2, "some request should have been reclaimed from the dead worker"
-    for key in client.scan_iter(f"dllm:{service}:events:*"):
-        assert client.llen(key) == 0, "a result was delivered more than once"
+    assert undelivered_results(client, service) == 0, "a result was delivered more than once"
     assert second.returncode == 0  # SIGTERM drains and exits cleanly
 
 

@@ -6,7 +6,7 @@ import time
 
 import redis
 
-from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest, decode_event
+from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.ops import QueueOps
 from engine_pod.queue.sync_client import SyncQueue
 
@@ -21,7 +21,7 @@ def _enqueue(queue: SyncQueue, request_id: str, prompt_len: int, max_queued: int
 
 
 def _events(queue: SyncQueue, request_id: str):
-    return [decode_event(e) for e in queue.redis.lrange(queue.ops.keys.events(request_id), 0, -1)]
+    return queue.events_of(request_id)
 
 
 def test_pending_is_sorted_by_prompt_length_and_claims_sand_fill(redis_server, service):

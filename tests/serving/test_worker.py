@@ -9,7 +9,7 @@ import redis
 
 from engine_pod.cli.main import build_parser, main
 from engine_pod.cli.worker import build_worker
-from engine_pod.queue.messages import DoneEvent, QueuedRequest, decode_event
+from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.ops import QueueOps
 from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.serve.redis_server import free_port
@@ -27,8 +27,7 @@ def _enqueue(
 
 
 def _done(queue: SyncQueue, request_id: str) -> DoneEvent | None:
-    events = [decode_event(e) for e in queue.redis.lrange(queue.ops.keys.events(request_id), 0, -1)]
-    return next((e for e in events if isinstance(e, DoneEvent)), None)
+    return next((e for e in queue.events_of(request_id) if isinstance(e, DoneEvent)), None)
 
 
 def test_probes_and_metrics(redis_server, service, make_worker):
@@ -91,3 +90,34 @@ def test_worker_command_rejects_a_padding_rule_outside_zero_to_one(capsys):
     assert main(argv) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--min-padding-efficiency" in err[0]
+
+
+def test_a_request_whose_stored_blocks_fill_its_budget_is_completed_as_it_is(
+    redis_server, service, make_worker
+):
+    """A worker stored the last block but died (or lost Redis) before completing: whoever claims the
+    request next must send those blocks, not generate one more."""
+    queue = _enqueue(redis_server.url, service, "r-full", 5, max_tokens=16)  # two blocks of 8
+    stored = [11] * 8 + [12] * 8
+    assert queue.claim("gone", 100, 1)
+    assert queue.progress("gone", "r-full", BlockEvent(1, [12] * 8), stored, 5 + 16)
+    queue.redis.zadd(queue.ops.keys.inflight, {"r-full": 0})  # its lease ran out long ago
+    with make_worker(redis_server.url, service):
+        done = wait_for(lambda: _done(queue, "r-full"), 60, what="the result")
+    assert done.token_ids == stored and done.finish_reason == "length"
+    assert done.completion_tokens == 16
+
+
+def test_a_worker_reclaiming_a_request_it_still_holds_keeps_it(redis_server, service, make_worker):
+    """After a Redis fault our lease may lapse and our own claim win it back: that is not a duplicate."""
+    thread = make_worker(redis_server.url, service)
+    worker = thread.worker
+    queue = _enqueue(redis_server.url, service, "r-mine", 5, max_tokens=16)
+    (claimed,) = worker.queue.claim(worker.worker_id, 100, 1)
+    worker._admit(claimed)
+    worker._admit(claimed)  # the same request claimed again by the same worker
+    assert list(worker.scheduler.requests) == ["r-mine"]
+    assert _done(queue, "r-mine") is None, "no error result may be sent for a request we hold"
+    with thread:
+        done = wait_for(lambda: _done(queue, "r-mine"), 60, what="the result")
+    assert done.finish_reason in ("stop", "length") and done.error is None

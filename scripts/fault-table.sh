@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Run the fault-injection tests (real redis-server, `python -m gateway`, two `dllm worker` processes,
+# 200 requests per case) and print their counts as the README's table. About a minute on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+report=$(mktemp)
+trap 'rm -f "$report"' EXIT
+DLLM_FAULT_REPORT="$report" python -m pytest -q tests/serving/test_outages.py
+python - "$report" <<'PY'
+import json
+import sys
+
+rows = [json.loads(line) for line in open(sys.argv[1])]
+columns = ["sent", "completed", "lost", "duplicated", "5xx"]
+print("| case | " + " | ".join(columns) + " |")
+print("|---|" + "---|" * len(columns))
+for row in sorted(rows, key=lambda r: r["case"]):
+    if "lost" in row:
+        print(f"| {row['case']} | " + " | ".join(str(row[c]) for c in columns) + " |")
+for row in rows:
+    if "streams_opened" in row:
+        print(
+            f"\n{row['case']}: {row['sent']} streams sent, {row['streams_opened']} opened, "
+            f"{row['completed']} completed, {row['ended_with_error_and_done']} ended with an error event "
+            f"and [DONE], {row['5xx']} answered 5xx; none was cut off."
+        )
+PY
