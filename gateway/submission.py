@@ -17,6 +17,7 @@ from gateway.schemas import CommonFields
 from gateway.state import GatewayState
 
 POLL_S = 2.0  # longest single wait on Redis, so disconnects, deadlines and shutdown are noticed
+DELIVERED_EVENTS_TTL_S = 60  # a delivered request's events stay this long (else: the result retention)
 logger = logging.getLogger(__name__)
 
 
@@ -166,9 +167,9 @@ def _ended_early(state: GatewayState, deadline: float) -> ApiError:
 
 async def _forget_quietly(request: QueuedRequest, state: GatewayState) -> None:
     try:
-        await state.queue.forget_events(request.id)
+        await state.queue.expire_events(request.id, DELIVERED_EVENTS_TTL_S)
     except RedisError as exc:  # they expire with the result
-        logger.debug("could not drop the events of %s: %s", request.id, exc)
+        logger.debug("could not shorten the events' retention of %s: %s", request.id, exc)
 
 
 async def cancel_quietly(request: QueuedRequest, state: GatewayState) -> None:

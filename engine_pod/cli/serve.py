@@ -1,20 +1,33 @@
-"""``dllm serve``: the main job on one machine: private Redis, gateway and one worker; prints the URL.
+"""``dllm serve``: the main job on one machine, supervised: a private Redis, one worker and the gateway.
 
-Like ``dllm worker``, it imports the serving stack only when it runs (``dllm`` must start on a bare device).
+Each runs as a child process that is restarted (with backoff) when it dies; SIGTERM or Ctrl-C stops
+the gateway, then the worker (both drain), then Redis, and exits 0. Redis keeps an append-only file
+in a data directory (under the user's cache by default), so accepted requests survive a restart of
+Redis or of ``dllm serve`` itself. Like ``dllm worker``, this module imports the serving stack only
+when it runs (``dllm`` must start on a bare device).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
-from engine_pod.cli.budget import add_budget_args
-from engine_pod.cli.common import CliError, add_decoding_args, add_model_args
-from engine_pod.cli.worker import add_worker_args, build_worker
+from engine_pod.cli.budget import add_budget_args, resolve_budget
+from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, padding_rule
+from engine_pod.cli.worker import add_worker_args
 
 logger = logging.getLogger(__name__)
+
+DRAIN_S = 10.0  # the gateway's drain after SIGTERM under dllm serve
+
+
+def default_data_dir(service: str) -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "dllm" / "serve" / service
 
 
 def register(subparsers) -> None:
@@ -30,7 +43,11 @@ def register(subparsers) -> None:
     parser.add_argument("--service", default="default", help="queue name (default: default)")
     parser.add_argument("--model-name", help="model id clients pass (default: the model directory's name)")
     parser.add_argument("--redis-url", help="use this Redis instead of starting one")
-    parser.add_argument("--redis-dir", help="keep Redis data here with append-only persistence")
+    parser.add_argument(
+        "--data-dir",
+        help="where the private Redis keeps its append-only file "
+        "(default: $XDG_CACHE_HOME/dllm/serve/SERVICE, or ~/.cache/dllm/serve/SERVICE)",
+    )
     parser.add_argument("--api-key", action="append", default=[], help="require this bearer key (repeatable)")
     parser.add_argument(
         "--max-queued", type=int, default=10_000, help="queue depth that answers 429 (default: 10000)"
@@ -38,7 +55,12 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--max-tokens-limit", type=int, default=512, help="largest max_tokens accepted (default: 512)"
     )
-    parser.add_argument("--metrics-port", type=int, default=0, help="worker /metrics port (default: none)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="worker /metrics, /healthz, /readyz port (default: any free)",
+    )
     add_budget_args(parser)
     add_worker_args(parser)
     add_decoding_args(parser)
@@ -57,46 +79,73 @@ def _gateway_env(args: argparse.Namespace, model_dir: Path, redis_url: str) -> d
         "DLLM_BLOCK_LENGTH": str(args.block_length),
         "DLLM_STEPS_PER_BLOCK": str(args.steps_per_block),
         "DLLM_THRESHOLD": str(args.threshold),
+        "DLLM_DRAIN_TIMEOUT_S": str(DRAIN_S),
     }
+
+
+def _worker_args(args: argparse.Namespace, redis_url: str) -> list[str]:
+    """The ``dllm worker`` command line that runs what ``args`` asked ``dllm serve`` for."""
+    budget = ["--profile", args.profile] if args.profile else ["--token-budget", str(resolve_budget(args))]
+    decoding = [
+        *("--block-length", str(args.block_length), "--remasking", args.remasking),
+        *("--threshold", str(args.threshold), "--cache", args.cache, "--canvas", args.canvas),
+        *(["--ignore-eos"] if args.ignore_eos else []),
+    ]
+    return [
+        *("--model", args.model, "--device", args.device, "--dtype", args.dtype),
+        *("--redis", redis_url, "--service", args.service, *budget),
+        *("--max-rows", str(args.max_rows), "--admission", args.admission),
+        *(
+            "--min-padding-efficiency",
+            str(padding_rule(args)),
+            "--steps-per-block",
+            str(args.steps_per_block),
+        ),
+        *("--lease-ms", str(args.lease_ms), "--drain-timeout", str(args.drain_timeout)),
+        *decoding,
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
     from engine_pod.models.loader import resolve_model_dir
     from engine_pod.serve.gateway_process import GatewayProcess
-    from engine_pod.serve.redis_server import RedisServer
-    from engine_pod.worker.http import serve_probes
+    from engine_pod.serve.redis_server import RedisServer, free_port
+    from engine_pod.serve.supervisor import ChildCannotStart, Supervised, Supervisor, child_popen_options
+    from engine_pod.serve.worker_process import WorkerProcess
 
     if args.model.startswith("random:"):
         raise CliError("dllm serve needs a model with a tokenizer; random models have none")
     model_dir = resolve_model_dir(args.model)
     if not (model_dir / "tokenizer.json").is_file():
         raise CliError(f"{model_dir} has no tokenizer.json; the gateway needs one")
-    redis_server = (
-        None
-        if args.redis_url
-        else RedisServer(data_dir=args.redis_dir, appendonly=bool(args.redis_dir)).start()
-    )
-    redis_url = args.redis_url or redis_server.url
-    gateway = None
+    options = child_popen_options()
+    children = []
+    redis_url = args.redis_url
+    if not redis_url:
+        data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir(args.service)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        redis = RedisServer(data_dir=str(data_dir), appendonly=True, popen_options=options)
+        children.append(Supervised("redis-server", redis))
+        redis_url = redis.url
+        logger.info("Redis data (append-only file) in %s", data_dir)
+    probe_port = args.metrics_port or free_port()
+    worker = WorkerProcess(_worker_args(args, redis_url), probe_port, options, stop_s=args.drain_timeout + 10)
+    gateway_env = _gateway_env(args, model_dir, redis_url)
+    gateway = GatewayProcess(args.host, args.port, gateway_env, options, stop_s=DRAIN_S + 5)
+    children += [Supervised("worker", worker), Supervised("gateway", gateway)]
+    supervisor = Supervisor(children)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: supervisor.stop())
     try:
-        worker = build_worker(args, redis_url, args.service)
-        gateway = GatewayProcess(args.host, args.port, _gateway_env(args, model_dir, redis_url)).start()
-        probes = (
-            serve_probes("127.0.0.1", args.metrics_port, worker.metrics.registry, worker.ready)
-            if args.metrics_port
-            else None
-        )
-        worker.install_signal_handlers()
-        sys.stdout.write(
-            f"dllm serve: OpenAI-compatible API at {gateway.url}/v1 (model {args.model_name or model_dir.name}); Ctrl-C stops\n"
-        )
-        sys.stdout.flush()
-        worker.run()
-        if probes is not None:
-            probes.shutdown()
+        supervisor.start_all()
+    except ChildCannotStart as exc:
+        raise CliError(str(exc)) from None
+    name = args.model_name or model_dir.name
+    sys.stdout.write(f"dllm serve: OpenAI-compatible API at {gateway.url}/v1 (model {name}); Ctrl-C stops\n")
+    sys.stdout.flush()
+    try:
+        supervisor.watch()
     finally:
-        if gateway is not None:
-            gateway.stop()
-        if redis_server is not None:
-            redis_server.stop()
+        supervisor.stop_all()
+    logger.info("dllm serve stopped")
     return 0

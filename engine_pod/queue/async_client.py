@@ -36,9 +36,10 @@ class AsyncQueue:
         entry = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
         return decode_event(fields[EVENT_FIELD.encode()]), entry
 
-    async def forget_events(self, request_id: str) -> None:
-        """Drop a request's events once its result was delivered (they expire anyway)."""
-        await self.redis.unlink(self.ops.keys.events(request_id))
+    async def expire_events(self, request_id: str, seconds: int) -> None:
+        """Shorten a request's events' retention once its result was delivered (kept a little longer
+        than that, not deleted, so that a second result, were there one, could still be seen)."""
+        await self.redis.expire(self.ops.keys.events(request_id), seconds)
 
     async def cancel(self, request_id: str, prompt_tokens: int) -> int:
         """1: cancelled while pending; 2: flagged for its worker; 0: unknown or already done."""

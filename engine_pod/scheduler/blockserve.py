@@ -104,7 +104,10 @@ class BlockServeScheduler(Scheduler):
         blocks_left = request.max_blocks - request.blocks_done(self.block_length) - 1
         suffix = blocks_left if self.canvas == "full" else 0
         return CycleRow(
-            request.prompt_ids + tuple(request.generated), suffix_blocks=suffix, suffix_visible=True
+            request.prompt_ids + tuple(request.generated),
+            suffix_blocks=suffix,
+            suffix_visible=True,
+            threshold=request.threshold,
         )
 
     def _preempt_overflow(self) -> list[Request]:

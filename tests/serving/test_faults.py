@@ -10,7 +10,7 @@ import httpx
 import redis
 
 from engine_pod.serve.redis_server import RedisServer
-from tests.serving.outage_harness import reference_texts, undelivered_results
+from tests.serving.outage_harness import reference_texts, results_published_twice
 from tests.serving_utils import BLOCK, GatewayServer, gateway_settings, start_worker_process, wait_for
 
 PROMPTS = [f"copy : {' '.join(['cat', 'dog', 'fox', 'owl'][: 1 + i % 4])} ." for i in range(24)]
@@ -79,7 +79,7 @@ def test_sigkilled_worker_loses_nothing_and_results_arrive_once(
     assert texts == reference_texts(served_model, PROMPTS, max_tokens)  # resumed work is exact
     reclaimed = [int(client.hget(k, "attempts")) for k in client.scan_iter(f"dllm:{service}:req:*")]
     assert max(reclaimed) >= 2, "some request should have been reclaimed from the dead worker"
-    assert undelivered_results(client, service) == 0, "a result was delivered more than once"
+    assert results_published_twice(client, service) == 0, "a result was delivered more than once"
     assert second.returncode == 0  # SIGTERM drains and exits cleanly
 
 

@@ -74,7 +74,9 @@ def test_streaming_sends_one_chunk_per_committed_block(stack):
     final = chunks[-1]
     assert final["choices"][0]["finish_reason"] in ("stop", "length")
     blocks = -(-final["usage"]["completion_tokens"] // BLOCK)
-    assert len(chunks) - 1 <= blocks  # at most one text chunk per committed block
+    assert blocks >= 2, "the prompt should need several blocks"
+    text_chunks = [c for c in chunks[:-1] if c["choices"][0]["text"]]
+    assert 2 <= len(text_chunks) <= blocks  # a chunk per committed block, not one at the end
     streamed = "".join(c["choices"][0]["text"] for c in chunks)
     whole = completion(stack, "count from 1 to 5 .", max_tokens=4 * BLOCK).json()["choices"][0]["text"]
     assert streamed == whole  # greedy decoding: the stream carries exactly the non-streamed text
@@ -145,3 +147,45 @@ def test_api_keys_and_queue_limit(served_model, redis_server, service):
 def test_gateway_does_not_import_torch():
     code = "import sys, gateway.app, gateway.__main__; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_each_request_decodes_with_its_own_threshold(stack, served_model):
+    """A per-request threshold must reach the worker: the served text equals the request generated
+    alone at that threshold, and two thresholds give different texts (so the check has teeth)."""
+    from engine_pod.decoding.config import DecodingConfig
+    from engine_pod.generation import generate_one
+    from engine_pod.models.loader import load_model
+    from gateway.tokenizer import GatewayTokenizer
+
+    loaded, tokenizer = load_model(str(served_model)), GatewayTokenizer(str(served_model))
+    prompt, texts = "letters from a to k .", {}
+    for threshold in (0.01, 1.0):
+        reply = completion(stack, prompt, max_tokens=3 * BLOCK, threshold=threshold)
+        assert reply.status_code == 200, reply.text
+        texts[threshold] = reply.json()["choices"][0]["text"]
+        decoding = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, threshold=threshold)
+        alone = generate_one(loaded, tokenizer.encode(prompt), 3 * BLOCK, decoding)
+        assert texts[threshold] == tokenizer.decode(alone.token_ids), threshold
+    assert texts[0.01] != texts[1.0]
+
+
+def test_a_stream_that_fails_in_the_worker_ends_with_an_error_event_and_done(
+    served_model, redis_server, service, make_worker
+):
+    """150 prompt tokens + 64 to generate cannot fit a budget of 200: the worker rejects it after the
+    stream has started, so the error must come as an event, followed by [DONE]."""
+    with (
+        GatewayServer(gateway_settings(served_model, redis_server.url, service)) as gateway,
+        make_worker(redis_server.url, service, token_budget=200),
+        httpx.Client(base_url=gateway.url, timeout=60) as client,
+        client.stream(
+            "POST",
+            "/v1/completions",
+            json={"model": "tiny", "prompt": [5] * 150, "max_tokens": 64, "stream": True},
+        ) as response,
+    ):
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2].removeprefix("data: "))["error"]
+    assert "token budget" in error["message"] and error["type"] == "invalid_request_error"

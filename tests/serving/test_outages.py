@@ -52,7 +52,7 @@ def _run_case(served_model, service, tmp_path, fault, prompts=PROMPTS, **stack_o
         assert _done_count(stack) < len(prompts) - 20, "the fault must land while the load runs"
         fault(stack)
         outcomes = load.result(timeout=300)
-        tally = Tally(outcomes, stack.leftover_events())
+        tally = Tally(outcomes, stack.duplicate_results())
     _report(fault.__doc__ or fault.__name__, tally.row())
     return tally
 

