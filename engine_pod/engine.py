@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,12 +43,17 @@ class Engine:
     """Drives one scheduler and one block-cycle runner until every request is finished."""
 
     def __init__(
-        self, runner: BlockCycleRunner, scheduler: Scheduler, clock: Callable[[], float] = time.perf_counter
+        self,
+        runner: BlockCycleRunner,
+        scheduler: Scheduler,
+        clock: Callable[[], float] = time.perf_counter,
+        record_window: int | None = None,
     ) -> None:
         self.runner = runner
         self.scheduler = scheduler
         self.clock = clock
-        self.records: list[CycleRecord] = []
+        # the last ``record_window`` cycles (all of them when None: a benchmark's run is finite)
+        self.records: deque[CycleRecord] = deque(maxlen=record_window)
         self.margins: dict[str, list[float]] = {}  # per request, per generated token (runner records them)
         self._start: float | None = None
 

@@ -21,6 +21,7 @@ class GatewaySettings:
     max_queued: int = 10_000  # pending + in-flight requests beyond which new ones get 429
     retry_after_s: int = 2
     max_prompt_tokens: int = 1024
+    max_prompts_per_request: int = 64  # prompts in one completions call (more: 400, nothing enqueued)
     max_tokens_limit: int = 512  # largest max_tokens a request may ask for
     default_max_tokens: int = 128
     block_length: int = 32  # the service's decoding settings (requests may not change these)
@@ -36,6 +37,7 @@ class GatewaySettings:
         checks = [
             (self.max_queued >= 1, "max_queued must be positive"),
             (self.max_prompt_tokens >= 1, "max_prompt_tokens must be positive"),
+            (self.max_prompts_per_request >= 1, "max_prompts_per_request must be positive"),
             (
                 1 <= self.default_max_tokens <= self.max_tokens_limit,
                 "default_max_tokens must be in 1..max_tokens_limit",
@@ -68,6 +70,7 @@ class GatewaySettings:
             api_keys=keys,
             max_queued=int(env.get("DLLM_MAX_QUEUED", cls.max_queued)),
             max_prompt_tokens=int(env.get("DLLM_MAX_PROMPT_TOKENS", cls.max_prompt_tokens)),
+            max_prompts_per_request=int(env.get("DLLM_MAX_PROMPTS", cls.max_prompts_per_request)),
             max_tokens_limit=int(env.get("DLLM_MAX_TOKENS", cls.max_tokens_limit)),
             default_max_tokens=int(env.get("DLLM_DEFAULT_MAX_TOKENS", cls.default_max_tokens)),
             block_length=int(env.get("DLLM_BLOCK_LENGTH", cls.block_length)),

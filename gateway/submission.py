@@ -96,17 +96,21 @@ def unavailable(what: str, state: GatewayState) -> ApiError:
 
 
 async def enqueue(request: QueuedRequest, state: GatewayState) -> None:
-    """Accept ``request`` into the queue: 429 when full; Redis faults are retried (the enqueue script
-    is idempotent) for up to ``enqueue_timeout_s``, then 503."""
+    await enqueue_all([request], state)
+
+
+async def enqueue_all(requests: list[QueuedRequest], state: GatewayState) -> None:
+    """Accept every request into the queue, or none: 429 when it cannot take them all; Redis faults
+    are retried (the enqueue script is idempotent) for up to ``enqueue_timeout_s``, then 503."""
     give_up = time.monotonic() + state.settings.enqueue_timeout_s
     backoff = Backoff()
     while True:
         try:
-            accepted = await state.queue.enqueue(request, state.settings.max_queued)
+            accepted = await state.queue.enqueue_all(requests, state.settings.max_queued)
             break
         except TRANSIENT_ERRORS as exc:
             if time.monotonic() >= give_up:
-                logger.warning("cannot enqueue %s: %s", request.id, exc)
+                logger.warning("cannot enqueue %s: %s", requests[0].id, exc)
                 raise unavailable("the request was not accepted", state) from exc
             await asyncio.sleep(backoff.next_delay())
     if not accepted:
@@ -207,6 +211,7 @@ __all__ = [
     "cancel_quietly",
     "check_decoding_fields",
     "enqueue",
+    "enqueue_all",
     "events",
     "finish_reason",
     "wait_done",

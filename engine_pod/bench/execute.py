@@ -99,7 +99,7 @@ def run_policy(
     for request_id, margins in engine.margins.items():
         if request_id in outcomes:
             outcomes[request_id].margins = margins
-    return PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, engine.records)
+    return PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, list(engine.records))
 
 
 def _run_in_this_process(model: ModelSpec, decoding, spec, requests, record_margins, seed) -> PolicyRun:

@@ -95,4 +95,4 @@ def run_through_gateway(
             outcomes[item.request_id] = RequestOutcome(
                 done["token_ids"], done["finish_reason"], latencies[item.request_id]
             )
-    return PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, worker.engine.records)
+    return PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, list(worker.engine.records))

@@ -21,7 +21,13 @@ class AsyncQueue:
 
     async def enqueue(self, request: QueuedRequest, max_queued: int = 0, batch_id: str = "") -> bool:
         """False when the queue already holds ``max_queued`` requests (pending + in flight)."""
-        return bool(await self.run(self.ops.enqueue(request, max_queued, batch_id)))
+        return await self.enqueue_all([request], max_queued, batch_id)
+
+    async def enqueue_all(
+        self, requests: list[QueuedRequest], max_queued: int = 0, batch_id: str = ""
+    ) -> bool:
+        """All of ``requests`` or none: False when the queue cannot take every one of them."""
+        return bool(await self.run(self.ops.enqueue_all(requests, max_queued, batch_id)))
 
     async def next_event(
         self, request_id: str, cursor: str, timeout_s: float

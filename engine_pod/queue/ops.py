@@ -48,11 +48,18 @@ class QueueOps:
         return self.keys.request("")
 
     def enqueue(self, request: QueuedRequest, max_queued: int = 0, batch_id: str = "") -> ScriptCall:
-        score = len(request.prompt_ids)
-        keys = [self.keys.pending, self.keys.request(request.id), self.keys.wakeup]
-        return ScriptCall(
-            "ENQUEUE", keys, [score, request.to_json(), max_queued, self.keys.inflight, batch_id]
-        )
+        return self.enqueue_all([request], max_queued, batch_id)
+
+    def enqueue_all(
+        self, requests: list[QueuedRequest], max_queued: int = 0, batch_id: str = ""
+    ) -> ScriptCall:
+        """Every request or none; scored by prompt length."""
+        keys = [self.keys.pending, self.keys.inflight, self.keys.wakeup]
+        keys += [self.keys.request(r.id) for r in requests]
+        args: list = [max_queued, batch_id]
+        for request in requests:
+            args += [len(request.prompt_ids), request.to_json()]
+        return ScriptCall("ENQUEUE", keys, args)
 
     def claim(self, worker: str, max_prefix: int, count: int) -> ScriptCall:
         deadline = now_ms() + self.lease_ms

@@ -142,18 +142,25 @@ return 2
 """
 )
 
-# KEYS: pending, request hash, wakeup
-# ARGV: score, payload json, max queued (0: unlimited), inflight key, batch id ('' for none)
-# Enqueues a request unless the queue is full (returns 0 then). Idempotent: a request id that exists
-# already (a retry after a reply lost to a Redis fault) answers 1 and changes nothing.
+# KEYS: pending, inflight, wakeup, then one request hash per request
+# ARGV: max queued (0: unlimited), batch id ('' for none), then a score and a payload json per request
+# Enqueues every request or none (returns 0 when the queue cannot take them all). Idempotent: a
+# request id that exists already (a retry after a reply lost to a Redis fault) is left as it is.
 ENQUEUE = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end
-local limit = tonumber(ARGV[3])
-if limit > 0 and (redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', ARGV[4])) >= limit then return 0 end
-local id = KEYS[2]:match('[^:]+$')
-redis.call('HSET', KEYS[2], 'payload', ARGV[2], 'state', 'pending', 'score', ARGV[1], 'generated', '[]',
-  'attempts', 0, 'batch', ARGV[5])
-redis.call('ZADD', KEYS[1], tonumber(ARGV[1]), id)
-redis.call('PUBLISH', KEYS[3], 1)
+local fresh = {}
+for i = 4, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 0 then table.insert(fresh, i) end
+end
+local limit = tonumber(ARGV[1])
+if limit > 0 and #fresh > 0 and redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2]) + #fresh > limit then
+  return 0
+end
+for _, i in ipairs(fresh) do
+  local score, payload = ARGV[2 * (i - 4) + 3], ARGV[2 * (i - 4) + 4]
+  redis.call('HSET', KEYS[i], 'payload', payload, 'state', 'pending', 'score', score, 'generated', '[]',
+    'attempts', 0, 'batch', ARGV[2])
+  redis.call('ZADD', KEYS[1], tonumber(score), KEYS[i]:match('[^:]+$'))
+end
+if #fresh > 0 then redis.call('PUBLISH', KEYS[3], #fresh) end
 return 1
 """

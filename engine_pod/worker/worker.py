@@ -38,6 +38,8 @@ from engine_pod.worker.metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
 
+RECORD_WINDOW = 1024  # block cycles a long-running worker remembers (bounded memory)
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -76,7 +78,7 @@ class Worker:
             ignore_eos=self.decoding.ignore_eos,
             canvas=self.decoding.canvas,
         )
-        self.engine = Engine(runner, self.scheduler)
+        self.engine = Engine(runner, self.scheduler, record_window=RECORD_WINDOW)
         self.metrics = WorkerMetrics()
         self.metrics.token_budget.set(config.token_budget)
         self.draining = False
@@ -206,8 +208,7 @@ class Worker:
         held = [r.request_id for r in self._held()] + list(self._outbox)
         for request_id in self.queue.renew(self.worker_id, held):
             logger.warning("lost the lease of %s; dropping it", request_id)
-            self.scheduler.cancel(request_id)
-            self._outbox.pop(request_id, None)
+            self._drop(request_id)
 
     def _claim(self) -> None:
         """Sand filling: as many rows as fit, each as wide as the budget allows for that many.
@@ -292,7 +293,13 @@ class Worker:
                 self.worker_id, request_id, event, request.generated, request.prefix_len()
             ):
                 logger.warning("lost %s before publishing block %d; dropping it", request_id, event.index)
-                self.scheduler.cancel(request_id)
+                self._drop(request_id)
+
+    def _drop(self, request_id: str) -> None:
+        """Forget a request another worker now owns: its row, its staged result, its meta."""
+        self.scheduler.cancel(request_id)
+        self._outbox.pop(request_id, None)
+        self._meta.pop(request_id, None)
 
     def _publish_done(self, request: Request, reason: str, error: str | None = None) -> None:
         self._stage_done(request, reason, error)

@@ -31,6 +31,7 @@ from gateway.submission import (
     cancel_quietly,
     check_decoding_fields,
     enqueue,
+    enqueue_all,
     events,
     finish_reason,
     wait_done,
@@ -49,6 +50,11 @@ def _usage(done_events: list[DoneEvent]) -> Usage:
 
 def _prompts(body: CompletionRequest, state) -> list[list[int]]:
     prompt = body.prompt
+    limit = state.settings.max_prompts_per_request
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) and len(prompt) > limit:
+        raise ApiError(
+            400, f"{len(prompt)} prompts in one request; this service takes at most {limit}", param="prompt"
+        )
     if isinstance(prompt, str):
         return [state.tokenizer.encode(prompt)]
     if prompt and all(isinstance(p, int) for p in prompt):
@@ -65,8 +71,7 @@ async def completions(body: CompletionRequest, request: Request, state: State):
     queued = [build_request(ids, body, state) for ids in _prompts(body, state)]
     if body.stream and len(queued) > 1:
         raise ApiError(400, "stream=true takes a single prompt", param="stream")
-    for item in queued:
-        await enqueue(item, state)
+    await enqueue_all(queued, state)  # every prompt or none
     if body.stream:
         return _sse(_stream(queued[0], body, state, chat=False), state, "completions", started)
     results = await asyncio.gather(*(wait_done(q, state, request.is_disconnected) for q in queued))

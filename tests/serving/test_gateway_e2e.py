@@ -189,3 +189,17 @@ def test_a_stream_that_fails_in_the_worker_ends_with_an_error_event_and_done(
     assert lines[-1] == "data: [DONE]"
     error = json.loads(lines[-2].removeprefix("data: "))["error"]
     assert "token budget" in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_a_multi_prompt_call_is_bounded_and_enqueued_whole_or_not_at_all(served_model, redis_server, service):
+    settings = gateway_settings(
+        served_model, redis_server.url, service, max_queued=4, max_prompts_per_request=8
+    )
+    client = redis.Redis.from_url(redis_server.url)
+    pending = f"dllm:{service}:pending"
+    with GatewayServer(settings) as gateway, httpx.Client(base_url=gateway.url, timeout=60) as http:
+        too_many = completion(http, ["hi"] * 9, max_tokens=8)
+        assert too_many.status_code == 400 and "at most 8" in too_many.json()["error"]["message"]
+        over_capacity = completion(http, ["hi"] * 5, max_tokens=8)  # no worker: the queue holds them
+        assert over_capacity.status_code == 429, over_capacity.text
+        assert client.zcard(pending) == 0, "a refused call must leave nothing queued"

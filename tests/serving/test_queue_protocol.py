@@ -99,3 +99,17 @@ def test_cancel_pending_completes_at_once_and_inflight_is_flagged(redis_server, 
 def test_enqueue_refuses_beyond_the_depth_limit(redis_server, service):
     queue = _queue(redis_server, service)
     assert [_enqueue(queue, f"r-{i}", 2, max_queued=3) for i in range(5)] == [1, 1, 1, 0, 0]
+
+
+def test_enqueue_all_takes_every_request_or_none_and_ignores_repeats(redis_server, service):
+    queue = _queue(redis_server, service)
+    batch = [QueuedRequest(f"m-{i}", [1] * (3 + i), 16, time.time()) for i in range(3)]
+    assert queue.run(queue.ops.enqueue_all(batch[:1], 2)) == 1
+    assert queue.run(queue.ops.enqueue_all(batch, 2)) == 0  # 1 queued + 2 new > 2: none of them
+    assert queue.redis.zrange(queue.ops.keys.pending, 0, -1) == [b"m-0"]
+    assert queue.run(queue.ops.enqueue_all(batch[:2], 2)) == 1  # m-0 exists already: only m-1 is new
+    assert queue.redis.zrange(queue.ops.keys.pending, 0, -1, withscores=True) == [
+        (b"m-0", 3.0),
+        (b"m-1", 4.0),
+    ]
+    assert queue.redis.hget(queue.ops.keys.request("m-0"), "attempts") == b"0"
