@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine_pod.decoding.config import DecodingConfig
+from engine_pod.decoding.config import REMASKING, DecodingConfig
 from engine_pod.models.loader import load_model
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
@@ -33,7 +33,7 @@ workloads = st.fixed_dictionaries(
         "seed": st.integers(0, 10_000),
         "family": st.sampled_from(["llada", "dream"]),
         "requests": st.integers(2, 10),
-        "remasking": st.sampled_from(["threshold", "low_confidence", "entropy", "topk_margin"]),
+        "remasking": st.sampled_from(REMASKING),  # every policy, maskgit_plus included
         "threshold": st.sampled_from([0.3, 0.6, 0.9]),
         "cache": st.sampled_from(["none", "prefix", "dual"]),
         "canvas": st.sampled_from(["block", "full"]),
