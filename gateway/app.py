@@ -27,7 +27,7 @@ def build_app(settings: GatewaySettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         client = aioredis.Redis.from_url(settings.redis_url, max_connections=4096, **CLIENT_OPTIONS)
-        queue = AsyncQueue(client, QueueOps(settings.service))
+        queue = AsyncQueue(client, QueueOps(settings.service, result_ttl_s=settings.result_ttl_s))
         app.state.gateway = GatewayState(settings, tokenizer, client, queue, GatewayMetrics())
         logger.info(
             "gateway for service %s (model %s) on %s",

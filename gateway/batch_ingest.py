@@ -77,8 +77,12 @@ async def ingest_batch(batch_id: str, content: bytes, endpoint: str, state) -> N
 async def _submit(item, batch_id: str, state) -> None:
     keys = state.queue.ops.keys
     if isinstance(item, dict):
-        await state.redis.rpush(keys.batch_results(batch_id), json.dumps(item))
-        await state.redis.hincrby(keys.batch(batch_id), "failed", 1)
+        results = keys.batch_results(batch_id)
+        async with state.redis.pipeline(transaction=True) as pipe:
+            pipe.rpush(results, json.dumps(item))
+            pipe.expire(results, state.settings.batch_ttl_s)
+            pipe.hincrby(keys.batch(batch_id), "failed", 1)
+            await pipe.execute()
         return
     await state.queue.enqueue(item, max_queued=0, batch_id=batch_id)
 

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine_pod.queue.ops import RESULT_TTL_S
+
 
 class SettingsError(ValueError):
     """A gateway setting with an unusable value."""
@@ -31,6 +33,10 @@ class GatewaySettings:
     enqueue_timeout_s: float = 10.0  # how long a Redis fault may delay accepting a request before 503
     drain_timeout_s: float = 30.0  # after SIGTERM: time open requests get; streams then end with an error
     batch_chunk: int = 200  # batch lines enqueued per event-loop turn
+    max_batch_lines: int = 50_000  # request lines in one batch input file (more: 400)
+    result_ttl_s: int = RESULT_TTL_S  # how long a finished request's record and result stay in Redis
+    file_ttl_s: int = 7 * 86400  # how long an uploaded file stays
+    batch_ttl_s: int = 7 * 86400  # how long a batch's record and its results stay
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -38,6 +44,11 @@ class GatewaySettings:
             (self.max_queued >= 1, "max_queued must be positive"),
             (self.max_prompt_tokens >= 1, "max_prompt_tokens must be positive"),
             (self.max_prompts_per_request >= 1, "max_prompts_per_request must be positive"),
+            (self.max_batch_lines >= 1, "max_batch_lines must be positive"),
+            (
+                min(self.result_ttl_s, self.file_ttl_s, self.batch_ttl_s) >= 1,
+                "retention times (result_ttl_s, file_ttl_s, batch_ttl_s) must be positive",
+            ),
             (
                 1 <= self.default_max_tokens <= self.max_tokens_limit,
                 "default_max_tokens must be in 1..max_tokens_limit",
@@ -79,5 +90,9 @@ class GatewaySettings:
             request_timeout_s=float(env.get("DLLM_REQUEST_TIMEOUT_S", cls.request_timeout_s)),
             enqueue_timeout_s=float(env.get("DLLM_ENQUEUE_TIMEOUT_S", cls.enqueue_timeout_s)),
             drain_timeout_s=float(env.get("DLLM_DRAIN_TIMEOUT_S", cls.drain_timeout_s)),
+            max_batch_lines=int(env.get("DLLM_MAX_BATCH_LINES", cls.max_batch_lines)),
+            result_ttl_s=int(env.get("DLLM_RESULT_TTL_S", cls.result_ttl_s)),
+            file_ttl_s=int(env.get("DLLM_FILE_TTL_S", cls.file_ttl_s)),
+            batch_ttl_s=int(env.get("DLLM_BATCH_TTL_S", cls.batch_ttl_s)),
         )
         return cls(**(values | overrides))

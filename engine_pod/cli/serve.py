@@ -80,6 +80,7 @@ def _gateway_env(args: argparse.Namespace, model_dir: Path, redis_url: str) -> d
         "DLLM_STEPS_PER_BLOCK": str(args.steps_per_block),
         "DLLM_THRESHOLD": str(args.threshold),
         "DLLM_DRAIN_TIMEOUT_S": str(DRAIN_S),
+        "DLLM_RESULT_TTL_S": str(args.result_ttl),
     }
 
 
@@ -102,6 +103,7 @@ def _worker_args(args: argparse.Namespace, redis_url: str) -> list[str]:
             str(args.steps_per_block),
         ),
         *("--lease-ms", str(args.lease_ms), "--drain-timeout", str(args.drain_timeout)),
+        *("--result-ttl", str(args.result_ttl)),
         *decoding,
     ]
 

@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING
 
 from engine_pod.cli.budget import add_budget_args, resolve_budget
 from engine_pod.cli.common import (
+    CliError,
     add_decoding_args,
     add_model_args,
     add_padding_rule_arg,
     decoding_config,
     padding_rule,
 )
+from engine_pod.queue.ops import RESULT_TTL_S
 
 if TYPE_CHECKING:
     from engine_pod.worker.worker import Worker
@@ -39,6 +41,12 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--drain-timeout", type=float, default=60.0, help="seconds to finish work after SIGTERM"
+    )
+    parser.add_argument(
+        "--result-ttl",
+        type=int,
+        default=RESULT_TTL_S,
+        help=f"seconds a finished request's record and result stay in Redis (default: {RESULT_TTL_S})",
     )
 
 
@@ -72,6 +80,8 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Work
 
     decoding = decoding_config(args, args.steps_per_block)
     min_padding_efficiency = padding_rule(args)
+    if args.result_ttl < 1:
+        raise CliError(f"--result-ttl must be positive, got {args.result_ttl}")
     loaded = load_model(args.model, args.device, args.dtype)
     config = WorkerConfig(
         redis_url=redis_url,
@@ -83,6 +93,7 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Work
         min_padding_efficiency=min_padding_efficiency,
         lease_ms=args.lease_ms,
         drain_timeout_s=args.drain_timeout,
+        result_ttl_s=args.result_ttl,
     )
     return Worker(BlockCycleRunner(loaded, decoding), config)
 

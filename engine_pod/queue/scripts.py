@@ -85,6 +85,8 @@ local function record_batch(request_key, id, done_json, batch_prefix)
     redis.call('HINCRBY', key, 'completed', 1)
   end
   redis.call('RPUSH', key .. ':results', cjson.encode({id = id, done = done_json}))
+  local ttl = redis.call('TTL', key)
+  if ttl > 0 then redis.call('EXPIRE', key .. ':results', ttl) end
 end
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis
 
 from engine_pod.queue.messages import EVENT_FIELD, BlockEvent, DoneEvent, decode_event
-from engine_pod.queue.ops import Claimed, QueueOps, ScriptCall, script_sources
+from engine_pod.queue.ops import RESULT_TTL_S, Claimed, QueueOps, ScriptCall, script_sources
 from engine_pod.queue.resilience import CLIENT_OPTIONS
 
 
@@ -16,8 +16,9 @@ class SyncQueue:
         self._scripts = {name: client.register_script(source) for name, source in script_sources().items()}
 
     @classmethod
-    def connect(cls, url: str, service: str, lease_ms: int) -> SyncQueue:
-        return cls(redis.Redis.from_url(url, **CLIENT_OPTIONS), QueueOps(service, lease_ms=lease_ms))
+    def connect(cls, url: str, service: str, lease_ms: int, result_ttl_s: int = RESULT_TTL_S) -> SyncQueue:
+        ops = QueueOps(service, lease_ms=lease_ms, result_ttl_s=result_ttl_s)
+        return cls(redis.Redis.from_url(url, **CLIENT_OPTIONS), ops)
 
     def run(self, call: ScriptCall):
         return self._scripts[call.script](keys=call.keys, args=call.args)

@@ -27,7 +27,7 @@ import redis
 
 from engine_pod.engine import Engine, StepResult
 from engine_pod.queue.messages import BlockEvent, DoneEvent
-from engine_pod.queue.ops import Claimed
+from engine_pod.queue.ops import RESULT_TTL_S, Claimed
 from engine_pod.queue.resilience import TRANSIENT_ERRORS, Backoff
 from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.runner.block_cycle import BlockCycleRunner
@@ -54,6 +54,7 @@ class WorkerConfig:
     idle_wait_s: float = 0.2  # longest wait for new work when idle
     drain_timeout_s: float = 60.0  # after SIGTERM: time to finish in-flight work before handing it back
     claim_batch: int = 32  # most requests claimed in one script call
+    result_ttl_s: int = RESULT_TTL_S  # how long a finished request's record and result stay in Redis
 
     def resolved_id(self) -> str:
         return self.worker_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -65,7 +66,9 @@ class Worker:
     ) -> None:
         self.config = config
         self.worker_id = config.resolved_id()
-        self.queue = queue or SyncQueue.connect(config.redis_url, config.service, config.lease_ms)
+        self.queue = queue or SyncQueue.connect(
+            config.redis_url, config.service, config.lease_ms, config.result_ttl_s
+        )
         self.decoding = runner.decoding
         self.eos_ids = runner.loaded.config.eos_token_ids
         self.scheduler = BlockServeScheduler(

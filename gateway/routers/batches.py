@@ -42,7 +42,11 @@ async def upload_file(
         "created_at": int(time.time()),
         "purpose": purpose,
     }
-    await state.redis.hset(state.queue.ops.keys.file(file_id), mapping=meta | {"content": content})
+    key = state.queue.ops.keys.file(file_id)
+    async with state.redis.pipeline(transaction=True) as pipe:
+        pipe.hset(key, mapping=meta | {"content": content})
+        pipe.expire(key, state.settings.file_ttl_s)
+        await pipe.execute()
     return FileObject(id=file_id, **meta)
 
 
@@ -98,6 +102,13 @@ async def create_batch(body: BatchCreate, state: State) -> BatchObject:
     content = await state.redis.hget(state.queue.ops.keys.file(body.input_file_id), "content")
     if content is None:
         raise ApiError(404, f"no file {body.input_file_id!r}", param="input_file_id")
+    lines = sum(1 for line in content.splitlines() if line.strip())
+    if lines > state.settings.max_batch_lines:
+        raise ApiError(
+            400,
+            f"the input file has {lines} requests; a batch takes at most {state.settings.max_batch_lines}",
+            param="input_file_id",
+        )
     batch_id = new_request_id("batch")
     record = {
         "endpoint": body.endpoint,
@@ -109,7 +120,11 @@ async def create_batch(body: BatchCreate, state: State) -> BatchObject:
         "failed": 0,
         "metadata": json.dumps(body.metadata or {}),
     }
-    await state.redis.hset(state.queue.ops.keys.batch(batch_id), mapping=record)
+    key = state.queue.ops.keys.batch(batch_id)
+    async with state.redis.pipeline(transaction=True) as pipe:
+        pipe.hset(key, mapping=record)
+        pipe.expire(key, state.settings.batch_ttl_s)  # its results list inherits this (queue scripts)
+        await pipe.execute()
     state.spawn(ingest_batch(batch_id, content, body.endpoint, state))
     return await _batch(state, batch_id)
 

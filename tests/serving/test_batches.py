@@ -6,6 +6,7 @@ import json
 
 import httpx
 import pytest
+import redis
 
 from tests.serving_utils import GatewayServer, gateway_settings, wait_for
 
@@ -95,3 +96,52 @@ def test_batch_errors_are_clear(served_model, redis_server, service):
         assert wrong.status_code == 400 and "purpose" in wrong.json()["error"]["message"]
         bad_endpoint = client.post("/v1/batches", json={"input_file_id": "x", "endpoint": "/v1/embeddings"})
         assert bad_endpoint.status_code == 422
+
+
+def test_files_batches_and_their_results_expire_and_a_batch_file_is_bounded(
+    served_model, redis_server, service, make_worker
+):
+    settings = gateway_settings(
+        served_model, redis_server.url, service, file_ttl_s=500, batch_ttl_s=400, max_batch_lines=3
+    )
+    client = redis.Redis.from_url(redis_server.url)
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/completions"}
+    lines = [
+        json.dumps(line | {"custom_id": c, "body": {"model": "tiny", "prompt": "hi", "max_tokens": 8}})
+        for c in "ab"
+    ]
+    with (
+        GatewayServer(settings) as gateway,
+        make_worker(redis_server.url, service),
+        httpx.Client(base_url=gateway.url, timeout=60) as http,
+    ):
+        big = http.post(
+            "/v1/files", data={"purpose": "batch"}, files={"file": ("b.jsonl", "\n".join(lines * 2))}
+        )
+        refused = http.post(
+            "/v1/batches",
+            json={
+                "input_file_id": big.json()["id"],
+                "endpoint": "/v1/completions",
+                "completion_window": "24h",
+            },
+        )
+        assert refused.status_code == 400 and "at most 3" in refused.json()["error"]["message"]
+        upload = http.post(
+            "/v1/files", data={"purpose": "batch"}, files={"file": ("a.jsonl", "\n".join(lines))}
+        )
+        file_id = upload.json()["id"]
+        assert 0 < client.ttl(f"dllm:{service}:file:{file_id}") <= 500
+        batch = http.post(
+            "/v1/batches",
+            json={"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"},
+        ).json()
+        wait_for(
+            lambda: http.get(f"/v1/batches/{batch['id']}").json()["status"] == "completed",
+            60,
+            what="the batch",
+        )
+    assert 0 < client.ttl(f"dllm:{service}:batch:{batch['id']}") <= 400
+    assert 0 < client.ttl(f"dllm:{service}:batch:{batch['id']}:results") <= 400
+    for key in client.scan_iter(f"dllm:{service}:req:*"):
+        assert 0 < client.ttl(key) <= settings.result_ttl_s  # finished requests' records expire too
