@@ -123,9 +123,9 @@ class Stack:
         self.redis.stop()
 
 
-async def _one(client: httpx.AsyncClient, prompt: str, max_tokens: int, stream: bool) -> Outcome:
+async def _one(client: httpx.AsyncClient, prompt: str, max_tokens: int, stream: bool, model: str) -> Outcome:
     outcome = Outcome(prompt, stream)
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
     try:
         if stream:
             await _stream(client, body, outcome)
@@ -161,23 +161,32 @@ async def _stream(client: httpx.AsyncClient, body: dict, outcome: Outcome) -> No
             outcome.finish_reason = choice["finish_reason"] or outcome.finish_reason
 
 
-async def _load(url: str, prompts: list[str], max_tokens: int, concurrency: int, stream_every: int):
+async def _load(
+    url: str, prompts: list[str], max_tokens: int, concurrency: int, stream_every: int, model: str
+):
     limit = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=180) as client:
 
         async def bounded(index: int, prompt: str) -> Outcome:
             async with limit:
-                return await _one(client, prompt, max_tokens, stream=index % stream_every == 0)
+                return await _one(client, prompt, max_tokens, index % stream_every == 0, model)
 
         return await asyncio.gather(*(bounded(i, p) for i, p in enumerate(prompts)))
 
 
-def start_load(url: str, prompts: list[str], max_tokens: int, concurrency: int = 16, stream_every: int = 4):
+def start_load(
+    url: str,
+    prompts: list[str],
+    max_tokens: int,
+    concurrency: int = 16,
+    stream_every: int = 4,
+    model: str = "tiny",
+):
     """Run the load in a background thread; returns a future of the outcomes, in prompt order."""
     import concurrent.futures
 
     pool = concurrent.futures.ThreadPoolExecutor(1)
-    return pool.submit(asyncio.run, _load(url, prompts, max_tokens, concurrency, stream_every))
+    return pool.submit(asyncio.run, _load(url, prompts, max_tokens, concurrency, stream_every, model))
 
 
 def reference_texts(model_dir, prompts: list[str], max_tokens: int) -> list[str]:

@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from engine_pod.serve.redis_server import free_port
+from tests.serving.outage_harness import Tally, results_published_twice, start_load
 from tests.serving_utils import wait_for
 
 RECOVERY_BOUND_S = 20.0  # DESIGN: back within 10 s; measured 0.3-5 s here, bound left loose for CI
@@ -42,15 +43,26 @@ class Serve:
         assert self.process.poll() is None, self.log.read_text()[-2000:]
 
     def children(self) -> dict[str, int]:
-        out = subprocess.run(
-            ["ps", "-o", "pid=,args=", "--ppid", str(self.process.pid)], capture_output=True, text=True
-        ).stdout
+        """The supervisor's children by role, read from /proc (``ps`` cuts long command lines)."""
         found = {}
-        for line in out.strip().splitlines():
-            pid, args = line.split(None, 1)
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                parent = int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+                args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except (OSError, IndexError, ValueError):
+                continue
+            if parent != self.process.pid:
+                continue
             name = "redis" if "redis-server" in args else "worker" if " worker " in args else "gateway"
-            found[name] = int(pid)
+            found[name] = int(entry.name)
         return found
+
+    def redis_port(self) -> int:
+        """The private Redis's port, from its command line (``redis-server 127.0.0.1:PORT``)."""
+        args = Path(f"/proc/{self.children()['redis']}/cmdline").read_bytes().split(b"\0")[0]
+        return int(args.rsplit(b":", 1)[1])
 
     def answers(self) -> bool:
         try:
@@ -164,3 +176,49 @@ def test_a_child_that_cannot_start_ends_serve_with_one_line_and_status_2(tmp_pat
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("dllm serve: error: the gateway could not start"), last
+
+
+def _freeze(pid: int, seconds: float) -> None:
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("fault", ["kill -9 worker", "kill -9 redis", "freeze redis 5 s"])
+def test_under_load_a_fault_in_dllm_serve_loses_nothing(tmp_path, fault):
+    """200 requests (every fourth streamed) through `dllm serve`; the fault lands mid-load; every
+    request completes, none twice, none with a 5xx."""
+    server = Serve(tmp_path, "--lease-ms", "3000", "--service", "load")
+    try:
+        server.wait_ready()
+        prompts = [f"count to {n} ." for n in range(1, 201)]
+        load = start_load(server.url, prompts, 32, model="tiny-llada")
+        time.sleep(1.0)
+        assert not load.done(), "the fault must land while the load runs"
+        victim = server.children()["worker" if "worker" in fault else "redis"]
+        if fault.startswith("freeze"):
+            _freeze(victim, 5.0)
+        else:
+            os.kill(victim, signal.SIGKILL)
+        tally = Tally(load.result(timeout=300), 0)
+        redis_port = int(
+            Path(f"/proc/{server.children()['redis']}/cmdline")
+            .read_bytes()
+            .split(b"\0")[0]
+            .rsplit(b":", 1)[1]
+        )
+        import redis as redis_client
+
+        duplicated = results_published_twice(redis_client.Redis(port=redis_port), "load")
+    finally:
+        assert server.stop() == 0
+    failed = [(o.prompt, o.status, o.error) for o in tally.outcomes if not o.completed][:3]
+    assert tally.row() | {"duplicated": duplicated} == {
+        "sent": 200,
+        "completed": 200,
+        "lost": 0,
+        "duplicated": 0,
+        "5xx": 0,
+    }, failed
