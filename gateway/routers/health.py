@@ -1,4 +1,8 @@
-"""/healthz (the process is up and Redis answers) and /metrics."""
+"""/healthz (liveness: the process answers), /readyz (readiness: Redis answers too) and /metrics.
+
+Liveness never checks a dependency (DESIGN.md section 8): a Redis outage makes gateways unready,
+which takes them out of a Service, not restarted, which would drop every open stream.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,12 @@ router = APIRouter()
 
 
 @router.get("/healthz", response_class=PlainTextResponse)
-async def healthz(state: State) -> PlainTextResponse:
+async def healthz() -> PlainTextResponse:
+    return PlainTextResponse("ok\n")
+
+
+@router.get("/readyz", response_class=PlainTextResponse)
+async def readyz(state: State) -> PlainTextResponse:
     try:
         await state.redis.ping()
     except RedisError as exc:

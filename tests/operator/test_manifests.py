@@ -136,3 +136,10 @@ def test_operator_rechecks_what_cel_would_reject():
         example(replicas__min=9)
     with pytest.raises(SpecError, match="minPaddingEfficiency"):
         example(scheduling__minPaddingEfficiency=1.5)
+
+
+def test_gateway_liveness_checks_the_process_and_readiness_checks_redis():
+    gateway = all_manifests(example())[3]
+    container = gateway["spec"]["template"]["spec"]["containers"][0]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"  # never a dependency
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"

@@ -203,3 +203,17 @@ def test_a_multi_prompt_call_is_bounded_and_enqueued_whole_or_not_at_all(served_
         over_capacity = completion(http, ["hi"] * 5, max_tokens=8)  # no worker: the queue holds them
         assert over_capacity.status_code == 429, over_capacity.text
         assert client.zcard(pending) == 0, "a refused call must leave nothing queued"
+
+
+def test_a_redis_outage_makes_the_gateway_unready_not_dead(served_model, service):
+    from engine_pod.serve.redis_server import RedisServer
+
+    server = RedisServer().start()
+    try:
+        with GatewayServer(gateway_settings(served_model, server.url, service)) as gateway:
+            assert httpx.get(f"{gateway.url}/readyz").status_code == 200
+            server.kill()
+            assert httpx.get(f"{gateway.url}/healthz").status_code == 200  # liveness: do not restart it
+            assert httpx.get(f"{gateway.url}/readyz", timeout=30).status_code == 503
+    finally:
+        server.stop()

@@ -59,7 +59,8 @@ def gateway_deployment(
 ) -> dict[str, Any]:
     image = spec.gateway_image or settings.gateway_image
     vols, mounts = common.volumes(spec)
-    probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}
+    liveness = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}  # the process only
+    readiness = {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5}  # Redis answers too
     container = {
         "name": "gateway",
         "image": image,
@@ -69,8 +70,8 @@ def gateway_deployment(
         "ports": [{"name": "http", "containerPort": PORT}],
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
         "volumeMounts": mounts,
-        "livenessProbe": probe,
-        "readinessProbe": probe,
+        "livenessProbe": liveness,
+        "readinessProbe": readiness,
         "securityContext": common.container_security(),
     }
     return {
