@@ -29,6 +29,16 @@ class ApiError(Exception):
         )
 
 
+def queue_unreachable(what: str, retry_after_s: int) -> ApiError:
+    """503 with Retry-After: Redis cannot be reached right now (never a 500)."""
+    return ApiError(
+        503,
+        f"{what}: the queue is unreachable; retry later",
+        "server_error",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
@@ -53,11 +63,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def redis_unreachable(request: Request, exc: Exception) -> JSONResponse:
         retry_after = request.app.state.gateway.settings.retry_after_s
-        return JSONResponse(
-            error_body(f"the queue is unreachable ({type(exc).__name__}); retry later", "server_error"),
-            status_code=503,
-            headers={"Retry-After": str(retry_after)},
-        )
+        return await api_error(request, queue_unreachable(type(exc).__name__, retry_after))
 
     for kind in TRANSIENT_ERRORS:  # any endpoint: a Redis outage is a 503, never a 500
         app.add_exception_handler(kind, redis_unreachable)

@@ -12,7 +12,7 @@ from engine_pod.queue.async_client import START
 from engine_pod.queue.keys import new_request_id
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.resilience import TRANSIENT_ERRORS, Backoff
-from gateway.errors import ApiError
+from gateway.errors import ApiError, queue_unreachable
 from gateway.schemas import CommonFields
 from gateway.state import GatewayState
 
@@ -85,16 +85,6 @@ def build_request(
     )
 
 
-def unavailable(what: str, state: GatewayState) -> ApiError:
-    """503 with Retry-After: Redis cannot be reached right now (never a 500)."""
-    return ApiError(
-        503,
-        f"{what}: the queue is unreachable; retry later",
-        "server_error",
-        headers={"Retry-After": str(state.settings.retry_after_s)},
-    )
-
-
 async def enqueue(request: QueuedRequest, state: GatewayState) -> None:
     await enqueue_all([request], state)
 
@@ -111,7 +101,7 @@ async def enqueue_all(requests: list[QueuedRequest], state: GatewayState) -> Non
         except TRANSIENT_ERRORS as exc:
             if time.monotonic() >= give_up:
                 logger.warning("cannot enqueue %s: %s", requests[0].id, exc)
-                raise unavailable("the request was not accepted", state) from exc
+                raise queue_unreachable("the request was not accepted", state.settings.retry_after_s) from exc
             await asyncio.sleep(backoff.next_delay())
     if not accepted:
         state.metrics.rejected.inc()

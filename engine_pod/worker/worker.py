@@ -94,7 +94,7 @@ class Worker:
         self._pubsub = None
         self._subscribed = False
         self._meta: dict[str, dict] = {}  # request id -> payload meta, echoed in its done event
-        self._outbox: dict[str, tuple[DoneEvent, str]] = {}  # finished, not yet acknowledged by Redis
+        self._outbox: dict[str, DoneEvent] = {}  # finished, not yet acknowledged by Redis
 
     # -- lifecycle ----------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -319,13 +319,13 @@ class Worker:
             error=error,
             meta=self._meta.pop(request.request_id, {}),
         )
-        self._outbox[request.request_id] = (done, reason)
+        self._outbox[request.request_id] = done
 
     def _flush_outbox(self) -> None:
         """Complete every staged result; one that Redis refuses was completed or taken over elsewhere."""
-        for request_id, (done, reason) in list(self._outbox.items()):
+        for request_id, done in list(self._outbox.items()):
             if self.queue.complete(self.worker_id, request_id, done):
-                self.metrics.requests.labels(reason).inc()
+                self.metrics.requests.labels(done.finish_reason).inc()
                 self.metrics.generated_tokens.inc(done.completion_tokens)
             else:
                 logger.info("%s was completed or taken over elsewhere; dropping our result", request_id)
