@@ -56,11 +56,9 @@ def _row_tokens(row: CycleRow, block_length: int, mask_id: int) -> list[int]:
     return list(row.prefix_ids) + [mask_id] * masked
 
 
-_ROW_FIELDS = 5  # numbers per row after its tokens: length, block start, hidden suffix, active, threshold
-
-
 def _host_rows(rows: list[CycleRow], block_length: int, mask_id: int, pad_id: int, threshold: float):
-    """One int64 matrix [R, W + 1 + fields]: left-padded tokens, the scratch column, then per-row fields."""
+    """One int64 matrix [R, W + 6]: left-padded tokens, the scratch column, then per row its length, block
+    start, hidden-suffix flag, active flag and threshold (float64 bits)."""
     contents = [_row_tokens(row, block_length, mask_id) for row in rows]
     width = max(len(c) for c in contents)
     thresholds = [threshold if r.threshold is None else r.threshold for r in rows]

@@ -14,6 +14,7 @@ class ProbedProcess:
     after SIGTERM (the child's own drain) before it kills."""
 
     name = "process"
+    start_timeout_s = 60.0  # how long ``start()`` waits for the health URL
 
     def __init__(
         self,
@@ -28,8 +29,9 @@ class ProbedProcess:
         self.stop_s = stop_s
         self.process: subprocess.Popen | None = None
 
-    def start(self, timeout_s: float = 60.0) -> ProbedProcess:
+    def start(self) -> ProbedProcess:
         self.process = subprocess.Popen(self.argv, env=os.environ | self.env, **self.popen_options)
+        timeout_s = self.start_timeout_s
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
