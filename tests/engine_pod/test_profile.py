@@ -14,6 +14,7 @@ from engine_pod.cli.main import main
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.defaults import DEFAULT_MODEL
 from engine_pod.profiling.fit import MemoryFit
+from engine_pod.profiling.profiler import CORRECTION_MARGIN, _corrected_budget
 
 MAX_TOKENS = 8192
 
@@ -110,6 +111,18 @@ def test_every_profile_measures_its_budget_once_and_it_fits(profile):
     assert 0.9 * result["token_budget"] <= check["tokens"] <= result["token_budget"]
     assert check["measured_bytes"] <= result["usable_memory_bytes"]
     assert result["extrapolation"] == round(result["token_budget"] / MAX_TOKENS, 2)
+
+
+def test_a_correction_after_an_overshoot_aims_under_the_limit_not_at_it():
+    """A peak barely over the limit must not give a budget whose prediction lands on the limit again
+    (CPU peaks are noisy; three such checks in a row once failed a profile)."""
+    fixed, usable, bytes_per_token = 300e6, 566e6, 10_000.0
+    budget = int((usable - fixed) / bytes_per_token)  # the fit's budget: exactly at the limit
+    overshoot = int(fixed + bytes_per_token * budget) + 600_000  # measured 0.6 MB over it
+    corrected = _corrected_budget(budget, overshoot, fixed, usable)
+    assert fixed + bytes_per_token * corrected <= usable - 0.01 * (usable - fixed)  # 2.7 MB, > the noise
+    assert CORRECTION_MARGIN <= 0.05
+    assert corrected > 0.95 * budget  # a margin, not a collapse
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
