@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 
-import redis.asyncio as aioredis
 from fastapi import FastAPI
+from redis.exceptions import RedisClusterException
 
 from engine_pod.queue.async_client import AsyncQueue
+from engine_pod.queue.connect import async_client
 from engine_pod.queue.ops import QueueOps
-from engine_pod.queue.resilience import CLIENT_OPTIONS
+from engine_pod.queue.resilience import CLIENT_OPTIONS, TRANSIENT_ERRORS
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.routers import batches, completions, health, models
@@ -26,8 +27,12 @@ def build_app(settings: GatewaySettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        client = aioredis.Redis.from_url(settings.redis_url, max_connections=4096, **CLIENT_OPTIONS)
+        client = async_client(settings.redis_url, max_connections=4096, **CLIENT_OPTIONS)
         queue = AsyncQueue(client, QueueOps(settings.service, result_ttl_s=settings.result_ttl_s))
+        try:
+            await queue.prepare()
+        except (*TRANSIENT_ERRORS, RedisClusterException) as exc:  # serve anyway: /readyz says not ready
+            logger.warning("Redis not reachable at start (%s); connecting on first use", exc)
         app.state.gateway = GatewayState(settings, tokenizer, client, queue, GatewayMetrics())
         logger.info(
             "gateway for service %s (model %s) on %s",

@@ -8,7 +8,7 @@ import logging
 
 from pydantic import ValidationError
 
-from engine_pod.queue.messages import DoneEvent, decode_event
+from engine_pod.queue.messages import BATCH_META, DoneEvent, decode_event
 from gateway.errors import ApiError
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.submission import build_request, check_decoding_fields
@@ -84,7 +84,8 @@ async def _submit(item, batch_id: str, state) -> None:
             pipe.hincrby(keys.batch(batch_id), "failed", 1)
             await pipe.execute()
         return
-    await state.queue.enqueue(item, max_queued=0, batch_id=batch_id)
+    item.meta[BATCH_META] = batch_id
+    await state.queue.enqueue(item, max_queued=0)
 
 
 def _response_body(done: DoneEvent, request_id: str, endpoint: str, state) -> dict:

@@ -169,7 +169,7 @@ async def _forget_quietly(request: QueuedRequest, state: GatewayState) -> None:
 async def cancel_quietly(request: QueuedRequest, state: GatewayState) -> None:
     """Best effort: with Redis away the request stays queued, and its result expires unread."""
     try:
-        await state.queue.cancel(request.id, len(request.prompt_ids))
+        await state.queue.cancel(request)
     except RedisError as exc:
         logger.warning("could not cancel %s: %s", request.id, exc)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -104,13 +105,20 @@ def worker_command(model_dir: Path, redis_url: str, service: str, *extra: str) -
     ]
 
 
-def start_worker_process(model_dir: Path, redis_url: str, service: str, *extra: str, log: Path | None = None):
+def start_worker_process(
+    model_dir: Path,
+    redis_url: str,
+    service: str,
+    *extra: str,
+    log: Path | None = None,
+    env: dict[str, str] | None = None,
+):
     out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 (closed with the process)
-    env = {"OMP_NUM_THREADS": "1"}
-    import os
-
     return subprocess.Popen(
-        worker_command(model_dir, redis_url, service, *extra), stdout=out, stderr=out, env=os.environ | env
+        worker_command(model_dir, redis_url, service, *extra),
+        stdout=out,
+        stderr=out,
+        env=os.environ | {"OMP_NUM_THREADS": "1"} | (env or {}),
     )
 
 

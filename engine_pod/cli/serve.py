@@ -42,7 +42,10 @@ def register(subparsers) -> None:
     parser.add_argument("--port", type=int, default=8000, help="gateway port (default: 8000)")
     parser.add_argument("--service", default="default", help="queue name (default: default)")
     parser.add_argument("--model-name", help="model id clients pass (default: the model directory's name)")
-    parser.add_argument("--redis-url", help="use this Redis instead of starting one")
+    parser.add_argument(
+        "--redis-url",
+        help="use this Redis instead of starting one (redis://..., or redis+cluster://NODE:PORT for a Redis Cluster)",
+    )
     parser.add_argument(
         "--data-dir",
         help="where the private Redis keeps its append-only file "

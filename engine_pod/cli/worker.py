@@ -58,7 +58,12 @@ def register(subparsers) -> None:
         "run BlockServe block cycles, publish each committed block and each result. SIGTERM drains.",
     )
     add_model_args(parser)
-    parser.add_argument("--redis", required=True, help="Redis URL, e.g. redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--redis",
+        required=True,
+        help="Redis URL, e.g. redis://127.0.0.1:6379/0, or redis+cluster://NODE:PORT for a Redis Cluster "
+        "(password: in the URL or $REDIS_PASSWORD)",
+    )
     parser.add_argument("--service", required=True, help="service name (queue key prefix)")
     parser.add_argument("--worker-id", default="", help="default: hostname-pid")
     add_budget_args(parser)

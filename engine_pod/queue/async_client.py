@@ -16,18 +16,24 @@ class AsyncQueue:
         self.ops = ops
         self._scripts = {name: client.register_script(source) for name, source in script_sources().items()}
 
+    async def prepare(self) -> None:
+        """Connect before the first request: discover a Redis Cluster's nodes (redis-py's asyncio cluster
+        client, initialised lazily by many concurrent first commands, breaks some of their connections)
+        and load every script, so the first requests do not each meet NOSCRIPT."""
+        await self.redis.initialize()
+        for script in self._scripts.values():
+            await self.redis.script_load(script.script)
+
     async def run(self, call: ScriptCall):
         return await self._scripts[call.script](keys=call.keys, args=call.args)
 
-    async def enqueue(self, request: QueuedRequest, max_queued: int = 0, batch_id: str = "") -> bool:
+    async def enqueue(self, request: QueuedRequest, max_queued: int = 0) -> bool:
         """False when the queue already holds ``max_queued`` requests (pending + in flight)."""
-        return await self.enqueue_all([request], max_queued, batch_id)
+        return await self.enqueue_all([request], max_queued)
 
-    async def enqueue_all(
-        self, requests: list[QueuedRequest], max_queued: int = 0, batch_id: str = ""
-    ) -> bool:
+    async def enqueue_all(self, requests: list[QueuedRequest], max_queued: int = 0) -> bool:
         """All of ``requests`` or none: False when the queue cannot take every one of them."""
-        return bool(await self.run(self.ops.enqueue_all(requests, max_queued, batch_id)))
+        return bool(await self.run(self.ops.enqueue_all(requests, max_queued)))
 
     async def next_event(
         self, request_id: str, cursor: str, timeout_s: float
@@ -47,9 +53,9 @@ class AsyncQueue:
         than that, not deleted, so that a second result, were there one, could still be seen)."""
         await self.redis.expire(self.ops.keys.events(request_id), seconds)
 
-    async def cancel(self, request_id: str, prompt_tokens: int) -> int:
+    async def cancel(self, request: QueuedRequest) -> int:
         """1: cancelled while pending; 2: flagged for its worker; 0: unknown or already done."""
-        return int(await self.run(self.ops.cancel(request_id, prompt_tokens)))
+        return int(await self.run(self.ops.cancel(request.id, len(request.prompt_ids), request.batch_id)))
 
     async def depth(self) -> tuple[int, int]:
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -1,4 +1,6 @@
-"""Redis key names of one service's queue. Every key of a service starts with ``dllm:{service}:``."""
+"""Redis key names of one service's queue. Every key of a service starts with ``dllm:{<service>}:``: the
+braces make the service name the hash tag, so on a Redis Cluster all of one service's keys live in one
+slot and every queue script (which names each key it touches in KEYS) runs on one node."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ class ServiceKeys:
             )
 
     def _key(self, *parts: str) -> str:
-        return ":".join(("dllm", self.service, *parts))
+        return ":".join(("dllm", "{" + self.service + "}", *parts))
 
     @property
     def pending(self) -> str:

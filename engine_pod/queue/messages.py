@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
+BATCH_META = "batch"  # the meta entry naming the batch a request belongs to (absent: none)
 
 
 @dataclass
@@ -20,6 +21,10 @@ class QueuedRequest:
     threshold: float | None = None  # per-request override of the service's confidence threshold
     stream: bool = False
     meta: dict[str, Any] = field(default_factory=dict)  # API-level details the worker passes through
+
+    @property
+    def batch_id(self) -> str:
+        return str(self.meta.get(BATCH_META, ""))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -46,6 +51,10 @@ class DoneEvent:
     error: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # the request's meta, passed through (batch custom_id)
     type: str = "done"
+
+    @property
+    def batch_id(self) -> str:
+        return str(self.meta.get(BATCH_META, ""))
 
 
 def encode_event(event: BlockEvent | DoneEvent) -> str:

@@ -43,28 +43,27 @@ class QueueOps:
         self.lease_ms = lease_ms
         self.result_ttl_s = result_ttl_s
 
-    @property
-    def request_prefix(self) -> str:
-        return self.keys.request("")
+    def enqueue(self, request: QueuedRequest, max_queued: int = 0) -> ScriptCall:
+        return self.enqueue_all([request], max_queued)
 
-    def enqueue(self, request: QueuedRequest, max_queued: int = 0, batch_id: str = "") -> ScriptCall:
-        return self.enqueue_all([request], max_queued, batch_id)
-
-    def enqueue_all(
-        self, requests: list[QueuedRequest], max_queued: int = 0, batch_id: str = ""
-    ) -> ScriptCall:
-        """Every request or none; scored by prompt length."""
+    def enqueue_all(self, requests: list[QueuedRequest], max_queued: int = 0) -> ScriptCall:
+        """Every request or none; scored by prompt length. One call enqueues members of one batch at most."""
+        batches = {r.batch_id for r in requests}
+        if len(batches) > 1:
+            raise ValueError(f"one enqueue takes requests of one batch, got {sorted(batches)}")
         keys = [self.keys.pending, self.keys.inflight, self.keys.wakeup]
         keys += [self.keys.request(r.id) for r in requests]
-        args: list = [max_queued, batch_id]
+        args: list = [max_queued, batches.pop() if batches else ""]
         for request in requests:
             args += [len(request.prompt_ids), request.to_json()]
         return ScriptCall("ENQUEUE", keys, args)
 
-    def claim(self, worker: str, max_prefix: int, count: int) -> ScriptCall:
+    def claim(self, worker: str, max_prefix: int, count: int, candidates: list[str]) -> ScriptCall:
+        """Claim up to ``count`` of ``candidates`` (pending ids, shortest first, read just before) that
+        are still pending with a prefix of at most ``max_prefix``."""
         deadline = now_ms() + self.lease_ms
-        keys = [self.keys.pending, self.keys.inflight, self.request_prefix]
-        return ScriptCall("CLAIM", keys, [max_prefix, count, deadline, worker])
+        keys = [self.keys.pending, self.keys.inflight, *map(self.keys.request, candidates)]
+        return ScriptCall("CLAIM", keys, [max_prefix, count, deadline, worker, *candidates])
 
     @staticmethod
     def parse_claim(reply: list) -> list[Claimed]:
@@ -77,13 +76,17 @@ class QueueOps:
     def renew(self, worker: str, request_ids: list[str]) -> ScriptCall:
         return ScriptCall(
             "RENEW",
-            [self.keys.inflight, self.request_prefix],
+            [self.keys.inflight, *map(self.keys.request, request_ids)],
             [now_ms() + self.lease_ms, worker, *request_ids],
         )
 
-    def reap(self) -> ScriptCall:
-        keys = [self.keys.inflight, self.keys.pending, self.request_prefix, self.keys.wakeup]
-        return ScriptCall("REAP", keys, [now_ms()])
+    def reap(self, candidates: list[str], now: int) -> ScriptCall:
+        """Return to pending those of ``candidates`` (in-flight ids read as expired) still expired at ``now``."""
+        keys = [self.keys.inflight, self.keys.pending, self.keys.wakeup, *map(self.keys.request, candidates)]
+        return ScriptCall("REAP", keys, [now, *candidates])
+
+    def _batch_keys(self, batch_id: str) -> list[str]:
+        return [self.keys.batch(batch_id), self.keys.batch_results(batch_id)] if batch_id else []
 
     def progress(
         self, worker: str, request_id: str, event: BlockEvent, generated: list[int], score: int
@@ -91,22 +94,21 @@ class QueueOps:
         keys = [self.keys.inflight, self.keys.request(request_id), self.keys.events(request_id)]
         return ScriptCall("PROGRESS", keys, [worker, encode_event(event), json.dumps(generated), score])
 
-    def complete(self, worker: str, request_id: str, done: DoneEvent) -> ScriptCall:
+    def complete(self, worker: str, request_id: str, done: DoneEvent, batch_id: str = "") -> ScriptCall:
         keys = [
             self.keys.inflight,
             self.keys.request(request_id),
             self.keys.events(request_id),
             self.keys.cancelled,
+            *self._batch_keys(batch_id),
         ]
-        return ScriptCall(
-            "COMPLETE", keys, [worker, encode_event(done), self.result_ttl_s, self.keys.batch("")]
-        )
+        return ScriptCall("COMPLETE", keys, [worker, encode_event(done), self.result_ttl_s])
 
     def release(self, worker: str, request_id: str, generated: list[int], score: int) -> ScriptCall:
         keys = [self.keys.inflight, self.keys.pending, self.keys.request(request_id), self.keys.wakeup]
         return ScriptCall("RELEASE", keys, [worker, json.dumps(generated), score])
 
-    def cancel(self, request_id: str, prompt_tokens: int) -> ScriptCall:
+    def cancel(self, request_id: str, prompt_tokens: int, batch_id: str = "") -> ScriptCall:
         done = DoneEvent(
             token_ids=[], finish_reason="cancelled", prompt_tokens=prompt_tokens, completion_tokens=0
         )
@@ -115,8 +117,9 @@ class QueueOps:
             self.keys.request(request_id),
             self.keys.events(request_id),
             self.keys.cancelled,
+            *self._batch_keys(batch_id),
         ]
-        return ScriptCall("CANCEL", keys, [encode_event(done), self.result_ttl_s, self.keys.batch("")])
+        return ScriptCall("CANCEL", keys, [encode_event(done), self.result_ttl_s])
 
 
 def script_sources() -> dict[str, str]:

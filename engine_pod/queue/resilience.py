@@ -2,7 +2,7 @@
 configured to notice it, and bounded exponential backoff with full jitter for riding it out.
 
 A restart, a failover or a frozen server shows up as a refused connection, a reset or a read
-timeout; all of them pass. Anything else (a wrong password, a script error) is a real error and is
+timeout (on a Redis Cluster also as CLUSTERDOWN, TRYAGAIN or a slot not yet covered); all of them pass. Anything else (a wrong password, a script error) is a real error and is
 not retried. Every client gets socket timeouts, so a frozen Redis is a ``TimeoutError`` after a few
 seconds, never a call that blocks forever.
 """
@@ -12,10 +12,17 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-TRANSIENT_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterDownError,  # a Redis Cluster failing over (MasterDownError is one)
+    TryAgainError,  # a slot migrating
+    SlotNotCoveredError,  # a Redis Cluster's slots not all served yet
+)
 
 SOCKET_TIMEOUT_S = 5.0  # longest a single Redis call may take; longer than any blocking wait we issue
 CLIENT_OPTIONS = {

@@ -2,33 +2,42 @@
 
 from __future__ import annotations
 
-# KEYS: pending, inflight, request hash prefix ("dllm:svc:req:")
-# ARGV: max score, max count, lease deadline (ms), worker id
-# Sand filling: the shortest pending requests whose prefix fits the given maximum, moved to in-flight.
+# Every script names each key it touches in KEYS (a Redis Cluster routes a script by its keys, and all
+# keys of a service share one hash tag, so they live on one node). Where the ids are not known before
+# the script runs (claiming, reaping), the caller reads candidate ids first and the script re-checks
+# each one, so a candidate another worker took meanwhile is skipped, never taken twice.
+
+# KEYS: pending, inflight, then one request hash per candidate
+# ARGV: max score, max count, lease deadline (ms), worker id, then the candidates' ids (shortest first)
+# Sand filling: the shortest candidates still pending whose prefix fits the maximum, moved to in-flight.
 CLAIM = """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-local out = {}
-for _, id in ipairs(ids) do
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('ZADD', KEYS[2], tonumber(ARGV[3]), id)
-  local key = KEYS[3] .. id
-  redis.call('HSET', key, 'state', 'running', 'worker', ARGV[4])
-  redis.call('HINCRBY', key, 'attempts', 1)
-  local fields = redis.call('HMGET', key, 'payload', 'generated')
-  table.insert(out, id)
-  table.insert(out, fields[1] or '')
-  table.insert(out, fields[2] or '[]')
+local out, taken = {}, 0
+for i = 3, #KEYS do
+  if taken >= tonumber(ARGV[2]) then break end
+  local id = ARGV[i + 2]
+  local score = redis.call('ZSCORE', KEYS[1], id)
+  if score and tonumber(score) <= tonumber(ARGV[1]) then
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('ZADD', KEYS[2], tonumber(ARGV[3]), id)
+    redis.call('HSET', KEYS[i], 'state', 'running', 'worker', ARGV[4])
+    redis.call('HINCRBY', KEYS[i], 'attempts', 1)
+    local fields = redis.call('HMGET', KEYS[i], 'payload', 'generated')
+    table.insert(out, id)
+    table.insert(out, fields[1] or '')
+    table.insert(out, fields[2] or '[]')
+    taken = taken + 1
+  end
 end
 return out
 """
 
-# KEYS: inflight, request hash prefix; ARGV: new deadline (ms), worker id, ids...
+# KEYS: inflight, then one request hash per id; ARGV: new deadline (ms), worker id, ids...
 # Renews the leases this worker still owns; returns the ids it no longer owns.
 RENEW = """
 local lost = {}
 for i = 3, #ARGV do
   local id = ARGV[i]
-  local owner = redis.call('HGET', KEYS[2] .. id, 'worker')
+  local owner = redis.call('HGET', KEYS[i - 1], 'worker')
   if owner == ARGV[2] and redis.call('ZSCORE', KEYS[1], id) then
     redis.call('ZADD', KEYS[1], tonumber(ARGV[1]), id)
   else
@@ -38,19 +47,24 @@ end
 return lost
 """
 
-# KEYS: inflight, pending, request hash prefix, wakeup channel; ARGV: now (ms)
-# Puts every expired lease back into the pending set, scored by its prefix length.
+# KEYS: inflight, pending, wakeup channel, then one request hash per candidate
+# ARGV: now (ms), then the candidates' ids (leases read as expired)
+# Puts every candidate whose lease is still expired back into the pending set, scored by its prefix.
 REAP = """
-local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-for _, id in ipairs(expired) do
-  redis.call('ZREM', KEYS[1], id)
-  local key = KEYS[3] .. id
-  redis.call('HSET', key, 'state', 'pending', 'worker', '')
-  local score = tonumber(redis.call('HGET', key, 'score') or '0')
-  redis.call('ZADD', KEYS[2], score, id)
+local reaped = 0
+for i = 4, #KEYS do
+  local id = ARGV[i - 2]
+  local deadline = redis.call('ZSCORE', KEYS[1], id)
+  if deadline and tonumber(deadline) <= tonumber(ARGV[1]) then
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HSET', KEYS[i], 'state', 'pending', 'worker', '')
+    local score = tonumber(redis.call('HGET', KEYS[i], 'score') or '0')
+    redis.call('ZADD', KEYS[2], score, id)
+    reaped = reaped + 1
+  end
 end
-if #expired > 0 then redis.call('PUBLISH', KEYS[4], #expired) end
-return #expired
+if reaped > 0 then redis.call('PUBLISH', KEYS[3], reaped) end
+return reaped
 """
 
 # Events go to a per-request stream (XADD), read with a cursor (XREAD): unlike a popped list, an event
@@ -72,40 +86,55 @@ return 1
 )
 
 
-# Shared by COMPLETE and CANCEL: a finished member of a batch is counted and its result kept.
-_RECORD_BATCH = """
-local function record_batch(request_key, id, done_json, batch_prefix)
-  local batch = redis.call('HGET', request_key, 'batch')
+# Shared by COMPLETE and CANCEL: a finished member of a batch is counted and its result kept. The
+# batch's hash and results list come last in KEYS (the caller knows the batch from the request's
+# payload). A batch member that came without them is refused before anything changes: a batch whose
+# member went uncounted would never finish.
+_BATCH = """
+local function batch_keys_missing(request, first)
+  local batch = redis.call('HGET', KEYS[request], 'batch')
+  if not batch or batch == '' then return nil end
+  local key, results = KEYS[first], KEYS[first + 1]
+  if key and results and results == key .. ':results' and key:sub(-#batch - 1) == ':' .. batch then
+    return nil
+  end
+  return 'request ' .. KEYS[request] .. ' belongs to batch ' .. batch .. ': pass its keys'
+end
+
+local function record_batch(request, id, done_json, first)
+  local batch = redis.call('HGET', KEYS[request], 'batch')
   if not batch or batch == '' then return end
-  local key = batch_prefix .. batch
   local reason = cjson.decode(done_json)['finish_reason']
   if reason == 'error' or reason == 'cancelled' then
-    redis.call('HINCRBY', key, 'failed', 1)
+    redis.call('HINCRBY', KEYS[first], 'failed', 1)
   else
-    redis.call('HINCRBY', key, 'completed', 1)
+    redis.call('HINCRBY', KEYS[first], 'completed', 1)
   end
-  redis.call('RPUSH', key .. ':results', cjson.encode({id = id, done = done_json}))
-  local ttl = redis.call('TTL', key)
-  if ttl > 0 then redis.call('EXPIRE', key .. ':results', ttl) end
+  redis.call('RPUSH', KEYS[first + 1], cjson.encode({id = id, done = done_json}))
+  local ttl = redis.call('TTL', KEYS[first])
+  if ttl > 0 then redis.call('EXPIRE', KEYS[first + 1], ttl) end
 end
 """
 
-# KEYS: inflight, request hash, events stream, cancelled set; ARGV: worker id, done json, ttl seconds, batch prefix
+# KEYS: inflight, request hash, events stream, cancelled set[, batch hash, batch results]
+# ARGV: worker id, done json, ttl seconds
 # Completes a request exactly once: the first caller that still owns it wins, later ones get 0.
 COMPLETE = (
     _EFFECTS
-    + _RECORD_BATCH
+    + _BATCH
     + """
 local id = KEYS[2]:match('[^:]+$')
 if redis.call('HGET', KEYS[2], 'state') == 'done' then return 0 end
 if redis.call('HGET', KEYS[2], 'worker') ~= ARGV[1] or not redis.call('ZSCORE', KEYS[1], id) then return 0 end
+local missing = batch_keys_missing(2, 5)
+if missing then return redis.error_reply(missing) end
 redis.call('ZREM', KEYS[1], id)
 redis.call('SREM', KEYS[4], id)
 redis.call('HSET', KEYS[2], 'state', 'done', 'result', ARGV[2])
 redis.call('XADD', KEYS[3], '*', 'e', ARGV[2])
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
-record_batch(KEYS[2], id, ARGV[2], ARGV[4])
+record_batch(2, id, ARGV[2], 5)
 return 1
 """
 )
@@ -122,21 +151,24 @@ redis.call('PUBLISH', KEYS[4], 1)
 return 1
 """
 
-# KEYS: pending, request hash, events stream, cancelled set; ARGV: done json, ttl seconds, batch prefix
+# KEYS: pending, request hash, events stream, cancelled set[, batch hash, batch results]
+# ARGV: done json, ttl seconds
 # Cancels a request: a pending one completes at once; an in-flight one is flagged for its worker.
 CANCEL = (
     _EFFECTS
-    + _RECORD_BATCH
+    + _BATCH
     + """
 local id = KEYS[2]:match('[^:]+$')
 local state = redis.call('HGET', KEYS[2], 'state')
 if not state or state == 'done' then return 0 end
+local missing = batch_keys_missing(2, 5)
+if missing then return redis.error_reply(missing) end
 if redis.call('ZREM', KEYS[1], id) == 1 then
   redis.call('HSET', KEYS[2], 'state', 'done', 'result', ARGV[1])
   redis.call('XADD', KEYS[3], '*', 'e', ARGV[1])
   redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
   redis.call('EXPIRE', KEYS[3], tonumber(ARGV[2]))
-  record_batch(KEYS[2], id, ARGV[1], ARGV[3])
+  record_batch(2, id, ARGV[1], 5)
   return 1
 end
 redis.call('SADD', KEYS[4], id)

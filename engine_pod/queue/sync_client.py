@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import redis
 
+from engine_pod.queue.connect import sync_client
 from engine_pod.queue.messages import EVENT_FIELD, BlockEvent, DoneEvent, decode_event
-from engine_pod.queue.ops import RESULT_TTL_S, Claimed, QueueOps, ScriptCall, script_sources
+from engine_pod.queue.ops import RESULT_TTL_S, Claimed, QueueOps, ScriptCall, now_ms, script_sources
 from engine_pod.queue.resilience import CLIENT_OPTIONS
+
+CLAIM_ROUNDS = 4  # reads of candidates per claim, when other workers took some of the ones read
+REAP_BATCH = 256  # expired leases returned per reap call (the next call takes the rest)
 
 
 class SyncQueue:
@@ -18,13 +22,34 @@ class SyncQueue:
     @classmethod
     def connect(cls, url: str, service: str, lease_ms: int, result_ttl_s: int = RESULT_TTL_S) -> SyncQueue:
         ops = QueueOps(service, lease_ms=lease_ms, result_ttl_s=result_ttl_s)
-        return cls(redis.Redis.from_url(url, **CLIENT_OPTIONS), ops)
+        return cls(sync_client(url, **CLIENT_OPTIONS), ops)
 
     def run(self, call: ScriptCall):
         return self._scripts[call.script](keys=call.keys, args=call.args)
 
     def claim(self, worker: str, max_prefix: int, count: int) -> list[Claimed]:
-        return QueueOps.parse_claim(self.run(self.ops.claim(worker, max_prefix, count)))
+        """Up to ``count`` of the shortest pending requests with a prefix of at most ``max_prefix``.
+
+        Reads the candidates, then claims those still pending in one script; when another worker took
+        some of them in between, reads again (a few rounds), so a race costs a round trip, not a claim.
+        """
+        claimed: list[Claimed] = []
+        for _ in range(CLAIM_ROUNDS):
+            wanted = count - len(claimed)
+            candidates = self._ids(
+                self.redis.zrangebyscore(self.ops.keys.pending, "-inf", max_prefix, 0, wanted)
+            )
+            if not candidates:
+                break
+            got = QueueOps.parse_claim(self.run(self.ops.claim(worker, max_prefix, wanted, candidates)))
+            claimed += got
+            if len(got) == len(candidates):  # nobody raced us: what was there, we have
+                break
+        return claimed
+
+    @staticmethod
+    def _ids(members: list) -> list[str]:
+        return [m.decode() if isinstance(m, bytes) else m for m in members]
 
     def renew(self, worker: str, request_ids: list[str]) -> set[str]:
         if not request_ids:
@@ -32,7 +57,10 @@ class SyncQueue:
         return {i.decode() for i in self.run(self.ops.renew(worker, request_ids))}
 
     def reap(self) -> int:
-        return int(self.run(self.ops.reap()))
+        """Return expired leases to pending (up to ``REAP_BATCH`` per call); how many were returned."""
+        now = now_ms()
+        expired = self._ids(self.redis.zrangebyscore(self.ops.keys.inflight, "-inf", now, 0, REAP_BATCH))
+        return int(self.run(self.ops.reap(expired, now))) if expired else 0
 
     def progress(
         self, worker: str, request_id: str, event: BlockEvent, generated: list[int], score: int
@@ -40,7 +68,7 @@ class SyncQueue:
         return bool(self.run(self.ops.progress(worker, request_id, event, generated, score)))
 
     def complete(self, worker: str, request_id: str, done: DoneEvent) -> bool:
-        return bool(self.run(self.ops.complete(worker, request_id, done)))
+        return bool(self.run(self.ops.complete(worker, request_id, done, done.batch_id)))
 
     def release(self, worker: str, request_id: str, generated: list[int], score: int) -> bool:
         return bool(self.run(self.ops.release(worker, request_id, generated, score)))

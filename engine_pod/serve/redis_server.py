@@ -67,8 +67,10 @@ class RedisServer:
         appendonly: bool = False,
         popen_options: dict | None = None,
         executable: str | None = None,
+        extra_args: list[str] | None = None,
     ) -> None:
         self.port = port or free_port()
+        self.extra_args = list(extra_args or [])
         self.executable = executable
         self.popen_options = popen_options or {}
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="dllm-redis-")
@@ -95,6 +97,7 @@ class RedisServer:
             "yes" if self.appendonly else "no",
             "--appendfsync",
             "always",
+            *self.extra_args,
         ]
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **self.popen_options
@@ -104,6 +107,8 @@ class RedisServer:
         while time.monotonic() < deadline:
             try:
                 client.ping()
+                return self
+            except redis.AuthenticationError:  # it answers; it wants a password (--requirepass)
                 return self
             except redis.ConnectionError:
                 if self.process.poll() is not None:

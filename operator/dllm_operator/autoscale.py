@@ -6,8 +6,7 @@ import math
 import time
 from dataclasses import dataclass
 
-import redis
-
+from engine_pod.queue.connect import sync_client
 from engine_pod.queue.keys import ServiceKeys
 
 
@@ -42,7 +41,8 @@ def decide(
 
 
 def queue_depth(redis_url: str, queue_service: str, password: str | None = None) -> int:
-    client = redis.Redis.from_url(redis_url, password=password, socket_timeout=2, socket_connect_timeout=2)
+    options = {"password": password} if password else {}
+    client = sync_client(redis_url, socket_timeout=2, socket_connect_timeout=2, **options)
     try:
         pipe = client.pipeline()
         keys = ServiceKeys(queue_service)

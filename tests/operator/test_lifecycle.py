@@ -16,6 +16,7 @@ import redis
 import yaml
 from kopf.testing import KopfRunner
 
+from engine_pod.queue.keys import ServiceKeys
 from engine_pod.serve.redis_server import RedisServer
 from tests.operator.cluster import EmulatedCluster, Kube
 from tests.operator.crd_utils import EXAMPLE_PATH
@@ -190,13 +191,13 @@ def test_queue_depth_in_redis_scales_the_engine(cluster, operator):
         wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
         assert kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 1
         queue = redis.Redis.from_url(server.url)
-        queue.zadd(f"dllm:default-{NAME}:pending", {f"r-{i}": i for i in range(35)})
+        queue.zadd(ServiceKeys(f"default-{NAME}").pending, {f"r-{i}": i for i in range(35)})
         wait_for(lambda: kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 4, 30, what="scale up to 4")
         # the timer patches the Deployment first and the status after it
         wait_for(
             lambda: kube.service(NAME)["status"].get("queueDepth") == 35, 30, what="status.queueDepth 35"
         )
-        queue.delete(f"dllm:default-{NAME}:pending")
+        queue.delete(ServiceKeys(f"default-{NAME}").pending)
         wait_for(
             lambda: kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 1, 30, what="scale down to 1"
         )

@@ -113,14 +113,29 @@ def test_keda_scaled_object_counts_the_service_sorted_sets():
     scaled = scaled_object(spec, OWNER, spec.redis_url)
     triggers = scaled["spec"]["triggers"]
     assert [t["metadata"]["listName"] for t in triggers] == [
-        "dllm:default-llada-8b:pending",
-        "dllm:default-llada-8b:inflight",
+        "dllm:{default-llada-8b}:pending",  # the service is the hash tag: one slot on a Redis Cluster
+        "dllm:{default-llada-8b}:inflight",
     ]
+    assert triggers[0]["type"] == "redis"
     assert (
         triggers[0]["metadata"]["address"] == "redis.queue:6380"
         and triggers[0]["metadata"]["databaseIndex"] == "2"
     )
     assert scaled["spec"]["maxReplicaCount"] == 4
+
+
+def test_keda_on_a_redis_cluster_uses_the_cluster_scaler_and_the_password():
+    spec = example(
+        redis__managed=False,
+        redis__url="redis+cluster://redis-0.queue:7000",
+        redis__passwordSecretRef={"name": "queue-auth", "key": "password"},
+        replicas__keda=True,
+    )
+    triggers = scaled_object(spec, OWNER, spec.redis_url)["spec"]["triggers"]
+    assert {t["type"] for t in triggers} == {"redis-cluster"}
+    metadata = triggers[0]["metadata"]
+    assert metadata["addresses"] == "redis-0.queue:7000" and "databaseIndex" not in metadata
+    assert metadata["passwordFromEnv"] == "REDIS_PASSWORD"
 
 
 def test_memory_relevant_changes_change_the_profile_hash_and_others_do_not():

@@ -12,6 +12,7 @@ from engine_pod.models.loader import load_model
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.serve.redis_server import RedisServer
 from engine_pod.worker.worker import Worker, WorkerConfig
+from tests.redis_cluster import LocalRedisCluster
 from tests.serving_utils import BLOCK, write_served_model
 
 
@@ -23,6 +24,16 @@ def served_model(tmp_path_factory):
 @pytest.fixture
 def redis_server():
     server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["single", "cluster"])
+def single_or_cluster(request):
+    """One redis-server, then a three-master Redis Cluster (``redis+cluster://`` URL), for the tests that
+    check the serving path on both."""
+    server = LocalRedisCluster() if request.param == "cluster" else RedisServer()
+    server.start()
     yield server
     server.stop()
 

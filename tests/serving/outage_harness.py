@@ -18,9 +18,12 @@ import redis
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.generation import generate_one
 from engine_pod.models.loader import load_model
+from engine_pod.queue.connect import sync_client
+from engine_pod.queue.keys import ServiceKeys
 from engine_pod.queue.messages import EVENT_FIELD, decode_event
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import RedisServer, free_port
+from tests.redis_cluster import LocalRedisCluster
 from tests.serving_utils import BLOCK, start_worker_process
 
 WORKER_FLAGS = ("--dtype", "float64", "--lease-ms", "1500")  # float64: results comparable exactly
@@ -63,10 +66,18 @@ class Tally:
 class Stack:
     """Redis (append-only, its own data directory), one gateway process and N worker processes."""
 
-    def __init__(self, model_dir: Path, service: str, tmp: Path, workers: int = 2, **gateway_env: str):
+    def __init__(
+        self,
+        model_dir: Path,
+        service: str,
+        tmp: Path,
+        workers: int = 2,
+        redis_backend: RedisServer | LocalRedisCluster | None = None,
+        **gateway_env: str,
+    ):
         self.model_dir, self.service, self.tmp = model_dir, service, tmp
         (tmp / "redis").mkdir(exist_ok=True)
-        self.redis = RedisServer(data_dir=str(tmp / "redis"), appendonly=True)
+        self.redis = redis_backend or RedisServer(data_dir=str(tmp / "redis"), appendonly=True)
         self.gateway_env = {
             "DLLM_SERVICE": service,
             "DLLM_MODEL_DIR": str(model_dir),
@@ -107,7 +118,7 @@ class Stack:
             self.redis.process.send_signal(signal.SIGCONT)
 
     def duplicate_results(self) -> int:
-        return results_published_twice(redis.Redis.from_url(self.redis.url), self.service)
+        return results_published_twice(sync_client(self.redis.url), self.service)
 
     def __exit__(self, *exc) -> None:
         for worker in self.workers:
@@ -207,7 +218,7 @@ def results_published_twice(client: redis.Redis, service: str) -> int:
     """Results published more than once: done events beyond the first in each request's events stream
     (the gateway keeps delivered events a minute, and completion is fenced to happen once)."""
     extra = 0
-    for key in client.scan_iter(f"dllm:{service}:events:*"):
+    for key in client.scan_iter(ServiceKeys(service).events("*")):
         dones = sum(decode_event(f[EVENT_FIELD.encode()]).type == "done" for _, f in client.xrange(key))
         extra += max(0, dones - 1)
     return extra

@@ -8,6 +8,7 @@ import httpx
 import pytest
 import redis
 
+from engine_pod.queue.keys import ServiceKeys
 from tests.serving_utils import GatewayServer, gateway_settings, wait_for
 
 
@@ -28,7 +29,10 @@ def _upload(client: httpx.Client, lines: list[dict | str]) -> str:
 
 
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
-def test_batch_round_trip_with_an_invalid_line(served_model, redis_server, service, make_worker, endpoint):
+def test_batch_round_trip_with_an_invalid_line(
+    served_model, single_or_cluster, service, make_worker, endpoint
+):
+    redis_server = single_or_cluster
     lines = [_line(i, endpoint) for i in range(12)] + ["{not json"]
     settings = gateway_settings(served_model, redis_server.url, service)
     with (
@@ -131,7 +135,7 @@ def test_files_batches_and_their_results_expire_and_a_batch_file_is_bounded(
             "/v1/files", data={"purpose": "batch"}, files={"file": ("a.jsonl", "\n".join(lines))}
         )
         file_id = upload.json()["id"]
-        assert 0 < client.ttl(f"dllm:{service}:file:{file_id}") <= 500
+        assert 0 < client.ttl(ServiceKeys(service).file(file_id)) <= 500
         batch = http.post(
             "/v1/batches",
             json={"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"},
@@ -141,7 +145,7 @@ def test_files_batches_and_their_results_expire_and_a_batch_file_is_bounded(
             60,
             what="the batch",
         )
-    assert 0 < client.ttl(f"dllm:{service}:batch:{batch['id']}") <= 400
-    assert 0 < client.ttl(f"dllm:{service}:batch:{batch['id']}:results") <= 400
-    for key in client.scan_iter(f"dllm:{service}:req:*"):
+    assert 0 < client.ttl(ServiceKeys(service).batch(batch["id"])) <= 400
+    assert 0 < client.ttl(ServiceKeys(service).batch_results(batch["id"])) <= 400
+    for key in client.scan_iter(ServiceKeys(service).request("*")):
         assert 0 < client.ttl(key) <= settings.result_ttl_s  # finished requests' records expire too

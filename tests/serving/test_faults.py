@@ -9,6 +9,7 @@ import signal
 import httpx
 import redis
 
+from engine_pod.queue.keys import ServiceKeys
 from engine_pod.serve.redis_server import RedisServer
 from tests.serving.outage_harness import reference_texts, results_published_twice
 from tests.serving_utils import BLOCK, GatewayServer, gateway_settings, start_worker_process, wait_for
@@ -35,7 +36,7 @@ def _start_posting(url: str, prompts: list[str], max_tokens: int):
 
 def _states(client: redis.Redis, service: str) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for key in client.scan_iter(f"dllm:{service}:req:*"):
+    for key in client.scan_iter(ServiceKeys(service).request("*")):
         state = (client.hget(key, "state") or b"").decode()
         counts[state] = counts.get(state, 0) + 1
     return counts
@@ -77,7 +78,7 @@ def test_sigkilled_worker_loses_nothing_and_results_arrive_once(
     assert [r.status_code for r in responses] == [200] * len(PROMPTS)
     texts = [r.json()["choices"][0]["text"] for r in responses]
     assert texts == reference_texts(served_model, PROMPTS, max_tokens)  # resumed work is exact
-    reclaimed = [int(client.hget(k, "attempts")) for k in client.scan_iter(f"dllm:{service}:req:*")]
+    reclaimed = [int(client.hget(k, "attempts")) for k in client.scan_iter(ServiceKeys(service).request("*"))]
     assert max(reclaimed) >= 2, "some request should have been reclaimed from the dead worker"
     assert results_published_twice(client, service) == 0, "a result was delivered more than once"
     assert second.returncode == 0  # SIGTERM drains and exits cleanly
@@ -91,10 +92,10 @@ def test_redis_restart_with_append_only_file_loses_no_accepted_request(served_mo
         with GatewayServer(gateway_settings(served_model, server.url, service)) as gateway:
             pending = _start_posting(gateway.url, PROMPTS[:8], 16)
             client = redis.Redis.from_url(server.url)
-            wait_for(lambda: client.zcard(f"dllm:{service}:pending") == 8, 30, what="8 queued requests")
+            wait_for(lambda: client.zcard(ServiceKeys(service).pending) == 8, 30, what="8 queued requests")
             server.kill()
             server = RedisServer(port=server.port, data_dir=str(data), appendonly=True).start()
-            assert redis.Redis.from_url(server.url).zcard(f"dllm:{service}:pending") == 8
+            assert redis.Redis.from_url(server.url).zcard(ServiceKeys(service).pending) == 8
             worker = start_worker_process(served_model, server.url, service, log=tmp_path / "w.log")
             try:
                 responses = pending.result(timeout=300)

@@ -12,6 +12,7 @@ import openai
 import pytest
 import redis
 
+from engine_pod.queue.keys import ServiceKeys
 from engine_pod.queue.messages import QueuedRequest
 from engine_pod.queue.ops import QueueOps
 from engine_pod.queue.sync_client import SyncQueue
@@ -196,7 +197,7 @@ def test_a_multi_prompt_call_is_bounded_and_enqueued_whole_or_not_at_all(served_
         served_model, redis_server.url, service, max_queued=4, max_prompts_per_request=8
     )
     client = redis.Redis.from_url(redis_server.url)
-    pending = f"dllm:{service}:pending"
+    pending = ServiceKeys(service).pending
     with GatewayServer(settings) as gateway, httpx.Client(base_url=gateway.url, timeout=60) as http:
         too_many = completion(http, ["hi"] * 9, max_tokens=8)
         assert too_many.status_code == 400 and "at most 8" in too_many.json()["error"]["message"]

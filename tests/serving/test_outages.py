@@ -14,6 +14,9 @@ import time
 
 import redis
 
+from engine_pod.queue.connect import sync_client
+from engine_pod.queue.keys import ServiceKeys
+from tests.redis_cluster import LocalRedisCluster
 from tests.serving.outage_harness import Stack, Tally, reference_texts, start_load
 from tests.serving_utils import BLOCK, wait_for
 
@@ -23,11 +26,11 @@ PROMPTS = [f"copy : {' '.join(WORDS[i % 8 : i % 8 + 1 + i % 3])} ." for i in ran
 
 
 def _done_count(stack: Stack) -> int:
-    client = redis.Redis.from_url(stack.redis.url, socket_timeout=2)
+    client = sync_client(stack.redis.url, socket_timeout=2)
     try:
         return sum(
             (client.hget(k, "state") or b"") == b"done"
-            for k in client.scan_iter(f"dllm:{stack.service}:req:*")
+            for k in client.scan_iter(ServiceKeys(stack.service).request("*"))
         )
     except redis.RedisError:
         return 0
@@ -93,18 +96,32 @@ def test_redis_killed_and_restarted_from_its_append_only_file(served_model, serv
     _assert_nothing_lost(tally, served_model)
 
 
-def test_a_worker_killed_repeatedly(served_model, service, tmp_path):
-    def kill_twice(stack: Stack) -> None:
-        """(a) a worker killed (SIGKILL) twice and restarted"""
-        for _ in range(2):
-            victim = stack.workers[0]
-            victim.send_signal(signal.SIGKILL)
-            victim.wait()
-            time.sleep(1.0)
-            stack.workers[0] = stack.start_worker(0)
-            time.sleep(2.0)
+def _kill_twice(stack: Stack) -> None:
+    """(a) a worker killed (SIGKILL) twice and restarted"""
+    for _ in range(2):
+        victim = stack.workers[0]
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        time.sleep(1.0)
+        stack.workers[0] = stack.start_worker(0)
+        time.sleep(2.0)
 
-    tally = _run_case(served_model, service, tmp_path, kill_twice)
+
+def test_a_worker_killed_repeatedly(served_model, service, tmp_path):
+    tally = _run_case(served_model, service, tmp_path, _kill_twice)
+    _assert_nothing_lost(tally, served_model)
+
+
+def test_on_a_redis_cluster_a_worker_killed_repeatedly(served_model, service, tmp_path):
+    """The gateway and both workers on a three-master Redis Cluster (redis+cluster:// URL); the killed
+    worker's leases expire and are reaped, claimed and completed on the cluster."""
+
+    def kill_twice_on_a_cluster(stack: Stack) -> None:
+        """(a) on a Redis Cluster: a worker killed (SIGKILL) twice and restarted"""
+        _kill_twice(stack)
+
+    cluster = LocalRedisCluster()
+    tally = _run_case(served_model, service, tmp_path, kill_twice_on_a_cluster, redis_backend=cluster)
     _assert_nothing_lost(tally, served_model)
 
 
@@ -146,6 +163,6 @@ def test_sigterm_to_the_gateway_ends_every_open_stream_with_done(served_model, s
 
 def _pending(stack: Stack) -> int:
     try:
-        return redis.Redis.from_url(stack.redis.url).zcard(f"dllm:{stack.service}:pending")
+        return redis.Redis.from_url(stack.redis.url).zcard(ServiceKeys(stack.service).pending)
     except redis.RedisError:
         return 0

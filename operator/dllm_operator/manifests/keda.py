@@ -1,4 +1,5 @@
-"""A KEDA ScaledObject scaling the engine Deployment on queue depth (the redis scaler ZCARDs sorted sets)."""
+"""A KEDA ScaledObject scaling the engine Deployment on queue depth (the redis scaler ZCARDs sorted sets;
+a ``redis+cluster://`` URL gets KEDA's redis-cluster scaler)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,27 @@ from urllib.parse import urlparse
 
 from dllm_operator.manifests import common
 from dllm_operator.spec import ServiceSpec
+from engine_pod.queue.connect import REDIS_PASSWORD_ENV, is_cluster_url
 from engine_pod.queue.keys import ServiceKeys
 
 
-def _trigger(spec: ServiceSpec, address: str, database: str, key: str) -> dict[str, Any]:
-    metadata = {
-        "address": address,
-        "listName": key,
-        "listLength": str(spec.target_per_replica),
-        "databaseIndex": database,
-    }
-    trigger: dict[str, Any] = {"type": "redis", "metadata": metadata}
+def _trigger(spec: ServiceSpec, redis_url: str, key: str) -> dict[str, Any]:
+    parsed = urlparse(redis_url)
+    address = f"{parsed.hostname}:{parsed.port or 6379}"
+    metadata = {"listName": key, "listLength": str(spec.target_per_replica)}
+    if is_cluster_url(redis_url):
+        trigger: dict[str, Any] = {"type": "redis-cluster", "metadata": {"addresses": address, **metadata}}
+    else:
+        database = (parsed.path or "/0").lstrip("/") or "0"
+        trigger = {"type": "redis", "metadata": {"address": address, **metadata, "databaseIndex": database}}
+    if parsed.scheme.startswith("rediss"):
+        trigger["metadata"]["enableTLS"] = "true"
     if spec.redis_password:
-        trigger["metadata"]["passwordFromEnv"] = "REDIS_PASSWORD"
+        trigger["metadata"]["passwordFromEnv"] = REDIS_PASSWORD_ENV
     return trigger
 
 
 def scaled_object(spec: ServiceSpec, owner: dict, redis_url: str) -> dict[str, Any]:
-    parsed = urlparse(redis_url)
-    address = f"{parsed.hostname}:{parsed.port or 6379}"
-    database = (parsed.path or "/0").lstrip("/") or "0"
     keys = ServiceKeys(spec.queue_service)
     return {
         "apiVersion": "keda.sh/v1alpha1",
@@ -38,8 +40,8 @@ def scaled_object(spec: ServiceSpec, owner: dict, redis_url: str) -> dict[str, A
             "maxReplicaCount": spec.max_replicas,
             "cooldownPeriod": spec.scale_down_delay_s,
             "triggers": [
-                _trigger(spec, address, database, keys.pending),
-                _trigger(spec, address, database, keys.inflight),
+                _trigger(spec, redis_url, keys.pending),
+                _trigger(spec, redis_url, keys.inflight),
             ],
         },
     }

@@ -1,0 +1,51 @@
+"""Redis clients from a URL: one Redis (``redis://``, ``rediss://``) or a Redis Cluster (``redis+cluster://``,
+``rediss+cluster://``, naming any one node), with the password from ``$REDIS_PASSWORD`` when the URL has
+none. Every process that talks to the queue (worker, gateway, operator, bench) connects through here, so
+a URL means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import urlparse
+
+REDIS_PASSWORD_ENV = "REDIS_PASSWORD"  # what the operator injects from spec.redis.passwordSecretRef
+_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def is_cluster_url(url: str) -> bool:
+    return urlparse(url).scheme in _CLUSTER_SCHEMES
+
+
+def node_url(url: str) -> str:
+    """The URL with a plain scheme (what redis-py parses); a cluster URL names one of its nodes."""
+    scheme = urlparse(url).scheme
+    return _CLUSTER_SCHEMES[scheme] + url[len(scheme) :] if scheme in _CLUSTER_SCHEMES else url
+
+
+def _password_option(url: str) -> dict[str, Any]:
+    password = os.environ.get(REDIS_PASSWORD_ENV)
+    return {"password": password} if password and not urlparse(url).password else {}
+
+
+def sync_client(url: str, **options: Any):
+    """A blocking client (``redis.Redis`` or ``redis.cluster.RedisCluster``)."""
+    import redis
+    from redis.cluster import RedisCluster
+
+    options = _password_option(url) | options
+    if is_cluster_url(url):
+        return RedisCluster.from_url(node_url(url), **options)
+    return redis.Redis.from_url(url, **options)
+
+
+def async_client(url: str, **options: Any):
+    """An asyncio client (``redis.asyncio.Redis`` or ``redis.asyncio.cluster.RedisCluster``)."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.cluster import RedisCluster
+
+    options = _password_option(url) | options
+    if is_cluster_url(url):
+        return RedisCluster.from_url(node_url(url), **options)
+    return aioredis.Redis.from_url(url, **options)
