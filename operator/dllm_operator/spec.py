@@ -169,6 +169,14 @@ def _check(spec: ServiceSpec) -> None:
         (spec.redis_managed == bool(spec.redis_url), "use either a managed Redis or redis.url, exactly one"),
         (spec.admission not in ("preempt", "projected"), "scheduling.admission must be preempt or projected"),
         (
+            not 0 <= spec.gpus <= 1,
+            "resources.gpus must be 0 or 1 (one worker per pod; scale out with replicas)",
+        ),
+        (
+            spec.steps_per_block > spec.block_length,
+            "decoding.stepsPerBlock must not exceed decoding.blockLength",
+        ),
+        (
             not 0.0 <= spec.min_padding_efficiency <= 1.0,
             "scheduling.minPaddingEfficiency must be between 0 and 1",
         ),

@@ -50,14 +50,21 @@ def schema_errors(spec: dict[str, Any], crd: dict[str, Any]) -> list[str]:
 
 
 def cel_failures(spec: dict[str, Any], crd: dict[str, Any]) -> list[str]:
-    """Messages of the CEL rules the (defaulted) spec violates."""
+    """Messages of the CEL rules the (defaulted) spec violates, at every level of the schema."""
     environment = celpy.Environment()
-    activation = {"self": celpy.json_to_cel(spec)}
-    failures = []
-    for rule in spec_schema(crd)["x-kubernetes-validations"]:
-        program = environment.program(environment.compile(rule["rule"]))
-        if not bool(program.evaluate(activation)):
-            failures.append(rule["message"])
+    failures: list[str] = []
+
+    def visit(value: Any, schema: dict[str, Any]) -> None:
+        for rule in schema.get("x-kubernetes-validations") or []:
+            program = environment.program(environment.compile(rule["rule"]))
+            if not bool(program.evaluate({"self": celpy.json_to_cel(value)})):
+                failures.append(rule["message"])
+        if isinstance(value, dict):
+            for key, sub in (schema.get("properties") or {}).items():
+                if key in value:
+                    visit(value[key], sub)
+
+    visit(spec, spec_schema(crd))
     return failures
 
 

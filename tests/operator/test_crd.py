@@ -98,3 +98,60 @@ def test_schema_rejects_bad_values(path, value):
 def test_budget_instead_of_profiling_is_accepted():
     assert admit(_with("profiling", {"tokenBudget": 200000})) == []
     assert admit(_with("redis", {"url": "redis://redis.example:6379/0"})) == []
+
+
+INVALID = [
+    ("resources.gpuResourceName", "gpu"),  # not domain-qualified: no such extended resource
+    ("resources.gpuResourceName", "nvidia.com/"),
+    ("resources.nodeSelector", {"gpu": "a100 80gb"}),  # a label value has no spaces
+    ("resources.nodeSelector", {"bad key": "x"}),
+    ("resources.nodeSelector", {"gpu": "x" * 64}),
+    ("resources.gpus", 1_000_000),
+    ("resources.gpus", 2),  # one worker per pod uses one GPU: more would sit idle
+    ("resources.gpus", -1),
+    ("resources.memory", "0"),
+    ("resources.memory", "0Gi"),
+    ("resources.memory", "-1Gi"),
+    ("resources.memory", "64 Gi"),
+    ("resources.memory", "64GB"),
+    ("resources.cpu", "0"),
+    ("resources.cpu", "0m"),
+    ("resources.cpu", "two"),
+    ("decoding.stepsPerBlock", 64),  # more steps than tokens in a block
+    ("decoding.threshold", 0),
+    ("decoding.treshold", 0.8),  # a typo must not be pruned into the default
+    ("redis", {"url": "redis://"}),
+    ("redis", {"url": "redis://:hunter2@redis.queue:6379/0"}),  # the password goes in passwordSecretRef
+    ("redis", {"url": "http://redis.queue:6379"}),
+    ("redis", {"url": "redis://redis.queue:6379/0 "}),
+    ("replica", {"min": 2}),  # spec.replica for spec.replicas
+    ("model.famly", "dream"),
+    ("gateway.prot", 8080),
+    ("profiling.utilisation", 0.8),
+]
+
+
+@pytest.mark.parametrize("path, value", INVALID, ids=[f"{p}={v!r}"[:60] for p, v in INVALID])
+def test_invalid_specs_are_rejected(path, value):
+    assert admit(_with(path, value)) != [], f"{path}={value!r} was admitted"
+
+
+VALID = [
+    ("resources.memory", "1e9"),
+    ("resources.memory", "1Pi"),
+    ("resources.memory", "68719476736"),
+    ("resources.memory", "1.5Ti"),
+    ("resources.cpu", "500m"),
+    ("resources.cpu", "0.5"),
+    ("resources.gpus", 0),
+    ("resources.gpuResourceName", "amd.com/gpu"),
+    ("resources.nodeSelector", {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "pool": ""}),
+    ("redis", {"url": "rediss://redis.queue:6380/2"}),
+    ("redis", {"url": "redis+cluster://redis-0.redis.queue:7000"}),
+    ("decoding.stepsPerBlock", 32),
+]
+
+
+@pytest.mark.parametrize("path, value", VALID, ids=[f"{p}={v!r}"[:60] for p, v in VALID])
+def test_valid_specs_are_accepted(path, value):
+    assert admit(_with(path, value)) == []
