@@ -55,6 +55,16 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
+def _error_message(exc: Exception) -> str:
+    """The failure as termination-message JSON, valid however long the error's text is."""
+    text = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+    message = json.dumps({"error": text}, separators=(",", ":"))
+    while len(message) >= TERMINATION_LIMIT:
+        text = text[: len(text) // 2]
+        message = json.dumps({"error": text}, separators=(",", ":"))
+    return message
+
+
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.utilization <= 1:
         raise CliError(f"--utilization must be in (0, 1], got {args.utilization}")
@@ -75,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         result = run_profile(config)
-    except ValueError as exc:
+    except Exception as exc:  # any failure (a bad limit, CUDA out of memory, a missing model): say why
         if args.termination_log:  # the operator reads why from the pod status
-            Path(args.termination_log).write_text(json.dumps({"error": str(exc)})[: TERMINATION_LIMIT - 1])
+            Path(args.termination_log).write_text(_error_message(exc))
         raise
     Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
     if args.termination_log:

@@ -26,6 +26,22 @@ _PLURALS = {
 }
 
 
+class ChildRejected(Exception):
+    """The API server refused a child object (a 4xx other than a conflict): a spec or policy problem that
+    retrying will not fix, reported as a condition on the service."""
+
+    def __init__(self, manifest: dict[str, Any], status: int, message: str) -> None:
+        meta = manifest.get("metadata") or {}
+        super().__init__(f"{manifest.get('kind')} {meta.get('name')} was rejected ({status}): {message}")
+
+
+def _server_message(exc: ApiException) -> str:
+    try:
+        return json.loads(exc.body or "{}").get("message") or str(exc.reason)
+    except (json.JSONDecodeError, AttributeError):
+        return str(exc.reason)
+
+
 def _base(api_version: str) -> str:
     return f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
 
@@ -99,7 +115,16 @@ class KubeClient:
         ]
 
     def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Create, or merge-patch what exists: idempotent, and it never drops fields others own."""
+        """Create, or merge-patch what exists: idempotent, and it never drops fields others own.
+        ChildRejected when the API server refuses the object."""
+        try:
+            return self._apply(manifest)
+        except ApiException as exc:
+            if 400 <= exc.status < 500 and exc.status != 409:
+                raise ChildRejected(manifest, exc.status, _server_message(exc)) from None
+            raise
+
+    def _apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
         path = object_path(manifest)
         if self.get(path) is None:
             try:
@@ -117,9 +142,11 @@ class KubeClient:
     def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("PATCH", path, body, "application/merge-patch+json")
 
-    def delete(self, path: str) -> bool:
+    def delete(self, path: str, propagation: str = "Background") -> bool:
+        """Delete an object and, by default, its dependents (a Job's pods: batch/v1 orphans them otherwise)."""
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
         try:
-            self._call("DELETE", path)
+            self._call("DELETE", path, options)
             return True
         except ApiException as exc:
             if exc.status == 404:

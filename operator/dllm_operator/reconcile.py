@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dllm_operator import autoscale
+from dllm_operator import autoscale, names
 from dllm_operator.conditions import condition, set_condition
 from dllm_operator.config import OperatorSettings
-from dllm_operator.k8s import KubeClient, collection_path, object_path
+from dllm_operator.k8s import ChildRejected, KubeClient, collection_path, object_path
 from dllm_operator.manifests import common
 from dllm_operator.manifests.engine import engine_deployment, profile_configmap
 from dllm_operator.manifests.gateway import gateway_deployment, gateway_service
@@ -51,12 +51,15 @@ class Reconciler:
         except SpecError as exc:
             return self._degraded(conditions, generation, "InvalidSpec", str(exc))
         owner = {"name": meta["name"], "uid": meta["uid"]}
-        redis_url = self._ensure_redis(spec, owner)
-        self._ensure_gateway(spec, owner, redis_url)
-        profile = ensure_profile(spec, owner, self.settings, self.client)
-        return self._after_profile(
-            spec, owner, status, conditions, generation, redis_url, profile, autoscale_now
-        )
+        try:
+            redis_url = self._ensure_redis(spec, owner)
+            self._ensure_gateway(spec, owner, redis_url)
+            profile = ensure_profile(spec, owner, self.settings, self.client)
+            return self._after_profile(
+                spec, owner, status, conditions, generation, redis_url, profile, autoscale_now
+            )
+        except ChildRejected as exc:  # retrying cannot help: say so on the resource
+            return self._degraded(conditions, generation, "ChildRejected", str(exc))
 
     # -- steps ----------------------------------------------------------------------------------
     def _check_supported(self, spec: ServiceSpec) -> None:
@@ -86,7 +89,7 @@ class Reconciler:
             "observedGeneration": generation,
             "redisUrl": redis_url,
             "selector": common.selector_string(spec, "engine"),
-            "endpoint": f"http://{spec.name}.{spec.namespace}.svc:{spec.gateway_port}/v1",
+            "endpoint": f"http://{common.service_name(spec)}.{spec.namespace}.svc:{spec.gateway_port}/v1",
         }
         if profile.state == "failed":
             outcome = self._degraded(conditions, generation, "ProfilingFailed", profile.message)
@@ -234,7 +237,10 @@ class Reconciler:
     # -- deletion -------------------------------------------------------------------------------
     def delete_children(self, namespace: str, name: str) -> int:
         """Delete every child (garbage collection does it too in a real cluster; this is explicit)."""
-        labels = {"app.kubernetes.io/instance": name, "app.kubernetes.io/managed-by": "dllm-operator"}
+        labels = {
+            "app.kubernetes.io/instance": names.label_value(name),
+            "app.kubernetes.io/managed-by": "dllm-operator",
+        }
         kinds = [
             ("apps/v1", "Deployment"),
             ("v1", "Service"),

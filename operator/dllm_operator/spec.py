@@ -7,6 +7,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dllm_operator import names
+
 
 class SpecError(ValueError):
     """A spec the CRD accepted but this operator cannot run (reported as a Degraded condition)."""
@@ -45,6 +47,7 @@ class ServiceSpec:
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     profiling_enabled: bool = True
     utilization: float = 0.9
+    profiling_timeout_s: int = 3600
     token_budget: int | None = None
     min_replicas: int = 1
     max_replicas: int = 1
@@ -64,7 +67,7 @@ class ServiceSpec:
     @property
     def queue_service(self) -> str:
         """Redis key prefix of this service's queue (unique across namespaces on a shared Redis)."""
-        return f"{self.namespace}-{self.name}"[:63].rstrip("-")
+        return names.dns_label(f"{self.namespace}-{self.name}")
 
     @property
     def model_name(self) -> str:
@@ -130,6 +133,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         tolerations=list(resources.get("tolerations") or []),
         profiling_enabled=bool(profiling.get("enabled", budget is None)),
         utilization=float(profiling.get("utilization", 0.9)),
+        profiling_timeout_s=int(profiling.get("timeoutSeconds", 3600)),
         token_budget=int(budget) if budget is not None else None,
         min_replicas=int(replicas.get("min", 1)),
         max_replicas=int(replicas.get("max", 1)),

@@ -135,3 +135,28 @@ def test_cuda_profile_fits_reserved_memory_under_expandable_segments(tmp_path):
         assert 0 < point["allocated_bytes"] <= point["peak_bytes"]
     assert result["free_memory_bytes"] <= result["total_memory_bytes"]
     assert result["budget_checks"][-1]["under_limit"]
+
+
+def test_any_failure_leaves_a_json_termination_message(tmp_path, monkeypatch, capsys):
+    """Not only a bad limit (ValueError): CUDA running out of memory mid-profile is a RuntimeError."""
+    from engine_pod.cli import profile as profile_cli
+
+    def out_of_memory(*_args, **_kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB" + " (details)" * 2000)
+
+    monkeypatch.setattr(profile_cli, "run_profile", out_of_memory)
+    log = tmp_path / "termination-log"
+    argv = [
+        "profile",
+        "--model",
+        DEFAULT_MODEL,
+        "--json",
+        str(tmp_path / "p.json"),
+        "--termination-log",
+        str(log),
+    ]
+    with pytest.raises(RuntimeError):  # an unexpected failure still ends the process with its traceback
+        main(argv)
+    message = log.read_text()
+    assert len(message) < 4096
+    assert json.loads(message)["error"].startswith("RuntimeError: CUDA out of memory")

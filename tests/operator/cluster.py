@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp.web
@@ -16,9 +17,30 @@ CRD_VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
 
 class Emulator(kmock.KubernetesEmulator):
     """Two gaps of kmock 0.8 filled as a real API server would: a missing object is a 404 (not a
-    bare 500), and ``metadata.generateName`` gets a unique name (Kopf names its events so)."""
+    bare 500), and ``metadata.generateName`` gets a unique name (Kopf names its events so).
+
+    For tests: ``deletes`` records every DELETE (path and body, to check propagation policies), and
+    ``reject`` (a function of the request returning a message or None) plays an admission webhook or a
+    quota that refuses an object with 422."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.deletes: list[tuple[str, Any]] = []
+        self.reject: Callable[[Any], str | None] | None = None
 
     async def _handle(self, request):
+        if request.method == kmock.method.DELETE:
+            self.deletes.append((request.url.path, request.data))
+        refusal = self.reject(request) if self.reject and request.method != kmock.method.GET else None
+        if refusal:
+            body = {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Failure",
+                "code": 422,
+                "message": refusal,
+            }
+            return aiohttp.web.json_response(body, status=422)
         data = request.data if request.action == kmock.action.CREATE else None
         meta = data.get("metadata") if isinstance(data, dict) else None
         if isinstance(meta, dict) and meta.get("generateName") and not meta.get("name"):

@@ -243,6 +243,44 @@ def test_a_spec_the_crd_cannot_reject_gives_degraded_without_a_crash(cluster, op
     wait_for(lambda: kube.condition(NAME, "Degraded")["status"] == "False", 30, what="recovery")
 
 
+def test_deleting_a_service_mid_profiling_deletes_the_job_with_its_pod(cluster, operator):
+    """batch/v1 orphans a Job's pods unless the delete says otherwise: a pod left holding a GPU. (The
+    emulator runs no garbage collector; what is checked is the propagation policy the operator sends.)"""
+    kube = cluster.client()
+    kube.create_service(example())
+    job = wait_for(lambda: _newest_unfinished_job(kube), 30, what="the profiling Job")
+    kube.custom.delete_namespaced_custom_object("dllm.dev", "v1alpha1", "default", "dllmservices", NAME)
+    wait_for(lambda: not kube.jobs(), 30, what="the Job deleted")
+    deletes = [
+        body for path, body in cluster.emulator.deletes if path.endswith(f"/jobs/{job['metadata']['name']}")
+    ]
+    assert deletes and all(
+        (body or {}).get("propagationPolicy") in ("Background", "Foreground") for body in deletes
+    )
+
+
+def test_a_child_the_api_server_rejects_gives_degraded_and_an_event(cluster, operator):
+    kube = cluster.client()
+
+    def quota(request) -> str | None:
+        return (
+            "exceeded quota: gpu-quota, requested: nvidia.com/gpu=1" if "/jobs" in request.url.path else None
+        )
+
+    cluster.emulator.reject = quota
+    kube.create_service(example())
+    degraded = wait_for(
+        lambda: (c := kube.condition(NAME, "Degraded")) and c["status"] == "True" and c, 30, what="Degraded"
+    )
+    assert degraded["reason"] == "ChildRejected" and "exceeded quota" in degraded["message"]
+    assert kube.service(NAME)["status"]["phase"] == "Failed"
+    events = kube.core.list_namespaced_event("default").items
+    assert any(e.reason == "ChildRejected" and e.type == "Warning" for e in events)
+    cluster.emulator.reject = None  # the quota is raised: the next resync recovers
+    wait_for(lambda: kube.condition(NAME, "Degraded")["status"] == "False", 30, what="recovery")
+    assert _newest_unfinished_job(kube)
+
+
 def _clean(manifest: dict) -> dict:
     """An object as submitted (the emulator echoes what it stored)."""
     cleaned = copy.deepcopy(manifest)

@@ -106,6 +106,11 @@ def test_profile_job_uses_the_termination_log_and_never_restarts():
     pod = job["spec"]["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
     assert "--termination-log" in pod["containers"][0]["command"]
+    # a crash before the message is written still says why (the log's tail)
+    assert pod["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    # a profile that cannot be scheduled or hangs fails, instead of Profiling forever
+    assert job["spec"]["activeDeadlineSeconds"] == 3600
+    assert all_manifests(example(profiling__timeoutSeconds=600))[0]["spec"]["activeDeadlineSeconds"] == 600
 
 
 def test_keda_scaled_object_counts_the_service_sorted_sets():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dllm_operator import names
 from dllm_operator.config import GROUP, KIND, VERSION
 from dllm_operator.spec import ServiceSpec
 
@@ -11,20 +12,31 @@ APP = "dllm"
 
 
 def name_of(spec: ServiceSpec, component: str) -> str:
-    return f"{spec.name}-{component}"[:63].rstrip("-")
+    """A child's name: unique per service and component, a valid RFC 1035 label for any service name."""
+    return f"{names.child_base(spec.name)}-{component}"
+
+
+def service_name(spec: ServiceSpec) -> str:
+    """The gateway Service (what clients address): the service's own name where it is a valid one."""
+    return names.dns_label(spec.name)
+
+
+def instance(spec: ServiceSpec) -> str:
+    """The ``app.kubernetes.io/instance`` label of every child."""
+    return names.label_value(spec.name)
 
 
 def labels(spec: ServiceSpec, component: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": APP,
-        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/instance": instance(spec),
         "app.kubernetes.io/component": component,
         "app.kubernetes.io/managed-by": "dllm-operator",
     }
 
 
 def selector_labels(spec: ServiceSpec, component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/instance": spec.name, "app.kubernetes.io/component": component}
+    return {"app.kubernetes.io/instance": instance(spec), "app.kubernetes.io/component": component}
 
 
 def selector_string(spec: ServiceSpec, component: str) -> str:

@@ -98,7 +98,7 @@ def gateway_service(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": common.metadata(spec, "gateway", owner, name=spec.name),
+        "metadata": common.metadata(spec, "gateway", owner, name=common.service_name(spec)),
         "spec": {
             "type": spec.service_type,
             "selector": common.selector_labels(spec, "gateway"),

@@ -12,7 +12,7 @@ TERMINATION_LOG = "/dev/termination-log"
 
 
 def job_name(spec: ServiceSpec, profile_hash: str) -> str:
-    return f"{spec.name[:45]}-profile-{profile_hash[:8]}"
+    return f"{common.name_of(spec, 'profile')}-{profile_hash[:8]}"
 
 
 def profiling_job(
@@ -41,7 +41,7 @@ def profiling_job(
         "resources": common.resources(spec),
         "volumeMounts": mounts,
         "terminationMessagePath": TERMINATION_LOG,
-        "terminationMessagePolicy": "File",
+        "terminationMessagePolicy": "FallbackToLogsOnError",  # a crash before the message: its log tail
         "securityContext": common.container_security(),
     }
     meta = common.metadata(spec, "profile", owner, job_name(spec, profile_hash))
@@ -52,6 +52,7 @@ def profiling_job(
         "metadata": meta,
         "spec": {
             "backoffLimit": 1,
+            "activeDeadlineSeconds": spec.profiling_timeout_s,  # unschedulable or hung: Failed, not forever
             "ttlSecondsAfterFinished": 86400,
             "template": {
                 "metadata": {"labels": common.labels(spec, "profile")},
