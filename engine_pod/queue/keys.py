@@ -41,6 +41,12 @@ class ServiceKeys:
         return self._key("inflight")
 
     @property
+    def live(self) -> str:
+        """Set of every accepted request not yet done (pending or in flight). Its size is the queue
+        depth: the one number the gateway's limit, the operator's autoscaler and KEDA all read."""
+        return self._key("live")
+
+    @property
     def cancelled(self) -> str:
         """Set of in-flight request ids whose client cancelled them."""
         return self._key("cancelled")

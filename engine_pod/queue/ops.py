@@ -51,7 +51,7 @@ class QueueOps:
         batches = {r.batch_id for r in requests}
         if len(batches) > 1:
             raise ValueError(f"one enqueue takes requests of one batch, got {sorted(batches)}")
-        keys = [self.keys.pending, self.keys.inflight, self.keys.wakeup]
+        keys = [self.keys.pending, self.keys.live, self.keys.wakeup]
         keys += [self.keys.request(r.id) for r in requests]
         args: list = [max_queued, batches.pop() if batches else ""]
         for request in requests:
@@ -100,6 +100,7 @@ class QueueOps:
             self.keys.request(request_id),
             self.keys.events(request_id),
             self.keys.cancelled,
+            self.keys.live,
             *self._batch_keys(batch_id),
         ]
         return ScriptCall("COMPLETE", keys, [worker, encode_event(done), self.result_ttl_s])
@@ -117,6 +118,7 @@ class QueueOps:
             self.keys.request(request_id),
             self.keys.events(request_id),
             self.keys.cancelled,
+            self.keys.live,
             *self._batch_keys(batch_id),
         ]
         return ScriptCall("CANCEL", keys, [encode_event(done), self.result_ttl_s])

@@ -116,7 +116,7 @@ local function record_batch(request, id, done_json, first)
 end
 """
 
-# KEYS: inflight, request hash, events stream, cancelled set[, batch hash, batch results]
+# KEYS: inflight, request hash, events stream, cancelled set, live set[, batch hash, batch results]
 # ARGV: worker id, done json, ttl seconds
 # Completes a request exactly once: the first caller that still owns it wins, later ones get 0.
 COMPLETE = (
@@ -126,15 +126,16 @@ COMPLETE = (
 local id = KEYS[2]:match('[^:]+$')
 if redis.call('HGET', KEYS[2], 'state') == 'done' then return 0 end
 if redis.call('HGET', KEYS[2], 'worker') ~= ARGV[1] or not redis.call('ZSCORE', KEYS[1], id) then return 0 end
-local missing = batch_keys_missing(2, 5)
+local missing = batch_keys_missing(2, 6)
 if missing then return redis.error_reply(missing) end
 redis.call('ZREM', KEYS[1], id)
 redis.call('SREM', KEYS[4], id)
+redis.call('SREM', KEYS[5], id)
 redis.call('HSET', KEYS[2], 'state', 'done', 'result', ARGV[2])
 redis.call('XADD', KEYS[3], '*', 'e', ARGV[2])
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
 redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
-record_batch(2, id, ARGV[2], 5)
+record_batch(2, id, ARGV[2], 6)
 return 1
 """
 )
@@ -151,7 +152,7 @@ redis.call('PUBLISH', KEYS[4], 1)
 return 1
 """
 
-# KEYS: pending, request hash, events stream, cancelled set[, batch hash, batch results]
+# KEYS: pending, request hash, events stream, cancelled set, live set[, batch hash, batch results]
 # ARGV: done json, ttl seconds
 # Cancels a request: a pending one completes at once; an in-flight one is flagged for its worker.
 CANCEL = (
@@ -161,14 +162,15 @@ CANCEL = (
 local id = KEYS[2]:match('[^:]+$')
 local state = redis.call('HGET', KEYS[2], 'state')
 if not state or state == 'done' then return 0 end
-local missing = batch_keys_missing(2, 5)
+local missing = batch_keys_missing(2, 6)
 if missing then return redis.error_reply(missing) end
 if redis.call('ZREM', KEYS[1], id) == 1 then
+  redis.call('SREM', KEYS[5], id)
   redis.call('HSET', KEYS[2], 'state', 'done', 'result', ARGV[1])
   redis.call('XADD', KEYS[3], '*', 'e', ARGV[1])
   redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
   redis.call('EXPIRE', KEYS[3], tonumber(ARGV[2]))
-  record_batch(2, id, ARGV[1], 5)
+  record_batch(2, id, ARGV[1], 6)
   return 1
 end
 redis.call('SADD', KEYS[4], id)
@@ -176,7 +178,7 @@ return 2
 """
 )
 
-# KEYS: pending, inflight, wakeup, then one request hash per request
+# KEYS: pending, live set, wakeup, then one request hash per request
 # ARGV: max queued (0: unlimited), batch id ('' for none), then a score and a payload json per request
 # Enqueues every request or none (returns 0 when the queue cannot take them all). Idempotent: a
 # request id that exists already (a retry after a reply lost to a Redis fault) is left as it is.
@@ -186,7 +188,7 @@ for i = 4, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 0 then table.insert(fresh, i) end
 end
 local limit = tonumber(ARGV[1])
-if limit > 0 and #fresh > 0 and redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2]) + #fresh > limit then
+if limit > 0 and #fresh > 0 and redis.call('SCARD', KEYS[2]) + #fresh > limit then
   return 0
 end
 for _, i in ipairs(fresh) do
@@ -194,6 +196,7 @@ for _, i in ipairs(fresh) do
   redis.call('HSET', KEYS[i], 'payload', payload, 'state', 'pending', 'score', score, 'generated', '[]',
     'attempts', 0, 'batch', ARGV[2])
   redis.call('ZADD', KEYS[1], tonumber(score), KEYS[i]:match('[^:]+$'))
+  redis.call('SADD', KEYS[2], KEYS[i]:match('[^:]+$'))
 end
 if #fresh > 0 then redis.call('PUBLISH', KEYS[3], #fresh) end
 return 1

@@ -44,11 +44,6 @@ def queue_depth(redis_url: str, queue_service: str, password: str | None = None)
     options = {"password": password} if password else {}
     client = sync_client(redis_url, socket_timeout=2, socket_connect_timeout=2, **options)
     try:
-        pipe = client.pipeline()
-        keys = ServiceKeys(queue_service)
-        pipe.zcard(keys.pending)
-        pipe.zcard(keys.inflight)
-        pending, inflight = pipe.execute()
-        return int(pending) + int(inflight)
+        return int(client.scard(ServiceKeys(queue_service).live))
     finally:
         client.close()

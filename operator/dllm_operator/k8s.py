@@ -102,6 +102,15 @@ class KubeClient:
                 return None
             raise
 
+    def get_quietly(self, path: str) -> dict[str, Any] | None:
+        """``get``, with an object the operator may not read (RBAC without KEDA's API, say) read as absent."""
+        try:
+            return self.get(path)
+        except ApiException as exc:
+            if exc.status == 403:
+                return None
+            raise
+
     def list(
         self, api_version: str, kind: str, namespace: str, labels: dict[str, str] | None = None
     ) -> list[dict]:

@@ -70,7 +70,9 @@ class Reconciler:
             )
 
     def _ensure_redis(self, spec: ServiceSpec, owner: dict) -> str:
-        if not spec.redis_managed:
+        if not spec.redis_managed:  # switched to an external Redis: the managed one goes
+            for kind in ("Deployment", "Service"):
+                self._delete_child(spec, "apps/v1" if kind == "Deployment" else "v1", kind, "redis")
             return spec.redis_url
         self.client.apply(redis_deployment(spec, owner, self.settings))
         self.client.apply(redis_service(spec, owner))
@@ -145,7 +147,16 @@ class Reconciler:
         if spec.keda:
             deployment["spec"].pop("replicas")
             self.client.apply(scaled_object(spec, owner, redis_url))
+        else:  # switched off: a ScaledObject left behind would have its HPA fight the operator
+            self._delete_child(spec, "keda.sh/v1alpha1", "ScaledObject", "engine")
         self.client.apply(deployment)
+
+    def _delete_child(self, spec: ServiceSpec, api_version: str, kind: str, component: str) -> None:
+        path = f"{collection_path(api_version, kind, spec.namespace)}/{common.name_of(spec, component)}"
+        if self.client.get_quietly(path) is not None and self.client.delete(path):
+            logger.info(
+                "deleted %s %s (no longer wanted by %s)", kind, common.name_of(spec, component), spec.name
+            )
 
     def _autoscale(self, spec: ServiceSpec, redis_url: str, status: dict, events: list) -> dict[str, Any]:
         try:

@@ -16,7 +16,9 @@ import redis
 import yaml
 from kopf.testing import KopfRunner
 
-from engine_pod.queue.keys import ServiceKeys
+from engine_pod.queue.messages import DoneEvent, QueuedRequest
+from engine_pod.queue.ops import QueueOps
+from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.serve.redis_server import RedisServer
 from tests.operator.cluster import EmulatedCluster, Kube
 from tests.operator.crd_utils import EXAMPLE_PATH
@@ -190,14 +192,17 @@ def test_queue_depth_in_redis_scales_the_engine(cluster, operator):
         kube.create_service(manifest)
         wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
         assert kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 1
-        queue = redis.Redis.from_url(server.url)
-        queue.zadd(ServiceKeys(f"default-{NAME}").pending, {f"r-{i}": i for i in range(35)})
+        queue = SyncQueue(redis.Redis.from_url(server.url), QueueOps(f"default-{NAME}"))
+        for i in range(35):  # 35 accepted requests, as the gateway enqueues them
+            queue.run(queue.ops.enqueue(QueuedRequest(f"r-{i}", [1] * (i + 1), 16, 0.0)))
         wait_for(lambda: kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 4, 30, what="scale up to 4")
         # the timer patches the Deployment first and the status after it
         wait_for(
             lambda: kube.service(NAME)["status"].get("queueDepth") == 35, 30, what="status.queueDepth 35"
         )
-        queue.delete(ServiceKeys(f"default-{NAME}").pending)
+        claimed = queue.claim("w1", 10_000, 35)
+        for item in claimed:  # a worker finishes them all
+            queue.complete("w1", item.request.id, DoneEvent([], "length", 1, 0))
         wait_for(
             lambda: kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 1, 30, what="scale down to 1"
         )
@@ -221,6 +226,35 @@ def test_keda_mode_emits_a_scaled_object_and_leaves_replicas_to_it(cluster, oper
     assert scaled[0]["spec"]["scaleTargetRef"]["name"] == f"{NAME}-engine"
     deployment = wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
     assert "replicas" not in deployment["spec"]
+    # switched off: the ScaledObject goes (its HPA would fight the operator's own autoscaler)
+    kube.patch_service(NAME, {"spec": {"replicas": {"keda": False}}})
+    wait_for(
+        lambda: (
+            not kube.custom.list_namespaced_custom_object("keda.sh", "v1alpha1", "default", "scaledobjects")[
+                "items"
+            ]
+        ),
+        30,
+        what="the ScaledObject deleted",
+    )
+
+
+def test_switching_managed_redis_off_deletes_it(cluster, operator):
+    kube = cluster.client()
+    manifest = example()
+    manifest["spec"]["profiling"] = {"tokenBudget": 65536}
+    kube.create_service(manifest)
+    wait_for(lambda: kube.deployment(f"{NAME}-redis"), 30, what="the managed Redis")
+    kube.patch_service(NAME, {"spec": {"redis": {"managed": False, "url": "redis://redis.queue:6379/0"}}})
+    wait_for(lambda: kube.deployment(f"{NAME}-redis") is None, 30, what="the managed Redis deleted")
+    assert not [
+        s for s in kube.core.list_namespaced_service("default").items if s.metadata.name == f"{NAME}-redis"
+    ]
+    wait_for(
+        lambda: kube.service(NAME)["status"].get("redisUrl") == "redis://redis.queue:6379/0",
+        30,
+        what="the new URL",
+    )
 
 
 def test_a_spec_the_crd_cannot_reject_gives_degraded_without_a_crash(cluster, operator, monkeypatch):

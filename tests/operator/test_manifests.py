@@ -117,10 +117,10 @@ def test_keda_scaled_object_counts_the_service_sorted_sets():
     spec = example(redis__managed=False, redis__url="redis://redis.queue:6380/2", replicas__keda=True)
     scaled = scaled_object(spec, OWNER, spec.redis_url)
     triggers = scaled["spec"]["triggers"]
-    assert [t["metadata"]["listName"] for t in triggers] == [
-        "dllm:{default-llada-8b}:pending",  # the service is the hash tag: one slot on a Redis Cluster
-        "dllm:{default-llada-8b}:inflight",
-    ]
+    # one trigger on pending + in flight (two would scale on the larger), the service as hash tag
+    assert [t["metadata"]["listName"] for t in triggers] == ["dllm:{default-llada-8b}:live"]
+    behavior = scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == spec.scale_down_delay_s == 300
     assert triggers[0]["type"] == "redis"
     assert (
         triggers[0]["metadata"]["address"] == "redis.queue:6380"

@@ -188,3 +188,23 @@ def test_workers_claiming_at_once_take_each_request_exactly_once(redis_server, s
     every = [request_id for got in taken.values() for request_id in got]
     assert sorted(every) == ids  # none twice, none left
     assert queue.depth() == (0, 120)
+
+
+def test_the_live_set_counts_pending_plus_in_flight_through_every_transition(redis_server, service):
+    queue = _queue(redis_server, service, lease_ms=50)
+
+    def live() -> int:
+        return int(queue.redis.scard(queue.ops.keys.live))
+
+    for i in range(4):
+        _enqueue(queue, f"r-{i}", 3 + i)
+    assert live() == 4 == sum(queue.depth())
+    queue.claim("w1", 100, 3)
+    assert live() == 4 == sum(queue.depth())  # claiming moves, it does not finish
+    assert queue.complete("w1", "r-0", DoneEvent([], "length", 3, 0))
+    assert queue.run(queue.ops.cancel("r-3", 6)) == 1  # pending: done at once
+    assert live() == 2 == sum(queue.depth())
+    queue.release("w1", "r-1", [], 4)
+    time.sleep(0.1)
+    queue.reap()  # r-2's lease lapsed
+    assert live() == 2 == sum(queue.depth()) and queue.depth() == (2, 0)

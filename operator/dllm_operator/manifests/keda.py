@@ -1,5 +1,7 @@
-"""A KEDA ScaledObject scaling the engine Deployment on queue depth (the redis scaler ZCARDs sorted sets;
-a ``redis+cluster://`` URL gets KEDA's redis-cluster scaler)."""
+"""A KEDA ScaledObject scaling the engine Deployment on queue depth: one trigger on the service's live set
+(pending + in flight, the number the operator's own autoscaler uses; KEDA's redis scaler counts a set
+with SCARD), scale-down held for ``scaleDownDelaySeconds`` by the HPA's stabilization window; a
+``redis+cluster://`` URL gets KEDA's redis-cluster scaler."""
 
 from __future__ import annotations
 
@@ -38,10 +40,12 @@ def scaled_object(spec: ServiceSpec, owner: dict, redis_url: str) -> dict[str, A
             "scaleTargetRef": {"name": common.name_of(spec, "engine")},
             "minReplicaCount": spec.min_replicas,
             "maxReplicaCount": spec.max_replicas,
-            "cooldownPeriod": spec.scale_down_delay_s,
-            "triggers": [
-                _trigger(spec, redis_url, keys.pending),
-                _trigger(spec, redis_url, keys.inflight),
-            ],
+            "cooldownPeriod": spec.scale_down_delay_s,  # KEDA's own: only for scaling to zero
+            "advanced": {
+                "horizontalPodAutoscalerConfig": {
+                    "behavior": {"scaleDown": {"stabilizationWindowSeconds": spec.scale_down_delay_s}}
+                }
+            },
+            "triggers": [_trigger(spec, redis_url, keys.live)],
         },
     }
