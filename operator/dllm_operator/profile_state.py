@@ -1,4 +1,10 @@
-"""Where a service's token budget stands: from the spec, from a finished profiling Job, or not yet."""
+"""Where a service's token budget stands: from the spec, stored in status, from a finished profiling Job,
+or not yet.
+
+A measured profile is a stored fact: once read from the Job's termination message it lives in the
+service's status (and the profile ConfigMap), tied to the hash of every field it depends on, and is
+never read from the Job again. The Job and its pod may then be deleted (ttlSecondsAfterFinished,
+garbage collection, a lost node) without the service noticing."""
 
 from __future__ import annotations
 
@@ -58,13 +64,21 @@ def _parse(message: str | None) -> tuple[dict[str, Any] | None, str]:
 
 
 def ensure_profile(
-    spec: ServiceSpec, owner: dict, settings: OperatorSettings, client: KubeClient
+    spec: ServiceSpec,
+    owner: dict,
+    settings: OperatorSettings,
+    client: KubeClient,
+    stored: dict[str, Any] | None = None,
 ) -> ProfileState:
+    """``stored``: the service's ``status.profile`` (hash, tokenBudget, result) from earlier resyncs."""
     profile_hash = spec.profile_hash(settings.engine_image)
     if spec.token_budget is not None:
         return ProfileState(
             "ready", profile_hash, spec.token_budget, {"token_budget": spec.token_budget, "source": "spec"}
         )
+    stored = stored or {}
+    if stored.get("hash") == profile_hash and stored.get("tokenBudget") and stored.get("result"):
+        return ProfileState("ready", profile_hash, int(stored["tokenBudget"]), dict(stored["result"]))
     name = job_name(spec, profile_hash)
     job = client.get(f"{collection_path('batch/v1', 'Job', spec.namespace)}/{name}")
     if job is None:

@@ -54,7 +54,7 @@ class Reconciler:
         try:
             redis_url = self._ensure_redis(spec, owner)
             self._ensure_gateway(spec, owner, redis_url)
-            profile = ensure_profile(spec, owner, self.settings, self.client)
+            profile = ensure_profile(spec, owner, self.settings, self.client, status.get("profile"))
             return self._after_profile(
                 spec, owner, status, conditions, generation, redis_url, profile, autoscale_now
             )
@@ -125,12 +125,14 @@ class Reconciler:
             conditions = set_condition(
                 conditions, "Profiled", True, reason, f"token budget {profile.token_budget}", generation
             )
-        else:  # re-profiling after a memory-affecting change: keep serving with the previous budget
+        else:  # re-profiling after a memory-affecting change: the engine as it is keeps serving (old model,
+            # old budget); the new spec reaches it only with its own profile
             current = previous | {"pendingHash": profile.profile_hash}
             conditions = set_condition(
                 conditions, "Profiled", False, "Reprofiling", profile.message, generation
             )
-        self._apply_engine(spec, owner, current, redis_url, status)
+        if profile.state == "ready":
+            self._apply_engine(spec, owner, current, redis_url, status)
         scaling = self._autoscale(spec, redis_url, status, events) if autoscale_now and not spec.keda else {}
         return self._with_readiness(
             spec, base | {"profile": current} | scaling, conditions, generation, events

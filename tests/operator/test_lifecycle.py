@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import time
 
 import kubernetes_validate
 import pytest
@@ -91,6 +92,53 @@ def mark_ready(kube: Kube, *names: str) -> None:
         )
 
 
+def engine_memory(kube: Kube) -> str:
+    container = kube.deployment(f"{NAME}-engine")["spec"]["template"]["spec"]["containers"][0]
+    return container["resources"]["limits"]["memory"]
+
+
+def test_a_new_model_is_not_rolled_out_on_the_old_budget(cluster, operator):
+    kube = cluster.client()
+    kube.create_service(example())
+    complete_profiling(kube, budget=131072)
+    wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+    old_model = engine_command(kube)[engine_command(kube).index("--model") + 1]
+    jobs = len(kube.jobs())
+    kube.patch_service(NAME, {"spec": {"model": {"uri": "GSAI-ML/LLaDA-1.5"}}})
+    wait_for(lambda: len(kube.jobs()) == jobs + 1, 30, what="a profiling Job for the new model")
+    wait_for(
+        lambda: (kube.condition(NAME, "Profiled") or {}).get("reason") == "Reprofiling",
+        30,
+        what="Reprofiling",
+    )
+    command = engine_command(kube)
+    assert command[command.index("--model") + 1] == old_model  # still the model its budget was measured on
+    complete_profiling(kube, budget=98304)
+    wait_for(
+        lambda: "GSAI-ML/LLaDA-1.5" in engine_command(kube), 30, what="the new model, with its own budget"
+    )
+    configmap = kube.core.read_namespaced_config_map(f"{NAME}-profile", "default")
+    assert json.loads(configmap.data["profile.json"])["token_budget"] == 98304
+
+
+def test_the_profile_survives_its_job_and_pod_being_deleted(cluster, operator):
+    """ttlSecondsAfterFinished deletes the Job after a day; its pod may be garbage-collected or its node
+    lost sooner. The measured budget lives in status: no re-profiling, no Failed service."""
+    kube = cluster.client()
+    kube.create_service(example())
+    job = complete_profiling(kube, budget=131072)
+    mark_ready(kube, f"{NAME}-engine", f"{NAME}-gateway")
+    wait_for(lambda: (kube.condition(NAME, "Ready") or {}).get("status") == "True", 30, what="Ready")
+    kube.batch.delete_namespaced_job(job, "default")
+    for pod in kube.core.list_namespaced_pod("default").items:
+        kube.core.delete_namespaced_pod(pod.metadata.name, "default")
+    time.sleep(4)  # four resyncs (1 s each) with neither the Job nor its pod
+    assert not kube.jobs() and not kube.core.list_namespaced_pod("default").items
+    status = kube.service(NAME)["status"]
+    assert status["phase"] == "Ready" and status["profile"]["tokenBudget"] == 131072
+    assert kube.condition(NAME, "Profiled")["status"] == "True"
+
+
 def engine_command(kube: Kube) -> list[str]:
     return kube.deployment(f"{NAME}-engine")["spec"]["template"]["spec"]["containers"][0]["command"]
 
@@ -142,10 +190,13 @@ def test_full_lifecycle_of_the_example(cluster, operator):
         what="Reprofiling",
     )
     assert kube.service(NAME)["status"]["profile"]["tokenBudget"] == 131072
+    # the running engine is left as it is (old memory, old budget) until the new profile exists
+    assert engine_memory(kube) != "80Gi"
     complete_profiling(kube, budget=163840)
     wait_for(
         lambda: kube.service(NAME)["status"]["profile"]["tokenBudget"] == 163840, 30, what="the new budget"
     )
+    wait_for(lambda: engine_memory(kube) == "80Gi", 30, what="the new spec with its own budget")
     new_hash = kube.deployment(f"{NAME}-engine")["spec"]["template"]["metadata"]["annotations"][
         "dllm.dev/profile-hash"
     ]
