@@ -104,11 +104,18 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Work
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine_pod.worker.http import serve_probes
+    from engine_pod.worker.http import ProbeSource, serve_probes
 
-    worker = build_worker(args, args.redis, args.service)
+    probes = ProbeSource()  # up before the model loads: a long download is alive, not restarted
+    server = serve_probes(args.host, args.port, probes) if args.port else None
+    try:
+        worker = build_worker(args, args.redis, args.service)
+    except BaseException:
+        if server is not None:
+            server.shutdown()
+        raise
     worker.install_signal_handlers()
-    server = serve_probes(args.host, args.port, worker.metrics.registry, worker.ready) if args.port else None
+    probes.attach(worker.metrics.registry, worker.ready)
     logger.info(
         "worker %s serving %s (token budget %d)", worker.worker_id, args.service, worker.config.token_budget
     )

@@ -9,11 +9,11 @@ from engine_pod.serve.child_process import ProbedProcess
 
 class WorkerProcess(ProbedProcess):
     name = "worker"
-    start_timeout_s = 600.0  # /healthz answers once the model is loaded (an 8B download takes a while)
+    start_timeout_s = 600.0  # /startupz answers once the model is loaded (an 8B download takes a while)
 
     def __init__(
         self, worker_args: list[str], probe_port: int, popen_options: dict | None = None, stop_s: float = 70.0
     ) -> None:
         argv = [sys.executable, "-m", "engine_pod.cli.main", "worker", *worker_args]
         argv += ["--host", "127.0.0.1", "--port", str(probe_port)]
-        super().__init__(argv, f"http://127.0.0.1:{probe_port}/healthz", None, popen_options, stop_s)
+        super().__init__(argv, f"http://127.0.0.1:{probe_port}/startupz", None, popen_options, stop_s)

@@ -163,3 +163,12 @@ def test_gateway_liveness_checks_the_process_and_readiness_checks_redis():
     container = gateway["spec"]["template"]["spec"]["containers"][0]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"  # never a dependency
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_engine_pods_may_take_an_hour_to_load_their_model_before_liveness_counts():
+    container = all_manifests(example())[2]["spec"]["template"]["spec"]["containers"][0]
+    startup = container["startupProbe"]
+    assert startup["httpGet"]["path"] == "/startupz"  # answers once the model is loaded
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"

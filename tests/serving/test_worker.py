@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import redis
@@ -14,8 +18,10 @@ from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.ops import QueueOps
 from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.serve.redis_server import free_port
-from engine_pod.worker.http import serve_probes
-from tests.serving_utils import wait_for
+from engine_pod.worker.http import ProbeSource, serve_probes
+from tests.serving_utils import wait_for, worker_command
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _enqueue(
@@ -34,9 +40,10 @@ def _done(queue: SyncQueue, request_id: str) -> DoneEvent | None:
 def test_probes_and_metrics(redis_server, service, make_worker):
     worker_thread = make_worker(redis_server.url, service)
     port = free_port()
-    server = serve_probes(
-        "127.0.0.1", port, worker_thread.worker.metrics.registry, worker_thread.worker.ready
-    )
+    probes = ProbeSource()
+    server = serve_probes("127.0.0.1", port, probes)
+    assert httpx.get(f"http://127.0.0.1:{port}/startupz").status_code == 503  # nothing attached yet
+    probes.attach(worker_thread.worker.metrics.registry, worker_thread.worker.ready)
     try:
         with worker_thread as worker:
             queue = _enqueue(redis_server.url, service, "r-1", 5)
@@ -168,3 +175,36 @@ def test_drain_hands_unfinished_work_back_with_its_blocks(redis_server, service,
     assert kept and len(kept) % BLOCK == 0 and len(kept) < 64 * 8
     (claimed,) = queue.claim("next", 10_000, 1)
     assert claimed.generated == kept
+
+
+def test_dllm_worker_is_alive_while_its_model_loads(served_model, redis_server, service, tmp_path):
+    """The probe server starts before the model loads: a slow download answers /healthz (a liveness probe
+    does not restart it) while /startupz and /readyz say it is not serving yet."""
+    gate, port = tmp_path / "download-finished", free_port()
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "gated_load"), str(ROOT)]),
+        "DLLM_TEST_LOAD_GATE": str(gate),
+    }
+    command = worker_command(served_model, redis_server.url, service)
+    command[command.index("--port") + 1] = str(port)
+    worker = subprocess.Popen(
+        command, env=os.environ | env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _status(f"{base}/healthz") == 200, 60, what="/healthz while the model loads")
+        assert _status(f"{base}/startupz") == 503 and _status(f"{base}/readyz") == 503
+        gate.touch()
+        wait_for(lambda: _status(f"{base}/startupz") == 200, 60, what="/startupz once loaded")
+        wait_for(lambda: _status(f"{base}/readyz") == 200, 30, what="/readyz once loaded")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, stderr = worker.communicate(timeout=60)
+    assert worker.returncode == 0, stderr.decode()[-2000:]
+
+
+def _status(url: str) -> int | None:
+    try:
+        return httpx.get(url, timeout=2).status_code
+    except httpx.HTTPError:
+        return None

@@ -11,6 +11,7 @@ from engine_pod.queue.connect import REDIS_PASSWORD_ENV
 
 PROFILE_MOUNT = "/etc/dllm/profile"
 METRICS_PORT = 9090
+STARTUP_BUDGET_S = 3600  # how long a pod may take to download and load its model
 
 
 def profile_configmap(spec: ServiceSpec, owner: dict, profile_json: str, profile_hash: str) -> dict[str, Any]:
@@ -83,8 +84,15 @@ def engine_deployment(
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
         "resources": common.resources(spec),
         "volumeMounts": mounts,
-        "livenessProbe": _probe("/healthz", 30),
-        "readinessProbe": _probe("/readyz", 10),
+        # the probe server answers from the start; startup waits for the model (download included) up
+        # to STARTUP_BUDGET_S, and only then does liveness count
+        "startupProbe": {
+            "httpGet": {"path": "/startupz", "port": "metrics"},
+            "periodSeconds": 10,
+            "failureThreshold": STARTUP_BUDGET_S // 10,
+        },
+        "livenessProbe": _probe("/healthz", 0),
+        "readinessProbe": _probe("/readyz", 0),
         "securityContext": common.container_security(),
     }
     template_meta = {
