@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from typing import Any
+from urllib.parse import urlencode
 
 import kubernetes
 from kubernetes.client.rest import ApiException
@@ -114,9 +115,12 @@ class KubeClient:
     def list(
         self, api_version: str, kind: str, namespace: str, labels: dict[str, str] | None = None
     ) -> list[dict]:
-        items = (self.get(collection_path(api_version, kind, namespace)) or {}).get("items", [])
         wanted = labels or {}
-        # filtered here as well as by the server: not every API server honours label selectors
+        path = collection_path(api_version, kind, namespace)
+        if wanted:  # the server filters: a namespace's every pod is not ours to read
+            path += "?" + urlencode({"labelSelector": ",".join(f"{k}={v}" for k, v in wanted.items())})
+        items = (self.get(path) or {}).get("items", [])
+        # filtered here as well: not every API server honours label selectors (the test emulator)
         return [
             i
             for i in items

@@ -210,12 +210,15 @@ class Reconciler:
         engine, gateway = self._deployment(spec, "engine"), self._deployment(spec, "gateway")
         engine_ready = int((engine.get("status") or {}).get("readyReplicas") or 0)
         gateway_ready = int((gateway.get("status") or {}).get("readyReplicas") or 0)
-        ready = engine_ready >= 1 and gateway_ready >= 1
+        scaled_to_zero = bool(engine) and int((engine.get("spec") or {}).get("replicas", 1)) == 0
+        # scaled to zero, the gateway still takes requests: they queue and scale the engine up
+        ready = gateway_ready >= 1 and (engine_ready >= 1 or scaled_to_zero)
         message = f"{engine_ready} engine and {gateway_ready} gateway replicas ready"
-        was_ready = (condition(conditions, "Ready") or {}).get("status") == "True"
-        conditions = set_condition(
-            conditions, "Ready", ready, "Serving" if ready else "Deploying", message, generation
+        reason = (
+            ("ScaledToZero" if scaled_to_zero and not engine_ready else "Serving") if ready else "Deploying"
         )
+        was_ready = (condition(conditions, "Ready") or {}).get("status") == "True"
+        conditions = set_condition(conditions, "Ready", ready, reason, message, generation)
         if ready and not was_ready:
             events.append(("Normal", "Ready", message))
         status["replicas"] = status.get(

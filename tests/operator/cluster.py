@@ -26,11 +26,14 @@ class Emulator(kmock.KubernetesEmulator):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.deletes: list[tuple[str, Any]] = []
+        self.lists: list[tuple[str, dict[str, str]]] = []  # (path, query) of every list of a collection
         self.reject: Callable[[Any], str | None] | None = None
 
     async def _handle(self, request):
         if request.method == kmock.method.DELETE:
             self.deletes.append((request.url.path, request.data))
+        if request.action == kmock.action.LIST:
+            self.lists.append((request.url.path, dict(request.url.query)))
         refusal = self.reject(request) if self.reject and request.method != kmock.method.GET else None
         if refusal:
             body = {
@@ -64,7 +67,7 @@ class EmulatedCluster:
         self.emulator = Emulator()
         self.emulator.resources.load_bundled()
         self.emulator.resources["dllm.dev/v1alpha1/dllmservices"] = kmock.ResourceInfo(
-            kind="DLLMService", namespaced=True, verbs=CRD_VERBS, subresources={"status", "scale"}
+            kind="DLLMService", namespaced=True, verbs=CRD_VERBS, subresources={"status"}
         )
         self.emulator.resources["keda.sh/v1alpha1/scaledobjects"] = kmock.ResourceInfo(
             kind="ScaledObject", namespaced=True, verbs=CRD_VERBS, subresources={"status"}

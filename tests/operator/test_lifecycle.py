@@ -298,9 +298,17 @@ def test_switching_managed_redis_off_deletes_it(cluster, operator):
     wait_for(lambda: kube.deployment(f"{NAME}-redis"), 30, what="the managed Redis")
     kube.patch_service(NAME, {"spec": {"redis": {"managed": False, "url": "redis://redis.queue:6379/0"}}})
     wait_for(lambda: kube.deployment(f"{NAME}-redis") is None, 30, what="the managed Redis deleted")
-    assert not [
-        s for s in kube.core.list_namespaced_service("default").items if s.metadata.name == f"{NAME}-redis"
-    ]
+    wait_for(
+        lambda: (
+            not [
+                s
+                for s in kube.core.list_namespaced_service("default").items
+                if s.metadata.name == f"{NAME}-redis"
+            ]
+        ),
+        30,
+        what="its Service deleted",
+    )
     wait_for(
         lambda: kube.service(NAME)["status"].get("redisUrl") == "redis://redis.queue:6379/0",
         30,
@@ -364,6 +372,25 @@ def test_a_child_the_api_server_rejects_gives_degraded_and_an_event(cluster, ope
     cluster.emulator.reject = None  # the quota is raised: the next resync recovers
     wait_for(lambda: kube.condition(NAME, "Degraded")["status"] == "False", 30, what="recovery")
     assert _newest_unfinished_job(kube)
+
+
+def test_a_service_scaled_to_zero_is_ready_and_lists_are_filtered_by_label(cluster, operator):
+    with RedisServer() as server:
+        kube = cluster.client()
+        manifest = example()
+        manifest["spec"]["redis"] = {"url": server.url}
+        manifest["spec"]["profiling"] = {"tokenBudget": 65536}
+        manifest["spec"]["replicas"] = {"min": 0, "max": 2, "targetQueueDepthPerReplica": 10}
+        kube.create_service(manifest)
+        wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+        assert kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 0  # nothing queued
+        mark_ready(kube, f"{NAME}-gateway")
+        ready = wait_for(
+            lambda: (c := kube.condition(NAME, "Ready")) and c["status"] == "True" and c, 30, what="Ready"
+        )
+        assert ready["reason"] == "ScaledToZero"  # requests are taken, queued, and scale the engine up
+    pod_lists = [query for path, query in cluster.emulator.lists if path.endswith("/pods")]
+    assert all("labelSelector" in query for query in pod_lists), pod_lists
 
 
 def _clean(manifest: dict) -> dict:

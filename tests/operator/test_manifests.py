@@ -172,3 +172,9 @@ def test_engine_pods_may_take_an_hour_to_load_their_model_before_liveness_counts
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_gpu_engine_pods_roll_one_at_a_time_without_a_spare_gpu():
+    strategy = all_manifests(example())[2]["spec"]["strategy"]
+    assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert "rollingUpdate" not in all_manifests(example(resources__gpus=0))[2]["spec"]["strategy"]

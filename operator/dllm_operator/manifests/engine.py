@@ -109,6 +109,10 @@ def engine_deployment(
         "metadata": common.metadata(spec, "engine", owner),
         "spec": {
             "replicas": replicas,
+            # a GPU pod cannot surge onto a full node: replace one pod at a time instead
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+            if spec.gpus
+            else {"type": "RollingUpdate"},
             "selector": {"matchLabels": common.selector_labels(spec, "engine")},
             "template": {
                 "metadata": template_meta,
