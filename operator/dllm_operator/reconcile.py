@@ -26,6 +26,7 @@ from dllm_operator.profile_state import ProfileState, ensure_profile
 from dllm_operator.spec import ServiceSpec, SpecError, parse_spec
 
 logger = logging.getLogger(__name__)
+SHARE_ANNOTATION = "dllm.dev/share-with-operator"  # on a Secret: its owner lets the operator read it
 
 
 @dataclass
@@ -133,7 +134,9 @@ class Reconciler:
             )
         if profile.state == "ready":
             self._apply_engine(spec, owner, current, redis_url, status)
-        scaling = self._autoscale(spec, redis_url, status, events) if autoscale_now and not spec.keda else {}
+        scaling: dict[str, Any] = {}
+        if autoscale_now and not spec.keda:
+            scaling, conditions = self._autoscale(spec, redis_url, status, events, conditions, generation)
         return self._with_readiness(
             spec, base | {"profile": current} | scaling, conditions, generation, events
         )
@@ -160,12 +163,24 @@ class Reconciler:
                 "deleted %s %s (no longer wanted by %s)", kind, common.name_of(spec, component), spec.name
             )
 
-    def _autoscale(self, spec: ServiceSpec, redis_url: str, status: dict, events: list) -> dict[str, Any]:
+    def _autoscale(
+        self, spec: ServiceSpec, redis_url: str, status: dict, events: list, conditions: list, generation: int
+    ) -> tuple[dict[str, Any], list]:
+        """Size the engine from the queue depth; an unreadable depth keeps the size and says why."""
+        was = (condition(conditions, "Autoscaling") or {}).get("status")
         try:
             depth = autoscale.queue_depth(redis_url, spec.queue_service, self._redis_password(spec))
-        except Exception as exc:  # Redis down or not yet up: keep the current size
-            logger.warning("queue depth of %s unavailable: %s", spec.name, exc)
-            return {}
+        except Exception as exc:  # Redis down, not yet up, or refusing us: keep the current size
+            message = f"queue depth unavailable, replicas kept: {str(exc).splitlines()[0][:300]}"
+            logger.warning("%s: %s", spec.name, message)
+            if was != "False":
+                events.append(("Warning", "RedisUnreachable", message))
+            return {}, set_condition(
+                conditions, "Autoscaling", False, "RedisUnreachable", message, generation
+            )
+        conditions = set_condition(
+            conditions, "Autoscaling", True, "QueueDepth", f"queue depth {depth}", generation
+        )
         current = int(status.get("replicas", spec.min_replicas))
         below = (status.get("autoscaler") or {}).get("belowSince")
         decision = autoscale.decide(
@@ -190,19 +205,28 @@ class Reconciler:
                     f"engine replicas {current} -> {decision.replicas} (queue depth {depth})",
                 )
             )
-        return {
+        scaling = {
             "queueDepth": depth,
             "replicas": decision.replicas,
             "autoscaler": {"belowSince": decision.below_since, "checkedAt": time.time()},
         }
+        return scaling, conditions
 
     def _redis_password(self, spec: ServiceSpec) -> str | None:
+        """The Redis password for the operator's own depth reads, from a Secret its owner shared with the
+        operator (annotation SHARE_ANNOTATION: "true"). Without that, anyone allowed to create a
+        DLLMService could have the operator send any Secret of the namespace to a Redis URL of their
+        choosing; an unshared Secret is never sent (autoscaling then reports RedisUnreachable)."""
         if spec.redis_password is None:
             return None
-        secret = (
-            self.client.get(f"{collection_path('v1', 'Secret', spec.namespace)}/{spec.redis_password.name}")
-            or {}
-        )
+        path = f"{collection_path('v1', 'Secret', spec.namespace)}/{spec.redis_password.name}"
+        secret = self.client.get(path) or {}
+        annotations = (secret.get("metadata") or {}).get("annotations") or {}
+        if annotations.get(SHARE_ANNOTATION) != "true":
+            raise PermissionError(
+                f"Secret {spec.redis_password.name} is not shared with the operator "
+                f"(annotate it {SHARE_ANNOTATION}=true, or use replicas.keda)"
+            )
         value = (secret.get("data") or {}).get(spec.redis_password.key)
         return base64.b64decode(value).decode() if value else None
 

@@ -96,3 +96,24 @@ def test_values_schema_rejects_bad_values(bad):
         "values don't meet the specifications of the schema" in result.stderr
         or "schema" in result.stderr.lower()
     )
+
+
+def _bindings(documents: list[dict]) -> dict[str, dict]:
+    return {d["roleRef"]["name"]: d for d in documents if d["kind"] in ("RoleBinding", "ClusterRoleBinding")}
+
+
+def test_rbac_grants_no_update_and_stays_in_the_watched_namespace():
+    documents = render("watchNamespace=serving")
+    roles = [d for d in documents if d["kind"] == "ClusterRole"]
+    verbs = {verb for role in roles for rule in role["rules"] for verb in rule["verbs"]}
+    assert "update" not in verbs  # the operator patches; update was granted and unused
+    main_role = next(r for r in roles if not r["metadata"]["name"].endswith("-discovery"))
+    binding = _bindings(documents)[main_role["metadata"]["name"]]
+    assert binding["kind"] == "RoleBinding" and binding["metadata"]["namespace"] == "serving"
+    cluster_wide = next(r for r in roles if r["metadata"]["name"].endswith("-discovery"))
+    assert {res for rule in cluster_wide["rules"] for res in rule["resources"]} == {
+        "customresourcedefinitions",
+        "namespaces",
+    }
+    all_namespaces = _bindings(render())[main_role["metadata"]["name"]]
+    assert all_namespaces["kind"] == "ClusterRoleBinding"

@@ -6,6 +6,7 @@ profiling Job complete with a termination message and marks Deployments ready.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -259,6 +260,41 @@ def test_queue_depth_in_redis_scales_the_engine(cluster, operator):
         )
         assert kube.condition(NAME, "Profiled")["reason"] == "ExplicitBudget"
         assert not kube.jobs()  # an explicit budget never profiles
+
+
+def test_the_operator_sends_a_redis_password_only_from_a_secret_shared_with_it(cluster, operator):
+    """Whoever may create a DLLMService must not get the operator to send any Secret of the namespace
+    to a Redis of their choosing: the Secret's owner opts in with an annotation."""
+    with RedisServer(extra_args=["--requirepass", "queue-pass"]) as server:
+        kube = cluster.client()
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "queue-auth", "namespace": "default"},
+        }
+        kube.core.create_namespaced_secret(
+            "default", secret | {"data": {"password": base64.b64encode(b"queue-pass").decode()}}
+        )
+        manifest = example()
+        manifest["spec"]["redis"] = {
+            "url": server.url,
+            "passwordSecretRef": {"name": "queue-auth", "key": "password"},
+        }
+        manifest["spec"]["profiling"] = {"tokenBudget": 65536}
+        manifest["spec"]["replicas"] = {"min": 1, "max": 3, "targetQueueDepthPerReplica": 10}
+        kube.create_service(manifest)
+        refused = wait_for(
+            lambda: (c := kube.condition(NAME, "Autoscaling")) and c["status"] == "False" and c,
+            30,
+            what="autoscaling refused the unshared Secret",
+        )
+        assert refused["reason"] == "RedisUnreachable" and "not shared" in refused["message"]
+        events = kube.core.list_namespaced_event("default").items
+        assert any(e.reason == "RedisUnreachable" and e.type == "Warning" for e in events)
+        kube.core.patch_namespaced_secret(
+            "queue-auth", "default", {"metadata": {"annotations": {"dllm.dev/share-with-operator": "true"}}}
+        )
+        wait_for(lambda: kube.condition(NAME, "Autoscaling")["status"] == "True", 30, what="autoscaling")
 
 
 def test_keda_mode_emits_a_scaled_object_and_leaves_replicas_to_it(cluster, operator):
