@@ -17,6 +17,8 @@ class OperatorSettings:
         None  # talk to this API server (tests: the kmock emulator); else in-cluster/kubeconfig
     )
     image_pull_policy: str = "IfNotPresent"
+    operator_namespace: str = ""  # where the operator runs (managed Redis admits its pods)
+    operator_app: str = "dllm-operator"  # the operator pods' app.kubernetes.io/name
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
@@ -32,6 +34,8 @@ class OperatorSettings:
             resync_seconds=float(env.get("DLLM_OPERATOR_RESYNC_S", cls.resync_seconds)),
             api_url=env.get("DLLM_K8S_API_URL") or None,
             image_pull_policy=env.get("DLLM_IMAGE_PULL_POLICY", cls.image_pull_policy),
+            operator_namespace=env.get("DLLM_OPERATOR_NAMESPACE", cls.operator_namespace),
+            operator_app=env.get("DLLM_OPERATOR_APP", cls.operator_app),
         )
 
 

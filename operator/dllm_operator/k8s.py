@@ -24,6 +24,8 @@ _PLURALS = {
     "DLLMService": "dllmservices",
     "Event": "events",
     "Secret": "secrets",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "NetworkPolicy": "networkpolicies",
 }
 
 

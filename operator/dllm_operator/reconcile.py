@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,12 +22,25 @@ from dllm_operator.manifests import common
 from dllm_operator.manifests.engine import engine_deployment, profile_configmap
 from dllm_operator.manifests.gateway import gateway_deployment, gateway_service
 from dllm_operator.manifests.keda import scaled_object
-from dllm_operator.manifests.redis import managed_redis_url, redis_deployment, redis_service
+from dllm_operator.manifests.redis import (
+    managed_password_ref,
+    managed_redis_url,
+    redis_auth_secret,
+    redis_deployment,
+    redis_network_policy,
+    redis_service,
+    redis_volume_claim,
+)
 from dllm_operator.profile_state import ProfileState, ensure_profile
 from dllm_operator.spec import ServiceSpec, SpecError, parse_spec
 
 logger = logging.getLogger(__name__)
 SHARE_ANNOTATION = "dllm.dev/share-with-operator"  # on a Secret: its owner lets the operator read it
+MANAGED_REDIS_KINDS = [
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
+]
 
 
 @dataclass
@@ -71,12 +85,18 @@ class Reconciler:
             )
 
     def _ensure_redis(self, spec: ServiceSpec, owner: dict) -> str:
-        if not spec.redis_managed:  # switched to an external Redis: the managed one goes
-            for kind in ("Deployment", "Service"):
-                self._delete_child(spec, "apps/v1" if kind == "Deployment" else "v1", kind, "redis")
+        if not spec.redis_managed:  # switched to an external Redis: the managed one goes (its volume and
+            # password stay until the service is deleted)
+            for api_version, kind in MANAGED_REDIS_KINDS:
+                self._delete_child(spec, api_version, kind, "redis")
             return spec.redis_url
+        secret = redis_auth_secret(spec, owner, secrets.token_urlsafe(24))
+        if self.client.get(object_path(secret)) is None:  # made once: running pods hold this password
+            self.client.apply(secret)
+        self.client.apply(redis_volume_claim(spec, owner))
         self.client.apply(redis_deployment(spec, owner, self.settings))
         self.client.apply(redis_service(spec, owner))
+        self.client.apply(redis_network_policy(spec, owner, self.settings))
         return managed_redis_url(spec)
 
     def _ensure_gateway(self, spec: ServiceSpec, owner: dict, redis_url: str) -> None:
@@ -217,6 +237,11 @@ class Reconciler:
         operator (annotation SHARE_ANNOTATION: "true"). Without that, anyone allowed to create a
         DLLMService could have the operator send any Secret of the namespace to a Redis URL of their
         choosing; an unshared Secret is never sent (autoscaling then reports RedisUnreachable)."""
+        if spec.redis_managed:  # our own Secret, for the Redis whose URL we built
+            ref = managed_password_ref(spec)
+            secret = self.client.get(f"{collection_path('v1', 'Secret', spec.namespace)}/{ref.name}") or {}
+            value = (secret.get("data") or {}).get(ref.key)
+            return base64.b64decode(value).decode() if value else None
         if spec.redis_password is None:
             return None
         path = f"{collection_path('v1', 'Secret', spec.namespace)}/{spec.redis_password.name}"
@@ -287,6 +312,8 @@ class Reconciler:
             ("v1", "ConfigMap"),
             ("batch/v1", "Job"),
             ("keda.sh/v1alpha1", "ScaledObject"),
+            ("networking.k8s.io/v1", "NetworkPolicy"),
+            ("v1", "PersistentVolumeClaim"),
         ]
         deleted = 0
         for api_version, kind in kinds:
@@ -302,4 +329,7 @@ class Reconciler:
                     "metadata": item["metadata"] | {"namespace": namespace},
                 }
                 deleted += self.client.delete(object_path(item))
+        # by name, not listed: listing Secrets would read every Secret of the namespace
+        secret = f"{names.child_base(name)}-redis-auth"
+        deleted += self.client.delete(f"{collection_path('v1', 'Secret', namespace)}/{secret}")
         return deleted

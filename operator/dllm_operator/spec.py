@@ -57,6 +57,8 @@ class ServiceSpec:
     redis_managed: bool = True
     redis_url: str | None = None
     redis_password: SecretRef | None = None
+    redis_storage: str = "8Gi"  # managed Redis: its append-only file's volume
+    redis_storage_class: str | None = None
     gateway_replicas: int = 1
     gateway_image: str | None = None
     service_type: str = "ClusterIP"
@@ -143,6 +145,8 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         redis_managed=bool(redis.get("managed", False)),
         redis_url=redis.get("url"),
         redis_password=_ref(redis.get("passwordSecretRef")),
+        redis_storage=str(redis.get("storage", "8Gi")),
+        redis_storage_class=redis.get("storageClassName"),
         gateway_replicas=int(gateway.get("replicas", 1)),
         gateway_image=gateway.get("image"),
         service_type=gateway.get("serviceType", "ClusterIP"),
@@ -171,6 +175,10 @@ def _check(spec: ServiceSpec) -> None:
             "decoding.blockLength must divide decoding.maxGenerationTokens",
         ),
         (spec.redis_managed == bool(spec.redis_url), "use either a managed Redis or redis.url, exactly one"),
+        (
+            spec.redis_managed and spec.redis_password is not None,
+            "a managed Redis makes its own password: redis.passwordSecretRef is for redis.url",
+        ),
         (spec.admission not in ("preempt", "projected"), "scheduling.admission must be preempt or projected"),
         (
             not 0 <= spec.gpus <= 1,

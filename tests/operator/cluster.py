@@ -110,6 +110,7 @@ class Kube:
         self.apps = kubernetes.client.AppsV1Api(api)
         self.batch = kubernetes.client.BatchV1Api(api)
         self.core = kubernetes.client.CoreV1Api(api)
+        self.networking = kubernetes.client.NetworkingV1Api(api)
 
     def create_service(self, manifest: dict[str, Any]) -> dict[str, Any]:
         meta = manifest["metadata"]

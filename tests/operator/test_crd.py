@@ -38,7 +38,7 @@ def test_examples_are_accepted(path):
 
 def test_defaults_fill_an_almost_empty_spec():
     spec = apply_defaults({"model": {"uri": "GSAI-ML/LLaDA-8B-Instruct"}}, spec_schema(load_crd()))
-    assert spec["decoding"]["blockLength"] == 32 and spec["redis"] == {"managed": True}
+    assert spec["decoding"]["blockLength"] == 32 and spec["redis"] == {"managed": True, "storage": "8Gi"}
     assert spec["replicas"] == {
         "min": 1,
         "max": 1,

@@ -332,6 +332,12 @@ def test_switching_managed_redis_off_deletes_it(cluster, operator):
     manifest["spec"]["profiling"] = {"tokenBudget": 65536}
     kube.create_service(manifest)
     wait_for(lambda: kube.deployment(f"{NAME}-redis"), 30, what="the managed Redis")
+    password = kube.core.read_namespaced_secret(f"{NAME}-redis-auth", "default").to_dict()
+    assert kube.core.read_namespaced_persistent_volume_claim(f"{NAME}-redis-data", "default")
+    assert kube.networking.read_namespaced_network_policy(f"{NAME}-redis", "default")
+    time.sleep(2)  # resyncs: the password is made once, never regenerated under running pods
+    again = kube.core.read_namespaced_secret(f"{NAME}-redis-auth", "default").to_dict()
+    assert (again["string_data"] or again["data"]) == (password["string_data"] or password["data"])
     kube.patch_service(NAME, {"spec": {"redis": {"managed": False, "url": "redis://redis.queue:6379/0"}}})
     wait_for(lambda: kube.deployment(f"{NAME}-redis") is None, 30, what="the managed Redis deleted")
     wait_for(

@@ -12,7 +12,14 @@ from dllm_operator.manifests.engine import engine_deployment, profile_configmap
 from dllm_operator.manifests.gateway import gateway_deployment, gateway_service
 from dllm_operator.manifests.keda import scaled_object
 from dllm_operator.manifests.profiling import profiling_job
-from dllm_operator.manifests.redis import managed_redis_url, redis_deployment, redis_service
+from dllm_operator.manifests.redis import (
+    managed_redis_url,
+    redis_auth_secret,
+    redis_deployment,
+    redis_network_policy,
+    redis_service,
+    redis_volume_claim,
+)
 from dllm_operator.spec import SpecError, parse_spec
 
 from engine_pod.cli.main import build_parser
@@ -34,7 +41,7 @@ def example(**changes):
 
 
 def all_manifests(spec) -> list[dict]:
-    settings = OperatorSettings()
+    settings = OperatorSettings(operator_namespace="dllm-system")
     url = managed_redis_url(spec)
     digest = spec.profile_hash(settings.engine_image)
     return [
@@ -45,6 +52,9 @@ def all_manifests(spec) -> list[dict]:
         gateway_service(spec, OWNER),
         redis_deployment(spec, OWNER, settings),
         redis_service(spec, OWNER),
+        redis_auth_secret(spec, OWNER, "a-generated-password"),
+        redis_volume_claim(spec, OWNER),
+        redis_network_policy(spec, OWNER, settings),
     ]
 
 
@@ -178,3 +188,36 @@ def test_gpu_engine_pods_roll_one_at_a_time_without_a_spare_gpu():
     strategy = all_manifests(example())[2]["spec"]["strategy"]
     assert strategy["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     assert "rollingUpdate" not in all_manifests(example(resources__gpus=0))[2]["spec"]["strategy"]
+
+
+def _by_kind(manifests: list[dict], kind: str) -> dict:
+    return next(m for m in manifests if m["kind"] == kind and "redis" in m["metadata"]["name"])
+
+
+def test_managed_redis_has_a_password_a_volume_a_memory_cap_and_a_network_policy():
+    manifests = all_manifests(example())
+    redis = _by_kind(manifests, "Deployment")["spec"]["template"]["spec"]
+    args = redis["containers"][0]["args"]
+    assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"  # refuse writes, never drop requests
+    assert redis["volumes"][0]["persistentVolumeClaim"]["claimName"] == "llada-8b-redis-data"  # not emptyDir
+    secret = _by_kind(manifests, "Secret")["metadata"]["name"]
+    for pod in (m for m in manifests if m["kind"] == "Deployment"):
+        env = {e["name"]: e for c in pod["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
+        assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == secret, pod["metadata"]["name"]
+    assert _by_kind(manifests, "PersistentVolumeClaim")["spec"]["resources"]["requests"]["storage"] == "8Gi"
+    policy = _by_kind(manifests, "NetworkPolicy")["spec"]
+    peers = policy["ingress"][0]["from"]
+    assert peers[0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/instance": "llada-8b"}
+    assert peers[1]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "dllm-system"
+
+
+def test_an_external_redis_password_reaches_engine_and_gateway():
+    spec = example(
+        redis__managed=False,
+        redis__url="redis://redis.queue:6379/0",
+        redis__passwordSecretRef={"name": "queue-auth", "key": "password"},
+    )
+    for deployment in all_manifests(spec)[2:4]:
+        env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "queue-auth", "key": "password"}

@@ -6,6 +6,7 @@ from typing import Any
 
 from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests import common
+from dllm_operator.manifests.redis import password_ref
 from dllm_operator.spec import ServiceSpec
 from engine_pod.queue.connect import REDIS_PASSWORD_ENV
 
@@ -22,8 +23,9 @@ def profile_configmap(spec: ServiceSpec, owner: dict, profile_json: str, profile
 
 def redis_env(spec: ServiceSpec, redis_url: str) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": "DLLM_REDIS_URL", "value": redis_url}]
-    if spec.redis_password:
-        ref = {"secretKeyRef": {"name": spec.redis_password.name, "key": spec.redis_password.key}}
+    secret = password_ref(spec)
+    if secret:
+        ref = {"secretKeyRef": {"name": secret.name, "key": secret.key}}
         env.append({"name": REDIS_PASSWORD_ENV, "valueFrom": ref})
     return env
 

@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from dllm_operator.manifests import common
+from dllm_operator.manifests.redis import password_ref
 from dllm_operator.spec import ServiceSpec
 from engine_pod.queue.connect import REDIS_PASSWORD_ENV, is_cluster_url
 from engine_pod.queue.keys import ServiceKeys
@@ -25,7 +26,7 @@ def _trigger(spec: ServiceSpec, redis_url: str, key: str) -> dict[str, Any]:
         trigger = {"type": "redis", "metadata": {"address": address, **metadata, "databaseIndex": database}}
     if parsed.scheme.startswith("rediss"):
         trigger["metadata"]["enableTLS"] = "true"
-    if spec.redis_password:
+    if password_ref(spec):
         trigger["metadata"]["passwordFromEnv"] = REDIS_PASSWORD_ENV
     return trigger
 

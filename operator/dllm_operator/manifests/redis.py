@@ -1,4 +1,6 @@
-"""A managed Redis for one service: append-only persistence on an emptyDir, one replica."""
+"""A managed Redis for one service: password from an operator-made Secret, append-only file on a
+PersistentVolumeClaim (the queue survives a reschedule), a memory cap that refuses writes rather than
+evicting queued requests, and a NetworkPolicy that admits only this service's pods and the operator."""
 
 from __future__ import annotations
 
@@ -6,34 +8,85 @@ from typing import Any
 
 from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests import common
-from dllm_operator.spec import ServiceSpec
+from dllm_operator.spec import SecretRef, ServiceSpec
+from engine_pod.queue.connect import REDIS_PASSWORD_ENV
 
 PORT = 6379
+MEMORY_LIMIT_MIB = 2048
+MAXMEMORY_MIB = MEMORY_LIMIT_MIB * 3 // 4  # headroom for the AOF rewrite's fork and client buffers
 
 
 def managed_redis_url(spec: ServiceSpec) -> str:
     return f"redis://{common.name_of(spec, 'redis')}.{spec.namespace}.svc:{PORT}/0"
 
 
+def managed_password_ref(spec: ServiceSpec) -> SecretRef:
+    return SecretRef(common.name_of(spec, "redis-auth"), "password")
+
+
+def password_ref(spec: ServiceSpec) -> SecretRef | None:
+    """The Secret the service's pods take the Redis password from: the managed Redis's own, or the user's."""
+    return managed_password_ref(spec) if spec.redis_managed else spec.redis_password
+
+
+def redis_auth_secret(spec: ServiceSpec, owner: dict, password: str) -> dict[str, Any]:
+    """Created once (never patched: the password stays what the running pods were given)."""
+    ref = managed_password_ref(spec)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": common.metadata(spec, "redis", owner, name=ref.name),
+        "type": "Opaque",
+        "stringData": {ref.key: password},
+    }
+
+
+def redis_volume_claim(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
+    claim: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": spec.redis_storage}},
+    }
+    if spec.redis_storage_class:
+        claim["storageClassName"] = spec.redis_storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": common.metadata(spec, "redis", owner, name=common.name_of(spec, "redis-data")),
+        "spec": claim,
+    }
+
+
 def redis_deployment(spec: ServiceSpec, owner: dict, settings: OperatorSettings) -> dict[str, Any]:
+    ref = managed_password_ref(spec)
     container = {
         "name": "redis",
         "image": settings.redis_image,
         "imagePullPolicy": settings.image_pull_policy,
-        "args": ["--appendonly", "yes", "--appendfsync", "everysec", "--dir", "/data", "--save", ""],
+        "args": [
+            *("--appendonly", "yes", "--appendfsync", "everysec", "--dir", "/data", "--save", ""),
+            *("--requirepass", f"$({REDIS_PASSWORD_ENV})"),
+            *("--maxmemory", f"{MAXMEMORY_MIB}mb", "--maxmemory-policy", "noeviction"),
+        ],
+        "env": [
+            {"name": REDIS_PASSWORD_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        ],
         "ports": [{"name": "redis", "containerPort": PORT}],
-        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}},
+        "resources": {
+            "requests": {"cpu": "250m", "memory": "256Mi"},
+            "limits": {"memory": f"{MEMORY_LIMIT_MIB}Mi"},
+        },
         "volumeMounts": [{"name": "data", "mountPath": "/data"}],
         "readinessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 5},
         "securityContext": common.container_security(),
     }
+    claim = {"claimName": common.name_of(spec, "redis-data")}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": common.metadata(spec, "redis", owner),
         "spec": {
             "replicas": 1,
-            "strategy": {"type": "Recreate"},
+            "strategy": {"type": "Recreate"},  # one writer on the volume at a time
             "selector": {"matchLabels": common.selector_labels(spec, "redis")},
             "template": {
                 "metadata": {"labels": common.labels(spec, "redis")},
@@ -45,7 +98,7 @@ def redis_deployment(spec: ServiceSpec, owner: dict, settings: OperatorSettings)
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     "containers": [container],
-                    "volumes": [{"name": "data", "emptyDir": {}}],
+                    "volumes": [{"name": "data", "persistentVolumeClaim": claim}],
                 },
             },
         },
@@ -60,5 +113,30 @@ def redis_service(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
         "spec": {
             "selector": common.selector_labels(spec, "redis"),
             "ports": [{"name": "redis", "port": PORT, "targetPort": "redis"}],
+        },
+    }
+
+
+def redis_network_policy(spec: ServiceSpec, owner: dict, settings: OperatorSettings) -> dict[str, Any]:
+    """Ingress to the Redis pod only from this service's pods and from the operator (queue depth)."""
+    same_service = {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": common.instance(spec)}}}
+    peers: list[dict[str, Any]] = [same_service]
+    if settings.operator_namespace:
+        peers.append(
+            {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}
+                },
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": settings.operator_app}},
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": common.metadata(spec, "redis", owner),
+        "spec": {
+            "podSelector": {"matchLabels": common.selector_labels(spec, "redis")},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": PORT}]}],
         },
     }
