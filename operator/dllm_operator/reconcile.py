@@ -6,15 +6,13 @@ Order: Redis (managed) -> gateway -> profiling Job -> profile ConfigMap -> engin
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import secrets
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dllm_operator import autoscale, names
+from dllm_operator import names
 from dllm_operator.conditions import condition, set_condition
 from dllm_operator.config import OperatorSettings
 from dllm_operator.k8s import ChildRejected, KubeClient, collection_path, object_path
@@ -23,7 +21,6 @@ from dllm_operator.manifests.engine import engine_deployment, profile_configmap
 from dllm_operator.manifests.gateway import gateway_deployment, gateway_service
 from dllm_operator.manifests.keda import scaled_object
 from dllm_operator.manifests.redis import (
-    managed_password_ref,
     managed_redis_url,
     redis_auth_secret,
     redis_deployment,
@@ -32,10 +29,10 @@ from dllm_operator.manifests.redis import (
     redis_volume_claim,
 )
 from dllm_operator.profile_state import ProfileState, ensure_profile
+from dllm_operator.scaling import autoscale_engine
 from dllm_operator.spec import ServiceSpec, SpecError, parse_spec
 
 logger = logging.getLogger(__name__)
-SHARE_ANNOTATION = "dllm.dev/share-with-operator"  # on a Secret: its owner lets the operator read it
 MANAGED_REDIS_KINDS = [
     ("apps/v1", "Deployment"),
     ("v1", "Service"),
@@ -156,7 +153,9 @@ class Reconciler:
             self._apply_engine(spec, owner, current, redis_url, status)
         scaling: dict[str, Any] = {}
         if autoscale_now and not spec.keda:
-            scaling, conditions = self._autoscale(spec, redis_url, status, events, conditions, generation)
+            scaling, conditions = autoscale_engine(
+                self.client, spec, redis_url, status, events, conditions, generation
+            )
         return self._with_readiness(
             spec, base | {"profile": current} | scaling, conditions, generation, events
         )
@@ -182,78 +181,6 @@ class Reconciler:
             logger.info(
                 "deleted %s %s (no longer wanted by %s)", kind, common.name_of(spec, component), spec.name
             )
-
-    def _autoscale(
-        self, spec: ServiceSpec, redis_url: str, status: dict, events: list, conditions: list, generation: int
-    ) -> tuple[dict[str, Any], list]:
-        """Size the engine from the queue depth; an unreadable depth keeps the size and says why."""
-        was = (condition(conditions, "Autoscaling") or {}).get("status")
-        try:
-            depth = autoscale.queue_depth(redis_url, spec.queue_service, self._redis_password(spec))
-        except Exception as exc:  # Redis down, not yet up, or refusing us: keep the current size
-            message = f"queue depth unavailable, replicas kept: {str(exc).splitlines()[0][:300]}"
-            logger.warning("%s: %s", spec.name, message)
-            if was != "False":
-                events.append(("Warning", "RedisUnreachable", message))
-            return {}, set_condition(
-                conditions, "Autoscaling", False, "RedisUnreachable", message, generation
-            )
-        conditions = set_condition(
-            conditions, "Autoscaling", True, "QueueDepth", f"queue depth {depth}", generation
-        )
-        current = int(status.get("replicas", spec.min_replicas))
-        below = (status.get("autoscaler") or {}).get("belowSince")
-        decision = autoscale.decide(
-            depth,
-            current,
-            spec.target_per_replica,
-            spec.min_replicas,
-            spec.max_replicas,
-            spec.scale_down_delay_s,
-            below,
-        )
-        if decision.replicas != current:
-            name = common.name_of(spec, "engine")
-            self.client.patch(
-                f"{collection_path('apps/v1', 'Deployment', spec.namespace)}/{name}",
-                {"spec": {"replicas": decision.replicas}},
-            )
-            events.append(
-                (
-                    "Normal",
-                    "Scaled",
-                    f"engine replicas {current} -> {decision.replicas} (queue depth {depth})",
-                )
-            )
-        scaling = {
-            "queueDepth": depth,
-            "replicas": decision.replicas,
-            "autoscaler": {"belowSince": decision.below_since, "checkedAt": time.time()},
-        }
-        return scaling, conditions
-
-    def _redis_password(self, spec: ServiceSpec) -> str | None:
-        """The Redis password for the operator's own depth reads, from a Secret its owner shared with the
-        operator (annotation SHARE_ANNOTATION: "true"). Without that, anyone allowed to create a
-        DLLMService could have the operator send any Secret of the namespace to a Redis URL of their
-        choosing; an unshared Secret is never sent (autoscaling then reports RedisUnreachable)."""
-        if spec.redis_managed:  # our own Secret, for the Redis whose URL we built
-            ref = managed_password_ref(spec)
-            secret = self.client.get(f"{collection_path('v1', 'Secret', spec.namespace)}/{ref.name}") or {}
-            value = (secret.get("data") or {}).get(ref.key)
-            return base64.b64decode(value).decode() if value else None
-        if spec.redis_password is None:
-            return None
-        path = f"{collection_path('v1', 'Secret', spec.namespace)}/{spec.redis_password.name}"
-        secret = self.client.get(path) or {}
-        annotations = (secret.get("metadata") or {}).get("annotations") or {}
-        if annotations.get(SHARE_ANNOTATION) != "true":
-            raise PermissionError(
-                f"Secret {spec.redis_password.name} is not shared with the operator "
-                f"(annotate it {SHARE_ANNOTATION}=true, or use replicas.keda)"
-            )
-        value = (secret.get("data") or {}).get(spec.redis_password.key)
-        return base64.b64decode(value).decode() if value else None
 
     def _with_readiness(self, spec, status: dict, conditions: list, generation: int, events: list) -> Outcome:
         engine, gateway = self._deployment(spec, "engine"), self._deployment(spec, "gateway")
