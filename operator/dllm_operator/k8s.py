@@ -45,6 +45,28 @@ def _server_message(exc: ApiException) -> str:
         return str(exc.reason)
 
 
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def _owned_template_patch(current: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as a merge patch that also drops node-selector entries the operator no longer sets (a
+    merge patch keeps keys it does not mention; lists, such as containers and tolerations, are replaced
+    whole anyway). Other keys of the live template (defaults the API server filled in, kubectl's
+    restartedAt annotation) are left alone."""
+    pod = ((manifest.get("spec") or {}).get("template") or {}).get("spec")
+    if pod is None:
+        return manifest
+    live = ((current.get("spec") or {}).get("template") or {}).get("spec") or {}
+    wanted = pod.get("nodeSelector") or {}
+    selector = wanted | {key: None for key in live.get("nodeSelector") or {} if key not in wanted}
+    if not selector:
+        return manifest
+    template = manifest["spec"]["template"]
+    return manifest | {
+        "spec": manifest["spec"] | {"template": template | {"spec": pod | {"nodeSelector": selector}}}
+    }
+
+
 def _base(api_version: str) -> str:
     return f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
 
@@ -141,7 +163,8 @@ class KubeClient:
 
     def _apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
         path = object_path(manifest)
-        if self.get(path) is None:
+        current = self.get(path)
+        if current is None:
             try:
                 meta = manifest["metadata"]
                 return self._call(
@@ -152,10 +175,10 @@ class KubeClient:
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-        return self._call("PATCH", path, manifest, "application/merge-patch+json")
+        return self._call("PATCH", path, _owned_template_patch(current or {}, manifest), MERGE_PATCH)
 
     def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._call("PATCH", path, body, "application/merge-patch+json")
+        return self._call("PATCH", path, body, MERGE_PATCH)
 
     def delete(self, path: str, propagation: str = "Background") -> bool:
         """Delete an object and, by default, its dependents (a Job's pods: batch/v1 orphans them otherwise)."""

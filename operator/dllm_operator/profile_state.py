@@ -27,14 +27,26 @@ class ProfileState:
     message: str = ""
 
 
-def _termination_message(client: KubeClient, namespace: str, job: str) -> str | None:
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set on GPU nodes by NVIDIA GPU feature discovery
+
+
+def _termination_message(client: KubeClient, namespace: str, job: str) -> tuple[str | None, str | None]:
+    """The newest profiling pod's termination message, and the node it ran on."""
     pods = client.list("v1", "Pod", namespace, {"job-name": job})
     for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""), reverse=True):
         for status in pod.get("status", {}).get("containerStatuses", []):
             message = status.get("state", {}).get("terminated", {}).get("message")
             if message:
-                return message
-    return None
+                return message, (pod.get("spec") or {}).get("nodeName")
+    return None, None
+
+
+def _gpu_product(client: KubeClient, node: str | None) -> str | None:
+    """The measured node's GPU product label, so engines run on the GPU the budget was measured on."""
+    if not node:
+        return None
+    labels = ((client.get_quietly(f"/api/v1/nodes/{node}") or {}).get("metadata") or {}).get("labels") or {}
+    return labels.get(GPU_PRODUCT_LABEL)
 
 
 def _job_finished(job: dict[str, Any]) -> str | None:
@@ -87,9 +99,13 @@ def ensure_profile(
     finished = _job_finished(job)
     if finished is None:
         return ProfileState("running", profile_hash, message=f"profiling Job {name} is running")
-    result, problem = _parse(_termination_message(client, spec.namespace, name))
+    message, node = _termination_message(client, spec.namespace, name)
+    result, problem = _parse(message)
     if finished == "Failed" or result is None:
         return ProfileState(
             "failed", profile_hash, message=problem if result is None else f"profiling Job {name} failed"
         )
+    product = _gpu_product(client, node) if spec.gpus else None
+    if product:
+        result["gpu_product"] = product
     return ProfileState("ready", profile_hash, result["token_budget"], result)

@@ -134,10 +134,13 @@ class Reconciler:
         if profile.state == "ready":
             if previous.get("hash") != profile.profile_hash:
                 events.append(("Normal", "Profiled", f"token budget {profile.token_budget}"))
+            result = profile.result or {}
             current = {
                 "hash": profile.profile_hash,
                 "tokenBudget": profile.token_budget,
                 "result": profile.result,
+                "device": result.get("device_name"),
+                "gpuProduct": result.get("gpu_product"),
             }
             reason = "ExplicitBudget" if spec.token_budget is not None else "Measured"
             conditions = set_condition(
@@ -167,7 +170,9 @@ class Reconciler:
         self.client.apply(profile_configmap(spec, owner, profile_json, profile["hash"]))
         replicas = status.get("replicas", spec.min_replicas)
         replicas = max(spec.min_replicas, min(spec.max_replicas, int(replicas)))
-        deployment = engine_deployment(spec, owner, self.settings, redis_url, replicas, profile["hash"])
+        deployment = engine_deployment(
+            spec, owner, self.settings, redis_url, replicas, profile["hash"], profile.get("gpuProduct")
+        )
         if spec.keda:
             deployment["spec"].pop("replicas")
             self.client.apply(scaled_object(spec, owner, redis_url))

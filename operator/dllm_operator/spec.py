@@ -44,6 +44,7 @@ class ServiceSpec:
     memory: str = "64Gi"
     cpu: str = "8"
     node_selector: dict[str, str] = field(default_factory=dict)
+    pin_gpu_product: bool = True  # engines run on the GPU product the profile measured
     tolerations: list[dict[str, Any]] = field(default_factory=list)
     profiling_enabled: bool = True
     utilization: float = 0.9
@@ -132,6 +133,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         memory=str(resources.get("memory", "64Gi")),
         cpu=str(resources.get("cpu", "8")),
         node_selector=dict(resources.get("nodeSelector") or {}),
+        pin_gpu_product=bool(resources.get("pinGpuProduct", True)),
         tolerations=list(resources.get("tolerations") or []),
         profiling_enabled=bool(profiling.get("enabled", budget is None)),
         utilization=float(profiling.get("utilization", 0.9)),
@@ -175,6 +177,10 @@ def _check(spec: ServiceSpec) -> None:
             "decoding.blockLength must divide decoding.maxGenerationTokens",
         ),
         (spec.redis_managed == bool(spec.redis_url), "use either a managed Redis or redis.url, exactly one"),
+        (
+            "@" in (spec.redis_url or ""),
+            "redis.url must not carry credentials: put the password in redis.passwordSecretRef",
+        ),
         (
             spec.redis_managed and spec.redis_password is not None,
             "a managed Redis makes its own password: redis.passwordSecretRef is for redis.url",

@@ -50,8 +50,9 @@ def example() -> dict:
     return yaml.safe_load(EXAMPLE_PATH.read_text())
 
 
-def complete_profiling(kube: Kube, budget: int, namespace: str = "default") -> str:
-    """Play the Job controller and the kubelet: the newest profiling Job succeeds with a result."""
+def complete_profiling(kube: Kube, budget: int, namespace: str = "default", node: str | None = None) -> str:
+    """Play the Job controller and the kubelet: the newest profiling Job succeeds with a result (its
+    pod scheduled on ``node`` when given)."""
     job = wait_for(lambda: _newest_unfinished_job(kube), 30, what="a profiling Job")
     name = job["metadata"]["name"]
     message = json.dumps({"token_budget": budget, "device": "cuda:0", "bytes_per_token": 524288.0})
@@ -59,7 +60,8 @@ def complete_profiling(kube: Kube, budget: int, namespace: str = "default") -> s
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": f"{name}-x1", "namespace": namespace, "labels": {"job-name": name}},
-        "spec": {"containers": [{"name": "profile", "image": "engine"}], "restartPolicy": "Never"},
+        "spec": {"containers": [{"name": "profile", "image": "engine"}], "restartPolicy": "Never"}
+        | ({"nodeName": node} if node else {}),
         "status": {
             "phase": "Succeeded",
             "containerStatuses": [
@@ -120,6 +122,34 @@ def test_a_new_model_is_not_rolled_out_on_the_old_budget(cluster, operator):
     )
     configmap = kube.core.read_namespaced_config_map(f"{NAME}-profile", "default")
     assert json.loads(configmap.data["profile.json"])["token_budget"] == 98304
+
+
+def test_engines_are_pinned_to_the_gpu_product_their_budget_was_measured_on(cluster, operator):
+    kube = cluster.client()
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "gpu-node-7", "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+    }
+    kube.core.create_node(node)
+    kube.create_service(example())
+    complete_profiling(kube, budget=131072, node="gpu-node-7")
+    deployment = wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+    selector = deployment["spec"]["template"]["spec"]["nodeSelector"]
+    assert selector["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    status = wait_for(
+        lambda: kube.service(NAME)["status"].get("profile", {}).get("gpuProduct"), 30, what="status"
+    )
+    assert status == "NVIDIA-H100-80GB-HBM3"
+    kube.patch_service(NAME, {"spec": {"resources": {"pinGpuProduct": False}}})
+    wait_for(
+        lambda: (
+            "nvidia.com/gpu.product"
+            not in (kube.deployment(f"{NAME}-engine")["spec"]["template"]["spec"].get("nodeSelector") or {})
+        ),
+        30,
+        what="the pin lifted",
+    )
 
 
 def test_the_profile_survives_its_job_and_pod_being_deleted(cluster, operator):

@@ -221,3 +221,17 @@ def test_an_external_redis_password_reaches_engine_and_gateway():
     for deployment in all_manifests(spec)[2:4]:
         env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "queue-auth", "key": "password"}
+
+
+def test_the_operator_refuses_what_admission_should_have_even_when_it_did_not():
+    """kmock runs no admission: the operator's own check is the last line (a Degraded condition)."""
+    for changes, message in [
+        ({"resources__gpus": 2}, "resources.gpus must be 0 or 1"),
+        ({"decoding__stepsPerBlock": 64}, "stepsPerBlock must not exceed"),
+        (
+            {"redis__managed": False, "redis__url": "redis://:pw@redis.queue:6379/0"},
+            "must not carry credentials",
+        ),
+    ]:
+        with pytest.raises(SpecError, match=message):
+            example(**changes)

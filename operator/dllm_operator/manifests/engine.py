@@ -7,6 +7,7 @@ from typing import Any
 from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests import common
 from dllm_operator.manifests.redis import password_ref
+from dllm_operator.profile_state import GPU_PRODUCT_LABEL
 from dllm_operator.spec import ServiceSpec
 from engine_pod.queue.connect import REDIS_PASSWORD_ENV
 
@@ -46,7 +47,10 @@ def engine_deployment(
     redis_url: str,
     replicas: int,
     profile_hash: str,
+    gpu_product: str | None = None,
 ) -> dict[str, Any]:
+    """``gpu_product``: the GPU the budget was measured on; the pods are pinned to it unless the spec
+    says otherwise (resources.pinGpuProduct: false, or its own nodeSelector for that label)."""
     vols, mounts = common.volumes(spec)
     vols.append({"name": "profile", "configMap": {"name": common.name_of(spec, "profile")}})
     mounts.append({"name": "profile", "mountPath": PROFILE_MOUNT, "readOnly": True})
@@ -123,8 +127,15 @@ def engine_deployment(
                     "securityContext": common.pod_security(),
                     "containers": [container],
                     "volumes": vols,
-                    **common.scheduling(spec),
+                    **_placement(spec, gpu_product),
                 },
             },
         },
     }
+
+
+def _placement(spec: ServiceSpec, gpu_product: str | None) -> dict[str, Any]:
+    placement = common.scheduling(spec)
+    if gpu_product and spec.pin_gpu_product and GPU_PRODUCT_LABEL not in spec.node_selector:
+        placement["nodeSelector"] = placement.get("nodeSelector", {}) | {GPU_PRODUCT_LABEL: gpu_product}
+    return placement
