@@ -26,6 +26,8 @@ _PLURALS = {
     "Secret": "secrets",
     "PersistentVolumeClaim": "persistentvolumeclaims",
     "NetworkPolicy": "networkpolicies",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "ServiceMonitor": "servicemonitors",
 }
 
 

@@ -20,6 +20,11 @@ from dllm_operator.manifests import common
 from dllm_operator.manifests.engine import engine_deployment, profile_configmap
 from dllm_operator.manifests.gateway import gateway_deployment, gateway_service
 from dllm_operator.manifests.keda import scaled_object
+from dllm_operator.manifests.operations import (
+    engine_disruption_budget,
+    engine_metrics_service,
+    service_monitor,
+)
 from dllm_operator.manifests.redis import (
     managed_redis_url,
     redis_auth_secret,
@@ -99,6 +104,12 @@ class Reconciler:
     def _ensure_gateway(self, spec: ServiceSpec, owner: dict, redis_url: str) -> None:
         self.client.apply(gateway_deployment(spec, owner, self.settings, redis_url))
         self.client.apply(gateway_service(spec, owner))
+        self.client.apply(engine_metrics_service(spec, owner))
+        self.client.apply(engine_disruption_budget(spec, owner))
+        if spec.service_monitor:
+            self.client.apply(service_monitor(spec, owner))
+        else:
+            self._delete_child(spec, "monitoring.coreos.com/v1", "ServiceMonitor", "metrics")
 
     def _after_profile(
         self, spec, owner, status, conditions, generation, redis_url, profile: ProfileState, autoscale_now
@@ -246,6 +257,8 @@ class Reconciler:
             ("keda.sh/v1alpha1", "ScaledObject"),
             ("networking.k8s.io/v1", "NetworkPolicy"),
             ("v1", "PersistentVolumeClaim"),
+            ("policy/v1", "PodDisruptionBudget"),
+            ("monitoring.coreos.com/v1", "ServiceMonitor"),
         ]
         deleted = 0
         for api_version, kind in kinds:

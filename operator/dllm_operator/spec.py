@@ -29,6 +29,8 @@ class ServiceSpec:
     dtype: str = "bfloat16"
     served_name: str = ""
     volume_claim: str | None = None
+    cache_volume_claim: str | None = None  # PVC for downloads, shared by the profiling Job and the engines
+    hf_token: SecretRef | None = None
     block_length: int = 32
     steps_per_block: int = 32
     remasking: str = "threshold"
@@ -66,6 +68,7 @@ class ServiceSpec:
     gateway_port: int = 80
     max_queued: int = 10_000
     api_key: SecretRef | None = None
+    service_monitor: bool = False  # emit a Prometheus Operator ServiceMonitor for engine and gateway
 
     @property
     def queue_service(self) -> str:
@@ -118,6 +121,8 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         dtype=model.get("dtype", "bfloat16"),
         served_name=model.get("servedName", ""),
         volume_claim=model.get("volumeClaim"),
+        cache_volume_claim=model.get("cacheVolumeClaim"),
+        hf_token=_ref(model.get("hfTokenSecretRef")),
         block_length=int(decoding.get("blockLength", 32)),
         steps_per_block=int(decoding.get("stepsPerBlock", 32)),
         remasking=decoding.get("remasking", "threshold"),
@@ -155,6 +160,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         gateway_port=int(gateway.get("port", 80)),
         max_queued=int(gateway.get("maxQueued", 10_000)),
         api_key=_ref(gateway.get("apiKeySecretRef")),
+        service_monitor=bool((spec.get("monitoring") or {}).get("serviceMonitor", False)),
     )
     _check(parsed)
     return parsed

@@ -72,6 +72,9 @@ class EmulatedCluster:
         self.emulator.resources["keda.sh/v1alpha1/scaledobjects"] = kmock.ResourceInfo(
             kind="ScaledObject", namespaced=True, verbs=CRD_VERBS, subresources={"status"}
         )
+        self.emulator.resources["monitoring.coreos.com/v1/servicemonitors"] = kmock.ResourceInfo(
+            kind="ServiceMonitor", namespaced=True, verbs=CRD_VERBS, subresources=set()
+        )
         self.url = ""
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -11,6 +11,11 @@ from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests.engine import engine_deployment, profile_configmap
 from dllm_operator.manifests.gateway import gateway_deployment, gateway_service
 from dllm_operator.manifests.keda import scaled_object
+from dllm_operator.manifests.operations import (
+    engine_disruption_budget,
+    engine_metrics_service,
+    service_monitor,
+)
 from dllm_operator.manifests.profiling import profiling_job
 from dllm_operator.manifests.redis import (
     managed_redis_url,
@@ -27,6 +32,17 @@ from tests.operator.crd_utils import EXAMPLE_PATH
 
 K8S_VERSION = "1.33.0"
 OWNER = {"name": "llada-8b", "uid": "0b8f2f4e-1111-2222-3333-444455556666"}
+
+
+THIRD_PARTY = ("monitoring.coreos.com/",)  # CRDs kubernetes-validate has no schema for
+
+
+def validate(manifest: dict) -> None:
+    """Strict schema check; a third-party kind (ServiceMonitor) gets the object-metadata check only."""
+    if manifest["apiVersion"].startswith(THIRD_PARTY):
+        assert manifest["metadata"]["name"] and manifest["spec"]
+        return
+    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
 
 
 def example(**changes):
@@ -55,6 +71,9 @@ def all_manifests(spec) -> list[dict]:
         redis_auth_secret(spec, OWNER, "a-generated-password"),
         redis_volume_claim(spec, OWNER),
         redis_network_policy(spec, OWNER, settings),
+        engine_metrics_service(spec, OWNER),
+        engine_disruption_budget(spec, OWNER),
+        service_monitor(spec, OWNER),
     ]
 
 
@@ -76,7 +95,7 @@ def all_manifests(spec) -> list[dict]:
 )
 def test_every_child_manifest_passes_strict_validation(changes):
     for manifest in all_manifests(example(**changes)):
-        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+        validate(manifest)
 
 
 def test_children_are_owned_non_root_and_read_only():
@@ -235,3 +254,34 @@ def test_the_operator_refuses_what_admission_should_have_even_when_it_did_not():
     ]:
         with pytest.raises(SpecError, match=message):
             example(**changes)
+
+
+def test_model_cache_and_hugging_face_token_reach_the_job_and_the_engine():
+    spec = example(
+        model__cacheVolumeClaim="model-cache", model__hfTokenSecretRef={"name": "hf", "key": "token"}
+    )
+    manifests = all_manifests(spec)
+    for manifest in manifests[0], manifests[2]:  # the profiling Job, the engine Deployment
+        pod = manifest["spec"]["template"]["spec"]
+        cache = next(v for v in pod["volumes"] if v["name"] == "cache")
+        assert cache["persistentVolumeClaim"]["claimName"] == "model-cache"
+        env = {e["name"]: e for e in pod["containers"][0]["env"]}
+        assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "token"}
+    gateway = manifests[3]["spec"]["template"]["spec"]
+    assert "emptyDir" in next(v for v in gateway["volumes"] if v["name"] == "cache")  # tokenizer only
+
+
+def test_engine_has_a_disruption_budget_and_a_service_monitor_finds_both_metrics_services():
+    manifests = all_manifests(example())
+    budget = next(m for m in manifests if m["kind"] == "PodDisruptionBudget")
+    assert budget["spec"]["maxUnavailable"] == 1
+    monitor = next(m for m in manifests if m["kind"] == "ServiceMonitor")["spec"]
+    services = [m for m in manifests if m["kind"] == "Service"]
+    scraped = [
+        s
+        for s in services
+        if all(s["metadata"]["labels"].get(k) == v for k, v in monitor["selector"]["matchLabels"].items())
+        and "dllm.dev/metrics" in s["metadata"]["labels"]
+    ]
+    ports = {p["name"] for s in scraped for p in s["spec"]["ports"]}
+    assert {e["port"] for e in monitor["endpoints"]} == ports == {"metrics", "http"}

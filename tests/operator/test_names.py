@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import re
 
-import kubernetes_validate
 import pytest
 import yaml
 from dllm_operator.spec import parse_spec
 
 from engine_pod.queue.keys import ServiceKeys
 from tests.operator.crd_utils import EXAMPLE_PATH
-from tests.operator.test_manifests import K8S_VERSION, all_manifests
+from tests.operator.test_manifests import all_manifests, validate
 
 RFC1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -53,7 +52,7 @@ def test_every_child_name_and_label_is_valid_and_distinct(name):
         for labels in _labels(manifest):
             for value in labels.values():
                 assert len(value) <= 63 and LABEL_VALUE.match(value), value
-        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+        validate(manifest)
     ServiceKeys(_spec(name).queue_service)  # a valid queue name too
 
 

@@ -9,6 +9,7 @@ from dllm_operator.config import GROUP, KIND, VERSION
 from dllm_operator.spec import ServiceSpec
 
 APP = "dllm"
+METRICS_LABEL = "dllm.dev/metrics"  # on the Services a ServiceMonitor scrapes
 
 
 def name_of(spec: ServiceSpec, component: str) -> str:
@@ -96,9 +97,14 @@ def model_location(spec: ServiceSpec) -> str:
     return spec.model_uri
 
 
-def volumes(spec: ServiceSpec) -> tuple[list[dict], list[dict]]:
-    """(volumes, mounts): scratch space for caches, and the model volume when there is one."""
-    vols = [{"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
+def volumes(spec: ServiceSpec, shared_cache: bool = True) -> tuple[list[dict], list[dict]]:
+    """(volumes, mounts): the model cache (``model.cacheVolumeClaim``, shared by the profiling Job and the
+    engine pods, so a checkpoint is downloaded once; else scratch space), /tmp, and the model volume
+    when there is one."""
+    cache: dict[str, Any] = {"emptyDir": {}}
+    if shared_cache and spec.cache_volume_claim:
+        cache = {"persistentVolumeClaim": {"claimName": spec.cache_volume_claim}}
+    vols = [{"name": "cache", **cache}, {"name": "tmp", "emptyDir": {}}]
     mounts = [{"name": "cache", "mountPath": "/cache"}, {"name": "tmp", "mountPath": "/tmp"}]
     if spec.volume_claim:
         vols.append(
@@ -108,8 +114,16 @@ def volumes(spec: ServiceSpec) -> tuple[list[dict], list[dict]]:
     return vols, mounts
 
 
-def cache_env() -> list[dict[str, str]]:
-    return [{"name": "HF_HOME", "value": "/cache/huggingface"}, {"name": "XDG_CACHE_HOME", "value": "/cache"}]
+def cache_env(spec: ServiceSpec) -> list[dict[str, Any]]:
+    """Where downloads go, and the Hugging Face token (gated or private checkpoints) when one is given."""
+    env: list[dict[str, Any]] = [
+        {"name": "HF_HOME", "value": "/cache/huggingface"},
+        {"name": "XDG_CACHE_HOME", "value": "/cache"},
+    ]
+    if spec.hf_token:
+        ref = {"secretKeyRef": {"name": spec.hf_token.name, "key": spec.hf_token.key}}
+        env.append({"name": "HF_TOKEN", "valueFrom": ref})
+    return env
 
 
 def resources(spec: ServiceSpec) -> dict[str, Any]:

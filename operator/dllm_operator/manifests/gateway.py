@@ -26,7 +26,9 @@ def _env(spec: ServiceSpec, redis_url: str) -> list[dict[str, Any]]:
         "DLLM_MAX_QUEUED": str(spec.max_queued),
     }
     env = (
-        redis_env(spec, redis_url) + [{"name": k, "value": v} for k, v in values.items()] + common.cache_env()
+        redis_env(spec, redis_url)
+        + [{"name": k, "value": v} for k, v in values.items()]
+        + common.cache_env(spec)
     )
     if spec.api_key:
         env.append(
@@ -48,7 +50,7 @@ def _tokenizer_init(
         "image": image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["python", "-m", "gateway.fetch_tokenizer", source, "/cache/model"],
-        "env": common.cache_env(),
+        "env": common.cache_env(spec),
         "volumeMounts": mounts,
         "securityContext": common.container_security(),
     }
@@ -58,7 +60,7 @@ def gateway_deployment(
     spec: ServiceSpec, owner: dict, settings: OperatorSettings, redis_url: str
 ) -> dict[str, Any]:
     image = spec.gateway_image or settings.gateway_image
-    vols, mounts = common.volumes(spec)
+    vols, mounts = common.volumes(spec, shared_cache=False)  # tokenizer files only: its own scratch
     liveness = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}  # the process only
     readiness = {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5}  # Redis answers too
     container = {
@@ -95,10 +97,12 @@ def gateway_deployment(
 
 
 def gateway_service(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
+    meta = common.metadata(spec, "gateway", owner, name=common.service_name(spec))
+    meta["labels"] |= {common.METRICS_LABEL: "gateway"}
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": common.metadata(spec, "gateway", owner, name=common.service_name(spec)),
+        "metadata": meta,
         "spec": {
             "type": spec.service_type,
             "selector": common.selector_labels(spec, "gateway"),

@@ -37,7 +37,7 @@ def profiling_job(
         "image": spec.image or settings.engine_image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": command,
-        "env": common.cache_env(),
+        "env": common.cache_env(spec),
         "resources": common.resources(spec),
         "volumeMounts": mounts,
         "terminationMessagePath": TERMINATION_LOG,
