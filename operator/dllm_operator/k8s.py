@@ -179,6 +179,24 @@ class KubeClient:
                     raise
         return self._call("PATCH", path, _owned_template_patch(current or {}, manifest), MERGE_PATCH)
 
+    def create_if_absent(self, manifest: dict[str, Any]) -> bool:
+        """Create the object unless it exists (then leave it exactly as it is, even if two reconciles
+        race: a conflict is not turned into a patch). True when this call created it."""
+        if self.get(object_path(manifest)) is not None:
+            return False
+        meta = manifest["metadata"]
+        try:
+            self._call(
+                "POST", collection_path(manifest["apiVersion"], manifest["kind"], meta["namespace"]), manifest
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            if 400 <= exc.status < 500:
+                raise ChildRejected(manifest, exc.status, _server_message(exc)) from None
+            raise
+        return True
+
     def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("PATCH", path, body, MERGE_PATCH)
 

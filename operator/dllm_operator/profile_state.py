@@ -15,6 +15,7 @@ from typing import Any
 from dllm_operator.config import OperatorSettings
 from dllm_operator.k8s import KubeClient, collection_path
 from dllm_operator.manifests.profiling import job_name, profiling_job
+from dllm_operator.pod_health import stuck_reason
 from dllm_operator.spec import ServiceSpec
 
 
@@ -25,6 +26,7 @@ class ProfileState:
     token_budget: int | None = None
     result: dict[str, Any] | None = None  # the profiler's compact JSON (or {"token_budget": N} from the spec)
     message: str = ""
+    reason: str = ""  # why a running profile is stuck (ImagePullBackOff, ...), else empty
 
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set on GPU nodes by NVIDIA GPU feature discovery
@@ -98,6 +100,11 @@ def ensure_profile(
         return ProfileState("running", profile_hash, message=f"profiling Job {name} created")
     finished = _job_finished(job)
     if finished is None:
+        stuck = stuck_reason(client, spec.namespace, {"job-name": name})
+        if stuck:  # it would wait until its deadline: say why now
+            return ProfileState(
+                "running", profile_hash, message=f"profiling Job {name}: {stuck[1]}", reason=stuck[0]
+            )
         return ProfileState("running", profile_hash, message=f"profiling Job {name} is running")
     message, node = _termination_message(client, spec.namespace, name)
     result, problem = _parse(message)

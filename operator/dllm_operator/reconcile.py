@@ -33,6 +33,7 @@ from dllm_operator.manifests.redis import (
     redis_service,
     redis_volume_claim,
 )
+from dllm_operator.pod_health import stuck_reason
 from dllm_operator.profile_state import ProfileState, ensure_profile
 from dllm_operator.scaling import autoscale_engine
 from dllm_operator.spec import ServiceSpec, SpecError, parse_spec
@@ -92,9 +93,8 @@ class Reconciler:
             for api_version, kind in MANAGED_REDIS_KINDS:
                 self._delete_child(spec, api_version, kind, "redis")
             return spec.redis_url
-        secret = redis_auth_secret(spec, owner, secrets.token_urlsafe(24))
-        if self.client.get(object_path(secret)) is None:  # made once: running pods hold this password
-            self.client.apply(secret)
+        # made once, never patched: running pods hold this password
+        self.client.create_if_absent(redis_auth_secret(spec, owner, secrets.token_urlsafe(24)))
         self.client.apply(redis_volume_claim(spec, owner))
         self.client.apply(redis_deployment(spec, owner, self.settings))
         self.client.apply(redis_service(spec, owner))
@@ -127,11 +127,13 @@ class Reconciler:
             outcome.status |= base
             return outcome
         if profile.state == "running" and not previous.get("tokenBudget"):
-            conditions = set_condition(
-                conditions, "Profiled", False, "Profiling", profile.message, generation
-            )
+            was = (condition(conditions, "Profiled") or {}).get("reason")
+            reason = profile.reason or "Profiling"
+            conditions = set_condition(conditions, "Profiled", False, reason, profile.message, generation)
             if previous.get("pendingHash") != profile.profile_hash:
                 events.append(("Normal", "Profiling", profile.message))
+            if profile.reason and was != reason:
+                events.append(("Warning", reason, profile.message))
             status_profile = previous | {"pendingHash": profile.profile_hash}
             return Outcome(
                 base
@@ -209,6 +211,11 @@ class Reconciler:
         reason = (
             ("ScaledToZero" if scaled_to_zero and not engine_ready else "Serving") if ready else "Deploying"
         )
+        stuck = None if ready else self._stuck_pods(spec)
+        if stuck:  # not just slow: an image that cannot be pulled, a container that keeps crashing
+            reason, message = stuck
+            if (condition(conditions, "Ready") or {}).get("reason") != reason:
+                events.append(("Warning", reason, message))
         was_ready = (condition(conditions, "Ready") or {}).get("status") == "True"
         conditions = set_condition(conditions, "Ready", ready, reason, message, generation)
         if ready and not was_ready:
@@ -222,6 +229,13 @@ class Reconciler:
             "conditions": self._not_degraded(conditions, generation),
         }
         return Outcome(status, events)
+
+    def _stuck_pods(self, spec: ServiceSpec) -> tuple[str, str] | None:
+        for component in ("engine", "gateway"):
+            stuck = stuck_reason(self.client, spec.namespace, common.selector_labels(spec, component))
+            if stuck:
+                return stuck
+        return None
 
     def _deployment(self, spec: ServiceSpec, component: str) -> dict[str, Any]:
         path = f"{collection_path('apps/v1', 'Deployment', spec.namespace)}/{common.name_of(spec, component)}"

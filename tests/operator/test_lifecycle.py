@@ -87,6 +87,13 @@ def _newest_unfinished_job(kube: Kube):
     return jobs[-1] if jobs else None
 
 
+def warned(kube: Kube, reason: str) -> bool:
+    """A Warning event with this reason exists (Kopf posts events in the background, after the status)."""
+    return any(
+        e.reason == reason and e.type == "Warning" for e in kube.core.list_namespaced_event("default").items
+    )
+
+
 def mark_ready(kube: Kube, *names: str) -> None:
     for name in names:
         wait_for(lambda n=name: kube.deployment(n), 30, what=f"deployment {name}")
@@ -319,8 +326,7 @@ def test_the_operator_sends_a_redis_password_only_from_a_secret_shared_with_it(c
             what="autoscaling refused the unshared Secret",
         )
         assert refused["reason"] == "RedisUnreachable" and "not shared" in refused["message"]
-        events = kube.core.list_namespaced_event("default").items
-        assert any(e.reason == "RedisUnreachable" and e.type == "Warning" for e in events)
+        wait_for(lambda: warned(kube, "RedisUnreachable"), 30, what="a RedisUnreachable warning event")
         kube.core.patch_namespaced_secret(
             "queue-auth", "default", {"metadata": {"annotations": {"dllm.dev/share-with-operator": "true"}}}
         )
@@ -408,6 +414,62 @@ def test_a_spec_the_crd_cannot_reject_gives_degraded_without_a_crash(cluster, op
     wait_for(lambda: kube.condition(NAME, "Degraded")["status"] == "False", 30, what="recovery")
 
 
+def _waiting_pod(name: str, labels: dict, reason: str, message: str) -> dict:
+    """Play the kubelet: a pod whose container waits (an image that cannot be pulled, say)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "spec": {"containers": [{"name": "main", "image": "missing:1"}]},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": "missing:1",
+                    "imageID": "",
+                    "state": {"waiting": {"reason": reason, "message": message}},
+                }
+            ],
+        },
+    }
+
+
+def test_pods_that_cannot_pull_their_image_are_a_condition_and_an_event(cluster, operator):
+    kube = cluster.client()
+    kube.create_service(example())
+    job = wait_for(lambda: _newest_unfinished_job(kube), 30, what="the profiling Job")["metadata"]["name"]
+    pull = 'Back-off pulling image "ghcr.io/dllm-dev/dllm-engine:0.1.0"'
+    kube.core.create_namespaced_pod(
+        "default", _waiting_pod(f"{job}-a", {"job-name": job}, "ImagePullBackOff", pull)
+    )
+    profiled = wait_for(
+        lambda: (c := kube.condition(NAME, "Profiled")) and c["reason"] == "ImagePullBackOff" and c,
+        30,
+        what="Profiled=False (ImagePullBackOff)",
+    )
+    assert "Back-off pulling image" in profiled["message"]
+    kube.core.delete_namespaced_pod(f"{job}-a", "default")
+    complete_profiling(kube, budget=131072)
+    wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+    engine_labels = {"app.kubernetes.io/instance": NAME, "app.kubernetes.io/component": "engine"}
+    crash = "back-off 5m0s restarting failed container"
+    kube.core.create_namespaced_pod(
+        "default", _waiting_pod("engine-a", engine_labels, "CrashLoopBackOff", crash)
+    )
+    ready = wait_for(
+        lambda: (c := kube.condition(NAME, "Ready")) and c["reason"] == "CrashLoopBackOff" and c,
+        30,
+        what="Ready=False (CrashLoopBackOff)",
+    )
+    assert "engine-a" in ready["message"]
+    wait_for(
+        lambda: warned(kube, "ImagePullBackOff") and warned(kube, "CrashLoopBackOff"), 30, what="warnings"
+    )
+
+
 def test_deleting_a_service_mid_profiling_deletes_the_job_with_its_pod(cluster, operator):
     """batch/v1 orphans a Job's pods unless the delete says otherwise: a pod left holding a GPU. (The
     emulator runs no garbage collector; what is checked is the propagation policy the operator sends.)"""
@@ -439,8 +501,7 @@ def test_a_child_the_api_server_rejects_gives_degraded_and_an_event(cluster, ope
     )
     assert degraded["reason"] == "ChildRejected" and "exceeded quota" in degraded["message"]
     assert kube.service(NAME)["status"]["phase"] == "Failed"
-    events = kube.core.list_namespaced_event("default").items
-    assert any(e.reason == "ChildRejected" and e.type == "Warning" for e in events)
+    wait_for(lambda: warned(kube, "ChildRejected"), 30, what="a ChildRejected warning event")
     cluster.emulator.reject = None  # the quota is raised: the next resync recovers
     wait_for(lambda: kube.condition(NAME, "Degraded")["status"] == "False", 30, what="recovery")
     assert _newest_unfinished_job(kube)
