@@ -71,28 +71,57 @@ class GatewaySettings:
 
     @classmethod
     def from_env(cls, **overrides) -> GatewaySettings:
-        env = os.environ
-        keys = tuple(k.strip() for k in env.get("DLLM_API_KEYS", "").split(",") if k.strip())
-        values = dict(
-            redis_url=env.get("DLLM_REDIS_URL", cls.redis_url),
-            service=env.get("DLLM_SERVICE", cls.service),
-            model_dir=env.get("DLLM_MODEL_DIR", cls.model_dir),
-            model_name=env.get("DLLM_MODEL_NAME", cls.model_name),
-            api_keys=keys,
-            max_queued=int(env.get("DLLM_MAX_QUEUED", cls.max_queued)),
-            max_prompt_tokens=int(env.get("DLLM_MAX_PROMPT_TOKENS", cls.max_prompt_tokens)),
-            max_prompts_per_request=int(env.get("DLLM_MAX_PROMPTS", cls.max_prompts_per_request)),
-            max_tokens_limit=int(env.get("DLLM_MAX_TOKENS", cls.max_tokens_limit)),
-            default_max_tokens=int(env.get("DLLM_DEFAULT_MAX_TOKENS", cls.default_max_tokens)),
-            block_length=int(env.get("DLLM_BLOCK_LENGTH", cls.block_length)),
-            steps_per_block=int(env.get("DLLM_STEPS_PER_BLOCK", cls.steps_per_block)),
-            threshold=float(env.get("DLLM_THRESHOLD", cls.threshold)),
-            request_timeout_s=float(env.get("DLLM_REQUEST_TIMEOUT_S", cls.request_timeout_s)),
-            enqueue_timeout_s=float(env.get("DLLM_ENQUEUE_TIMEOUT_S", cls.enqueue_timeout_s)),
-            drain_timeout_s=float(env.get("DLLM_DRAIN_TIMEOUT_S", cls.drain_timeout_s)),
-            max_batch_lines=int(env.get("DLLM_MAX_BATCH_LINES", cls.max_batch_lines)),
-            result_ttl_s=int(env.get("DLLM_RESULT_TTL_S", cls.result_ttl_s)),
-            file_ttl_s=int(env.get("DLLM_FILE_TTL_S", cls.file_ttl_s)),
-            batch_ttl_s=int(env.get("DLLM_BATCH_TTL_S", cls.batch_ttl_s)),
-        )
+        """Settings from ``DLLM_*`` variables (names in ENV_NAMES), defaults for the rest."""
+        values: dict = {}
+        for name, variable in ENV_NAMES.items():
+            if variable in os.environ:
+                values[name] = _parse(name, os.environ[variable])
         return cls(**(values | overrides))
+
+    def to_env(self, exclude: tuple[str, ...] = ()) -> dict[str, str]:
+        """The ``DLLM_*`` environment that ``from_env`` reads back as these settings: what the operator,
+        ``dllm serve`` and the benchmark give a gateway process (``exclude``: fields passed otherwise,
+        such as API keys from a Secret)."""
+        return {
+            variable: _render(getattr(self, name))
+            for name, variable in ENV_NAMES.items()
+            if name not in exclude
+        }
+
+
+ENV_NAMES = {  # field -> environment variable: the one place a gateway setting's name is defined
+    "redis_url": "DLLM_REDIS_URL",
+    "service": "DLLM_SERVICE",
+    "model_dir": "DLLM_MODEL_DIR",
+    "model_name": "DLLM_MODEL_NAME",
+    "api_keys": "DLLM_API_KEYS",
+    "max_queued": "DLLM_MAX_QUEUED",
+    "max_prompt_tokens": "DLLM_MAX_PROMPT_TOKENS",
+    "max_prompts_per_request": "DLLM_MAX_PROMPTS",
+    "max_tokens_limit": "DLLM_MAX_TOKENS",
+    "default_max_tokens": "DLLM_DEFAULT_MAX_TOKENS",
+    "block_length": "DLLM_BLOCK_LENGTH",
+    "steps_per_block": "DLLM_STEPS_PER_BLOCK",
+    "threshold": "DLLM_THRESHOLD",
+    "request_timeout_s": "DLLM_REQUEST_TIMEOUT_S",
+    "enqueue_timeout_s": "DLLM_ENQUEUE_TIMEOUT_S",
+    "drain_timeout_s": "DLLM_DRAIN_TIMEOUT_S",
+    "max_batch_lines": "DLLM_MAX_BATCH_LINES",
+    "result_ttl_s": "DLLM_RESULT_TTL_S",
+    "file_ttl_s": "DLLM_FILE_TTL_S",
+    "batch_ttl_s": "DLLM_BATCH_TTL_S",
+}
+
+
+def _parse(name: str, text: str):
+    default = getattr(GatewaySettings, name)
+    if isinstance(default, tuple):
+        return tuple(part.strip() for part in text.split(",") if part.strip())
+    try:
+        return type(default)(text)
+    except ValueError:
+        raise SettingsError(f"{ENV_NAMES[name]}={text!r} is not a valid {type(default).__name__}") from None
+
+
+def _render(value) -> str:
+    return ",".join(value) if isinstance(value, tuple) else str(value)

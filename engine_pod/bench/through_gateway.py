@@ -25,6 +25,7 @@ from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import RedisServer, free_port
 from engine_pod.worker.worker import Worker, WorkerConfig
+from gateway.settings import GatewaySettings
 
 SERVICE = "bench"
 
@@ -32,19 +33,20 @@ SERVICE = "bench"
 def _gateway_env(loaded: LoadedModel, redis_url: str, decoding: DecodingConfig, requests) -> dict[str, str]:
     longest_prompt = max(len(r.prompt_ids) for r in requests)
     longest_budget = max(r.max_tokens for r in requests)
-    return {
-        "DLLM_REDIS_URL": redis_url,
-        "DLLM_SERVICE": SERVICE,
-        "DLLM_MODEL_DIR": loaded.source,
-        "DLLM_MODEL_NAME": "bench",
-        "DLLM_MAX_QUEUED": str(len(requests) + 1),
-        "DLLM_MAX_PROMPT_TOKENS": str(longest_prompt),
-        "DLLM_MAX_TOKENS": str(longest_budget),
-        "DLLM_DEFAULT_MAX_TOKENS": str(min(128, longest_budget)),
-        "DLLM_BLOCK_LENGTH": str(decoding.block_length),
-        "DLLM_STEPS_PER_BLOCK": str(decoding.steps_per_block),
-        "DLLM_THRESHOLD": str(decoding.threshold),
-    }
+    settings = GatewaySettings(
+        redis_url=redis_url,
+        service=SERVICE,
+        model_dir=loaded.source,
+        model_name="bench",
+        max_queued=len(requests) + 1,
+        max_prompt_tokens=longest_prompt,
+        max_tokens_limit=longest_budget,
+        default_max_tokens=min(128, longest_budget),
+        block_length=decoding.block_length,
+        steps_per_block=decoding.steps_per_block,
+        threshold=decoding.threshold,
+    )
+    return settings.to_env()
 
 
 async def _submit_all(url: str, requests: list[PreparedRequest]) -> tuple[dict[str, str], dict[str, float]]:

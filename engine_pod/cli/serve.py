@@ -71,20 +71,24 @@ def register(subparsers) -> None:
 
 
 def _gateway_env(args: argparse.Namespace, model_dir: Path, redis_url: str) -> dict[str, str]:
-    return {
-        "DLLM_REDIS_URL": redis_url,
-        "DLLM_SERVICE": args.service,
-        "DLLM_MODEL_DIR": str(model_dir),
-        "DLLM_MODEL_NAME": args.model_name or model_dir.name,
-        "DLLM_API_KEYS": ",".join(args.api_key),
-        "DLLM_MAX_QUEUED": str(args.max_queued),
-        "DLLM_MAX_TOKENS": str(args.max_tokens_limit),
-        "DLLM_BLOCK_LENGTH": str(args.block_length),
-        "DLLM_STEPS_PER_BLOCK": str(args.steps_per_block),
-        "DLLM_THRESHOLD": str(args.threshold),
-        "DLLM_DRAIN_TIMEOUT_S": str(DRAIN_S),
-        "DLLM_RESULT_TTL_S": str(args.result_ttl),
-    }
+    from gateway.settings import GatewaySettings
+
+    settings = GatewaySettings(
+        redis_url=redis_url,
+        service=args.service,
+        model_dir=str(model_dir),
+        model_name=args.model_name or model_dir.name,
+        api_keys=tuple(args.api_key),
+        max_queued=args.max_queued,
+        max_tokens_limit=args.max_tokens_limit,
+        default_max_tokens=min(GatewaySettings.default_max_tokens, args.max_tokens_limit),
+        block_length=args.block_length,
+        steps_per_block=args.steps_per_block,
+        threshold=args.threshold,
+        drain_timeout_s=DRAIN_S,
+        result_ttl_s=args.result_ttl,
+    )
+    return settings.to_env()
 
 
 def _worker_args(args: argparse.Namespace, redis_url: str) -> list[str]:

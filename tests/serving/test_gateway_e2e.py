@@ -218,3 +218,18 @@ def test_a_redis_outage_makes_the_gateway_unready_not_dead(served_model, service
             assert httpx.get(f"{gateway.url}/readyz", timeout=30).status_code == 503
     finally:
         server.stop()
+
+
+def test_gateway_settings_round_trip_through_their_environment(monkeypatch):
+    """One contract: what the operator, dllm serve and the benchmark render is what the gateway reads."""
+    from gateway.settings import ENV_NAMES, GatewaySettings
+
+    settings = GatewaySettings(
+        service="svc-1", model_dir="/m", api_keys=("a", "b"), max_queued=7, threshold=0.75, result_ttl_s=60
+    )
+    for variable in ENV_NAMES.values():
+        monkeypatch.delenv(variable, raising=False)
+    for variable, value in settings.to_env().items():
+        monkeypatch.setenv(variable, value)
+    assert GatewaySettings.from_env() == settings
+    assert set(settings.to_env(exclude=("api_keys",))) == set(ENV_NAMES.values()) - {"DLLM_API_KEYS"}

@@ -8,23 +8,31 @@ from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests import common
 from dllm_operator.manifests.engine import redis_env
 from dllm_operator.spec import ServiceSpec
+from gateway.settings import GatewaySettings
 
 PORT = 8000
 
 
+def gateway_settings(spec: ServiceSpec, redis_url: str) -> GatewaySettings:
+    """The service's gateway settings, checked by the gateway's own settings class."""
+    return GatewaySettings(
+        redis_url=redis_url,
+        service=spec.queue_service,
+        model_dir="/cache/model",
+        model_name=spec.model_name,
+        max_prompt_tokens=spec.max_prompt_tokens,
+        max_tokens_limit=spec.max_generation_tokens,
+        default_max_tokens=min(128, spec.max_generation_tokens),
+        block_length=spec.block_length,
+        steps_per_block=spec.steps_per_block,
+        threshold=spec.threshold,
+        max_queued=spec.max_queued,
+    )
+
+
 def _env(spec: ServiceSpec, redis_url: str) -> list[dict[str, Any]]:
-    values = {
-        "DLLM_SERVICE": spec.queue_service,
-        "DLLM_MODEL_DIR": "/cache/model",
-        "DLLM_MODEL_NAME": spec.model_name,
-        "DLLM_MAX_PROMPT_TOKENS": str(spec.max_prompt_tokens),
-        "DLLM_MAX_TOKENS": str(spec.max_generation_tokens),
-        "DLLM_DEFAULT_MAX_TOKENS": str(min(128, spec.max_generation_tokens)),
-        "DLLM_BLOCK_LENGTH": str(spec.block_length),
-        "DLLM_STEPS_PER_BLOCK": str(spec.steps_per_block),
-        "DLLM_THRESHOLD": str(spec.threshold),
-        "DLLM_MAX_QUEUED": str(spec.max_queued),
-    }
+    # the URL comes with its password from redis_env, the API keys from their Secret
+    values = gateway_settings(spec, redis_url).to_env(exclude=("redis_url", "api_keys"))
     env = (
         redis_env(spec, redis_url)
         + [{"name": k, "value": v} for k, v in values.items()]
