@@ -44,6 +44,11 @@ def operator(cluster, monkeypatch):
     with KopfRunner(["run", "--standalone", "--all-namespaces", "-m", "dllm_operator"], timeout=60) as runner:
         yield runner
     handlers.reset()
+    # the operator itself ran and stopped cleanly (a crash in it would otherwise pass unseen)
+    assert runner.exception is None, runner.exception
+    assert runner.exit_code == 0, runner.output[-3000:]
+    # and no handler failed (Kopf logs and retries those; a reconcile must end with a status, not a traceback)
+    assert "Traceback" not in runner.output, runner.output[-3000:]
 
 
 def example() -> dict:

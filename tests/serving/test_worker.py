@@ -52,6 +52,12 @@ def test_probes_and_metrics(redis_server, service, make_worker):
             assert httpx.get(f"{base}/healthz").status_code == 200
             assert httpx.get(f"{base}/readyz").status_code == 200
             metrics = httpx.get(f"{base}/metrics").text
+            generated = [
+                line for line in metrics.splitlines() if line.startswith("dllm_generated_tokens_total")
+            ]
+            assert generated and float(generated[0].split()[-1]) > 0  # moved with the finished request
+            budget = [line for line in metrics.splitlines() if line.startswith("dllm_token_budget")]
+            assert budget and float(budget[0].split()[-1]) == worker.config.token_budget
             for name in (
                 "dllm_generated_tokens_total",
                 "dllm_queue_depth",
