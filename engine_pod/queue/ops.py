@@ -31,6 +31,11 @@ class Claimed:
     generated: list[int]  # blocks committed by earlier workers
 
 
+def as_text(values: list) -> list:
+    """A Redis reply's items as str (bytes decoded; clients may or may not decode responses)."""
+    return [value.decode() if isinstance(value, bytes) else value for value in values]
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -67,7 +72,7 @@ class QueueOps:
 
     @staticmethod
     def parse_claim(reply: list) -> list[Claimed]:
-        items = [part.decode() if isinstance(part, bytes) else part for part in reply]
+        items = as_text(reply)
         return [
             Claimed(QueuedRequest.from_json(items[i + 1]), json.loads(items[i + 2] or "[]"))
             for i in range(0, len(items), 3)
@@ -94,14 +99,15 @@ class QueueOps:
         keys = [self.keys.inflight, self.keys.request(request_id), self.keys.events(request_id)]
         return ScriptCall("PROGRESS", keys, [worker, encode_event(event), json.dumps(generated), score])
 
-    def complete(self, worker: str, request_id: str, done: DoneEvent, batch_id: str = "") -> ScriptCall:
+    def complete(self, worker: str, request_id: str, done: DoneEvent) -> ScriptCall:
+        """Batch keys come from ``done``'s meta (the request's, passed through by the worker)."""
         keys = [
             self.keys.inflight,
             self.keys.request(request_id),
             self.keys.events(request_id),
             self.keys.cancelled,
             self.keys.live,
-            *self._batch_keys(batch_id),
+            *self._batch_keys(done.batch_id),
         ]
         return ScriptCall("COMPLETE", keys, [worker, encode_event(done), self.result_ttl_s])
 

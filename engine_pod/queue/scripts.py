@@ -86,24 +86,28 @@ return 1
 )
 
 
-# Shared by COMPLETE and CANCEL: a finished member of a batch is counted and its result kept. The
+# Shared by COMPLETE and CANCEL. A finished member of a batch is counted and its result kept; the
 # batch's hash and results list come last in KEYS (the caller knows the batch from the request's
 # payload). A batch member that came without them is refused before anything changes: a batch whose
 # member went uncounted would never finish.
-_BATCH = """
-local function batch_keys_missing(request, first)
-  local batch = redis.call('HGET', KEYS[request], 'batch')
-  if not batch or batch == '' then return nil end
+_FINISH = """
+local function batch_of(request, first)
+  local batch = redis.call('HGET', KEYS[request], 'batch') or ''
+  if batch == '' then return '' end
   local key, results = KEYS[first], KEYS[first + 1]
   if key and results and results == key .. ':results' and key:sub(-#batch - 1) == ':' .. batch then
-    return nil
+    return batch
   end
-  return 'request ' .. KEYS[request] .. ' belongs to batch ' .. batch .. ': pass its keys'
+  return nil, 'request ' .. KEYS[request] .. ' belongs to batch ' .. batch .. ': pass its keys'
 end
 
-local function record_batch(request, id, done_json, first)
-  local batch = redis.call('HGET', KEYS[request], 'batch')
-  if not batch or batch == '' then return end
+local function finish(request, events, live, id, done_json, ttl, batch, first)
+  redis.call('SREM', KEYS[live], id)
+  redis.call('HSET', KEYS[request], 'state', 'done', 'result', done_json)
+  redis.call('XADD', KEYS[events], '*', 'e', done_json)
+  redis.call('EXPIRE', KEYS[request], ttl)
+  redis.call('EXPIRE', KEYS[events], ttl)
+  if batch == '' then return end
   local reason = cjson.decode(done_json)['finish_reason']
   if reason == 'error' or reason == 'cancelled' then
     redis.call('HINCRBY', KEYS[first], 'failed', 1)
@@ -111,8 +115,8 @@ local function record_batch(request, id, done_json, first)
     redis.call('HINCRBY', KEYS[first], 'completed', 1)
   end
   redis.call('RPUSH', KEYS[first + 1], cjson.encode({id = id, done = done_json}))
-  local ttl = redis.call('TTL', KEYS[first])
-  if ttl > 0 then redis.call('EXPIRE', KEYS[first + 1], ttl) end
+  local left = redis.call('TTL', KEYS[first])
+  if left > 0 then redis.call('EXPIRE', KEYS[first + 1], left) end
 end
 """
 
@@ -121,21 +125,16 @@ end
 # Completes a request exactly once: the first caller that still owns it wins, later ones get 0.
 COMPLETE = (
     _EFFECTS
-    + _BATCH
+    + _FINISH
     + """
 local id = KEYS[2]:match('[^:]+$')
 if redis.call('HGET', KEYS[2], 'state') == 'done' then return 0 end
 if redis.call('HGET', KEYS[2], 'worker') ~= ARGV[1] or not redis.call('ZSCORE', KEYS[1], id) then return 0 end
-local missing = batch_keys_missing(2, 6)
+local batch, missing = batch_of(2, 6)
 if missing then return redis.error_reply(missing) end
 redis.call('ZREM', KEYS[1], id)
 redis.call('SREM', KEYS[4], id)
-redis.call('SREM', KEYS[5], id)
-redis.call('HSET', KEYS[2], 'state', 'done', 'result', ARGV[2])
-redis.call('XADD', KEYS[3], '*', 'e', ARGV[2])
-redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
-redis.call('EXPIRE', KEYS[3], tonumber(ARGV[3]))
-record_batch(2, id, ARGV[2], 6)
+finish(2, 3, 5, id, ARGV[2], tonumber(ARGV[3]), batch, 6)
 return 1
 """
 )
@@ -157,20 +156,15 @@ return 1
 # Cancels a request: a pending one completes at once; an in-flight one is flagged for its worker.
 CANCEL = (
     _EFFECTS
-    + _BATCH
+    + _FINISH
     + """
 local id = KEYS[2]:match('[^:]+$')
 local state = redis.call('HGET', KEYS[2], 'state')
 if not state or state == 'done' then return 0 end
-local missing = batch_keys_missing(2, 6)
+local batch, missing = batch_of(2, 6)
 if missing then return redis.error_reply(missing) end
 if redis.call('ZREM', KEYS[1], id) == 1 then
-  redis.call('SREM', KEYS[5], id)
-  redis.call('HSET', KEYS[2], 'state', 'done', 'result', ARGV[1])
-  redis.call('XADD', KEYS[3], '*', 'e', ARGV[1])
-  redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
-  redis.call('EXPIRE', KEYS[3], tonumber(ARGV[2]))
-  record_batch(2, id, ARGV[1], 6)
+  finish(2, 3, 5, id, ARGV[1], tonumber(ARGV[2]), batch, 6)
   return 1
 end
 redis.call('SADD', KEYS[4], id)

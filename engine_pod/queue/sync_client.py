@@ -6,7 +6,15 @@ import redis
 
 from engine_pod.queue.connect import sync_client
 from engine_pod.queue.messages import EVENT_FIELD, BlockEvent, DoneEvent, decode_event
-from engine_pod.queue.ops import RESULT_TTL_S, Claimed, QueueOps, ScriptCall, now_ms, script_sources
+from engine_pod.queue.ops import (
+    RESULT_TTL_S,
+    Claimed,
+    QueueOps,
+    ScriptCall,
+    as_text,
+    now_ms,
+    script_sources,
+)
 from engine_pod.queue.resilience import CLIENT_OPTIONS
 
 CLAIM_ROUNDS = 4  # reads of candidates per claim, when other workers took some of the ones read
@@ -36,7 +44,7 @@ class SyncQueue:
         claimed: list[Claimed] = []
         for _ in range(CLAIM_ROUNDS):
             wanted = count - len(claimed)
-            candidates = self._ids(
+            candidates = as_text(
                 self.redis.zrangebyscore(self.ops.keys.pending, "-inf", max_prefix, 0, wanted)
             )
             if not candidates:
@@ -47,19 +55,15 @@ class SyncQueue:
                 break
         return claimed
 
-    @staticmethod
-    def _ids(members: list) -> list[str]:
-        return [m.decode() if isinstance(m, bytes) else m for m in members]
-
     def renew(self, worker: str, request_ids: list[str]) -> set[str]:
         if not request_ids:
             return set()
-        return {i.decode() for i in self.run(self.ops.renew(worker, request_ids))}
+        return set(as_text(self.run(self.ops.renew(worker, request_ids))))
 
     def reap(self) -> int:
         """Return expired leases to pending (up to ``REAP_BATCH`` per call); how many were returned."""
         now = now_ms()
-        expired = self._ids(self.redis.zrangebyscore(self.ops.keys.inflight, "-inf", now, 0, REAP_BATCH))
+        expired = as_text(self.redis.zrangebyscore(self.ops.keys.inflight, "-inf", now, 0, REAP_BATCH))
         return int(self.run(self.ops.reap(expired, now))) if expired else 0
 
     def progress(
@@ -68,7 +72,7 @@ class SyncQueue:
         return bool(self.run(self.ops.progress(worker, request_id, event, generated, score)))
 
     def complete(self, worker: str, request_id: str, done: DoneEvent) -> bool:
-        return bool(self.run(self.ops.complete(worker, request_id, done, done.batch_id)))
+        return bool(self.run(self.ops.complete(worker, request_id, done)))
 
     def release(self, worker: str, request_id: str, generated: list[int], score: int) -> bool:
         return bool(self.run(self.ops.release(worker, request_id, generated, score)))

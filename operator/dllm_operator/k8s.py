@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlencode
 
@@ -48,6 +50,17 @@ def _server_message(exc: ApiException) -> str:
 
 
 MERGE_PATCH = "application/merge-patch+json"
+
+
+@contextmanager
+def _rejections_of(manifest: dict[str, Any]) -> Iterator[None]:
+    """A 4xx (other than a conflict) from writing ``manifest`` raised as ChildRejected."""
+    try:
+        yield
+    except ApiException as exc:
+        if 400 <= exc.status < 500 and exc.status != 409:
+            raise ChildRejected(manifest, exc.status, _server_message(exc)) from None
+        raise
 
 
 def _owned_template_patch(current: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
@@ -156,46 +169,30 @@ class KubeClient:
     def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Create, or merge-patch what exists: idempotent, and it never drops fields others own.
         ChildRejected when the API server refuses the object."""
-        try:
-            return self._apply(manifest)
-        except ApiException as exc:
-            if 400 <= exc.status < 500 and exc.status != 409:
-                raise ChildRejected(manifest, exc.status, _server_message(exc)) from None
-            raise
-
-    def _apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
         path = object_path(manifest)
-        current = self.get(path)
-        if current is None:
-            try:
-                meta = manifest["metadata"]
-                return self._call(
-                    "POST",
-                    collection_path(manifest["apiVersion"], manifest["kind"], meta["namespace"]),
-                    manifest,
-                )
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-        return self._call("PATCH", path, _owned_template_patch(current or {}, manifest), MERGE_PATCH)
+        with _rejections_of(manifest):
+            current = self.get(path)
+            created = self._create(manifest) if current is None else None
+            if created is not None:
+                return created
+            return self._call("PATCH", path, _owned_template_patch(current or {}, manifest), MERGE_PATCH)
 
     def create_if_absent(self, manifest: dict[str, Any]) -> bool:
         """Create the object unless it exists (then leave it exactly as it is, even if two reconciles
         race: a conflict is not turned into a patch). True when this call created it."""
-        if self.get(object_path(manifest)) is not None:
-            return False
+        return self.get(object_path(manifest)) is None and self._create(manifest) is not None
+
+    def _create(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """POST the object; None when it exists already (409), ChildRejected when it is refused."""
         meta = manifest["metadata"]
-        try:
-            self._call(
-                "POST", collection_path(manifest["apiVersion"], manifest["kind"], meta["namespace"]), manifest
-            )
-        except ApiException as exc:
-            if exc.status == 409:
-                return False
-            if 400 <= exc.status < 500:
-                raise ChildRejected(manifest, exc.status, _server_message(exc)) from None
-            raise
-        return True
+        collection = collection_path(manifest["apiVersion"], manifest["kind"], meta["namespace"])
+        with _rejections_of(manifest):
+            try:
+                return self._call("POST", collection, manifest)
+            except ApiException as exc:
+                if exc.status == 409:
+                    return None
+                raise
 
     def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("PATCH", path, body, MERGE_PATCH)

@@ -40,3 +40,7 @@ def label_value(text: str) -> str:
 def child_base(service_name: str) -> str:
     """The prefix of every child's name (``<base>-engine``, ``<base>-profile-<hash>``, ...)."""
     return dns_label(service_name, BASE_LIMIT)
+
+
+def child_name(service_name: str, component: str) -> str:
+    return f"{child_base(service_name)}-{component}"

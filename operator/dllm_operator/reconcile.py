@@ -26,6 +26,7 @@ from dllm_operator.manifests.operations import (
     service_monitor,
 )
 from dllm_operator.manifests.redis import (
+    AUTH_COMPONENT,
     managed_redis_url,
     redis_auth_secret,
     redis_deployment,
@@ -289,6 +290,6 @@ class Reconciler:
                 }
                 deleted += self.client.delete(object_path(item))
         # by name, not listed: listing Secrets would read every Secret of the namespace
-        secret = f"{names.child_base(name)}-redis-auth"
+        secret = names.child_name(name, AUTH_COMPONENT)
         deleted += self.client.delete(f"{collection_path('v1', 'Secret', namespace)}/{secret}")
         return deleted

@@ -12,7 +12,7 @@ from dllm_operator import autoscale
 from dllm_operator.conditions import condition, set_condition
 from dllm_operator.k8s import KubeClient, collection_path
 from dllm_operator.manifests import common
-from dllm_operator.manifests.redis import managed_password_ref
+from dllm_operator.manifests.redis import password_ref
 from dllm_operator.spec import ServiceSpec
 
 logger = logging.getLogger(__name__)
@@ -78,20 +78,15 @@ def redis_password(client: KubeClient, spec: ServiceSpec) -> str | None:
     operator (annotation SHARE_ANNOTATION: "true"). Without that, anyone allowed to create a
     DLLMService could have the operator send any Secret of the namespace to a Redis URL of their
     choosing; an unshared Secret is never sent (autoscaling then reports RedisUnreachable)."""
-    if spec.redis_managed:  # our own Secret, for the Redis whose URL we built
-        ref = managed_password_ref(spec)
-        secret = client.get(f"{collection_path('v1', 'Secret', spec.namespace)}/{ref.name}") or {}
-        value = (secret.get("data") or {}).get(ref.key)
-        return base64.b64decode(value).decode() if value else None
-    if spec.redis_password is None:
+    ref = password_ref(spec)  # a managed Redis's own Secret, for the Redis whose URL we built, or the user's
+    if ref is None:
         return None
-    path = f"{collection_path('v1', 'Secret', spec.namespace)}/{spec.redis_password.name}"
-    secret = client.get(path) or {}
+    secret = client.get(f"{collection_path('v1', 'Secret', spec.namespace)}/{ref.name}") or {}
     annotations = (secret.get("metadata") or {}).get("annotations") or {}
-    if annotations.get(SHARE_ANNOTATION) != "true":
+    if not spec.redis_managed and annotations.get(SHARE_ANNOTATION) != "true":
         raise PermissionError(
-            f"Secret {spec.redis_password.name} is not shared with the operator "
+            f"Secret {ref.name} is not shared with the operator "
             f"(annotate it {SHARE_ANNOTATION}=true, or use replicas.keda)"
         )
-    value = (secret.get("data") or {}).get(spec.redis_password.key)
+    value = (secret.get("data") or {}).get(ref.key)
     return base64.b64decode(value).decode() if value else None

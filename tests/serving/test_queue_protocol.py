@@ -149,8 +149,9 @@ def test_a_batch_member_completed_without_its_batch_keys_is_refused_and_left_as_
     assert queue.run(queue.ops.enqueue(request)) == 1
     queue.claim("w1", 100, 1)
     done = DoneEvent([7, 7], "length", 4, 2, worker="w1", meta=request.meta)
+    unaware = DoneEvent([7, 7], "length", 4, 2, worker="w1")  # a caller that lost the request's meta
     with pytest.raises(redis.ResponseError, match="belongs to batch"):
-        queue.run(queue.ops.complete("w1", "r-1", done))  # no batch keys
+        queue.run(queue.ops.complete("w1", "r-1", unaware))  # no batch keys
     assert queue.depth() == (0, 1)  # still in flight, nothing recorded
     assert queue.complete("w1", "r-1", done)  # the client passes them from the payload's meta
     assert queue.redis.hget(queue.ops.keys.batch("batch-1"), "completed") == b"1"

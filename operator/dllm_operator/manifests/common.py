@@ -6,7 +6,7 @@ from typing import Any
 
 from dllm_operator import names
 from dllm_operator.config import GROUP, KIND, VERSION
-from dllm_operator.spec import ServiceSpec
+from dllm_operator.spec import SecretRef, ServiceSpec
 
 APP = "dllm"
 METRICS_LABEL = "dllm.dev/metrics"  # on the Services a ServiceMonitor scrapes
@@ -14,7 +14,7 @@ METRICS_LABEL = "dllm.dev/metrics"  # on the Services a ServiceMonitor scrapes
 
 def name_of(spec: ServiceSpec, component: str) -> str:
     """A child's name: unique per service and component, a valid RFC 1035 label for any service name."""
-    return f"{names.child_base(spec.name)}-{component}"
+    return names.child_name(spec.name, component)
 
 
 def service_name(spec: ServiceSpec) -> str:
@@ -114,6 +114,25 @@ def volumes(spec: ServiceSpec, shared_cache: bool = True) -> tuple[list[dict], l
     return vols, mounts
 
 
+def secret_env(variable: str, ref: SecretRef) -> dict[str, Any]:
+    """An environment variable taken from a key of a Secret."""
+    return {"name": variable, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+
+
+def component_service(
+    spec: ServiceSpec, component: str, owner: dict[str, Any], ports: list[dict[str, Any]], **fields: Any
+) -> dict[str, Any]:
+    """A Service in front of one component's pods; ``fields``: name, labels (added) or spec fields."""
+    meta = metadata(spec, component, owner, name=fields.pop("name", None))
+    meta["labels"] |= fields.pop("labels", {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {**fields, "selector": selector_labels(spec, component), "ports": ports},
+    }
+
+
 def cache_env(spec: ServiceSpec) -> list[dict[str, Any]]:
     """Where downloads go, and the Hugging Face token (gated or private checkpoints) when one is given."""
     env: list[dict[str, Any]] = [
@@ -121,8 +140,7 @@ def cache_env(spec: ServiceSpec) -> list[dict[str, Any]]:
         {"name": "XDG_CACHE_HOME", "value": "/cache"},
     ]
     if spec.hf_token:
-        ref = {"secretKeyRef": {"name": spec.hf_token.name, "key": spec.hf_token.key}}
-        env.append({"name": "HF_TOKEN", "valueFrom": ref})
+        env.append(secret_env("HF_TOKEN", spec.hf_token))
     return env
 
 

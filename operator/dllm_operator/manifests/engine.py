@@ -26,8 +26,7 @@ def redis_env(spec: ServiceSpec, redis_url: str) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": "DLLM_REDIS_URL", "value": redis_url}]
     secret = password_ref(spec)
     if secret:
-        ref = {"secretKeyRef": {"name": secret.name, "key": secret.key}}
-        env.append({"name": REDIS_PASSWORD_ENV, "valueFrom": ref})
+        env.append(common.secret_env(REDIS_PASSWORD_ENV, secret))
     return env
 
 

@@ -8,7 +8,7 @@ from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests import common
 from dllm_operator.manifests.engine import redis_env
 from dllm_operator.spec import ServiceSpec
-from gateway.settings import GatewaySettings
+from gateway.settings import ENV_NAMES, GatewaySettings
 
 PORT = 8000
 
@@ -39,12 +39,7 @@ def _env(spec: ServiceSpec, redis_url: str) -> list[dict[str, Any]]:
         + common.cache_env(spec)
     )
     if spec.api_key:
-        env.append(
-            {
-                "name": "DLLM_API_KEYS",
-                "valueFrom": {"secretKeyRef": {"name": spec.api_key.name, "key": spec.api_key.key}},
-            }
-        )
+        env.append(common.secret_env(ENV_NAMES["api_keys"], spec.api_key))
     return env
 
 
@@ -105,15 +100,12 @@ def gateway_deployment(
 
 
 def gateway_service(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
-    meta = common.metadata(spec, "gateway", owner, name=common.service_name(spec))
-    meta["labels"] |= {common.METRICS_LABEL: "gateway"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": meta,
-        "spec": {
-            "type": spec.service_type,
-            "selector": common.selector_labels(spec, "gateway"),
-            "ports": [{"name": "http", "port": spec.gateway_port, "targetPort": "http"}],
-        },
-    }
+    return common.component_service(
+        spec,
+        "gateway",
+        owner,
+        [{"name": "http", "port": spec.gateway_port, "targetPort": "http"}],
+        name=common.service_name(spec),
+        labels={common.METRICS_LABEL: "gateway"},
+        type=spec.service_type,
+    )

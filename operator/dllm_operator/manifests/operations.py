@@ -24,18 +24,15 @@ def engine_disruption_budget(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
 
 
 def engine_metrics_service(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
-    meta = common.metadata(spec, "engine", owner, name=common.name_of(spec, "metrics"))
-    meta["labels"] |= {common.METRICS_LABEL: "engine"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": meta,
-        "spec": {
-            "clusterIP": "None",  # one target per pod
-            "selector": common.selector_labels(spec, "engine"),
-            "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}],
-        },
-    }
+    return common.component_service(
+        spec,
+        "engine",
+        owner,
+        [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}],
+        name=common.name_of(spec, "metrics"),
+        labels={common.METRICS_LABEL: "engine"},
+        clusterIP="None",  # one target per pod
+    )
 
 
 def service_monitor(spec: ServiceSpec, owner: dict) -> dict[str, Any]:

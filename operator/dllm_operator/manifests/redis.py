@@ -20,8 +20,11 @@ def managed_redis_url(spec: ServiceSpec) -> str:
     return f"redis://{common.name_of(spec, 'redis')}.{spec.namespace}.svc:{PORT}/0"
 
 
+AUTH_COMPONENT = "redis-auth"  # the managed Redis's password Secret is <base>-redis-auth
+
+
 def managed_password_ref(spec: ServiceSpec) -> SecretRef:
-    return SecretRef(common.name_of(spec, "redis-auth"), "password")
+    return SecretRef(common.name_of(spec, AUTH_COMPONENT), "password")
 
 
 def password_ref(spec: ServiceSpec) -> SecretRef | None:
@@ -67,9 +70,7 @@ def redis_deployment(spec: ServiceSpec, owner: dict, settings: OperatorSettings)
             *("--requirepass", f"$({REDIS_PASSWORD_ENV})"),
             *("--maxmemory", f"{MAXMEMORY_MIB}mb", "--maxmemory-policy", "noeviction"),
         ],
-        "env": [
-            {"name": REDIS_PASSWORD_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-        ],
+        "env": [common.secret_env(REDIS_PASSWORD_ENV, ref)],
         "ports": [{"name": "redis", "containerPort": PORT}],
         "resources": {
             "requests": {"cpu": "250m", "memory": "256Mi"},
@@ -106,15 +107,9 @@ def redis_deployment(spec: ServiceSpec, owner: dict, settings: OperatorSettings)
 
 
 def redis_service(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": common.metadata(spec, "redis", owner),
-        "spec": {
-            "selector": common.selector_labels(spec, "redis"),
-            "ports": [{"name": "redis", "port": PORT, "targetPort": "redis"}],
-        },
-    }
+    return common.component_service(
+        spec, "redis", owner, [{"name": "redis", "port": PORT, "targetPort": "redis"}]
+    )
 
 
 def redis_network_policy(spec: ServiceSpec, owner: dict, settings: OperatorSettings) -> dict[str, Any]:
