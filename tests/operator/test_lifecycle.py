@@ -375,7 +375,15 @@ def test_switching_managed_redis_off_deletes_it(cluster, operator):
     wait_for(lambda: kube.deployment(f"{NAME}-redis"), 30, what="the managed Redis")
     password = kube.core.read_namespaced_secret(f"{NAME}-redis-auth", "default").to_dict()
     assert kube.core.read_namespaced_persistent_volume_claim(f"{NAME}-redis-data", "default")
-    assert kube.networking.read_namespaced_network_policy(f"{NAME}-redis", "default")
+    wait_for(  # applied right after the Redis Deployment and Service
+        lambda: [
+            p
+            for p in kube.networking.list_namespaced_network_policy("default").items
+            if p.metadata.name == f"{NAME}-redis"
+        ],
+        30,
+        what="the managed Redis's NetworkPolicy",
+    )
     time.sleep(2)  # resyncs: the password is made once, never regenerated under running pods
     again = kube.core.read_namespaced_secret(f"{NAME}-redis-auth", "default").to_dict()
     assert (again["string_data"] or again["data"]) == (password["string_data"] or password["data"])
