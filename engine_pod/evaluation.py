@@ -12,6 +12,7 @@ from engine_pod.bench.policies import PolicySpec, static_batch_size_for
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import LoadedModel
 from engine_pod.prompts import encode_prompt
+from engine_pod.scheduler.config import SchedulerConfig
 from engine_pod.text import cut_at_eos
 from engine_pod.training.tasks import Example, eval_set
 
@@ -77,7 +78,11 @@ def evaluate(loaded: LoadedModel, decoding: DecodingConfig, policies: list[str],
     outputs: dict[str, list[dict]] = {}
     for name in policies:
         run = run_policy(
-            loaded, decoding, PolicySpec(name, cfg.token_budget, batch), requests, record_margins=False
+            loaded,
+            decoding,
+            PolicySpec(name, SchedulerConfig(token_budget=cfg.token_budget), batch),
+            requests,
+            record_margins=False,
         )
         scored = [_score(loaded, e, run.outcomes[r.request_id].generated) for e, r in zip(examples, requests)]
         outputs[name] = scored

@@ -57,11 +57,33 @@ def build_app(settings: GatewaySettings) -> FastAPI:
     for router in (completions.router, models.router, batches.router, health.router):
         app.include_router(router)
 
-    @app.middleware("http")
-    async def count_requests(request, call_next):
-        response = await call_next(request)
-        if hasattr(app.state, "gateway"):
-            app.state.gateway.metrics.requests.labels(request.url.path, str(response.status_code)).inc()
-        return response
-
+    app.add_middleware(RequestCounter)
     return app
+
+
+class RequestCounter:
+    """Counts every HTTP response by route template and status (pure ASGI: Starlette's BaseHTTPMiddleware
+    costs a task group and memory streams per request). A URL no route matched counts as "unmatched", so
+    the series stay bounded whatever clients send."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = []
+
+        async def send_counting(message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counting)
+        finally:
+            state = getattr(scope["app"].state, "gateway", None) if "app" in scope else None
+            if state is not None and status:
+                route = getattr(scope.get("route"), "path", "unmatched")
+                state.metrics.requests.labels(route, str(status[0])).inc()

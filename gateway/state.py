@@ -41,14 +41,14 @@ class GatewayState:
         task.add_done_callback(self.tasks.discard)
 
 
-def get_state(request: Request) -> GatewayState:
+async def get_state(request: Request) -> GatewayState:  # async: a sync dependency costs a thread hop
     return request.app.state.gateway
 
 
 State = Annotated[GatewayState, Depends(get_state)]
 
 
-def require_api_key(request: Request, state: State) -> None:
+async def require_api_key(request: Request, state: State) -> None:
     """Bearer API keys, when the service has any configured."""
     keys = state.settings.api_keys
     if not keys:

@@ -18,7 +18,7 @@ from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.isolation import run_in_child
 from engine_pod.models.loader import LoadedModel, load_metadata, load_model
-from engine_pod.scheduler.blockserve import DEFAULT_MIN_PADDING_EFFICIENCY
+from engine_pod.scheduler.config import SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +29,8 @@ class BenchConfig:
     workload: str
     policies: tuple[str, ...]
     decoding: DecodingConfig
-    token_budget: int
+    scheduling: SchedulerConfig  # BlockServe's; static's batch size is derived from its token budget
     batch_size: int | None = None  # static batch size; default: the largest that fits the token budget
-    admission: str = "preempt"
-    max_rows: int = 256
-    min_padding_efficiency: float = DEFAULT_MIN_PADDING_EFFICIENCY
     limit: int | None = None  # use only the first N requests of the workload
     isolate: bool = True  # one child process per policy (separate peak memory)
     record_margins: bool = True
@@ -62,7 +59,7 @@ def run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None = N
     config, tokenizer = load_metadata(cfg.model.model)
     requests = prepare_requests(items, config, tokenizer, cfg.seed)
     widths = _static_widths(requests, cfg.decoding.block_length)
-    batch = cfg.batch_size or static_batch_size_for(widths, cfg.token_budget)
+    batch = cfg.batch_size or static_batch_size_for(widths, cfg.scheduling.token_budget)
     runs: dict[str, PolicyRun] = {}
     loaded = (
         None if cfg.isolate else load_model(cfg.model.model, cfg.model.device, cfg.model.dtype, seed=cfg.seed)
@@ -77,9 +74,7 @@ def run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None = N
         )
         cfg = replace(cfg, decoding=replace(cfg.decoding, threshold=calibration["threshold"]))
     for name in cfg.policies:
-        spec = PolicySpec(
-            name, cfg.token_budget, batch, cfg.admission, cfg.max_rows, cfg.min_padding_efficiency
-        )
+        spec = PolicySpec(name, cfg.scheduling, batch)
         logger.info("running policy %s on %d requests", name, len(requests))
         if loaded is None:
             runs[name] = run_policy_isolated(
@@ -125,8 +120,9 @@ def _report(
         },
         "decoding": asdict(cfg.decoding),
         "threshold_calibration": calibration,
-        "token_budget": cfg.token_budget,
-        "min_padding_efficiency": cfg.min_padding_efficiency,
+        "token_budget": cfg.scheduling.token_budget,
+        "min_padding_efficiency": cfg.scheduling.min_padding_efficiency,
+        "scheduling": asdict(cfg.scheduling),
         "static_batch_size": batch,
         "static_max_box_tokens": max(
             len(widths[i : i + batch]) * max(widths[i : i + batch]) for i in range(0, len(widths), batch)

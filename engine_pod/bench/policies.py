@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine_pod.scheduler.base import Scheduler
-from engine_pod.scheduler.blockserve import DEFAULT_MIN_PADDING_EFFICIENCY, BlockServeScheduler
+from engine_pod.scheduler.blockserve import BlockServeScheduler
+from engine_pod.scheduler.config import SchedulerConfig
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
 
 POLICIES = ("sequential", "static", "blockserve", "blockserve-preempt", "blockserve-projected", "gateway")
@@ -14,19 +15,23 @@ POLICIES = ("sequential", "static", "blockserve", "blockserve-preempt", "blockse
 @dataclass(frozen=True)
 class PolicySpec:
     name: str  # one of POLICIES
-    token_budget: int  # BlockServe's budget (static's batch size is derived from it for equal memory)
+    scheduling: SchedulerConfig  # BlockServe's (static's batch size is derived from its budget)
     static_batch_size: int
-    admission: str = "preempt"  # BlockServe admission for the plain "blockserve" policy
-    max_rows: int = 256
-    min_padding_efficiency: float = DEFAULT_MIN_PADDING_EFFICIENCY  # BlockServe's widening rule
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
             raise ValueError(f"unknown policy {self.name!r}; choose from {', '.join(POLICIES)}")
 
     @property
-    def effective_admission(self) -> str:
-        return self.name.split("-", 1)[1] if "-" in self.name else self.admission
+    def token_budget(self) -> int:
+        return self.scheduling.token_budget
+
+    @property
+    def effective_scheduling(self) -> SchedulerConfig:
+        """``blockserve-preempt`` and ``blockserve-projected`` name their admission mode."""
+        if self.name.startswith("blockserve-"):
+            return replace(self.scheduling, admission=self.name.split("-", 1)[1])
+        return self.scheduling
 
     @property
     def through_gateway(self) -> bool:
@@ -40,15 +45,7 @@ def build_scheduler(spec: PolicySpec, block_length: int, eos_ids, ignore_eos: bo
         return sequential_scheduler(block_length, eos_ids, **common)
     if spec.name == "static":
         return StaticScheduler(block_length, eos_ids, batch_size=spec.static_batch_size, **common)
-    return BlockServeScheduler(
-        block_length,
-        eos_ids,
-        token_budget=spec.token_budget,
-        max_rows=spec.max_rows,
-        admission=spec.effective_admission,
-        min_padding_efficiency=spec.min_padding_efficiency,
-        **common,
-    )
+    return BlockServeScheduler(block_length, eos_ids, spec.effective_scheduling, **common)
 
 
 def static_batch_size_for(widths_in_arrival_order: list[int], token_budget: int) -> int:

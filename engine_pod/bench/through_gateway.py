@@ -73,9 +73,7 @@ def run_through_gateway(
     if loaded.tokenizer is None:
         raise ValueError("the gateway policy needs a model with a tokenizer")
     with RedisServer() as server:
-        config = WorkerConfig(
-            server.url, SERVICE, spec.token_budget, max_rows=spec.max_rows, admission="preempt"
-        )
+        config = WorkerConfig(server.url, SERVICE, spec.effective_scheduling)
         worker = Worker(BlockCycleRunner(loaded, decoding), config)
         thread = threading.Thread(target=worker.run, daemon=True)
         gateway = GatewayProcess(

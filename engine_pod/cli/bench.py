@@ -12,15 +12,9 @@ from engine_pod.bench.benchmark import BenchConfig, run_benchmark
 from engine_pod.bench.execute import ModelSpec
 from engine_pod.bench.policies import POLICIES
 from engine_pod.bench.workloads import named_workloads
-from engine_pod.cli.budget import add_budget_args, profile_usable_memory, resolve_budget
-from engine_pod.cli.common import (
-    CliError,
-    add_decoding_args,
-    add_model_args,
-    add_padding_rule_arg,
-    decoding_config,
-    padding_rule,
-)
+from engine_pod.cli.budget import profile_usable_memory
+from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config
+from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
 
 logger = logging.getLogger(__name__)
 
@@ -46,12 +40,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--batch-size", type=int, help="static batch size (default: largest that fits the budget)"
     )
-    add_budget_args(parser)
-    parser.add_argument(
-        "--admission", choices=("preempt", "projected"), default="preempt", help="BlockServe admission"
-    )
-    parser.add_argument("--max-rows", type=int, default=256, help="BlockServe's upper limit on active rows")
-    add_padding_rule_arg(parser)
+    add_scheduler_args(parser)
     parser.add_argument(
         "--steps-per-block", type=int, default=32, help="denoising steps per block (default: 32)"
     )
@@ -85,7 +74,6 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
     if args.batch_size is not None and args.batch_size < 1:
         raise CliError("--batch-size must be positive")
-    min_padding_efficiency = padding_rule(args)
     calibrate = args.calibrate_threshold
     if calibrate is not None and not (0 < calibrate < 1 and args.remasking == "threshold"):
         raise CliError("--calibrate-threshold takes a fraction in (0, 1) and needs --remasking threshold")
@@ -94,11 +82,8 @@ def run(args: argparse.Namespace) -> int:
         workload=args.workload,
         policies=policies,
         decoding=decoding_config(args, args.steps_per_block),
-        token_budget=resolve_budget(args),
+        scheduling=scheduler_config(args),
         batch_size=args.batch_size,
-        admission=args.admission,
-        max_rows=args.max_rows,
-        min_padding_efficiency=min_padding_efficiency,
         limit=args.limit,
         isolate=not args.no_isolate,
         record_margins=not args.no_margins,

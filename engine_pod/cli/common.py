@@ -6,7 +6,6 @@ import argparse
 
 from engine_pod.decoding.config import CACHE_MODES, CANVAS_MODES, REMASKING, DecodingConfig
 from engine_pod.defaults import DEFAULT_BLOCK_LENGTH, DEFAULT_MODEL, DEFAULT_THRESHOLD
-from engine_pod.scheduler.blockserve import DEFAULT_MIN_PADDING_EFFICIENCY
 
 
 class CliError(ValueError):
@@ -52,23 +51,6 @@ def add_decoding_args(parser: argparse.ArgumentParser, canvas_default: str = "bl
     group.add_argument(
         "--ignore-eos", action="store_true", help="do not stop after a block that contains EOS"
     )
-
-
-def add_padding_rule_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--min-padding-efficiency",
-        type=float,
-        default=DEFAULT_MIN_PADDING_EFFICIENCY,
-        help="BlockServe widens the box for a longer prompt only while this share of positions stays useful "
-        f"(default: {DEFAULT_MIN_PADDING_EFFICIENCY}; 0: admission limited by the token budget alone)",
-    )
-
-
-def padding_rule(args: argparse.Namespace) -> float:
-    """The validated ``--min-padding-efficiency``."""
-    if not 0.0 <= args.min_padding_efficiency <= 1.0:
-        raise CliError(f"--min-padding-efficiency must be in [0, 1], got {args.min_padding_efficiency}")
-    return args.min_padding_efficiency
 
 
 def decoding_config(args: argparse.Namespace, steps_per_block: int) -> DecodingConfig:

@@ -16,8 +16,9 @@ import signal
 import sys
 from pathlib import Path
 
-from engine_pod.cli.budget import add_budget_args, resolve_budget
-from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, padding_rule
+from engine_pod.cli.budget import resolve_budget
+from engine_pod.cli.common import CliError, add_decoding_args, add_model_args
+from engine_pod.cli.scheduling import admission_flags, scheduler_config
 from engine_pod.cli.worker import add_worker_args
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,6 @@ def register(subparsers) -> None:
         default=0,
         help="worker /metrics, /healthz, /readyz port (default: any free)",
     )
-    add_budget_args(parser)
     add_worker_args(parser)
     add_decoding_args(parser)
     parser.set_defaults(handler=run)
@@ -102,13 +102,8 @@ def _worker_args(args: argparse.Namespace, redis_url: str) -> list[str]:
     return [
         *("--model", args.model, "--device", args.device, "--dtype", args.dtype),
         *("--redis", redis_url, "--service", args.service, *budget),
-        *("--max-rows", str(args.max_rows), "--admission", args.admission),
-        *(
-            "--min-padding-efficiency",
-            str(padding_rule(args)),
-            "--steps-per-block",
-            str(args.steps_per_block),
-        ),
+        *admission_flags(scheduler_config(args)),
+        *("--steps-per-block", str(args.steps_per_block)),
         *("--lease-ms", str(args.lease_ms), "--drain-timeout", str(args.drain_timeout)),
         *("--result-ttl", str(args.result_ttl)),
         *decoding,

@@ -10,15 +10,8 @@ import argparse
 import logging
 from typing import TYPE_CHECKING
 
-from engine_pod.cli.budget import add_budget_args, resolve_budget
-from engine_pod.cli.common import (
-    CliError,
-    add_decoding_args,
-    add_model_args,
-    add_padding_rule_arg,
-    decoding_config,
-    padding_rule,
-)
+from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config
+from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
 from engine_pod.queue.ops import RESULT_TTL_S
 
 if TYPE_CHECKING:
@@ -28,11 +21,8 @@ logger = logging.getLogger(__name__)
 
 
 def add_worker_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-rows", type=int, default=256, help="upper limit on active rows (default: 256)")
-    parser.add_argument(
-        "--admission", choices=("preempt", "projected"), default="preempt", help="budget policy"
-    )
-    add_padding_rule_arg(parser)
+    """The worker's flags that ``dllm serve`` shares: BlockServe's (budget included), leases, draining."""
+    add_scheduler_args(parser)
     parser.add_argument(
         "--steps-per-block", type=int, default=32, help="denoising steps per block (default: 32)"
     )
@@ -66,7 +56,6 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--service", required=True, help="service name (queue key prefix)")
     parser.add_argument("--worker-id", default="", help="default: hostname-pid")
-    add_budget_args(parser)
     add_worker_args(parser)
     parser.add_argument(
         "--host", default="0.0.0.0", help="address of /metrics, /healthz, /readyz (default: 0.0.0.0)"
@@ -84,18 +73,15 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Work
     from engine_pod.worker.worker import Worker, WorkerConfig
 
     decoding = decoding_config(args, args.steps_per_block)
-    min_padding_efficiency = padding_rule(args)
+    scheduling = scheduler_config(args)
     if args.result_ttl < 1:
         raise CliError(f"--result-ttl must be positive, got {args.result_ttl}")
     loaded = load_model(args.model, args.device, args.dtype)
     config = WorkerConfig(
         redis_url=redis_url,
         service=service,
-        token_budget=resolve_budget(args),
+        scheduling=scheduling,
         worker_id=getattr(args, "worker_id", ""),
-        max_rows=args.max_rows,
-        admission=args.admission,
-        min_padding_efficiency=min_padding_efficiency,
         lease_ms=args.lease_ms,
         drain_timeout_s=args.drain_timeout,
         result_ttl_s=args.result_ttl,
@@ -117,7 +103,10 @@ def run(args: argparse.Namespace) -> int:
     worker.install_signal_handlers()
     probes.attach(worker.metrics.registry, worker.ready)
     logger.info(
-        "worker %s serving %s (token budget %d)", worker.worker_id, args.service, worker.config.token_budget
+        "worker %s serving %s (token budget %d)",
+        worker.worker_id,
+        args.service,
+        worker.config.scheduling.token_budget,
     )
     try:
         worker.run()

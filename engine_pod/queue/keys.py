@@ -36,6 +36,18 @@ class ServiceKeys:
         return self._key("pending")
 
     @property
+    def arrivals(self) -> str:
+        """Sorted set: pending request id -> when it was first enqueued (ms, Redis's clock): who waited
+        longest. A request taken back from a worker keeps its first time."""
+        return self._key("arrivals")
+
+    @property
+    def sizes(self) -> str:
+        """Hash: live request id -> "<prompt tokens> <max tokens> <enqueued ms>", what a worker needs to
+        decide whether a candidate is admissible before it claims it."""
+        return self._key("sizes")
+
+    @property
     def inflight(self) -> str:
         """Sorted set: request id -> lease deadline in milliseconds since the epoch."""
         return self._key("inflight")

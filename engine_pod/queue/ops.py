@@ -31,6 +31,40 @@ class Claimed:
     generated: list[int]  # blocks committed by earlier workers
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """A pending request as a worker sees it before claiming: enough to decide whether it is admissible."""
+
+    id: str
+    prefix: int  # prompt plus committed tokens: its score in the pending set
+    prompt_tokens: int
+    max_tokens: int
+    waited_s: float  # since it was first enqueued (Redis's clock)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    shortest: list[Candidate]  # the shortest pending, up to the prefix asked for
+    aged: list[Candidate]  # those that waited past the bound, longest first
+
+
+@dataclass(frozen=True)
+class BlockCommit:
+    """One committed block of one request, as the worker records it."""
+
+    request_id: str
+    event: BlockEvent
+    generated: list[int]  # every token committed so far
+    score: int  # its prefix, should it go back to the pending set
+
+
+@dataclass(frozen=True)
+class CommitReply:
+    lost: set[str]  # requests whose block was refused: another worker owns them now
+    completed: dict[str, bool]  # per result: False when completed or taken over elsewhere
+    cancelled: set[str]  # held requests whose clients cancelled them
+
+
 def as_text(values: list) -> list:
     """A Redis reply's items as str (bytes decoded; clients may or may not decode responses)."""
     return [value.decode() if isinstance(value, bytes) else value for value in values]
@@ -56,19 +90,33 @@ class QueueOps:
         batches = {r.batch_id for r in requests}
         if len(batches) > 1:
             raise ValueError(f"one enqueue takes requests of one batch, got {sorted(batches)}")
-        keys = [self.keys.pending, self.keys.live, self.keys.wakeup]
-        keys += [self.keys.request(r.id) for r in requests]
+        k = self.keys
+        keys = [k.pending, k.live, k.wakeup, k.arrivals, k.sizes, *(k.request(r.id) for r in requests)]
         args: list = [max_queued, batches.pop() if batches else ""]
         for request in requests:
-            args += [len(request.prompt_ids), request.to_json()]
+            args += [len(request.prompt_ids), request.max_tokens, request.to_json()]
         return ScriptCall("ENQUEUE", keys, args)
 
-    def claim(self, worker: str, max_prefix: int, count: int, candidates: list[str]) -> ScriptCall:
-        """Claim up to ``count`` of ``candidates`` (pending ids, shortest first, read just before) that
-        are still pending with a prefix of at most ``max_prefix``."""
+    def candidates(self, max_prefix: int, count: int, max_wait_s: float, aged_count: int) -> ScriptCall:
+        """Read what may be claimed: the ``count`` shortest pending with a prefix of at most
+        ``max_prefix``, and up to ``aged_count`` that waited more than ``max_wait_s`` (0: none)."""
+        keys = [self.keys.pending, self.keys.arrivals, self.keys.sizes]
+        return ScriptCall("CANDIDATES", keys, [max_prefix, count, int(max_wait_s * 1000), aged_count])
+
+    @staticmethod
+    def parse_candidates(reply: list) -> Candidates:
+        now, shortest, aged = reply[0], as_text(reply[1]), as_text(reply[2])
+        return Candidates(_candidates(shortest, int(now)), _candidates(aged, int(now)))
+
+    def claim(self, worker: str, chosen: list[tuple[str, int]]) -> ScriptCall:
+        """Claim each of ``chosen`` (id, prefix it was read with) that is still pending with that prefix."""
         deadline = now_ms() + self.lease_ms
-        keys = [self.keys.pending, self.keys.inflight, *map(self.keys.request, candidates)]
-        return ScriptCall("CLAIM", keys, [max_prefix, count, deadline, worker, *candidates])
+        keys = [self.keys.pending, self.keys.inflight, self.keys.arrivals]
+        keys += [self.keys.request(request_id) for request_id, _ in chosen]
+        args: list = [deadline, worker]
+        for request_id, prefix in chosen:
+            args += [request_id, prefix]
+        return ScriptCall("CLAIM", keys, args)
 
     @staticmethod
     def parse_claim(reply: list) -> list[Claimed]:
@@ -87,32 +135,48 @@ class QueueOps:
 
     def reap(self, candidates: list[str], now: int) -> ScriptCall:
         """Return to pending those of ``candidates`` (in-flight ids read as expired) still expired at ``now``."""
-        keys = [self.keys.inflight, self.keys.pending, self.keys.wakeup, *map(self.keys.request, candidates)]
+        keys = [self.keys.inflight, self.keys.pending, self.keys.wakeup, self.keys.arrivals]
+        keys += [self.keys.request(request_id) for request_id in candidates]
         return ScriptCall("REAP", keys, [now, *candidates])
 
     def _batch_keys(self, batch_id: str) -> list[str]:
         return [self.keys.batch(batch_id), self.keys.batch_results(batch_id)] if batch_id else []
 
-    def progress(
-        self, worker: str, request_id: str, event: BlockEvent, generated: list[int], score: int
+    def commit(
+        self, worker: str, blocks: list[BlockCommit], results: list[tuple[str, DoneEvent]], held: list[str]
     ) -> ScriptCall:
-        keys = [self.keys.inflight, self.keys.request(request_id), self.keys.events(request_id)]
-        return ScriptCall("PROGRESS", keys, [worker, encode_event(event), json.dumps(generated), score])
+        """A block cycle's exchange in one call: its committed blocks, its finished requests' results
+        (batch keys from each result's meta, the request's, passed through by the worker), and which of
+        the ``held`` requests were cancelled."""
+        k = self.keys
+        keys = [k.inflight, k.cancelled, k.live, k.sizes]
+        args: list = [worker, self.result_ttl_s, len(blocks), len(results)]
+        for block in blocks:
+            keys += [k.request(block.request_id), k.events(block.request_id)]
+            args += [encode_event(block.event), json.dumps(block.generated), block.score]
+        for request_id, done in results:
+            own = [k.request(request_id), k.events(request_id), *self._batch_keys(done.batch_id)]
+            keys += own
+            args += [encode_event(done), len(own)]
+        return ScriptCall("COMMIT", keys, [*args, *held])
 
-    def complete(self, worker: str, request_id: str, done: DoneEvent) -> ScriptCall:
-        """Batch keys come from ``done``'s meta (the request's, passed through by the worker)."""
-        keys = [
-            self.keys.inflight,
-            self.keys.request(request_id),
-            self.keys.events(request_id),
-            self.keys.cancelled,
-            self.keys.live,
-            *self._batch_keys(done.batch_id),
-        ]
-        return ScriptCall("COMPLETE", keys, [worker, encode_event(done), self.result_ttl_s])
+    @staticmethod
+    def parse_commit(reply: list, results: list[tuple[str, DoneEvent]]) -> CommitReply:
+        lost, completed, cancelled = reply
+        return CommitReply(
+            set(as_text(lost)),
+            {request_id: bool(flag) for (request_id, _), flag in zip(results, completed)},
+            set(as_text(cancelled)),
+        )
 
     def release(self, worker: str, request_id: str, generated: list[int], score: int) -> ScriptCall:
-        keys = [self.keys.inflight, self.keys.pending, self.keys.request(request_id), self.keys.wakeup]
+        keys = [
+            self.keys.inflight,
+            self.keys.pending,
+            self.keys.request(request_id),
+            self.keys.wakeup,
+            self.keys.arrivals,
+        ]
         return ScriptCall("RELEASE", keys, [worker, json.dumps(generated), score])
 
     def cancel(self, request_id: str, prompt_tokens: int, batch_id: str = "") -> ScriptCall:
@@ -125,6 +189,8 @@ class QueueOps:
             self.keys.events(request_id),
             self.keys.cancelled,
             self.keys.live,
+            self.keys.arrivals,
+            self.keys.sizes,
             *self._batch_keys(batch_id),
         ]
         return ScriptCall("CANCEL", keys, [encode_event(done), self.result_ttl_s])
@@ -133,5 +199,18 @@ class QueueOps:
 def script_sources() -> dict[str, str]:
     return {
         name: getattr(scripts, name)
-        for name in ("CLAIM", "RENEW", "REAP", "PROGRESS", "COMPLETE", "RELEASE", "CANCEL", "ENQUEUE")
+        for name in ("CANDIDATES", "CLAIM", "RENEW", "REAP", "COMMIT", "RELEASE", "CANCEL", "ENQUEUE")
     }
+
+
+def _candidates(flat: list[str], now: int) -> list[Candidate]:
+    """Candidates from CANDIDATES' flat (id, prefix, sizes) triples. A request enqueued without sizes
+    (by a gateway older than them) is read as its prefix alone, not yet waiting."""
+    out = []
+    for i in range(0, len(flat), 3):
+        request_id, prefix = flat[i], int(float(flat[i + 1] or 0))
+        prompt, tokens, enqueued = (flat[i + 2] or f"{prefix} 1 {now}").split()
+        out.append(
+            Candidate(request_id, prefix, int(prompt), int(tokens), max(0, now - int(enqueued)) / 1000)
+        )
+    return out

@@ -7,25 +7,49 @@ from __future__ import annotations
 # the script runs (claiming, reaping), the caller reads candidate ids first and the script re-checks
 # each one, so a candidate another worker took meanwhile is skipped, never taken twice.
 
-# KEYS: pending, inflight, then one request hash per candidate
-# ARGV: max score, max count, lease deadline (ms), worker id, then the candidates' ids (shortest first)
-# Sand filling: the shortest candidates still pending whose prefix fits the maximum, moved to in-flight.
+# KEYS: pending, arrivals, sizes; ARGV: max prefix, count, max wait (ms; 0: none), aged count
+# Read only: what a worker may claim. Returns {now (ms, Redis's clock), shortest, aged}: the ``count``
+# shortest pending requests with a prefix of at most the maximum, and the ``aged count`` that have waited
+# longest, if they waited past the maximum; each as id, prefix, sizes ("<prompt> <max tokens> <enqueued>").
+CANDIDATES = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function describe(ids)
+  local out = {}
+  for _, id in ipairs(ids) do
+    table.insert(out, id)
+    table.insert(out, redis.call('ZSCORE', KEYS[1], id) or '')
+    table.insert(out, redis.call('HGET', KEYS[3], id) or '')
+  end
+  return out
+end
+local shortest = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+local aged = {}
+if tonumber(ARGV[3]) > 0 then
+  aged = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]), 'LIMIT', 0, tonumber(ARGV[4]))
+end
+return {now, describe(shortest), describe(aged)}
+"""
+
+# KEYS: pending, inflight, arrivals, then one request hash per chosen request
+# ARGV: lease deadline (ms), worker id, then per chosen request its id and the prefix it was read with
+# Claims each chosen request that is still pending with that prefix (another worker may have taken it,
+# or it may have come back with more committed blocks: then the choice was not made for it).
 CLAIM = """
-local out, taken = {}, 0
-for i = 3, #KEYS do
-  if taken >= tonumber(ARGV[2]) then break end
-  local id = ARGV[i + 2]
+local out = {}
+for i = 4, #KEYS do
+  local id, prefix = ARGV[2 * (i - 4) + 3], ARGV[2 * (i - 4) + 4]
   local score = redis.call('ZSCORE', KEYS[1], id)
-  if score and tonumber(score) <= tonumber(ARGV[1]) then
+  if score and tonumber(score) == tonumber(prefix) then
     redis.call('ZREM', KEYS[1], id)
-    redis.call('ZADD', KEYS[2], tonumber(ARGV[3]), id)
-    redis.call('HSET', KEYS[i], 'state', 'running', 'worker', ARGV[4])
+    redis.call('ZREM', KEYS[3], id)
+    redis.call('ZADD', KEYS[2], tonumber(ARGV[1]), id)
+    redis.call('HSET', KEYS[i], 'state', 'running', 'worker', ARGV[2])
     redis.call('HINCRBY', KEYS[i], 'attempts', 1)
     local fields = redis.call('HMGET', KEYS[i], 'payload', 'generated')
     table.insert(out, id)
     table.insert(out, fields[1] or '')
     table.insert(out, fields[2] or '[]')
-    taken = taken + 1
   end
 end
 return out
@@ -47,19 +71,21 @@ end
 return lost
 """
 
-# KEYS: inflight, pending, wakeup channel, then one request hash per candidate
+# KEYS: inflight, pending, wakeup channel, arrivals, then one request hash per candidate
 # ARGV: now (ms), then the candidates' ids (leases read as expired)
-# Puts every candidate whose lease is still expired back into the pending set, scored by its prefix.
+# Puts every candidate whose lease is still expired back into the pending set, scored by its prefix,
+# keeping the time it was first enqueued (its wait counts from then).
 REAP = """
 local reaped = 0
-for i = 4, #KEYS do
-  local id = ARGV[i - 2]
+for i = 5, #KEYS do
+  local id = ARGV[i - 3]
   local deadline = redis.call('ZSCORE', KEYS[1], id)
   if deadline and tonumber(deadline) <= tonumber(ARGV[1]) then
     redis.call('ZREM', KEYS[1], id)
     redis.call('HSET', KEYS[i], 'state', 'pending', 'worker', '')
-    local score = tonumber(redis.call('HGET', KEYS[i], 'score') or '0')
-    redis.call('ZADD', KEYS[2], score, id)
+    local fields = redis.call('HMGET', KEYS[i], 'score', 'enqueued')
+    redis.call('ZADD', KEYS[2], tonumber(fields[1] or '0'), id)
+    redis.call('ZADD', KEYS[4], tonumber(fields[2] or '0'), id)
     reaped = reaped + 1
   end
 end
@@ -71,38 +97,24 @@ return reaped
 # whose reply is lost to a fault (a blocked reader that timed out) stays there to be read again.
 _EFFECTS = "if redis.replicate_commands then redis.replicate_commands() end\n"  # XADD '*' on Redis 6
 
-# KEYS: inflight, request hash, events stream; ARGV: worker id, event json, generated json, score
-# Records a committed block, only if this worker still owns the request.
-PROGRESS = (
-    _EFFECTS
-    + """
-if redis.call('HGET', KEYS[2], 'worker') ~= ARGV[1] or not redis.call('ZSCORE', KEYS[1], KEYS[2]:match('[^:]+$')) then
-  return 0
-end
-redis.call('HSET', KEYS[2], 'generated', ARGV[3], 'score', ARGV[4])
-redis.call('XADD', KEYS[3], '*', 'e', ARGV[2])
-return 1
-"""
-)
-
-
-# Shared by COMPLETE and CANCEL. A finished member of a batch is counted and its result kept; the
-# batch's hash and results list come last in KEYS (the caller knows the batch from the request's
+# Shared by COMMIT and CANCEL. A finished member of a batch is counted and its result kept; the batch's
+# hash and results list follow the request's keys in KEYS (the caller knows the batch from the request's
 # payload). A batch member that came without them is refused before anything changes: a batch whose
 # member went uncounted would never finish.
 _FINISH = """
 local function batch_of(request, first)
   local batch = redis.call('HGET', KEYS[request], 'batch') or ''
   if batch == '' then return '' end
-  local key, results = KEYS[first], KEYS[first + 1]
+  local key, results = first and KEYS[first], first and KEYS[first + 1]
   if key and results and results == key .. ':results' and key:sub(-#batch - 1) == ':' .. batch then
     return batch
   end
   return nil, 'request ' .. KEYS[request] .. ' belongs to batch ' .. batch .. ': pass its keys'
 end
 
-local function finish(request, events, live, id, done_json, ttl, batch, first)
+local function finish(request, events, live, sizes, id, done_json, ttl, batch, first)
   redis.call('SREM', KEYS[live], id)
+  redis.call('HDEL', KEYS[sizes], id)
   redis.call('HSET', KEYS[request], 'state', 'done', 'result', done_json)
   redis.call('XADD', KEYS[events], '*', 'e', done_json)
   redis.call('EXPIRE', KEYS[request], ttl)
@@ -120,38 +132,80 @@ local function finish(request, events, live, id, done_json, ttl, batch, first)
 end
 """
 
-# KEYS: inflight, request hash, events stream, cancelled set, live set[, batch hash, batch results]
-# ARGV: worker id, done json, ttl seconds
-# Completes a request exactly once: the first caller that still owns it wins, later ones get 0.
-COMPLETE = (
+# KEYS: inflight, cancelled, live, sizes; then per committed block a request hash and its events stream;
+#   then per finished request its hash, its events stream[, its batch hash and batch results]
+# ARGV: worker id, ttl seconds, blocks, results; then per block its event json, generated json, score;
+#   then per result its done json and how many keys it has (2, or 4 with its batch's); then the ids
+#   the worker holds
+# A block cycle's whole exchange with Redis in one call. Records each committed block and completes
+# each finished request (exactly once: the first caller that still owns it wins), only where this
+# worker still owns the request. Returns {ids whose block was refused (lost), 1 or 0 per result (0:
+# completed or taken over elsewhere), ids among those held that their clients cancelled}.
+COMMIT = (
     _EFFECTS
     + _FINISH
     + """
-local id = KEYS[2]:match('[^:]+$')
-if redis.call('HGET', KEYS[2], 'state') == 'done' then return 0 end
-if redis.call('HGET', KEYS[2], 'worker') ~= ARGV[1] or not redis.call('ZSCORE', KEYS[1], id) then return 0 end
-local batch, missing = batch_of(2, 6)
-if missing then return redis.error_reply(missing) end
-redis.call('ZREM', KEYS[1], id)
-redis.call('SREM', KEYS[4], id)
-finish(2, 3, 5, id, ARGV[2], tonumber(ARGV[3]), batch, 6)
-return 1
+local worker, ttl = ARGV[1], tonumber(ARGV[2])
+local blocks, results = tonumber(ARGV[3]), tonumber(ARGV[4])
+local function id_of(key) return KEYS[key]:match('[^:]+$') end
+local function owns(key)
+  return redis.call('HGET', KEYS[key], 'worker') == worker and redis.call('ZSCORE', KEYS[1], id_of(key))
+end
+local first_result, first_result_arg = 5 + 2 * blocks, 5 + 3 * blocks
+local k, a = first_result, first_result_arg
+for _ = 1, results do
+  local nkeys = tonumber(ARGV[a + 1])
+  local _, missing = batch_of(k, nkeys >= 4 and k + 2 or nil)
+  if missing then return redis.error_reply(missing) end
+  k, a = k + nkeys, a + 2
+end
+local lost, completed, cancelled = {}, {}, {}
+k, a = 5, 5
+for _ = 1, blocks do
+  if owns(k) then
+    redis.call('HSET', KEYS[k], 'generated', ARGV[a + 1], 'score', ARGV[a + 2])
+    redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a])
+  else
+    table.insert(lost, id_of(k))
+  end
+  k, a = k + 2, a + 3
+end
+for _ = 1, results do
+  local nkeys, ok = tonumber(ARGV[a + 1]), 0
+  if redis.call('HGET', KEYS[k], 'state') ~= 'done' and owns(k) then
+    local id = id_of(k)
+    local first = nkeys >= 4 and k + 2 or nil
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('SREM', KEYS[2], id)
+    finish(k, k + 1, 3, 4, id, ARGV[a], ttl, batch_of(k, first), first)
+    ok = 1
+  end
+  table.insert(completed, ok)
+  k, a = k + nkeys, a + 2
+end
+for i = a, #ARGV do
+  if redis.call('SISMEMBER', KEYS[2], ARGV[i]) == 1 then table.insert(cancelled, ARGV[i]) end
+end
+return {lost, completed, cancelled}
 """
 )
 
-# KEYS: inflight, pending, request hash, wakeup; ARGV: worker id, generated json, score
-# A draining worker hands an unfinished request back, keeping its committed blocks.
+# KEYS: inflight, pending, request hash, wakeup, arrivals; ARGV: worker id, generated json, score
+# A worker hands an unfinished request back (draining, or a claim it cannot admit), keeping its
+# committed blocks and the time it was first enqueued.
 RELEASE = """
 local id = KEYS[3]:match('[^:]+$')
 if redis.call('HGET', KEYS[3], 'worker') ~= ARGV[1] or not redis.call('ZSCORE', KEYS[1], id) then return 0 end
 redis.call('ZREM', KEYS[1], id)
 redis.call('HSET', KEYS[3], 'state', 'pending', 'worker', '', 'generated', ARGV[2], 'score', ARGV[3])
 redis.call('ZADD', KEYS[2], tonumber(ARGV[3]), id)
+redis.call('ZADD', KEYS[5], tonumber(redis.call('HGET', KEYS[3], 'enqueued') or '0'), id)
 redis.call('PUBLISH', KEYS[4], 1)
 return 1
 """
 
-# KEYS: pending, request hash, events stream, cancelled set, live set[, batch hash, batch results]
+# KEYS: pending, request hash, events stream, cancelled set, live set, arrivals, sizes[, batch hash,
+#   batch results]
 # ARGV: done json, ttl seconds
 # Cancels a request: a pending one completes at once; an in-flight one is flagged for its worker.
 CANCEL = (
@@ -161,10 +215,12 @@ CANCEL = (
 local id = KEYS[2]:match('[^:]+$')
 local state = redis.call('HGET', KEYS[2], 'state')
 if not state or state == 'done' then return 0 end
-local batch, missing = batch_of(2, 6)
+local first = #KEYS >= 9 and 8 or nil
+local batch, missing = batch_of(2, first)
 if missing then return redis.error_reply(missing) end
 if redis.call('ZREM', KEYS[1], id) == 1 then
-  finish(2, 3, 5, id, ARGV[1], tonumber(ARGV[2]), batch, 6)
+  redis.call('ZREM', KEYS[6], id)
+  finish(2, 3, 5, 7, id, ARGV[1], tonumber(ARGV[2]), batch, first)
   return 1
 end
 redis.call('SADD', KEYS[4], id)
@@ -172,26 +228,37 @@ return 2
 """
 )
 
-# KEYS: pending, live set, wakeup, then one request hash per request
-# ARGV: max queued (0: unlimited), batch id ('' for none), then a score and a payload json per request
-# Enqueues every request or none (returns 0 when the queue cannot take them all). Idempotent: a
-# request id that exists already (a retry after a reply lost to a Redis fault) is left as it is.
-ENQUEUE = """
+# KEYS: pending, live set, wakeup, arrivals, sizes, then one request hash per request
+# ARGV: max queued (0: unlimited), batch id ('' for none), then per request its prompt length (its
+#   score), its max tokens and its payload json
+# Enqueues every request or none (returns 0 when the queue cannot take them all), stamped with Redis's
+# clock (a request's wait counts from then). Idempotent: a request id that exists already (a retry after
+# a reply lost to a Redis fault) is left as it is.
+ENQUEUE = (
+    _EFFECTS
+    + """
 local fresh = {}
-for i = 4, #KEYS do
+for i = 6, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 0 then table.insert(fresh, i) end
 end
 local limit = tonumber(ARGV[1])
 if limit > 0 and #fresh > 0 and redis.call('SCARD', KEYS[2]) + #fresh > limit then
   return 0
 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for _, i in ipairs(fresh) do
-  local score, payload = ARGV[2 * (i - 4) + 3], ARGV[2 * (i - 4) + 4]
+  local at = 3 * (i - 6) + 3
+  local score, tokens, payload = ARGV[at], ARGV[at + 1], ARGV[at + 2]
+  local id = KEYS[i]:match('[^:]+$')
   redis.call('HSET', KEYS[i], 'payload', payload, 'state', 'pending', 'score', score, 'generated', '[]',
-    'attempts', 0, 'batch', ARGV[2])
-  redis.call('ZADD', KEYS[1], tonumber(score), KEYS[i]:match('[^:]+$'))
-  redis.call('SADD', KEYS[2], KEYS[i]:match('[^:]+$'))
+    'attempts', 0, 'batch', ARGV[2], 'enqueued', now)
+  redis.call('ZADD', KEYS[1], tonumber(score), id)
+  redis.call('ZADD', KEYS[4], now, id)
+  redis.call('HSET', KEYS[5], id, score .. ' ' .. tokens .. ' ' .. now)
+  redis.call('SADD', KEYS[2], id)
 end
 if #fresh > 0 then redis.call('PUBLISH', KEYS[3], #fresh) end
 return 1
 """
+)

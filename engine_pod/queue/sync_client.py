@@ -8,7 +8,10 @@ from engine_pod.queue.connect import sync_client
 from engine_pod.queue.messages import EVENT_FIELD, BlockEvent, DoneEvent, decode_event
 from engine_pod.queue.ops import (
     RESULT_TTL_S,
+    BlockCommit,
+    Candidates,
     Claimed,
+    CommitReply,
     QueueOps,
     ScriptCall,
     as_text,
@@ -35,23 +38,28 @@ class SyncQueue:
     def run(self, call: ScriptCall):
         return self._scripts[call.script](keys=call.keys, args=call.args)
 
-    def claim(self, worker: str, max_prefix: int, count: int) -> list[Claimed]:
-        """Up to ``count`` of the shortest pending requests with a prefix of at most ``max_prefix``.
+    def candidates(
+        self, max_prefix: int, count: int, max_wait_s: float = 0.0, aged_count: int = 0
+    ) -> Candidates:
+        return QueueOps.parse_candidates(
+            self.run(self.ops.candidates(max_prefix, count, max_wait_s, aged_count))
+        )
 
-        Reads the candidates, then claims those still pending in one script; when another worker took
-        some of them in between, reads again (a few rounds), so a race costs a round trip, not a claim.
-        """
+    def claim_chosen(self, worker: str, chosen: list[tuple[str, int]]) -> list[Claimed]:
+        """Claim each (id, prefix read) of ``chosen`` still pending with that prefix; skips the others."""
+        return QueueOps.parse_claim(self.run(self.ops.claim(worker, chosen))) if chosen else []
+
+    def claim(self, worker: str, max_prefix: int, count: int) -> list[Claimed]:
+        """Up to ``count`` of the shortest pending requests with a prefix of at most ``max_prefix``, with no
+        admission decision (the worker decides through its scheduler; this is for tools and tests).
+
+        When another worker took some of those read, reads again (a few rounds)."""
         claimed: list[Claimed] = []
         for _ in range(CLAIM_ROUNDS):
-            wanted = count - len(claimed)
-            candidates = as_text(
-                self.redis.zrangebyscore(self.ops.keys.pending, "-inf", max_prefix, 0, wanted)
-            )
-            if not candidates:
-                break
-            got = QueueOps.parse_claim(self.run(self.ops.claim(worker, max_prefix, wanted, candidates)))
+            shortest = self.candidates(max_prefix, count - len(claimed)).shortest
+            got = self.claim_chosen(worker, [(c.id, c.prefix) for c in shortest])
             claimed += got
-            if len(got) == len(candidates):  # nobody raced us: what was there, we have
+            if not shortest or len(got) == len(shortest):  # nobody raced us: what was there, we have
                 break
         return claimed
 
@@ -66,22 +74,32 @@ class SyncQueue:
         expired = as_text(self.redis.zrangebyscore(self.ops.keys.inflight, "-inf", now, 0, REAP_BATCH))
         return int(self.run(self.ops.reap(expired, now))) if expired else 0
 
+    def commit(
+        self,
+        worker: str,
+        blocks: list[BlockCommit],
+        results: list[tuple[str, DoneEvent]],
+        held: list[str] = (),
+    ) -> CommitReply:
+        """One block cycle's exchange with Redis, in one round trip (see ``scripts.COMMIT``)."""
+        if not blocks and not results and not held:
+            return CommitReply(set(), {}, set())
+        reply = self.run(self.ops.commit(worker, blocks, results, list(held)))
+        return QueueOps.parse_commit(reply, results)
+
     def progress(
         self, worker: str, request_id: str, event: BlockEvent, generated: list[int], score: int
     ) -> bool:
-        return bool(self.run(self.ops.progress(worker, request_id, event, generated, score)))
+        """Record one committed block; False when this worker no longer owns the request."""
+        reply = self.commit(worker, [BlockCommit(request_id, event, generated, score)], [])
+        return request_id not in reply.lost
 
     def complete(self, worker: str, request_id: str, done: DoneEvent) -> bool:
-        return bool(self.run(self.ops.complete(worker, request_id, done)))
+        """Complete one request; False when it was completed or taken over elsewhere."""
+        return self.commit(worker, [], [(request_id, done)]).completed[request_id]
 
     def release(self, worker: str, request_id: str, generated: list[int], score: int) -> bool:
         return bool(self.run(self.ops.release(worker, request_id, generated, score)))
-
-    def cancelled_among(self, request_ids: list[str]) -> set[str]:
-        if not request_ids:
-            return set()
-        flags = self.redis.smismember(self.ops.keys.cancelled, request_ids)
-        return {rid for rid, flag in zip(request_ids, flags) if flag}
 
     def events_of(self, request_id: str) -> list[BlockEvent | DoneEvent]:
         """Every event still stored for a request, oldest first."""

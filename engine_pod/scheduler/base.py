@@ -34,6 +34,8 @@ class Scheduler:
         if request.request_id in self.requests:
             raise RequestError(f"request id {request.request_id!r} is already scheduled")
         self.check_fits(request)
+        if request.arrival_time is None:
+            request.arrival_time = self.clock()
         self.requests[request.request_id] = request
         self._enqueue(request)
 
@@ -91,7 +93,6 @@ class Scheduler:
         if request.first_scheduled_time is None:
             request.first_scheduled_time = self.clock()
         request.state = RequestState.RUNNING
-        request.waited_cycles = 0
 
     # -- subclass hooks -----------------------------------------------------------------------
     def _enqueue(self, request: Request) -> None:

@@ -5,54 +5,56 @@ rows that would push the next cycle past the budget, admits pending requests by 
 (shortest prefix first, preferring those that fit inside the current box without widening it),
 and hands the runner one mixed-state batch in which every row may be at a different block.
 A candidate that widens the box is admitted only while the batch keeps at least
-``min_padding_efficiency`` of its positions useful (0 turns this off; aged requests are exempt).
+``min_padding_efficiency`` of its positions useful (0 turns this off).
+
+Fairness: a request that has waited longer than ``max_wait_s`` since it was enqueued is admitted next
+whatever its width, and nothing else is admitted before it (the rows running drain until it fits).
 
 Two ways to keep Cost(A) = |A| x max_i(p_i + (b_i + 1) L) within the budget at every cycle:
 - ``projected``: admit against each row's peak width p_i + K_i L, so growth can never overflow;
 - ``preempt``: admit against the next cycle's widths and, when rows have grown past the budget,
   send the most recently admitted rows back to the queue (they keep their committed blocks).
+
+A worker that draws from a shared queue asks this scheduler what to claim (``claim_plan``, then
+``choose`` among the candidates it read), so admission is decided here only, and every claimed
+request is one this scheduler admits.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from engine_pod.scheduler.base import Scheduler
+from engine_pod.scheduler.box import BatchBox
+from engine_pod.scheduler.config import SchedulerConfig, SchedulerConfigError
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.pending_queue import PendingQueue
 from engine_pod.scheduler.request import Request, RequestError, RequestState
 
-ADMISSION_MODES = ("preempt", "projected")
-DEFAULT_MIN_PADDING_EFFICIENCY = 0.7  # measured: 0.92 padding on the heterogeneous workload, budget filled
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """What a worker may read from the shared queue now: the shortest ``count`` pending requests with a
+    prefix of at most ``max_prefix`` tokens, plus those waiting past the bound (any width)."""
+
+    count: int
+    max_prefix: int
 
 
 class BlockServeScheduler(Scheduler):
-    def __init__(
-        self,
-        block_length: int,
-        eos_ids,
-        token_budget: int,
-        max_rows: int = 256,
-        admission: str = "preempt",
-        max_wait_cycles: int = 64,
-        min_padding_efficiency: float = DEFAULT_MIN_PADDING_EFFICIENCY,
-        **kwargs,
-    ) -> None:
+    def __init__(self, block_length: int, eos_ids, config: SchedulerConfig, **kwargs) -> None:
         super().__init__(block_length, eos_ids, **kwargs)
-        if token_budget < block_length + 1:
-            raise ValueError(f"token budget {token_budget} cannot hold even one block of {block_length}")
-        if admission not in ADMISSION_MODES:
-            raise ValueError(f"unknown admission mode {admission!r}; choose one of {ADMISSION_MODES}")
-        if max_rows < 1:
-            raise ValueError(f"max rows must be positive, got {max_rows}")
-        if not 0.0 <= min_padding_efficiency <= 1.0:
-            raise ValueError(f"min padding efficiency must be in [0, 1], got {min_padding_efficiency}")
-        self.token_budget = token_budget
-        self.max_rows = max_rows
-        self.admission = admission
-        self.max_wait_cycles = max_wait_cycles
-        self.min_padding_efficiency = min_padding_efficiency
+        problems = config.problems(block_length)
+        if problems:
+            raise SchedulerConfigError("; ".join(f"{name} {text}" for name, text in problems.items()))
+        self.config = config
         self.pending = PendingQueue()
         self.active: list[Request] = []  # in admission order
+
+    @property
+    def token_budget(self) -> int:
+        return self.config.token_budget
 
     # -- widths and cost ------------------------------------------------------------------------
     def row_width(self, request: Request) -> int:
@@ -62,31 +64,38 @@ class BlockServeScheduler(Scheduler):
         return request.next_width(self.block_length)
 
     def admission_width(self, request: Request) -> int:
-        if self.admission == "projected":
+        if self.config.admission == "projected":
             return request.peak_width(self.block_length)
         return self.row_width(request)
 
-    def _cost(self, requests: list[Request], extra: Request | None = None) -> int:
-        widths = [self.admission_width(r) for r in requests]
-        if extra is not None:
-            widths.append(self.admission_width(extra))
-        return len(widths) * max(widths, default=0)
+    def _cost(self, requests: list[Request]) -> int:
+        return len(requests) * max((self.admission_width(r) for r in requests), default=0)
+
+    def _box_of(self, requests: list[Request]) -> BatchBox:
+        box = BatchBox()
+        for request in requests:
+            box.add(self.admission_width(request), self.row_width(request))
+        return box
+
+    def fits(self, request: Request) -> bool:
+        """Whether the request can ever run here: its widest row, alone, within the budget."""
+        return request.peak_width(self.block_length) <= self.token_budget
 
     def check_fits(self, request: Request) -> None:
-        peak = request.peak_width(self.block_length)
-        if peak > self.token_budget:
+        if not self.fits(request):
             raise RequestError(
-                f"request {request.request_id} needs {peak} tokens at its last block "
-                f"(prompt {request.prompt_len} + {request.max_blocks} blocks of {self.block_length}), "
-                f"more than the token budget {self.token_budget}"
+                f"request {request.request_id} needs {request.peak_width(self.block_length)} tokens at its "
+                f"last block (prompt {request.prompt_len} + {request.max_blocks} blocks of "
+                f"{self.block_length}), more than the token budget {self.token_budget}"
             )
 
     # -- scheduling -----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        for request in self.pending:
-            request.waited_cycles += 1
-        preempted = self._preempt_overflow() if self.admission == "preempt" else []
-        admitted = self._admit()
+        preempted = self._preempt_overflow() if self.config.admission == "preempt" else []
+        admitted = self._select(self.pending, self._box_of(self.active))
+        for request in admitted:
+            self._mark_running(request)
+            self.active.append(request)
         rows = [self._row(r) for r in self.active]
         box = max(
             (len(row.prefix_ids) + self.block_length * (1 + row.suffix_blocks) for row in rows), default=0
@@ -120,40 +129,67 @@ class BlockServeScheduler(Scheduler):
             preempted.append(victim)
         return preempted
 
-    def _admit(self) -> list[Request]:
-        admitted = []
-        while len(self.active) < self.max_rows:
-            candidate = self._candidate()
-            if candidate is None or self._cost(self.active, candidate) > self.token_budget:
-                break
-            if not self._aged(candidate) and not self._dense_enough(candidate):
+    def _select(self, pending: PendingQueue, box: BatchBox) -> list[Request]:
+        """Take from ``pending`` (removing them) the requests admitted next to the batch ``box``."""
+        now, chosen = self.clock(), []
+        while box.rows < self.config.max_rows:
+            candidate = self._candidate(pending, box, now)
+            if candidate is None or box.cost_with(self.admission_width(candidate)) > self.token_budget:
+                break  # an aged candidate that does not fit yet keeps its place: nobody overtakes it
+            if not self._aged(candidate, now) and not self._dense_enough(candidate, box):
                 break  # wider prompts wait for a batch of their own width (the queue is sorted)
-            self.pending.remove(candidate)
-            self._mark_running(candidate)
-            self.active.append(candidate)
-            admitted.append(candidate)
-        return admitted
+            pending.remove(candidate)
+            box.add(self.admission_width(candidate), self.row_width(candidate))
+            chosen.append(candidate)
+        return chosen
 
-    def _aged(self, request: Request) -> bool:
-        return request.waited_cycles > self.max_wait_cycles
+    def _aged(self, request: Request, now: float) -> bool:
+        waited = now - (request.arrival_time if request.arrival_time is not None else now)
+        return self.config.fairness and waited > self.config.max_wait_s
 
-    def _dense_enough(self, candidate: Request) -> bool:
+    def _dense_enough(self, candidate: Request, box: BatchBox) -> bool:
         """Whether the batch with ``candidate`` keeps its useful share of the box (no widening by a
         lone long prompt that would make every short row pay for its left padding)."""
-        widths = [self.row_width(r) for r in self.active]
-        if not widths or self.row_width(candidate) <= max(widths):
+        width = self.row_width(candidate)
+        if box.rows == 0 or width <= box.widest_row:
             return True  # filling inside the box never adds padding
-        widths.append(self.row_width(candidate))
-        return sum(widths) >= self.min_padding_efficiency * len(widths) * max(widths)
+        return box.efficiency_with(width) >= self.config.min_padding_efficiency
 
-    def _candidate(self) -> Request | None:
+    def _candidate(self, pending: PendingQueue, box: BatchBox, now: float) -> Request | None:
         """Aged requests first; else the shortest that fits inside the box; else the shortest."""
-        oldest = self.pending.longest_waiting()
-        if oldest is not None and self._aged(oldest):
+        oldest = pending.longest_waiting()
+        if oldest is not None and self._aged(oldest, now):
             return oldest
-        box = max((self.admission_width(r) for r in self.active), default=0)
-        inside = next((r for r in self.pending if self.admission_width(r) <= box), None)
-        return inside if inside is not None else self.pending.shortest()
+        if self.config.admission == "preempt":
+            return pending.shortest()  # widths grow with the prefix: the shortest is inside if any is
+        inside = next((r for r in pending if self.admission_width(r) <= box.widest_admission), None)
+        return inside if inside is not None else pending.shortest()
+
+    # -- claiming from a shared queue -----------------------------------------------------------
+    def claim_plan(self) -> ClaimPlan | None:
+        """What to read from the shared queue now; None when nothing could be admitted (rows or budget
+        full, or requests of our own, such as preempted rows, are waiting: they go first)."""
+        if len(self.pending):
+            return None
+        box = self._box_of(self.active)
+        room = self.config.max_rows - box.rows
+        widest_allowed = self.token_budget // (box.rows + 1)
+        if room < 1 or widest_allowed < max(box.widest_admission, self.block_length + 1):
+            return None
+        return ClaimPlan(count=room, max_prefix=widest_allowed - self.block_length)
+
+    def choose(self, candidates: list[Request]) -> list[Request]:
+        """Which of ``candidates`` (read from the shared queue, not ours yet) to claim: exactly those this
+        scheduler would admit at the next block boundary. Candidates that can never fit are left out
+        (see ``fits``)."""
+        queue = PendingQueue([c for c in candidates if self.fits(c)])
+        return self._select(queue, self._box_of(self.active))
+
+    def unadmittable(self) -> list[Request]:
+        """Pending requests the next cycle would not admit (after a claim that lost some candidates to
+        another worker, a claimed request can be one: the worker hands it back)."""
+        admitted = {r.request_id for r in self._select(self.pending.copy(), self._box_of(self.active))}
+        return [r for r in self.pending if r.request_id not in admitted]
 
     # -- hooks ----------------------------------------------------------------------------------
     def _enqueue(self, request: Request) -> None:

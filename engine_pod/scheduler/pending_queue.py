@@ -1,4 +1,5 @@
-"""The pending queue, kept sorted by prefix length (prompt plus committed blocks), ties by arrival."""
+"""The pending queue, kept in two orders: by prefix length (prompt plus committed blocks, ties by
+arrival) for sand filling, and by arrival time for fairness (the longest-waiting request)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ from engine_pod.scheduler.request import Request
 
 
 class PendingQueue:
-    def __init__(self) -> None:
-        self._keys: list[tuple[int, int]] = []
-        self._requests: list[Request] = []
-        self._order = itertools.count()
+    def __init__(self, requests: list[Request] = ()) -> None:
+        self._keys: list[tuple[int, int]] = []  # (prefix length, order), sorted
+        self._requests: list[Request] = []  # in the order of _keys
+        self._arrivals: list[tuple[float, int]] = []  # (arrival time, order), sorted
+        self._by_order: dict[int, Request] = {}
+        self._order_of: dict[str, int] = {}
+        self._counter = itertools.count()
+        for request in requests:
+            self.push(request)
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -20,33 +26,35 @@ class PendingQueue:
     def __iter__(self):
         return iter(self._requests)
 
+    def copy(self) -> PendingQueue:
+        """A queue of the same requests, to try admissions on without changing this one."""
+        return PendingQueue(sorted(self._requests, key=lambda r: self._order_of[r.request_id]))
+
     def push(self, request: Request) -> None:
-        key = (request.prefix_len(), next(self._order))
+        order = next(self._counter)
+        key = (request.prefix_len(), order)
         index = bisect.bisect(self._keys, key)
         self._keys.insert(index, key)
         self._requests.insert(index, request)
+        bisect.insort(self._arrivals, (request.arrival_time or 0.0, order))
+        self._by_order[order] = request
+        self._order_of[request.request_id] = order
 
     def remove(self, request: Request) -> None:
-        index = self._requests.index(request)
+        order = self._order_of.pop(request.request_id)
+        index = bisect.bisect_left(self._keys, (request.prefix_len(), order))
         del self._keys[index]
         del self._requests[index]
+        self._arrivals.remove((request.arrival_time or 0.0, order))
+        del self._by_order[order]
 
     def shortest(self) -> Request | None:
         return self._requests[0] if self._requests else None
 
-    def longest_at_most(self, prefix_len: int) -> Request | None:
-        """The pending request with the longest prefix not above ``prefix_len`` (sand filling)."""
-        index = bisect.bisect(self._keys, (prefix_len, float("inf")))
-        return self._requests[index - 1] if index else None
-
     def longest_waiting(self) -> Request | None:
-        """The request pending for the most block cycles; the earliest queued among equals."""
-        if not self._requests:
-            return None
-        index = max(
-            range(len(self._requests)), key=lambda i: (self._requests[i].waited_cycles, -self._keys[i][1])
-        )
-        return self._requests[index]
+        """The request that arrived first; the earliest queued among equals."""
+        return self._by_order[self._arrivals[0][1]] if self._arrivals else None
 
     def find(self, request_id: str) -> Request | None:
-        return next((r for r in self._requests if r.request_id == request_id), None)
+        order = self._order_of.get(request_id)
+        return None if order is None else self._by_order[order]

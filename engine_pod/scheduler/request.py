@@ -31,14 +31,13 @@ class Request:
     request_id: str
     prompt_ids: tuple[int, ...]
     max_blocks: int  # K = ceil(generation budget / L)
-    arrival_time: float = 0.0
+    arrival_time: float | None = None  # when it was enqueued (the scheduler's clock); set by add()
     state: RequestState = RequestState.WAITING
     generated: list[int] = field(default_factory=list)  # committed tokens, whole blocks
     finish_reason: FinishReason | None = None
     first_scheduled_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0
-    waited_cycles: int = 0  # block cycles spent pending since arrival or preemption
     threshold: float | None = None  # overrides the engine's confidence threshold for this request
 
     def __post_init__(self) -> None:
@@ -49,7 +48,12 @@ class Request:
 
     @classmethod
     def from_tokens(
-        cls, request_id: str, prompt_ids, max_tokens: int, block_length: int, arrival_time: float = 0.0
+        cls,
+        request_id: str,
+        prompt_ids,
+        max_tokens: int,
+        block_length: int,
+        arrival_time: float | None = None,
     ):
         if max_tokens < 1:
             raise RequestError(f"request {request_id}: max_tokens must be positive, got {max_tokens}")

@@ -1,8 +1,9 @@
 """The engine worker: BlockServe admission drawing from Redis, results published per request.
 
-Each loop iteration: send results not yet acknowledged, renew our leases, reap expired ones,
-honour cancellations, claim what fits the token budget (sand filling through the claim script), run
-one block cycle, then publish every committed block and complete finished requests exactly once.
+Each loop iteration: send what Redis has not acknowledged, renew our leases, reap expired ones, claim
+what the scheduler would admit now (it reads the candidates' sizes and waits first, so a claimed request
+is always admissible), run one block cycle, then, in one round trip, record every committed block,
+complete finished requests exactly once and learn which held requests were cancelled.
 SIGTERM stops claiming; in-flight work finishes within the drain timeout or goes back to the queue
 with its committed blocks.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -27,11 +29,12 @@ import redis
 
 from engine_pod.engine import Engine, StepResult
 from engine_pod.queue.messages import BlockEvent, DoneEvent
-from engine_pod.queue.ops import RESULT_TTL_S, Claimed
+from engine_pod.queue.ops import RESULT_TTL_S, BlockCommit, Candidate, Claimed
 from engine_pod.queue.resilience import TRANSIENT_ERRORS, Backoff
-from engine_pod.queue.sync_client import SyncQueue
+from engine_pod.queue.sync_client import CLAIM_ROUNDS, SyncQueue
 from engine_pod.runner.block_cycle import BlockCycleRunner
-from engine_pod.scheduler.blockserve import DEFAULT_MIN_PADDING_EFFICIENCY, BlockServeScheduler
+from engine_pod.scheduler.blockserve import BlockServeScheduler
+from engine_pod.scheduler.config import SchedulerConfig
 from engine_pod.scheduler.request import Request, RequestError, RequestState
 from engine_pod.text import completion_tokens
 from engine_pod.worker.metrics import WorkerMetrics
@@ -39,21 +42,18 @@ from engine_pod.worker.metrics import WorkerMetrics
 logger = logging.getLogger(__name__)
 
 RECORD_WINDOW = 1024  # block cycles a long-running worker remembers (bounded memory)
+AGED_READ = 8  # requests waiting past the bound read per claim (the oldest first)
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
     redis_url: str
     service: str
-    token_budget: int
+    scheduling: SchedulerConfig  # token budget and admission: the scheduler decides what to claim
     worker_id: str = ""
-    max_rows: int = 256
-    admission: str = "preempt"
-    min_padding_efficiency: float = DEFAULT_MIN_PADDING_EFFICIENCY  # BlockServe's widening rule
     lease_ms: int = 30_000
     idle_wait_s: float = 0.2  # longest wait for new work when idle
     drain_timeout_s: float = 60.0  # after SIGTERM: time to finish in-flight work before handing it back
-    claim_batch: int = 32  # most requests claimed in one script call
     result_ttl_s: int = RESULT_TTL_S  # how long a finished request's record and result stay in Redis
 
     def resolved_id(self) -> str:
@@ -74,16 +74,14 @@ class Worker:
         self.scheduler = BlockServeScheduler(
             self.decoding.block_length,
             self.eos_ids,
-            token_budget=config.token_budget,
-            max_rows=config.max_rows,
-            admission=config.admission,
-            min_padding_efficiency=config.min_padding_efficiency,
+            config.scheduling,
             ignore_eos=self.decoding.ignore_eos,
             canvas=self.decoding.canvas,
+            clock=time.monotonic,
         )
         self.engine = Engine(runner, self.scheduler, record_window=RECORD_WINDOW)
         self.metrics = WorkerMetrics()
-        self.metrics.token_budget.set(config.token_budget)
+        self.metrics.token_budget.set(config.scheduling.token_budget)
         self.draining = False
         self.stopped = False
         self.connected = True  # False from a Redis fault until the next iteration that reaches Redis
@@ -95,6 +93,7 @@ class Worker:
         self._subscribed = False
         self._meta: dict[str, dict] = {}  # request id -> payload meta, echoed in its done event
         self._outbox: dict[str, DoneEvent] = {}  # finished, not yet acknowledged by Redis
+        self._unsent: list[BlockCommit] = []  # committed blocks Redis has not recorded yet (a fault)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -133,7 +132,7 @@ class Worker:
     def _should_stop(self, idle_since: float, max_idle_s: float | None) -> bool:
         if self._drain_deadline is not None and time.monotonic() > self._drain_deadline:
             return True
-        if self.engine.has_work() or self._outbox:
+        if self.engine.has_work() or self._outbox or self._unsent:
             return False
         if self.draining:
             return True
@@ -141,7 +140,8 @@ class Worker:
 
     def _iterate(self) -> bool:
         """One pass of the loop; True when it ran a block cycle."""
-        self._flush_outbox()
+        if self._outbox or self._unsent:  # left over from a Redis fault
+            self._commit()
         self._housekeeping()
         if not self.draining:
             self._claim()
@@ -174,7 +174,7 @@ class Worker:
     def _close(self) -> None:
         try:
             self._hand_back_unfinished()
-            self._flush_outbox()
+            self._commit()
         except TRANSIENT_ERRORS as exc:
             logger.warning(
                 "worker %s stopped without reaching Redis (%s); its leases expire and the queue takes "
@@ -202,10 +202,6 @@ class Worker:
             pending, inflight = self.queue.depth()
             self.metrics.queue_depth.labels("pending").set(pending)
             self.metrics.queue_depth.labels("inflight").set(inflight)
-        for request_id in self.queue.cancelled_among([r.request_id for r in self._held()]):
-            request = self.scheduler.cancel(request_id)
-            if request is not None:
-                self._publish_done(request, "cancelled")
 
     def _renew(self) -> None:
         held = [r.request_id for r in self._held()] + list(self._outbox)
@@ -214,26 +210,51 @@ class Worker:
             self._drop(request_id)
 
     def _claim(self) -> None:
-        """Sand filling: as many rows as fit, each as wide as the budget allows for that many.
-
-        Claiming n more rows caps every width at budget // (held + n); when fewer than n fit under that
-        cap, try half as many, each allowed to be twice as wide, down to one.
-        """
-        L = self.decoding.block_length
-        count = self._claim_count()
-        while count >= 1:
-            held = self._held()
-            box = max((self.scheduler.row_width(r) for r in held), default=0)
-            cap = self.config.token_budget // (len(held) + count)
-            claimed = self.queue.claim(self.worker_id, cap - L, count) if cap >= max(box, L + 1) else []
+        """Claim what the scheduler would admit now: it plans the read (how many, how wide), chooses
+        among the candidates read (sizes, waits) and every claimed request joins the next cycle. A claim
+        that lost some candidates to another worker can leave one the scheduler no longer admits: it goes
+        straight back. Requests that can never fit the budget are claimed to be answered with an error."""
+        for _ in range(CLAIM_ROUNDS):
+            plan = self.scheduler.claim_plan()
+            if plan is None:
+                return
+            read = self.queue.candidates(
+                plan.max_prefix, plan.count, self.config.scheduling.max_wait_s, AGED_READ
+            )
+            candidates = {c.id: c for c in [*read.aged, *read.shortest]}
+            shapes = {c.id: self._shape(c) for c in candidates.values()}
+            chosen = [r.request_id for r in self.scheduler.choose(list(shapes.values()))]
+            chosen += [i for i, shape in shapes.items() if not self.scheduler.fits(shape)]
+            claimed = self.queue.claim_chosen(self.worker_id, [(i, candidates[i].prefix) for i in chosen])
             for item in claimed:
-                self._admit(item)
-            count = self._claim_count() if claimed and len(claimed) == count else count // 2
+                self._admit(item, shapes[item.request.id].arrival_time)
+            self._hand_back_unadmittable({item.request.id for item in claimed})
+            if not chosen or (len(claimed) == len(chosen) and len(read.shortest) < plan.count):
+                return  # nothing more is admissible, or the queue has nothing more to offer
 
-    def _claim_count(self) -> int:
-        return min(self.config.max_rows - len(self._held()), self.config.claim_batch)
+    def _shape(self, candidate: Candidate) -> Request:
+        """A candidate as the scheduler sees it: its sizes and its wait, not its tokens (not claimed yet)."""
+        L = self.decoding.block_length
+        shape = Request(
+            candidate.id,
+            (0,) * max(1, candidate.prompt_tokens),
+            max(1, math.ceil(candidate.max_tokens / L)),
+            arrival_time=self.scheduler.clock() - candidate.waited_s,
+        )
+        shape.generated = [0] * max(0, candidate.prefix - candidate.prompt_tokens)
+        return shape
 
-    def _admit(self, claimed: Claimed) -> None:
+    def _hand_back_unadmittable(self, just_claimed: set[str]) -> None:
+        for request in self.scheduler.unadmittable():
+            if request.request_id in just_claimed:
+                logger.info("handing %s back: another worker took part of the claim", request.request_id)
+                self.queue.release(
+                    self.worker_id, request.request_id, request.generated, request.prefix_len()
+                )
+                self.scheduler.cancel(request.request_id)
+                self._meta.pop(request.request_id, None)
+
+    def _admit(self, claimed: Claimed, arrival_time: float | None = None) -> None:
         payload = claimed.request
         held = self.scheduler.requests.get(payload.id)
         if held is not None:  # our lease lapsed during a Redis fault and we claimed it back
@@ -241,7 +262,7 @@ class Worker:
                 return  # the copy we hold is as far along: keep it
             self.scheduler.cancel(payload.id)
         request = Request.from_tokens(
-            payload.id, payload.prompt_ids, payload.max_tokens, self.decoding.block_length
+            payload.id, payload.prompt_ids, payload.max_tokens, self.decoding.block_length, arrival_time
         )
         request.generated = list(claimed.generated)
         request.threshold = payload.threshold
@@ -267,12 +288,10 @@ class Worker:
         result = self.engine.step()
         if result.output.is_empty:
             return
-        try:
-            self._publish_blocks(result)
-        finally:  # even when Redis failed mid-way: the results wait in the outbox, not lost
-            for request in result.finished:
-                self._stage_done(request, request.finish_reason.value if request.finish_reason else "length")
-        self._flush_outbox()
+        self._unsent += self._committed_blocks(result)
+        for request in result.finished:
+            self._stage_done(request, request.finish_reason.value if request.finish_reason else "length")
+        self._commit()
         record = self.engine.records[-1]
         self.metrics.record_cycle(
             record.rows,
@@ -283,20 +302,37 @@ class Worker:
             record.preempted,
         )
 
-    def _publish_blocks(self, result: StepResult) -> None:
+    def _committed_blocks(self, result: StepResult) -> list[BlockCommit]:
         requests = {r.request_id: r for r in result.finished} | self.scheduler.requests
+        blocks = []
         for request_id, row, block in zip(result.output.request_ids, result.output.rows, result.blocks):
             request = requests.get(request_id)
-            if not row.active or request is None:
-                continue
-            event = BlockEvent(
-                index=len(request.generated) // self.decoding.block_length - 1, token_ids=list(block)
-            )
-            if not self.queue.progress(
-                self.worker_id, request_id, event, request.generated, request.prefix_len()
-            ):
-                logger.warning("lost %s before publishing block %d; dropping it", request_id, event.index)
-                self._drop(request_id)
+            if row.active and request is not None:
+                index = len(request.generated) // self.decoding.block_length - 1
+                event = BlockEvent(index=index, token_ids=list(block))
+                blocks.append(BlockCommit(request_id, event, list(request.generated), request.prefix_len()))
+        return blocks
+
+    def _commit(self) -> None:
+        """Everything Redis has not acknowledged, in one round trip: blocks (in order), results, and the
+        question which held requests were cancelled. On a fault it all stays here for the next try."""
+        results = list(self._outbox.items())
+        reply = self.queue.commit(self.worker_id, self._unsent, results, [r.request_id for r in self._held()])
+        self._unsent = []
+        for request_id in reply.lost:
+            logger.warning("lost %s before publishing its block; dropping it", request_id)
+            self._drop(request_id)
+        for request_id, done in results:
+            if reply.completed.get(request_id):
+                self.metrics.requests.labels(done.finish_reason).inc()
+                self.metrics.generated_tokens.inc(done.completion_tokens)
+            else:
+                logger.info("%s was completed or taken over elsewhere; dropping our result", request_id)
+            self._outbox.pop(request_id, None)
+        for request_id in reply.cancelled:
+            request = self.scheduler.cancel(request_id)
+            if request is not None:
+                self._stage_done(request, "cancelled")  # sent with the next cycle's exchange
 
     def _drop(self, request_id: str) -> None:
         """Forget a request another worker now owns: its row, its staged result, its meta."""
@@ -306,7 +342,7 @@ class Worker:
 
     def _publish_done(self, request: Request, reason: str, error: str | None = None) -> None:
         self._stage_done(request, reason, error)
-        self._flush_outbox()
+        self._commit()
 
     def _stage_done(self, request: Request, reason: str, error: str | None = None) -> None:
         generated = request.generated
@@ -320,16 +356,6 @@ class Worker:
             meta=self._meta.pop(request.request_id, {}),
         )
         self._outbox[request.request_id] = done
-
-    def _flush_outbox(self) -> None:
-        """Complete every staged result; one that Redis refuses was completed or taken over elsewhere."""
-        for request_id, done in list(self._outbox.items()):
-            if self.queue.complete(self.worker_id, request_id, done):
-                self.metrics.requests.labels(done.finish_reason).inc()
-                self.metrics.generated_tokens.inc(done.completion_tokens)
-            else:
-                logger.info("%s was completed or taken over elsewhere; dropping our result", request_id)
-            del self._outbox[request_id]
 
     def _hand_back_unfinished(self) -> None:
         """Release what we hold (a draining worker); Redis faults here end the attempt (leases expire)."""

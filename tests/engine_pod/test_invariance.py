@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from engine_pod.decoding.config import REMASKING, DecodingConfig
 from engine_pod.models.loader import load_model
 from engine_pod.scheduler.blockserve import BlockServeScheduler
+from engine_pod.scheduler.config import SchedulerConfig
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
 from tests.engine_utils import common_token, run_workload
 from tests.factories import REFERENCE_DIR, random_workload
@@ -68,9 +69,8 @@ def test_output_is_independent_of_the_batch(models, case):
     budget = peak + case["budget_slack"]
     order = list(range(len(workload)))
     rng.shuffle(order)
-    blockserve = BlockServeScheduler(
-        BLOCK, eos, token_budget=budget, admission=case["admission"], canvas=case["canvas"]
-    )
+    scheduling = SchedulerConfig(token_budget=budget, admission=case["admission"])
+    blockserve = BlockServeScheduler(BLOCK, eos, scheduling, canvas=case["canvas"])
     static = StaticScheduler(BLOCK, eos, batch_size=case["static_batch"], canvas=case["canvas"])
     assert run_workload(loaded, blockserve, decoding, workload, order) == alone
     assert run_workload(loaded, static, decoding, workload, order) == alone

@@ -15,6 +15,7 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.defaults import DEFAULT_MODEL
 from engine_pod.profiling.fit import MemoryFit
 from engine_pod.profiling.profiler import CORRECTION_MARGIN, _corrected_budget
+from engine_pod.scheduler.config import SchedulerConfig
 
 MAX_TOKENS = 8192
 
@@ -75,7 +76,7 @@ def test_blockserve_at_the_profiled_budget_stays_under_the_limit(profile):
         workload="heterogeneous",
         policies=("blockserve",),
         decoding=DecodingConfig(),
-        token_budget=budget,
+        scheduling=SchedulerConfig(token_budget=budget),
         limit=48,
         record_margins=False,
     )

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from engine_pod.scheduler.blockserve import BlockServeScheduler
+from engine_pod.scheduler.config import SchedulerConfig
 from engine_pod.scheduler.request import Request, RequestError, RequestState
 from engine_pod.scheduler.static import StaticScheduler
 
@@ -26,6 +27,20 @@ def fake_blocks(output, stop_after: dict[str, int]) -> list[list[int]]:
     return blocks
 
 
+class ManualClock:
+    """A scheduler clock that moves only when a test says (one unit per block cycle in ``drive``)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def blockserve(clock=None, **settings) -> BlockServeScheduler:
+    return BlockServeScheduler(L, [EOS], SchedulerConfig(**settings), clock=clock or ManualClock())
+
+
 def make_request(index: int, prompt_len: int, blocks: int) -> Request:
     return Request(f"r{index}-{prompt_len}", tuple([7] * prompt_len), blocks)
 
@@ -39,6 +54,8 @@ def drive(scheduler, requests, stop_after, max_cycles=10_000):
         assert not output.is_empty
         outputs.append(output)
         scheduler.update_from_output(output, fake_blocks(output, stop_after))
+        if isinstance(scheduler.clock, ManualClock):
+            scheduler.clock.now += 1
         assert len(outputs) < max_cycles
     return outputs
 
@@ -50,7 +67,7 @@ def test_budget_holds_at_every_cycle_and_everything_finishes(admission, seed):
     requests = [make_request(i, rng.randint(1, 40), rng.randint(1, 6)) for i in range(30)]
     stop_after = {r.request_id: rng.randint(0, 5) for r in requests if rng.random() < 0.5}
     budget = max(r.peak_width(L) for r in requests) + rng.randint(0, 150)
-    scheduler = BlockServeScheduler(L, [EOS], token_budget=budget, admission=admission, max_rows=12)
+    scheduler = blockserve(token_budget=budget, admission=admission, max_rows=12)
     outputs = drive(scheduler, requests, stop_after)
     for output in outputs:
         assert output.cost <= budget
@@ -64,7 +81,7 @@ def test_budget_holds_at_every_cycle_and_everything_finishes(admission, seed):
 
 def test_rows_are_at_different_blocks_in_one_batch():
     requests = [make_request(i, 5 + i, 6) for i in range(4)]
-    scheduler = BlockServeScheduler(L, [EOS], token_budget=200, max_rows=2)
+    scheduler = blockserve(token_budget=200, max_rows=2)
     outputs = drive(scheduler, requests, {"r0-5": 0})
     mixed = [
         o
@@ -76,7 +93,7 @@ def test_rows_are_at_different_blocks_in_one_batch():
 
 
 def test_sand_filling_prefers_requests_that_fit_inside_the_box():
-    scheduler = BlockServeScheduler(L, [EOS], token_budget=10_000, admission="projected")
+    scheduler = blockserve(token_budget=10_000, admission="projected", max_rows=2)
     wide = make_request(0, 30, 1)  # peak 34
     scheduler.add(wide)
     scheduler.schedule()
@@ -84,13 +101,13 @@ def test_sand_filling_prefers_requests_that_fit_inside_the_box():
     fits = make_request(2, 20, 2)  # peak 28: longer prompt, fits inside the box
     scheduler.add(long_short)
     scheduler.add(fits)
-    scheduler.max_rows = 2
     output = scheduler.schedule()
     assert output.request_ids == [wide.request_id, fits.request_id]
 
 
 def test_a_long_prompt_does_not_widen_a_batch_of_short_ones_until_it_has_waited():
-    scheduler = BlockServeScheduler(L, [EOS], token_budget=10_000, max_wait_cycles=2)
+    clock = ManualClock()
+    scheduler = blockserve(clock, token_budget=10_000, max_wait_s=2)
     short = [make_request(i, 3, 6) for i in range(8)]  # width 7 each
     long_prompt = make_request(8, 40, 1)  # width 44: 8 x 7 + 44 < 0.9 x 9 x 44
     for request in [*short, long_prompt]:
@@ -100,19 +117,20 @@ def test_a_long_prompt_does_not_widen_a_batch_of_short_ones_until_it_has_waited(
     admitted_at = None
     for cycle in range(1, 6):
         scheduler.update_from_output(first, [[1] * L for _ in first.rows])
+        clock.now += 1  # one time unit per block cycle
         first = scheduler.schedule()
         if long_prompt.request_id in first.request_ids:
             admitted_at = cycle
             break
     assert admitted_at is not None and admitted_at >= 2, "it waits (here until it ages), not admitted at once"
-    without_rule = BlockServeScheduler(L, [EOS], token_budget=10_000, min_padding_efficiency=0.0)
+    without_rule = blockserve(token_budget=10_000, min_padding_efficiency=0.0)
     for request in [make_request(i, 3, 6) for i in range(8)] + [make_request(8, 40, 1)]:
         without_rule.add(request)
     assert len(without_rule.schedule().request_ids) == 9
 
 
 def test_preempted_request_keeps_its_blocks_and_resumes():
-    scheduler = BlockServeScheduler(L, [EOS], token_budget=3 * (10 + 3 * L), admission="preempt")
+    scheduler = blockserve(token_budget=3 * (10 + 3 * L), admission="preempt")
     requests = [make_request(i, 10, 6) for i in range(3)]
     outputs = drive(scheduler, requests, {})
     assert any(o.preempted for o in outputs)
@@ -121,7 +139,7 @@ def test_preempted_request_keeps_its_blocks_and_resumes():
 
 
 def test_aging_prevents_starvation_of_long_prompts():
-    scheduler = BlockServeScheduler(L, [EOS], token_budget=200, max_wait_cycles=3, max_rows=3)
+    scheduler = blockserve(token_budget=200, max_wait_s=3, max_rows=3)
     long_prompt = make_request(0, 60, 1)
     scheduler.add(long_prompt)
     for i in range(1, 200):
@@ -130,12 +148,13 @@ def test_aging_prevents_starvation_of_long_prompts():
     while long_prompt.state is not RequestState.FINISHED:
         output = scheduler.schedule()
         scheduler.update_from_output(output, fake_blocks(output, {}))
+        scheduler.clock.now += 1
         cycles += 1
     assert cycles < 10
 
 
 def test_request_wider_than_the_budget_is_rejected():
-    scheduler = BlockServeScheduler(L, [EOS], token_budget=40)
+    scheduler = blockserve(token_budget=40)
     with pytest.raises(RequestError, match="more than the token budget"):
         scheduler.add(make_request(0, 30, 4))
 
@@ -150,7 +169,7 @@ def test_static_runs_until_the_slowest_row_and_admits_in_arrival_order():
 
 
 def test_cancel_removes_pending_and_running_requests():
-    scheduler = BlockServeScheduler(L, [EOS], token_budget=100, max_rows=1)
+    scheduler = blockserve(token_budget=100, max_rows=1)
     first, second = make_request(0, 3, 5), make_request(1, 3, 5)
     scheduler.add(first)
     scheduler.add(second)

@@ -10,6 +10,7 @@ import pytest
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import load_model
 from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.scheduler.config import SchedulerConfig
 from engine_pod.serve.redis_server import RedisServer
 from engine_pod.worker.worker import Worker, WorkerConfig
 from tests.redis_cluster import LocalRedisCluster
@@ -64,7 +65,8 @@ def make_worker(served_model):
     def build(redis_url: str, service: str, token_budget: int = 2048, **decoding) -> WorkerThread:
         config = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, **decoding)
         worker = Worker(
-            BlockCycleRunner(loaded, config), WorkerConfig(redis_url, service, token_budget, lease_ms=3000)
+            BlockCycleRunner(loaded, config),
+            WorkerConfig(redis_url, service, SchedulerConfig(token_budget), lease_ms=3000),
         )
         return WorkerThread(worker)
 

@@ -124,8 +124,19 @@ def test_bad_requests_get_a_clear_4xx(stack, payload, status, needle):
 def test_metrics_and_health(stack):
     completion(stack, "a")
     assert stack.get("/healthz").status_code == 200
+    for path in ("/nowhere-1", "/nowhere-2", "/v1/files/file-x/nothing"):
+        assert stack.get(path).status_code == 404
     metrics = stack.get("/metrics").text
-    assert "dllm_gateway_requests" in metrics and "dllm_queue_depth" in metrics
+    assert "dllm_queue_depth" in metrics
+    assert 'dllm_gateway_requests_total{endpoint="/v1/completions",status="200"} 1.0' in metrics
+    assert 'endpoint="/healthz"' in metrics
+    unmatched = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith('dllm_gateway_requests_total{endpoint="unmatched"')
+    ]
+    assert len(unmatched) == 1 and unmatched[0].endswith(" 3.0")  # one series, whatever the URLs
+    assert "nowhere" not in metrics
 
 
 def test_api_keys_and_queue_limit(served_model, redis_server, service):

@@ -13,7 +13,7 @@ from redis.crc import key_slot
 from engine_pod.queue.connect import sync_client
 from engine_pod.queue.keys import ServiceKeys
 from engine_pod.queue.messages import BATCH_META, BlockEvent, DoneEvent, QueuedRequest
-from engine_pod.queue.ops import QueueOps, script_sources
+from engine_pod.queue.ops import BlockCommit, QueueOps, script_sources
 from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.serve.redis_server import RedisServer, bundled_redis_server
 from tests.redis_cluster import LocalRedisCluster
@@ -103,7 +103,7 @@ def test_cancel_pending_completes_at_once_and_inflight_is_flagged(redis_server, 
     assert queue.run(queue.ops.cancel("r-2", 3)) == 1
     assert isinstance(_events(queue, "r-2")[-1], DoneEvent)
     assert queue.run(queue.ops.cancel("r-1", 3)) == 2
-    assert queue.cancelled_among(["r-1", "r-2"]) == {"r-1"}
+    assert queue.commit("w1", [], [], ["r-1", "r-2"]).cancelled == {"r-1"}
     assert queue.run(queue.ops.cancel("r-2", 3)) == 0
 
 
@@ -150,9 +150,11 @@ def test_a_batch_member_completed_without_its_batch_keys_is_refused_and_left_as_
     queue.claim("w1", 100, 1)
     done = DoneEvent([7, 7], "length", 4, 2, worker="w1", meta=request.meta)
     unaware = DoneEvent([7, 7], "length", 4, 2, worker="w1")  # a caller that lost the request's meta
+    block = BlockCommit("r-1", BlockEvent(0, [7, 7]), [7, 7], 6)
     with pytest.raises(redis.ResponseError, match="belongs to batch"):
-        queue.run(queue.ops.complete("w1", "r-1", unaware))  # no batch keys
-    assert queue.depth() == (0, 1)  # still in flight, nothing recorded
+        queue.run(queue.ops.commit("w1", [block], [("r-1", unaware)], []))  # no batch keys
+    assert queue.depth() == (0, 1)  # still in flight, nothing recorded: not even the block
+    assert queue.redis.hget(queue.ops.keys.request("r-1"), "generated") == b"[]"
     assert queue.complete("w1", "r-1", done)  # the client passes them from the payload's meta
     assert queue.redis.hget(queue.ops.keys.batch("batch-1"), "completed") == b"1"
     assert len(queue.redis.lrange(queue.ops.keys.batch_results("batch-1"), 0, -1)) == 1
@@ -162,9 +164,9 @@ def test_a_claim_skips_candidates_another_worker_took_after_they_were_read(redis
     queue = _queue(redis_server, service)
     for request_id, length in [("r-a", 5), ("r-b", 6), ("r-c", 7)]:
         _enqueue(queue, request_id, length)
-    stale = ["r-a", "r-b", "r-c"]  # what w1 read
+    stale = [("r-a", 5), ("r-b", 6), ("r-c", 7)]  # what w1 read
     assert [c.request.id for c in queue.claim("w2", 100, 1)] == ["r-a"]  # w2 got there first
-    reply = queue.run(queue.ops.claim("w1", 100, 3, stale))
+    reply = queue.run(queue.ops.claim("w1", stale))
     assert [c.request.id for c in QueueOps.parse_claim(reply)] == ["r-b", "r-c"]
     assert queue.renew("w2", ["r-a"]) == set() and queue.renew("w1", ["r-b", "r-c"]) == set()
 

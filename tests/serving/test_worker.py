@@ -17,6 +17,7 @@ from engine_pod.cli.worker import build_worker
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.ops import QueueOps
 from engine_pod.queue.sync_client import SyncQueue
+from engine_pod.scheduler.config import SchedulerConfig
 from engine_pod.serve.redis_server import free_port
 from engine_pod.worker.http import ProbeSource, serve_probes
 from tests.serving_utils import wait_for, worker_command
@@ -57,7 +58,7 @@ def test_probes_and_metrics(redis_server, service, make_worker):
             ]
             assert generated and float(generated[0].split()[-1]) > 0  # moved with the finished request
             budget = [line for line in metrics.splitlines() if line.startswith("dllm_token_budget")]
-            assert budget and float(budget[0].split()[-1]) == worker.config.token_budget
+            assert budget and float(budget[0].split()[-1]) == worker.config.scheduling.token_budget
             for name in (
                 "dllm_generated_tokens_total",
                 "dllm_queue_depth",
@@ -92,11 +93,12 @@ def test_a_request_that_can_never_fit_fails_clearly(redis_server, service, make_
     assert done.finish_reason == "error" and "token budget" in done.error
 
 
-def test_worker_command_passes_the_padding_rule_to_its_scheduler(redis_server, service):
+def test_worker_command_passes_its_admission_settings_to_its_scheduler(redis_server, service):
     argv = ["worker", "--redis", redis_server.url, "--service", service, "--min-padding-efficiency", "0.25"]
+    argv += ["--max-wait", "1.5", "--max-rows", "7", "--admission", "projected", "--token-budget", "999"]
     worker = build_worker(build_parser().parse_args(argv), redis_server.url, service)
-    assert worker.scheduler.min_padding_efficiency == 0.25
-    assert worker.config.min_padding_efficiency == 0.25
+    assert worker.scheduler.config == SchedulerConfig(999, 7, "projected", 0.25, 1.5)
+    assert worker.config.scheduling is worker.scheduler.config
 
 
 def test_worker_command_rejects_a_padding_rule_outside_zero_to_one(capsys):
@@ -162,13 +164,16 @@ def test_drain_hands_unfinished_work_back_with_its_blocks(redis_server, service,
     from engine_pod.decoding.config import DecodingConfig
     from engine_pod.models.loader import load_model
     from engine_pod.runner.block_cycle import BlockCycleRunner
+    from engine_pod.scheduler.config import SchedulerConfig
     from engine_pod.worker.worker import Worker, WorkerConfig
     from tests.serving.conftest import WorkerThread
     from tests.serving_utils import BLOCK
 
     loaded = load_model(str(served_model))
     decoding = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, ignore_eos=True)
-    config = WorkerConfig(redis_server.url, service, 2048, lease_ms=60_000, drain_timeout_s=0.0)
+    config = WorkerConfig(
+        redis_server.url, service, SchedulerConfig(2048), lease_ms=60_000, drain_timeout_s=0.0
+    )
     thread = WorkerThread(Worker(BlockCycleRunner(loaded, decoding), config))
     with thread:
         queue = _enqueue(redis_server.url, service, "r-back", 5, max_tokens=64 * 8)

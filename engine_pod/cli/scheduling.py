@@ -1,0 +1,80 @@
+"""BlockServe's flags (``dllm bench``, ``dllm worker``, ``dllm serve``): defaults and ranges come from
+``SchedulerConfig``, the one home of both."""
+
+from __future__ import annotations
+
+import argparse
+
+from engine_pod.cli.budget import add_budget_args, resolve_budget
+from engine_pod.cli.common import CliError
+from engine_pod.scheduler.config import ADMISSION_MODES, DEFAULTS, SchedulerConfig, problems_of
+
+
+def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
+    """The token budget (``--token-budget`` or ``--profile``) and BlockServe's admission settings."""
+    add_budget_args(parser)
+    group = parser.add_argument_group("BlockServe admission")
+    group.add_argument(
+        "--max-rows",
+        type=int,
+        default=DEFAULTS.max_rows,
+        help=f"most active rows (default: {DEFAULTS.max_rows})",
+    )
+    group.add_argument(
+        "--admission",
+        choices=ADMISSION_MODES,
+        default=DEFAULTS.admission,
+        help="preempt: admit against the next widths, preempting rows that outgrow the budget; projected: "
+        f"against each row's peak width (default: {DEFAULTS.admission})",
+    )
+    group.add_argument(
+        "--min-padding-efficiency",
+        type=float,
+        default=DEFAULTS.min_padding_efficiency,
+        help="widen the box for a longer prompt only while this share of positions stays useful "
+        f"(default: {DEFAULTS.min_padding_efficiency}; 0: admission limited by the token budget alone)",
+    )
+    group.add_argument(
+        "--max-wait",
+        type=float,
+        default=DEFAULTS.max_wait_s,
+        help="seconds a request may wait after it was enqueued before it is admitted next, whatever its "
+        f"width (default: {DEFAULTS.max_wait_s}; 0: no fairness bound)",
+    )
+
+
+FLAGS = {
+    "token_budget": "--token-budget",
+    "max_rows": "--max-rows",
+    "admission": "--admission",
+    "min_padding_efficiency": "--min-padding-efficiency",
+    "max_wait_s": "--max-wait",
+}  # SchedulerConfig's field -> the flag that sets it
+
+
+def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+    """The validated settings; a bad one is a CliError naming its flag."""
+    settings = dict(
+        token_budget=resolve_budget(args),
+        max_rows=args.max_rows,
+        admission=args.admission,
+        min_padding_efficiency=args.min_padding_efficiency,
+        max_wait_s=args.max_wait,
+    )
+    problems = problems_of(settings)
+    if problems:
+        raise CliError("; ".join(f"{FLAGS[name]} {message}" for name, message in problems.items()))
+    return SchedulerConfig(**settings)
+
+
+def admission_flags(config: SchedulerConfig) -> list[str]:
+    """The command line that asks another ``dllm`` command for ``config``'s admission (not its budget)."""
+    return [
+        *("--max-rows", str(config.max_rows), "--admission", config.admission),
+        *(
+            "--min-padding-efficiency",
+            str(config.min_padding_efficiency),
+            "--max-wait",
+            str(config.max_wait_s),
+        ),
+    ]

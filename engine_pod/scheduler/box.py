@@ -1,0 +1,29 @@
+"""Running totals of a batch under construction: what admission checks against, kept incrementally so
+that trying n candidates costs O(n), not O(n^2) (no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class BatchBox:
+    rows: int = 0
+    widest_admission: int = 0  # widest admission width (the budget's measure of a row)
+    widest_row: int = 0  # widest row width: the dense box the next cycle materialises
+    row_total: int = 0  # sum of row widths: the positions that are not padding
+
+    def cost_with(self, admission_width: int) -> int:
+        """Cost(A) = |A| x widest, with one more row of ``admission_width``."""
+        return (self.rows + 1) * max(self.widest_admission, admission_width)
+
+    def efficiency_with(self, row_width: int) -> float:
+        """The share of useful positions with one more row of ``row_width``."""
+        widest = max(self.widest_row, row_width)
+        return (self.row_total + row_width) / ((self.rows + 1) * widest)
+
+    def add(self, admission_width: int, row_width: int) -> None:
+        self.rows += 1
+        self.widest_admission = max(self.widest_admission, admission_width)
+        self.widest_row = max(self.widest_row, row_width)
+        self.row_total += row_width

@@ -1,0 +1,70 @@
+"""BlockServe's settings: every default and every range, in one place (no torch).
+
+The CLI flags (``dllm bench``, ``dllm worker``, ``dllm serve``), the worker and the operator's spec check
+all take their defaults and their validation from ``SchedulerConfig``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from engine_pod.defaults import DEFAULT_TOKEN_BUDGET
+
+ADMISSION_MODES = ("preempt", "projected")
+
+
+class SchedulerConfigError(ValueError):
+    """Scheduler settings out of range."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How BlockServe admits requests (DESIGN.md section 2)."""
+
+    token_budget: int = DEFAULT_TOKEN_BUDGET  # Cost(A) = |A| x box width never exceeds it
+    max_rows: int = 256  # upper limit on active rows
+    admission: str = "preempt"  # preempt: admit against next widths; projected: against peak widths
+    # BlockServe widens the box for a longer prompt only while this share of positions stays useful
+    # (0: admission limited by the token budget alone). Measured: 0.92 padding on the heterogeneous
+    # workload with the budget filled.
+    min_padding_efficiency: float = 0.7
+    # A request queued longer than this (seconds since it was enqueued) is admitted next, whatever its
+    # width: no other request is admitted before it (its reservation). 0 turns fairness off.
+    max_wait_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise SchedulerConfigError("; ".join(f"{name} {message}" for name, message in problems.items()))
+
+    def problems(self, block_length: int | None = None) -> dict[str, str]:
+        """What is out of range: setting name -> what is wrong (empty: valid). With ``block_length``,
+        also whether the budget holds one block."""
+        return problems_of(asdict(self), block_length)
+
+    @property
+    def fairness(self) -> bool:
+        return self.max_wait_s > 0
+
+
+def problems_of(settings: dict, block_length: int | None = None) -> dict[str, str]:
+    """``SchedulerConfig.problems`` for settings not yet made a config (every field given: a command
+    line, a resource's spec), so that each caller can name the settings its own way (a flag, a field)."""
+    budget, rows, mode = settings["token_budget"], settings["max_rows"], settings["admission"]
+    efficiency, wait = settings["min_padding_efficiency"], settings["max_wait_s"]
+    checks = {
+        "token_budget": (budget < 1, f"must be positive, got {budget}"),
+        "max_rows": (rows < 1, f"must be positive, got {rows}"),
+        "admission": (
+            mode not in ADMISSION_MODES,
+            f"must be one of {', '.join(ADMISSION_MODES)}, got {mode!r}",
+        ),
+        "min_padding_efficiency": (not 0.0 <= efficiency <= 1.0, f"must be in [0, 1], got {efficiency}"),
+        "max_wait_s": (not wait >= 0.0, f"must be at least 0 seconds, got {wait}"),
+    }
+    if block_length is not None and budget < block_length + 1:
+        checks["token_budget"] = (True, f"{budget} cannot hold even one block of {block_length}")
+    return {name: message for name, (failed, message) in checks.items() if failed}
+
+
+DEFAULTS = SchedulerConfig()
