@@ -186,3 +186,62 @@ def test_scheduler_modules_do_not_import_torch():
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _shape(index: int, prompt_len: int, blocks: int, arrival: float) -> Request:
+    request = make_request(index, prompt_len, blocks)
+    request.arrival_time = arrival
+    return request
+
+
+@pytest.mark.parametrize("admission", ["preempt", "projected"])
+@pytest.mark.parametrize("seed", range(12))
+def test_what_the_scheduler_chooses_to_claim_it_admits_at_the_next_boundary(admission, seed):
+    """The claim plan and choose() are the admission decision itself: every chosen candidate joins the
+    next cycle (none is rejected or left waiting), the budget holds, and a candidate that can never fit
+    is never chosen."""
+    rng = random.Random(seed)
+    clock = ManualClock()
+    budget = rng.randint(150, 600)
+    scheduler = blockserve(clock, token_budget=budget, admission=admission, max_rows=rng.randint(4, 20))
+    for index in range(rng.randint(0, 4)):  # some rows already running, at different blocks
+        request = make_request(100 + index, rng.randint(1, 20), rng.randint(1, 5))
+        if scheduler.fits(request):
+            scheduler.add(request)
+    output = scheduler.schedule()
+    scheduler.update_from_output(output, fake_blocks(output, {}))
+    clock.now = 10.0
+    plan = scheduler.claim_plan()
+    candidates = [
+        _shape(
+            index, rng.randint(1, rng.choice([budget // 4, budget])), rng.randint(1, 6), rng.uniform(0, 10)
+        )
+        for index in range(30)
+    ]
+    chosen = scheduler.choose(candidates) if plan else []
+    assert all(scheduler.fits(c) for c in chosen)
+    if plan:
+        assert all(c.prefix_len() <= plan.max_prefix for c in chosen if clock.now - c.arrival_time <= 5.0)
+    for request in chosen:
+        scheduler.add(request)
+    chosen_ids = {c.request_id for c in chosen}
+    assert not chosen_ids & {r.request_id for r in scheduler.unadmittable()}
+    output = scheduler.schedule()
+    assert chosen_ids <= set(output.admitted)
+    assert output.cost <= budget
+
+
+def test_a_request_past_the_wait_bound_is_chosen_first_and_holds_its_place_until_it_fits():
+    clock = ManualClock()
+    scheduler = blockserve(clock, token_budget=100, max_wait_s=5)
+    running = make_request(0, 40, 4)
+    scheduler.add(running)
+    scheduler.schedule()  # one row of width 44
+    old_wide = _shape(1, 60, 1, arrival=0.0)  # width 64: does not fit next to the running row
+    short = _shape(2, 2, 1, arrival=4.0)
+    clock.now = 4.5
+    assert [r.request_id for r in scheduler.choose([old_wide, short])] == [short.request_id]  # not aged yet
+    clock.now = 6.0
+    assert scheduler.choose([old_wide, short]) == []  # aged and not fitting: nobody overtakes it
+    scheduler.cancel(running.request_id)
+    assert [r.request_id for r in scheduler.choose([short, old_wide])][0] == old_wide.request_id

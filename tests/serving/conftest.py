@@ -62,11 +62,13 @@ class WorkerThread:
 def make_worker(served_model):
     loaded = load_model(str(served_model))
 
-    def build(redis_url: str, service: str, token_budget: int = 2048, **decoding) -> WorkerThread:
+    def build(
+        redis_url: str, service: str, token_budget: int = 2048, scheduling: dict | None = None, **decoding
+    ) -> WorkerThread:
         config = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, **decoding)
+        settings = SchedulerConfig(token_budget, **(scheduling or {}))
         worker = Worker(
-            BlockCycleRunner(loaded, config),
-            WorkerConfig(redis_url, service, SchedulerConfig(token_budget), lease_ms=3000),
+            BlockCycleRunner(loaded, config), WorkerConfig(redis_url, service, settings, lease_ms=3000)
         )
         return WorkerThread(worker)
 

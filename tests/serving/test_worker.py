@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 import redis
 
 from engine_pod.cli.main import build_parser, main
@@ -20,7 +22,7 @@ from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.scheduler.config import SchedulerConfig
 from engine_pod.serve.redis_server import free_port
 from engine_pod.worker.http import ProbeSource, serve_probes
-from tests.serving_utils import wait_for, worker_command
+from tests.serving_utils import BLOCK, wait_for, worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,6 +86,63 @@ def test_long_prompts_are_claimed_under_a_small_budget(redis_server, service, ma
         ids = ["long"] + [f"short-{i}" for i in range(10)]
         wait_for(lambda: all(_done(queue, i) for i in ids), 120, what="every request")
     assert _done(queue, "long").finish_reason in ("stop", "length")
+
+
+def test_no_claimed_request_is_rejected_for_its_size_near_the_budget(redis_server, service, make_worker):
+    """Prompts and max_tokens whose peak width lands at or just under the budget, mixed with short ones:
+    the worker claims only what its scheduler admits, so none is ever answered with a size error."""
+    budget, rng = 400, random.Random(7)
+    shapes = {}
+    for index in range(12):  # peak = prompt + blocks x BLOCK, from budget - 2 BLOCK to the budget itself
+        blocks = rng.randint(1, 6)
+        shapes[f"near-{index}"] = (budget - blocks * BLOCK - rng.randint(0, 2 * BLOCK), blocks * BLOCK)
+    shapes |= {f"short-{index}": (rng.randint(3, 30), rng.choice([8, 16, 40])) for index in range(20)}
+    with make_worker(redis_server.url, service, token_budget=budget) as worker:
+        for request_id, (prompt, max_tokens) in rng.sample(sorted(shapes.items()), len(shapes)):
+            queue = _enqueue(redis_server.url, service, request_id, prompt, max_tokens=max_tokens)
+        results = wait_for(
+            lambda: (done := {i: _done(queue, i) for i in shapes}) and all(done.values()) and done,
+            180,
+            what="every request",
+        )
+        cycles = list(worker.engine.records)
+    assert {i: d.finish_reason for i, d in results.items() if d.finish_reason not in ("stop", "length")} == {}
+    assert max(c.rows * c.box_width for c in cycles) <= budget
+
+
+@pytest.mark.parametrize("max_wait_s", [1.0, 0.0], ids=["bound", "no-bound"])
+def test_a_long_prompt_waiting_past_the_bound_is_claimed_while_short_ones_keep_arriving(
+    redis_server, service, make_worker, max_wait_s
+):
+    """Fairness across the queue: the wait counts from enqueueing, so a steady stream of short requests,
+    each admitted first by sand filling, cannot keep a long prompt out past the bound. Without the bound
+    (the control) it does: the long prompt fits only alone, and the queue always has a shorter one."""
+    budget = 480  # the long prompt's row (300 + 2 blocks) fits only alone
+    fairness = {"max_wait_s": max_wait_s}
+    with make_worker(redis_server.url, service, token_budget=budget, scheduling=fairness, ignore_eos=True):
+        queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
+        shorts: list[str] = []
+
+        def top_up() -> None:  # keep far more short work queued than the worker runs meanwhile
+            while queue.depth()[0] < 200:
+                batch = [f"short-{len(shorts) + i}" for i in range(50)]
+                shorts.extend(batch)
+                queue.run(queue.ops.enqueue_all([QueuedRequest(i, [7] * 20, 64, time.time()) for i in batch]))
+
+        top_up()
+        wait_for(lambda: queue.events_of(shorts[0]), 30, what="the short requests to start")
+        _enqueue(redis_server.url, service, "long", 300, max_tokens=16)
+        streamed_until = time.monotonic() + 6
+        while _done(queue, "long") is None and time.monotonic() < streamed_until:
+            top_up()
+            time.sleep(0.02)
+        long_done = _done(queue, "long")
+        still_queued = queue.depth()[0]
+    assert still_queued > 100, "the stream of short requests ran dry: the test proves nothing"
+    if max_wait_s:
+        assert long_done is not None and long_done.finish_reason in ("stop", "length")
+    else:
+        assert long_done is None, "without the bound, sand filling keeps admitting the shorter requests"
 
 
 def test_a_request_that_can_never_fit_fails_clearly(redis_server, service, make_worker):
