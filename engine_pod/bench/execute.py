@@ -53,7 +53,7 @@ class PolicyRun:
     cycles: list[CycleRecord]
 
 
-def _warm_up(runner: BlockCycleRunner, requests: list[PreparedRequest]) -> None:
+def warm_up(runner: BlockCycleRunner, requests: list[PreparedRequest]) -> None:
     """One untimed block cycle, so that one-off kernel and allocator set-up is not charged to a policy."""
     if requests:
         runner.run([CycleRow(tuple(requests[0].prompt_ids))])
@@ -78,7 +78,7 @@ def run_policy(
         engine.add_request(
             Request.from_tokens(item.request_id, item.prompt_ids, item.max_tokens, decoding.block_length)
         )
-    _warm_up(engine.runner, requests)
+    warm_up(engine.runner, requests)
     reset_peak(loaded.device)
     outcomes: dict[str, RequestOutcome] = {}
     bar = tqdm(total=len(requests), desc=spec.name, unit="req", disable=not progress, leave=False)

@@ -63,3 +63,38 @@ def _timeline(rows_ax, width_ax, timelines: dict) -> None:
     for ax in (rows_ax, width_ax):
         ax.legend()
         ax.grid(alpha=0.3)
+
+
+def plot_online(report: dict, path: Path) -> None:
+    """Latency (p50 and p99, end to end) and time to the first block against the offered load."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, by_load in report["runs"].items():
+        loads = [load for load in report["loads"] if load["label"] in by_load]
+        x = [load["rate"] if load["rate"] is not None else load["concurrency"] for load in loads]
+        runs = [by_load[load["label"]] for load in loads]
+        (line,) = axes[0].plot(x, [r["latency_s"]["p50"] for r in runs], marker="o", label=f"{name} p50")
+        axes[0].plot(
+            x,
+            [r["latency_s"]["p99"] for r in runs],
+            marker="x",
+            ls="--",
+            color=line.get_color(),
+            label=f"{name} p99",
+        )
+        axes[1].plot(
+            x,
+            [r["first_block_s"].get("p50", 0) for r in runs],
+            marker="o",
+            color=line.get_color(),
+            label=name,
+        )
+    closed = report["loads"] and report["loads"][0]["rate"] is None
+    for ax, title in zip(axes, ("end-to-end latency (s)", "time to the first committed block, p50 (s)")):
+        ax.set_xlabel("clients (closed loop)" if closed else "offered load (requests/s)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{report['workload']}: {report['requests']} requests per load ({report['target']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -8,14 +8,17 @@ output comparison with the engine-alone policies is exact.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
-import httpx
 import redis
 
 from engine_pod.bench.execute import PolicyRun, PreparedRequest, RequestOutcome
+from engine_pod.bench.http_client import LoadClient
 from engine_pod.bench.policies import PolicySpec
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import LoadedModel
@@ -53,46 +56,61 @@ async def _submit_all(url: str, requests: list[PreparedRequest]) -> tuple[dict[s
     """Post every request at once; map our ids to the queue's and record each latency."""
     started = time.perf_counter()
     ids, latencies = {}, {}
-    limits = httpx.Limits(max_connections=len(requests) + 8)
-    async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as client:
+    client = LoadClient(url)
 
-        async def one(item: PreparedRequest) -> None:
-            body = {"model": "bench", "prompt": item.prompt_ids, "max_tokens": item.max_tokens}
-            response = await client.post("/v1/completions", json=body)
-            response.raise_for_status()
-            ids[item.request_id] = response.json()["id"]
-            latencies[item.request_id] = time.perf_counter() - started
+    async def one(item: PreparedRequest) -> None:
+        body = {"model": "bench", "prompt": item.prompt_ids, "max_tokens": item.max_tokens}
+        ids[item.request_id] = (await client.post_json("/v1/completions", body))["id"]
+        latencies[item.request_id] = time.perf_counter() - started
 
-        await asyncio.gather(*(one(item) for item in requests))
+    await asyncio.gather(*(one(item) for item in requests))
     return ids, latencies
+
+
+@dataclass
+class Stack:
+    url: str  # the gateway's
+    redis_url: str
+    worker: Worker
+
+
+@contextlib.contextmanager
+def serving_stack(
+    loaded: LoadedModel, decoding: DecodingConfig, spec: PolicySpec, requests: list[PreparedRequest]
+) -> Iterator[Stack]:
+    """A private redis-server, the gateway (its own process) and one BlockServe worker (a thread sharing
+    the loaded model), up until the block ends; then the worker drains and everything stops."""
+    if loaded.tokenizer is None:
+        raise ValueError("the gateway policy needs a model with a tokenizer")
+    with RedisServer() as server:
+        worker = Worker(
+            BlockCycleRunner(loaded, decoding), WorkerConfig(server.url, SERVICE, spec.effective_scheduling)
+        )
+        thread = threading.Thread(target=worker.run, daemon=True)
+        env = _gateway_env(loaded, server.url, decoding, requests)
+        gateway = GatewayProcess("127.0.0.1", free_port(), env).start()
+        try:
+            thread.start()
+            yield Stack(gateway.url, server.url, worker)
+        finally:
+            worker.drain()
+            thread.join(timeout=60)
+            gateway.stop()
 
 
 def run_through_gateway(
     loaded: LoadedModel, decoding: DecodingConfig, spec: PolicySpec, requests: list[PreparedRequest]
 ) -> PolicyRun:
-    if loaded.tokenizer is None:
-        raise ValueError("the gateway policy needs a model with a tokenizer")
-    with RedisServer() as server:
-        config = WorkerConfig(server.url, SERVICE, spec.effective_scheduling)
-        worker = Worker(BlockCycleRunner(loaded, decoding), config)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        gateway = GatewayProcess(
-            "127.0.0.1", free_port(), _gateway_env(loaded, server.url, decoding, requests)
-        ).start()
-        try:
-            thread.start()
-            started = time.perf_counter()
-            ids, latencies = asyncio.run(_submit_all(gateway.url, requests))
-            wall = time.perf_counter() - started
-        finally:
-            worker.drain()
-            thread.join(timeout=60)
-            gateway.stop()
-        client, keys = redis.Redis.from_url(server.url), ServiceKeys(SERVICE)
+    with serving_stack(loaded, decoding, spec, requests) as stack:
+        started = time.perf_counter()
+        ids, latencies = asyncio.run(_submit_all(stack.url, requests))
+        wall = time.perf_counter() - started
+        client, keys = redis.Redis.from_url(stack.redis_url), ServiceKeys(SERVICE)
         outcomes = {}
         for item in requests:
             done = json.loads(client.hget(keys.request(ids[item.request_id]), "result"))
             outcomes[item.request_id] = RequestOutcome(
                 done["token_ids"], done["finish_reason"], latencies[item.request_id]
             )
-    return PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, list(worker.engine.records))
+    records = list(stack.worker.engine.records)
+    return PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, records)

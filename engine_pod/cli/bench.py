@@ -63,8 +63,72 @@ def register(subparsers) -> None:
         "--json", dest="json_out", required=True, help="write the report here (rewritten after each policy)"
     )
     parser.add_argument("--plot", help="write throughput, latency CDF and timeline plots to this PNG")
+    online = parser.add_argument_group(
+        "online load",
+        "requests arrive over time instead of all at once: every policy (gateway: the whole serving path) "
+        "sees the same arrivals; reported: throughput, time to the first committed block, latency "
+        "percentiles per task family, queue wait",
+    )
+    online.add_argument(
+        "--arrival-rate", help="Poisson arrivals (seeded), requests per second; comma-separated for several"
+    )
+    online.add_argument(
+        "--concurrency", type=int, help="closed loop: this many clients, one request each at a time"
+    )
+    online.add_argument("--requests", type=int, help="requests per load, cycling through the workload")
+    online.add_argument(
+        "--url",
+        help="load this running server (e.g. `dllm serve`) with chat requests instead of the policies",
+    )
+    online.add_argument("--api-key", help="bearer key for --url")
+    online.add_argument("--served-model-name", default="bench", help="model name sent to --url")
     add_decoding_args(parser, canvas_default="block")
     parser.set_defaults(handler=run)
+
+
+def _loads(args: argparse.Namespace) -> tuple:
+    from engine_pod.bench.online import Load
+
+    if args.arrival_rate and args.concurrency:
+        raise CliError("use either --arrival-rate or --concurrency")
+    try:
+        if args.concurrency is not None:
+            return (Load(concurrency=args.concurrency),)
+        rates = [float(part) for part in args.arrival_rate.split(",") if part.strip()]
+        return tuple(Load(rate=rate) for rate in rates)
+    except ValueError as exc:
+        raise CliError(f"--arrival-rate/--concurrency: {exc}") from exc
+
+
+def _run_online(args: argparse.Namespace, policies: tuple[str, ...]) -> int:
+    from engine_pod.bench.online_bench import OnlineConfig, online_summary, run_online_benchmark
+
+    if args.requests is not None and args.requests < 1:
+        raise CliError("--requests must be positive")
+    config = OnlineConfig(
+        model=ModelSpec(args.model, args.device, args.dtype),
+        workload=args.workload,
+        policies=policies,
+        decoding=decoding_config(args, args.steps_per_block),
+        scheduling=scheduler_config(args),
+        loads=_loads(args),
+        requests=args.requests,
+        url=args.url,
+        api_key=args.api_key,
+        served_model=args.served_model_name,
+    )
+    out = Path(args.json_out)
+
+    def write(report: dict) -> None:
+        out.write_text(json.dumps(report, indent=2) + "\n")
+
+    report = run_online_benchmark(config, on_run=write)
+    if args.plot:
+        from engine_pod.bench.plots import plot_online
+
+        plot_online(report, Path(args.plot))
+    sys.stdout.write(online_summary(report) + "\n")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,6 +138,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
     if args.batch_size is not None and args.batch_size < 1:
         raise CliError("--batch-size must be positive")
+    if args.arrival_rate or args.concurrency is not None:
+        return _run_online(args, policies)
+    if args.url:
+        raise CliError("--url needs --arrival-rate or --concurrency")
     calibrate = args.calibrate_threshold
     if calibrate is not None and not (0 < calibrate < 1 and args.remasking == "threshold"):
         raise CliError("--calibrate-threshold takes a fraction in (0, 1) and needs --remasking threshold")

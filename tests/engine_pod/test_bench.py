@@ -145,3 +145,29 @@ def test_gateway_policy_runs_the_same_workload_through_the_serving_path(model, t
         and report["policies"]["gateway"]["throughput_vs_engine"] > 0
     )
     assert report["outputs_identical"] is True  # the same tokens through HTTP, Redis and the worker
+
+
+def _online_bench(model, out, *load: str) -> list[str]:
+    return [
+        "bench", "--model", str(model), "--workload", "heterogeneous", "--requests", "16",
+        "--policy", "sequential,static,blockserve,gateway", "--token-budget", "2048",
+        "--block-length", "8", "--steps-per-block", "8", "--json", str(out), *load,
+    ]  # fmt: skip
+
+
+def test_online_bench_runs_every_policy_on_the_same_arrivals(model, tmp_path):
+    out, plot = tmp_path / "online.json", tmp_path / "online.png"
+    assert main([*_online_bench(model, out, "--arrival-rate", "40,400"), "--plot", str(plot)]) == 0
+    report = json.loads(out.read_text())
+    assert [load["rate"] for load in report["loads"]] == [40.0, 400.0]
+    assert set(report["runs"]) == {"sequential", "static", "blockserve", "gateway"}
+    tokens = set()
+    for name, by_load in report["runs"].items():
+        for label, metrics in by_load.items():
+            assert metrics["requests"] == 16, (name, label)
+            assert set(metrics["latency_by_family_s"]) == {"count", "needle", "countdown", "letters"}
+            assert 0 < metrics["first_block_s"]["p50"] <= metrics["latency_s"]["p99"]
+            assert (metrics["queue_wait_s"] is None) == (name == "gateway")
+            tokens.add(metrics["generated_tokens"])
+    assert len(tokens) == 1, "every policy generates the same tokens for the same requests"
+    assert plot.stat().st_size > 0

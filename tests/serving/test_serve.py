@@ -7,6 +7,7 @@ start. Every process here is stopped by the test that started it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -222,3 +223,16 @@ def test_under_load_a_fault_in_dllm_serve_loses_nothing(tmp_path, fault):
         "duplicated": 0,
         "5xx": 0,
     }, failed
+
+
+def test_the_online_benchmark_loads_dllm_serve_with_chat_requests(serve, tmp_path):
+    """``dllm bench --url``: the load generator against what users run (the shipped model, its chat
+    template), in a closed loop of 4 clients."""
+    out = tmp_path / "load.json"
+    argv = [sys.executable, "-m", "engine_pod.cli.main", "bench", "--url", serve.url, "--concurrency", "4"]
+    argv += ["--requests", "12", "--served-model-name", "tiny-llada", "--json", str(out)]
+    subprocess.run(argv, check=True, timeout=300)
+    run = json.loads(out.read_text())["runs"]["server"]["concurrency 4"]
+    assert run["requests"] == 12 and run["generated_tokens"] > 0
+    assert set(run["latency_by_family_s"]) == {"count", "needle", "countdown", "letters"}
+    assert 0 < run["first_block_s"]["p50"] <= run["latency_s"]["max"]

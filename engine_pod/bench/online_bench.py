@@ -1,0 +1,126 @@
+"""``dllm bench --arrival-rate R`` / ``--concurrency C``: every policy under the same online load, through
+the engine alone and through the whole serving path (gateway policy), or a running server (``--url``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from engine_pod.bench.benchmark import _static_widths
+from engine_pod.bench.execute import ModelSpec
+from engine_pod.bench.online import Load, OnlineRequest, online_metrics, repeat_to
+from engine_pod.bench.online_engine import run_engine_online
+from engine_pod.bench.online_http import drive
+from engine_pod.bench.policies import PolicySpec, static_batch_size_for
+from engine_pod.bench.prepare import prepare_requests
+from engine_pod.bench.workloads import load_workload
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.models.loader import load_metadata, load_model
+from engine_pod.scheduler.config import SchedulerConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OnlineConfig:
+    model: ModelSpec
+    workload: str
+    policies: tuple[str, ...]
+    decoding: DecodingConfig
+    scheduling: SchedulerConfig
+    loads: tuple[Load, ...]
+    requests: int | None = None  # how many requests per load (default: the workload's)
+    url: str | None = None  # a running server to load instead (chat requests; policies ignored)
+    api_key: str | None = None
+    served_model: str = "bench"
+    seed: int = 0
+
+
+def _requests(cfg: OnlineConfig) -> list[OnlineRequest]:
+    items = load_workload(cfg.workload)
+    config, tokenizer = load_metadata(cfg.model.model)
+    prepared = prepare_requests(items, config, tokenizer, cfg.seed)
+    requests = [OnlineRequest(p, item.task or "all", item.prompt) for p, item in zip(prepared, items)]
+    return repeat_to(requests, cfg.requests or len(requests))
+
+
+def run_online_benchmark(cfg: OnlineConfig, on_run: Callable[[dict], None] | None = None) -> dict:
+    requests = _requests(cfg)
+    report = {
+        "workload": cfg.workload,
+        "requests": len(requests),
+        "decoding": asdict(cfg.decoding),
+        "scheduling": asdict(cfg.scheduling),
+        "loads": [asdict(load) | {"label": load.label} for load in cfg.loads],
+        "target": cfg.url or "in-process",
+        "runs": {},
+    }
+    for name, load, run in _runs(cfg, requests):
+        logger.info("%s under %s: %d requests", name, load.label, len(requests))
+        report["runs"].setdefault(name, {})[load.label] = online_metrics(run())
+        if on_run is not None:
+            on_run(report)
+    return report
+
+
+def _runs(cfg: OnlineConfig, requests: list[OnlineRequest]):
+    """(policy, load, a function that runs it) for every pair, in the order they run."""
+    if cfg.url:
+        for load in cfg.loads:
+            yield (
+                "server",
+                load,
+                lambda load=load: asyncio.run(
+                    drive(cfg.url, requests, load, cfg.served_model, chat=True, api_key=cfg.api_key)
+                ),
+            )
+        return
+    loaded = load_model(cfg.model.model, cfg.model.device, cfg.model.dtype, seed=cfg.seed)
+    prepared = [r.request for r in requests]
+    widths = _static_widths(prepared, cfg.decoding.block_length)
+    batch = static_batch_size_for(widths, cfg.scheduling.token_budget)
+    for name in cfg.policies:
+        spec = PolicySpec(name, cfg.scheduling, batch)
+        for load in cfg.loads:
+            if spec.through_gateway:
+                yield (
+                    name,
+                    load,
+                    lambda load=load, spec=spec: _through_gateway(loaded, cfg, spec, requests, load),
+                )
+            else:
+                yield (
+                    name,
+                    load,
+                    lambda load=load, spec=spec: run_engine_online(
+                        loaded, cfg.decoding, spec, requests, load
+                    ),
+                )
+
+
+def _through_gateway(loaded, cfg: OnlineConfig, spec: PolicySpec, requests: list[OnlineRequest], load: Load):
+    from engine_pod.bench.through_gateway import serving_stack
+
+    with serving_stack(loaded, cfg.decoding, spec, [r.request for r in requests]) as stack:
+        return asyncio.run(drive(stack.url, requests, load, "bench", chat=False))
+
+
+def online_summary(report: dict) -> str:
+    lines = [
+        f"{report['workload']}: {report['requests']} requests per load, target {report['target']}",
+        f"{'policy':<12}{'load':<18}{'tok/s':>9}{'1st blk p50':>12}{'p99':>8}{'lat p50':>9}{'p90':>8}"
+        f"{'p99':>8}{'wait p50':>9}{'worst family p99/p50':>22}",
+    ]
+    for name, by_load in report["runs"].items():
+        for label, m in by_load.items():
+            first, lat = m["first_block_s"], m["latency_s"]
+            wait = (m.get("queue_wait_s") or {}).get("p50")
+            worst = max(f["p99"] for f in m["latency_by_family_s"].values()) / lat["p50"]
+            lines.append(
+                f"{name:<12}{label:<18}{m['tokens_per_s']:>9.1f}{first.get('p50', 0):>12.2f}"
+                f"{first.get('p99', 0):>8.2f}{lat['p50']:>9.2f}{lat['p90']:>8.2f}{lat['p99']:>8.2f}"
+                f"{(f'{wait:.2f}' if wait is not None else '-'):>9}{worst:>22.2f}"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,99 @@
+"""A policy's engine alone under an online load: requests join the scheduler when they arrive (in real
+time), as they would behind a queue, with no HTTP or Redis in between."""
+
+from __future__ import annotations
+
+import time
+
+from engine_pod.bench.execute import warm_up
+from engine_pod.bench.online import Load, Observed, OnlineRequest
+from engine_pod.bench.policies import PolicySpec, build_scheduler
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.engine import Engine, StepResult
+from engine_pod.models.loader import LoadedModel
+from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.scheduler.request import Request
+from engine_pod.text import completion_tokens
+
+
+class _Run:
+    """The bookkeeping of one online run: what has arrived, what the client has seen."""
+
+    def __init__(self, engine: Engine, decoding: DecodingConfig, requests: list[OnlineRequest]) -> None:
+        self.engine, self.decoding, self.requests = engine, decoding, requests
+        self.start = time.perf_counter()
+        self.sent: dict[str, float] = {}
+        self.first_block: dict[str, float] = {}
+        self.observed: dict[str, Observed] = {}
+
+    def now(self) -> float:
+        return time.perf_counter() - self.start
+
+    def send(self, item: OnlineRequest) -> None:
+        prepared = item.request
+        request = Request.from_tokens(
+            prepared.request_id,
+            prepared.prompt_ids,
+            prepared.max_tokens,
+            self.decoding.block_length,
+            arrival_time=time.perf_counter(),
+        )
+        self.sent[prepared.request_id] = self.now()
+        self.engine.add_request(request)
+
+    def step(self, families: dict[str, str]) -> list[Request]:
+        result: StepResult = self.engine.step()
+        at = self.now()
+        for request_id, row in zip(result.output.request_ids, result.output.rows):
+            if row.active:
+                self.first_block.setdefault(request_id, at)
+        eos = self.engine.runner.loaded.config.eos_token_ids
+        for request in result.finished:
+            rid = request.request_id
+            scheduled = request.first_scheduled_time - self.start if request.first_scheduled_time else None
+            self.observed[rid] = Observed(
+                families[rid],
+                self.sent[rid],
+                at,
+                self.first_block.get(rid),
+                completion_tokens(request.generated, eos),
+                scheduled,
+            )
+        return result.finished
+
+
+def run_engine_online(
+    loaded: LoadedModel, decoding: DecodingConfig, spec: PolicySpec, requests: list[OnlineRequest], load: Load
+) -> list[Observed]:
+    eos = loaded.config.eos_token_ids
+    scheduler = build_scheduler(spec, decoding.block_length, eos, decoding.ignore_eos, decoding.canvas)
+    engine = Engine(BlockCycleRunner(loaded, decoding, record_margins=False), scheduler)
+    warm_up(engine.runner, [r.request for r in requests])
+    families = {r.request.request_id: r.family for r in requests}
+    run = _Run(engine, decoding, requests)
+    if load.rate is not None:
+        _open_loop(run, families, load.arrival_offsets(len(requests)))
+    else:
+        _closed_loop(run, families, load.concurrency)
+    return list(run.observed.values())
+
+
+def _open_loop(run: _Run, families: dict[str, str], offsets: list[float]) -> None:
+    waiting = list(zip(offsets, run.requests))
+    while waiting or run.engine.has_work():
+        while waiting and waiting[0][0] <= run.now():
+            run.send(waiting.pop(0)[1])
+        if run.engine.has_work():
+            run.step(families)
+        elif waiting:
+            time.sleep(max(0.0, waiting[0][0] - run.now()))
+
+
+def _closed_loop(run: _Run, families: dict[str, str], concurrency: int) -> None:
+    waiting = list(run.requests)
+    for _ in range(min(concurrency, len(waiting))):
+        run.send(waiting.pop(0))
+    while run.engine.has_work():
+        for _ in run.step(families):  # each finished request's client sends its next one
+            if waiting:
+                run.send(waiting.pop(0))
