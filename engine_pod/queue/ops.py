@@ -53,7 +53,7 @@ class BlockCommit:
     """One committed block of one request, as the worker records it."""
 
     request_id: str
-    event: BlockEvent
+    event: BlockEvent | None  # None: a request that does not stream (its client waits for the result)
     generated: list[int]  # every token committed so far
     score: int  # its prefix, should it go back to the pending set
 
@@ -153,7 +153,8 @@ class QueueOps:
         args: list = [worker, self.result_ttl_s, len(blocks), len(results)]
         for block in blocks:
             keys += [k.request(block.request_id), k.events(block.request_id)]
-            args += [encode_event(block.event), json.dumps(block.generated), block.score]
+            event = encode_event(block.event) if block.event is not None else ""
+            args += [event, json.dumps(block.generated), block.score]
         for request_id, done in results:
             own = [k.request(request_id), k.events(request_id), *self._batch_keys(done.batch_id)]
             keys += own

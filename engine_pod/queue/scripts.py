@@ -134,7 +134,8 @@ end
 
 # KEYS: inflight, cancelled, live, sizes; then per committed block a request hash and its events stream;
 #   then per finished request its hash, its events stream[, its batch hash and batch results]
-# ARGV: worker id, ttl seconds, blocks, results; then per block its event json, generated json, score;
+# ARGV: worker id, ttl seconds, blocks, results; then per block its event json ('' for a request that
+#   does not stream: progress recorded, no event), generated json, score;
 #   then per result its done json and how many keys it has (2, or 4 with its batch's); then the ids
 #   the worker holds
 # A block cycle's whole exchange with Redis in one call. Records each committed block and completes
@@ -164,7 +165,7 @@ k, a = 5, 5
 for _ = 1, blocks do
   if owns(k) then
     redis.call('HSET', KEYS[k], 'generated', ARGV[a + 1], 'score', ARGV[a + 2])
-    redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a])
+    if ARGV[a] ~= '' then redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a]) end
   else
     table.insert(lost, id_of(k))
   end

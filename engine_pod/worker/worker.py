@@ -92,6 +92,7 @@ class Worker:
         self._pubsub = None
         self._subscribed = False
         self._meta: dict[str, dict] = {}  # request id -> payload meta, echoed in its done event
+        self._streaming: set[str] = set()  # requests whose clients read each block (others: the result)
         self._outbox: dict[str, DoneEvent] = {}  # finished, not yet acknowledged by Redis
         self._unsent: list[BlockCommit] = []  # committed blocks Redis has not recorded yet (a fault)
 
@@ -251,8 +252,7 @@ class Worker:
                 self.queue.release(
                     self.worker_id, request.request_id, request.generated, request.prefix_len()
                 )
-                self.scheduler.cancel(request.request_id)
-                self._meta.pop(request.request_id, None)
+                self._drop(request.request_id)
 
     def _admit(self, claimed: Claimed, arrival_time: float | None = None) -> None:
         payload = claimed.request
@@ -267,6 +267,8 @@ class Worker:
         request.generated = list(claimed.generated)
         request.threshold = payload.threshold
         self._meta[payload.id] = payload.meta
+        if payload.stream:
+            self._streaming.add(payload.id)
         finished = self.scheduler.finish_reason_for(request)
         if finished is not None:  # its last block was stored, its result was not: send it as it is
             self._publish_done(request, finished.value)
@@ -309,7 +311,7 @@ class Worker:
             request = requests.get(request_id)
             if row.active and request is not None:
                 index = len(request.generated) // self.decoding.block_length - 1
-                event = BlockEvent(index=index, token_ids=list(block))
+                event = BlockEvent(index, list(block)) if request_id in self._streaming else None
                 blocks.append(BlockCommit(request_id, event, list(request.generated), request.prefix_len()))
         return blocks
 
@@ -339,6 +341,7 @@ class Worker:
         self.scheduler.cancel(request_id)
         self._outbox.pop(request_id, None)
         self._meta.pop(request_id, None)
+        self._streaming.discard(request_id)
 
     def _publish_done(self, request: Request, reason: str, error: str | None = None) -> None:
         self._stage_done(request, reason, error)
@@ -355,6 +358,7 @@ class Worker:
             error=error,
             meta=self._meta.pop(request.request_id, {}),
         )
+        self._streaming.discard(request.request_id)
         self._outbox[request.request_id] = done
 
     def _hand_back_unfinished(self) -> None:

@@ -28,10 +28,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _enqueue(
-    url: str, service: str, request_id: str, prompt_len: int, max_tokens: int = 16, threshold=None
+    url: str,
+    service: str,
+    request_id: str,
+    prompt_len: int,
+    max_tokens: int = 16,
+    threshold=None,
+    stream=False,
 ) -> SyncQueue:
     queue = SyncQueue(redis.Redis.from_url(url), QueueOps(service))
-    request = QueuedRequest(request_id, [7] * prompt_len, max_tokens, time.time(), threshold=threshold)
+    request = QueuedRequest(request_id, [7] * prompt_len, max_tokens, time.time(), threshold, stream)
     assert queue.run(queue.ops.enqueue(request, 0))
     return queue
 
@@ -130,7 +136,7 @@ def test_a_long_prompt_waiting_past_the_bound_is_claimed_while_short_ones_keep_a
                 queue.run(queue.ops.enqueue_all([QueuedRequest(i, [7] * 20, 64, time.time()) for i in batch]))
 
         top_up()
-        wait_for(lambda: queue.events_of(shorts[0]), 30, what="the short requests to start")
+        wait_for(lambda: _done(queue, shorts[0]), 30, what="the short requests to start")
         _enqueue(redis_server.url, service, "long", 300, max_tokens=16)
         streamed_until = time.monotonic() + 6
         while _done(queue, "long") is None and time.monotonic() < streamed_until:
@@ -143,6 +149,17 @@ def test_a_long_prompt_waiting_past_the_bound_is_claimed_while_short_ones_keep_a
         assert long_done is not None and long_done.finish_reason in ("stop", "length")
     else:
         assert long_done is None, "without the bound, sand filling keeps admitting the shorter requests"
+
+
+def test_block_events_go_to_streaming_requests_only(redis_server, service, make_worker):
+    """A client that waits for the whole result is woken once, by its result; a streaming one per block.
+    Both have their progress recorded (a request resumed elsewhere keeps its blocks)."""
+    with make_worker(redis_server.url, service, ignore_eos=True):
+        queue = _enqueue(redis_server.url, service, "plain", 5, max_tokens=3 * BLOCK)
+        _enqueue(redis_server.url, service, "streamed", 5, max_tokens=3 * BLOCK, stream=True)
+        wait_for(lambda: _done(queue, "plain") and _done(queue, "streamed"), 60, what="both results")
+    kinds = {i: [type(e).__name__ for e in queue.events_of(i)] for i in ("plain", "streamed")}
+    assert kinds == {"plain": ["DoneEvent"], "streamed": ["BlockEvent"] * 3 + ["DoneEvent"]}
 
 
 def test_a_request_that_can_never_fit_fails_clearly(redis_server, service, make_worker):
@@ -199,8 +216,10 @@ def test_a_worker_reclaiming_a_request_it_still_holds_keeps_it(redis_server, ser
 
 
 def _wait_for_block(queue: SyncQueue, request_id: str) -> None:
+    """Until the worker recorded a committed block (a request that does not stream gets no block events:
+    its progress is in its hash)."""
     wait_for(
-        lambda: any(isinstance(e, BlockEvent) for e in queue.events_of(request_id)),
+        lambda: queue.redis.hget(queue.ops.keys.request(request_id), "generated") not in (b"[]", None),
         60,
         0.01,
         what="a first committed block",
