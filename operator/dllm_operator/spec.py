@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dllm_operator import names
+from engine_pod.scheduler.config import DEFAULTS, SchedulerConfig, problems_of
 
 
 class SpecError(ValueError):
@@ -38,8 +39,10 @@ class ServiceSpec:
     cache: str = "dual"
     max_prompt_tokens: int = 2048
     max_generation_tokens: int = 512
-    admission: str = "preempt"
-    min_padding_efficiency: float = 0.7
+    admission: str = DEFAULTS.admission
+    min_padding_efficiency: float = DEFAULTS.min_padding_efficiency
+    max_rows: int = DEFAULTS.max_rows
+    max_wait_s: float = DEFAULTS.max_wait_s
     image: str | None = None
     gpus: int = 1
     gpu_resource: str = "nvidia.com/gpu"
@@ -130,8 +133,10 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         cache=decoding.get("cache", "dual"),
         max_prompt_tokens=int(decoding.get("maxPromptTokens", 2048)),
         max_generation_tokens=int(decoding.get("maxGenerationTokens", 512)),
-        admission=scheduling.get("admission", "preempt"),
-        min_padding_efficiency=float(scheduling.get("minPaddingEfficiency", 0.7)),
+        admission=scheduling.get("admission", DEFAULTS.admission),
+        min_padding_efficiency=float(scheduling.get("minPaddingEfficiency", DEFAULTS.min_padding_efficiency)),
+        max_rows=int(scheduling.get("maxRows", DEFAULTS.max_rows)),
+        max_wait_s=float(scheduling.get("maxWaitSeconds", DEFAULTS.max_wait_s)),
         image=resources.get("image"),
         gpus=int(resources.get("gpus", 1)),
         gpu_resource=resources.get("gpuResourceName", "nvidia.com/gpu"),
@@ -166,6 +171,25 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
     return parsed
 
 
+SCHEDULING_FIELDS = {
+    "admission": "admission",
+    "min_padding_efficiency": "minPaddingEfficiency",
+    "max_rows": "maxRows",
+    "max_wait_s": "maxWaitSeconds",
+}  # SchedulerConfig's field -> its name under spec.scheduling
+
+
+def scheduler_settings(spec: ServiceSpec) -> SchedulerConfig:
+    """The engines' admission settings (their token budget comes from the profile, not from here)."""
+    return SchedulerConfig(**{name: getattr(spec, name) for name in SCHEDULING_FIELDS})
+
+
+def _scheduling_problems(spec: ServiceSpec) -> list[tuple[str, str]]:
+    """SchedulerConfig's own range checks (the one home of them), for the fields a spec sets."""
+    settings = asdict(DEFAULTS) | {name: getattr(spec, name) for name in SCHEDULING_FIELDS}
+    return [(name, text) for name, text in problems_of(settings).items() if name in SCHEDULING_FIELDS]
+
+
 def _check(spec: ServiceSpec) -> None:
     """The CRD's CEL rules again: the operator must not trust that admission ran them."""
     problems = [
@@ -191,7 +215,6 @@ def _check(spec: ServiceSpec) -> None:
             spec.redis_managed and spec.redis_password is not None,
             "a managed Redis makes its own password: redis.passwordSecretRef is for redis.url",
         ),
-        (spec.admission not in ("preempt", "projected"), "scheduling.admission must be preempt or projected"),
         (
             not 0 <= spec.gpus <= 1,
             "resources.gpus must be 0 or 1 (one worker per pod; scale out with replicas)",
@@ -200,10 +223,9 @@ def _check(spec: ServiceSpec) -> None:
             spec.steps_per_block > spec.block_length,
             "decoding.stepsPerBlock must not exceed decoding.blockLength",
         ),
-        (
-            not 0.0 <= spec.min_padding_efficiency <= 1.0,
-            "scheduling.minPaddingEfficiency must be between 0 and 1",
-        ),
+    ]
+    problems += [
+        (True, f"scheduling.{SCHEDULING_FIELDS[name]} {text}") for name, text in _scheduling_problems(spec)
     ]
     for failed, message in problems:
         if failed:

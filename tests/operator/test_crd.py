@@ -7,7 +7,9 @@ import copy
 import kubernetes_validate
 import pytest
 import yaml
+from dllm_operator.spec import SCHEDULING_FIELDS
 
+from engine_pod.scheduler.config import ADMISSION_MODES, DEFAULTS
 from tests.operator.crd_utils import EXAMPLE_PATH, admit, apply_defaults, load_crd, spec_schema
 
 K8S_VERSION = "1.33.0"
@@ -128,6 +130,9 @@ INVALID = [
     ("model.famly", "dream"),
     ("gateway.prot", 8080),
     ("profiling.utilisation", 0.8),
+    ("scheduling.maxWaitSeconds", -1),
+    ("scheduling.maxRows", 0),
+    ("scheduling.maxWait", 2),
 ]
 
 
@@ -149,9 +154,22 @@ VALID = [
     ("redis", {"url": "rediss://redis.queue:6380/2"}),
     ("redis", {"url": "redis+cluster://redis-0.redis.queue:7000"}),
     ("decoding.stepsPerBlock", 32),
+    ("scheduling.maxWaitSeconds", 0),
+    ("scheduling.maxWaitSeconds", 2.5),
+    ("scheduling.maxRows", 64),
 ]
 
 
 @pytest.mark.parametrize("path, value", VALID, ids=[f"{p}={v!r}"[:60] for p, v in VALID])
 def test_valid_specs_are_accepted(path, value):
     assert admit(_with(path, value)) == []
+
+
+def test_the_crd_scheduling_defaults_and_ranges_are_the_scheduler_configs():
+    """One home for BlockServe's settings: the CRD repeats SchedulerConfig's defaults (a schema cannot
+    import them), and this keeps the two the same."""
+    fields = spec_schema(load_crd())["properties"]["scheduling"]["properties"]
+    assert {name: fields[name]["default"] for name in SCHEDULING_FIELDS.values()} == {
+        crd_name: getattr(DEFAULTS, name) for name, crd_name in SCHEDULING_FIELDS.items()
+    }
+    assert fields["admission"]["enum"] == list(ADMISSION_MODES)

@@ -28,6 +28,7 @@ from dllm_operator.manifests.redis import (
 from dllm_operator.spec import SpecError, parse_spec
 
 from engine_pod.cli.main import build_parser
+from engine_pod.scheduler.config import DEFAULTS
 from tests.operator.crd_utils import EXAMPLE_PATH
 
 K8S_VERSION = "1.33.0"
@@ -124,10 +125,24 @@ def test_engine_command_is_what_dllm_worker_accepts_with_the_scheduling_fields()
         assert command[:2] == ["dllm", "worker"]
         return build_parser().parse_args(command[1:])
 
-    args = worker_args(example(scheduling__admission="projected", scheduling__minPaddingEfficiency=0.5))
+    args = worker_args(
+        example(
+            scheduling__admission="projected",
+            scheduling__minPaddingEfficiency=0.5,
+            scheduling__maxRows=64,
+            scheduling__maxWaitSeconds=2.5,
+        )
+    )
     assert (args.admission, args.min_padding_efficiency, args.threshold) == ("projected", 0.5, 0.9)
+    assert (args.max_rows, args.max_wait) == (64, 2.5)
     defaults = worker_args(example())
-    assert (defaults.admission, defaults.min_padding_efficiency) == ("preempt", 0.7)
+    settings = (defaults.admission, defaults.min_padding_efficiency, defaults.max_rows, defaults.max_wait)
+    assert settings == (
+        DEFAULTS.admission,
+        DEFAULTS.min_padding_efficiency,
+        DEFAULTS.max_rows,
+        DEFAULTS.max_wait_s,
+    )
 
 
 def test_profile_job_uses_the_termination_log_and_never_restarts():
@@ -185,6 +200,8 @@ def test_operator_rechecks_what_cel_would_reject():
         example(replicas__min=9)
     with pytest.raises(SpecError, match="minPaddingEfficiency"):
         example(scheduling__minPaddingEfficiency=1.5)
+    with pytest.raises(SpecError, match="scheduling.maxWaitSeconds must be at least 0"):
+        example(scheduling__maxWaitSeconds=-0.5)
 
 
 def test_gateway_liveness_checks_the_process_and_readiness_checks_redis():

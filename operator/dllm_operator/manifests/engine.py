@@ -8,7 +8,8 @@ from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests import common
 from dllm_operator.manifests.redis import password_ref
 from dllm_operator.profile_state import GPU_PRODUCT_LABEL
-from dllm_operator.spec import ServiceSpec
+from dllm_operator.spec import ServiceSpec, scheduler_settings
+from engine_pod.cli.scheduling import admission_flags
 from engine_pod.queue.connect import REDIS_PASSWORD_ENV
 
 PROFILE_MOUNT = "/etc/dllm/profile"
@@ -73,10 +74,7 @@ def engine_deployment(
         str(spec.threshold),
         "--cache",
         spec.cache,
-        "--admission",
-        spec.admission,
-        "--min-padding-efficiency",
-        str(spec.min_padding_efficiency),
+        *admission_flags(scheduler_settings(spec)),
         "--port",
         str(METRICS_PORT),
     ]
