@@ -7,8 +7,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine_pod.bench.execute import PreparedRequest, run_policy
+from engine_pod.bench.execute import run_policy
 from engine_pod.bench.policies import PolicySpec, static_batch_size_for
+from engine_pod.bench.results import PreparedRequest
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import LoadedModel
 from engine_pod.prompts import encode_prompt

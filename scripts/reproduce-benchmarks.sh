@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every figure in README.md's benchmark section, on this machine (CPU, the shipped model, 2 threads).
-# Results go to docs/results/: JSON reports and PNG plots. Takes about 10 minutes on 2 cores.
+# Results go to docs/results/: JSON reports and PNG plots. Takes about 15 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/results
@@ -24,8 +24,21 @@ for factor in 1 2; do
     --token-budget "$((factor * budget))" --json "$out/budget-${factor}x.json"
 done
 
-# 3. Generation quality of the shipped model under every policy.
+# 3. Online load: Poisson arrivals at several rates, every policy on the same arrivals; then the
+#    fairness load (300 chat requests, 32 clients) through dllm serve.
+dllm bench --workload heterogeneous --policy sequential,static,blockserve,gateway --arrival-rate 10,30,60,120 \
+  --requests 200 --json "$out/online-heterogeneous.json" --plot "$out/online-heterogeneous.png"
+port=${PORT:-8411}
+dllm serve --port "$port" --data-dir "$(mktemp -d)" > "$out/serve.log" 2>&1 &
+serve_pid=$!
+trap 'kill -INT $serve_pid 2>/dev/null || true' EXIT
+until grep -q "API at" "$out/serve.log"; do sleep 1; done
+dllm bench --url "http://127.0.0.1:$port" --concurrency 32 --requests 300 --served-model-name tiny-llada \
+  --json "$out/load-c32-1.json"
+kill -INT $serve_pid && wait $serve_pid || true
+
+# 4. Generation quality of the shipped model under every policy.
 dllm eval --policy sequential,static,blockserve --n 210 --json --outputs "$out/eval-outputs.jsonl" > "$out/eval.json"
 
-# 4. The tables README.md shows.
+# 5. The tables README.md shows.
 python scripts/results_tables.py "$out" > docs/benchmarks.md

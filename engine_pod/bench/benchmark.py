@@ -10,10 +10,11 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from engine_pod.bench.calibrate import calibrate_threshold
-from engine_pod.bench.execute import ModelSpec, PolicyRun, run_policy, run_policy_isolated
+from engine_pod.bench.execute import run_policy, run_policy_isolated
 from engine_pod.bench.policies import PolicySpec, static_batch_size_for
 from engine_pod.bench.prepare import prepare_requests
 from engine_pod.bench.report import compare_outputs, policy_metrics, summarise, timeline
+from engine_pod.bench.results import ModelSpec, PolicyRun
 from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.isolation import run_in_child

@@ -1,4 +1,5 @@
-"""Run one policy over a prepared workload, in a child process of its own when asked.
+"""Run one policy over a prepared workload, in a child process of its own when asked; the one place that
+dispatches a policy to the engine alone or through the serving path.
 
 A child per policy gives each its own peak resident memory (CPU) and a clean allocator (CUDA).
 """
@@ -6,51 +7,20 @@ A child per policy gives each its own peak resident memory (CPU) and a clean all
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
 
 from engine_pod.bench.policies import PolicySpec, build_scheduler
+from engine_pod.bench.results import ModelSpec, PolicyRun, PreparedRequest, RequestOutcome
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.engine import CycleRecord, Engine
+from engine_pod.engine import Engine
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.models.loader import LoadedModel, load_model
 from engine_pod.profiling.memory import peak_bytes, reset_peak
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.request import Request
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    model: str
-    device: str
-    dtype: str
-
-
-@dataclass
-class PreparedRequest:
-    request_id: str
-    prompt_ids: list[int]
-    max_tokens: int
-
-
-@dataclass
-class RequestOutcome:
-    generated: list[int]
-    finish_reason: str
-    latency_s: float  # from the start of the run (every request arrives at t=0 offline)
-    margins: list[float] = field(default_factory=list)
-
-
-@dataclass
-class PolicyRun:
-    policy: str
-    wall_s: float
-    peak_memory_bytes: int
-    outcomes: dict[str, RequestOutcome]
-    cycles: list[CycleRecord]
 
 
 def warm_up(runner: BlockCycleRunner, requests: list[PreparedRequest]) -> None:

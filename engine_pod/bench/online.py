@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from engine_pod.bench.execute import PreparedRequest
+from engine_pod.bench.results import PreparedRequest
 
 
 @dataclass(frozen=True)

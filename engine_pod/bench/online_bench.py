@@ -9,12 +9,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from engine_pod.bench.benchmark import _static_widths
-from engine_pod.bench.execute import ModelSpec
 from engine_pod.bench.online import Load, OnlineRequest, online_metrics, repeat_to
 from engine_pod.bench.online_engine import run_engine_online
 from engine_pod.bench.online_http import drive
 from engine_pod.bench.policies import PolicySpec, static_batch_size_for
 from engine_pod.bench.prepare import prepare_requests
+from engine_pod.bench.results import ModelSpec
 from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import load_metadata, load_model

@@ -92,7 +92,8 @@ def plot_online(report: dict, path: Path) -> None:
     for ax, title in zip(axes, ("end-to-end latency (s)", "time to the first committed block, p50 (s)")):
         ax.set_xlabel("clients (closed loop)" if closed else "offered load (requests/s)")
         ax.set_title(title)
-        ax.grid(alpha=0.3)
+        ax.set_yscale("log")  # static's queueing and a second-scale tail on one axis
+        ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     fig.suptitle(f"{report['workload']}: {report['requests']} requests per load ({report['target']})")
     fig.tight_layout()

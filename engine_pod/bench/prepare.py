@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from engine_pod.bench.execute import PreparedRequest
+from engine_pod.bench.results import PreparedRequest
 from engine_pod.bench.workloads import WorkloadItem
 from engine_pod.models.config import ModelConfig
 from engine_pod.prompts import encode_prompt

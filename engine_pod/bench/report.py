@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict
 
-from engine_pod.bench.execute import PolicyRun, PreparedRequest
+from engine_pod.bench.results import PolicyRun, PreparedRequest
 from engine_pod.text import completion_tokens
 
 NEAR_TIE = 1e-4  # a divergence must start where the top-2 probability gap is below this

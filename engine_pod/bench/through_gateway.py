@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import redis
 
-from engine_pod.bench.execute import PolicyRun, PreparedRequest, RequestOutcome
 from engine_pod.bench.http_client import LoadClient
 from engine_pod.bench.policies import PolicySpec
+from engine_pod.bench.results import PolicyRun, PreparedRequest, RequestOutcome
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import LoadedModel
 from engine_pod.profiling.memory import peak_bytes

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from engine_pod.bench.benchmark import BenchConfig, run_benchmark
-from engine_pod.bench.execute import ModelSpec
 from engine_pod.bench.policies import POLICIES
+from engine_pod.bench.results import ModelSpec
 from engine_pod.bench.workloads import named_workloads
 from engine_pod.cli.budget import profile_usable_memory
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config

@@ -7,7 +7,7 @@ import logging
 import sys
 
 from engine_pod.cli import bench, eval, generate, profile, serve, train, worker
-from engine_pod.profiling.memory import configure_cuda_allocator
+from engine_pod.profiling.memory import configure_cuda_allocator, tune_cpu_allocator
 
 _COMMANDS = [generate, serve, bench, eval, profile, train, worker]
 
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_cuda_allocator()  # before CUDA starts: the profiler and the engine must share one allocator
+    tune_cpu_allocator()  # CPU peaks then follow the batch shape, as the profiled budget assumes
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -14,7 +14,6 @@ from engine_pod.models.config import ModelConfig, config_from_dict, load_config
 from engine_pod.models.presets import preset
 from engine_pod.models.transformer import DiffusionTransformer
 from engine_pod.models.weights import load_state_dict
-from engine_pod.profiling.memory import tune_cpu_allocator
 
 logger = logging.getLogger(__name__)
 
@@ -177,8 +176,6 @@ def load_metadata(spec: str) -> tuple[ModelConfig, Any]:
 def load_model(spec: str, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> LoadedModel:
     """Load ``spec`` (directory, repo id, or random:PRESET) onto ``device`` in ``dtype``."""
     torch_device, torch_dtype = parse_device(device), parse_dtype(dtype)
-    if torch_device.type == "cpu":
-        tune_cpu_allocator()  # CPU peaks then follow the batch shape, as the profiled budget assumes
     if spec.startswith("random:"):
         config = config_from_dict(preset(spec.split(":", 1)[1]))
         model = build_model(config, torch_device, torch_dtype)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine_pod.bench.benchmark import BenchConfig, run_benchmark
-from engine_pod.bench.execute import ModelSpec
+from engine_pod.bench.results import ModelSpec
 from engine_pod.cli.main import main
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.defaults import DEFAULT_MODEL
