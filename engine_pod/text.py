@@ -15,6 +15,16 @@ def cut_at_eos(token_ids: Sequence[int], eos_ids: Iterable[int]) -> list[int]:
     return list(token_ids)
 
 
+def within_limit(
+    token_ids: Sequence[int], max_tokens: int, eos_ids: Iterable[int], ignore_eos: bool = False
+) -> tuple[list[int], str]:
+    """What a client gets of a finished generation and why it ended: at most ``max_tokens`` tokens (whole
+    blocks overshoot the limit), "stop" when an EOS came within them, else "length"."""
+    kept = list(token_ids[:max_tokens])
+    eos = set(eos_ids)
+    return kept, "stop" if not ignore_eos and any(t in eos for t in kept) else "length"
+
+
 def completion_tokens(token_ids: Sequence[int], eos_ids: Iterable[int]) -> int:
     """Generated tokens up to and including the first EOS (all of them when there is none)."""
     kept = len(cut_at_eos(token_ids, eos_ids))

@@ -43,10 +43,22 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def _param(location: tuple) -> str | None:
+    """OpenAI's ``param`` from pydantic's error location: field names and list indexes, without the
+    union members pydantic tried (``prompt.function-after[...]`` -> ``prompt``)."""
+    out = ""
+    for part in location:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part != "body" and part.isidentifier():
+            out += f".{part}" if out else part
+    return out or None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first = exc.errors()[0] if exc.errors() else {}
-    location = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-    return f"{location or 'body'}: {first.get('msg', 'invalid request')}", location or None
+    param = _param(tuple(first.get("loc", ())))
+    return f"{param or 'body'}: {first.get('msg', 'invalid request')}", param
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -58,8 +70,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        return JSONResponse(error_body(message, "invalid_request_error", param), status_code=422)
+        message, param = _validation_message(exc)  # 400, as OpenAI answers an invalid body (not 422)
+        return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
 
     async def redis_unreachable(request: Request, exc: Exception) -> JSONResponse:
         retry_after = request.app.state.gateway.settings.retry_after_s

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def _encodable(text: str) -> str:
+    """Text that UTF-8 can carry: a lone surrogate (valid JSON, "\\ud800") is not."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("text must be valid Unicode (it has a lone surrogate)") from exc
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
+STRICT = ConfigDict(extra="allow", strict=True)  # no coercion: `true` is not 1, "yes" is not true
 
 
 class DllmFields(BaseModel):
     """Extra body fields for diffusion decoding. Block length and steps must equal the service's."""
+
+    model_config = STRICT
 
     block_length: int | None = Field(None, ge=1, description="tokens per block (must match the service)")
     steps: int | None = Field(None, ge=1, description="denoising steps per block (must match the service)")
@@ -16,18 +31,16 @@ class DllmFields(BaseModel):
 
 
 class CommonFields(DllmFields):
-    model_config = ConfigDict(extra="allow")
-
-    model: str
+    model: Text
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stream: bool = False
     stream_options: dict | None = None
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     temperature: float | None = Field(None, ge=0, le=2, description="accepted; decoding is greedy")
     top_p: float | None = Field(None, gt=0, le=1, description="accepted; decoding is greedy")
     n: int = Field(1, ge=1, le=1, description="only one choice per prompt")
-    user: str | None = None
+    user: Text | None = None
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:
@@ -36,14 +49,14 @@ class CommonFields(DllmFields):
 
 
 class CompletionRequest(CommonFields):
-    prompt: str | list[str] | list[int] = Field(..., description="text, list of texts, or token ids")
+    prompt: Text | list[Text] | list[int] = Field(..., description="text, list of texts, or token ids")
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
+    content: Text
 
 
 class ChatCompletionRequest(CommonFields):
@@ -120,6 +133,8 @@ class FileObject(BaseModel):
 
 
 class BatchCreate(BaseModel):
+    model_config = ConfigDict(strict=True)
+
     input_file_id: str
     endpoint: Literal["/v1/completions", "/v1/chat/completions"]
     completion_window: Literal["24h"] = "24h"

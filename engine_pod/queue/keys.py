@@ -12,9 +12,19 @@ from dataclasses import dataclass
 _SERVICE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
+_ID = re.compile(r"^[a-z]+-[0-9a-f]{16}-[0-9a-f]{8,32}$")
+
+
 def new_request_id(prefix: str = "req") -> str:
-    """Time-ordered ids: members with equal scores sort by arrival in the pending sorted set."""
-    return f"{prefix}-{time.time_ns():016x}-{os.urandom(4).hex()}"
+    """Time-ordered ids (members with equal scores sort by arrival in the pending sorted set) with 128
+    random bits: an id cannot be guessed."""
+    return f"{prefix}-{time.time_ns():016x}-{os.urandom(16).hex()}"
+
+
+def is_request_id(text: str, prefix: str) -> bool:
+    """Whether ``text`` is an id ``new_request_id(prefix)`` could have made (checked before it becomes
+    part of a Redis key)."""
+    return bool(_ID.match(text)) and text.startswith(prefix + "-")
 
 
 @dataclass(frozen=True)

@@ -36,12 +36,13 @@ from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.config import SchedulerConfig
 from engine_pod.scheduler.request import Request, RequestError, RequestState
-from engine_pod.text import completion_tokens
+from engine_pod.text import completion_tokens, within_limit
 from engine_pod.worker.metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
 
 RECORD_WINDOW = 1024  # block cycles a long-running worker remembers (bounded memory)
+FINISHED_REASONS = ("stop", "length")  # a generation that ran to its end (not cancelled, not refused)
 AGED_READ = 8  # requests waiting past the bound read per claim (the oldest first)
 
 
@@ -93,6 +94,7 @@ class Worker:
         self._subscribed = False
         self._meta: dict[str, dict] = {}  # request id -> payload meta, echoed in its done event
         self._streaming: set[str] = set()  # requests whose clients read each block (others: the result)
+        self._max_tokens: dict[str, int] = {}  # request id -> its max_tokens: results are cut to it
         self._outbox: dict[str, DoneEvent] = {}  # finished, not yet acknowledged by Redis
         self._unsent: list[BlockCommit] = []  # committed blocks Redis has not recorded yet (a fault)
 
@@ -267,6 +269,7 @@ class Worker:
         request.generated = list(claimed.generated)
         request.threshold = payload.threshold
         self._meta[payload.id] = payload.meta
+        self._max_tokens[payload.id] = payload.max_tokens
         if payload.stream:
             self._streaming.add(payload.id)
         finished = self.scheduler.finish_reason_for(request)
@@ -341,6 +344,7 @@ class Worker:
         self.scheduler.cancel(request_id)
         self._outbox.pop(request_id, None)
         self._meta.pop(request_id, None)
+        self._max_tokens.pop(request_id, None)
         self._streaming.discard(request_id)
 
     def _publish_done(self, request: Request, reason: str, error: str | None = None) -> None:
@@ -348,7 +352,9 @@ class Worker:
         self._commit()
 
     def _stage_done(self, request: Request, reason: str, error: str | None = None) -> None:
-        generated = request.generated
+        generated, limit = request.generated, self._max_tokens.pop(request.request_id, None)
+        if limit is not None and reason in FINISHED_REASONS:  # exactly max_tokens, as OpenAI's API says
+            generated, reason = within_limit(generated, limit, self.eos_ids, self.decoding.ignore_eos)
         done = DoneEvent(
             token_ids=list(generated),
             finish_reason=reason,

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, File, Form, UploadFile
 from fastapi.responses import Response
 
-from engine_pod.queue.keys import new_request_id
+from engine_pod.queue.keys import is_request_id, new_request_id
 from gateway.batch_ingest import ingest_batch, output_lines
 from gateway.errors import ApiError
 from gateway.schemas import BatchCreate, BatchObject, FileObject, RequestCounts
@@ -18,6 +18,14 @@ from gateway.state import State, require_api_key
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 MAX_FILE_BYTES = 200 * 1024 * 1024
 OUTPUT_SUFFIX = "-output"
+
+
+def _known_form(identifier: str, prefix: str, param: str) -> str:
+    """``identifier`` if it has the form of an id we issue; else 404 before it reaches a Redis key (an id
+    such as ``<batch>:results`` would name another key)."""
+    if not is_request_id(identifier, prefix):
+        raise ApiError(404, f"no {prefix} {identifier!r}", param=param)
+    return identifier
 
 
 def _text(value) -> str:
@@ -51,6 +59,7 @@ async def upload_file(
 
 
 async def _file_meta(state, file_id: str) -> dict:
+    _known_form(file_id, "file", "file_id")
     values = await state.redis.hmget(
         state.queue.ops.keys.file(file_id), ["filename", "bytes", "created_at", "purpose"]
     )
@@ -84,7 +93,9 @@ async def file_content(file_id: str, state: State) -> Response:
     if file_id.endswith(OUTPUT_SUFFIX):
         batch = await _batch(state, file_id[: -len(OUTPUT_SUFFIX)])
         return Response(await _output(state, batch), media_type="application/jsonl")
-    content = await state.redis.hget(state.queue.ops.keys.file(file_id), "content")
+    content = await state.redis.hget(
+        state.queue.ops.keys.file(_known_form(file_id, "file", "file_id")), "content"
+    )
     if content is None:
         raise ApiError(404, f"no file {file_id!r}", param="file_id")
     return Response(content, media_type="application/jsonl")
@@ -99,7 +110,8 @@ async def _output(state, batch: BatchObject) -> bytes:
 
 @router.post("/batches", response_model=BatchObject)
 async def create_batch(body: BatchCreate, state: State) -> BatchObject:
-    content = await state.redis.hget(state.queue.ops.keys.file(body.input_file_id), "content")
+    input_file = _known_form(body.input_file_id, "file", "input_file_id")
+    content = await state.redis.hget(state.queue.ops.keys.file(input_file), "content")
     if content is None:
         raise ApiError(404, f"no file {body.input_file_id!r}", param="input_file_id")
     lines = sum(1 for line in content.splitlines() if line.strip())
@@ -130,6 +142,7 @@ async def create_batch(body: BatchCreate, state: State) -> BatchObject:
 
 
 async def _batch(state, batch_id: str) -> BatchObject:
+    _known_form(batch_id, "batch", "batch_id")
     raw = await state.redis.hgetall(state.queue.ops.keys.batch(batch_id))
     if not raw:
         raise ApiError(404, f"no batch {batch_id!r}", param="batch_id")

@@ -159,10 +159,12 @@ def _chunk(queued: QueuedRequest, body, text: str, reason: str | None, chat: boo
 
 
 async def _stream(queued: QueuedRequest, body, state, chat: bool) -> AsyncIterator[dict]:
-    """One chunk per committed block carrying the new text; the last one says why generation ended.
+    """One chunk per committed block carrying the new text; the last one says why generation ended, and
+    with ``stream_options.include_usage`` a final chunk with no choices carries the usage.
 
-    Block events are numbered; after a gap (a block the worker could not publish during a Redis fault)
-    no more block chunks go out, and the done event, which carries every token, sends the rest.
+    Text never goes past ``max_tokens`` tokens (a block can). Block events are numbered; after a gap (a
+    block the worker could not publish during a Redis fault) no more block chunks go out, and the done
+    event, which carries every token, sends the rest.
     """
     tokens: list[int] = []
     sent = ""
@@ -174,30 +176,42 @@ async def _stream(queued: QueuedRequest, body, state, chat: bool) -> AsyncIterat
             if not contiguous:
                 continue
             tokens.extend(event.token_ids)
-            text, stopped = apply_stop(state.tokenizer.decode(tokens), stops)
+            text, stopped = apply_stop(state.tokenizer.decode(tokens[: queued.max_tokens]), stops)
             if text != sent and text.startswith(sent):
                 yield _chunk(queued, body, text[len(sent) :], None, chat)
                 sent = text
             if stopped:
                 await cancel_quietly(queued, state)
-                yield _chunk(queued, body, "", "stop", chat) | _usage_field(
-                    body, len(queued.prompt_ids), len(tokens)
-                )
+                yield _chunk(queued, body, "", "stop", chat)
+                if _wants_usage(body):
+                    yield _usage_chunk(
+                        queued, body, len(queued.prompt_ids), min(len(tokens), queued.max_tokens)
+                    )
                 return
         elif isinstance(event, DoneEvent):
             text, stopped = apply_stop(state.tokenizer.decode(event.token_ids), stops)
             if text.startswith(sent) and text != sent:
                 yield _chunk(queued, body, text[len(sent) :], None, chat)
-            final = _chunk(queued, body, "", finish_reason(event, stopped), chat)
-            yield final | _usage_field(body, event.prompt_tokens, event.completion_tokens)
+            yield _chunk(queued, body, "", finish_reason(event, stopped), chat)
+            if _wants_usage(body):
+                yield _usage_chunk(queued, body, event.prompt_tokens, event.completion_tokens)
 
 
-def _usage_field(body, prompt_tokens: int, completion_tokens: int) -> dict:
-    if not (body.stream_options or {}).get("include_usage"):
-        return {}
-    usage = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
+def _wants_usage(body) -> bool:
+    return bool((body.stream_options or {}).get("include_usage"))
+
+
+def _usage_chunk(queued: QueuedRequest, body, prompt_tokens: int, completion_tokens: int) -> dict:
+    """The last chunk, as OpenAI sends it with include_usage: no choices, only the usage."""
+    return {
+        "id": queued.id,
+        "object": "chat.completion.chunk" if isinstance(body, ChatCompletionRequest) else "text_completion",
+        "created": int(queued.created),
+        "model": body.model,
+        "choices": [],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
     }
-    return {"usage": usage}

@@ -1,4 +1,4 @@
-"""GET /v1/models."""
+"""GET /v1/models and /v1/models/{id}."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import time
 
 from fastapi import APIRouter, Depends
 
+from gateway.errors import ApiError
 from gateway.schemas import ModelCard, ModelList
 from gateway.state import State, require_api_key
 
@@ -13,10 +14,9 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 _STARTED = int(time.time())
 
 
-@router.get("/models", response_model=ModelList)
-async def list_models(state: State) -> ModelList:
+def _card(state) -> ModelCard:
     s = state.settings
-    card = ModelCard(
+    return ModelCard(
         id=s.served_model,
         created=_STARTED,
         block_length=s.block_length,
@@ -25,4 +25,18 @@ async def list_models(state: State) -> ModelList:
         max_prompt_tokens=s.max_prompt_tokens,
         max_tokens=s.max_tokens_limit,
     )
-    return ModelList(data=[card])
+
+
+@router.get("/models", response_model=ModelList)
+async def list_models(state: State) -> ModelList:
+    return ModelList(data=[_card(state)])
+
+
+@router.get("/models/{model_id:path}", response_model=ModelCard)
+async def get_model(model_id: str, state: State) -> ModelCard:
+    card = _card(state)
+    if model_id != card.id:
+        raise ApiError(
+            404, f"the model {model_id!r} does not exist; this service serves {card.id!r}", param="model"
+        )
+    return card

@@ -99,7 +99,7 @@ def test_batch_errors_are_clear(served_model, redis_server, service):
         wrong = client.post("/v1/files", files={"file": ("a.jsonl", b"{}\n")}, data={"purpose": "fine-tune"})
         assert wrong.status_code == 400 and "purpose" in wrong.json()["error"]["message"]
         bad_endpoint = client.post("/v1/batches", json={"input_file_id": "x", "endpoint": "/v1/embeddings"})
-        assert bad_endpoint.status_code == 422
+        assert bad_endpoint.status_code == 400
 
 
 def test_files_batches_and_their_results_expire_and_a_batch_file_is_bounded(

@@ -1,0 +1,71 @@
+"""``dllm serve`` as a subprocess on a free port, for tests that drive what users run."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from engine_pod.serve.redis_server import free_port
+from tests.serving_utils import wait_for
+
+
+class Serve:
+    def __init__(self, tmp: Path, *extra: str, env: dict | None = None) -> None:
+        self.port = free_port()
+        self.log = tmp / "serve.log"
+        argv = [sys.executable, "-m", "engine_pod.cli.main", "serve", "--port", str(self.port)]
+        argv += ["--data-dir", str(tmp / "data"), "--drain-timeout", "5", *extra]
+        self.out = open(self.log, "w")  # noqa: SIM115 (closed in stop)
+        self.process = subprocess.Popen(argv, stdout=self.out, stderr=subprocess.STDOUT, env=env)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self) -> None:
+        wait_for(lambda: "API at" in self.log.read_text() or self.process.poll() is not None, 120, 0.1)
+        assert self.process.poll() is None, self.log.read_text()[-2000:]
+
+    def children(self) -> dict[str, int]:
+        """The supervisor's children by role, read from /proc (``ps`` cuts long command lines)."""
+        found = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                parent = int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+                args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except (OSError, IndexError, ValueError):
+                continue
+            if parent != self.process.pid:
+                continue
+            name = "redis" if "redis-server" in args else "worker" if " worker " in args else "gateway"
+            found[name] = int(entry.name)
+        return found
+
+    def redis_port(self) -> int:
+        """The private Redis's port, from its command line (``redis-server 127.0.0.1:PORT``)."""
+        args = Path(f"/proc/{self.children()['redis']}/cmdline").read_bytes().split(b"\0")[0]
+        return int(args.rsplit(b":", 1)[1])
+
+    def answers(self) -> bool:
+        try:
+            body = {"model": "tiny-llada", "prompt": "count to 5 .", "max_tokens": 32}
+            return httpx.post(f"{self.url}/v1/completions", json=body, timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.out.close()
+        return self.process.returncode
