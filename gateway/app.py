@@ -14,7 +14,7 @@ from engine_pod.queue.ops import QueueOps
 from engine_pod.queue.resilience import CLIENT_OPTIONS, TRANSIENT_ERRORS
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
-from gateway.routers import batches, completions, health, models
+from gateway.routers import batches, completions, files, health, models
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.tokenizer import GatewayTokenizer
@@ -54,7 +54,7 @@ def build_app(settings: GatewaySettings) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    for router in (completions.router, models.router, batches.router, health.router):
+    for router in (completions.router, models.router, files.router, batches.router, health.router):
         app.include_router(router)
 
     app.add_middleware(RequestCounter)

@@ -59,6 +59,10 @@ async def ingest_batch(batch_id: str, content: bytes, endpoint: str, state) -> N
     chunk = state.settings.batch_chunk
     try:
         for start in range(0, len(lines), chunk):
+            if await _cancelled(batch_id, state):
+                await _skip(lines[start:], start, batch_id, state)
+                await cancel_members(batch_id, state)  # also those queued while the cancel was read
+                return
             part = lines[start : start + chunk]
             prepared = await asyncio.to_thread(
                 lambda p=part, s=start: [_prepare(t, s + i, endpoint, state) for i, t in enumerate(p)]
@@ -71,7 +75,43 @@ async def ingest_batch(batch_id: str, content: bytes, endpoint: str, state) -> N
             keys.batch(batch_id), mapping={"status": "failed", "errors": json.dumps({"message": str(exc)})}
         )
         return
-    await state.redis.hset(keys.batch(batch_id), "status", "in_progress")
+    if not await _cancelled(batch_id, state):
+        await state.redis.hset(keys.batch(batch_id), "status", "in_progress")
+    else:
+        await cancel_members(batch_id, state)
+
+
+async def _cancelled(batch_id: str, state) -> bool:
+    status = await state.redis.hget(state.queue.ops.keys.batch(batch_id), "status")
+    return status in (b"cancelling", "cancelling")
+
+
+async def _skip(lines: list[str], start: int, batch_id: str, state) -> None:
+    """Lines a cancel stopped before they were queued: each an error line of the output."""
+    for index, text in enumerate(lines, start):
+        line = {"id": f"batch_req_line{index + 1}", "custom_id": _custom_id(text, index), "response": None}
+        await _submit(
+            {"id": None, "line": line | {"error": {"code": "cancelled", "message": "batch cancelled"}}},
+            batch_id,
+            state,
+        )
+
+
+def _custom_id(text: str, index: int) -> str:
+    try:
+        return str(json.loads(text).get("custom_id", f"line-{index + 1}"))
+    except (json.JSONDecodeError, AttributeError):
+        return f"line-{index + 1}"
+
+
+async def cancel_members(batch_id: str, state) -> None:
+    """Cancel every queued line of the batch: a pending one ends at once (counted failed), a running one
+    at its worker's next block boundary. Idempotent."""
+    keys = state.queue.ops.keys
+    members = await state.redis.lrange(keys.batch_members(batch_id), 0, -1)
+    for member in members:
+        request_id = member.decode() if isinstance(member, bytes) else member
+        await state.queue.run(state.queue.ops.cancel(request_id, 0, batch_id))
 
 
 async def _submit(item, batch_id: str, state) -> None:
@@ -85,6 +125,11 @@ async def _submit(item, batch_id: str, state) -> None:
             await pipe.execute()
         return
     item.meta[BATCH_META] = batch_id
+    members = keys.batch_members(batch_id)
+    async with state.redis.pipeline(transaction=True) as pipe:  # recorded first: a cancel then finds it
+        pipe.rpush(members, item.id)
+        pipe.expire(members, state.settings.batch_ttl_s)
+        await pipe.execute()
     await state.queue.enqueue(item, max_queued=0)
 
 

@@ -132,6 +132,20 @@ class FileObject(BaseModel):
     purpose: str
 
 
+class FileList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[FileObject]
+    has_more: bool = False
+    first_id: str | None = None
+    last_id: str | None = None
+
+
+class FileDeleted(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool = True
+
+
 class BatchCreate(BaseModel):
     model_config = ConfigDict(strict=True)
 
@@ -153,11 +167,23 @@ class BatchObject(BaseModel):
     endpoint: str
     input_file_id: str
     completion_window: str = "24h"
-    status: Literal["validating", "failed", "in_progress", "finalizing", "completed", "cancelled"]
+    status: Literal[
+        "validating", "failed", "in_progress", "finalizing", "completed", "cancelling", "cancelled"
+    ]
     output_file_id: str | None = None
     error_file_id: str | None = None
     created_at: int
     completed_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
     request_counts: RequestCounts
     errors: dict | None = None
     metadata: dict[str, str] | None = None
+
+
+class BatchList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchObject]
+    has_more: bool = False
+    first_id: str | None = None
+    last_id: str | None = None

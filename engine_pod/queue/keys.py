@@ -27,6 +27,15 @@ def is_request_id(text: str, prefix: str) -> bool:
     return bool(_ID.match(text)) and text.startswith(prefix + "-")
 
 
+_TENANT = re.compile(r"^(anonymous|[0-9a-f]{32})$")
+
+
+def _checked_tenant(tenant: str) -> str:
+    if not _TENANT.match(tenant):
+        raise ValueError(f"not a tenant id: {tenant!r}")
+    return tenant
+
+
 @dataclass(frozen=True)
 class ServiceKeys:
     service: str
@@ -100,6 +109,18 @@ class ServiceKeys:
         """List of {"id", "done"} JSON objects, one per finished member of the batch (Lua writes it)."""
         return self._key("batch", batch_id, "results")
 
+    def batch_members(self, batch_id: str) -> str:
+        """List of the request ids a batch enqueued (what cancelling the batch cancels)."""
+        return self._key("batch", batch_id, "members")
+
     def file(self, file_id: str) -> str:
-        """Hash: an uploaded file's metadata and content."""
+        """Hash: an uploaded file's metadata, content and tenant."""
         return self._key("file", file_id)
+
+    def files_of(self, tenant: str) -> str:
+        """Sorted set: a tenant's file ids by creation time (seconds): what ``GET /v1/files`` lists."""
+        return self._key("files", _checked_tenant(tenant))
+
+    def batches_of(self, tenant: str) -> str:
+        """Sorted set: a tenant's batch ids by creation time (seconds): what ``GET /v1/batches`` lists."""
+        return self._key("batches", _checked_tenant(tenant))

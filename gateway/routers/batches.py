@@ -1,4 +1,10 @@
-"""The batch API with OpenAI semantics: upload a JSONL file, create a batch, poll it, read its results."""
+"""The batch API with OpenAI semantics: create a batch from an uploaded JSONL file, list, poll and
+cancel batches, read their results (``<batch id>-output``, through the files API).
+
+Every batch belongs to the tenant that created it, from one of its own files (see ``gateway.tenancy``).
+Cancelling stops the lines not yet queued and cancels the queued ones (a running line stops at its next
+block boundary); the batch is ``cancelling`` until every line is accounted for, then ``cancelled``.
+"""
 
 from __future__ import annotations
 
@@ -6,114 +12,41 @@ import json
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Form, UploadFile
-from fastapi.responses import Response
+from fastapi import APIRouter, Depends, Query
 
-from engine_pod.queue.keys import is_request_id, new_request_id
-from gateway.batch_ingest import ingest_batch, output_lines
+from engine_pod.queue.keys import new_request_id
+from gateway.batch_ingest import cancel_members, ingest_batch, output_lines
 from gateway.errors import ApiError
-from gateway.schemas import BatchCreate, BatchObject, FileObject, RequestCounts
+from gateway.ids import as_text, known_form
+from gateway.schemas import BatchCreate, BatchList, BatchObject, RequestCounts
 from gateway.state import State, require_api_key
+from gateway.tenancy import TENANT_FIELD, Tenant, add_to_index, owned, page
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
-MAX_FILE_BYTES = 200 * 1024 * 1024
 OUTPUT_SUFFIX = "-output"
+ENDED = ("completed", "failed", "cancelled")
 
 
-def _known_form(identifier: str, prefix: str, param: str) -> str:
-    """``identifier`` if it has the form of an id we issue; else 404 before it reaches a Redis key (an id
-    such as ``<batch>:results`` would name another key)."""
-    if not is_request_id(identifier, prefix):
-        raise ApiError(404, f"no {prefix} {identifier!r}", param=param)
-    return identifier
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-@router.post("/files", response_model=FileObject)
-async def upload_file(
-    state: State, file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()]
-) -> FileObject:
-    if purpose != "batch":
-        raise ApiError(400, f"purpose {purpose!r} is not supported; use 'batch'", param="purpose")
-    content = await file.read()
-    if len(content) > MAX_FILE_BYTES:
-        raise ApiError(413, f"file is {len(content)} bytes; the limit is {MAX_FILE_BYTES}", param="file")
-    if not content.strip():
-        raise ApiError(400, "the file is empty", param="file")
-    file_id = new_request_id("file")
-    meta = {
-        "filename": file.filename or "upload.jsonl",
-        "bytes": len(content),
-        "created_at": int(time.time()),
-        "purpose": purpose,
-    }
-    key = state.queue.ops.keys.file(file_id)
-    async with state.redis.pipeline(transaction=True) as pipe:
-        pipe.hset(key, mapping=meta | {"content": content})
-        pipe.expire(key, state.settings.file_ttl_s)
-        await pipe.execute()
-    return FileObject(id=file_id, **meta)
-
-
-async def _file_meta(state, file_id: str) -> dict:
-    _known_form(file_id, "file", "file_id")
-    values = await state.redis.hmget(
-        state.queue.ops.keys.file(file_id), ["filename", "bytes", "created_at", "purpose"]
-    )
-    if values[0] is None:
-        raise ApiError(404, f"no file {file_id!r}", param="file_id")
-    return {
-        "filename": _text(values[0]),
-        "bytes": int(values[1]),
-        "created_at": int(values[2]),
-        "purpose": _text(values[3]),
-    }
-
-
-@router.get("/files/{file_id}", response_model=FileObject)
-async def get_file(file_id: str, state: State) -> FileObject:
-    if file_id.endswith(OUTPUT_SUFFIX):
-        batch = await _batch(state, file_id[: -len(OUTPUT_SUFFIX)])
-        content = await _output(state, batch)
-        return FileObject(
-            id=file_id,
-            bytes=len(content),
-            created_at=batch.created_at,
-            filename=f"{batch.id}_output.jsonl",
-            purpose="batch_output",
-        )
-    return FileObject(id=file_id, **await _file_meta(state, file_id))
-
-
-@router.get("/files/{file_id}/content")
-async def file_content(file_id: str, state: State) -> Response:
-    if file_id.endswith(OUTPUT_SUFFIX):
-        batch = await _batch(state, file_id[: -len(OUTPUT_SUFFIX)])
-        return Response(await _output(state, batch), media_type="application/jsonl")
-    content = await state.redis.hget(
-        state.queue.ops.keys.file(_known_form(file_id, "file", "file_id")), "content"
-    )
-    if content is None:
-        raise ApiError(404, f"no file {file_id!r}", param="file_id")
-    return Response(content, media_type="application/jsonl")
-
-
-async def _output(state, batch: BatchObject) -> bytes:
-    if batch.status != "completed":
-        raise ApiError(409, f"batch {batch.id} is {batch.status}; its output is ready when it is completed")
+async def batch_output(state, batch: BatchObject) -> bytes:
+    if batch.status not in ("completed", "cancelled"):
+        raise ApiError(409, f"batch {batch.id} is {batch.status}; its output is ready when it has ended")
     entries = await state.redis.lrange(state.queue.ops.keys.batch_results(batch.id), 0, -1)
     return "".join(json.dumps(line) + "\n" for line in output_lines(entries, batch.endpoint, state)).encode()
 
 
 @router.post("/batches", response_model=BatchObject)
-async def create_batch(body: BatchCreate, state: State) -> BatchObject:
-    input_file = _known_form(body.input_file_id, "file", "input_file_id")
-    content = await state.redis.hget(state.queue.ops.keys.file(input_file), "content")
-    if content is None:
-        raise ApiError(404, f"no file {body.input_file_id!r}", param="input_file_id")
+async def create_batch(body: BatchCreate, state: State, tenant: Tenant) -> BatchObject:
+    keys = state.queue.ops.keys
+    input_file = body.input_file_id
+    found = (
+        await state.redis.hmget(keys.file(input_file), ["content", TENANT_FIELD])
+        if known_form(input_file, "file")
+        else [None]
+    )
+    if found[0] is None:
+        raise ApiError(404, f"no file {input_file!r}", param="input_file_id")
+    owned(found[1], tenant, "file", input_file, "input_file_id")
+    content = found[0]
     lines = sum(1 for line in content.splitlines() if line.strip())
     if lines > state.settings.max_batch_lines:
         raise ApiError(
@@ -124,55 +57,101 @@ async def create_batch(body: BatchCreate, state: State) -> BatchObject:
     batch_id = new_request_id("batch")
     record = {
         "endpoint": body.endpoint,
-        "input_file_id": body.input_file_id,
+        "input_file_id": input_file,
         "status": "validating",
         "created_at": int(time.time()),
         "total": 0,
         "completed": 0,
         "failed": 0,
         "metadata": json.dumps(body.metadata or {}),
+        TENANT_FIELD: tenant,
     }
-    key = state.queue.ops.keys.batch(batch_id)
     async with state.redis.pipeline(transaction=True) as pipe:
-        pipe.hset(key, mapping=record)
-        pipe.expire(key, state.settings.batch_ttl_s)  # its results list inherits this (queue scripts)
+        pipe.hset(keys.batch(batch_id), mapping=record)
+        pipe.expire(keys.batch(batch_id), state.settings.batch_ttl_s)  # its results list inherits this
         await pipe.execute()
+    await add_to_index(
+        state, keys.batches_of(tenant), batch_id, record["created_at"], state.settings.batch_ttl_s
+    )
     state.spawn(ingest_batch(batch_id, content, body.endpoint, state))
-    return await _batch(state, batch_id)
+    return await owned_batch(state, tenant, batch_id)
 
 
-async def _batch(state, batch_id: str) -> BatchObject:
-    _known_form(batch_id, "batch", "batch_id")
+async def _record(state, batch_id: str) -> dict[str, str] | None:
+    if not known_form(batch_id, "batch"):
+        return None
     raw = await state.redis.hgetall(state.queue.ops.keys.batch(batch_id))
-    if not raw:
+    return {as_text(k): as_text(v) for k, v in raw.items()} if raw else None
+
+
+async def owned_batch(state, tenant: str, batch_id: str) -> BatchObject:
+    """The tenant's batch (404 when it does not exist or is another tenant's), its status brought up to
+    date: ``in_progress`` or ``cancelling`` with every line accounted for has ended."""
+    data = await _record(state, batch_id)
+    if data is None:
         raise ApiError(404, f"no batch {batch_id!r}", param="batch_id")
-    data = {_text(k): _text(v) for k, v in raw.items()}
+    owned(data.get(TENANT_FIELD), tenant, "batch", batch_id, "batch_id")
     counts = RequestCounts(
         total=int(data["total"]), completed=int(data["completed"]), failed=int(data["failed"])
     )
     status = data["status"]
-    done = status == "in_progress" and counts.completed + counts.failed >= counts.total
-    if done:
-        status = "completed"
-        if "completed_at" not in data:
-            data["completed_at"] = str(int(time.time()))
-            await state.redis.hsetnx(
-                state.queue.ops.keys.batch(batch_id), "completed_at", data["completed_at"]
-            )
+    if status in ("in_progress", "cancelling") and counts.completed + counts.failed >= counts.total:
+        status = "completed" if status == "in_progress" else "cancelled"
+        field = "completed_at" if status == "completed" else "cancelled_at"
+        if field not in data:
+            data[field] = str(int(time.time()))
+            await state.redis.hsetnx(state.queue.ops.keys.batch(batch_id), field, data[field])
     return BatchObject(
         id=batch_id,
         endpoint=data["endpoint"],
         input_file_id=data["input_file_id"],
         status=status,
-        output_file_id=batch_id + OUTPUT_SUFFIX if status == "completed" else None,
+        output_file_id=batch_id + OUTPUT_SUFFIX if status in ("completed", "cancelled") else None,
         created_at=int(data["created_at"]),
-        completed_at=int(data["completed_at"]) if done else None,
+        completed_at=int(data["completed_at"]) if status == "completed" else None,
+        cancelling_at=int(data["cancelling_at"]) if "cancelling_at" in data else None,
+        cancelled_at=int(data["cancelled_at"]) if status == "cancelled" else None,
         request_counts=counts,
         errors=json.loads(data["errors"]) if data.get("errors") else None,
         metadata=json.loads(data.get("metadata") or "{}") or None,
     )
 
 
+@router.get("/batches", response_model=BatchList)
+async def list_batches(
+    state: State, tenant: Tenant, after: str | None = None, limit: Annotated[int, Query(ge=1, le=100)] = 20
+) -> BatchList:
+    ids, has_more = await page(state, state.queue.ops.keys.batches_of(tenant), after, limit)
+    batches = []
+    for batch_id in ids:
+        try:
+            batches.append(await owned_batch(state, tenant, batch_id))
+        except ApiError:  # expired since it was listed
+            continue
+    return BatchList(
+        data=batches,
+        has_more=has_more,
+        first_id=batches[0].id if batches else None,
+        last_id=batches[-1].id if batches else None,
+    )
+
+
 @router.get("/batches/{batch_id}", response_model=BatchObject)
-async def get_batch(batch_id: str, state: State) -> BatchObject:
-    return await _batch(state, batch_id)
+async def get_batch(batch_id: str, state: State, tenant: Tenant) -> BatchObject:
+    return await owned_batch(state, tenant, batch_id)
+
+
+@router.post("/batches/{batch_id}/cancel", response_model=BatchObject)
+async def cancel_batch(batch_id: str, state: State, tenant: Tenant) -> BatchObject:
+    batch = await owned_batch(state, tenant, batch_id)
+    if batch.status in ("cancelling", "cancelled"):
+        return batch
+    if batch.status in ENDED:
+        raise ApiError(409, f"batch {batch_id} is {batch.status}; only a running batch can be cancelled")
+    key = state.queue.ops.keys.batch(batch_id)
+    async with state.redis.pipeline(transaction=True) as pipe:
+        pipe.hset(key, "status", "cancelling")
+        pipe.hsetnx(key, "cancelling_at", int(time.time()))
+        await pipe.execute()
+    await cancel_members(batch_id, state)  # ingestion, should it still run, stops at its next chunk
+    return await owned_batch(state, tenant, batch_id)

@@ -1,9 +1,12 @@
 """The official ``openai`` client, sync and async, against ``dllm serve`` (the shipped model): what the
-API promises and how its errors look. One ``dllm serve`` for the module; each test stops nothing."""
+API promises and how its errors look. One ``dllm serve`` for the module, with two API keys (two
+tenants); each test stops nothing."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 
 import httpx
 import openai
@@ -13,11 +16,12 @@ from tests.serving.serve_process import Serve
 
 MODEL = "tiny-llada"
 LONG = "count from 1 to 21 ."  # the shipped model answers it with several blocks
+KEY, OTHER_KEY = "key-of-tenant-a", "key-of-tenant-b"
 
 
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory):
-    server = Serve(tmp_path_factory.mktemp("conformance"))
+    server = Serve(tmp_path_factory.mktemp("conformance"), "--api-key", KEY, "--api-key", OTHER_KEY)
     server.wait_ready()
     yield server
     server.stop()
@@ -25,7 +29,13 @@ def serve(tmp_path_factory):
 
 @pytest.fixture
 def client(serve):
-    return openai.OpenAI(base_url=f"{serve.url}/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=f"{serve.url}/v1", api_key=KEY, max_retries=0)
+
+
+@pytest.fixture
+def other(serve):
+    """The other tenant."""
+    return openai.OpenAI(base_url=f"{serve.url}/v1", api_key=OTHER_KEY, max_retries=0)
 
 
 @pytest.mark.parametrize("max_tokens", [1, 3, 20, 40])
@@ -47,7 +57,7 @@ def test_max_tokens_is_exact(client, max_tokens):
 
 def test_async_stream_ends_with_a_usage_chunk_and_matches_the_whole_answer(serve, client):
     async def stream() -> list:
-        async with openai.AsyncOpenAI(base_url=f"{serve.url}/v1", api_key="unused", max_retries=0) as aclient:
+        async with openai.AsyncOpenAI(base_url=f"{serve.url}/v1", api_key=KEY, max_retries=0) as aclient:
             chunks = await aclient.chat.completions.create(
                 model=MODEL,
                 messages=[{"role": "user", "content": LONG}],
@@ -97,9 +107,8 @@ def test_an_invalid_body_is_a_400_with_openais_error_json(client, fields, param)
 def test_a_lone_surrogate_is_a_400_not_a_500(serve):
     """Valid JSON (an escaped surrogate), not text; the official client cannot even send it."""
     body = b'{"model": "tiny-llada", "prompt": "\\ud800", "max_tokens": 8}'
-    reply = httpx.post(
-        f"{serve.url}/v1/completions", content=body, headers={"content-type": "application/json"}
-    )
+    headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
+    reply = httpx.post(f"{serve.url}/v1/completions", content=body, headers=headers)
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "prompt"
 
 
@@ -111,3 +120,73 @@ def test_ids_that_we_never_issued_are_404_not_500(client, identifier):
         client.files.retrieve(identifier)
     with pytest.raises(openai.NotFoundError):
         client.files.content(identifier)
+
+
+def _batch_file(lines: int) -> bytes:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": LONG}], "max_tokens": 128}
+    rows = [
+        {"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        for i in range(lines)
+    ]
+    return "".join(json.dumps(row) + "\n" for row in rows).encode()
+
+
+def test_a_wrong_key_is_refused(serve):
+    stranger = openai.OpenAI(base_url=f"{serve.url}/v1", api_key="not-a-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        stranger.models.list()
+
+
+def test_files_are_listed_retrieved_and_deleted_by_their_owner_only(client, other):
+    uploaded = client.files.create(file=("lines.jsonl", _batch_file(2)), purpose="batch")
+    assert uploaded.id in [f.id for f in client.files.list()]
+    assert uploaded.id not in [f.id for f in other.files.list()]
+    assert client.files.retrieve(uploaded.id).bytes == len(_batch_file(2))
+    for call in (other.files.retrieve, other.files.content, other.files.delete):
+        with pytest.raises(openai.NotFoundError):
+            call(uploaded.id)
+    with pytest.raises(openai.NotFoundError):
+        other.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    assert client.files.delete(uploaded.id).deleted is True
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(uploaded.id)
+    assert uploaded.id not in [f.id for f in client.files.list()]
+
+
+def test_file_listing_pages_in_order(client):
+    ids = [client.files.create(file=(f"f{i}.jsonl", _batch_file(1)), purpose="batch").id for i in range(3)]
+    first = client.files.list(limit=2, order="asc")
+    assert [f.id for f in first.data][:2] == sorted([f.id for f in first.data])[:2]
+    newest = client.files.list(limit=2)  # newest first by default
+    assert [f.id for f in newest.data] == [ids[2], ids[1]] and newest.has_more
+    rest = client.files.list(limit=2, after=ids[1])
+    assert rest.data[0].id == ids[0]
+
+
+def test_a_batch_is_its_owners_and_cancelling_it_stops_its_queued_lines(client, other):
+    lines = 2000  # far more than the worker finishes before the cancel arrives (~300 per second)
+    source = client.files.create(file=("many.jsonl", _batch_file(lines)), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert batch.id in [b.id for b in client.batches.list()]
+    assert batch.id not in [b.id for b in other.batches.list()]
+    with pytest.raises(openai.NotFoundError):
+        other.batches.retrieve(batch.id)
+    with pytest.raises(openai.NotFoundError):
+        other.batches.cancel(batch.id)
+    assert client.batches.cancel(batch.id).status in ("cancelling", "cancelled")
+    deadline = time.monotonic() + 120
+    while (batch := client.batches.retrieve(batch.id)).status != "cancelled" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    counts = batch.request_counts
+    assert batch.status == "cancelled" and counts.total == lines
+    assert counts.completed + counts.failed == lines and counts.failed > lines // 2
+    output = client.files.content(batch.output_file_id).text.splitlines()
+    assert len(output) == lines
+    cancelled = [json.loads(row) for row in output if json.loads(row)["error"]]
+    assert len(cancelled) == counts.failed and {row["error"]["code"] for row in cancelled} == {"cancelled"}
+    with pytest.raises(openai.NotFoundError):
+        other.files.content(batch.output_file_id)

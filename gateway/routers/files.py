@@ -1,0 +1,142 @@
+"""The files API with OpenAI semantics: upload (JSONL for batches), list, retrieve, content, delete.
+
+A batch's output is a file too (``<batch id>-output``), readable once the batch has ended. Every file
+belongs to the tenant that uploaded it (see ``gateway.tenancy``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
+from fastapi.responses import Response
+
+from engine_pod.queue.keys import new_request_id
+from gateway.errors import ApiError
+from gateway.ids import as_text, known_form
+from gateway.routers.batches import OUTPUT_SUFFIX, batch_output, owned_batch
+from gateway.schemas import FileDeleted, FileList, FileObject
+from gateway.state import State, require_api_key
+from gateway.tenancy import TENANT_FIELD, Tenant, add_to_index, owned, page
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+MAX_FILE_BYTES = 200 * 1024 * 1024
+_META = ["filename", "bytes", "created_at", "purpose", TENANT_FIELD]
+
+
+@router.post("/files", response_model=FileObject)
+async def upload_file(
+    state: State, tenant: Tenant, file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()]
+) -> FileObject:
+    if purpose != "batch":
+        raise ApiError(400, f"purpose {purpose!r} is not supported; use 'batch'", param="purpose")
+    content = await file.read()
+    if len(content) > MAX_FILE_BYTES:
+        raise ApiError(413, f"file is {len(content)} bytes; the limit is {MAX_FILE_BYTES}", param="file")
+    if not content.strip():
+        raise ApiError(400, "the file is empty", param="file")
+    file_id = new_request_id("file")
+    meta = {
+        "filename": file.filename or "upload.jsonl",
+        "bytes": len(content),
+        "created_at": int(time.time()),
+        "purpose": purpose,
+    }
+    key = state.queue.ops.keys.file(file_id)
+    async with state.redis.pipeline(transaction=True) as pipe:
+        pipe.hset(key, mapping=meta | {"content": content, TENANT_FIELD: tenant})
+        pipe.expire(key, state.settings.file_ttl_s)
+        await pipe.execute()
+    await add_to_index(
+        state, state.queue.ops.keys.files_of(tenant), file_id, meta["created_at"], state.settings.file_ttl_s
+    )
+    return FileObject(id=file_id, **meta)
+
+
+async def owned_file(state, tenant: str, file_id: str) -> FileObject | None:
+    """The tenant's file ``file_id`` (None when it does not exist or is another tenant's)."""
+    if not known_form(file_id, "file"):
+        return None
+    values = await state.redis.hmget(state.queue.ops.keys.file(file_id), _META)
+    if values[0] is None:
+        return None
+    try:
+        owned(values[4], tenant, "file", file_id, "file_id")
+    except ApiError:
+        return None
+    return FileObject(
+        id=file_id,
+        filename=as_text(values[0]),
+        bytes=int(values[1]),
+        created_at=int(values[2]),
+        purpose=as_text(values[3]),
+    )
+
+
+async def _file(state, tenant: str, file_id: str) -> FileObject:
+    if file_id.endswith(OUTPUT_SUFFIX):
+        batch = await owned_batch(state, tenant, file_id[: -len(OUTPUT_SUFFIX)])
+        content = await batch_output(state, batch)
+        return FileObject(
+            id=file_id,
+            bytes=len(content),
+            created_at=batch.created_at,
+            filename=f"{batch.id}_output.jsonl",
+            purpose="batch_output",
+        )
+    found = await owned_file(state, tenant, file_id)
+    if found is None:
+        raise ApiError(404, f"no file {file_id!r}", param="file_id")
+    return found
+
+
+@router.get("/files", response_model=FileList)
+async def list_files(
+    state: State,
+    tenant: Tenant,
+    purpose: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+) -> FileList:
+    ids, has_more = await page(state, state.queue.ops.keys.files_of(tenant), after, limit, order == "desc")
+    files = [f for f in [await owned_file(state, tenant, i) for i in ids] if f is not None]
+    files = [f for f in files if purpose is None or f.purpose == purpose]
+    return FileList(
+        data=files,
+        has_more=has_more,
+        first_id=files[0].id if files else None,
+        last_id=files[-1].id if files else None,
+    )
+
+
+@router.get("/files/{file_id}", response_model=FileObject)
+async def get_file(file_id: str, state: State, tenant: Tenant) -> FileObject:
+    return await _file(state, tenant, file_id)
+
+
+@router.get("/files/{file_id}/content")
+async def file_content(file_id: str, state: State, tenant: Tenant) -> Response:
+    if file_id.endswith(OUTPUT_SUFFIX):
+        batch = await owned_batch(state, tenant, file_id[: -len(OUTPUT_SUFFIX)])
+        return Response(await batch_output(state, batch), media_type="application/jsonl")
+    await _file(state, tenant, file_id)
+    content = await state.redis.hget(state.queue.ops.keys.file(file_id), "content")
+    if content is None:
+        raise ApiError(404, f"no file {file_id!r}", param="file_id")
+    return Response(content, media_type="application/jsonl")
+
+
+@router.delete("/files/{file_id}", response_model=FileDeleted)
+async def delete_file(file_id: str, state: State, tenant: Tenant) -> FileDeleted:
+    if file_id.endswith(OUTPUT_SUFFIX):
+        raise ApiError(
+            400, "a batch's output goes with its batch; it cannot be deleted alone", param="file_id"
+        )
+    await _file(state, tenant, file_id)
+    async with state.redis.pipeline(transaction=True) as pipe:
+        pipe.delete(state.queue.ops.keys.file(file_id))
+        pipe.zrem(state.queue.ops.keys.files_of(tenant), file_id)
+        await pipe.execute()
+    return FileDeleted(id=file_id)

@@ -1,0 +1,62 @@
+"""Who owns a file or a batch, and the per-tenant listings.
+
+A tenant is derived from the API key that made the request (a hash: the key itself is never stored);
+without API keys every client is the one tenant ``anonymous``. Files, batches and batch outputs belong
+to the tenant that created them: another tenant gets a 404, as for an id that does not exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from gateway.errors import ApiError
+from gateway.state import State
+
+ANONYMOUS = "anonymous"
+TENANT_FIELD = "tenant"  # the field of a file's or a batch's hash that names its owner
+
+
+def tenant_of_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+async def current_tenant(request: Request, state: State) -> str:
+    """The caller's tenant (its key was already checked by ``require_api_key``)."""
+    if not state.settings.api_keys:
+        return ANONYMOUS
+    return tenant_of_key(request.headers.get("authorization", "").partition(" ")[2])
+
+
+Tenant = Annotated[str, Depends(current_tenant)]
+
+
+def owned(record_tenant, tenant: str, what: str, identifier: str, param: str) -> None:
+    """404 unless the record belongs to ``tenant`` (a record from before tenancy is ``anonymous``'s)."""
+    owner = record_tenant.decode() if isinstance(record_tenant, bytes) else record_tenant
+    if (owner or ANONYMOUS) != tenant:
+        raise ApiError(404, f"no {what} {identifier!r}", param=param)
+
+
+async def add_to_index(state, key: str, identifier: str, created_at: int, ttl_s: int) -> None:
+    async with state.redis.pipeline(transaction=True) as pipe:
+        pipe.zadd(key, {identifier: created_at})
+        pipe.zremrangebyscore(key, "-inf", int(time.time()) - ttl_s)  # what has expired by now
+        pipe.expire(key, ttl_s)
+        await pipe.execute()
+
+
+async def page(
+    state, key: str, after: str | None, limit: int, newest_first: bool = True
+) -> tuple[list[str], bool]:
+    """Up to ``limit`` ids of the index after the id ``after`` (pagination), and whether more follow."""
+    ids = [
+        i.decode() if isinstance(i, bytes) else i
+        for i in await state.redis.zrange(key, 0, -1, desc=newest_first)
+    ]
+    if after is not None:
+        ids = ids[ids.index(after) + 1 :] if after in ids else []
+    return ids[:limit], len(ids) > limit
