@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from prometheus_client import start_http_server
 from redis.exceptions import RedisClusterException
 
 from engine_pod.queue.async_client import AsyncQueue
@@ -15,6 +17,7 @@ from engine_pod.queue.resilience import CLIENT_OPTIONS, TRANSIENT_ERRORS
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.routers import batches, completions, files, health, models
+from gateway.routers.health import refresh_queue_depth
 from gateway.settings import GatewaySettings
 from gateway.state import GatewayState
 from gateway.tokenizer import GatewayTokenizer
@@ -34,6 +37,7 @@ def build_app(settings: GatewaySettings) -> FastAPI:
         except (*TRANSIENT_ERRORS, RedisClusterException) as exc:  # serve anyway: /readyz says not ready
             logger.warning("Redis not reachable at start (%s); connecting on first use", exc)
         app.state.gateway = GatewayState(settings, tokenizer, client, queue, GatewayMetrics())
+        metrics_server = _serve_metrics(app.state.gateway) if settings.metrics_port else None
         logger.info(
             "gateway for service %s (model %s) on %s",
             settings.service,
@@ -45,9 +49,15 @@ def build_app(settings: GatewaySettings) -> FastAPI:
         finally:
             for task in list(app.state.gateway.tasks):
                 task.cancel()
+            if metrics_server is not None:
+                metrics_server.shutdown()
             await client.aclose()
 
+    docs = settings.docs
     app = FastAPI(
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
         title="dllm gateway",
         description="OpenAI-style API for diffusion LLMs served with BlockServe. Decoding is greedy.",
         version="0.1.0",
@@ -59,6 +69,27 @@ def build_app(settings: GatewaySettings) -> FastAPI:
 
     app.add_middleware(RequestCounter)
     return app
+
+
+METRICS_REFRESH_S = 5.0  # how often the queue depth is read for a metrics port of its own
+
+
+def _serve_metrics(state: GatewayState):
+    """/metrics on ``settings.metrics_port`` (a thread of prometheus_client's), and a task that keeps the
+    queue depth gauge current for it."""
+    settings = state.settings
+    server, _ = start_http_server(
+        settings.metrics_port, addr=settings.metrics_host, registry=state.metrics.registry
+    )
+
+    async def refresh() -> None:
+        while True:
+            await refresh_queue_depth(state)
+            await asyncio.sleep(METRICS_REFRESH_S)
+
+    state.spawn(refresh())
+    logger.info("metrics on %s:%d", settings.metrics_host, settings.metrics_port)
+    return server
 
 
 class RequestCounter:

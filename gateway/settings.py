@@ -37,6 +37,11 @@ class GatewaySettings:
     result_ttl_s: int = RESULT_TTL_S  # how long a finished request's record and result stay in Redis
     file_ttl_s: int = 7 * 86400  # how long an uploaded file stays
     batch_ttl_s: int = 7 * 86400  # how long a batch's record and its results stay
+    docs: bool = True  # serve /docs, /redoc and /openapi.json (off: the API is not described publicly)
+    # > 0: /metrics is served on this port, without a key (for a scraper inside the cluster), and not on
+    # the API port; 0: /metrics on the API port, behind the API key when there are keys
+    metrics_port: int = 0
+    metrics_host: str = "0.0.0.0"
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -60,6 +65,7 @@ class GatewaySettings:
             (0 < self.threshold <= 1, "threshold must be in (0, 1]"),
             (self.drain_timeout_s >= 0, "drain_timeout_s must not be negative"),
             (self.enqueue_timeout_s >= 0, "enqueue_timeout_s must not be negative"),
+            (0 <= self.metrics_port <= 65535, "metrics_port must be a port number (0: the API port)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -110,13 +116,21 @@ ENV_NAMES = {  # field -> environment variable: the one place a gateway setting'
     "result_ttl_s": "DLLM_RESULT_TTL_S",
     "file_ttl_s": "DLLM_FILE_TTL_S",
     "batch_ttl_s": "DLLM_BATCH_TTL_S",
+    "docs": "DLLM_DOCS",
+    "metrics_port": "DLLM_METRICS_PORT",
+    "metrics_host": "DLLM_METRICS_HOST",
 }
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def _parse(name: str, text: str):
     default = getattr(GatewaySettings, name)
     if isinstance(default, tuple):
         return tuple(part.strip() for part in text.split(",") if part.strip())
+    if isinstance(default, bool):  # bool("false") would be True
+        if text.strip().lower() not in _TRUE + _FALSE:
+            raise SettingsError(f"{ENV_NAMES[name]}={text!r} is not a boolean (true or false)")
+        return text.strip().lower() in _TRUE
     try:
         return type(default)(text)
     except ValueError:
@@ -124,4 +138,6 @@ def _parse(name: str, text: str):
 
 
 def _render(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     return ",".join(value) if isinstance(value, tuple) else str(value)

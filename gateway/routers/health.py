@@ -1,17 +1,19 @@
 """/healthz (liveness: the process answers), /readyz (readiness: Redis answers too) and /metrics.
 
 Liveness never checks a dependency (DESIGN.md section 8): a Redis outage makes gateways unready,
-which takes them out of a Service, not restarted, which would drop every open stream.
+which takes them out of a Service, not restarted, which would drop every open stream. /metrics needs the
+API key when the service has keys, unless ``metrics_port`` serves it on a port of its own.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
-from gateway.state import State
+from gateway.errors import ApiError
+from gateway.state import State, require_api_key
 
 router = APIRouter()
 
@@ -30,12 +32,20 @@ async def readyz(state: State) -> PlainTextResponse:
     return PlainTextResponse("ok\n")
 
 
-@router.get("/metrics")
-async def metrics(state: State) -> Response:
+async def refresh_queue_depth(state) -> None:
     try:
         pending, inflight = await state.queue.depth()
         state.metrics.queue_depth.labels("pending").set(pending)
         state.metrics.queue_depth.labels("inflight").set(inflight)
     except RedisError:
         pass
+
+
+@router.get("/metrics")
+async def metrics(request: Request, state: State) -> Response:
+    """Prometheus metrics: behind the API key when the service has keys, or on their own port."""
+    if state.settings.metrics_port:
+        raise ApiError(404, f"metrics are served on port {state.settings.metrics_port}")
+    await require_api_key(request, state)
+    await refresh_queue_depth(state)
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

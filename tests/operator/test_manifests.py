@@ -9,7 +9,7 @@ import pytest
 import yaml
 from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests.engine import engine_deployment, profile_configmap
-from dllm_operator.manifests.gateway import gateway_deployment, gateway_service
+from dllm_operator.manifests.gateway import gateway_deployment, gateway_metrics_service, gateway_service
 from dllm_operator.manifests.keda import scaled_object
 from dllm_operator.manifests.operations import (
     engine_disruption_budget,
@@ -67,6 +67,7 @@ def all_manifests(spec) -> list[dict]:
         engine_deployment(spec, OWNER, settings, url, 2, digest),
         gateway_deployment(spec, OWNER, settings, url),
         gateway_service(spec, OWNER),
+        gateway_metrics_service(spec, OWNER),
         redis_deployment(spec, OWNER, settings),
         redis_service(spec, OWNER),
         redis_auth_secret(spec, OWNER, "a-generated-password"),
@@ -301,4 +302,14 @@ def test_engine_has_a_disruption_budget_and_a_service_monitor_finds_both_metrics
         and "dllm.dev/metrics" in s["metadata"]["labels"]
     ]
     ports = {p["name"] for s in scraped for p in s["spec"]["ports"]}
-    assert {e["port"] for e in monitor["endpoints"]} == ports == {"metrics", "http"}
+    assert {e["port"] for e in monitor["endpoints"]} == ports == {"metrics"}
+    assert {s["metadata"]["labels"]["dllm.dev/metrics"] for s in scraped} == {"engine", "gateway"}
+    api = gateway_service(example(), OWNER)  # what clients reach: no metrics port
+    assert {p["name"] for p in api["spec"]["ports"]} == {"http"} and "dllm.dev/metrics" not in api[
+        "metadata"
+    ]["labels"]
+    gateway = next(m for m in manifests if m["kind"] == "Deployment" and "gateway" in m["metadata"]["name"])
+    container = gateway["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    port = next(p["containerPort"] for p in container["ports"] if p["name"] == "metrics")
+    assert env["DLLM_METRICS_PORT"] == str(port) and env["DLLM_METRICS_HOST"] == "0.0.0.0"

@@ -16,6 +16,8 @@ from engine_pod.queue.keys import ServiceKeys
 from engine_pod.queue.messages import QueuedRequest
 from engine_pod.queue.ops import QueueOps
 from engine_pod.queue.sync_client import SyncQueue
+from engine_pod.serve.redis_server import free_port
+from gateway.settings import GatewaySettings, SettingsError
 from tests.serving_utils import BLOCK, GatewayServer, completion, gateway_settings
 
 
@@ -155,6 +157,45 @@ def test_api_keys_and_queue_limit(served_model, redis_server, service):
         )
         assert refused.status_code == 429 and int(refused.headers["retry-after"]) > 0
         assert refused.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_metrics_need_the_key_and_docs_can_be_switched_off(served_model, redis_server, service):
+    settings = gateway_settings(served_model, redis_server.url, service, api_keys=("sekret",), docs=False)
+    with GatewayServer(settings) as gateway, httpx.Client(base_url=gateway.url, timeout=10) as client:
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/metrics", headers={"Authorization": "Bearer sekret"}).status_code == 200
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            assert client.get(path).status_code == 404, path
+
+
+def test_metrics_on_a_port_of_their_own_need_no_key(served_model, redis_server, service):
+    """What the operator's ServiceMonitor scrapes: the metrics port, never the API port."""
+    port = free_port()
+    settings = gateway_settings(
+        served_model,
+        redis_server.url,
+        service,
+        api_keys=("sekret",),
+        metrics_port=port,
+        metrics_host="127.0.0.1",
+    )
+    with GatewayServer(settings) as gateway, httpx.Client(base_url=gateway.url, timeout=10) as client:
+        auth = {"Authorization": "Bearer sekret"}
+        assert client.get("/metrics", headers=auth).status_code == 404
+        assert client.get("/v1/models", headers=auth).status_code == 200
+        scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert scraped.status_code == 200 and "dllm_gateway_requests_total" in scraped.text
+        assert 'endpoint="/v1/models"' in scraped.text
+    with pytest.raises(httpx.ConnectError):  # stopped with the gateway
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_boolean_settings_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv("DLLM_DOCS", "false")
+    assert GatewaySettings.from_env().docs is False
+    monkeypatch.setenv("DLLM_DOCS", "maybe")
+    with pytest.raises(SettingsError, match="DLLM_DOCS"):
+        GatewaySettings.from_env()
 
 
 def test_gateway_does_not_import_torch():

@@ -11,6 +11,7 @@ from dllm_operator.spec import ServiceSpec
 from gateway.settings import ENV_NAMES, GatewaySettings
 
 PORT = 8000
+METRICS_PORT = 9091  # /metrics of its own, without the API key: what the ServiceMonitor scrapes
 
 
 def gateway_settings(spec: ServiceSpec, redis_url: str) -> GatewaySettings:
@@ -27,6 +28,7 @@ def gateway_settings(spec: ServiceSpec, redis_url: str) -> GatewaySettings:
         steps_per_block=spec.steps_per_block,
         threshold=spec.threshold,
         max_queued=spec.max_queued,
+        metrics_port=METRICS_PORT,
     )
 
 
@@ -72,7 +74,10 @@ def gateway_deployment(
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["python", "-m", "gateway", "--port", str(PORT)],
         "env": _env(spec, redis_url),
-        "ports": [{"name": "http", "containerPort": PORT}],
+        "ports": [
+            {"name": "http", "containerPort": PORT},
+            {"name": "metrics", "containerPort": METRICS_PORT},
+        ],
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
         "volumeMounts": mounts,
         "livenessProbe": liveness,
@@ -106,6 +111,18 @@ def gateway_service(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
         owner,
         [{"name": "http", "port": spec.gateway_port, "targetPort": "http"}],
         name=common.service_name(spec),
-        labels={common.METRICS_LABEL: "gateway"},
         type=spec.service_type,
+    )
+
+
+def gateway_metrics_service(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
+    """Headless, one target per gateway pod, on the metrics port (never exposed with the API)."""
+    return common.component_service(
+        spec,
+        "gateway",
+        owner,
+        [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}],
+        name=common.name_of(spec, "gateway-metrics"),
+        labels={common.METRICS_LABEL: "gateway"},
+        clusterIP="None",
     )

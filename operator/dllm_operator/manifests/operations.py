@@ -45,9 +45,7 @@ def service_monitor(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
                 "matchLabels": {"app.kubernetes.io/instance": common.instance(spec)},
                 "matchExpressions": [{"key": common.METRICS_LABEL, "operator": "Exists"}],
             },
-            "endpoints": [
-                {"port": "metrics", "path": "/metrics", "interval": "15s"},  # engine pods
-                {"port": "http", "path": "/metrics", "interval": "15s"},  # gateway pods
-            ],
+            # the engine's and the gateway's metrics Services both name their port "metrics"
+            "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
         },
     }
