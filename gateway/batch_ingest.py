@@ -29,6 +29,8 @@ def _prepare(line_text: str, index: int, endpoint: str, state):
         body = _BODY[endpoint].model_validate(line.get("body") or {})
         if body.stream:
             raise ApiError(400, "stream is not allowed in a batch")
+        if body.n > 1:
+            raise ApiError(400, "a batch line takes n=1")
         check_decoding_fields(body, state)
         if endpoint == "/v1/chat/completions":
             ids = state.tokenizer.encode_chat(

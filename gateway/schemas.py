@@ -37,9 +37,11 @@ class CommonFields(DllmFields):
     stream: bool = False
     stream_options: dict | None = None
     stop: Text | list[Text] | None = None
-    temperature: float | None = Field(None, ge=0, le=2, description="accepted; decoding is greedy")
-    top_p: float | None = Field(None, gt=0, le=1, description="accepted; decoding is greedy")
-    n: int = Field(1, ge=1, le=1, description="only one choice per prompt")
+    temperature: float | None = Field(None, ge=0, le=2, description="0 or absent: greedy decoding")
+    top_p: float | None = Field(None, gt=0, le=1, description="nucleus sampling (with temperature > 0)")
+    top_k: int | None = Field(None, ge=0, description="sample among the k likeliest tokens (0: all)")
+    seed: int | None = Field(None, ge=0, lt=2**63, description="the same seed reproduces a sampled output")
+    n: int = Field(1, ge=1, le=16, description="choices per prompt, each drawn with its own seed")
     user: Text | None = None
 
     def stop_strings(self) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 
 from redis.exceptions import RedisError
@@ -70,8 +71,20 @@ def check_prompt(prompt_ids: list[int], state: GatewayState) -> None:
         raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
 
 
+def sampling_of(body: CommonFields, seed: int) -> dict | None:
+    """The worker's sampling settings for one choice (None: greedy, the default)."""
+    if not body.temperature:
+        return None
+    top_p = 1.0 if body.top_p is None else body.top_p
+    return {"temperature": body.temperature, "top_p": top_p, "top_k": body.top_k or 0, "seed": seed}
+
+
 def build_request(
-    prompt_ids: list[int], body: CommonFields, state: GatewayState, meta: dict | None = None
+    prompt_ids: list[int],
+    body: CommonFields,
+    state: GatewayState,
+    meta: dict | None = None,
+    seed: int | None = None,
 ) -> QueuedRequest:
     check_prompt(prompt_ids, state)
     return QueuedRequest(
@@ -82,7 +95,22 @@ def build_request(
         threshold=body.threshold,
         stream=body.stream,
         meta=meta or {},
+        sampling=sampling_of(body, _seed(body) if seed is None else seed),
     )
+
+
+def build_choices(prompt_ids: list[int], body: CommonFields, state: GatewayState) -> list[QueuedRequest]:
+    """``body.n`` requests for one prompt, one per choice: choice i draws with seed + i (the request's
+    seed, or a random one), so choices differ from each other and a given seed reproduces them all."""
+    if body.n > 1 and body.stream:
+        raise ApiError(400, "stream=true takes n=1", param="n")
+    base = _seed(body)
+    return [build_request(prompt_ids, body, state, seed=(base + i) % 2**63) for i in range(body.n)]
+
+
+def _seed(body: CommonFields) -> int:
+    """The request's seed, or a random one (a sampled request without a seed still draws its own)."""
+    return body.seed if body.seed is not None else secrets.randbelow(2**62)
 
 
 async def enqueue(request: QueuedRequest, state: GatewayState) -> None:
@@ -197,6 +225,7 @@ __all__ = [
     "BlockEvent",
     "DoneEvent",
     "apply_stop",
+    "build_choices",
     "build_request",
     "cancel_quietly",
     "check_decoding_fields",

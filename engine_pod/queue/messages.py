@@ -21,6 +21,7 @@ class QueuedRequest:
     threshold: float | None = None  # per-request override of the service's confidence threshold
     stream: bool = False
     meta: dict[str, Any] = field(default_factory=dict)  # API-level details the worker passes through
+    sampling: dict[str, Any] | None = None  # SamplingParams' fields; None: greedy
 
     @property
     def batch_id(self) -> str:

@@ -14,6 +14,7 @@ import torch
 
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.policies import StepContext, make_policy
+from engine_pod.decoding.sampling import draw_keys, sample
 from engine_pod.decoding.scoring import top_two_gap
 from engine_pod.models.adapter import adapter_for
 from engine_pod.models.loader import LoadedModel
@@ -143,7 +144,7 @@ class BlockCycleRunner:
             logits = self._full_forward(canvas, cache, rows, pick_r, pick_k, out.stats)
         else:
             logits = self._window_forward(canvas, cache, rows, pick_r, pick_k, out.stats)
-        proposal, confidence = logits.map_logits(self.policy.scorer)
+        proposal, confidence = self._score(logits, canvas, rows, pick_r, pick_k, step)
         block = rows.block
         proposals = block.clone()
         proposals[pick_r, pick_k] = proposal
@@ -161,6 +162,36 @@ class BlockCycleRunner:
         out.stats.forwards += 1
         if self.record_trace:
             self._trace(canvas, rows, refresh, transfer, proposals)
+
+    def _score(self, logits, canvas: Canvas, rows: _StepRows, pick_r, pick_k, step: int):
+        """Each candidate's proposal and confidence: the policy's (greedy) for greedy rows, a seeded draw
+        for sampled ones (see decoding/sampling.py), chunk by chunk over the LM head."""
+        sampling = canvas.sampling
+        if sampling is None or not bool(sampling.sampled[rows.index].any()):
+            return logits.map_logits(self.policy.scorer)
+        row = rows.index[pick_r]
+        positions = canvas.position_ids.gather(1, canvas.block_slots)[row, pick_k]
+        keys = draw_keys(sampling.seeds[row], positions, step)
+        drawn, temperature = sampling.sampled[row], sampling.temperature[row]
+        top_k, top_p = sampling.top_k[row], sampling.top_p[row]
+        offset = 0
+
+        def score(chunk: torch.Tensor):
+            nonlocal offset
+            part = slice(offset, offset + chunk.shape[0])
+            offset += chunk.shape[0]
+            proposal, confidence = self.policy.scorer(chunk)
+            mine = drawn[part]
+            if bool(mine.any()):
+                take = lambda t: t[part][mine]  # noqa: E731
+                picked, probability = sample(
+                    chunk[mine].to(self.score_dtype), take(temperature), take(top_k), take(top_p), take(keys)
+                )
+                proposal, confidence = proposal.clone(), confidence.clone()
+                proposal[mine], confidence[mine] = picked, probability.to(confidence.dtype)
+            return proposal, confidence
+
+        return logits.map_logits(score)
 
     @staticmethod
     def _record_margins(logits, pick_r, pick_k, transfer, index, margins: torch.Tensor) -> None:

@@ -28,6 +28,7 @@ class Canvas:
     active: torch.Tensor  # [R] rows whose commits count
     thresholds: torch.Tensor  # [R] confidence threshold of each row, in the scores' dtype
     block_length: int
+    sampling: RowSampling | None = None  # per-row sampling settings; None: every row is greedy
 
     @property
     def width(self) -> int:
@@ -49,6 +50,37 @@ class Canvas:
         slots = starts[:, None] + offsets[None, :]
         valid = offsets[None, :] < lengths[:, None]
         return torch.where(valid, slots, torch.full_like(slots, self.width)), valid
+
+
+@dataclass
+class RowSampling:
+    """Per-row sampling settings on the device (a greedy row has temperature 0 and is not drawn)."""
+
+    sampled: torch.Tensor  # [R] bool
+    temperature: torch.Tensor  # [R] scores' dtype (1 for greedy rows: never used)
+    top_k: torch.Tensor  # [R] int64
+    top_p: torch.Tensor  # [R] scores' dtype
+    seeds: torch.Tensor  # [R] int64
+
+    @classmethod
+    def of(cls, rows: list[CycleRow], device: torch.device, dtype: torch.dtype) -> RowSampling | None:
+        params = [row.sampling for row in rows]
+        if all(p is None or p.greedy for p in params):
+            return None
+        drawn = [p is not None and not p.greedy for p in params]
+        return cls(
+            sampled=torch.tensor(drawn, device=device),
+            temperature=torch.tensor(
+                [p.temperature if d else 1.0 for p, d in zip(params, drawn)], dtype=dtype, device=device
+            ),
+            top_k=torch.tensor([p.top_k if d else 0 for p, d in zip(params, drawn)], device=device),
+            top_p=torch.tensor(
+                [p.top_p if d else 1.0 for p, d in zip(params, drawn)], dtype=dtype, device=device
+            ),
+            seeds=torch.tensor(
+                [p.seed if d else 0 for p, d in zip(params, drawn)], dtype=torch.int64, device=device
+            ),
+        )
 
 
 def _row_tokens(row: CycleRow, block_length: int, mask_id: int) -> list[int]:
@@ -106,4 +138,5 @@ def build_canvas(
         active=active.bool(),
         thresholds=bits.contiguous().view(torch.float64).to(score_dtype),
         block_length=block_length,
+        sampling=RowSampling.of(rows, device, score_dtype),
     )

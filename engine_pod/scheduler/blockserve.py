@@ -117,6 +117,7 @@ class BlockServeScheduler(Scheduler):
             suffix_blocks=suffix,
             suffix_visible=True,
             threshold=request.threshold,
+            sampling=request.sampling,
         )
 
     def _preempt_overflow(self) -> list[Request]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine_pod.decoding.sampling_params import SamplingParams
+
 
 @dataclass(frozen=True)
 class CycleRow:
@@ -14,6 +16,7 @@ class CycleRow:
     suffix_visible: bool = False  # whether attention sees that suffix (Fast-dLLM canvas) or not
     active: bool = True  # False: the row is computed (a static batch's finished row) but never committed
     threshold: float | None = None  # this request's confidence threshold, if it overrides the engine's
+    sampling: SamplingParams | None = None  # None: greedy
 
     @property
     def width(self) -> int:

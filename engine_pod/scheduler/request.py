@@ -6,6 +6,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from engine_pod.decoding.sampling_params import SamplingParams
+
 
 class RequestState(enum.Enum):
     WAITING = "waiting"  # in the pending queue, never run
@@ -39,6 +41,7 @@ class Request:
     finish_time: float | None = None
     num_preemptions: int = 0
     threshold: float | None = None  # overrides the engine's confidence threshold for this request
+    sampling: SamplingParams | None = None  # None: greedy
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:

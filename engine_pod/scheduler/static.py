@@ -62,9 +62,21 @@ class StaticScheduler(Scheduler):
         prefix = request.prompt_ids + tuple(request.generated)
         blocks_left = request.max_blocks - request.blocks_done(L) - 1
         if self.materialize_suffix:
-            return CycleRow(prefix, blocks_left, self.canvas == "full", threshold=request.threshold)
+            return CycleRow(
+                prefix,
+                blocks_left,
+                self.canvas == "full",
+                threshold=request.threshold,
+                sampling=request.sampling,
+            )
         suffix = blocks_left if self.canvas == "full" else 0
-        return CycleRow(prefix, suffix_blocks=suffix, suffix_visible=True, threshold=request.threshold)
+        return CycleRow(
+            prefix,
+            suffix_blocks=suffix,
+            suffix_visible=True,
+            threshold=request.threshold,
+            sampling=request.sampling,
+        )
 
     def _enqueue(self, request: Request) -> None:
         self.waiting.append(request)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import redis
 
+from engine_pod.decoding.sampling_params import SamplingError, SamplingParams
 from engine_pod.engine import Engine, StepResult
 from engine_pod.queue.messages import BlockEvent, DoneEvent
 from engine_pod.queue.ops import RESULT_TTL_S, BlockCommit, Candidate, Claimed
@@ -268,6 +269,12 @@ class Worker:
         )
         request.generated = list(claimed.generated)
         request.threshold = payload.threshold
+        try:
+            request.sampling = SamplingParams.from_dict(payload.sampling)
+        except (SamplingError, TypeError) as exc:
+            self._meta[payload.id] = payload.meta
+            self._publish_done(request, "error", f"invalid sampling settings: {exc}")
+            return
         self._meta[payload.id] = payload.meta
         self._max_tokens[payload.id] = payload.max_tokens
         if payload.stream:

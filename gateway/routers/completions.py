@@ -27,10 +27,9 @@ from gateway.schemas import (
 from gateway.state import State, require_api_key
 from gateway.submission import (
     apply_stop,
-    build_request,
+    build_choices,
     cancel_quietly,
     check_decoding_fields,
-    enqueue,
     enqueue_all,
     events,
     finish_reason,
@@ -68,7 +67,7 @@ def _prompts(body: CompletionRequest, state) -> list[list[int]]:
 async def completions(body: CompletionRequest, request: Request, state: State):
     started = time.monotonic()
     check_decoding_fields(body, state)
-    queued = [build_request(ids, body, state) for ids in _prompts(body, state)]
+    queued = [choice for ids in _prompts(body, state) for choice in build_choices(ids, body, state)]
     if body.stream and len(queued) > 1:
         raise ApiError(400, "stream=true takes a single prompt", param="stream")
     await enqueue_all(queued, state)  # every prompt or none
@@ -99,18 +98,23 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
         )
     except TokenizerError as exc:
         raise ApiError(400, str(exc), param="messages") from exc
-    queued = build_request(prompt_ids, body, state)
-    await enqueue(queued, state)
+    queued = build_choices(prompt_ids, body, state)
+    await enqueue_all(queued, state)  # every choice or none
     if body.stream:
-        return _sse(_stream(queued, body, state, chat=True), state, "chat", started)
-    done = await wait_done(queued, state, request.is_disconnected)
-    text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), body.stop_strings())
+        return _sse(_stream(queued[0], body, state, chat=True), state, "chat", started)
+    results = await asyncio.gather(*(wait_done(q, state, request.is_disconnected) for q in queued))
+    choices = []
+    for index, done in enumerate(results):
+        text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), body.stop_strings())
+        message = AssistantMessage(content=text)
+        choices.append(ChatChoice(index=index, message=message, finish_reason=finish_reason(done, stopped)))
     _observe(state, "chat", started)
-    choice = ChatChoice(
-        index=0, message=AssistantMessage(content=text), finish_reason=finish_reason(done, stopped)
-    )
     return ChatCompletionResponse(
-        id=queued.id, created=int(queued.created), model=body.model, choices=[choice], usage=_usage([done])
+        id=queued[0].id,
+        created=int(queued[0].created),
+        model=body.model,
+        choices=choices,
+        usage=_usage(list(results)),
     )
 
 

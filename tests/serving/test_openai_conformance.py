@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.serving.serve_process import Serve
+from tests.serving_utils import write_served_model
 
 MODEL = "tiny-llada"
 LONG = "count from 1 to 21 ."  # the shipped model answers it with several blocks
@@ -190,3 +191,68 @@ def test_a_batch_is_its_owners_and_cancelling_it_stops_its_queued_lines(client, 
     assert len(cancelled) == counts.failed and {row["error"]["code"] for row in cancelled} == {"cancelled"}
     with pytest.raises(openai.NotFoundError):
         other.files.content(batch.output_file_id)
+
+
+RANDOM = "random-weights"  # the shipped model is too sure of its tasks for sampling to change its answers
+
+
+@pytest.fixture(scope="module")
+def random_serve(tmp_path_factory):
+    """``dllm serve`` with a small random-weight model (the project's tokenizer): near-uniform logits,
+    so a draw shows in the text."""
+    model = write_served_model(tmp_path_factory.mktemp("models") / RANDOM)
+    server = Serve(tmp_path_factory.mktemp("sampling"), "--model", str(model), "--api-key", KEY)
+    server.wait_ready()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def sampler(random_serve):
+    return openai.OpenAI(base_url=f"{random_serve.url}/v1", api_key=KEY, max_retries=0)
+
+
+def _ask(seed: int | None, prompt: str = LONG, **extra) -> dict:
+    messages = [{"role": "user", "content": prompt}]
+    return {"model": RANDOM, "messages": messages, "max_tokens": 24, "temperature": 1.0, "seed": seed} | extra
+
+
+def _sampled(client, seed: int | None, **extra) -> list[str]:
+    reply = client.chat.completions.create(**_ask(seed, **extra))
+    return [choice.message.content for choice in reply.choices]
+
+
+def test_a_seed_reproduces_a_sampled_answer_and_another_seed_changes_it(sampler):
+    first = _sampled(sampler, 7)
+    assert _sampled(sampler, 7) == first
+    assert all(_sampled(sampler, seed) != first for seed in (8, 9))
+    greedy = sampler.chat.completions.create(**(_ask(None) | {"temperature": None}))
+    zero = sampler.chat.completions.create(**(_ask(None) | {"temperature": 0}))
+    assert greedy.choices[0].message.content == zero.choices[0].message.content != first[0]
+
+
+def test_n_gives_independent_choices_that_the_seed_reproduces(sampler):
+    choices = _sampled(sampler, 21, n=3)
+    assert len(choices) == 3 and len(set(choices)) == 3
+    assert _sampled(sampler, 21, n=3) == choices
+    assert [_sampled(sampler, 21 + i)[0] for i in range(3)] == choices  # choice i draws with seed + i
+
+
+def test_a_seeded_answer_is_the_same_alone_and_among_concurrent_requests(random_serve, sampler):
+    """The product path's batch invariance: the worker batches concurrent requests into shared block
+    cycles; a seeded request's answer does not depend on them."""
+    alone = _sampled(sampler, 99)
+
+    async def crowded() -> list[str]:
+        async with openai.AsyncOpenAI(
+            base_url=f"{random_serve.url}/v1", api_key=KEY, max_retries=0
+        ) as aclient:
+
+            async def ask(seed: int, prompt: str) -> str:
+                reply = await aclient.chat.completions.create(**_ask(seed, prompt))
+                return reply.choices[0].message.content
+
+            prompts = [LONG, "letters from a to k .", "count down from 9 ."] * 3
+            return await asyncio.gather(ask(99, LONG), *(ask(s, p) for s, p in enumerate(prompts)))
+
+    assert asyncio.run(crowded())[0] == alone[0]

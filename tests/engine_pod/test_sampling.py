@@ -1,0 +1,131 @@
+"""Seeded sampling: a request's output depends on its prompt, its settings and its seed only, never on
+the batch it runs in or its row (float64 reference models, every scheduler)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.decoding.sampling import sample, uniform_noise
+from engine_pod.decoding.sampling_params import SamplingError, SamplingParams
+from engine_pod.engine import Engine
+from engine_pod.models.loader import load_model
+from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.scheduler.blockserve import BlockServeScheduler
+from engine_pod.scheduler.config import SchedulerConfig
+from engine_pod.scheduler.request import Request
+from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
+from tests.factories import REFERENCE_DIR, random_workload
+
+BLOCK = 8
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {family: load_model(str(REFERENCE_DIR / family), dtype="float64") for family in ("llada", "dream")}
+
+
+def _run(loaded, scheduler, decoding, workload, sampling: dict, order=None) -> dict[str, list[int]]:
+    engine = Engine(BlockCycleRunner(loaded, decoding), scheduler)
+    for request_id, prompt, budget in workload if order is None else [workload[i] for i in order]:
+        request = Request.from_tokens(request_id, prompt, budget, BLOCK)
+        request.sampling = sampling.get(request_id)
+        engine.add_request(request)
+    outputs: dict[str, list[int]] = {}
+    engine.run(lambda r: outputs.__setitem__(r.request_id, list(r.generated)))
+    return outputs
+
+
+cases = st.fixed_dictionaries(
+    {
+        "seed": st.integers(0, 10_000),
+        "family": st.sampled_from(["llada", "dream"]),
+        "requests": st.integers(2, 8),
+        "cache": st.sampled_from(["none", "prefix", "dual"]),
+        "threshold": st.sampled_from([0.3, 0.9]),
+        "temperature": st.sampled_from([0.5, 1.0, 1.5]),
+        "top_p": st.sampled_from([1.0, 0.9]),
+        "top_k": st.sampled_from([0, 5]),
+        "static_batch": st.integers(1, 5),
+    }
+)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(case=cases)
+def test_a_seeded_request_samples_the_same_alone_and_in_any_batch(models, case):
+    rng = random.Random(case["seed"])
+    workload = random_workload(rng, case["requests"], 480, BLOCK, max_prompt=30, max_blocks=3)
+    decoding = DecodingConfig(
+        block_length=BLOCK, steps_per_block=4, threshold=case["threshold"], cache=case["cache"]
+    )
+    shape = {k: case[k] for k in ("temperature", "top_p", "top_k")}
+    sampling = {  # some requests greedy, the others sampled, each with its own seed
+        request_id: SamplingParams(seed=rng.randrange(2**40), **shape) if rng.random() < 0.7 else None
+        for request_id, _, _ in workload
+    }
+    loaded = models[case["family"]]
+    alone = _run(loaded, sequential_scheduler(BLOCK, [], ignore_eos=True), decoding, workload, sampling)
+    order = list(range(len(workload)))
+    rng.shuffle(order)
+    blockserve = BlockServeScheduler(BLOCK, [], SchedulerConfig(token_budget=4096), ignore_eos=True)
+    assert _run(loaded, blockserve, decoding, workload, sampling, order) == alone
+    static = StaticScheduler(BLOCK, [], batch_size=case["static_batch"], ignore_eos=True)
+    assert _run(loaded, static, decoding, workload, sampling, order) == alone
+
+
+def test_the_seed_decides_and_temperature_zero_is_greedy(models):
+    loaded = models["llada"]
+    workload = random_workload(random.Random(3), 4, 480, BLOCK, max_prompt=20, max_blocks=3)
+    decoding = DecodingConfig(block_length=BLOCK, steps_per_block=4)
+
+    def run(sampling):
+        scheduler = BlockServeScheduler(BLOCK, [], SchedulerConfig(token_budget=4096), ignore_eos=True)
+        return _run(loaded, scheduler, decoding, workload, {i: sampling for i, _, _ in workload})
+
+    greedy = run(None)
+    assert run(SamplingParams(temperature=0.0, seed=5)) == greedy  # no draw at all
+    first, again, other = (
+        run(SamplingParams(1.0, seed=1)),
+        run(SamplingParams(1.0, seed=1)),
+        run(SamplingParams(1.0, seed=2)),
+    )
+    assert first == again
+    assert first != other and first != greedy  # the check has teeth: the seed and sampling change tokens
+
+
+def test_draws_follow_the_filtered_distribution():
+    """Gumbel-max over hashed noise samples softmax(logits / T) restricted to top-k and top-p."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]], dtype=torch.float64)).repeat(20_000, 1)
+    keys = torch.arange(20_000, dtype=torch.int64) * 7919 + 11
+    ones = torch.ones(20_000, dtype=torch.float64)
+
+    def counts(top_k: int, top_p: float) -> torch.Tensor:
+        drawn, _ = sample(
+            logits, ones, torch.full((20_000,), top_k), torch.full((20_000,), top_p).double(), keys
+        )
+        return torch.bincount(drawn, minlength=4).double() / 20_000
+
+    assert torch.allclose(
+        counts(0, 1.0), torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64), atol=0.015
+    )
+    assert torch.allclose(counts(2, 1.0), torch.tensor([0.625, 0.375, 0, 0], dtype=torch.float64), atol=0.015)
+    assert counts(0, 0.7)[2:].sum() == 0  # the nucleus of 0.7 holds the first two tokens only
+    noise = uniform_noise(keys[:4], 1000, torch.float64)
+    assert bool(((noise > 0) & (noise < 1)).all()) and abs(float(noise.mean()) - 0.5) < 0.02
+
+
+@pytest.mark.parametrize("values", [{"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"seed": -1}])
+def test_sampling_settings_out_of_range_are_refused(values):
+    with pytest.raises(SamplingError):
+        SamplingParams(**values)
