@@ -59,7 +59,7 @@ def build_app(settings: GatewaySettings) -> FastAPI:
         redoc_url="/redoc" if docs else None,
         openapi_url="/openapi.json" if docs else None,
         title="dllm gateway",
-        description="OpenAI-style API for diffusion LLMs served with BlockServe. Decoding is greedy.",
+        description="OpenAI-style API for diffusion LLMs served with BlockServe (greedy unless a temperature is set).",
         version="0.1.0",
         lifespan=lifespan,
     )
