@@ -37,6 +37,7 @@ class StepResult:
     output: SchedulerOutput  # what ran
     blocks: list[list[int]]  # each row's block as committed (inactive rows included)
     finished: list[Request]  # requests that finished at this block boundary
+    logprobs: list | None = None  # per row, when some row asked: see CycleOutput.logprobs
 
 
 class Engine:
@@ -88,7 +89,7 @@ class Engine:
                 finished=len(finished),
             )
         )
-        return StepResult(output, cycle.blocks, finished)
+        return StepResult(output, cycle.blocks, finished, cycle.logprobs)
 
     def _keep_margins(self, output, margins: list[list[float]] | None) -> None:
         if margins is None:

@@ -44,6 +44,10 @@ class CommonFields(DllmFields):
     n: int = Field(1, ge=1, le=16, description="choices per prompt, each drawn with its own seed")
     user: Text | None = None
 
+    def alternatives(self) -> int | None:
+        """How many alternatives per token the worker records (None: no log probabilities)."""
+        return None
+
     def stop_strings(self) -> list[str]:
         if self.stop is None:
             return []
@@ -52,6 +56,13 @@ class CommonFields(DllmFields):
 
 class CompletionRequest(CommonFields):
     prompt: Text | list[Text] | list[int] = Field(..., description="text, list of texts, or token ids")
+    logprobs: int | None = Field(
+        None, ge=0, le=5, description="each token's log probability and this many alternatives"
+    )
+    echo: bool = Field(False, description="the prompt's text before the completion")
+
+    def alternatives(self) -> int | None:
+        return self.logprobs
 
 
 class ChatMessage(BaseModel):
@@ -63,6 +74,11 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(CommonFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
+    logprobs: bool = Field(False, description="each token's log probability")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="alternatives per token (needs logprobs)")
+
+    def alternatives(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class Usage(BaseModel):
@@ -75,7 +91,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: dict | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -96,7 +112,7 @@ class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: dict | None = None
 
 
 class ChatCompletionResponse(BaseModel):

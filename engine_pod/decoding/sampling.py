@@ -53,6 +53,13 @@ def _filtered(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) ->
     return logits.masked_fill(dropped, float("-inf"))
 
 
+def distribution_logits(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """The logits of the distribution a sampled row draws from: tempered, then top-k/top-p filtered."""
+    return _filtered(logits / temperature[:, None], top_k, top_p)
+
+
 def sample(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -61,7 +68,7 @@ def sample(
     keys: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of ``logits`` [n, V] (in the scores' dtype): the drawn token and its probability."""
-    tempered = _filtered(logits / temperature[:, None], top_k, top_p)
+    tempered = distribution_logits(logits, temperature, top_k, top_p)
     noise = uniform_noise(keys, logits.shape[-1], logits.dtype)
     gumbel = -torch.log(-torch.log(noise))
     proposal = (tempered + gumbel).argmax(dim=-1)

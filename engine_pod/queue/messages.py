@@ -22,6 +22,7 @@ class QueuedRequest:
     stream: bool = False
     meta: dict[str, Any] = field(default_factory=dict)  # API-level details the worker passes through
     sampling: dict[str, Any] | None = None  # SamplingParams' fields; None: greedy
+    logprobs: int | None = None  # None: none; k: each token's log probability and k alternatives
 
     @property
     def batch_id(self) -> str:
@@ -51,6 +52,8 @@ class DoneEvent:
     worker: str = ""
     error: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # the request's meta, passed through (batch custom_id)
+    # per token, when asked: [log p, [[alternative id, log p], ...]] (None: committed before a hand-over)
+    logprobs: list | None = None
     type: str = "done"
 
     @property

@@ -14,7 +14,7 @@ import torch
 
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.policies import StepContext, make_policy
-from engine_pod.decoding.sampling import draw_keys, sample
+from engine_pod.decoding.sampling import distribution_logits, draw_keys, sample
 from engine_pod.decoding.scoring import top_two_gap
 from engine_pod.models.adapter import adapter_for
 from engine_pod.models.loader import LoadedModel
@@ -36,6 +36,9 @@ class CycleOutput:
     stats: CycleStats
     margins: list[list[float]] | None = None  # per row and block position: top-1 minus top-2 probability
     # when the position was committed (inf if never), recorded on request to locate near-ties
+    # per row asking for them (None for the others), per block position: (log p of the committed token,
+    # [(alternative id, its log p), ...]) under the distribution of the step that committed it
+    logprobs: list[list[tuple] | None] | None = None
 
 
 @dataclass
@@ -88,6 +91,8 @@ class BlockCycleRunner:
         steps_taken = torch.zeros(len(rows), dtype=torch.long, device=canvas.tokens.device)
         output = CycleOutput(blocks=[], steps=[], stats=CycleStats())
         margins = torch.full(canvas.block_slots.shape, float("inf"), device=canvas.tokens.device)
+        if canvas.logprobs is not None:
+            output.logprobs = [[None] * L if k is not None else None for k in canvas.logprobs]
         step = 0
         while not bool(done.all()):
             self._check_runaway(step)
@@ -157,6 +162,8 @@ class BlockCycleRunner:
                 scores, candidates, self._context(canvas, step, rows, masks_at_start)
             )
         canvas.write_block(rows.index, torch.where(transfer, proposals, block))
+        if out.logprobs is not None:
+            self._record_logprobs(logits, canvas, rows, pick_r, pick_k, transfer, proposal, out)
         if self.record_margins:
             self._record_margins(logits, pick_r, pick_k, transfer, rows.index, margins)
         out.stats.forwards += 1
@@ -192,6 +199,34 @@ class BlockCycleRunner:
             return proposal, confidence
 
         return logits.map_logits(score)
+
+    def _record_logprobs(
+        self, logits, canvas: Canvas, rows: _StepRows, pick_r, pick_k, transfer, proposal, out
+    ):
+        """Log probabilities of the tokens committed in this step, for the rows that asked: the LM head
+        again over those positions only, under the distribution each was chosen from."""
+        counts = canvas.logprobs
+        row = rows.index[pick_r]
+        asked = torch.tensor([k is not None for k in counts], device=row.device)
+        chosen = (transfer[pick_r, pick_k] & asked[row]).nonzero(as_tuple=True)[0]
+        if chosen.numel() == 0:
+            return
+        scores = logits.lm_head(logits.hidden[chosen]).to(self.score_dtype)
+        owners = row[chosen]
+        sampling = canvas.sampling
+        if sampling is not None and bool(sampling.sampled[owners].any()):
+            drawn = sampling.sampled[owners]
+            picked = owners[drawn]
+            scores[drawn] = distribution_logits(
+                scores[drawn], sampling.temperature[picked], sampling.top_k[picked], sampling.top_p[picked]
+            )
+        log_p = torch.log_softmax(scores, dim=-1)
+        own = log_p.gather(1, proposal[chosen][:, None])[:, 0].tolist()
+        widest = max(counts[r] for r in owners.tolist())
+        values, ids = log_p.topk(min(widest, log_p.shape[-1]), dim=-1)
+        for i, (r, k) in enumerate(zip(owners.tolist(), pick_k[chosen].tolist())):
+            alternatives = list(zip(ids[i, : counts[r]].tolist(), values[i, : counts[r]].tolist()))
+            out.logprobs[r][k] = (own[i], alternatives)
 
     @staticmethod
     def _record_margins(logits, pick_r, pick_k, transfer, index, margins: torch.Tensor) -> None:

@@ -29,6 +29,7 @@ class Canvas:
     thresholds: torch.Tensor  # [R] confidence threshold of each row, in the scores' dtype
     block_length: int
     sampling: RowSampling | None = None  # per-row sampling settings; None: every row is greedy
+    logprobs: list[int | None] | None = None  # per row: alternatives to record (None: none asked)
 
     @property
     def width(self) -> int:
@@ -139,4 +140,5 @@ def build_canvas(
         thresholds=bits.contiguous().view(torch.float64).to(score_dtype),
         block_length=block_length,
         sampling=RowSampling.of(rows, device, score_dtype),
+        logprobs=[row.logprobs for row in rows] if any(row.logprobs is not None for row in rows) else None,
     )

@@ -118,6 +118,7 @@ class BlockServeScheduler(Scheduler):
             suffix_visible=True,
             threshold=request.threshold,
             sampling=request.sampling,
+            logprobs=request.logprobs,
         )
 
     def _preempt_overflow(self) -> list[Request]:

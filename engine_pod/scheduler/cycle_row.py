@@ -17,6 +17,7 @@ class CycleRow:
     active: bool = True  # False: the row is computed (a static batch's finished row) but never committed
     threshold: float | None = None  # this request's confidence threshold, if it overrides the engine's
     sampling: SamplingParams | None = None  # None: greedy
+    logprobs: int | None = None  # record each committed token's log probability and this many alternatives
 
     @property
     def width(self) -> int:

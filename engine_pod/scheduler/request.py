@@ -42,6 +42,7 @@ class Request:
     num_preemptions: int = 0
     threshold: float | None = None  # overrides the engine's confidence threshold for this request
     sampling: SamplingParams | None = None  # None: greedy
+    logprobs: int | None = None  # None: no log probabilities; k: the committed token's and k alternatives
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:

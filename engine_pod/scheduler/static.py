@@ -68,6 +68,7 @@ class StaticScheduler(Scheduler):
                 self.canvas == "full",
                 threshold=request.threshold,
                 sampling=request.sampling,
+                logprobs=request.logprobs,
             )
         suffix = blocks_left if self.canvas == "full" else 0
         return CycleRow(
@@ -76,6 +77,7 @@ class StaticScheduler(Scheduler):
             suffix_visible=True,
             threshold=request.threshold,
             sampling=request.sampling,
+            logprobs=request.logprobs,
         )
 
     def _enqueue(self, request: Request) -> None:

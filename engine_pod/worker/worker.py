@@ -96,6 +96,7 @@ class Worker:
         self._meta: dict[str, dict] = {}  # request id -> payload meta, echoed in its done event
         self._streaming: set[str] = set()  # requests whose clients read each block (others: the result)
         self._max_tokens: dict[str, int] = {}  # request id -> its max_tokens: results are cut to it
+        self._logprobs: dict[str, list] = {}  # request id -> per committed token (those that asked)
         self._outbox: dict[str, DoneEvent] = {}  # finished, not yet acknowledged by Redis
         self._unsent: list[BlockCommit] = []  # committed blocks Redis has not recorded yet (a fault)
 
@@ -269,6 +270,9 @@ class Worker:
         )
         request.generated = list(claimed.generated)
         request.threshold = payload.threshold
+        request.logprobs = payload.logprobs
+        if payload.logprobs is not None:  # blocks committed elsewhere before a hand-over have none
+            self._logprobs[payload.id] = [None] * len(claimed.generated)
         try:
             request.sampling = SamplingParams.from_dict(payload.sampling)
         except (SamplingError, TypeError) as exc:
@@ -301,6 +305,7 @@ class Worker:
         if result.output.is_empty:
             return
         self._unsent += self._committed_blocks(result)
+        self._keep_logprobs(result)
         for request in result.finished:
             self._stage_done(request, request.finish_reason.value if request.finish_reason else "length")
         self._commit()
@@ -313,6 +318,13 @@ class Worker:
             record.computed_positions,
             record.preempted,
         )
+
+    def _keep_logprobs(self, result: StepResult) -> None:
+        if result.logprobs is None:
+            return
+        for request_id, row, values in zip(result.output.request_ids, result.output.rows, result.logprobs):
+            if row.active and values is not None and request_id in self._logprobs:
+                self._logprobs[request_id].extend(values)
 
     def _committed_blocks(self, result: StepResult) -> list[BlockCommit]:
         requests = {r.request_id: r for r in result.finished} | self.scheduler.requests
@@ -352,6 +364,7 @@ class Worker:
         self._outbox.pop(request_id, None)
         self._meta.pop(request_id, None)
         self._max_tokens.pop(request_id, None)
+        self._logprobs.pop(request_id, None)
         self._streaming.discard(request_id)
 
     def _publish_done(self, request: Request, reason: str, error: str | None = None) -> None:
@@ -360,8 +373,11 @@ class Worker:
 
     def _stage_done(self, request: Request, reason: str, error: str | None = None) -> None:
         generated, limit = request.generated, self._max_tokens.pop(request.request_id, None)
+        logprobs = self._logprobs.pop(request.request_id, None)
         if limit is not None and reason in FINISHED_REASONS:  # exactly max_tokens, as OpenAI's API says
             generated, reason = within_limit(generated, limit, self.eos_ids, self.decoding.ignore_eos)
+        if logprobs is not None:
+            logprobs = logprobs[: len(generated)]
         done = DoneEvent(
             token_ids=list(generated),
             finish_reason=reason,
@@ -370,6 +386,7 @@ class Worker:
             worker=self.worker_id,
             error=error,
             meta=self._meta.pop(request.request_id, {}),
+            logprobs=logprobs,
         )
         self._streaming.discard(request.request_id)
         self._outbox[request.request_id] = done

@@ -14,6 +14,7 @@ from redis.exceptions import RedisError
 
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from gateway.errors import ApiError, error_body
+from gateway.logprobs import chat_logprobs, completion_logprobs
 from gateway.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -74,10 +75,9 @@ async def completions(body: CompletionRequest, request: Request, state: State):
     if body.stream:
         return _sse(_stream(queued[0], body, state, chat=False), state, "completions", started)
     results = await asyncio.gather(*(wait_done(q, state, request.is_disconnected) for q in queued))
-    choices = []
-    for index, done in enumerate(results):
-        text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), body.stop_strings())
-        choices.append(CompletionChoice(index=index, text=text, finish_reason=finish_reason(done, stopped)))
+    choices = [
+        _completion_choice(index, done, queued[index], body, state) for index, done in enumerate(results)
+    ]
     _observe(state, "completions", started)
     return CompletionResponse(
         id=queued[0].id,
@@ -85,6 +85,16 @@ async def completions(body: CompletionRequest, request: Request, state: State):
         model=body.model,
         choices=choices,
         usage=_usage(list(results)),
+    )
+
+
+def _completion_choice(index: int, done: DoneEvent, queued: QueuedRequest, body, state) -> CompletionChoice:
+    text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), body.stop_strings())
+    echoed = queued.prompt_ids if body.echo else []
+    logprobs = None if body.logprobs is None else completion_logprobs(done, state.tokenizer, echoed)
+    prefix = state.tokenizer.decode(echoed) if body.echo else ""
+    return CompletionChoice(
+        index=index, text=prefix + text, finish_reason=finish_reason(done, stopped), logprobs=logprobs
     )
 
 
@@ -107,7 +117,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     for index, done in enumerate(results):
         text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), body.stop_strings())
         message = AssistantMessage(content=text)
-        choices.append(ChatChoice(index=index, message=message, finish_reason=finish_reason(done, stopped)))
+        logprobs = chat_logprobs(done, state.tokenizer) if body.logprobs else None
+        reason = finish_reason(done, stopped)
+        choices.append(ChatChoice(index=index, message=message, finish_reason=reason, logprobs=logprobs))
     _observe(state, "chat", started)
     return ChatCompletionResponse(
         id=queued[0].id,
@@ -174,6 +186,8 @@ async def _stream(queued: QueuedRequest, body, state, chat: bool) -> AsyncIterat
     sent = ""
     stops = body.stop_strings()
     contiguous = True
+    if not chat and body.echo:
+        yield _chunk(queued, body, state.tokenizer.decode(queued.prompt_ids), None, chat)
     async for event in events(queued, state):
         if isinstance(event, BlockEvent):
             contiguous = contiguous and event.index == len(tokens) // state.settings.block_length

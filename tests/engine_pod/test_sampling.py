@@ -129,3 +129,57 @@ def test_draws_follow_the_filtered_distribution():
 def test_sampling_settings_out_of_range_are_refused(values):
     with pytest.raises(SamplingError):
         SamplingParams(**values)
+
+
+def _run_with_logprobs(loaded, scheduler, decoding, workload, asked: dict, sampling: dict) -> dict:
+    engine = Engine(BlockCycleRunner(loaded, decoding), scheduler)
+    for request_id, prompt, budget in workload:
+        request = Request.from_tokens(request_id, prompt, budget, BLOCK)
+        request.logprobs, request.sampling = asked.get(request_id), sampling.get(request_id)
+        engine.add_request(request)
+    kept: dict[str, list] = {}
+    while engine.has_work():
+        result = engine.step()
+        for request_id, row, values in zip(
+            result.output.request_ids, result.output.rows, result.logprobs or []
+        ):
+            if row.active and values is not None:
+                kept.setdefault(request_id, []).extend(values)
+    return kept
+
+
+def test_logprobs_are_those_of_the_committing_step_and_do_not_depend_on_the_batch(models):
+    loaded = models["dream"]
+    workload = random_workload(random.Random(5), 5, 480, BLOCK, max_prompt=20, max_blocks=3)
+    decoding = DecodingConfig(block_length=BLOCK, steps_per_block=4, threshold=0.5)
+    ids = [request_id for request_id, _, _ in workload]
+    asked = {ids[0]: 3, ids[1]: 0, ids[2]: 3}
+    sampling = {ids[2]: SamplingParams(1.0, top_k=5, seed=3)}
+    alone = {
+        request_id: _run_with_logprobs(
+            loaded, sequential_scheduler(BLOCK, [], ignore_eos=True), decoding, [item], asked, sampling
+        ).get(request_id)
+        for item in workload
+        for request_id in [item[0]]
+    }
+    batched = _run_with_logprobs(
+        loaded,
+        BlockServeScheduler(BLOCK, [], SchedulerConfig(4096), ignore_eos=True),
+        decoding,
+        workload,
+        asked,
+        sampling,
+    )
+    assert set(batched) == set(asked)
+    for request_id in asked:  # the same tokens and alternatives; values equal up to float64 rounding
+        assert len(alone[request_id]) == len(batched[request_id])
+        for (lp_alone, alt_alone), (lp, alt) in zip(alone[request_id], batched[request_id]):
+            assert lp == pytest.approx(lp_alone, abs=1e-9)
+            assert [i for i, _ in alt] == [i for i, _ in alt_alone]
+            assert [v for _, v in alt] == pytest.approx([v for _, v in alt_alone], abs=1e-9)
+    for logprob, alternatives in batched[ids[0]]:  # greedy: the committed token is the likeliest
+        assert logprob <= 0 and len(alternatives) == 3 and alternatives[0][1] == logprob
+        assert [v for _, v in alternatives] == sorted((v for _, v in alternatives), reverse=True)
+    assert all(alternatives == [] for _, alternatives in batched[ids[1]])
+    drawn = batched[ids[2]]  # sampled within the top 5: every alternative beyond them is impossible
+    assert all(len(alternatives) == 3 and logprob <= 0 for logprob, alternatives in drawn)

@@ -256,3 +256,40 @@ def test_a_seeded_answer_is_the_same_alone_and_among_concurrent_requests(random_
             return await asyncio.gather(ask(99, LONG), *(ask(s, p) for s, p in enumerate(prompts)))
 
     assert asyncio.run(crowded())[0] == alone[0]
+
+
+def test_completion_logprobs_and_echo(client):
+    reply = client.completions.create(model=MODEL, prompt=LONG, max_tokens=12, logprobs=2, echo=True)
+    choice = reply.choices[0]
+    assert choice.text.startswith(LONG.split()[0])  # the prompt's text comes first
+    logprobs = choice.logprobs
+    prompt_tokens = reply.usage.prompt_tokens
+    assert logprobs.token_logprobs[:prompt_tokens] == [None] * prompt_tokens  # the echoed prompt
+    generated = logprobs.token_logprobs[prompt_tokens:]
+    assert len(generated) == reply.usage.completion_tokens - (choice.finish_reason == "stop")
+    assert all(value <= 0 for value in generated)
+    assert all(len(top) == 2 for top in logprobs.top_logprobs[prompt_tokens:])
+    assert "".join(logprobs.tokens) == choice.text
+    assert logprobs.text_offset == sorted(logprobs.text_offset)
+
+
+def test_chat_logprobs_with_alternatives(client):
+    messages = [{"role": "user", "content": LONG}]
+    reply = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=10, logprobs=True, top_logprobs=3
+    )
+    content = reply.choices[0].logprobs.content
+    assert len(content) == 10 and "".join(t.token for t in content) == reply.choices[0].message.content
+    for token in content:  # greedy: the committed token is its step's likeliest
+        assert token.logprob <= 0 and len(token.top_logprobs) == 3
+        assert token.top_logprobs[0].logprob == pytest.approx(token.logprob)
+        assert bytes(token.bytes).decode() == token.token
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10)
+    assert (
+        plain.choices[0].logprobs is None
+        and plain.choices[0].message.content == reply.choices[0].message.content
+    )
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=10, logprobs=True, stream=True
+        )
