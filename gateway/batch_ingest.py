@@ -9,6 +9,7 @@ import logging
 from pydantic import ValidationError
 
 from engine_pod.queue.messages import BATCH_META, DoneEvent, decode_event
+from engine_pod.queue.ops import as_text, text_of
 from gateway.errors import ApiError
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.submission import build_request, check_decoding_fields
@@ -85,7 +86,7 @@ async def ingest_batch(batch_id: str, content: bytes, endpoint: str, state) -> N
 
 async def _cancelled(batch_id: str, state) -> bool:
     status = await state.redis.hget(state.queue.ops.keys.batch(batch_id), "status")
-    return status in (b"cancelling", "cancelling")
+    return text_of(status) == "cancelling"
 
 
 async def _skip(lines: list[str], start: int, batch_id: str, state) -> None:
@@ -111,8 +112,7 @@ async def cancel_members(batch_id: str, state) -> None:
     at its worker's next block boundary. Idempotent."""
     keys = state.queue.ops.keys
     members = await state.redis.lrange(keys.batch_members(batch_id), 0, -1)
-    for member in members:
-        request_id = member.decode() if isinstance(member, bytes) else member
+    for request_id in as_text(members):
         await state.queue.run(state.queue.ops.cancel(request_id, 0, batch_id))
 
 

@@ -150,12 +150,22 @@ class FileObject(BaseModel):
     purpose: str
 
 
-class FileList(BaseModel):
+class ListPage(BaseModel):
+    """OpenAI's cursor-paginated list: a page of objects and where it starts and ends."""
+
     object: Literal["list"] = "list"
-    data: list[FileObject]
     has_more: bool = False
     first_id: str | None = None
     last_id: str | None = None
+
+    @classmethod
+    def of(cls, items: list, has_more: bool):
+        first, last = (items[0].id, items[-1].id) if items else (None, None)
+        return cls(data=items, has_more=has_more, first_id=first, last_id=last)
+
+
+class FileList(ListPage):
+    data: list[FileObject]
 
 
 class FileDeleted(BaseModel):
@@ -199,9 +209,5 @@ class BatchObject(BaseModel):
     metadata: dict[str, str] | None = None
 
 
-class BatchList(BaseModel):
-    object: Literal["list"] = "list"
+class BatchList(ListPage):
     data: list[BatchObject]
-    has_more: bool = False
-    first_id: str | None = None
-    last_id: str | None = None

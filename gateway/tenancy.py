@@ -13,6 +13,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from engine_pod.queue.ops import as_text, text_of
 from gateway.errors import ApiError
 from gateway.state import State
 
@@ -34,10 +35,14 @@ async def current_tenant(request: Request, state: State) -> str:
 Tenant = Annotated[str, Depends(current_tenant)]
 
 
+def belongs(record_tenant, tenant: str) -> bool:
+    """Whether a record belongs to ``tenant`` (a record from before tenancy is ``anonymous``'s)."""
+    return (text_of(record_tenant) or ANONYMOUS) == tenant
+
+
 def owned(record_tenant, tenant: str, what: str, identifier: str, param: str) -> None:
-    """404 unless the record belongs to ``tenant`` (a record from before tenancy is ``anonymous``'s)."""
-    owner = record_tenant.decode() if isinstance(record_tenant, bytes) else record_tenant
-    if (owner or ANONYMOUS) != tenant:
+    """404 unless the record belongs to ``tenant``."""
+    if not belongs(record_tenant, tenant):
         raise ApiError(404, f"no {what} {identifier!r}", param=param)
 
 
@@ -53,10 +58,7 @@ async def page(
     state, key: str, after: str | None, limit: int, newest_first: bool = True
 ) -> tuple[list[str], bool]:
     """Up to ``limit`` ids of the index after the id ``after`` (pagination), and whether more follow."""
-    ids = [
-        i.decode() if isinstance(i, bytes) else i
-        for i in await state.redis.zrange(key, 0, -1, desc=newest_first)
-    ]
+    ids = as_text(await state.redis.zrange(key, 0, -1, desc=newest_first))
     if after is not None:
         ids = ids[ids.index(after) + 1 :] if after in ids else []
     return ids[:limit], len(ids) > limit

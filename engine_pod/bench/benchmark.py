@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
@@ -11,7 +10,7 @@ import torch
 
 from engine_pod.bench.calibrate import calibrate_threshold
 from engine_pod.bench.execute import run_policy, run_policy_isolated
-from engine_pod.bench.policies import PolicySpec, static_batch_size_for
+from engine_pod.bench.policies import PolicySpec, static_batch_size_for, static_widths
 from engine_pod.bench.prepare import prepare_requests
 from engine_pod.bench.report import compare_outputs, policy_metrics, summarise, timeline
 from engine_pod.bench.results import ModelSpec, PolicyRun
@@ -50,16 +49,12 @@ def _calibrate_fresh(cfg: BenchConfig, prompts: list[list[int]]) -> dict:
     return calibrate_threshold(loaded, cfg.decoding, prompts, cfg.calibrate_fraction)
 
 
-def _static_widths(requests, block_length: int) -> list[int]:
-    return [len(r.prompt_ids) + math.ceil(r.max_tokens / block_length) * block_length for r in requests]
-
-
 def run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None = None) -> dict:
     """Every policy of ``cfg`` on its workload; ``on_policy`` gets the report so far after each one."""
     items = load_workload(cfg.workload)[: cfg.limit]
     config, tokenizer = load_metadata(cfg.model.model)
     requests = prepare_requests(items, config, tokenizer, cfg.seed)
-    widths = _static_widths(requests, cfg.decoding.block_length)
+    widths = static_widths(requests, cfg.decoding.block_length)
     batch = cfg.batch_size or static_batch_size_for(widths, cfg.scheduling.token_budget)
     runs: dict[str, PolicyRun] = {}
     loaded = (

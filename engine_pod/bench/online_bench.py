@@ -8,11 +8,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from engine_pod.bench.benchmark import _static_widths
 from engine_pod.bench.online import Load, OnlineRequest, online_metrics, repeat_to
 from engine_pod.bench.online_engine import run_engine_online
 from engine_pod.bench.online_http import drive
-from engine_pod.bench.policies import PolicySpec, static_batch_size_for
+from engine_pod.bench.policies import PolicySpec, static_batch_size_for, static_widths
 from engine_pod.bench.prepare import prepare_requests
 from engine_pod.bench.results import ModelSpec
 from engine_pod.bench.workloads import load_workload
@@ -79,7 +78,7 @@ def _runs(cfg: OnlineConfig, requests: list[OnlineRequest]):
         return
     loaded = load_model(cfg.model.model, cfg.model.device, cfg.model.dtype, seed=cfg.seed)
     prepared = [r.request for r in requests]
-    widths = _static_widths(prepared, cfg.decoding.block_length)
+    widths = static_widths(prepared, cfg.decoding.block_length)
     batch = static_batch_size_for(widths, cfg.scheduling.token_budget)
     for name in cfg.policies:
         spec = PolicySpec(name, cfg.scheduling, batch)

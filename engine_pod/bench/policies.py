@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from engine_pod.scheduler.base import Scheduler
@@ -46,6 +47,11 @@ def build_scheduler(spec: PolicySpec, block_length: int, eos_ids, ignore_eos: bo
     if spec.name == "static":
         return StaticScheduler(block_length, eos_ids, batch_size=spec.static_batch_size, **common)
     return BlockServeScheduler(block_length, eos_ids, spec.effective_scheduling, **common)
+
+
+def static_widths(requests, block_length: int) -> list[int]:
+    """Each request's static row: its prompt and its whole generation budget, in whole blocks."""
+    return [len(r.prompt_ids) + math.ceil(r.max_tokens / block_length) * block_length for r in requests]
 
 
 def static_batch_size_for(widths_in_arrival_order: list[int], token_budget: int) -> int:

@@ -100,17 +100,24 @@ def _loads(args: argparse.Namespace) -> tuple:
         raise CliError(f"--arrival-rate/--concurrency: {exc}") from exc
 
 
+def _run_settings(args: argparse.Namespace, policies: tuple[str, ...]) -> dict:
+    """What an offline and an online benchmark both take from the command line."""
+    return {
+        "model": ModelSpec(args.model, args.device, args.dtype),
+        "workload": args.workload,
+        "policies": policies,
+        "decoding": decoding_config(args, args.steps_per_block),
+        "scheduling": scheduler_config(args),
+    }
+
+
 def _run_online(args: argparse.Namespace, policies: tuple[str, ...]) -> int:
     from engine_pod.bench.online_bench import OnlineConfig, online_summary, run_online_benchmark
 
     if args.requests is not None and args.requests < 1:
         raise CliError("--requests must be positive")
     config = OnlineConfig(
-        model=ModelSpec(args.model, args.device, args.dtype),
-        workload=args.workload,
-        policies=policies,
-        decoding=decoding_config(args, args.steps_per_block),
-        scheduling=scheduler_config(args),
+        **_run_settings(args, policies),
         loads=_loads(args),
         requests=args.requests,
         url=args.url,
@@ -146,11 +153,7 @@ def run(args: argparse.Namespace) -> int:
     if calibrate is not None and not (0 < calibrate < 1 and args.remasking == "threshold"):
         raise CliError("--calibrate-threshold takes a fraction in (0, 1) and needs --remasking threshold")
     config = BenchConfig(
-        model=ModelSpec(args.model, args.device, args.dtype),
-        workload=args.workload,
-        policies=policies,
-        decoding=decoding_config(args, args.steps_per_block),
-        scheduling=scheduler_config(args),
+        **_run_settings(args, policies),
         batch_size=args.batch_size,
         limit=args.limit,
         isolate=not args.no_isolate,

@@ -65,9 +65,14 @@ class CommitReply:
     cancelled: set[str]  # held requests whose clients cancelled them
 
 
+def text_of(value):
+    """One Redis reply value as str (bytes decoded; clients may or may not decode responses)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def as_text(values: list) -> list:
-    """A Redis reply's items as str (bytes decoded; clients may or may not decode responses)."""
-    return [value.decode() if isinstance(value, bytes) else value for value in values]
+    """A Redis reply's items as str."""
+    return [text_of(value) for value in values]
 
 
 def now_ms() -> int:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from engine_pod.scheduler.base import Scheduler
 from engine_pod.scheduler.box import BatchBox
-from engine_pod.scheduler.config import SchedulerConfig, SchedulerConfigError
+from engine_pod.scheduler.config import SchedulerConfig, raise_problems
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.pending_queue import PendingQueue
@@ -45,9 +45,7 @@ class ClaimPlan:
 class BlockServeScheduler(Scheduler):
     def __init__(self, block_length: int, eos_ids, config: SchedulerConfig, **kwargs) -> None:
         super().__init__(block_length, eos_ids, **kwargs)
-        problems = config.problems(block_length)
-        if problems:
-            raise SchedulerConfigError("; ".join(f"{name} {text}" for name, text in problems.items()))
+        raise_problems(config.problems(block_length))
         self.config = config
         self.pending = PendingQueue()
         self.active: list[Request] = []  # in admission order

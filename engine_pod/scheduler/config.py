@@ -17,6 +17,12 @@ class SchedulerConfigError(ValueError):
     """Scheduler settings out of range."""
 
 
+def raise_problems(problems: dict[str, str]) -> None:
+    """SchedulerConfigError naming every setting out of range (nothing when there is none)."""
+    if problems:
+        raise SchedulerConfigError("; ".join(f"{name} {message}" for name, message in problems.items()))
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """How BlockServe admits requests (DESIGN.md section 2)."""
@@ -36,9 +42,7 @@ class SchedulerConfig:
     max_wait_s: float = 0.8
 
     def __post_init__(self) -> None:
-        problems = self.problems()
-        if problems:
-            raise SchedulerConfigError("; ".join(f"{name} {message}" for name, message in problems.items()))
+        raise_problems(self.problems())
 
     def problems(self, block_length: int | None = None) -> dict[str, str]:
         """What is out of range: setting name -> what is wrong (empty: valid). With ``block_length``,

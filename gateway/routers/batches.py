@@ -14,10 +14,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from engine_pod.queue.keys import new_request_id
+from engine_pod.queue.keys import is_request_id, new_request_id
+from engine_pod.queue.ops import text_of
 from gateway.batch_ingest import cancel_members, ingest_batch, output_lines
 from gateway.errors import ApiError
-from gateway.ids import as_text, known_form
 from gateway.schemas import BatchCreate, BatchList, BatchObject, RequestCounts
 from gateway.state import State, require_api_key
 from gateway.tenancy import TENANT_FIELD, Tenant, add_to_index, owned, page
@@ -40,7 +40,7 @@ async def create_batch(body: BatchCreate, state: State, tenant: Tenant) -> Batch
     input_file = body.input_file_id
     found = (
         await state.redis.hmget(keys.file(input_file), ["content", TENANT_FIELD])
-        if known_form(input_file, "file")
+        if is_request_id(input_file, "file")
         else [None]
     )
     if found[0] is None:
@@ -78,10 +78,10 @@ async def create_batch(body: BatchCreate, state: State, tenant: Tenant) -> Batch
 
 
 async def _record(state, batch_id: str) -> dict[str, str] | None:
-    if not known_form(batch_id, "batch"):
+    if not is_request_id(batch_id, "batch"):
         return None
     raw = await state.redis.hgetall(state.queue.ops.keys.batch(batch_id))
-    return {as_text(k): as_text(v) for k, v in raw.items()} if raw else None
+    return {text_of(k): text_of(v) for k, v in raw.items()} if raw else None
 
 
 async def owned_batch(state, tenant: str, batch_id: str) -> BatchObject:
@@ -128,12 +128,7 @@ async def list_batches(
             batches.append(await owned_batch(state, tenant, batch_id))
         except ApiError:  # expired since it was listed
             continue
-    return BatchList(
-        data=batches,
-        has_more=has_more,
-        first_id=batches[0].id if batches else None,
-        last_id=batches[-1].id if batches else None,
-    )
+    return BatchList.of(batches, has_more)
 
 
 @router.get("/batches/{batch_id}", response_model=BatchObject)

@@ -12,13 +12,13 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
 from fastapi.responses import Response
 
-from engine_pod.queue.keys import new_request_id
+from engine_pod.queue.keys import is_request_id, new_request_id
+from engine_pod.queue.ops import text_of
 from gateway.errors import ApiError
-from gateway.ids import as_text, known_form
 from gateway.routers.batches import OUTPUT_SUFFIX, batch_output, owned_batch
 from gateway.schemas import FileDeleted, FileList, FileObject
 from gateway.state import State, require_api_key
-from gateway.tenancy import TENANT_FIELD, Tenant, add_to_index, owned, page
+from gateway.tenancy import TENANT_FIELD, Tenant, add_to_index, belongs, page
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 MAX_FILE_BYTES = 200 * 1024 * 1024
@@ -56,21 +56,17 @@ async def upload_file(
 
 async def owned_file(state, tenant: str, file_id: str) -> FileObject | None:
     """The tenant's file ``file_id`` (None when it does not exist or is another tenant's)."""
-    if not known_form(file_id, "file"):
+    if not is_request_id(file_id, "file"):
         return None
     values = await state.redis.hmget(state.queue.ops.keys.file(file_id), _META)
-    if values[0] is None:
-        return None
-    try:
-        owned(values[4], tenant, "file", file_id, "file_id")
-    except ApiError:
+    if values[0] is None or not belongs(values[4], tenant):
         return None
     return FileObject(
         id=file_id,
-        filename=as_text(values[0]),
+        filename=text_of(values[0]),
         bytes=int(values[1]),
         created_at=int(values[2]),
-        purpose=as_text(values[3]),
+        purpose=text_of(values[3]),
     )
 
 
@@ -103,12 +99,7 @@ async def list_files(
     ids, has_more = await page(state, state.queue.ops.keys.files_of(tenant), after, limit, order == "desc")
     files = [f for f in [await owned_file(state, tenant, i) for i in ids] if f is not None]
     files = [f for f in files if purpose is None or f.purpose == purpose]
-    return FileList(
-        data=files,
-        has_more=has_more,
-        first_id=files[0].id if files else None,
-        last_id=files[-1].id if files else None,
-    )
+    return FileList.of(files, has_more)
 
 
 @router.get("/files/{file_id}", response_model=FileObject)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 
 from engine_pod.serve.redis_server import free_port
 from tests.serving_utils import wait_for
@@ -69,3 +72,20 @@ class Serve:
                 self.process.wait()
         self.out.close()
         return self.process.returncode
+
+
+@contextlib.contextmanager
+def running(directory: Path, *extra: str) -> Iterator[Serve]:
+    """``dllm serve`` started and answering for the block, stopped after it."""
+    server = Serve(directory, *extra)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def openai_client(server: Serve, key: str = "unused", asynchronous: bool = False):
+    """The official client pointed at ``server`` (no retries: a refusal is the test's to see)."""
+    kind = openai.AsyncOpenAI if asynchronous else openai.OpenAI
+    return kind(base_url=f"{server.url}/v1", api_key=key, max_retries=0)

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.serving.serve_process import Serve
+from tests.serving.serve_process import openai_client, running
 from tests.serving_utils import write_served_model
 
 MODEL = "tiny-llada"
@@ -22,21 +22,19 @@ KEY, OTHER_KEY = "key-of-tenant-a", "key-of-tenant-b"
 
 @pytest.fixture(scope="module")
 def serve(tmp_path_factory):
-    server = Serve(tmp_path_factory.mktemp("conformance"), "--api-key", KEY, "--api-key", OTHER_KEY)
-    server.wait_ready()
-    yield server
-    server.stop()
+    with running(tmp_path_factory.mktemp("conformance"), "--api-key", KEY, "--api-key", OTHER_KEY) as server:
+        yield server
 
 
 @pytest.fixture
 def client(serve):
-    return openai.OpenAI(base_url=f"{serve.url}/v1", api_key=KEY, max_retries=0)
+    return openai_client(serve, KEY)
 
 
 @pytest.fixture
 def other(serve):
     """The other tenant."""
-    return openai.OpenAI(base_url=f"{serve.url}/v1", api_key=OTHER_KEY, max_retries=0)
+    return openai_client(serve, OTHER_KEY)
 
 
 @pytest.mark.parametrize("max_tokens", [1, 3, 20, 40])
@@ -58,7 +56,7 @@ def test_max_tokens_is_exact(client, max_tokens):
 
 def test_async_stream_ends_with_a_usage_chunk_and_matches_the_whole_answer(serve, client):
     async def stream() -> list:
-        async with openai.AsyncOpenAI(base_url=f"{serve.url}/v1", api_key=KEY, max_retries=0) as aclient:
+        async with openai_client(serve, KEY, asynchronous=True) as aclient:
             chunks = await aclient.chat.completions.create(
                 model=MODEL,
                 messages=[{"role": "user", "content": LONG}],
@@ -133,7 +131,7 @@ def _batch_file(lines: int) -> bytes:
 
 
 def test_a_wrong_key_is_refused(serve):
-    stranger = openai.OpenAI(base_url=f"{serve.url}/v1", api_key="not-a-key", max_retries=0)
+    stranger = openai_client(serve, "not-a-key")
     with pytest.raises(openai.AuthenticationError):
         stranger.models.list()
 
@@ -201,15 +199,13 @@ def random_serve(tmp_path_factory):
     """``dllm serve`` with a small random-weight model (the project's tokenizer): near-uniform logits,
     so a draw shows in the text."""
     model = write_served_model(tmp_path_factory.mktemp("models") / RANDOM)
-    server = Serve(tmp_path_factory.mktemp("sampling"), "--model", str(model), "--api-key", KEY)
-    server.wait_ready()
-    yield server
-    server.stop()
+    with running(tmp_path_factory.mktemp("sampling"), "--model", str(model), "--api-key", KEY) as server:
+        yield server
 
 
 @pytest.fixture
 def sampler(random_serve):
-    return openai.OpenAI(base_url=f"{random_serve.url}/v1", api_key=KEY, max_retries=0)
+    return openai_client(random_serve, KEY)
 
 
 def _ask(seed: int | None, prompt: str = LONG, **extra) -> dict:
@@ -244,9 +240,7 @@ def test_a_seeded_answer_is_the_same_alone_and_among_concurrent_requests(random_
     alone = _sampled(sampler, 99)
 
     async def crowded() -> list[str]:
-        async with openai.AsyncOpenAI(
-            base_url=f"{random_serve.url}/v1", api_key=KEY, max_retries=0
-        ) as aclient:
+        async with openai_client(random_serve, KEY, asynchronous=True) as aclient:
 
             async def ask(seed: int, prompt: str) -> str:
                 reply = await aclient.chat.completions.create(**_ask(seed, prompt))

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from tests.serving.outage_harness import Tally, results_published_twice, start_load
-from tests.serving.serve_process import Serve
+from tests.serving.serve_process import Serve, running
 from tests.serving_utils import wait_for
 
 RECOVERY_BOUND_S = 20.0  # DESIGN: back within 10 s; measured 0.3-5 s here, bound left loose for CI
@@ -36,10 +36,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture
 def serve(tmp_path):
-    server = Serve(tmp_path)
-    server.wait_ready()
-    yield server
-    server.stop()
+    with running(tmp_path) as server:
+        yield server
 
 
 def test_the_readme_quick_start_works_where_no_redis_server_is_installed(tmp_path):

@@ -133,6 +133,22 @@ def component_service(
     }
 
 
+def metrics_service(
+    spec: ServiceSpec, component: str, owner: dict[str, Any], port: int, name: str
+) -> dict[str, Any]:
+    """A headless Service (one target per pod) on a component's "metrics" port, labelled for the
+    ServiceMonitor; never the Service clients reach."""
+    return component_service(
+        spec,
+        component,
+        owner,
+        [{"name": "metrics", "port": port, "targetPort": "metrics"}],
+        name=name,
+        labels={METRICS_LABEL: component},
+        clusterIP="None",
+    )
+
+
 def cache_env(spec: ServiceSpec) -> list[dict[str, Any]]:
     """Where downloads go, and the Hugging Face token (gated or private checkpoints) when one is given."""
     env: list[dict[str, Any]] = [

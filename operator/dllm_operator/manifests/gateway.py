@@ -116,13 +116,6 @@ def gateway_service(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
 
 
 def gateway_metrics_service(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
-    """Headless, one target per gateway pod, on the metrics port (never exposed with the API)."""
-    return common.component_service(
-        spec,
-        "gateway",
-        owner,
-        [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}],
-        name=common.name_of(spec, "gateway-metrics"),
-        labels={common.METRICS_LABEL: "gateway"},
-        clusterIP="None",
+    return common.metrics_service(
+        spec, "gateway", owner, METRICS_PORT, common.name_of(spec, "gateway-metrics")
     )

@@ -24,15 +24,7 @@ def engine_disruption_budget(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
 
 
 def engine_metrics_service(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
-    return common.component_service(
-        spec,
-        "engine",
-        owner,
-        [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}],
-        name=common.name_of(spec, "metrics"),
-        labels={common.METRICS_LABEL: "engine"},
-        clusterIP="None",  # one target per pod
-    )
+    return common.metrics_service(spec, "engine", owner, METRICS_PORT, common.name_of(spec, "metrics"))
 
 
 def service_monitor(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
