@@ -12,7 +12,7 @@ from engine_pod.bench.benchmark import BenchConfig, run_benchmark
 from engine_pod.bench.policies import POLICIES
 from engine_pod.bench.results import ModelSpec
 from engine_pod.bench.workloads import named_workloads
-from engine_pod.cli.budget import profile_usable_memory
+from engine_pod.cli.budget import read_profile
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config
 from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
 
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         record_margins=not args.no_margins,
         calibrate_fraction=calibrate,
     )
-    usable = profile_usable_memory(args.profile) if args.profile else None
+    usable = read_profile(args.profile).usable_memory_bytes if args.profile else None
     out = Path(args.json_out)
 
     def write(report: dict) -> None:  # after every policy, so a run cut short keeps what it measured

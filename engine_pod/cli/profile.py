@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 from engine_pod.cli.common import CliError, add_model_args
-from engine_pod.profiling.profiler import ProfileConfig, compact, run_profile
+from engine_pod.profiling.profiler import ProfileConfig, run_profile
+from engine_pod.profiling.summary import ProfileSummary, failure_message
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-TERMINATION_LIMIT = 4096
 
 
 def parse_bytes(text: str) -> int:
@@ -56,13 +56,8 @@ def register(subparsers) -> None:
 
 
 def _error_message(exc: Exception) -> str:
-    """The failure as termination-message JSON, valid however long the error's text is."""
-    text = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-    message = json.dumps({"error": text}, separators=(",", ":"))
-    while len(message) >= TERMINATION_LIMIT:
-        text = text[: len(text) // 2]
-        message = json.dumps({"error": text}, separators=(",", ":"))
-    return message
+    """The failure as termination-message JSON."""
+    return failure_message(str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,13 +85,8 @@ def run(args: argparse.Namespace) -> int:
             Path(args.termination_log).write_text(_error_message(exc))
         raise
     Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
-    if args.termination_log:
-        message = json.dumps(compact(result), separators=(",", ":"))
-        if len(message) >= TERMINATION_LIMIT:
-            raise CliError(
-                f"compact profile result is {len(message)} bytes, over the {TERMINATION_LIMIT}-byte limit"
-            )
-        Path(args.termination_log).write_text(message)
+    if args.termination_log:  # the operator reads the summary from the pod status
+        Path(args.termination_log).write_text(ProfileSummary.from_result(result).termination_message())
     fit = result["fit"]
     sys.stdout.write(
         f"token budget {result['token_budget']} ({fit['bytes_per_token']:.0f} bytes/token, "

@@ -257,20 +257,3 @@ def _held_out_error(fit: MemoryFit, point: Point) -> dict:
         "predicted_bytes": int(predicted),
         "relative_error": round(abs(predicted - point.peak_bytes) / point.peak_bytes, 4),
     }
-
-
-def compact(result: dict) -> dict:
-    """What fits in a Kubernetes termination message (< 4096 bytes)."""
-    return {
-        "token_budget": result["token_budget"],
-        "device": result["device"],
-        "device_name": result["device_name"],
-        "dtype": result["dtype"],
-        "total_memory_bytes": result["total_memory_bytes"],
-        "usable_memory_bytes": result["usable_memory_bytes"],
-        "weights_bytes": result["weights_bytes"],
-        "bytes_per_token": round(result["fit"]["bytes_per_token"], 1),
-        "intercept_bytes": int(result["fit"]["intercept_bytes"]),
-        "r_squared": round(result["fit"]["r_squared"], 5),
-        "held_out_max_error": max((h["relative_error"] for h in result["held_out"]), default=None),
-    }

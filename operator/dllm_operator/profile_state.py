@@ -8,7 +8,6 @@ garbage collection, a lost node) without the service noticing."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,14 +16,19 @@ from dllm_operator.k8s import KubeClient, collection_path
 from dllm_operator.manifests.profiling import job_name, profiling_job
 from dllm_operator.pod_health import stuck_reason
 from dllm_operator.spec import ServiceSpec
+from engine_pod.profiling.summary import (
+    ProfileFailed,
+    ProfileFormatError,
+    ProfileSummary,
+    read_termination_message,
+)
 
 
 @dataclass(frozen=True)
 class ProfileState:
     state: str  # "ready", "running" or "failed"
     profile_hash: str
-    token_budget: int | None = None
-    result: dict[str, Any] | None = None  # the profiler's compact JSON (or {"token_budget": N} from the spec)
+    summary: ProfileSummary | None = None  # when ready: measured, or the spec's budget
     message: str = ""
     reason: str = ""  # why a running profile is stuck (ImagePullBackOff, ...), else empty
 
@@ -63,18 +67,14 @@ def _job_finished(job: dict[str, Any]) -> str | None:
     return None
 
 
-def _parse(message: str | None) -> tuple[dict[str, Any] | None, str]:
-    if not message:
-        return None, "the profiling pod left no termination message"
+def _stored_summary(stored: dict[str, Any], profile_hash: str) -> ProfileSummary | None:
+    """The summary in status from an earlier resync, if it belongs to this hash and reads as one."""
+    if stored.get("hash") != profile_hash or not stored.get("result"):
+        return None
     try:
-        result = json.loads(message)
-    except json.JSONDecodeError:
-        return None, f"the profiling pod's termination message is not JSON: {message[:200]}"
-    if "error" in result:
-        return None, f"profiling failed: {result['error']}"
-    if not isinstance(result.get("token_budget"), int) or result["token_budget"] < 1:
-        return None, "the profiling result has no positive token_budget"
-    return result, ""
+        return ProfileSummary.parse(stored["result"])
+    except ProfileFormatError:
+        return None  # not readable (written by hand?): measure again rather than trust it
 
 
 def ensure_profile(
@@ -87,12 +87,10 @@ def ensure_profile(
     """``stored``: the service's ``status.profile`` (hash, tokenBudget, result) from earlier resyncs."""
     profile_hash = spec.profile_hash(settings.engine_image)
     if spec.token_budget is not None:
-        return ProfileState(
-            "ready", profile_hash, spec.token_budget, {"token_budget": spec.token_budget, "source": "spec"}
-        )
-    stored = stored or {}
-    if stored.get("hash") == profile_hash and stored.get("tokenBudget") and stored.get("result"):
-        return ProfileState("ready", profile_hash, int(stored["tokenBudget"]), dict(stored["result"]))
+        return ProfileState("ready", profile_hash, ProfileSummary.from_spec(spec.token_budget))
+    summary = _stored_summary(stored or {}, profile_hash)
+    if summary is not None:
+        return ProfileState("ready", profile_hash, summary)
     name = job_name(spec, profile_hash)
     job = client.get(f"{collection_path('batch/v1', 'Job', spec.namespace)}/{name}")
     if job is None:
@@ -107,12 +105,11 @@ def ensure_profile(
             )
         return ProfileState("running", profile_hash, message=f"profiling Job {name} is running")
     message, node = _termination_message(client, spec.namespace, name)
-    result, problem = _parse(message)
-    if finished == "Failed" or result is None:
-        return ProfileState(
-            "failed", profile_hash, message=problem if result is None else f"profiling Job {name} failed"
-        )
+    try:
+        summary = read_termination_message(message)
+    except (ProfileFailed, ProfileFormatError) as exc:
+        return ProfileState("failed", profile_hash, message=str(exc))
+    if finished == "Failed":
+        return ProfileState("failed", profile_hash, message=f"profiling Job {name} failed")
     product = _gpu_product(client, node) if spec.gpus else None
-    if product:
-        result["gpu_product"] = product
-    return ProfileState("ready", profile_hash, result["token_budget"], result)
+    return ProfileState("ready", profile_hash, summary.with_gpu_product(product))

@@ -6,7 +6,6 @@ Order: Redis (managed) -> gateway -> profiling Job -> profile ConfigMap -> engin
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from dllm_operator.pod_health import stuck_reason
 from dllm_operator.profile_state import ProfileState, ensure_profile
 from dllm_operator.scaling import autoscale_engine
 from dllm_operator.spec import ServiceSpec, SpecError, parse_spec
+from engine_pod.profiling.summary import ProfileSummary
 
 logger = logging.getLogger(__name__)
 MANAGED_REDIS_KINDS = [
@@ -146,20 +146,20 @@ class Reconciler:
                 },
                 events,
             )
-        if profile.state == "ready":
+        summary = profile.summary
+        if profile.state == "ready" and summary is not None:
             if previous.get("hash") != profile.profile_hash:
-                events.append(("Normal", "Profiled", f"token budget {profile.token_budget}"))
-            result = profile.result or {}
+                events.append(("Normal", "Profiled", f"token budget {summary.token_budget}"))
             current = {
                 "hash": profile.profile_hash,
-                "tokenBudget": profile.token_budget,
-                "result": profile.result,
-                "device": result.get("device_name"),
-                "gpuProduct": result.get("gpu_product"),
+                "tokenBudget": summary.token_budget,
+                "result": summary.as_dict(),
+                "device": summary.device_name,
+                "gpuProduct": summary.gpu_product,
             }
             reason = "ExplicitBudget" if spec.token_budget is not None else "Measured"
             conditions = set_condition(
-                conditions, "Profiled", True, reason, f"token budget {profile.token_budget}", generation
+                conditions, "Profiled", True, reason, f"token budget {summary.token_budget}", generation
             )
         else:  # re-profiling after a memory-affecting change: the engine as it is keeps serving (old model,
             # old budget); the new spec reaches it only with its own profile
@@ -167,8 +167,8 @@ class Reconciler:
             conditions = set_condition(
                 conditions, "Profiled", False, "Reprofiling", profile.message, generation
             )
-        if profile.state == "ready":
-            self._apply_engine(spec, owner, current, redis_url, status)
+        if profile.state == "ready" and summary is not None:
+            self._apply_engine(spec, owner, current, summary, redis_url, status)
         scaling: dict[str, Any] = {}
         if autoscale_now and not spec.keda:
             scaling, conditions = autoscale_engine(
@@ -179,10 +179,15 @@ class Reconciler:
         )
 
     def _apply_engine(
-        self, spec: ServiceSpec, owner: dict, profile: dict, redis_url: str, status: dict
+        self,
+        spec: ServiceSpec,
+        owner: dict,
+        profile: dict,
+        summary: ProfileSummary,
+        redis_url: str,
+        status: dict,
     ) -> None:
-        profile_json = json.dumps(profile["result"], separators=(",", ":"))
-        self.client.apply(profile_configmap(spec, owner, profile_json, profile["hash"]))
+        self.client.apply(profile_configmap(spec, owner, summary.to_json(), profile["hash"]))
         replicas = status.get("replicas", spec.min_replicas)
         replicas = max(spec.min_replicas, min(spec.max_replicas, int(replicas)))
         deployment = engine_deployment(

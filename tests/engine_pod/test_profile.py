@@ -15,6 +15,7 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.defaults import DEFAULT_MODEL
 from engine_pod.profiling.fit import MemoryFit
 from engine_pod.profiling.profiler import CORRECTION_MARGIN, _corrected_budget
+from engine_pod.profiling.summary import ProfileSummary, read_termination_message
 from engine_pod.scheduler.config import SchedulerConfig
 
 MAX_TOKENS = 8192
@@ -58,11 +59,13 @@ def test_fit_predicts_held_out_shapes_within_ten_percent(profile):
         assert point["relative_error"] <= 0.10, point
 
 
-def test_termination_message_is_compact_json(profile):
+def test_the_termination_message_is_the_summary_the_operator_reads(profile):
     result, message = profile
     assert len(message) < 4096
-    compact = json.loads(message)
-    assert compact["token_budget"] == result["token_budget"]
+    summary = read_termination_message(message)  # what the operator does with it
+    assert summary == ProfileSummary.from_result(result)
+    assert summary.source == "measured" and summary.token_budget == result["token_budget"]
+    assert summary.device == "cpu" and summary.usable_memory_bytes == result["usable_memory_bytes"]
 
 
 def test_blockserve_at_the_profiled_budget_stays_under_the_limit(profile):

@@ -18,6 +18,8 @@ import redis
 import yaml
 from kopf.testing import KopfRunner
 
+from engine_pod.cli.budget import read_profile
+from engine_pod.profiling.summary import ProfileSummary, read_profile_file
 from engine_pod.queue.messages import DoneEvent, QueuedRequest
 from engine_pod.queue.ops import QueueOps
 from engine_pod.queue.sync_client import SyncQueue
@@ -55,12 +57,31 @@ def example() -> dict:
     return yaml.safe_load(EXAMPLE_PATH.read_text())
 
 
-def complete_profiling(kube: Kube, budget: int, namespace: str = "default", node: str | None = None) -> str:
+def measured(budget: int) -> ProfileSummary:
+    """A summary as `dllm profile --termination-log` writes it on an 80 GB GPU."""
+    return ProfileSummary(
+        token_budget=budget,
+        device="cuda:0",
+        device_name="NVIDIA H100 80GB HBM3",
+        dtype="bfloat16",
+        total_memory_bytes=85_520_809_984,
+        usable_memory_bytes=76_968_728_985,
+        weights_bytes=16_031_000_000,
+        bytes_per_token=524288.0,
+        intercept_bytes=900_000_000,
+        r_squared=0.9991,
+        held_out_max_error=0.012,
+    )
+
+
+def complete_profiling(
+    kube: Kube, budget: int, namespace: str = "default", node: str | None = None, message: str | None = None
+) -> str:
     """Play the Job controller and the kubelet: the newest profiling Job succeeds with a result (its
-    pod scheduled on ``node`` when given)."""
+    pod scheduled on ``node`` when given); ``message``: its termination message, if not a valid summary."""
     job = wait_for(lambda: _newest_unfinished_job(kube), 30, what="a profiling Job")
     name = job["metadata"]["name"]
-    message = json.dumps({"token_budget": budget, "device": "cuda:0", "bytes_per_token": 524288.0})
+    message = measured(budget).termination_message() if message is None else message
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -180,6 +201,38 @@ def test_the_profile_survives_its_job_and_pod_being_deleted(cluster, operator):
     status = kube.service(NAME)["status"]
     assert status["phase"] == "Ready" and status["profile"]["tokenBudget"] == 131072
     assert kube.condition(NAME, "Profiled")["status"] == "True"
+
+
+def test_a_profile_result_that_is_not_the_schema_fails_the_service_with_the_field_named(cluster, operator):
+    """A Job that succeeded but reported something the schema does not hold (an older or a broken
+    profiler): Degraded ProfilingFailed naming the field, never an engine on a made-up budget."""
+    kube = cluster.client()
+    kube.create_service(example())
+    broken = json.loads(measured(98304).termination_message()) | {"token_budget": "98304"}
+    complete_profiling(kube, budget=0, message=json.dumps(broken))
+    wait_for(
+        lambda: (kube.condition(NAME, "Degraded") or {}).get("reason") == "ProfilingFailed",
+        30,
+        what="Degraded ProfilingFailed",
+    )
+    degraded = kube.condition(NAME, "Degraded")
+    assert degraded["status"] == "True" and "token_budget must be int" in degraded["message"]
+    assert kube.service(NAME)["status"]["phase"] == "Failed"
+    assert kube.deployment(f"{NAME}-engine") is None
+
+
+def test_the_engine_reads_the_budget_the_operator_stored(cluster, operator, tmp_path):
+    """The profile ConfigMap the engine mounts holds the summary the Job reported, GPU product added, and
+    `dllm worker --profile` reads its budget from that very file."""
+    kube = cluster.client()
+    kube.create_service(example())
+    complete_profiling(kube, budget=98304)
+    wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+    configmap = kube.core.read_namespaced_config_map(f"{NAME}-profile", "default")
+    path = tmp_path / "profile.json"
+    path.write_text(configmap.data["profile.json"])
+    assert read_profile_file(path) == measured(98304)
+    assert read_profile(str(path)).token_budget == 98304
 
 
 def engine_command(kube: Kube) -> list[str]:
