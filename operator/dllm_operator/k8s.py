@@ -63,22 +63,64 @@ def _rejections_of(manifest: dict[str, Any]) -> Iterator[None]:
         raise
 
 
-def _owned_template_patch(current: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
-    """The manifest as a merge patch that also drops node-selector entries the operator no longer sets (a
-    merge patch keeps keys it does not mention; lists, such as containers and tolerations, are replaced
-    whole anyway). Other keys of the live template (defaults the API server filled in, kubectl's
-    restartedAt annotation) are left alone."""
-    pod = ((manifest.get("spec") or {}).get("template") or {}).get("spec")
+LAST_APPLIED = "dllm.dev/last-applied"  # the manifest the operator last sent, as JSON
+# fields the operator sets once and then leaves to another owner (KEDA's HPA sets replicas): never removed
+_HANDED_OVER = {("spec", "replicas")}
+
+
+def _annotated(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest carrying itself as its last-applied annotation."""
+    meta = manifest["metadata"]
+    annotations = meta.get("annotations") or {}
+    sent = json.dumps(manifest, separators=(",", ":"), sort_keys=True)
+    return manifest | {"metadata": meta | {"annotations": annotations | {LAST_APPLIED: sent}}}
+
+
+def _last_applied(current: dict[str, Any]) -> dict[str, Any]:
+    text = ((current.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED)
+    try:
+        last = json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        return {}
+    return last if isinstance(last, dict) else {}
+
+
+def _with_removals(
+    wanted: dict[str, Any], last: dict[str, Any], path: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """``wanted`` plus a null for every key the last manifest set and this one does not (in nested
+    objects too; lists are replaced whole by a merge patch anyway)."""
+    patch = dict(wanted)
+    for key, before in last.items():
+        here = (*path, key)
+        if here in _HANDED_OVER:
+            continue
+        if key not in wanted:
+            patch[key] = None
+        elif isinstance(before, dict) and isinstance(wanted[key], dict):
+            patch[key] = _with_removals(wanted[key], before, here)
+    return patch
+
+
+def _owned_patch(current: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as a merge patch that also removes what the operator set before and no longer sets (a
+    toleration list dropped from the spec, a rolling-update setting, a node-selector entry: a merge patch
+    keeps any key it does not mention). Keys others set (defaults the API server filled in, kubectl's
+    restartedAt annotation) are left alone. Node-selector entries are compared with the live object too,
+    for objects applied before the last-applied annotation existed."""
+    patch = _with_removals(manifest, _last_applied(current))
+    pod = ((patch.get("spec") or {}).get("template") or {}).get("spec")
     if pod is None:
-        return manifest
+        return patch
     live = ((current.get("spec") or {}).get("template") or {}).get("spec") or {}
-    wanted = pod.get("nodeSelector") or {}
-    selector = wanted | {key: None for key in live.get("nodeSelector") or {} if key not in wanted}
-    if not selector:
-        return manifest
-    template = manifest["spec"]["template"]
-    return manifest | {
-        "spec": manifest["spec"] | {"template": template | {"spec": pod | {"nodeSelector": selector}}}
+    wanted = manifest["spec"]["template"]["spec"].get("nodeSelector") or {}
+    stale = {key: None for key in live.get("nodeSelector") or {} if key not in wanted}
+    if not stale:
+        return patch
+    selector = (pod.get("nodeSelector") or {}) | stale
+    template = patch["spec"]["template"]
+    return patch | {
+        "spec": patch["spec"] | {"template": template | {"spec": pod | {"nodeSelector": selector}}}
     }
 
 
@@ -169,13 +211,13 @@ class KubeClient:
     def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Create, or merge-patch what exists: idempotent, and it never drops fields others own.
         ChildRejected when the API server refuses the object."""
-        path = object_path(manifest)
+        path, manifest = object_path(manifest), _annotated(manifest)
         with _rejections_of(manifest):
             current = self.get(path)
             created = self._create(manifest) if current is None else None
             if created is not None:
                 return created
-            return self._call("PATCH", path, _owned_template_patch(current or {}, manifest), MERGE_PATCH)
+            return self._call("PATCH", path, _owned_patch(current or {}, manifest), MERGE_PATCH)
 
     def create_if_absent(self, manifest: dict[str, Any]) -> bool:
         """Create the object unless it exists (then leave it exactly as it is, even if two reconciles

@@ -185,6 +185,30 @@ def test_engines_are_pinned_to_the_gpu_product_their_budget_was_measured_on(clus
     )
 
 
+def test_what_the_spec_no_longer_asks_for_is_removed_from_the_engine(cluster, operator):
+    """A merge patch keeps every key it does not mention: tolerations dropped from the spec would stay on
+    the pods. The operator removes what it set before and no longer sets (its last-applied annotation)."""
+    kube = cluster.client()
+    service = example()
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "dllm", "effect": "NoSchedule"}
+    service["spec"]["resources"]["tolerations"] = [toleration]
+    kube.create_service(service)
+    complete_profiling(kube, budget=131072)
+    deployment = wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+    assert deployment["spec"]["template"]["spec"]["tolerations"] == [toleration]
+    kube.patch_service(NAME, {"spec": {"resources": {"tolerations": None}}})
+    wait_for(
+        lambda: not kube.deployment(f"{NAME}-engine")["spec"]["template"]["spec"].get("tolerations"),
+        30,
+        what="the tolerations removed",
+    )
+    spec = kube.deployment(f"{NAME}-engine")["spec"]
+    assert spec["replicas"] >= 1 and spec["template"]["spec"]["containers"][0]["command"][:2] == [
+        "dllm",
+        "worker",
+    ]
+
+
 def test_the_profile_survives_its_job_and_pod_being_deleted(cluster, operator):
     """ttlSecondsAfterFinished deletes the Job after a day; its pod may be garbage-collected or its node
     lost sooner. The measured budget lives in status: no re-profiling, no Failed service."""
