@@ -24,6 +24,7 @@ class CycleRecord:
     duration_s: float
     rows: int  # |A|
     box_width: int  # max row width, block included
+    cost: int  # what the batch held against the budget (packed: the rows' widths; dense: the box)
     forwards: int
     computed_positions: int
     useful_positions: int
@@ -72,7 +73,7 @@ class Engine:
         begin = self.clock()
         if self._start is None:
             self._start = begin
-        cycle = self.runner.run(output.rows, gather_rows=output.gather_rows)
+        cycle = self.runner.run(output.rows, gather_rows=output.gather_rows, packed=output.packed)
         self._keep_margins(output, cycle.margins)
         finished = self.scheduler.update_from_output(output, cycle.blocks)
         self.records.append(
@@ -81,6 +82,7 @@ class Engine:
                 duration_s=self.clock() - begin,
                 rows=len(output.rows),
                 box_width=output.box_width,
+                cost=output.cost,
                 forwards=cycle.stats.forwards,
                 computed_positions=cycle.stats.computed_positions,
                 useful_positions=cycle.stats.useful_positions,

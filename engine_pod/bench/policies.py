@@ -7,10 +7,19 @@ from dataclasses import dataclass, replace
 
 from engine_pod.scheduler.base import Scheduler
 from engine_pod.scheduler.blockserve import BlockServeScheduler
-from engine_pod.scheduler.config import SchedulerConfig
+from engine_pod.scheduler.config import ADMISSION_MODES, SchedulerConfig
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
 
-POLICIES = ("sequential", "static", "blockserve", "blockserve-preempt", "blockserve-projected", "gateway")
+POLICIES = (
+    "sequential",
+    "static",
+    "blockserve",
+    "blockserve-preempt",
+    "blockserve-projected",
+    "blockserve-dense",
+    "blockserve-packed",
+    "gateway",
+)
 
 
 @dataclass(frozen=True)
@@ -29,10 +38,13 @@ class PolicySpec:
 
     @property
     def effective_scheduling(self) -> SchedulerConfig:
-        """``blockserve-preempt`` and ``blockserve-projected`` name their admission mode."""
-        if self.name.startswith("blockserve-"):
-            return replace(self.scheduling, admission=self.name.split("-", 1)[1])
-        return self.scheduling
+        """``blockserve-preempt`` and ``blockserve-projected`` name their admission mode,
+        ``blockserve-dense`` and ``blockserve-packed`` their layout."""
+        if not self.name.startswith("blockserve-"):
+            return self.scheduling
+        variant = self.name.split("-", 1)[1]
+        field = "admission" if variant in ADMISSION_MODES else "layout"
+        return replace(self.scheduling, **{field: variant})
 
     @property
     def through_gateway(self) -> bool:
@@ -41,6 +53,8 @@ class PolicySpec:
 
 
 def build_scheduler(spec: PolicySpec, block_length: int, eos_ids, ignore_eos: bool, canvas: str) -> Scheduler:
+    """The baselines run as their reference does (Fast-dLLM's static batch: a dense box with the masked
+    suffix; sequential: one row, which no layout pads); BlockServe in its configured layout."""
     common = dict(ignore_eos=ignore_eos, canvas=canvas)
     if spec.name == "sequential":
         return sequential_scheduler(block_length, eos_ids, **common)

@@ -36,7 +36,7 @@ def policy_metrics(run: PolicyRun, eos_ids) -> dict:
         "num_forward_passes": sum(c.forwards for c in run.cycles),
         "block_cycles": len(run.cycles),
         "max_rows": max((c.rows for c in run.cycles), default=0),
-        "max_cost_tokens": max((c.rows * c.box_width for c in run.cycles), default=0),
+        "max_cost_tokens": max((c.cost for c in run.cycles), default=0),
         "preemptions": sum(c.preempted for c in run.cycles),
         "peak_memory_bytes": run.peak_memory_bytes,
     }

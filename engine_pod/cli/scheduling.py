@@ -7,7 +7,7 @@ import argparse
 
 from engine_pod.cli.budget import add_budget_args, resolve_budget
 from engine_pod.cli.common import CliError
-from engine_pod.scheduler.config import ADMISSION_MODES, DEFAULTS, SchedulerConfig, problems_of
+from engine_pod.scheduler.config import ADMISSION_MODES, DEFAULTS, LAYOUTS, SchedulerConfig, problems_of
 
 
 def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +35,13 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
         f"(default: {DEFAULTS.min_padding_efficiency}; 0: admission limited by the token budget alone)",
     )
     group.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default=DEFAULTS.layout,
+        help="packed: rows concatenated with no padding, a batch costs the sum of its rows' widths; dense: "
+        f"rows left-padded to the widest, a batch costs rows x widest (default: {DEFAULTS.layout})",
+    )
+    group.add_argument(
         "--max-wait",
         type=float,
         default=DEFAULTS.max_wait_s,
@@ -49,6 +56,7 @@ FLAGS = {
     "admission": "--admission",
     "min_padding_efficiency": "--min-padding-efficiency",
     "max_wait_s": "--max-wait",
+    "layout": "--layout",
 }  # SchedulerConfig's field -> the flag that sets it
 
 
@@ -60,6 +68,7 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
         admission=args.admission,
         min_padding_efficiency=args.min_padding_efficiency,
         max_wait_s=args.max_wait,
+        layout=args.layout,
     )
     problems = problems_of(settings)
     if problems:
@@ -77,4 +86,5 @@ def admission_flags(config: SchedulerConfig) -> list[str]:
             "--max-wait",
             str(config.max_wait_s),
         ),
+        *("--layout", config.layout),
     ]

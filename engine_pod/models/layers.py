@@ -20,6 +20,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         compute = torch.promote_types(x.dtype, torch.float32)
+        if compute == x.dtype:  # one fused kernel, the same arithmetic
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         h = x.to(compute)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
@@ -42,26 +44,36 @@ class RotaryEmbedding(nn.Module):
         return self._on_device[key]
 
     def cos_sin(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin of shape [rows, 1, tokens, head_dim], in float32 (float64 for float64 models)."""
+        """cos/sin of shape [rows, 1, tokens, head_dim / 2], in float32 (float64 for float64 models)."""
         compute = torch.promote_types(dtype, torch.float32)
         angles = position_ids.to(compute)[..., None] * self._frequencies(position_ids.device, compute)
-        angles = torch.cat([angles, angles], dim=-1)[:, None]
+        angles = angles[:, None]
         return angles.cos(), angles.sin()
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate [rows, heads, tokens, head_dim] by the given cos/sin, in their precision."""
+    """Rotate-half RoPE of [rows, heads, tokens, head_dim] by half-width cos/sin, in their precision:
+    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), written into one output without temporaries."""
     h = x.to(cos.dtype)
     half = h.shape[-1] // 2
-    rotated = torch.cat([-h[..., half:], h[..., :half]], dim=-1)
-    return (h * cos + rotated * sin).to(x.dtype)
+    first, second = h[..., :half], h[..., half:]
+    if torch.is_grad_enabled() and h.requires_grad:  # training: autograd cannot follow out= writes
+        return torch.cat([first * cos - second * sin, second * cos + first * sin], -1).to(x.dtype)
+    out = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+    out_first, out_second = out[..., :half], out[..., half:]
+    torch.mul(first, cos, out=out_first)
+    out_first.addcmul_(second, sin, value=-1)
+    torch.mul(second, cos, out=out_second)
+    out_second.addcmul_(first, sin)
+    return out.to(x.dtype)
 
 
 QUERY_CHUNK = 64  # queries per attention call: bounds the score matrix to R x H x 64 x Tk
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
-    """Bidirectional attention of q [R,H,Tq,hd] over k/v [R,Hkv,Tk,hd]; key_mask [R,Tk] bool.
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    """Bidirectional attention of q [R,H,Tq,hd] over k/v [R,Hkv,Tk,hd]; key_mask [R,Tk] bool, or None
+    where every key may be attended.
 
     Long query sets are processed in chunks so that memory stays linear in the batch's tokens even
     where the kernel materialises the score matrix (CPU).
@@ -71,7 +83,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Te
     return _attend(q, k, v, key_mask)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor) -> torch.Tensor:
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
     """One SDPA call. Grouped-query K/V are expanded to one head per query head first: SDPA's
     ``enable_gqa`` together with a mask leaves only the math kernel on CUDA (its score matrix grows with
     the square of the box width), while expanded heads keep the memory-efficient kernel, whose memory
@@ -80,7 +92,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.T
     if groups > 1:
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :])
+    mask = None if key_mask is None else key_mask[:, None, None, :]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 class Attention(nn.Module):
@@ -95,21 +108,28 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, kv * hd, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.num_heads * hd, config.hidden_size, bias=False)
 
-    def _project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def _heads(self, projection: nn.Linear, x: torch.Tensor, heads: int) -> torch.Tensor:
+        """[R, T, D] -> [R, heads, T, hd]."""
         rows, tokens, _ = x.shape
-        q = self.q_proj(x).view(rows, tokens, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(rows, tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(rows, tokens, self.num_kv_heads, self.head_dim)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin).transpose(1, 2), v
+        return projection(x).view(rows, tokens, heads, self.head_dim).transpose(1, 2)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx: AttentionContext,
+        queries: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        q, k, v = self._project(x, cos, sin)  # k, v token-major: [R, T, Hkv, hd]
-        keys, values, key_mask = ctx.keys_values(k, v)
-        out = attend(q, keys.transpose(1, 2), values.transpose(1, 2), key_mask)
-        rows, _, tokens, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(rows, tokens, -1))
+        """Attention output of every position, or of the ``queries`` positions only (a packed batch's
+        last layer: keys and values still come from every position)."""
+        k = apply_rotary(self._heads(self.k_proj, x, self.num_kv_heads), cos, sin).transpose(1, 2)
+        v = self.v_proj(x).view(*x.shape[:2], self.num_kv_heads, self.head_dim)  # token-major
+        if queries is not None:
+            x, cos, sin = x[:, queries], cos[:, :, queries], sin[:, :, queries]
+        q = apply_rotary(self._heads(self.q_proj, x, self.num_heads), cos, sin)
+        out = ctx.attention(q, k, v, final=queries is not None)  # token-major [R, Tq, H, hd]
+        return self.o_proj(out.reshape(*x.shape[:2], -1))
 
 
 class AttentionContext:
@@ -127,6 +147,15 @@ class AttentionContext:
         self.rows = rows  # cache rows of a window forward (None: all rows in order)
         self.slots = slots  # [R, W] cache slots of the window tokens; None for a full forward
         self.layer = 0
+
+    def attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, final: bool = False
+    ) -> torch.Tensor:
+        """q [R, H, T, hd] over this context's keys -> token-major [R, T, H, hd]."""
+        if final:
+            raise ValueError("a dense forward computes every query in every layer")
+        keys, values, key_mask = self.keys_values(k, v)
+        return attend(q, keys.transpose(1, 2), values.transpose(1, 2), key_mask).transpose(1, 2)
 
     def keys_values(self, k: torch.Tensor, v: torch.Tensor):
         layer, self.layer = self.layer, self.layer + 1
@@ -150,7 +179,10 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = self.gate_proj(x)
+        if torch.is_grad_enabled() and gate.requires_grad:
+            return self.down_proj(F.silu(gate) * self.up_proj(x))
+        return self.down_proj(F.silu(gate, inplace=True).mul_(self.up_proj(x)))
 
 
 class DecoderBlock(nn.Module):
@@ -164,7 +196,14 @@ class DecoderBlock(nn.Module):
         self.mlp = SwiGLU(config)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: AttentionContext
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx: AttentionContext,
+        queries: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, ctx)
+        """Every position's output, or only the ``queries`` positions' (see ``Attention.forward``)."""
+        attended = self.attn(self.attn_norm(x), cos, sin, ctx, queries)
+        x = (x if queries is None else x[:, queries]) + attended
         return x + self.mlp(self.mlp_norm(x))

@@ -15,6 +15,7 @@ from torch import nn
 from engine_pod.models.config import ModelConfig
 from engine_pod.models.kv_cache import KVCache
 from engine_pod.models.layers import AttentionContext, DecoderBlock, RMSNorm, RotaryEmbedding
+from engine_pod.models.packed import PackedContext, PackedKVCache
 
 
 class SelectedHidden:
@@ -58,12 +59,20 @@ class DiffusionTransformer(nn.Module):
     def new_cache(self) -> KVCache:
         return KVCache(self.config.num_layers)
 
-    def _run_layers(self, input_ids: torch.Tensor, position_ids: torch.Tensor, ctx: AttentionContext):
+    def _run_layers(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        ctx: AttentionContext | PackedContext,
+        final_queries: torch.Tensor | None = None,
+    ):
+        """Hidden states after the last layer: of every position, or of ``final_queries`` only (the last
+        layer then computes queries, attention output and MLP for those positions alone)."""
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(position_ids, hidden.dtype)
-        for layer in self.layers:
+        for layer in self.layers[:-1]:
             hidden = layer(hidden, cos, sin, ctx)
-        return hidden
+        return self.layers[-1](hidden, cos, sin, ctx, final_queries)
 
     def _logits(self, hidden: torch.Tensor, select: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         if select is None:
@@ -97,6 +106,18 @@ class DiffusionTransformer(nn.Module):
         ctx = AttentionContext(None, cache, rows, slots)
         hidden = self._run_layers(input_ids, position_ids, ctx)
         return self._logits(hidden, select)
+
+    def forward_packed(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, ctx: PackedContext, select: torch.Tensor
+    ) -> SelectedHidden:
+        """Selected positions' hidden states of a packed batch: ``input_ids``/``position_ids`` [N], the
+        rows one after another (see models/packed.py); ``select`` [n] packed positions, grouped by row in
+        row order (the context's final plan has their spans)."""
+        hidden = self._run_layers(input_ids[None], position_ids[None], ctx, select)
+        return SelectedHidden(self.norm(hidden[0]), self.lm_head)
+
+    def new_packed_cache(self) -> PackedKVCache:
+        return PackedKVCache(self.config.num_layers)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Plain batch-1-style forward over unpadded rows: logits for every token."""

@@ -19,6 +19,7 @@ from engine_pod.decoding.scoring import top_two_gap
 from engine_pod.models.adapter import adapter_for
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.canvas import Canvas, build_canvas
+from engine_pod.runner.packing import refresh_inputs, window_inputs
 from engine_pod.scheduler.cycle_row import CycleRow
 
 
@@ -78,14 +79,19 @@ class BlockCycleRunner:
         self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)  # what scores are computed in
 
     @torch.no_grad()
-    def run(self, rows: list[CycleRow], gather_rows: bool = True) -> CycleOutput:
+    def run(self, rows: list[CycleRow], gather_rows: bool = True, packed: bool = False) -> CycleOutput:
+        """One block cycle; ``packed``: compute only the positions that exist (no padding, no hidden
+        suffix), else the dense box."""
         if not rows:
             raise ValueError("a block cycle needs at least one row")
         L = self.decoding.block_length
         canvas = build_canvas(
             rows, L, self.mask_id, self.pad_id, self.loaded.device, self.decoding.threshold, self.score_dtype
         )
-        cache = self.model.new_cache() if self.decoding.uses_cache else None
+        canvas.packed = packed
+        cache = None
+        if self.decoding.uses_cache:
+            cache = self.model.new_packed_cache() if packed else self.model.new_cache()
         masks_at_start = (canvas.block_tokens() == self.mask_id).sum(1)
         done = ~canvas.active
         steps_taken = torch.zeros(len(rows), dtype=torch.long, device=canvas.tokens.device)
@@ -252,9 +258,13 @@ class BlockCycleRunner:
         index = None if rows.all_rows else rows.index
         take = (lambda t: t) if index is None else (lambda t: t[index])
         source = take(canvas.block_slots)[pick_r, pick_k] - self.adapter.logit_shift
-        stats.computed_positions += rows.index.shape[0] * canvas.width
         live = take(canvas.context)[canvas.active[rows.index]]
         stats.useful_positions += int(live.sum())
+        if canvas.packed:
+            inputs = refresh_inputs(canvas, index, cache, pick_r, source)
+            stats.computed_positions += inputs.computed
+            return self.model.forward_packed(inputs.tokens, inputs.positions, inputs.context, inputs.select)
+        stats.computed_positions += rows.index.shape[0] * canvas.width
         return self.model.forward_full(
             take(canvas.tokens), take(canvas.position_ids), take(canvas.key_mask), cache, (pick_r, source)
         )
@@ -265,11 +275,15 @@ class BlockCycleRunner:
             slots = canvas.block_slots[index]
         else:
             slots = canvas.prefix_window()[0][index]
+        stats.useful_positions += int(canvas.active[index].sum()) * canvas.block_length
+        source = (pick_k - self.adapter.logit_shift).clamp(min=0)
+        if canvas.packed:
+            inputs = window_inputs(canvas, cache, index, slots, pick_r, source)
+            stats.computed_positions += inputs.computed
+            return self.model.forward_packed(inputs.tokens, inputs.positions, inputs.context, inputs.select)
         window_tokens = canvas.tokens_with_scratch[index].gather(1, slots)
         window_positions = canvas.positions_with_scratch[index].gather(1, slots)
         stats.computed_positions += slots.numel()
-        stats.useful_positions += int(canvas.active[index].sum()) * canvas.block_length
-        source = (pick_k - self.adapter.logit_shift).clamp(min=0)
         return self.model.forward_window(
             window_tokens, window_positions, cache, None if rows.all_rows else index, slots, (pick_r, source)
         )

@@ -30,6 +30,7 @@ class Canvas:
     block_length: int
     sampling: RowSampling | None = None  # per-row sampling settings; None: every row is greedy
     logprobs: list[int | None] | None = None  # per row: alternatives to record (None: none asked)
+    packed: bool = False  # forwards compute only the positions that exist (runner/packing.py)
 
     @property
     def width(self) -> int:

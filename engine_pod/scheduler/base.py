@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
+from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.request import FinishReason, Request, RequestError, RequestState
 
@@ -28,6 +29,10 @@ class Scheduler:
         self.canvas = canvas
         self.clock = clock
         self.requests: dict[str, Request] = {}
+
+    def row_width_of(self, row: CycleRow) -> int:
+        """Tokens a row of the next cycle holds: its prefix, the active block and any suffix."""
+        return len(row.prefix_ids) + self.block_length * (1 + row.suffix_blocks)
 
     # -- intake -------------------------------------------------------------------------------
     def add(self, request: Request) -> None:

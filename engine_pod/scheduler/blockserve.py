@@ -10,7 +10,9 @@ A candidate that widens the box is admitted only while the batch keeps at least
 Fairness: a request that has waited longer than ``max_wait_s`` since it was enqueued is admitted next
 whatever its width, and nothing else is admitted before it (the rows running drain until it fits).
 
-Two ways to keep Cost(A) = |A| x max_i(p_i + (b_i + 1) L) within the budget at every cycle:
+Cost(A) is what the batch's layout holds: packed (the default), the sum of its rows' widths
+sum_i(p_i + (b_i + 1) L); dense, |A| x max_i(p_i + (b_i + 1) L). Two ways to keep it within the budget
+at every cycle:
 - ``projected``: admit against each row's peak width p_i + K_i L, so growth can never overflow;
 - ``preempt``: admit against the next cycle's widths and, when rows have grown past the budget,
   send the most recently admitted rows back to the queue (they keep their committed blocks).
@@ -66,11 +68,12 @@ class BlockServeScheduler(Scheduler):
             return request.peak_width(self.block_length)
         return self.row_width(request)
 
-    def _cost(self, requests: list[Request]) -> int:
-        return len(requests) * max((self.admission_width(r) for r in requests), default=0)
+    @property
+    def packed(self) -> bool:
+        return self.config.layout == "packed"
 
     def _box_of(self, requests: list[Request]) -> BatchBox:
-        box = BatchBox()
+        box = BatchBox(packed=self.packed)
         for request in requests:
             box.add(self.admission_width(request), self.row_width(request))
         return box
@@ -95,14 +98,14 @@ class BlockServeScheduler(Scheduler):
             self._mark_running(request)
             self.active.append(request)
         rows = [self._row(r) for r in self.active]
-        box = max(
-            (len(row.prefix_ids) + self.block_length * (1 + row.suffix_blocks) for row in rows), default=0
-        )
+        widths = [self.row_width_of(row) for row in rows]
         return SchedulerOutput(
             request_ids=[r.request_id for r in self.active],
             rows=rows,
             gather_rows=True,
-            box_width=box,
+            box_width=max(widths, default=0),
+            row_total=sum(widths),
+            packed=self.packed,
             admitted=[r.request_id for r in admitted],
             preempted=[r.request_id for r in preempted],
         )
@@ -121,7 +124,7 @@ class BlockServeScheduler(Scheduler):
 
     def _preempt_overflow(self) -> list[Request]:
         preempted = []
-        while len(self.active) > 1 and self._cost(self.active) > self.token_budget:
+        while len(self.active) > 1 and self._box_of(self.active).cost > self.token_budget:
             victim = self.active.pop()
             victim.state = RequestState.PREEMPTED
             victim.num_preemptions += 1
@@ -173,8 +176,8 @@ class BlockServeScheduler(Scheduler):
             return None
         box = self._box_of(self.active)
         room = self.config.max_rows - box.rows
-        widest_allowed = self.token_budget // (box.rows + 1)
-        if room < 1 or widest_allowed < max(box.widest_admission, self.block_length + 1):
+        widest_allowed = box.widest_addition(self.token_budget)
+        if room < 1 or widest_allowed < self.block_length + 1:
             return None
         return ClaimPlan(count=room, max_prefix=widest_allowed - self.block_length)
 

@@ -11,6 +11,12 @@ from dataclasses import asdict, dataclass
 from engine_pod.defaults import DEFAULT_TOKEN_BUDGET
 
 ADMISSION_MODES = ("preempt", "projected")
+# packed: rows concatenated with no padding, a batch costs the sum of its rows' widths;
+# dense: rows left-padded to the widest one, a batch costs |A| x box width (DESIGN.md section 2)
+LAYOUTS = ("packed", "dense")
+
+
+DEFAULT_LAYOUT = LAYOUTS[0]
 
 
 class SchedulerConfigError(ValueError):
@@ -27,7 +33,7 @@ def raise_problems(problems: dict[str, str]) -> None:
 class SchedulerConfig:
     """How BlockServe admits requests (DESIGN.md section 2)."""
 
-    token_budget: int = DEFAULT_TOKEN_BUDGET  # Cost(A) = |A| x box width never exceeds it
+    token_budget: int = DEFAULT_TOKEN_BUDGET  # Cost(A) never exceeds it (see ``layout``)
     max_rows: int = 256  # upper limit on active rows
     admission: str = "preempt"  # preempt: admit against next widths; projected: against peak widths
     # BlockServe widens the box for a longer prompt only while this share of positions stays useful
@@ -40,6 +46,9 @@ class SchedulerConfig:
     # 2.2-2.6x the overall median at 0.8 s, 3.0-3.2x at 1 s, 6.3x at 2 s, 11x at 5 s; lower bounds
     # cost throughput (long prompts then widen dense boxes of short ones).
     max_wait_s: float = 0.8
+    # how a batch is laid out, and so what it costs: packed (the sum of row widths) or dense (|A| x the
+    # widest row; min_padding_efficiency applies to dense batches only: a packed one has no padding)
+    layout: str = DEFAULT_LAYOUT
 
     def __post_init__(self) -> None:
         raise_problems(self.problems())
@@ -59,6 +68,7 @@ def problems_of(settings: dict, block_length: int | None = None) -> dict[str, st
     line, a resource's spec), so that each caller can name the settings its own way (a flag, a field)."""
     budget, rows, mode = settings["token_budget"], settings["max_rows"], settings["admission"]
     efficiency, wait = settings["min_padding_efficiency"], settings["max_wait_s"]
+    layout = settings.get("layout", DEFAULT_LAYOUT)
     checks = {
         "token_budget": (budget < 1, f"must be positive, got {budget}"),
         "max_rows": (rows < 1, f"must be positive, got {rows}"),
@@ -68,6 +78,7 @@ def problems_of(settings: dict, block_length: int | None = None) -> dict[str, st
         ),
         "min_padding_efficiency": (not 0.0 <= efficiency <= 1.0, f"must be in [0, 1], got {efficiency}"),
         "max_wait_s": (not wait >= 0.0, f"must be at least 0 seconds, got {wait}"),
+        "layout": (layout not in LAYOUTS, f"must be one of {', '.join(LAYOUTS)}, got {layout!r}"),
     }
     if block_length is not None and budget < block_length + 1:
         checks["token_budget"] = (True, f"{budget} cannot hold even one block of {block_length}")

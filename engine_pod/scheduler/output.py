@@ -12,13 +12,17 @@ class SchedulerOutput:
     request_ids: list[str]  # the request behind each row, in row order
     rows: list[CycleRow]  # what each row materialises in this block cycle
     gather_rows: bool  # rows whose block is complete leave the forwards (BlockServe) or stay (static)
-    box_width: int  # widest row, block included: the dense tensor is len(rows) x box_width
+    box_width: int  # widest row, block included: a dense batch is len(rows) x box_width
     admitted: list[str] = field(default_factory=list)  # requests that joined at this block boundary
     preempted: list[str] = field(default_factory=list)  # requests sent back to the queue at it
+    packed: bool = False  # run packed (rows concatenated, no padding) rather than as a dense box
+    row_total: int = 0  # the rows' widths summed, blocks included: what a packed batch holds
 
     @property
     def cost(self) -> int:
-        """Cost(A) = |A| x box width, the tokens the dense batch materialises."""
+        """Cost(A): the tokens the batch materialises (packed: every row's width; dense: the box)."""
+        if self.packed:
+            return self.row_total
         return len(self.rows) * self.box_width
 
     @property

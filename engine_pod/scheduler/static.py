@@ -4,7 +4,8 @@
 is done: each row materialises the prompt and the full generation budget, finished rows stay in
 the batch (computed, never committed), and nothing is admitted before the whole batch is done.
 With ``materialize_suffix=False`` and B = 1 it is the sequential baseline: one request at a time,
-laid out exactly as the canvas mode says.
+laid out exactly as the canvas mode says. Both default to the dense layout, as Fast-dLLM runs them
+(``layout="packed"`` computes only the positions that exist: outputs are the same).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 
 from engine_pod.scheduler.base import Scheduler
+from engine_pod.scheduler.config import LAYOUTS
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.request import Request
@@ -21,11 +23,20 @@ class StaticScheduler(Scheduler):
     gather_rows = False
 
     def __init__(
-        self, block_length: int, eos_ids, batch_size: int, materialize_suffix: bool = True, **kwargs
+        self,
+        block_length: int,
+        eos_ids,
+        batch_size: int,
+        materialize_suffix: bool = True,
+        layout: str = "dense",
+        **kwargs,
     ):
         super().__init__(block_length, eos_ids, **kwargs)
         if batch_size < 1:
             raise ValueError(f"batch size must be positive, got {batch_size}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        self.packed = layout == "packed"
         self.batch_size = batch_size
         self.materialize_suffix = materialize_suffix
         self.gather_rows = not materialize_suffix
@@ -42,15 +53,15 @@ class StaticScheduler(Scheduler):
                 self.batch.append(request)
                 admitted.append(request.request_id)
         rows = [self._row(r) for r in self.batch]
-        box = max(
-            (len(row.prefix_ids) + self.block_length * (1 + row.suffix_blocks) for row in rows), default=0
-        )
+        widths = [self.row_width_of(row) for row in rows]
         return SchedulerOutput(
             request_ids=[r.request_id for r in self.batch],
             rows=rows,
             gather_rows=self.gather_rows,
-            box_width=box,
+            box_width=max(widths, default=0),
+            row_total=sum(widths),
             admitted=admitted,
+            packed=self.packed,
         )
 
     def _row(self, request: Request) -> CycleRow:

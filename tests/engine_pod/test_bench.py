@@ -9,6 +9,7 @@ import pytest
 from engine_pod.bench.policies import static_batch_size_for
 from engine_pod.bench.workloads import WorkloadError, load_workload, named_workloads
 from engine_pod.cli.main import main
+from engine_pod.profiling.summary import ProfileSummary
 from tests.serving_utils import write_served_model
 
 FIELDS = {
@@ -74,7 +75,16 @@ def test_bench_reports_every_policy_side_by_side(model, tmp_path):
 
 def test_bench_takes_its_budget_from_a_profile(model, tmp_path):
     profile = tmp_path / "profile.json"
-    profile.write_text(json.dumps({"token_budget": 1500}))
+    measured = ProfileSummary(
+        token_budget=1500,
+        device="cpu",
+        device_name="cpu",
+        dtype="float32",
+        total_memory_bytes=8 << 30,
+        usable_memory_bytes=1 << 30,
+        weights_bytes=8 << 20,
+    )
+    profile.write_text(measured.to_json())
     out = tmp_path / "b.json"
     argv = [
         "bench",
@@ -93,7 +103,8 @@ def test_bench_takes_its_budget_from_a_profile(model, tmp_path):
         "--no-isolate",
     ]
     assert main(argv) == 0
-    assert json.loads(out.read_text())["token_budget"] == 1500
+    report = json.loads(out.read_text())
+    assert report["token_budget"] == 1500 and report["usable_memory_bytes"] == 1 << 30
 
 
 def test_named_and_synthetic_workloads():

@@ -1,8 +1,8 @@
 """Batching never changes a request's greedy output (float64, so no rounding can flip a decision).
 
 Random workloads vary prompt lengths, generation budgets, early EOS, arrival order, token budgets,
-static batch sizes, decoding policy, cache mode and canvas; every request's tokens must equal the
-tokens it gets alone.
+static batch sizes, decoding policy, cache mode, canvas and layout (packed or dense); every request's
+tokens must equal the tokens it gets alone in a dense box of one row.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from engine_pod.decoding.config import REMASKING, DecodingConfig
 from engine_pod.models.loader import load_model
 from engine_pod.scheduler.blockserve import BlockServeScheduler
-from engine_pod.scheduler.config import SchedulerConfig
+from engine_pod.scheduler.config import LAYOUTS, SchedulerConfig
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
 from tests.engine_utils import common_token, run_workload
 from tests.factories import REFERENCE_DIR, random_workload
@@ -42,6 +42,7 @@ workloads = st.fixed_dictionaries(
         "admission": st.sampled_from(["preempt", "projected"]),
         "static_batch": st.integers(1, 6),
         "eos_rank": st.integers(0, 6),
+        "layout": st.sampled_from(LAYOUTS),
     }
 )
 
@@ -60,18 +61,21 @@ def test_output_is_independent_of_the_batch(models, case):
         canvas=case["canvas"],
     )
     loaded = models[case["family"]]
+    dense_alone = dict(canvas=case["canvas"], layout="dense")
     free = run_workload(
-        loaded, sequential_scheduler(BLOCK, [], ignore_eos=True, canvas=case["canvas"]), decoding, workload
+        loaded, sequential_scheduler(BLOCK, [], ignore_eos=True, **dense_alone), decoding, workload
     )
     eos = [common_token(free, case["eos_rank"])]
-    alone = run_workload(loaded, sequential_scheduler(BLOCK, eos, canvas=case["canvas"]), decoding, workload)
+    alone = run_workload(loaded, sequential_scheduler(BLOCK, eos, **dense_alone), decoding, workload)
     peak = max(len(p) + g for _, p, g in workload)
     budget = peak + case["budget_slack"]
     order = list(range(len(workload)))
     rng.shuffle(order)
-    scheduling = SchedulerConfig(token_budget=budget, admission=case["admission"])
+    scheduling = SchedulerConfig(token_budget=budget, admission=case["admission"], layout=case["layout"])
     blockserve = BlockServeScheduler(BLOCK, eos, scheduling, canvas=case["canvas"])
-    static = StaticScheduler(BLOCK, eos, batch_size=case["static_batch"], canvas=case["canvas"])
+    static = StaticScheduler(
+        BLOCK, eos, batch_size=case["static_batch"], canvas=case["canvas"], layout=case["layout"]
+    )
     assert run_workload(loaded, blockserve, decoding, workload, order) == alone
     assert run_workload(loaded, static, decoding, workload, order) == alone
 

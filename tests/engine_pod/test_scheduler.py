@@ -7,6 +7,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.config import SchedulerConfig
@@ -106,8 +108,9 @@ def test_sand_filling_prefers_requests_that_fit_inside_the_box():
 
 
 def test_a_long_prompt_does_not_widen_a_batch_of_short_ones_until_it_has_waited():
+    """Dense layout: a lone long prompt would make every short row pay for its left padding."""
     clock = ManualClock()
-    scheduler = blockserve(clock, token_budget=10_000, max_wait_s=2)
+    scheduler = blockserve(clock, token_budget=10_000, max_wait_s=2, layout="dense")
     short = [make_request(i, 3, 6) for i in range(8)]  # width 7 each
     long_prompt = make_request(8, 40, 1)  # width 44: 8 x 7 + 44 < 0.9 x 9 x 44
     for request in [*short, long_prompt]:
@@ -245,3 +248,34 @@ def test_a_request_past_the_wait_bound_is_chosen_first_and_holds_its_place_until
     assert scheduler.choose([old_wide, short]) == []  # aged and not fitting: nobody overtakes it
     scheduler.cancel(running.request_id)
     assert [r.request_id for r in scheduler.choose([short, old_wide])][0] == old_wide.request_id
+
+
+def test_a_packed_batch_costs_the_sum_of_its_widths_and_admits_a_long_prompt_at_once():
+    """Packed: no padding, so a long prompt joins short ones without waiting, and the budget counts the
+    tokens that exist; the same rows as a dense box would cost 9 x 44 = 396."""
+    budget = 8 * (3 + L) + 40 + L
+    packed = blockserve(token_budget=budget, max_wait_s=0)
+    dense = blockserve(token_budget=budget, max_wait_s=0, layout="dense", min_padding_efficiency=0)
+    for scheduler in (packed, dense):
+        for i in range(8):
+            scheduler.add(make_request(i, 3, 6))
+        scheduler.add(make_request(8, 40, 1))
+    out = packed.schedule()
+    assert len(out.rows) == 9 and out.packed and out.cost == budget == out.row_total
+    out = dense.schedule()
+    assert len(out.rows) == 8 and not out.packed and out.cost == 8 * (3 + L)  # the long one does not fit
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 60), st.integers(1, 5)), min_size=1, max_size=40), st.integers(0, 400)
+)
+def test_a_packed_batch_never_holds_more_tokens_than_the_budget(shapes, slack):
+    """Every cycle's sum of row widths stays within the budget, whatever the prompts and lengths."""
+    budget = max(p + b * L for p, b in shapes) + slack
+    scheduler = blockserve(token_budget=budget, max_wait_s=0)
+    for i, (prompt, blocks) in enumerate(shapes):
+        scheduler.add(make_request(i, prompt, blocks))
+    while scheduler.has_unfinished():
+        output = scheduler.schedule()
+        assert output.row_total <= budget and output.cost == output.row_total
+        scheduler.update_from_output(output, fake_blocks(output, {}))

@@ -113,7 +113,7 @@ def test_no_claimed_request_is_rejected_for_its_size_near_the_budget(redis_serve
         )
         cycles = list(worker.engine.records)
     assert {i: d.finish_reason for i, d in results.items() if d.finish_reason not in ("stop", "length")} == {}
-    assert max(c.rows * c.box_width for c in cycles) <= budget
+    assert max(c.cost for c in cycles) <= budget
 
 
 @pytest.mark.parametrize("max_wait_s", [1.0, 0.0], ids=["bound", "no-bound"])

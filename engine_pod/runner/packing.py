@@ -1,0 +1,102 @@
+"""From the dense canvas (the runner's bookkeeping) to a packed forward's inputs: only the positions that
+exist, rows one after another (models/packed.py).
+
+A refresh forward computes each row's attended positions (prompt, committed blocks, active block, and
+the suffix where attention sees it; a hidden suffix is neither a key nor read, so it is skipped). A
+window forward computes the window positions that exist and writes their keys at their rows' cache
+positions. The canvas columns map to packed positions through ``slot_of``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine_pod.models.packed import PackedContext, PackedKVCache, refresh_spans, selected_spans
+from engine_pod.models.ragged import RaggedAttention, RowSpans, starts_of
+from engine_pod.runner.canvas import Canvas
+
+
+@dataclass(frozen=True)
+class PackedInputs:
+    tokens: torch.Tensor  # [N] token ids
+    positions: torch.Tensor  # [N] position ids
+    context: PackedContext
+    select: torch.Tensor  # [n] packed positions whose logits are needed, in the caller's order
+
+    @property
+    def computed(self) -> int:
+        return self.tokens.shape[0]
+
+
+def refresh_inputs(
+    canvas: Canvas,
+    index: torch.Tensor | None,
+    cache: PackedKVCache | None,
+    pick_r: torch.Tensor,
+    source: torch.Tensor,
+) -> PackedInputs:
+    """A refresh over canvas rows ``index`` (None: all); ``(pick_r, source)`` the (row, column) pairs
+    whose logits are needed."""
+    take = (lambda t: t) if index is None else (lambda t: t[index])
+    keep = take(canvas.key_mask)
+    rows, columns = keep.nonzero(as_tuple=True)
+    total = rows.shape[0]
+    slot_of = torch.full((keep.shape[0], canvas.width + 1), total, dtype=torch.long, device=keep.device)
+    slot_of[rows, columns] = torch.arange(total, device=keep.device)
+    spans = refresh_spans(keep.sum(1).tolist())
+    if cache is not None:
+        cache.set_layout(slot_of, spans.k_start, spans.k_len)
+    return PackedInputs(
+        take(canvas.tokens)[rows, columns],
+        take(canvas.position_ids)[rows, columns],
+        _context(spans, pick_r, keep.device, cache),
+        slot_of[pick_r, source],
+    )
+
+
+def _context(
+    spans: RowSpans,
+    pick_r: torch.Tensor,
+    device: torch.device,
+    cache: PackedKVCache | None,
+    cache_positions: torch.Tensor | None = None,
+) -> PackedContext:
+    """Both attention plans: every position's, and the last layer's over the picked positions (pick_r
+    comes from a row-major nonzero, so picks are grouped by row in order)."""
+    picked = torch.bincount(pick_r, minlength=len(spans.q_len)).tolist()
+    final = RaggedAttention(selected_spans(spans, picked), device)
+    return PackedContext(RaggedAttention(spans, device), final, cache, cache_positions)
+
+
+def window_inputs(
+    canvas: Canvas,
+    cache: PackedKVCache,
+    index: torch.Tensor,
+    slots: torch.Tensor,
+    pick_r: torch.Tensor,
+    source: torch.Tensor,
+) -> PackedInputs:
+    """A window over canvas rows ``index`` at canvas columns ``slots`` [R', Ww] (the scratch column where
+    a row's window is shorter); ``(pick_r, source)`` rows of ``index`` and window columns."""
+    cache_positions = cache.slot_of[index[:, None], slots]
+    keep = cache_positions < cache.total  # absent columns (scratch, hidden suffix) map to the total
+    rows, columns = keep.nonzero(as_tuple=True)
+    total = rows.shape[0]
+    window_slot = torch.full(keep.shape, total, dtype=torch.long, device=keep.device)
+    window_slot[rows, columns] = torch.arange(total, device=keep.device)
+    lengths, members = keep.sum(1).tolist(), index.tolist()
+    spans = RowSpans(
+        starts_of(lengths),
+        lengths,
+        [cache.row_start[r] for r in members],
+        [cache.row_len[r] for r in members],
+    )
+    canvas_rows, canvas_columns = index[rows], slots[rows, columns]
+    return PackedInputs(
+        canvas.tokens_with_scratch[canvas_rows, canvas_columns],
+        canvas.positions_with_scratch[canvas_rows, canvas_columns],
+        _context(spans, pick_r, keep.device, cache, cache_positions[rows, columns]),
+        window_slot[pick_r, source],
+    )
