@@ -6,6 +6,11 @@ import argparse
 import logging
 import sys
 
+if __name__ == "__main__":  # python -m engine_pod.cli.main: restart under huge pages before torch loads
+    from engine_pod.cli.huge_pages import restart_with_huge_pages
+
+    restart_with_huge_pages(["-m", "engine_pod.cli.main", *sys.argv[1:]])
+
 from engine_pod.cli import bench, eval, generate, profile, serve, train, worker
 from engine_pod.profiling.memory import configure_cuda_allocator, tune_cpu_allocator
 
