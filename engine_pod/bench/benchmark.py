@@ -36,6 +36,9 @@ class BenchConfig:
     record_margins: bool = True
     seed: int = 0
     calibrate_fraction: float | None = None  # set the threshold so this share of confidences reach it
+    # run the policy list this many times, round-robin, and report each policy's median run (a shared,
+    # noisy machine moves single runs by a third)
+    repeat: int = 1
 
 
 def _calibrate(loaded: LoadedModel | None, cfg: BenchConfig, prompts: list[list[int]]) -> dict:
@@ -56,7 +59,6 @@ def run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None = N
     requests = prepare_requests(items, config, tokenizer, cfg.seed)
     widths = static_widths(requests, cfg.decoding.block_length)
     batch = cfg.batch_size or static_batch_size_for(widths, cfg.scheduling.token_budget)
-    runs: dict[str, PolicyRun] = {}
     loaded = (
         None if cfg.isolate else load_model(cfg.model.model, cfg.model.device, cfg.model.dtype, seed=cfg.seed)
     )
@@ -69,19 +71,30 @@ def run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None = N
             cfg.calibrate_fraction,
         )
         cfg = replace(cfg, decoding=replace(cfg.decoding, threshold=calibration["threshold"]))
-    for name in cfg.policies:
-        spec = PolicySpec(name, cfg.scheduling, batch)
-        logger.info("running policy %s on %d requests", name, len(requests))
-        if loaded is None:
-            runs[name] = run_policy_isolated(
-                cfg.model, cfg.decoding, spec, requests, cfg.record_margins, cfg.seed
-            )
-        else:
-            runs[name] = run_policy(loaded, cfg.decoding, spec, requests, cfg.record_margins)
-        report = _report(cfg, runs, requests, widths, batch, config.eos_token_ids, calibration)
-        if on_policy is not None:
-            on_policy(report)
+    all_runs: dict[str, list[PolicyRun]] = {name: [] for name in cfg.policies}
+    for round_number in range(cfg.repeat):
+        for name in cfg.policies:
+            spec = PolicySpec(name, cfg.scheduling, batch)
+            logger.info("running policy %s on %d requests (run %d)", name, len(requests), round_number + 1)
+            if loaded is None:
+                run = run_policy_isolated(
+                    cfg.model, cfg.decoding, spec, requests, cfg.record_margins, cfg.seed
+                )
+            else:
+                run = run_policy(loaded, cfg.decoding, spec, requests, cfg.record_margins)
+            all_runs[name].append(run)
+            runs = {n: _median_run(r) for n, r in all_runs.items() if r}
+            report = _report(cfg, runs, requests, widths, batch, config.eos_token_ids, calibration)
+            report["wall_s_per_run"] = {n: [round(x.wall_s, 4) for x in r] for n, r in all_runs.items() if r}
+            if on_policy is not None:
+                on_policy(report)
     return report
+
+
+def _median_run(runs: list[PolicyRun]) -> PolicyRun:
+    """The run of median wall time (of an even count, the slower middle one); every run of a policy
+    generates the same tokens."""
+    return sorted(runs, key=lambda run: run.wall_s)[len(runs) // 2]
 
 
 def _device_name(device: str) -> str:

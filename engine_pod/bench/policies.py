@@ -53,8 +53,8 @@ class PolicySpec:
 
 
 def build_scheduler(spec: PolicySpec, block_length: int, eos_ids, ignore_eos: bool, canvas: str) -> Scheduler:
-    """The baselines run as their reference does (Fast-dLLM's static batch: a dense box with the masked
-    suffix; sequential: one row, which no layout pads); BlockServe in its configured layout."""
+    """The baselines run as their reference does (Fast-dLLM's static batch: a dense box in lockstep;
+    sequential: one row, which no layout pads); BlockServe in its configured layout."""
     common = dict(ignore_eos=ignore_eos, canvas=canvas)
     if spec.name == "sequential":
         return sequential_scheduler(block_length, eos_ids, **common)

@@ -45,6 +45,12 @@ def register(subparsers) -> None:
         "--steps-per-block", type=int, default=32, help="denoising steps per block (default: 32)"
     )
     parser.add_argument("--limit", type=int, help="use only the first N requests")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the policies N times, round-robin, and report each one's median run (default: 1)",
+    )
     parser.add_argument("--no-isolate", action="store_true", help="run every policy in this process")
     parser.add_argument(
         "--no-margins",
@@ -145,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
     if args.batch_size is not None and args.batch_size < 1:
         raise CliError("--batch-size must be positive")
+    if args.repeat < 1:
+        raise CliError("--repeat must be positive")
     if args.arrival_rate or args.concurrency is not None:
         return _run_online(args, policies)
     if args.url:
@@ -159,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
         isolate=not args.no_isolate,
         record_margins=not args.no_margins,
         calibrate_fraction=calibrate,
+        repeat=args.repeat,
     )
     usable = read_profile(args.profile).usable_memory_bytes if args.profile else None
     out = Path(args.json_out)

@@ -68,23 +68,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return out.to(x.dtype)
 
 
-QUERY_CHUNK = 64  # queries per attention call: bounds the score matrix to R x H x 64 x Tk
-
-
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
     """Bidirectional attention of q [R,H,Tq,hd] over k/v [R,Hkv,Tk,hd]; key_mask [R,Tk] bool, or None
-    where every key may be attended.
+    where every key may be attended. One SDPA call: on the CPU its flash kernel takes the mask and
+    works block by block (measured: 17 MiB above the inputs where 8 x 6 x 2048^2 scores would be 768 MiB,
+    float32, float64 and bfloat16), so memory stays linear in the batch's tokens without chunking.
 
-    Long query sets are processed in chunks so that memory stays linear in the batch's tokens even
-    where the kernel materialises the score matrix (CPU).
-    """
-    if q.shape[2] > QUERY_CHUNK and q.device.type == "cpu":
-        return torch.cat([_attend(part, k, v, key_mask) for part in q.split(QUERY_CHUNK, dim=2)], dim=2)
-    return _attend(q, k, v, key_mask)
-
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-    """One SDPA call. Grouped-query K/V are expanded to one head per query head first: SDPA's
+    Grouped-query K/V are expanded to one head per query head first: SDPA's
     ``enable_gqa`` together with a mask leaves only the math kernel on CUDA (its score matrix grows with
     the square of the box width), while expanded heads keep the memory-efficient kernel, whose memory
     is linear in the width. The expansion costs keys x query heads, also linear."""

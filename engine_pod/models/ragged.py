@@ -16,7 +16,7 @@ import torch
 
 from engine_pod.models.layers import attend
 
-LENGTH_TOLERANCE = 0.06  # a group's rows are at least (1 - this) x its widest row
+LENGTH_TOLERANCE = 0.1  # a group's rows are at least (1 - this) x its widest row
 
 
 def starts_of(lengths: list[int]) -> list[int]:

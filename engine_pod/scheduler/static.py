@@ -1,11 +1,13 @@
 """Baselines: static batching (Fast-dLLM semantics) and sequential serving.
 
 ``StaticScheduler`` takes B requests in arrival order and runs them as one batch until the slowest
-is done: each row materialises the prompt and the full generation budget, finished rows stay in
-the batch (computed, never committed), and nothing is admitted before the whole batch is done.
-With ``materialize_suffix=False`` and B = 1 it is the sequential baseline: one request at a time,
-laid out exactly as the canvas mode says. Both default to the dense layout, as Fast-dLLM runs them
-(``layout="packed"`` computes only the positions that exist: outputs are the same).
+is done: every row stays in every forward of a block until the slowest row's block is complete,
+finished rows stay in the batch (computed, never committed), and nothing is admitted before the whole
+batch is done. On the full canvas each row materialises the prompt and the whole generation budget
+(Fast-dLLM's sequence); on the block canvas the masked suffix, which attention would not see, is left
+out. With B = 1 (rows leaving a forward once their block is complete) it is the sequential baseline:
+one request at a time. Both default to the dense layout, as Fast-dLLM runs them (``layout="packed"``
+computes only the positions that exist: outputs are the same).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class StaticScheduler(Scheduler):
         block_length: int,
         eos_ids,
         batch_size: int,
-        materialize_suffix: bool = True,
+        lockstep: bool = True,
         layout: str = "dense",
         **kwargs,
     ):
@@ -38,8 +40,7 @@ class StaticScheduler(Scheduler):
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         self.packed = layout == "packed"
         self.batch_size = batch_size
-        self.materialize_suffix = materialize_suffix
-        self.gather_rows = not materialize_suffix
+        self.gather_rows = not lockstep  # lockstep: every row stays in every forward, as Fast-dLLM runs
         self.waiting: deque[Request] = deque()
         self.batch: list[Request] = []
 
@@ -67,20 +68,11 @@ class StaticScheduler(Scheduler):
     def _row(self, request: Request) -> CycleRow:
         L = self.block_length
         if request.is_finished:
-            filled = request.generated + [next(iter(self.eos_ids), 0)] * (request.max_blocks * L)
-            prefix = request.prompt_ids + tuple(filled[: (request.max_blocks - 1) * L])
-            return CycleRow(prefix, suffix_blocks=0, suffix_visible=True, active=False)
+            return self._finished_row(request)
         prefix = request.prompt_ids + tuple(request.generated)
         blocks_left = request.max_blocks - request.blocks_done(L) - 1
-        if self.materialize_suffix:
-            return CycleRow(
-                prefix,
-                blocks_left,
-                self.canvas == "full",
-                threshold=request.threshold,
-                sampling=request.sampling,
-                logprobs=request.logprobs,
-            )
+        # the masked suffix is materialised where attention sees it (Fast-dLLM's canvas); a hidden one
+        # would be computed and never read, so it is left out
         suffix = blocks_left if self.canvas == "full" else 0
         return CycleRow(
             prefix,
@@ -90,6 +82,18 @@ class StaticScheduler(Scheduler):
             sampling=request.sampling,
             logprobs=request.logprobs,
         )
+
+    def _finished_row(self, request: Request) -> CycleRow:
+        """A finished row stays in the batch, computed and never committed, as wide as the batch's other
+        rows: EOS-filled up to the block the batch is on (to its full width on the full canvas)."""
+        L = self.block_length
+        if self.canvas == "full":
+            blocks = request.max_blocks - 1
+        else:
+            blocks = max((r.blocks_done(L) for r in self.batch if not r.is_finished), default=0)
+        filled = request.generated + [next(iter(self.eos_ids), 0)] * (request.max_blocks * L)
+        prefix = request.prompt_ids + tuple(filled[: min(blocks, request.max_blocks - 1) * L])
+        return CycleRow(prefix, suffix_blocks=0, suffix_visible=True, active=False)
 
     def _enqueue(self, request: Request) -> None:
         self.waiting.append(request)
@@ -102,4 +106,4 @@ class StaticScheduler(Scheduler):
 
 def sequential_scheduler(block_length: int, eos_ids, **kwargs) -> StaticScheduler:
     """One request at a time, in arrival order."""
-    return StaticScheduler(block_length, eos_ids, batch_size=1, materialize_suffix=False, **kwargs)
+    return StaticScheduler(block_length, eos_ids, batch_size=1, lockstep=False, **kwargs)

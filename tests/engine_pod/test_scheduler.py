@@ -168,7 +168,15 @@ def test_static_runs_until_the_slowest_row_and_admits_in_arrival_order():
     outputs = drive(scheduler, requests, {})
     assert [o.request_ids for o in outputs] == [["r0-3", "r1-9"]] * 3 + [["r2-1"]]
     assert [row.active for row in outputs[1].rows] == [False, True]
-    assert all(o.box_width == 9 + 3 * L for o in outputs[:3])
+    # block canvas: no masked suffix (attention would not see it); a finished row keeps the batch's pace
+    assert [o.box_width for o in outputs[:3]] == [9 + L, 9 + 2 * L, 9 + 3 * L]
+    assert [len(row.prefix_ids) for row in outputs[2].rows] == [3, 9 + 2 * L]  # never past its own budget
+    full = drive(
+        StaticScheduler(L, [EOS], batch_size=2, canvas="full"),
+        [make_request(i, *s) for i, s in enumerate([(3, 1), (9, 3)])],
+        {},
+    )
+    assert all(o.box_width == 9 + 3 * L for o in full)  # Fast-dLLM's canvas: the whole budget, always
 
 
 def test_cancel_removes_pending_and_running_requests():
