@@ -11,6 +11,7 @@ from pathlib import Path
 from engine_pod.cli.common import CliError, add_model_args
 from engine_pod.profiling.profiler import ProfileConfig, run_profile
 from engine_pod.profiling.summary import ProfileSummary, failure_message
+from engine_pod.scheduler.config import DEFAULT_LAYOUT, LAYOUTS
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -48,6 +49,12 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--max-tokens", type=int, help="largest grid batch in tokens (default: 16384 CPU, 65536 CUDA)"
     )
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default=DEFAULT_LAYOUT,
+        help=f"the batch layout the engine will run (default: {DEFAULT_LAYOUT}); see `dllm worker --help`",
+    )
     parser.add_argument("--json", dest="json_out", required=True, help="write the full result here")
     parser.add_argument(
         "--termination-log", help="also write a compact result here (Kubernetes termination message)"
@@ -77,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         memory_limit=args.memory_limit,
         utilization=args.utilization,
         max_tokens=max_tokens,
+        layout=args.layout,
     )
     try:
         result = run_profile(config)

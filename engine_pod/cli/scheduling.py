@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine_pod.cli.budget import add_budget_args, resolve_budget
+from engine_pod.cli.budget import add_budget_args, read_profile, resolve_budget
 from engine_pod.cli.common import CliError
 from engine_pod.scheduler.config import ADMISSION_MODES, DEFAULTS, LAYOUTS, SchedulerConfig, problems_of
 
@@ -62,6 +62,12 @@ FLAGS = {
 
 def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
     """The validated settings; a bad one is a CliError naming its flag."""
+    measured = read_profile(args.profile).layout if args.profile else None
+    if measured is not None and measured != args.layout:
+        raise CliError(
+            f"--profile {args.profile} counts tokens of the {measured} layout: run with --layout {measured}, "
+            f"or profile again with --layout {args.layout}"
+        )
     settings = dict(
         token_budget=resolve_budget(args),
         max_rows=args.max_rows,

@@ -37,6 +37,7 @@ from engine_pod.profiling.memory import (
     total_memory,
 )
 from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.scheduler.config import DEFAULT_LAYOUT
 from engine_pod.scheduler.cycle_row import CycleRow
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class ProfileConfig:
     utilization: float = 0.9  # share of it to plan for
     max_tokens: int = 16384  # largest batch (rows x width) on the grid
     seed: int = 0
+    layout: str = DEFAULT_LAYOUT  # how the engine lays batches out (the budget counts that layout's tokens)
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> Poin
     runner = BlockCycleRunner(loaded, decoding)
     rows = _rows_for(point, loaded, cfg.block_length, cfg.seed)
     reset_peak(loaded.device)
-    runner.run(rows, gather_rows=False)
+    runner.run(rows, gather_rows=False, packed=cfg.layout == "packed")
     peak, allocated = peak_bytes(loaded.device), peak_allocated_bytes(loaded.device)
     return Point(point.rows, point.width, peak, point.held_out, allocated)
 
@@ -228,6 +230,7 @@ def _result(
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch_version": torch.__version__,
         "dtype": cfg.dtype,
+        "layout": cfg.layout,
         "block_length": cfg.block_length,
         "steps": cfg.steps,
         "total_memory_bytes": memory["total"],

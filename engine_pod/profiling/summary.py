@@ -36,6 +36,7 @@ class ProfileSummary:
     device_name: str | None = None  # torch's name for the device, e.g. "NVIDIA H100 80GB HBM3"
     gpu_product: str | None = None  # the measured node's nvidia.com/gpu.product label (operator)
     dtype: str | None = None
+    layout: str | None = None  # the batch layout the budget was measured in (packed or dense)
     total_memory_bytes: int | None = None
     usable_memory_bytes: int | None = None
     weights_bytes: int | None = None
@@ -53,7 +54,7 @@ class ProfileSummary:
         """The summary of a full `dllm profile --json` result."""
         fit = result.get("fit") or {}
         return cls.parse(
-            {key: result.get(key) for key in _MEASURED_KEYS if key in result}
+            {key: result.get(key) for key in (*_MEASURED_KEYS, *_OPTIONAL_KEYS) if key in result}
             | {
                 "token_budget": result.get("token_budget"),
                 "bytes_per_token": _rounded(fit.get("bytes_per_token"), 1),
@@ -115,6 +116,7 @@ class ProfileSummary:
 
 
 # fields a measured profile must carry (the rest may be absent)
+_OPTIONAL_KEYS = ("layout",)  # carried from a full result when it has them
 _MEASURED_KEYS = (
     "device",
     "device_name",
