@@ -8,8 +8,9 @@
 #   2. profile.json  `dllm profile` of a random model of the real LLaDA-8B shape in bfloat16, weights
 #                    initialised on the device; peak = reserved memory (expandable segments), usable =
 #                    free memory x 0.9, the budget measured once at its own size
-#   3. bench.json    `dllm bench` at the profiled budget: blockserve, static, sequential on a mixed
-#                    workload, rewritten after each policy (a run cut short keeps what it measured);
+#   3. bench.json    `dllm bench` at the profiled budget: blockserve (packed), blockserve-dense, static,
+#                    sequential on a mixed workload, rewritten after each policy (a run cut short keeps
+#                    what it measured);
 #                    the threshold is calibrated so that half of a block's first-forward confidences
 #                    reach it, since random weights never reach 0.9 and every block would take all
 #                    32 steps; summary.txt holds the printed table
@@ -24,7 +25,7 @@ device=${DEVICE:-cuda}
 model=${MODEL:-random:llada-8b}
 dtype=${DTYPE:-bfloat16}
 workload=${WORKLOAD:-synthetic:n=128,prompt=32-512,gen=32-256,seed=0}
-policies=${POLICY:-blockserve,static,sequential}
+policies=${POLICY:-blockserve,blockserve-dense,static,sequential}
 max_tokens=${MAX_TOKENS:-65536}
 calibrate=${CALIBRATE:-0.5}
 mkdir -p "$out"

@@ -7,11 +7,20 @@ out=docs/results
 mkdir -p "$out"
 
 # 1. Scheduling policies side by side on the shipped workloads (equal memory: static's batch size is
-#    the largest whose boxes fit BlockServe's token budget), plus the whole serving path.
+#    the largest whose boxes fit BlockServe's token budget), BlockServe packed (default) and dense, plus
+#    the whole serving path; three rounds, each policy's median run reported.
 for workload in heterogeneous homogeneous; do
-  dllm bench --workload "$workload" --policy sequential,static,blockserve,blockserve-projected,gateway \
+  dllm bench --workload "$workload" --repeat 3 \
+    --policy sequential,static,blockserve,blockserve-dense,blockserve-projected,gateway \
     --json "$out/bench-$workload.json" --plot "$out/bench-$workload.png"
 done
+
+# 1b. Where a block cycle's time goes (59 rows of 138 tokens, and 59 rows of 7-138), packed and dense.
+for layout in packed dense; do
+  for shape in "" "--mixed"; do
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python scripts/cycle_profile.py --layout "$layout" $shape
+  done
+done > "$out/cycle-profile.txt" 2>/dev/null
 
 # 2. The profiled budget is safe and tight: BlockServe at the budget stays under the limit, at twice
 #    the budget it does not. The limit is small enough that the workload can fill twice the budget, and
@@ -22,6 +31,15 @@ budget=$(python -c "import json; print(json.load(open('$out/profile.json'))['tok
 for factor in 1 2; do
   dllm bench --workload heterogeneous --policy blockserve --min-padding-efficiency 0 \
     --token-budget "$((factor * budget))" --json "$out/budget-${factor}x.json"
+done
+
+# 2b. Packed against dense at the same memory limit: each layout profiled, then BlockServe at its own
+#     budget (concurrent requests admitted, and the measured peak against the limit).
+for layout in packed dense; do
+  policy=blockserve; [ "$layout" = dense ] && policy=blockserve-dense
+  dllm profile --memory-limit "$limit" --layout "$layout" --json "$out/profile-$layout.json"
+  dllm bench --workload heterogeneous --policy "$policy" --layout "$layout" --min-padding-efficiency 0 \
+    --profile "$out/profile-$layout.json" --json "$out/layout-$layout.json"
 done
 
 # 3. Online load: Poisson arrivals at several rates, every policy on the same arrivals; then the

@@ -77,6 +77,26 @@ def budget_table(profile: dict, runs: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def layout_table(profiles: dict[str, dict], runs: dict[str, dict]) -> str:
+    """Packed against dense at one memory limit: each layout's profiled budget and what it admits."""
+    lines = [
+        "| layout | bytes/token | token budget | most concurrent requests | mean rows per cycle | "
+        "peak RSS MiB | peak / usable |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for layout, profile in profiles.items():
+        report = runs[layout]
+        name = "blockserve" if layout == "packed" else "blockserve-dense"
+        metrics, cycles = report["policies"][name], report["timelines"][name]
+        peak, usable = metrics["peak_memory_bytes"], profile["usable_memory_bytes"]
+        lines.append(
+            f"| {layout} | {profile['fit']['bytes_per_token']:.0f} | {profile['token_budget']} | "
+            f"{metrics['max_rows']} | {sum(c['rows'] for c in cycles) / len(cycles):.1f} | {peak / MIB:.0f} | "
+            f"{peak / usable:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 def eval_table(report: dict) -> str:
     policies = report["policies"]
     tasks = sorted(next(iter(policies.values()))["per_task"])
@@ -115,6 +135,10 @@ def main(results: Path) -> str:
     if profile:
         runs = {label: load(f"budget-{label}.json") for label in ("1x", "2x")}
         sections.append(budget_table(profile, {k: v for k, v in runs.items() if v}))
+    layouts = {layout: load(f"profile-{layout}.json") for layout in ("packed", "dense")}
+    layout_runs = {layout: load(f"layout-{layout}.json") for layout in ("packed", "dense")}
+    if all(layouts.values()) and all(layout_runs.values()):
+        sections.append("Packed and dense at the same memory limit:\n\n" + layout_table(layouts, layout_runs))
     evaluation = load("eval.json")
     if evaluation:
         sections.append(f"Evaluation on {evaluation['n']} held-out examples:\n\n" + eval_table(evaluation))

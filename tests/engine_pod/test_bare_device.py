@@ -81,9 +81,10 @@ def test_gpu_bench_script_rehearsed_on_the_cpu_writes_every_result(rehearsal):
     assert [
         line.split()[0]
         for line in summary.splitlines()
-        if line.split()[0] in ("blockserve", "static", "sequential")
+        if line.split()[0] in ("blockserve", "blockserve-dense", "static", "sequential")
     ] == [
         "blockserve",
+        "blockserve-dense",
         "static",
         "sequential",
     ]
