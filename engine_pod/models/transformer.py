@@ -90,7 +90,8 @@ class DiffusionTransformer(nn.Module):
         """Logits of every token ([R, T, V]), or the selected (row, token) pairs' hidden states."""
         if cache is not None:
             cache.set_key_mask(key_mask)
-        hidden = self._run_layers(input_ids, position_ids, AttentionContext(key_mask, cache))
+        attended = None if bool(key_mask.all()) else key_mask  # no padding: SDPA without a mask
+        hidden = self._run_layers(input_ids, position_ids, AttentionContext(attended, cache))
         return self._logits(hidden, select)
 
     def forward_window(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_pod.models.packed import PackedContext, PackedKVCache, refresh_spans, selected_spans
+from engine_pod.models.packed import PackedContext, PackedKVCache, selected_spans
 from engine_pod.models.ragged import RaggedAttention, RowSpans, starts_of
 from engine_pod.runner.canvas import Canvas
 
@@ -41,11 +41,14 @@ def refresh_inputs(
     whose logits are needed."""
     take = (lambda t: t) if index is None else (lambda t: t[index])
     keep = take(canvas.key_mask)
-    rows, columns = keep.nonzero(as_tuple=True)
+    lengths = keep.sum(1)
+    order = torch.argsort(lengths, descending=True, stable=True)  # packed order: rows of a length adjacent
+    sorted_rows, columns = keep[order].nonzero(as_tuple=True)
+    rows = order[sorted_rows]
     total = rows.shape[0]
     slot_of = torch.full((keep.shape[0], canvas.width + 1), total, dtype=torch.long, device=keep.device)
     slot_of[rows, columns] = torch.arange(total, device=keep.device)
-    spans = refresh_spans(keep.sum(1).tolist())
+    spans = _spans_in_order(lengths.tolist(), order.tolist())
     if cache is not None:
         cache.set_layout(slot_of, spans.k_start, spans.k_len)
     return PackedInputs(
@@ -54,6 +57,20 @@ def refresh_inputs(
         _context(spans, pick_r, keep.device, cache),
         slot_of[pick_r, source],
     )
+
+
+def _starts_in(order: list[int], lengths: list[int]) -> list[int]:
+    """Where each row starts when the rows are packed in ``order``."""
+    starts = [0] * len(lengths)
+    for row, start in zip(order, starts_of([lengths[r] for r in order])):
+        starts[row] = start
+    return starts
+
+
+def _spans_in_order(lengths: list[int], order: list[int]) -> RowSpans:
+    """Each row's span when the rows are packed in ``order`` (a refresh: queries and keys alike)."""
+    starts = _starts_in(order, lengths)
+    return RowSpans(starts, lengths, starts, lengths)
 
 
 def _context(
@@ -82,17 +99,17 @@ def window_inputs(
     a row's window is shorter); ``(pick_r, source)`` rows of ``index`` and window columns."""
     cache_positions = cache.slot_of[index[:, None], slots]
     keep = cache_positions < cache.total  # absent columns (scratch, hidden suffix) map to the total
-    rows, columns = keep.nonzero(as_tuple=True)
+    members = index.tolist()
+    k_start = [cache.row_start[r] for r in members]
+    # packed in the cache's order, so that rows whose keys follow each other have their queries adjacent
+    order = sorted(range(len(members)), key=k_start.__getitem__)
+    sorted_rows, columns = keep[torch.tensor(order, device=keep.device)].nonzero(as_tuple=True)
+    rows = torch.tensor(order, device=keep.device)[sorted_rows]
     total = rows.shape[0]
     window_slot = torch.full(keep.shape, total, dtype=torch.long, device=keep.device)
     window_slot[rows, columns] = torch.arange(total, device=keep.device)
-    lengths, members = keep.sum(1).tolist(), index.tolist()
-    spans = RowSpans(
-        starts_of(lengths),
-        lengths,
-        [cache.row_start[r] for r in members],
-        [cache.row_len[r] for r in members],
-    )
+    lengths = keep.sum(1).tolist()
+    spans = RowSpans(_starts_in(order, lengths), lengths, k_start, [cache.row_len[r] for r in members])
     canvas_rows, canvas_columns = index[rows], slots[rows, columns]
     return PackedInputs(
         canvas.tokens_with_scratch[canvas_rows, canvas_columns],
