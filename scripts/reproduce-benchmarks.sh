@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every figure in README.md's benchmark section, on this machine (CPU, the shipped model, 2 threads).
-# Results go to docs/results/: JSON reports and PNG plots. Takes about 15 minutes on 2 cores.
+# Results go to docs/results/: JSON reports and PNG plots. Takes about 20 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/results
@@ -25,7 +25,7 @@ done > "$out/cycle-profile.txt" 2>/dev/null
 # 2. The profiled budget is safe and tight: BlockServe at the budget stays under the limit, at twice
 #    the budget it does not. The limit is small enough that the workload can fill twice the budget, and
 #    the padding rule is off so that admission is limited by the token budget alone.
-limit=${LIMIT:-600M}
+limit=${LIMIT:-480M}
 dllm profile --memory-limit "$limit" --json "$out/profile.json"
 budget=$(python -c "import json; print(json.load(open('$out/profile.json'))['token_budget'])")
 for factor in 1 2; do
