@@ -98,10 +98,31 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, kv * hd, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.num_heads * hd, config.hidden_size, bias=False)
 
-    def _heads(self, projection: nn.Linear, x: torch.Tensor, heads: int) -> torch.Tensor:
-        """[R, T, D] -> [R, heads, T, hd]."""
-        rows, tokens, _ = x.shape
-        return projection(x).view(rows, tokens, heads, self.head_dim).transpose(1, 2)
+    def fuse_projections(self) -> None:
+        """Put the q, k and v weights (and biases) in one storage, each projection's parameter a view of
+        it, so that inference runs one matmul for all three: measured on the shipped model, 7 ms for
+        4736 positions where three took 16 (a narrow matmul is inefficient on the CPU); the same for one
+        row. Memory is not duplicated. Not for training checkpoints (safetensors refuses shared storage)."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        weight = torch.cat([p.weight.detach() for p in projections])
+        bias = torch.cat([p.bias.detach() for p in projections]) if self.q_proj.bias is not None else None
+        start = 0
+        for projection in projections:
+            rows = projection.weight.shape[0]
+            projection.weight = nn.Parameter(weight[start : start + rows], requires_grad=False)
+            if bias is not None:
+                projection.bias = nn.Parameter(bias[start : start + rows], requires_grad=False)
+            start += rows
+        self._fused = (weight, bias)
+
+    def _fused_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """q, k, v of every position from the fused weight, while the projections are still its views
+        (a later ``.to()`` gives them storage of their own: then the three matmuls run instead)."""
+        fused = getattr(self, "_fused", None)
+        if fused is None or torch.is_grad_enabled() or self.q_proj.weight.data_ptr() != fused[0].data_ptr():
+            return None
+        sizes = [p.weight.shape[0] for p in (self.q_proj, self.k_proj, self.v_proj)]
+        return F.linear(x, *fused).split(sizes, dim=-1)
 
     def forward(
         self,
@@ -113,11 +134,20 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """Attention output of every position, or of the ``queries`` positions only (a packed batch's
         last layer: keys and values still come from every position)."""
-        k = apply_rotary(self._heads(self.k_proj, x, self.num_kv_heads), cos, sin).transpose(1, 2)
-        v = self.v_proj(x).view(*x.shape[:2], self.num_kv_heads, self.head_dim)  # token-major
+        rows, tokens, _ = x.shape
+        fused = self._fused_qkv(x)
+        if fused is None:
+            k, v = self.k_proj(x), self.v_proj(x)
+        else:
+            q_all, k, v = fused
+        k = apply_rotary(k.view(rows, tokens, self.num_kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+        k = k.transpose(1, 2)  # token-major [R, T, Hkv, hd]
+        v = v.view(rows, tokens, self.num_kv_heads, self.head_dim)  # token-major
         if queries is not None:
             x, cos, sin = x[:, queries], cos[:, :, queries], sin[:, :, queries]
-        q = apply_rotary(self._heads(self.q_proj, x, self.num_heads), cos, sin)
+            q_all = None if fused is None else q_all[:, queries]
+        q = self.q_proj(x) if fused is None else q_all
+        q = apply_rotary(q.view(*x.shape[:2], self.num_heads, self.head_dim).transpose(1, 2), cos, sin)
         out = ctx.attention(q, k, v, final=queries is not None)  # token-major [R, Tq, H, hd]
         return self.o_proj(out.reshape(*x.shape[:2], -1))
 

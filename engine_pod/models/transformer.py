@@ -56,6 +56,11 @@ class DiffusionTransformer(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
 
+    def fuse_projections(self) -> None:
+        """Inference: each layer's q, k and v projections as one matmul (see ``Attention.fuse_projections``)."""
+        for layer in self.layers:
+            layer.attn.fuse_projections()
+
     def new_cache(self) -> KVCache:
         return KVCache(self.config.num_layers)
 
