@@ -75,12 +75,6 @@ class PackedContext:
         return (self.final_plan if final else self.plan)(q, k, v)[None]
 
 
-def refresh_spans(row_len: list[int]) -> RowSpans:
-    """A refresh forward: each row attends over its own positions."""
-    starts = starts_of(row_len)
-    return RowSpans(starts, list(row_len), starts, list(row_len))
-
-
 def selected_spans(spans: RowSpans, selected_per_row: list[int]) -> RowSpans:
     """The last layer's spans: each row's selected positions (consecutive, in row order) over the row's
     keys as before."""

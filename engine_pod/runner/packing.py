@@ -43,11 +43,7 @@ def refresh_inputs(
     keep = take(canvas.key_mask)
     lengths = keep.sum(1)
     order = torch.argsort(lengths, descending=True, stable=True)  # packed order: rows of a length adjacent
-    sorted_rows, columns = keep[order].nonzero(as_tuple=True)
-    rows = order[sorted_rows]
-    total = rows.shape[0]
-    slot_of = torch.full((keep.shape[0], canvas.width + 1), total, dtype=torch.long, device=keep.device)
-    slot_of[rows, columns] = torch.arange(total, device=keep.device)
+    rows, columns, slot_of = _pack(keep, order, canvas.width + 1)
     spans = _spans_in_order(lengths.tolist(), order.tolist())
     if cache is not None:
         cache.set_layout(slot_of, spans.k_start, spans.k_len)
@@ -57,6 +53,20 @@ def refresh_inputs(
         _context(spans, pick_r, keep.device, cache),
         slot_of[pick_r, source],
     )
+
+
+def _pack(
+    keep: torch.Tensor, order: torch.Tensor, map_width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The positions where ``keep`` [R, C] is True, packed row by row in ``order``: each packed
+    position's (row, column), and the map [R, map_width] from (row, column) to packed position (the
+    packed total where a column is not packed)."""
+    sorted_rows, columns = keep[order].nonzero(as_tuple=True)
+    rows = order[sorted_rows]
+    total = rows.shape[0]
+    packed_at = torch.full((keep.shape[0], map_width), total, dtype=torch.long, device=keep.device)
+    packed_at[rows, columns] = torch.arange(total, device=keep.device)
+    return rows, columns, packed_at
 
 
 def _starts_in(order: list[int], lengths: list[int]) -> list[int]:
@@ -103,11 +113,7 @@ def window_inputs(
     k_start = [cache.row_start[r] for r in members]
     # packed in the cache's order, so that rows whose keys follow each other have their queries adjacent
     order = sorted(range(len(members)), key=k_start.__getitem__)
-    sorted_rows, columns = keep[torch.tensor(order, device=keep.device)].nonzero(as_tuple=True)
-    rows = torch.tensor(order, device=keep.device)[sorted_rows]
-    total = rows.shape[0]
-    window_slot = torch.full(keep.shape, total, dtype=torch.long, device=keep.device)
-    window_slot[rows, columns] = torch.arange(total, device=keep.device)
+    rows, columns, window_slot = _pack(keep, torch.tensor(order, device=keep.device), keep.shape[1])
     lengths = keep.sum(1).tolist()
     spans = RowSpans(_starts_in(order, lengths), lengths, k_start, [cache.row_len[r] for r in members])
     canvas_rows, canvas_columns = index[rows], slots[rows, columns]
