@@ -11,12 +11,14 @@ from pydantic import ValidationError
 from engine_pod.queue.messages import BATCH_META, DoneEvent, decode_event
 from engine_pod.queue.ops import as_text, text_of
 from gateway.errors import ApiError
+from gateway.logprobs import chat_logprobs, completion_logprobs
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
-from gateway.submission import build_request, check_decoding_fields
+from gateway.submission import apply_stop, build_request, check_decoding_fields
 from gateway.tokenizer import TokenizerError
 
 logger = logging.getLogger(__name__)
 _BODY = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}
+STOP_META = "stop"  # the meta entry holding a line's stop strings (applied when its output is read)
 
 
 def _prepare(line_text: str, index: int, endpoint: str, state):
@@ -32,6 +34,8 @@ def _prepare(line_text: str, index: int, endpoint: str, state):
             raise ApiError(400, "stream is not allowed in a batch")
         if body.n > 1:
             raise ApiError(400, "a batch line takes n=1")
+        if getattr(body, "echo", False):
+            raise ApiError(400, "echo is not supported in a batch line")
         check_decoding_fields(body, state)
         if endpoint == "/v1/chat/completions":
             ids = state.tokenizer.encode_chat(
@@ -41,7 +45,10 @@ def _prepare(line_text: str, index: int, endpoint: str, state):
             ids = state.tokenizer.encode(body.prompt)
         else:
             raise ApiError(400, "batch completion lines take a single string prompt")
-        return build_request(ids, body, state, meta={"custom_id": custom_id, "model": body.model})
+        meta = {"custom_id": custom_id, "model": body.model}
+        if body.stop_strings():
+            meta[STOP_META] = body.stop_strings()
+        return build_request(ids, body, state, meta=meta)
     except (json.JSONDecodeError, ValidationError, ApiError, TokenizerError, AttributeError) as exc:
         message = exc.message if isinstance(exc, ApiError) else str(exc).splitlines()[0]
         return {
@@ -136,34 +143,30 @@ async def _submit(item, batch_id: str, state) -> None:
 
 
 def _response_body(done: DoneEvent, request_id: str, endpoint: str, state) -> dict:
-    text = state.tokenizer.decode(done.token_ids)
+    """The line's response as the endpoint answers it: text cut at the line's stop strings (its
+    finish_reason then ``stop``), log probabilities where the line asked."""
+    text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), done.meta.get(STOP_META) or [])
+    reason = "stop" if stopped else done.finish_reason
     usage = {
         "prompt_tokens": done.prompt_tokens,
         "completion_tokens": done.completion_tokens,
         "total_tokens": done.prompt_tokens + done.completion_tokens,
     }
     model = done.meta.get("model", state.settings.served_model)
+    asked = done.logprobs is not None
     if endpoint == "/v1/chat/completions":
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
-            "finish_reason": done.finish_reason,
+            "finish_reason": reason,
+            "logprobs": chat_logprobs(done, state.tokenizer) if asked else None,
         }
-        return {
-            "id": request_id,
-            "object": "chat.completion",
-            "model": model,
-            "choices": [choice],
-            "usage": usage,
-        }
-    choice = {"index": 0, "text": text, "finish_reason": done.finish_reason, "logprobs": None}
-    return {
-        "id": request_id,
-        "object": "text_completion",
-        "model": model,
-        "choices": [choice],
-        "usage": usage,
-    }
+        kind = "chat.completion"
+    else:
+        logprobs = completion_logprobs(done, state.tokenizer) if asked else None
+        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
+        kind = "text_completion"
+    return {"id": request_id, "object": kind, "model": model, "choices": [choice], "usage": usage}
 
 
 def output_lines(entries: list, endpoint: str, state) -> list[dict]:

@@ -1,66 +1,126 @@
-"""OpenAI's ``logprobs`` objects from a result's per-token log probabilities.
+"""OpenAI's ``logprobs`` objects from a result's per-token log probabilities, whole or chunk by chunk.
 
 For a diffusion model a token's log probability is the one it had under the distribution of the step
 that committed it (the denoising step at which it was unmasked, not a left-to-right prediction); the
-alternatives are that distribution's likeliest tokens. Tokens committed on another worker before a
-hand-over have none (null).
+alternatives are that distribution's likeliest tokens. A block whose record was lost (a worker that
+died before Redis stored it) has none (null).
 """
 
 from __future__ import annotations
 
 from engine_pod.queue.messages import DoneEvent
 
-
-def _pieces(tokenizer, token_ids: list[int]) -> list[str]:
-    """Each token's share of the decoded text (decoding the prefix up to it, minus the one before), so
-    the pieces join into exactly the text a client got (a decoder may add spaces between tokens)."""
-    pieces, before = [], ""
-    for end in range(1, len(token_ids) + 1):
-        text = tokenizer.decode(token_ids[:end])
-        pieces.append(text[len(before) :] if text.startswith(before) else text)
-        before = text
-    return pieces
+Entry = list | tuple | None  # [log p, [[alternative id, log p], ...]] or None
 
 
 def _piece(tokenizer, token_id: int) -> str:
     return tokenizer.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def _visible(done: DoneEvent, tokenizer) -> list[tuple[int, list | None]]:
+def visible_tokens(token_ids: list[int], entries: list | None, tokenizer) -> list[tuple[int, Entry]]:
     """The tokens the text shows (before the first EOS) with their recorded entries."""
-    entries = done.logprobs or []
+    entries = entries or []
     out = []
-    for index, token in enumerate(done.token_ids):
+    for index, token in enumerate(token_ids):
         if token in tokenizer.eos_ids:
             break
         out.append((token, entries[index] if index < len(entries) else None))
     return out
 
 
-def completion_logprobs(done: DoneEvent, tokenizer, prefix: list[int] = ()) -> dict:
-    """The completions API's object: tokens, token_logprobs, top_logprobs, text_offset (``prefix``: the
-    echoed prompt's tokens, whose log probabilities are null)."""
-    visible = _visible(done, tokenizer)
-    pieces = _pieces(tokenizer, list(prefix)) + _pieces(tokenizer, [t for t, _ in visible])
-    tokens, values, tops, offsets, at = [], [], [], [], 0
-    for piece, (_, entry) in zip(pieces, [(t, None) for t in prefix] + visible):
+class _Pieces:
+    """Each token's share of the decoded text (decoding the prefix up to it, minus the one before), so
+    the pieces join into exactly the text a client got (a decoder may add spaces between tokens)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.before = ""
+
+    def peek(self, token_ids: list[int], end: int) -> tuple[str, str]:
+        """The piece of token ``end - 1`` and the text up to it (nothing advances)."""
+        text = self.tokenizer.decode(token_ids[:end])
+        return (text[len(self.before) :] if text.startswith(self.before) else text), text
+
+    def next(self, token_ids: list[int], end: int) -> str:
+        piece, self.before = self.peek(token_ids, end)
+        return piece
+
+
+def _completion_object(items: list[tuple[str, Entry]], tokenizer, offset: int) -> dict:
+    tokens, values, tops, offsets = [], [], [], []
+    for piece, entry in items:
         tokens.append(piece)
-        offsets.append(at)
-        at += len(piece)
+        offsets.append(offset)
+        offset += len(piece)
         values.append(entry[0] if entry else None)
         tops.append({_piece(tokenizer, i): v for i, v in entry[1]} if entry else None)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
-def chat_logprobs(done: DoneEvent, tokenizer) -> dict:
-    """The chat API's object: one entry per content token, with its bytes and alternatives."""
-
+def _chat_object(items: list[tuple[str, Entry]], tokenizer) -> dict:
     def item(piece: str, value: float | None) -> dict:
         return {"token": piece, "logprob": value, "bytes": list(piece.encode())}
 
-    visible = _visible(done, tokenizer)
     content = []
-    for piece, (_, entry) in zip(_pieces(tokenizer, [t for t, _ in visible]), visible):
+    for piece, entry in items:
         alternatives = [item(_piece(tokenizer, i), v) for i, v in entry[1]] if entry else []
         content.append(item(piece, entry[0] if entry else None) | {"top_logprobs": alternatives})
     return {"content": content, "refusal": None}
+
+
+def _described(tokenizer, token_ids: list[int], entries: list) -> list[tuple[str, Entry]]:
+    pieces = _Pieces(tokenizer)
+    return [(pieces.next(token_ids, i + 1), entry) for i, entry in enumerate(entries)]
+
+
+def completion_logprobs(done: DoneEvent, tokenizer, prefix: list[int] = ()) -> dict:
+    """The completions API's object: tokens, token_logprobs, top_logprobs, text_offset (``prefix``: the
+    echoed prompt's tokens, whose log probabilities are null)."""
+    visible = visible_tokens(done.token_ids, done.logprobs, tokenizer)
+    items = _described(tokenizer, list(prefix), [None] * len(prefix))
+    items += _described(tokenizer, [t for t, _ in visible], [e for _, e in visible])
+    return _completion_object(items, tokenizer, 0)
+
+
+def chat_logprobs(done: DoneEvent, tokenizer) -> dict:
+    """The chat API's object: one entry per content token, with its bytes and alternatives."""
+    visible = visible_tokens(done.token_ids, done.logprobs, tokenizer)
+    return _chat_object(_described(tokenizer, [t for t, _ in visible], [e for _, e in visible]), tokenizer)
+
+
+class StreamedLogprobs:
+    """A streamed choice's ``logprobs``, chunk by chunk: each chunk describes the tokens whose text it
+    completes, so the chunks' objects joined are the whole result's object."""
+
+    def __init__(self, tokenizer, chat: bool) -> None:
+        self.tokenizer = tokenizer
+        self.chat = chat
+        self.pieces = _Pieces(tokenizer)
+        self.described = 0  # tokens described so far
+        self.offset = 0  # completions' text_offset of the next token
+
+    def echoed(self, prefix: list[int]) -> dict:
+        """The echoed prompt's tokens (completions only), with null log probabilities."""
+        items = _described(self.tokenizer, prefix, [None] * len(prefix))
+        self.offset = sum(len(piece) for piece, _ in items)
+        return _completion_object(items, self.tokenizer, 0)
+
+    def take(self, visible: list[tuple[int, Entry]], text_len: int) -> dict | None:
+        """The object for the tokens of ``visible`` not yet described whose text lies within the first
+        ``text_len`` characters sent (a stop string can cut a token's text: it is not described)."""
+        token_ids = [t for t, _ in visible]
+        items = []
+        while self.described < len(visible):
+            piece, text = self.pieces.peek(token_ids, self.described + 1)
+            if len(text) > text_len:
+                break
+            self.pieces.before = text
+            items.append((piece, visible[self.described][1]))
+            self.described += 1
+        if not items:
+            return None
+        if self.chat:
+            return _chat_object(items, self.tokenizer)
+        described = _completion_object(items, self.tokenizer, self.offset)
+        self.offset += sum(len(piece) for piece, _ in items)
+        return described

@@ -103,12 +103,6 @@ def build_request(
 def build_choices(prompt_ids: list[int], body: CommonFields, state: GatewayState) -> list[QueuedRequest]:
     """``body.n`` requests for one prompt, one per choice: choice i draws with seed + i (the request's
     seed, or a random one), so choices differ from each other and a given seed reproduces them all."""
-    if body.n > 1 and body.stream:
-        raise ApiError(400, "stream=true takes n=1", param="n")
-    if body.alternatives() is not None and body.stream:
-        raise ApiError(
-            400, "log probabilities come with the whole result: use stream=false", param="logprobs"
-        )
     base = _seed(body)
     return [build_request(prompt_ids, body, state, seed=(base + i) % 2**63) for i in range(body.n)]
 

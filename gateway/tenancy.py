@@ -57,8 +57,13 @@ async def add_to_index(state, key: str, identifier: str, created_at: int, ttl_s:
 async def page(
     state, key: str, after: str | None, limit: int, newest_first: bool = True
 ) -> tuple[list[str], bool]:
-    """Up to ``limit`` ids of the index after the id ``after`` (pagination), and whether more follow."""
-    ids = as_text(await state.redis.zrange(key, 0, -1, desc=newest_first))
+    """Up to ``limit`` ids of the index after the id ``after`` (pagination), and whether more follow:
+    read from Redis a page at a time (ids of one second sort by their time-ordered names)."""
+    start = 0
     if after is not None:
-        ids = ids[ids.index(after) + 1 :] if after in ids else []
+        rank = await (state.redis.zrevrank(key, after) if newest_first else state.redis.zrank(key, after))
+        if rank is None:
+            return [], False
+        start = rank + 1
+    ids = as_text(await state.redis.zrange(key, start, start + limit, desc=newest_first))
     return ids[:limit], len(ids) > limit

@@ -162,11 +162,15 @@ def _commit(x, positions, probs_max, argmax, rule, k=None, threshold=None):
         x[positions[i]] = int(argmax[i])
 
 
-def llada_generate(model, prompt, gen, block, steps, cache, threshold):
-    x = list(prompt) + [model.mask] * gen
+def llada_generate(model, prompt, gen, block, steps, cache, threshold, canvas="full"):
+    """``canvas="block"``: the sequence holds the prompt, the committed blocks and the active block only
+    (no masked suffix), growing by one block of masks at each block start (the serving default)."""
+    x = list(prompt) + ([model.mask] * gen if canvas == "full" else [])
     spb = steps // (gen // block)
     nfe = 0
     for b in range(gen // block):
+        if canvas == "block":
+            x += [model.mask] * block
         s, e = len(prompt) + b * block, len(prompt) + (b + 1) * block
         quota = _linear_quota(sum(1 for t in x[s:e] if t == model.mask), spb)
         step = 0

@@ -15,7 +15,7 @@ import uvicorn
 from engine_pod.serve.redis_server import free_port
 from gateway.app import build_app
 from gateway.settings import GatewaySettings
-from tests.factories import llada_config, write_checkpoint
+from tests.factories import dream_config, llada_config, write_checkpoint
 
 BLOCK = 8
 
@@ -31,6 +31,26 @@ def write_served_model(directory: Path, seed: int = 0) -> Path:
         n_heads=2,
         n_kv_heads=2,
         mlp=64,
+        vocab=320,
+        mask=tokenizer.mask_token_id,
+        eos=tokenizer.eos_token_id,
+    )
+    write_checkpoint(directory, raw, seed=seed)
+    save_tokenizer(tokenizer, directory)
+    return directory
+
+
+def write_served_dream(directory: Path, seed: int = 0) -> Path:
+    """A small random Dream checkpoint (grouped-query attention) with the project's tokenizer."""
+    from engine_pod.training.tokenizer_build import build_tokenizer, save_tokenizer
+
+    tokenizer = build_tokenizer(320)
+    raw = dream_config(
+        hidden=32,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=64,
         vocab=320,
         mask=tokenizer.mask_token_id,
         eos=tokenizer.eos_token_id,

@@ -20,11 +20,20 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         compute = torch.promote_types(x.dtype, torch.float32)
-        if compute == x.dtype:  # one fused kernel, the same arithmetic
+        if compute == x.dtype and x.device.type != "cpu":  # one fused kernel, the same arithmetic
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        if compute == x.dtype and not (torch.is_grad_enabled() and x.requires_grad):
+            return self._in_place(x)
         h = x.to(compute)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
+
+    def _in_place(self, x: torch.Tensor) -> torch.Tensor:
+        """The same bits as ``F.rms_norm`` (x * x is exactly pow(x, 2)), whose CPU kernel is a composite
+        of six passes with a slow ``pow``: two temporaries, the second pass in place (measured 650-780 us
+        against 850 us for 6784 x 192 floats)."""
+        scale = torch.mul(x, x).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        return torch.mul(x, scale).mul_(self.weight)
 
 
 class RotaryEmbedding(nn.Module):
@@ -53,13 +62,16 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE of [rows, heads, tokens, head_dim] by half-width cos/sin, in their precision:
-    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), written into one output without temporaries."""
+    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), written into one output without temporaries. The
+    output is stored token-major ([rows, tokens, heads, head_dim], returned as its transposed view), the
+    layout the KV cache and the packed attention read, so that neither copies it again."""
     h = x.to(cos.dtype)
     half = h.shape[-1] // 2
     first, second = h[..., :half], h[..., half:]
     if torch.is_grad_enabled() and h.requires_grad:  # training: autograd cannot follow out= writes
         return torch.cat([first * cos - second * sin, second * cos + first * sin], -1).to(x.dtype)
-    out = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+    rows, heads, tokens, width = h.shape
+    out = torch.empty(rows, tokens, heads, width, dtype=h.dtype, device=h.device).transpose(1, 2)
     out_first, out_second = out[..., :half], out[..., half:]
     torch.mul(first, cos, out=out_first)
     out_first.addcmul_(second, sin, value=-1)

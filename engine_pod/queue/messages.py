@@ -40,6 +40,7 @@ class QueuedRequest:
 class BlockEvent:
     index: int  # block number within the generation
     token_ids: list[int]
+    logprobs: list | None = None  # per token, when the request asked (see DoneEvent.logprobs)
     type: str = "block"
 
 
@@ -52,7 +53,7 @@ class DoneEvent:
     worker: str = ""
     error: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # the request's meta, passed through (batch custom_id)
-    # per token, when asked: [log p, [[alternative id, log p], ...]] (None: committed before a hand-over)
+    # per token, when asked: [log p, [[alternative id, log p], ...]] (None: a block whose record was lost)
     logprobs: list | None = None
     type: str = "done"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine_pod.queue import scripts
 from engine_pod.queue.keys import ServiceKeys
@@ -29,6 +29,7 @@ class ScriptCall:
 class Claimed:
     request: QueuedRequest
     generated: list[int]  # blocks committed by earlier workers
+    logprobs: list = field(default_factory=list)  # their tokens' log probabilities, where recorded
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class BlockCommit:
     event: BlockEvent | None  # None: a request that does not stream (its client waits for the result)
     generated: list[int]  # every token committed so far
     score: int  # its prefix, should it go back to the pending set
+    index: int = 0  # the block's number within the generation
+    logprobs: list | None = None  # per token of the block, for a request that asked (kept for a hand-over)
 
 
 @dataclass(frozen=True)
@@ -127,8 +130,12 @@ class QueueOps:
     def parse_claim(reply: list) -> list[Claimed]:
         items = as_text(reply)
         return [
-            Claimed(QueuedRequest.from_json(items[i + 1]), json.loads(items[i + 2] or "[]"))
-            for i in range(0, len(items), 3)
+            Claimed(
+                QueuedRequest.from_json(items[i + 1]),
+                json.loads(items[i + 2] or "[]"),
+                [entry for block in json.loads(items[i + 3] or "[]") for entry in block],
+            )
+            for i in range(0, len(items), 4)
         ]
 
     def renew(self, worker: str, request_ids: list[str]) -> ScriptCall:
@@ -159,7 +166,8 @@ class QueueOps:
         for block in blocks:
             keys += [k.request(block.request_id), k.events(block.request_id)]
             event = encode_event(block.event) if block.event is not None else ""
-            args += [event, json.dumps(block.generated), block.score]
+            logprobs = "" if block.logprobs is None else json.dumps(block.logprobs, separators=(",", ":"))
+            args += [event, json.dumps(block.generated), block.score, block.index, logprobs]
         for request_id, done in results:
             own = [k.request(request_id), k.events(request_id), *self._batch_keys(done.batch_id)]
             keys += own

@@ -31,11 +31,29 @@ end
 return {now, describe(shortest), describe(aged)}
 """
 
+# A request that asked for log probabilities keeps each committed block's in its hash, fields lp:0, lp:1,
+# ... (block numbers, committed in order), so that a worker taking it over returns them with the result.
+_BLOCK_LOGPROBS = """
+local function block_logprobs(request)
+  local blocks, j = {}, 0
+  while true do
+    local entry = redis.call('HGET', KEYS[request], 'lp:' .. j)
+    if not entry then return blocks end
+    table.insert(blocks, entry)
+    j = j + 1
+  end
+end
+"""
+
 # KEYS: pending, inflight, arrivals, then one request hash per chosen request
 # ARGV: lease deadline (ms), worker id, then per chosen request its id and the prefix it was read with
 # Claims each chosen request that is still pending with that prefix (another worker may have taken it,
-# or it may have come back with more committed blocks: then the choice was not made for it).
-CLAIM = """
+# or it may have come back with more committed blocks: then the choice was not made for it). Returns
+# per claimed request its id, payload, generated tokens and its blocks' log probabilities (a JSON list
+# of per-block lists; empty where none were recorded).
+CLAIM = (
+    _BLOCK_LOGPROBS
+    + """
 local out = {}
 for i = 4, #KEYS do
   local id, prefix = ARGV[2 * (i - 4) + 3], ARGV[2 * (i - 4) + 4]
@@ -50,10 +68,12 @@ for i = 4, #KEYS do
     table.insert(out, id)
     table.insert(out, fields[1] or '')
     table.insert(out, fields[2] or '[]')
+    table.insert(out, '[' .. table.concat(block_logprobs(i), ',') .. ']')
   end
 end
 return out
 """
+)
 
 # KEYS: inflight, then one request hash per id; ARGV: new deadline (ms), worker id, ids...
 # Renews the leases this worker still owns; returns the ids it no longer owns.
@@ -113,6 +133,8 @@ local function batch_of(request, first)
 end
 
 local function finish(request, events, live, sizes, id, done_json, ttl, batch, first)
+  local j = 0
+  while redis.call('HDEL', KEYS[request], 'lp:' .. j) == 1 do j = j + 1 end  -- the result holds them
   redis.call('SREM', KEYS[live], id)
   redis.call('HDEL', KEYS[sizes], id)
   redis.call('HSET', KEYS[request], 'state', 'done', 'result', done_json)
@@ -135,7 +157,8 @@ end
 # KEYS: inflight, cancelled, live, sizes; then per committed block a request hash and its events stream;
 #   then per finished request its hash, its events stream[, its batch hash and batch results]
 # ARGV: worker id, ttl seconds, blocks, results; then per block its event json ('' for a request that
-#   does not stream: progress recorded, no event), generated json, score;
+#   does not stream: progress recorded, no event), generated json, score, block number and its log
+#   probabilities json ('' for a request that did not ask);
 #   then per result its done json and how many keys it has (2, or 4 with its batch's); then the ids
 #   the worker holds
 # A block cycle's whole exchange with Redis in one call. Records each committed block and completes
@@ -152,7 +175,7 @@ local function id_of(key) return KEYS[key]:match('[^:]+$') end
 local function owns(key)
   return redis.call('HGET', KEYS[key], 'worker') == worker and redis.call('ZSCORE', KEYS[1], id_of(key))
 end
-local first_result, first_result_arg = 5 + 2 * blocks, 5 + 3 * blocks
+local first_result, first_result_arg = 5 + 2 * blocks, 5 + 5 * blocks
 local k, a = first_result, first_result_arg
 for _ = 1, results do
   local nkeys = tonumber(ARGV[a + 1])
@@ -165,11 +188,12 @@ k, a = 5, 5
 for _ = 1, blocks do
   if owns(k) then
     redis.call('HSET', KEYS[k], 'generated', ARGV[a + 1], 'score', ARGV[a + 2])
+    if ARGV[a + 4] ~= '' then redis.call('HSET', KEYS[k], 'lp:' .. ARGV[a + 3], ARGV[a + 4]) end
     if ARGV[a] ~= '' then redis.call('XADD', KEYS[k + 1], '*', 'e', ARGV[a]) end
   else
     table.insert(lost, id_of(k))
   end
-  k, a = k + 2, a + 3
+  k, a = k + 2, a + 5
 end
 for _ = 1, results do
   local nkeys, ok = tonumber(ARGV[a + 1]), 0

@@ -91,7 +91,7 @@ class SyncQueue:
         self, worker: str, request_id: str, event: BlockEvent, generated: list[int], score: int
     ) -> bool:
         """Record one committed block; False when this worker no longer owns the request."""
-        reply = self.commit(worker, [BlockCommit(request_id, event, generated, score)], [])
+        reply = self.commit(worker, [BlockCommit(request_id, event, generated, score, event.index)], [])
         return request_id not in reply.lost
 
     def complete(self, worker: str, request_id: str, done: DoneEvent) -> bool:

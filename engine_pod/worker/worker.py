@@ -271,8 +271,9 @@ class Worker:
         request.generated = list(claimed.generated)
         request.threshold = payload.threshold
         request.logprobs = payload.logprobs
-        if payload.logprobs is not None:  # blocks committed elsewhere before a hand-over have none
-            self._logprobs[payload.id] = [None] * len(claimed.generated)
+        if payload.logprobs is not None:  # blocks committed elsewhere: as recorded in Redis
+            restored = claimed.logprobs[: len(claimed.generated)]
+            self._logprobs[payload.id] = restored + [None] * (len(claimed.generated) - len(restored))
         try:
             request.sampling = SamplingParams.from_dict(payload.sampling)
         except (SamplingError, TypeError) as exc:
@@ -305,7 +306,6 @@ class Worker:
         if result.output.is_empty:
             return
         self._unsent += self._committed_blocks(result)
-        self._keep_logprobs(result)
         for request in result.finished:
             self._stage_done(request, request.finish_reason.value if request.finish_reason else "length")
         self._commit()
@@ -319,22 +319,32 @@ class Worker:
             record.preempted,
         )
 
-    def _keep_logprobs(self, result: StepResult) -> None:
-        if result.logprobs is None:
-            return
-        for request_id, row, values in zip(result.output.request_ids, result.output.rows, result.logprobs):
-            if row.active and values is not None and request_id in self._logprobs:
-                self._logprobs[request_id].extend(values)
-
     def _committed_blocks(self, result: StepResult) -> list[BlockCommit]:
+        """What this cycle committed, per active row: its progress, its block event for a streaming client
+        and, for a request that asked, the block's log probabilities (kept here for the result and in
+        Redis for a worker that takes the request over)."""
         requests = {r.request_id: r for r in result.finished} | self.scheduler.requests
+        per_row = result.logprobs or [None] * len(result.blocks)
         blocks = []
-        for request_id, row, block in zip(result.output.request_ids, result.output.rows, result.blocks):
+        for request_id, row, block, values in zip(
+            result.output.request_ids, result.output.rows, result.blocks, per_row
+        ):
             request = requests.get(request_id)
-            if row.active and request is not None:
-                index = len(request.generated) // self.decoding.block_length - 1
-                event = BlockEvent(index, list(block)) if request_id in self._streaming else None
-                blocks.append(BlockCommit(request_id, event, list(request.generated), request.prefix_len()))
+            if not row.active or request is None:
+                continue
+            index = len(request.generated) // self.decoding.block_length - 1
+            kept = self._logprobs.get(request_id)
+            logprobs = None
+            if kept is not None:
+                logprobs = [
+                    list(entry) if entry is not None else None for entry in values or [None] * len(block)
+                ]
+                kept.extend(logprobs)
+            event = BlockEvent(index, list(block), logprobs) if request_id in self._streaming else None
+            commit = BlockCommit(
+                request_id, event, list(request.generated), request.prefix_len(), index, logprobs
+            )
+            blocks.append(commit)
         return blocks
 
     def _commit(self) -> None:

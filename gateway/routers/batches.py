@@ -24,6 +24,7 @@ from gateway.tenancy import TENANT_FIELD, Tenant, add_to_index, owned, page
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 OUTPUT_SUFFIX = "-output"
+CREATE_BATCH = "createBatch"  # the operation id of POST /v1/batches (the files API links to it)
 ENDED = ("completed", "failed", "cancelled")
 
 
@@ -34,7 +35,7 @@ async def batch_output(state, batch: BatchObject) -> bytes:
     return "".join(json.dumps(line) + "\n" for line in output_lines(entries, batch.endpoint, state)).encode()
 
 
-@router.post("/batches", response_model=BatchObject)
+@router.post("/batches", response_model=BatchObject, operation_id=CREATE_BATCH)
 async def create_batch(body: BatchCreate, state: State, tenant: Tenant) -> BatchObject:
     keys = state.queue.ops.keys
     input_file = body.input_file_id

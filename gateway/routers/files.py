@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from engine_pod.queue.keys import is_request_id, new_request_id
 from engine_pod.queue.ops import text_of
 from gateway.errors import ApiError
-from gateway.routers.batches import OUTPUT_SUFFIX, batch_output, owned_batch
+from gateway.routers.batches import CREATE_BATCH, OUTPUT_SUFFIX, batch_output, owned_batch
 from gateway.schemas import FileDeleted, FileList, FileObject
 from gateway.state import State, require_api_key
 from gateway.tenancy import TENANT_FIELD, Tenant, add_to_index, belongs, page
@@ -25,9 +25,21 @@ MAX_FILE_BYTES = 200 * 1024 * 1024
 _META = ["filename", "bytes", "created_at", "purpose", TENANT_FIELD]
 
 
-@router.post("/files", response_model=FileObject)
+# A link in the OpenAPI document: the uploaded file's id feeds a batch (what stateful clients, and the
+# stateful fuzzing in tests, follow).
+_CREATES_BATCH = {
+    "links": {
+        "CreateBatch": {"operationId": CREATE_BATCH, "requestBody": {"input_file_id": "$response.body#/id"}}
+    }
+}
+
+
+@router.post("/files", response_model=FileObject, responses={200: _CREATES_BATCH})
 async def upload_file(
-    state: State, tenant: Tenant, file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()]
+    state: State,
+    tenant: Tenant,
+    file: Annotated[UploadFile, File()],
+    purpose: Annotated[str, Form(json_schema_extra={"enum": ["batch"]})],
 ) -> FileObject:
     if purpose != "batch":
         raise ApiError(400, f"purpose {purpose!r} is not supported; use 'batch'", param="purpose")

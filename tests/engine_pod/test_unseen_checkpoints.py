@@ -65,12 +65,16 @@ DREAM_CASES = [
 ]
 
 
+@pytest.mark.parametrize("canvas", ["full", "block"])
 @pytest.mark.parametrize("case_index", range(len(LLADA_CASES)))
-def test_llada_unseen(tmp_path, case_index):
+def test_llada_unseen(tmp_path, case_index, canvas):
+    """Both canvases: the full one (LLaDA's: the masked suffix is attended) and the block canvas that
+    serving runs (the prompt, committed blocks and the active block only)."""
     overrides, prompt_len, gen, block, steps, cache, threshold = LLADA_CASES[case_index]
     model_dir = write_checkpoint(tmp_path / "m", llada_config(**overrides), seed=100 + case_index)
     prompt = [random.Random(case_index).randrange(480) for _ in range(prompt_len)]
-    expected, nfe = llada_generate(NaiveModel(model_dir), prompt, gen, block, steps, cache, threshold)
+    naive = NaiveModel(model_dir)
+    expected, nfe = llada_generate(naive, prompt, gen, block, steps, cache, threshold, canvas)
     remasking = (
         ["--remasking", "low_confidence"]
         if threshold is None
@@ -85,6 +89,8 @@ def test_llada_unseen(tmp_path, case_index):
         str(steps),
         "--cache",
         cache,
+        "--canvas",
+        canvas,
         *remasking,
     ]
     result = run_generate(model_dir, prompt, options, dtype="float64")

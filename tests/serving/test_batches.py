@@ -34,6 +34,9 @@ def test_batch_round_trip_with_an_invalid_line(
 ):
     redis_server = single_or_cluster
     lines = [_line(i, endpoint) for i in range(12)] + ["{not json"]
+    echo = _line(12, endpoint) | {"custom_id": "echoed"}
+    echo["body"] = echo["body"] | {"echo": True}  # a batch line cannot echo (chat has no such field)
+    lines.append(echo)
     settings = gateway_settings(served_model, redis_server.url, service)
     with (
         GatewayServer(settings) as gateway,
@@ -52,13 +55,16 @@ def test_batch_round_trip_with_an_invalid_line(
             return batch if batch["status"] == "completed" else None
 
         batch = wait_for(finished, 120, what="the batch to complete")
-        assert batch["request_counts"] == {"total": 13, "completed": 12, "failed": 1}
+        assert batch["request_counts"] == {"total": 14, "completed": 12, "failed": 2}
         output = client.get(f"/v1/files/{batch['output_file_id']}/content")
         assert output.status_code == 200
         results = [json.loads(line) for line in output.text.splitlines()]
-    assert len(results) == 13
+    assert len(results) == 14
     by_id = {r["custom_id"]: r for r in results}
     assert by_id["line-13"]["error"]["code"] == "invalid_request"
+    assert by_id["echoed"]["error"]["code"] == "invalid_request"
+    if endpoint == "/v1/completions":
+        assert "echo" in by_id["echoed"]["error"]["message"]
     for index in range(12):
         result = by_id[f"job-{index}"]
         assert result["error"] is None and result["response"]["status_code"] == 200

@@ -16,7 +16,8 @@ from tests.serving.serve_process import openai_client, running
 from tests.serving_utils import write_served_model
 
 MODEL = "tiny-llada"
-LONG = "count from 1 to 21 ."  # the shipped model answers it with several blocks
+LONG = "count from 1 to 21 ."  # the shipped model answers it with 22 tokens
+LONGER = "count from 1 to 60 ."  # and this with 60: two blocks
 KEY, OTHER_KEY = "key-of-tenant-a", "key-of-tenant-b"
 
 
@@ -234,6 +235,26 @@ def test_n_gives_independent_choices_that_the_seed_reproduces(sampler):
     assert [_sampled(sampler, 21 + i)[0] for i in range(3)] == choices  # choice i draws with seed + i
 
 
+def test_n_streams_every_choice_with_its_index_and_the_usage_of_all(random_serve, sampler):
+    whole = _sampled(sampler, 21, n=3)
+
+    async def stream() -> list:
+        async with openai_client(random_serve, KEY, asynchronous=True) as aclient:
+            chunks = await aclient.chat.completions.create(
+                **_ask(21, n=3), stream=True, stream_options={"include_usage": True}
+            )
+            return [chunk async for chunk in chunks]
+
+    by_index = _stream_of(asyncio.run(stream()))
+    (usage,) = by_index.pop(-1)
+    assert {i: "".join(c.delta.content or "" for c in chunks) for i, chunks in by_index.items()} == dict(
+        enumerate(whole)
+    )
+    assert all(chunks[-1].finish_reason in ("stop", "length") for chunks in by_index.values())
+    reply = sampler.chat.completions.create(**_ask(21, n=3))
+    assert usage.usage.completion_tokens == reply.usage.completion_tokens
+
+
 def test_a_seeded_answer_is_the_same_alone_and_among_concurrent_requests(random_serve, sampler):
     """The product path's batch invariance: the worker batches concurrent requests into shared block
     cycles; a seeded request's answer does not depend on them."""
@@ -283,7 +304,89 @@ def test_chat_logprobs_with_alternatives(client):
         plain.choices[0].logprobs is None
         and plain.choices[0].message.content == reply.choices[0].message.content
     )
-    with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(
-            model=MODEL, messages=messages, max_tokens=10, logprobs=True, stream=True
-        )
+
+
+def _stream_of(chunks) -> dict[int, list]:
+    """Each choice's chunks (by index), the usage chunk under -1."""
+    by_index: dict[int, list] = {}
+    for chunk in chunks:
+        if not chunk.choices:
+            by_index.setdefault(-1, []).append(chunk)
+        for choice in chunk.choices:
+            by_index.setdefault(choice.index, []).append(choice)
+    return by_index
+
+
+def test_streamed_chat_logprobs_are_the_whole_answers_chunk_by_chunk(client):
+    messages = [{"role": "user", "content": LONGER}]
+    arguments = {"model": MODEL, "messages": messages, "max_tokens": 80, "logprobs": True, "top_logprobs": 2}
+    whole = client.chat.completions.create(**arguments).choices[0]
+    (choices,) = _stream_of(client.chat.completions.create(**arguments, stream=True)).values()
+    streamed = [item for c in choices if c.logprobs is not None for item in c.logprobs.content]
+    assert "".join(c.delta.content or "" for c in choices) == whole.message.content
+    assert [t.token for t in streamed] == [t.token for t in whole.logprobs.content]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in whole.logprobs.content])
+    assert sum(c.logprobs is not None for c in choices) > 1, "a 60-token answer spans two blocks"
+
+
+def test_streamed_completion_logprobs_with_echo(client):
+    arguments = {"model": MODEL, "prompt": LONGER, "max_tokens": 80, "logprobs": 1, "echo": True}
+    whole = client.completions.create(**arguments).choices[0]
+    (choices,) = _stream_of(client.completions.create(**arguments, stream=True)).values()
+    assert "".join(c.text for c in choices) == whole.text
+    parts = [c.logprobs for c in choices if c.logprobs is not None]
+    joined = {
+        field: [value for part in parts for value in getattr(part, field)]
+        for field in ("tokens", "token_logprobs", "text_offset")
+    }
+    assert joined["tokens"] == whole.logprobs.tokens and joined["text_offset"] == whole.logprobs.text_offset
+    assert joined["token_logprobs"] == pytest.approx(whole.logprobs.token_logprobs)
+
+
+def test_several_prompts_stream_each_as_its_own_choice(client):
+    prompts = [LONG, "letters from a to k .", "count down from 9 ."]
+    whole = client.completions.create(model=MODEL, prompt=prompts, max_tokens=30)
+    stream = client.completions.create(
+        model=MODEL, prompt=prompts, max_tokens=30, stream=True, stream_options={"include_usage": True}
+    )
+    by_index = _stream_of(stream)
+    (usage,) = by_index.pop(-1)
+    assert sorted(by_index) == [0, 1, 2]
+    for choice in whole.choices:
+        assert "".join(c.text for c in by_index[choice.index]) == choice.text
+        assert by_index[choice.index][-1].finish_reason == choice.finish_reason
+    assert usage.usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_batch_lines_honour_stop_strings_and_logprobs(client):
+    """A batch line is answered as the endpoint answers it: cut at its stop string (finish_reason stop),
+    with log probabilities where it asked."""
+    messages = [{"role": "user", "content": LONG}]
+    lines = [
+        {"custom_id": "stopped", "body": {"messages": messages, "max_tokens": 40, "stop": [" 5"]}},
+        {"custom_id": "logprobs", "body": {"messages": messages, "max_tokens": 8, "logprobs": True}},
+    ]
+    rows = [
+        {"method": "POST", "url": "/v1/chat/completions"} | line | {"body": {"model": MODEL} | line["body"]}
+        for line in lines
+    ]
+    source = client.files.create(
+        file=("lines.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode()), purpose="batch"
+    )
+    batch = client.batches.create(
+        input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    deadline = time.monotonic() + 120
+    while (batch := client.batches.retrieve(batch.id)).status != "completed" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert batch.status == "completed"
+    output = {
+        row["custom_id"]: row["response"]["body"]["choices"][0]
+        for row in map(json.loads, client.files.content(batch.output_file_id).text.splitlines())
+    }
+    direct = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, stop=[" 5"])
+    assert output["stopped"]["finish_reason"] == "stop" == direct.choices[0].finish_reason
+    assert output["stopped"]["message"]["content"] == direct.choices[0].message.content == "1 2 3 4"
+    content = output["logprobs"]["logprobs"]["content"]
+    assert len(content) == 8 and all(item["logprob"] <= 0 for item in content)
+    assert "".join(item["token"] for item in content) == output["logprobs"]["message"]["content"]

@@ -19,8 +19,8 @@ import openai
 import pytest
 
 from tests.serving.outage_harness import Tally, results_published_twice, start_load
-from tests.serving.serve_process import Serve, running
-from tests.serving_utils import wait_for
+from tests.serving.serve_process import Serve, openai_client, running
+from tests.serving_utils import wait_for, write_served_dream
 
 RECOVERY_BOUND_S = 20.0  # DESIGN: back within 10 s; measured 0.3-5 s here, bound left loose for CI
 
@@ -175,3 +175,23 @@ def test_the_online_benchmark_loads_dllm_serve_with_chat_requests(serve, tmp_pat
     assert run["requests"] == 12 and run["generated_tokens"] > 0
     assert set(run["latency_by_family_s"]) == {"count", "needle", "countdown", "letters"}
     assert 0 < run["first_block_s"]["p50"] <= run["latency_s"]["max"]
+
+
+def test_dllm_serve_serves_a_dream_checkpoint_as_dllm_generate_decodes_it(tmp_path):
+    """Dream through the whole serving path (supervisor, worker, gateway, the official client): the
+    answers equal ``dllm generate``'s with the serving defaults (block canvas, dual cache, threshold)."""
+    model = write_served_dream(tmp_path / "tiny-dream")
+    prompts = ["count from 1 to 9 .", "letters from a to k ."]
+    (tmp_path / "serve").mkdir()
+    with running(tmp_path / "serve", "--model", str(model)) as server:
+        client = openai_client(server)
+        served = [client.completions.create(model="tiny-dream", prompt=p, max_tokens=64) for p in prompts]
+    for prompt, reply in zip(prompts, served):
+        argv = [sys.executable, "-m", "engine_pod.cli.main", "generate", "--model", str(model)]
+        argv += ["--prompt", prompt, "--gen-length", "64", "--canvas", "block", "--json"]
+        expected = json.loads(
+            subprocess.run(argv, check=True, capture_output=True, text=True, timeout=300).stdout
+        )
+        assert reply.choices[0].text == expected["text"]
+        assert reply.usage.completion_tokens == expected["completion_tokens"]
+        assert reply.choices[0].finish_reason == expected["finish_reason"]

@@ -266,6 +266,52 @@ def test_drain_hands_unfinished_work_back_with_its_blocks(redis_server, service,
     assert claimed.generated == kept
 
 
+def _logprobs_worker(url: str, service: str, loaded, drain_timeout_s: float):
+    from engine_pod.decoding.config import DecodingConfig
+    from engine_pod.runner.block_cycle import BlockCycleRunner
+    from engine_pod.worker.worker import Worker, WorkerConfig
+    from tests.serving.conftest import WorkerThread
+
+    decoding = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, ignore_eos=True)
+    config = WorkerConfig(
+        url, service, SchedulerConfig(2048), lease_ms=60_000, drain_timeout_s=drain_timeout_s
+    )
+    return WorkerThread(Worker(BlockCycleRunner(loaded, decoding), config))
+
+
+def test_log_probabilities_survive_a_hand_over(redis_server, service, served_model):
+    """A request asking for log probabilities, handed back mid-way by a draining worker and finished by
+    another: every token has its entry, equal to an uninterrupted run's (greedy), stream events too."""
+    from engine_pod.models.loader import load_model
+
+    loaded = load_model(str(served_model))
+    tokens = 64 * 8
+
+    def request(request_id: str) -> QueuedRequest:
+        return QueuedRequest(request_id, [7] * 5, tokens, time.time(), stream=True, logprobs=2)
+
+    queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
+    with _logprobs_worker(redis_server.url, service, loaded, 30.0):
+        assert queue.run(queue.ops.enqueue(request("r-whole"), 0))
+        wait_for(lambda: _done(queue, "r-whole"), 120, 0.05, what="the uninterrupted result")
+    with _logprobs_worker(redis_server.url, service, loaded, 0.0):  # drains at once: hands it back
+        assert queue.run(queue.ops.enqueue(request("r-handed"), 0))
+        _wait_for_block(queue, "r-handed")
+    kept = json.loads(queue.redis.hget(queue.ops.keys.request("r-handed"), "generated"))
+    assert 0 < len(kept) < tokens, "the first worker should hand back a part-done request"
+    with _logprobs_worker(redis_server.url, service, loaded, 30.0):
+        wait_for(lambda: _done(queue, "r-handed"), 120, 0.05, what="the handed-over result")
+    whole, handed = _done(queue, "r-whole"), _done(queue, "r-handed")
+    assert handed.token_ids == whole.token_ids and len(handed.logprobs) == tokens
+    assert None not in handed.logprobs
+    for mine, reference in zip(handed.logprobs, whole.logprobs):
+        assert mine[0] == pytest.approx(reference[0], abs=1e-5)
+        assert [i for i, _ in mine[1]] == [i for i, _ in reference[1]]
+    streamed = [e for e in queue.events_of("r-handed") if isinstance(e, BlockEvent)]
+    assert all(len(e.logprobs) == len(e.token_ids) for e in streamed)
+    assert not [f for f in queue.redis.hkeys(queue.ops.keys.request("r-handed")) if f.startswith(b"lp:")]
+
+
 def test_dllm_worker_is_alive_while_its_model_loads(served_model, redis_server, service, tmp_path):
     """The probe server starts before the model loads: a slow download answers /healthz (a liveness probe
     does not restart it) while /startupz and /readyz say it is not serving yet."""

@@ -1,0 +1,212 @@
+"""Server-sent events for stream=true: every choice's chunks as its blocks are committed, merged.
+
+Each choice (``n`` of them per prompt, for each prompt of a completions request) is its own queued
+request; their chunks go out as they come, each with its choice ``index``. With
+``stream_options.include_usage`` a final chunk with empty ``choices`` carries the usage of all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi.responses import StreamingResponse
+from redis.exceptions import RedisError
+
+from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
+from gateway.errors import ApiError, error_body
+from gateway.logprobs import StreamedLogprobs, visible_tokens
+from gateway.submission import apply_stop, cancel_quietly, events, finish_reason
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StreamSpec:
+    """What every choice of one streamed response shares."""
+
+    body: object  # the CompletionRequest or ChatCompletionRequest
+    state: object  # the gateway's state
+    chat: bool
+    created: int
+    response_id: str
+
+    @property
+    def kind(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def envelope(self, choices: list[dict]) -> dict:
+        return {
+            "id": self.response_id,
+            "object": self.kind,
+            "created": self.created,
+            "model": self.body.model,
+            "choices": choices,
+        }
+
+    def chunk(self, index: int, text: str, reason: str | None, logprobs: dict | None = None) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if text or reason is None else {}
+            choice = {"index": index, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
+        else:
+            choice = {"index": index, "text": text, "finish_reason": reason, "logprobs": logprobs}
+        return self.envelope([choice])
+
+    def wants_usage(self) -> bool:
+        return bool((self.body.stream_options or {}).get("include_usage"))
+
+
+@dataclass
+class _Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _Choice:
+    """One choice's progress: the tokens received, the text sent, the log probabilities described."""
+
+    def __init__(self, spec: StreamSpec, index: int, queued: QueuedRequest) -> None:
+        self.spec, self.index, self.queued = spec, index, queued
+        self.tokens: list[int] = []
+        self.entries: list = []
+        self.sent = ""
+        self.stops = spec.body.stop_strings()
+        wants = spec.body.alternatives() is not None
+        self.logprobs = StreamedLogprobs(spec.state.tokenizer, spec.chat) if wants else None
+
+    def text_of(self, tokens: list[int]) -> tuple[str, bool]:
+        return apply_stop(self.spec.state.tokenizer.decode(tokens), self.stops)
+
+    def advance(self, text: str, entries: list | None) -> dict | None:
+        """The chunk that sends what ``text`` adds to what was sent, with the log probabilities of the
+        tokens it completes (None: nothing new)."""
+        new = ""
+        if text != self.sent and text.startswith(self.sent):
+            new, self.sent = text[len(self.sent) :], text
+        described = None
+        if self.logprobs is not None:
+            limited = self.tokens[: self.queued.max_tokens]
+            visible = visible_tokens(limited, entries, self.spec.state.tokenizer)
+            described = self.logprobs.take(visible, len(self.sent))
+        if not new and described is None:
+            return None
+        return self.spec.chunk(self.index, new, None, described)
+
+
+async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
+    """One choice's chunks: one per committed block carrying the new text; the last one says why
+    generation ended. Text never goes past ``max_tokens`` tokens (a block can). Block events are
+    numbered; after a gap (a block the worker could not publish during a Redis fault) no more block
+    chunks go out, and the done event, which carries every token, sends the rest."""
+    spec, queued = choice.spec, choice.queued
+    block_length = spec.state.settings.block_length
+    contiguous = True
+    if not spec.chat and spec.body.echo:
+        prompt = spec.state.tokenizer.decode(queued.prompt_ids)
+        echoed = choice.logprobs.echoed(queued.prompt_ids) if choice.logprobs is not None else None
+        yield spec.chunk(choice.index, prompt, None, echoed)
+    async for event in events(queued, spec.state):
+        if isinstance(event, BlockEvent):
+            contiguous = contiguous and event.index == len(choice.tokens) // block_length
+            if not contiguous:
+                continue
+            choice.tokens.extend(event.token_ids)
+            choice.entries.extend(event.logprobs or [None] * len(event.token_ids))
+            text, stopped = choice.text_of(choice.tokens[: queued.max_tokens])
+            chunk = choice.advance(text, choice.entries)
+            if chunk is not None:
+                yield chunk
+            if stopped:
+                await cancel_quietly(queued, spec.state)
+                yield spec.chunk(choice.index, "", "stop")
+                usage.prompt_tokens += len(queued.prompt_ids)
+                usage.completion_tokens += min(len(choice.tokens), queued.max_tokens)
+                return
+        elif isinstance(event, DoneEvent):
+            choice.tokens = list(event.token_ids)
+            text, stopped = choice.text_of(choice.tokens)
+            chunk = choice.advance(text, event.logprobs)
+            if chunk is not None:
+                yield chunk
+            yield spec.chunk(choice.index, "", finish_reason(event, stopped))
+            usage.prompt_tokens += event.prompt_tokens
+            usage.completion_tokens += event.completion_tokens
+
+
+async def _merged(streams: list[AsyncIterator[dict]]) -> AsyncIterator[dict]:
+    """The chunks of every stream as they come. The first failure ends them all (each stream cancels
+    its request when it is cancelled: see ``submission.events``)."""
+    if len(streams) == 1:
+        async for chunk in streams[0]:
+            yield chunk
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    finished = object()
+
+    async def pump(stream: AsyncIterator[dict]) -> None:
+        try:
+            async for chunk in stream:
+                await queue.put(chunk)
+        except Exception as exc:  # handed to the consumer, which raises it
+            await queue.put(exc)
+            return
+        await queue.put(finished)
+
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is finished:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def stream_chunks(spec: StreamSpec, queued: list[QueuedRequest]) -> AsyncIterator[dict]:
+    """Every choice's chunks, then (with include_usage) the usage of all of them in a last chunk."""
+    usage = _Usage()
+    choices = [_Choice(spec, index, request) for index, request in enumerate(queued)]
+    async for chunk in _merged([_choice_chunks(choice, usage) for choice in choices]):
+        yield chunk
+    if spec.wants_usage():
+        total = usage.prompt_tokens + usage.completion_tokens
+        last = spec.envelope([])
+        last["usage"] = {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": total,
+        }
+        yield last
+
+
+def sse(chunks: AsyncIterator[dict], on_end) -> StreamingResponse:
+    """Server-sent events. The status line is already sent when the first chunk goes out, so a failure
+    after it is an error event (OpenAI's error object) followed by ``[DONE]``, never a silent cut."""
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in chunks:
+                yield _event(chunk)
+        except ApiError as exc:
+            yield _event(error_body(exc.message, exc.kind, exc.param))
+        except RedisError as exc:
+            logger.warning("stream ended by a Redis error: %s", exc)
+            yield _event(error_body(f"the queue failed ({type(exc).__name__}); retry", "server_error"))
+        yield b"data: [DONE]\n\n"
+        on_end()
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _event(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
