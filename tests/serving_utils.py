@@ -20,41 +20,23 @@ from tests.factories import dream_config, llada_config, write_checkpoint
 BLOCK = 8
 
 
-def write_served_model(directory: Path, seed: int = 0) -> Path:
-    """A small random LLaDA checkpoint with the project's tokenizer and chat template."""
+_SERVED_SHAPES = {
+    "llada": lambda mask, eos: llada_config(
+        d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, mlp=64, vocab=320, mask=mask, eos=eos
+    ),
+    # two layers, grouped-query attention
+    "dream": lambda mask, eos: dream_config(
+        hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=320, mask=mask, eos=eos
+    ),
+}
+
+
+def write_served_model(directory: Path, seed: int = 0, family: str = "llada") -> Path:
+    """A small random LLaDA (or Dream) checkpoint with the project's tokenizer and chat template."""
     from engine_pod.training.tokenizer_build import build_tokenizer, save_tokenizer
 
     tokenizer = build_tokenizer(320)
-    raw = llada_config(
-        d_model=32,
-        n_layers=1,
-        n_heads=2,
-        n_kv_heads=2,
-        mlp=64,
-        vocab=320,
-        mask=tokenizer.mask_token_id,
-        eos=tokenizer.eos_token_id,
-    )
-    write_checkpoint(directory, raw, seed=seed)
-    save_tokenizer(tokenizer, directory)
-    return directory
-
-
-def write_served_dream(directory: Path, seed: int = 0) -> Path:
-    """A small random Dream checkpoint (grouped-query attention) with the project's tokenizer."""
-    from engine_pod.training.tokenizer_build import build_tokenizer, save_tokenizer
-
-    tokenizer = build_tokenizer(320)
-    raw = dream_config(
-        hidden=32,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        intermediate=64,
-        vocab=320,
-        mask=tokenizer.mask_token_id,
-        eos=tokenizer.eos_token_id,
-    )
+    raw = _SERVED_SHAPES[family](tokenizer.mask_token_id, tokenizer.eos_token_id)
     write_checkpoint(directory, raw, seed=seed)
     save_tokenizer(tokenizer, directory)
     return directory

@@ -20,7 +20,7 @@ import pytest
 
 from tests.serving.outage_harness import Tally, results_published_twice, start_load
 from tests.serving.serve_process import Serve, openai_client, running
-from tests.serving_utils import wait_for, write_served_dream
+from tests.serving_utils import wait_for, write_served_model
 
 RECOVERY_BOUND_S = 20.0  # DESIGN: back within 10 s; measured 0.3-5 s here, bound left loose for CI
 
@@ -180,7 +180,7 @@ def test_the_online_benchmark_loads_dllm_serve_with_chat_requests(serve, tmp_pat
 def test_dllm_serve_serves_a_dream_checkpoint_as_dllm_generate_decodes_it(tmp_path):
     """Dream through the whole serving path (supervisor, worker, gateway, the official client): the
     answers equal ``dllm generate``'s with the serving defaults (block canvas, dual cache, threshold)."""
-    model = write_served_dream(tmp_path / "tiny-dream")
+    model = write_served_model(tmp_path / "tiny-dream", family="dream")
     prompts = ["count from 1 to 9 .", "letters from a to k ."]
     (tmp_path / "serve").mkdir()
     with running(tmp_path / "serve", "--model", str(model)) as server:
