@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine_pod.scheduler.blockserve import BlockServeScheduler
-from engine_pod.scheduler.config import SchedulerConfig
+from engine_pod.decoding.sampling_params import SamplingParams
+from engine_pod.scheduler.blockserve import BlockServeScheduler, ClaimPlan
+from engine_pod.scheduler.box import BatchBox
+from engine_pod.scheduler.config import SchedulerConfig, SchedulerConfigError, problems_of
 from engine_pod.scheduler.request import Request, RequestError, RequestState
 from engine_pod.scheduler.static import StaticScheduler
 
@@ -287,3 +289,198 @@ def test_a_packed_batch_never_holds_more_tokens_than_the_budget(shapes, slack):
         output = scheduler.schedule()
         assert output.row_total <= budget and output.cost == output.row_total
         scheduler.update_from_output(output, fake_blocks(output, {}))
+
+
+def _brute_cost(rows: list[tuple[int, int]], packed: bool) -> int:
+    admissions = [a for a, _ in rows]
+    return sum(admissions) if packed else len(admissions) * max(admissions, default=0)
+
+
+@given(
+    rows=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 60)), max_size=6),
+    candidate=st.tuples(st.integers(1, 60), st.integers(1, 60)),
+    budget=st.integers(1, 400),
+    packed=st.booleans(),
+)
+def test_the_batch_box_keeps_what_a_brute_force_count_of_its_rows_gives(rows, candidate, budget, packed):
+    """Admission's running totals against their definitions over the whole list of rows: the cost, the
+    cost with one more row, the widest row one more admission may have, and the padding efficiency."""
+    box = BatchBox(packed=packed)
+    for admission, row in rows:
+        box.add(admission, row)
+    assert box.cost == _brute_cost(rows, packed)
+    assert box.cost_with(candidate[0]) == _brute_cost(rows + [candidate], packed)
+    fitting = [w for w in range(1, budget + 1) if _brute_cost(rows + [(w, w)], packed) <= budget]
+    assert box.widest_addition(budget) == max(fitting, default=0)
+    widths = [r for _, r in rows] + [candidate[1]]
+    expected = 1.0 if packed else sum(widths) / (len(widths) * max(widths))
+    assert box.efficiency_with(candidate[1]) == pytest.approx(expected)
+
+
+SCHEDULERS = {
+    "blockserve-packed": lambda: blockserve(token_budget=200),
+    "blockserve-dense": lambda: blockserve(token_budget=200, layout="dense"),
+    "static-dense": lambda: StaticScheduler(L, [EOS], batch_size=2),
+    "static-packed": lambda: StaticScheduler(L, [EOS], batch_size=2, layout="packed"),
+}
+
+
+@pytest.mark.parametrize("name", SCHEDULERS)
+def test_each_row_carries_its_requests_settings_and_the_output_its_batchs_shape(name):
+    scheduler = SCHEDULERS[name]()
+    tuned = make_request(0, 5, 3)
+    tuned.threshold, tuned.logprobs = 0.5, 2
+    tuned.sampling = SamplingParams(temperature=0.7, top_p=0.9, top_k=5, seed=3)
+    plain = make_request(1, 2, 3)
+    for request in (tuned, plain):
+        scheduler.add(request)
+    output = scheduler.schedule()
+    rows = dict(zip(output.request_ids, output.rows))
+    assert sorted(output.admitted) == sorted([tuned.request_id, plain.request_id])
+    mine, other = rows[tuned.request_id], rows[plain.request_id]
+    assert (mine.threshold, mine.sampling, mine.logprobs) == (0.5, tuned.sampling, 2)
+    assert (other.threshold, other.sampling, other.logprobs) == (None, None, None)
+    assert mine.active and other.active
+    assert output.packed is name.endswith("packed")
+    widths = [scheduler.row_width_of(row) for row in output.rows]
+    assert widths == [len(row.prefix_ids) + L for row in output.rows]  # block canvas: no suffix
+    assert output.box_width == max(widths) and output.row_total == sum(widths)
+    assert output.gather_rows is name.startswith("blockserve")
+
+
+def test_a_static_batchs_finished_row_is_eos_filled_to_the_batchs_block_and_never_committed():
+    scheduler = StaticScheduler(L, [EOS], batch_size=2)
+    quick, slow = make_request(0, 3, 4), make_request(1, 2, 4)
+    outputs = drive(scheduler, [quick, slow], {quick.request_id: 0, slow.request_id: 2})
+    assert len(outputs) == 3  # the slow row ends at its third block; the quick row keeps its pace
+    for cycle, output in enumerate(outputs[1:], start=1):
+        row = dict(zip(output.request_ids, output.rows))[quick.request_id]
+        assert not row.active and row.suffix_blocks == 0 and row.suffix_visible
+        assert row.prefix_ids == tuple([7] * 3) + tuple([EOS] * L * cycle)
+    full = StaticScheduler(L, [EOS], batch_size=2, canvas="full")
+    outputs = drive(full, [make_request(0, 3, 4), make_request(1, 2, 4)], {"r0-3": 0, "r1-2": 2})
+    finished = dict(zip(outputs[1].request_ids, outputs[1].rows))["r0-3"]
+    assert finished.prefix_ids == tuple([7] * 3) + tuple([EOS] * L * 3)  # the full canvas's width
+
+
+@pytest.mark.parametrize(
+    "field, bad, good, says",
+    [
+        ("token_budget", 0, 1, "token_budget must be positive, got 0"),
+        ("max_rows", 0, 1, "max_rows must be positive, got 0"),
+        ("admission", "fifo", "projected", "admission must be one of preempt, projected, got 'fifo'"),
+        ("min_padding_efficiency", 1.01, 1.0, "min_padding_efficiency must be in [0, 1], got 1.01"),
+        ("min_padding_efficiency", -0.01, 0.0, "min_padding_efficiency must be in [0, 1], got -0.01"),
+        ("max_wait_s", -0.5, 0.0, "max_wait_s must be at least 0 seconds, got -0.5"),
+        ("layout", "ragged", "dense", "layout must be one of packed, dense, got 'ragged'"),
+    ],
+)
+def test_each_setting_out_of_range_is_named_with_its_bounds(field, bad, good, says):
+    """The boundary value is accepted, the one past it refused with a message naming the setting."""
+    assert getattr(SchedulerConfig(**{field: good}), field) == good
+    with pytest.raises(SchedulerConfigError) as refused:
+        SchedulerConfig(**{field: bad})
+    assert str(refused.value) == says
+
+
+def test_every_problem_is_reported_at_once_and_the_budget_must_hold_a_block():
+    with pytest.raises(SchedulerConfigError) as refused:
+        SchedulerConfig(token_budget=0, max_rows=0)
+    assert str(refused.value) == "token_budget must be positive, got 0; max_rows must be positive, got 0"
+    config = SchedulerConfig(token_budget=33)
+    assert config.problems(block_length=32) == {}
+    assert SchedulerConfig(token_budget=32).problems(block_length=32) == {
+        "token_budget": "32 cannot hold even one block of 32"
+    }
+    settings = {"token_budget": 8, "max_rows": 1, "admission": "preempt", "min_padding_efficiency": 0.5}
+    assert problems_of(settings | {"max_wait_s": 0.0}) == {}  # layout left out: the default
+
+
+def test_the_full_canvas_materialises_each_rows_masked_suffix_and_costs_its_peak():
+    config = SchedulerConfig(token_budget=400, layout="dense")
+    scheduler = BlockServeScheduler(L, [EOS], config, clock=ManualClock(), canvas="full")
+    request = make_request(0, 5, 3)
+    scheduler.add(request)
+    widths = []
+    for blocks_left in (2, 1, 0):
+        output = scheduler.schedule()
+        (row,) = output.rows
+        assert (row.suffix_blocks, row.suffix_visible) == (blocks_left, True)
+        widths.append(output.box_width)
+        scheduler.update_from_output(output, fake_blocks(output, {}))
+    assert widths == [5 + 3 * L] * 3  # prompt, committed blocks and the visible suffix: always the peak
+
+
+def test_timestamps_states_and_counts_along_a_requests_life():
+    clock = ManualClock()
+    scheduler = blockserve(clock=clock, token_budget=2 * (10 + 3 * L), admission="preempt")
+    first, second = make_request(0, 10, 3), make_request(1, 10, 3)
+    clock.now = 5.0
+    scheduler.add(first)
+    output = scheduler.schedule()
+    assert first.state is RequestState.RUNNING and first.first_scheduled_time == 5.0
+    clock.now = 6.0
+    scheduler.update_from_output(output, fake_blocks(output, {}))
+    scheduler.schedule()
+    assert first.first_scheduled_time == 5.0  # the first time only
+    scheduler.add(second)
+    clock.now = 9.0
+    assert scheduler.cancel(second.request_id) is second
+    assert (second.state, second.finish_time) == (RequestState.CANCELLED, 9.0)
+    assert scheduler.cancel("no-such-request") is None
+
+
+def test_a_batch_exactly_at_the_budget_keeps_every_row_and_one_past_it_preempts_the_widest_once():
+    width = 10 + 2 * L  # each request's width at its last block: prompt, one block, the active one
+    at_budget = blockserve(token_budget=2 * width, admission="preempt", layout="dense")
+    requests = [make_request(i, 10, 2) for i in range(2)]
+    outputs = drive(at_budget, requests, {})
+    assert not any(o.preempted for o in outputs) and all(r.num_preemptions == 0 for r in requests)
+    over = blockserve(token_budget=2 * width - 1, admission="preempt", layout="dense")
+    requests = [make_request(i, 10, 2) for i in range(2)]
+    outputs = drive(over, requests, {})
+    assert outputs[1].preempted and len(outputs[1].rows) == 1
+    assert sorted(r.num_preemptions for r in requests) == [0, 1]
+    assert all(len(r.generated) == 2 * L for r in requests)
+
+
+def test_the_claim_plan_reads_as_many_as_there_is_room_for_and_no_longer_than_fits():
+    assert blockserve(token_budget=L + 1, max_rows=3).claim_plan() == ClaimPlan(count=3, max_prefix=1)
+    packed = blockserve(token_budget=100, max_rows=2)
+    packed.add(make_request(0, 10, 3))
+    assert packed.claim_plan() is None  # a request of our own waits: it goes first
+    packed.schedule()
+    assert packed.claim_plan() == ClaimPlan(count=1, max_prefix=100 - (10 + L) - L)
+    packed.add(make_request(1, 10, 3))
+    packed.schedule()
+    assert packed.claim_plan() is None  # every row taken
+    for budget, plan in [(2 * (10 + L), ClaimPlan(count=4, max_prefix=10)), (2 * (10 + L) - 1, None)]:
+        dense = blockserve(token_budget=budget, max_rows=5, layout="dense")
+        dense.add(make_request(0, 10, 3))
+        dense.schedule()
+        assert dense.claim_plan() == plan  # one more row as wide as the first fits, or none does
+
+
+def test_waiting_exactly_the_bound_is_not_yet_past_it():
+    clock = ManualClock()
+    scheduler = blockserve(clock, token_budget=200, max_wait_s=3)
+    request = _shape(0, 5, 1, 0.0)
+    assert not scheduler._aged(request, 3.0) and scheduler._aged(request, 3.01)
+    assert not blockserve(clock, token_budget=200, max_wait_s=0)._aged(request, 100.0)  # fairness off
+
+
+def test_a_wider_row_is_admitted_while_the_box_keeps_exactly_the_useful_share_asked():
+    """Two rows of widths w and 2w in a dense box: efficiency 3w / 4w = 0.75."""
+    scheduler = blockserve(token_budget=400, layout="dense", min_padding_efficiency=0.75)
+    wider = make_request(1, 2 * (10 + L) - L, 1)  # its row is twice as wide
+    assert scheduler._dense_enough(wider, _box_with(10))
+    stricter = blockserve(token_budget=400, layout="dense", min_padding_efficiency=0.76)
+    assert not stricter._dense_enough(wider, _box_with(10))
+    assert stricter._dense_enough(make_request(2, 10, 1), _box_with(10))  # inside the box: no padding
+    assert stricter._dense_enough(wider, BatchBox())  # the first row always
+
+
+def _box_with(prompt_len: int) -> BatchBox:
+    box = BatchBox()
+    box.add(prompt_len + L, prompt_len + L)
+    return box
