@@ -14,6 +14,7 @@ from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.scheduler.blockserve import BlockServeScheduler, ClaimPlan
 from engine_pod.scheduler.box import BatchBox
 from engine_pod.scheduler.config import SchedulerConfig, SchedulerConfigError, problems_of
+from engine_pod.scheduler.pending_queue import PendingQueue
 from engine_pod.scheduler.request import Request, RequestError, RequestState
 from engine_pod.scheduler.static import StaticScheduler
 
@@ -464,8 +465,9 @@ def test_the_claim_plan_reads_as_many_as_there_is_room_for_and_no_longer_than_fi
 def test_waiting_exactly_the_bound_is_not_yet_past_it():
     clock = ManualClock()
     scheduler = blockserve(clock, token_budget=200, max_wait_s=3)
-    request = _shape(0, 5, 1, 0.0)
-    assert not scheduler._aged(request, 3.0) and scheduler._aged(request, 3.01)
+    request = _shape(0, 5, 1, 2.0)  # enqueued at t=2
+    assert not scheduler._aged(request, 5.0) and scheduler._aged(request, 5.01)
+    assert not scheduler._aged(_shape(1, 5, 1, None), 100.0)  # no arrival time: it has not waited
     assert not blockserve(clock, token_budget=200, max_wait_s=0)._aged(request, 100.0)  # fairness off
 
 
@@ -484,3 +486,52 @@ def _box_with(prompt_len: int) -> BatchBox:
     box = BatchBox()
     box.add(prompt_len + L, prompt_len + L)
     return box
+
+
+def test_a_row_inside_the_box_is_admitted_however_much_padding_the_box_already_has():
+    box = _box_with(10)
+    box.add(4 + L, 4 + L)  # rows of 14 and 8: efficiency (14 + 8) / 28 < 0.9 already
+    strict = blockserve(token_budget=400, layout="dense", min_padding_efficiency=0.9)
+    assert strict._dense_enough(make_request(2, 10, 1), box)  # exactly the box's width: inside it
+
+
+def test_projected_admission_prefers_a_request_exactly_as_wide_as_the_box():
+    """Projected: the first pending request (shortest first) whose peak fits inside the box's widest
+    admission, here one exactly as wide, before the shortest."""
+    scheduler = blockserve(token_budget=400, admission="projected", layout="dense")
+    box = BatchBox()
+    box.add(10 + 2 * L, 10 + L)  # a running row whose peak is 10 + 2L
+    queue = PendingQueue([make_request(1, 2, 9), make_request(2, 10, 2)])  # peaks 2 + 9L and 10 + 2L
+    assert scheduler._candidate(queue, box, 0.0).request_id == "r2-10"
+
+
+def test_the_full_canvas_admits_against_each_rows_peak():
+    """On the full canvas a row is always as wide as its peak: two requests of peak 5 + 3L do not fit
+    a budget of one peak plus a little, though their first rows (5 + L) would."""
+    config = SchedulerConfig(token_budget=5 + 3 * L + 8, layout="dense")
+    scheduler = BlockServeScheduler(L, [EOS], config, clock=ManualClock(), canvas="full")
+    for index in range(2):
+        scheduler.add(make_request(index, 5, 3))
+    assert len(scheduler.schedule().rows) == 1
+
+
+def test_a_pending_queue_finds_only_what_it_holds():
+    queue = PendingQueue([make_request(0, 3, 1)])
+    assert queue.find("r0-3").request_id == "r0-3" and queue.find("r9-9") is None
+
+
+def test_no_claim_is_planned_when_what_is_left_cannot_hold_a_block_and_a_token():
+    scheduler = blockserve(token_budget=L + 1, max_rows=2)
+    assert scheduler.claim_plan() == ClaimPlan(count=2, max_prefix=1)
+    second = blockserve(token_budget=2 * L + 1, max_rows=2)
+    second.add(make_request(0, 1, 1))
+    second.schedule()
+    assert second.claim_plan() is None  # L tokens left: a block, but no prompt token
+
+
+def test_a_static_batch_takes_one_row_or_more_and_a_known_layout():
+    assert StaticScheduler(L, [EOS], batch_size=1).batch_size == 1  # what sequential runs use
+    with pytest.raises(ValueError, match=r"^batch size must be positive, got 0$"):
+        StaticScheduler(L, [EOS], batch_size=0)
+    with pytest.raises(ValueError, match=r"^layout must be one of packed, dense, got 'ragged'$"):
+        StaticScheduler(L, [EOS], batch_size=2, layout="ragged")
