@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from gateway.errors import ApiError, error_body
 from gateway.logprobs import StreamedLogprobs, visible_tokens
-from gateway.submission import apply_stop, cancel_quietly, events, finish_reason
+from gateway.submission import apply_stop, cancel_quietly, events, finish_reason, prompt_tokens_of
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,6 @@ async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
             if stopped:
                 await cancel_quietly(queued, spec.state)
                 yield spec.chunk(choice.index, "", "stop")
-                usage.prompt_tokens += len(queued.prompt_ids)
                 usage.completion_tokens += min(len(choice.tokens), queued.max_tokens)
                 return
         elif isinstance(event, DoneEvent):
@@ -132,7 +131,6 @@ async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
             if chunk is not None:
                 yield chunk
             yield spec.chunk(choice.index, "", finish_reason(event, stopped))
-            usage.prompt_tokens += event.prompt_tokens
             usage.completion_tokens += event.completion_tokens
 
 
@@ -174,7 +172,7 @@ async def _merged(streams: list[AsyncIterator[dict]]) -> AsyncIterator[dict]:
 
 async def stream_chunks(spec: StreamSpec, queued: list[QueuedRequest]) -> AsyncIterator[dict]:
     """Every choice's chunks, then (with include_usage) the usage of all of them in a last chunk."""
-    usage = _Usage()
+    usage = _Usage(prompt_tokens=prompt_tokens_of(queued, spec.body.n))
     choices = [_Choice(spec, index, request) for index, request in enumerate(queued)]
     async for chunk in _merged([_choice_chunks(choice, usage) for choice in choices]):
         yield chunk

@@ -107,6 +107,12 @@ def build_choices(prompt_ids: list[int], body: CommonFields, state: GatewayState
     return [build_request(prompt_ids, body, state, seed=(base + i) % 2**63) for i in range(body.n)]
 
 
+def prompt_tokens_of(queued: list[QueuedRequest], n: int) -> int:
+    """The usage's prompt tokens: each prompt once, not once per choice (``queued`` holds ``n`` choices
+    per prompt, prompt after prompt)."""
+    return sum(len(request.prompt_ids) for request in queued[::n])
+
+
 def _seed(body: CommonFields) -> int:
     """The request's seed, or a random one (a sampled request without a seed still draws its own)."""
     return body.seed if body.seed is not None else secrets.randbelow(2**62)
@@ -232,5 +238,6 @@ __all__ = [
     "enqueue_all",
     "events",
     "finish_reason",
+    "prompt_tokens_of",
     "wait_done",
 ]

@@ -28,6 +28,7 @@ from gateway.submission import (
     check_decoding_fields,
     enqueue_all,
     finish_reason,
+    prompt_tokens_of,
     wait_done,
 )
 from gateway.tokenizer import TokenizerError
@@ -35,8 +36,10 @@ from gateway.tokenizer import TokenizerError
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 
 
-def _usage(done_events: list[DoneEvent]) -> Usage:
-    prompt = sum(d.prompt_tokens for d in done_events)
+def _usage(done_events: list[DoneEvent], queued: list[QueuedRequest], n: int) -> Usage:
+    """Every choice's completion tokens; each prompt's tokens once, however many choices it has (as
+    OpenAI counts them)."""
+    prompt = prompt_tokens_of(queued, n)
     completion = sum(d.completion_tokens for d in done_events)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
@@ -75,7 +78,7 @@ async def completions(body: CompletionRequest, request: Request, state: State):
         created=int(queued[0].created),
         model=body.model,
         choices=choices,
-        usage=_usage(list(results)),
+        usage=_usage(list(results), queued, body.n),
     )
 
 
@@ -117,7 +120,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
         created=int(queued[0].created),
         model=body.model,
         choices=choices,
-        usage=_usage(list(results)),
+        usage=_usage(list(results), queued, body.n),
     )
 
 

@@ -229,6 +229,12 @@ def test_a_seed_reproduces_a_sampled_answer_and_another_seed_changes_it(sampler)
 
 
 def test_n_gives_independent_choices_that_the_seed_reproduces(sampler):
+    """Choice i draws with seed + i; the usage counts the prompt once, each choice's tokens."""
+    one, three = (sampler.chat.completions.create(**_ask(21, n=n)) for n in (1, 3))
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens  # as OpenAI counts it
+    assert three.usage.completion_tokens == sum(
+        sampler.chat.completions.create(**_ask(21 + i)).usage.completion_tokens for i in range(3)
+    )
     choices = _sampled(sampler, 21, n=3)
     assert len(choices) == 3 and len(set(choices)) == 3
     assert _sampled(sampler, 21, n=3) == choices
@@ -253,6 +259,7 @@ def test_n_streams_every_choice_with_its_index_and_the_usage_of_all(random_serve
     assert all(chunks[-1].finish_reason in ("stop", "length") for chunks in by_index.values())
     reply = sampler.chat.completions.create(**_ask(21, n=3))
     assert usage.usage.completion_tokens == reply.usage.completion_tokens
+    assert usage.usage.prompt_tokens == reply.usage.prompt_tokens  # the prompt once
 
 
 def test_a_seeded_answer_is_the_same_alone_and_among_concurrent_requests(random_serve, sampler):
@@ -356,6 +363,9 @@ def test_several_prompts_stream_each_as_its_own_choice(client):
         assert "".join(c.text for c in by_index[choice.index]) == choice.text
         assert by_index[choice.index][-1].finish_reason == choice.finish_reason
     assert usage.usage.completion_tokens == whole.usage.completion_tokens
+    twice = client.completions.create(model=MODEL, prompt=prompts, max_tokens=30, n=2)
+    assert twice.usage.prompt_tokens == whole.usage.prompt_tokens == usage.usage.prompt_tokens
+    assert [c.index for c in twice.choices] == list(range(6))
 
 
 def test_batch_lines_honour_stop_strings_and_logprobs(client):
