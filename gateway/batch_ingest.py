@@ -13,7 +13,7 @@ from engine_pod.queue.ops import as_text, text_of
 from gateway.errors import ApiError
 from gateway.logprobs import chat_logprobs, completion_logprobs
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
-from gateway.submission import apply_stop, build_request, check_decoding_fields
+from gateway.submission import apply_stop, build_request, check_decoding_fields, finish_reason
 from gateway.tokenizer import TokenizerError
 
 logger = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ def _response_body(done: DoneEvent, request_id: str, endpoint: str, state) -> di
     """The line's response as the endpoint answers it: text cut at the line's stop strings (its
     finish_reason then ``stop``), log probabilities where the line asked."""
     text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), done.meta.get(STOP_META) or [])
-    reason = "stop" if stopped else done.finish_reason
+    reason = finish_reason(done, stopped)  # error lines never get here (see output_lines)
     usage = {
         "prompt_tokens": done.prompt_tokens,
         "completion_tokens": done.completion_tokens,

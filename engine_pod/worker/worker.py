@@ -336,9 +336,7 @@ class Worker:
             kept = self._logprobs.get(request_id)
             logprobs = None
             if kept is not None:
-                logprobs = [
-                    list(entry) if entry is not None else None for entry in values or [None] * len(block)
-                ]
+                logprobs = list(values) if values is not None else [None] * len(block)
                 kept.extend(logprobs)
             event = BlockEvent(index, list(block), logprobs) if request_id in self._streaming else None
             commit = BlockCommit(
