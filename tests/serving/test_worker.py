@@ -116,38 +116,64 @@ def test_no_claimed_request_is_rejected_for_its_size_near_the_budget(redis_serve
     assert max(c.cost for c in cycles) <= budget
 
 
+# How many short requests enqueued after the long prompt the control lets finish before it says the long
+# one starves (with the bound, none of them would overtake it once it has waited past the bound).
+OVERTAKERS = 60
+
+
 @pytest.mark.parametrize("max_wait_s", [1.0, 0.0], ids=["bound", "no-bound"])
 def test_a_long_prompt_waiting_past_the_bound_is_claimed_while_short_ones_keep_arriving(
     redis_server, service, make_worker, max_wait_s
 ):
     """Fairness across the queue: the wait counts from enqueueing, so a steady stream of short requests,
-    each admitted first by sand filling, cannot keep a long prompt out past the bound. Without the bound
-    (the control) it does: the long prompt fits only alone, and the queue always has a shorter one."""
+    each admitted first by sand filling, cannot keep a long prompt out past the bound: it is served after
+    the requests enqueued before it (first come, first served among those past the bound). Without the
+    bound (the control) the long prompt, which fits only alone, stays queued while shorter requests that
+    came after it keep overtaking it. Measured in requests served, not in time: the host's speed does not
+    matter (the 180 s are a hang guard)."""
     budget = 480  # the long prompt's row (300 + 2 blocks) fits only alone
     fairness = {"max_wait_s": max_wait_s}
-    with make_worker(redis_server.url, service, token_budget=budget, scheduling=fairness, ignore_eos=True):
+    with make_worker(
+        redis_server.url, service, token_budget=budget, scheduling=fairness, ignore_eos=True
+    ) as worker:
         queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
         shorts: list[str] = []
 
         def top_up() -> None:  # keep far more short work queued than the worker runs meanwhile
-            while queue.depth()[0] < 200:
-                batch = [f"short-{len(shorts) + i}" for i in range(50)]
+            while queue.depth()[0] < 200:  # ids sort as they were enqueued: equal prompts go in order
+                batch = [f"short-{len(shorts) + i:06d}" for i in range(50)]
                 shorts.extend(batch)
                 queue.run(queue.ops.enqueue_all([QueuedRequest(i, [7] * 20, 64, time.time()) for i in batch]))
+
+        def served() -> int:
+            sample = worker.metrics.registry.get_sample_value(
+                "dllm_requests_completed_total", {"finish_reason": "length"}
+            )
+            return int(sample or 0)
 
         top_up()
         wait_for(lambda: _done(queue, shorts[0]), 30, what="the short requests to start")
         _enqueue(redis_server.url, service, "long", 300, max_tokens=16)
-        streamed_until = time.monotonic() + 6
-        while _done(queue, "long") is None and time.monotonic() < streamed_until:
+        served_before_the_long_one = len(shorts)  # every short so far was enqueued before it
+
+        def settled() -> bool:
+            if max_wait_s:
+                return _done(queue, "long") is not None
+            return served() >= served_before_the_long_one + OVERTAKERS
+
+        hang_guard = time.monotonic() + 180
+        while not settled() and time.monotonic() < hang_guard:
             top_up()
             time.sleep(0.02)
         long_done = _done(queue, "long")
+        overtakers = served() - (long_done is not None) - served_before_the_long_one
         still_queued = queue.depth()[0]
     assert still_queued > 100, "the stream of short requests ran dry: the test proves nothing"
     if max_wait_s:
-        assert long_done is not None and long_done.finish_reason in ("stop", "length")
+        assert long_done is not None and long_done.finish_reason == "length"
+        assert overtakers < OVERTAKERS, "with the bound, the requests that came later must not overtake"
     else:
+        assert overtakers >= OVERTAKERS, "the control ran out of time before shorter requests overtook"
         assert long_done is None, "without the bound, sand filling keeps admitting the shorter requests"
 
 
