@@ -112,7 +112,3 @@ class SyncQueue:
         pipe.zcard(self.ops.keys.inflight)
         pending, inflight = pipe.execute()
         return int(pending), int(inflight)
-
-    def min_pending_score(self) -> int | None:
-        first = self.redis.zrange(self.ops.keys.pending, 0, 0, withscores=True)
-        return int(first[0][1]) if first else None

@@ -1,0 +1,334 @@
+"""What the gateway makes of a worker's blocks and results, exactly: chunk boundaries, max_tokens and stop
+cuts, EOS, echo, n, usage, log probabilities whole and streamed, error results, a gap in the blocks.
+
+The real gateway (uvicorn, real Redis) faces a scripted peer that speaks the real queue protocol
+(candidates, claim, commit, complete: the worker's own calls and its own max_tokens rule) and answers
+each request with tokens and log probabilities the test chooses. A model's answers cannot be chosen, so
+these expectations could not be exact against a worker; the product path (`dllm serve`, the official
+client) is tests/serving/test_openai_conformance.py. These are also the fast tests the gateway's mutation
+run uses (docs/mutation-testing.md)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from engine_pod.queue.connect import sync_client
+from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
+from engine_pod.queue.ops import BlockCommit, QueueOps
+from engine_pod.queue.sync_client import SyncQueue
+from engine_pod.text import completion_tokens, within_limit
+from gateway.tokenizer import GatewayTokenizer
+from tests.serving_utils import BLOCK, GatewayServer, gateway_settings, wait_for
+
+ANSWER = "the cat . a b c d e f the blue dog . copy from a to f ."  # words the test tokenizer knows
+
+
+@dataclass
+class Script:
+    """How the peer answers: the tokens (whole blocks are committed), or an error; ``skip_block``: a
+    block whose event is not published (as when Redis lost it)."""
+
+    text: str = ANSWER
+    eos_after: int | None = None  # tokens before an EOS
+    error: str | None = None
+    skip_block: int | None = None
+    wait_for_cancel_after: int | None = None  # a block after which the peer waits for a cancellation
+
+
+def entry_of(position: int, token: int) -> list:
+    """The log probability entry the peer records for a token: distinct per position."""
+    return [-0.01 * (position + 1), [[token, -0.01 * (position + 1)], [5, -3.0 - position]]]
+
+
+class ScriptedPeer(threading.Thread):
+    def __init__(self, url: str, service: str, tokenizer: GatewayTokenizer, script: Script) -> None:
+        super().__init__(daemon=True)
+        self.queue = SyncQueue(sync_client(url), QueueOps(service))
+        self.tokenizer, self.script = tokenizer, script
+        self.cancelled: set[str] = set()
+        self.halt = threading.Event()
+
+    def tokens_for(self, request: QueuedRequest) -> list[int]:
+        tokens = self.tokenizer.encode(self.script.text)
+        if self.script.eos_after is not None:
+            tokens = tokens[: self.script.eos_after] + [min(self.tokenizer.eos_ids)] + tokens
+        blocks = -(-request.max_tokens // BLOCK)
+        return (tokens * blocks)[: blocks * BLOCK]
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            read = self.queue.candidates(10_000, 16)
+            claimed = self.queue.claim_chosen("peer", [(c.id, c.prefix) for c in read.shortest])
+            for item in claimed:
+                self.answer(item.request)
+            if not claimed:
+                time.sleep(0.01)
+
+    def cancellation_of(self, request_id: str, patience_s: float = 30) -> bool:
+        give_up = time.monotonic() + patience_s
+        while time.monotonic() < give_up:
+            if request_id in self.queue.commit("peer", [], [], [request_id]).cancelled:
+                return True
+            time.sleep(0.01)
+        return False
+
+    def answer(self, request: QueuedRequest) -> None:
+        prompt = len(request.prompt_ids)
+        if self.script.error:
+            done = DoneEvent([], "error", prompt, 0, "peer", self.script.error, request.meta)
+            self.queue.complete("peer", request.id, done)
+            return
+        tokens = self.tokens_for(request)
+        entries = [entry_of(i, t) for i, t in enumerate(tokens)] if request.logprobs is not None else None
+        for index in range(len(tokens) // BLOCK):
+            end = (index + 1) * BLOCK
+            block = tokens[end - BLOCK : end]
+            block_entries = entries[end - BLOCK : end] if entries else None
+            event = BlockEvent(index, block, block_entries) if request.stream else None
+            if index == self.script.skip_block:
+                event = None
+            commit = BlockCommit(request.id, event, tokens[:end], prompt + end, index, block_entries)
+            cancelled = request.id in self.queue.commit("peer", [commit], [], [request.id]).cancelled
+            if index == self.script.wait_for_cancel_after:
+                cancelled = self.cancellation_of(request.id)
+            if cancelled:
+                self.cancelled.add(request.id)
+                return
+        kept, reason = within_limit(tokens, request.max_tokens, self.tokenizer.eos_ids)
+        done = DoneEvent(
+            kept, reason, prompt, completion_tokens(kept, self.tokenizer.eos_ids), "peer", None, request.meta
+        )
+        done.logprobs = entries[: len(kept)] if entries else None
+        self.queue.complete("peer", request.id, done)
+
+
+@pytest.fixture
+def gateway(served_model, redis_server, service):
+    """(client, peer, tokenizer): the peer answers as its ``script`` says (tests change it first)."""
+    tokenizer = GatewayTokenizer(str(served_model))
+    peer = ScriptedPeer(redis_server.url, service, tokenizer, Script())
+    with GatewayServer(gateway_settings(served_model, redis_server.url, service)) as server:
+        peer.start()
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            yield client, peer, tokenizer
+        peer.halt.set()
+        peer.join(timeout=10)
+
+
+def _events(client: httpx.Client, path: str, body: dict) -> list:
+    with client.stream("POST", path, json=body | {"stream": True}) as reply:
+        assert reply.status_code == 200
+        lines = [line[len("data: ") :] for line in reply.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def _completion(client: httpx.Client, **fields) -> httpx.Response:
+    return client.post("/v1/completions", json={"model": "tiny", "prompt": "copy : cat dog ."} | fields)
+
+
+def _chat_body(**fields) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]} | fields
+
+
+def _decoded(tokenizer: GatewayTokenizer, tokens: list[int]) -> str:
+    return tokenizer.decode(tokens)
+
+
+def test_a_completion_is_the_answer_cut_at_max_tokens(gateway):
+    client, peer, tokenizer = gateway
+    reply = _completion(client, max_tokens=BLOCK + 3)
+    assert reply.status_code == 200, reply.text
+    expected = peer.tokens_for(QueuedRequest("x", [1], BLOCK + 3, 0))[: BLOCK + 3]
+    (choice,) = reply.json()["choices"]
+    assert (choice["text"], choice["finish_reason"]) == (_decoded(tokenizer, expected), "length")
+    usage = reply.json()["usage"]
+    assert usage == {
+        "prompt_tokens": usage["prompt_tokens"],
+        "completion_tokens": BLOCK + 3,
+        "total_tokens": usage["prompt_tokens"] + BLOCK + 3,
+    }
+
+
+def test_a_stream_sends_one_chunk_per_block_and_a_last_one_with_the_reason(gateway):
+    client, peer, tokenizer = gateway
+    max_tokens = 3 * BLOCK
+    chunks = _events(
+        client, "/v1/completions", {"model": "tiny", "prompt": "copy : cat dog .", "max_tokens": max_tokens}
+    )
+    tokens = peer.tokens_for(QueuedRequest("x", [1], max_tokens, 0))
+    texts = [_decoded(tokenizer, tokens[: (i + 1) * BLOCK]) for i in range(3)]
+    expected = [texts[0], texts[1][len(texts[0]) :], texts[2][len(texts[1]) :]]
+    assert [c["choices"][0]["text"] for c in chunks] == [*expected, ""]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, None, "length"]
+    assert {c["object"] for c in chunks} == {"text_completion"}
+    assert len({c["id"] for c in chunks}) == 1
+
+
+def test_a_stop_string_cuts_the_answer_and_the_stream_cancels_the_rest(gateway):
+    client, peer, tokenizer = gateway
+    whole = _completion(client, max_tokens=4 * BLOCK, stop=["dog"]).json()["choices"][0]
+    peer.script = Script(wait_for_cancel_after=1)  # the block with the stop string
+    answer = _decoded(tokenizer, peer.tokens_for(QueuedRequest("x", [1], 4 * BLOCK, 0)))
+    assert BLOCK < len(tokenizer.encode(answer[: answer.index("dog")])) < 2 * BLOCK  # in the second block
+    assert (whole["text"], whole["finish_reason"]) == (answer[: answer.index("dog")], "stop")
+    chunks = _events(
+        client,
+        "/v1/completions",
+        {"model": "tiny", "prompt": "copy : cat dog .", "max_tokens": 4 * BLOCK, "stop": ["dog"]},
+    )
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert len(chunks) == 3  # the first block, the block with the stop string, the reason
+    wait_for(lambda: peer.cancelled, 30, what="the peer to see the cancellation")
+    assert len(peer.cancelled) == 1  # the blocks after the stop string were not made
+
+
+def test_an_eos_ends_the_text_and_counts_as_a_completion_token(gateway):
+    client, peer, tokenizer = gateway
+    peer.script = Script(eos_after=5)
+    reply = _completion(client, max_tokens=2 * BLOCK).json()
+    (choice,) = reply["choices"]
+    assert choice["text"] == _decoded(tokenizer, tokenizer.encode(ANSWER)[:5])
+    assert choice["finish_reason"] == "stop"
+    assert reply["usage"]["completion_tokens"] == 6
+
+
+def test_echo_puts_the_prompt_before_the_answer_streamed_and_not(gateway):
+    client, _, tokenizer = gateway
+    prompt = "copy : cat dog ."
+    whole = _completion(client, max_tokens=BLOCK, echo=True).json()["choices"][0]["text"]
+    echoed = tokenizer.decode(tokenizer.encode(prompt))
+    assert whole.startswith(echoed) and len(whole) > len(echoed)
+    chunks = _events(
+        client, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": BLOCK, "echo": True}
+    )
+    assert chunks[0]["choices"][0]["text"] == echoed
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole
+
+
+def test_completion_logprobs_are_the_recorded_ones_with_offsets_and_alternatives(gateway):
+    client, peer, tokenizer = gateway
+    reply = _completion(client, max_tokens=BLOCK + 2, logprobs=1).json()["choices"][0]
+    tokens = peer.tokens_for(QueuedRequest("x", [1], BLOCK + 2, 0))[: BLOCK + 2]
+    described = reply["logprobs"]
+    assert described["token_logprobs"] == [entry_of(i, t)[0] for i, t in enumerate(tokens)]
+    assert "".join(described["tokens"]) == reply["text"]
+    offsets = [sum(len(p) for p in described["tokens"][:i]) for i in range(len(tokens))]
+    assert described["text_offset"] == offsets
+    piece = tokenizer.tokenizer.decode([5], skip_special_tokens=False)
+    assert [top[piece] for top in described["top_logprobs"]] == [-3.0 - i for i in range(len(tokens))]
+    streamed = _events(
+        client,
+        "/v1/completions",
+        {"model": "tiny", "prompt": "copy : cat dog .", "max_tokens": BLOCK + 2, "logprobs": 1},
+    )
+    objects = [c["choices"][0]["logprobs"] for c in streamed if c["choices"][0]["logprobs"]]
+    assert len(objects) == 2  # one per block
+    joined = {key: [v for o in objects for v in o[key]] for key in described}
+    assert joined == described
+
+
+def test_echoed_prompt_tokens_have_null_logprobs_and_the_answers_follow(gateway):
+    client, _, tokenizer = gateway
+    reply = _completion(client, max_tokens=BLOCK, logprobs=0, echo=True).json()["choices"][0]
+    prompt_len = len(tokenizer.encode("copy : cat dog ."))
+    values = reply["logprobs"]["token_logprobs"]
+    assert values[:prompt_len] == [None] * prompt_len
+    assert values[prompt_len:] == [-0.01 * (i + 1) for i in range(BLOCK)]
+    assert "".join(reply["logprobs"]["tokens"]) == reply["text"]
+    streamed = _events(
+        client,
+        "/v1/completions",
+        {"model": "tiny", "prompt": "copy : cat dog .", "max_tokens": BLOCK, "logprobs": 0, "echo": True},
+    )
+    objects = [c["choices"][0]["logprobs"] for c in streamed if c["choices"][0]["logprobs"]]
+    assert [v for o in objects for v in o["token_logprobs"]] == values
+    assert [v for o in objects for v in o["text_offset"]] == reply["logprobs"]["text_offset"]
+
+
+def test_chat_logprobs_give_each_tokens_bytes_and_alternatives_whole_and_streamed(gateway):
+    client, peer, tokenizer = gateway
+    body = _chat_body(max_tokens=BLOCK, logprobs=True, top_logprobs=2)
+    reply = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    content = reply["logprobs"]["content"]
+    tokens = peer.tokens_for(QueuedRequest("x", [1], BLOCK, 0))
+    assert [c["logprob"] for c in content] == [entry_of(i, t)[0] for i, t in enumerate(tokens)]
+    assert [c["bytes"] for c in content] == [list(c["token"].encode()) for c in content]
+    assert "".join(c["token"] for c in content) == reply["message"]["content"]
+    assert [[a["logprob"] for a in c["top_logprobs"]] for c in content] == [
+        [v for _, v in entry_of(i, t)[1]] for i, t in enumerate(tokens)
+    ]
+    streamed = _events(client, "/v1/chat/completions", body)
+    objects = [c["choices"][0]["logprobs"] for c in streamed if c["choices"][0]["logprobs"]]
+    assert [c for o in objects for c in o["content"]] == content
+    assert streamed[0]["choices"][0]["delta"] == {"role": "assistant", "content": reply["message"]["content"]}
+    assert streamed[-1]["choices"][0]["delta"] == {} and streamed[-1]["object"] == "chat.completion.chunk"
+
+
+def test_n_streams_each_choice_with_its_index_and_one_usage_for_all(gateway):
+    client, _, tokenizer = gateway
+    body = {
+        "model": "tiny",
+        "prompt": "copy : cat dog .",
+        "max_tokens": BLOCK,
+        "n": 2,
+        "stream_options": {"include_usage": True},
+    }
+    chunks = _events(client, "/v1/completions", body)
+    *choices, usage = chunks
+    assert usage["choices"] == []
+    prompt = len(tokenizer.encode("copy : cat dog ."))
+    assert usage["usage"] == {
+        "prompt_tokens": prompt,
+        "completion_tokens": 2 * BLOCK,
+        "total_tokens": prompt + 2 * BLOCK,
+    }
+    by_index = {}
+    for chunk in choices:
+        (choice,) = chunk["choices"]
+        by_index.setdefault(choice["index"], []).append(choice["text"])
+    assert sorted(by_index) == [0, 1]
+    assert "".join(by_index[0]) == "".join(by_index[1]) != ""
+
+
+def test_several_prompts_stream_as_choices_in_prompt_order(gateway):
+    client, _, _ = gateway
+    chunks = _events(
+        client, "/v1/completions", {"model": "tiny", "prompt": ["copy : cat .", "hi"], "max_tokens": BLOCK}
+    )
+    reasons = {
+        c["choices"][0]["index"]: c["choices"][0]["finish_reason"]
+        for c in chunks
+        if c["choices"][0]["finish_reason"]
+    }
+    assert reasons == {0: "length", 1: "length"}
+
+
+def test_a_worker_error_is_a_400_and_in_a_stream_an_error_event_then_done(gateway):
+    client, peer, _ = gateway
+    peer.script = Script(error="the prompt is longer than this worker's token budget")
+    reply = _completion(client)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["message"] == peer.script.error
+    chunks = _events(client, "/v1/completions", {"model": "tiny", "prompt": "copy : cat dog ."})
+    assert chunks == [{"error": reply.json()["error"]}]
+
+
+def test_after_a_block_lost_to_a_fault_the_result_sends_the_rest(gateway):
+    client, peer, tokenizer = gateway
+    peer.script = Script(skip_block=1)
+    max_tokens = 3 * BLOCK
+    chunks = _events(
+        client, "/v1/completions", {"model": "tiny", "prompt": "copy : cat dog .", "max_tokens": max_tokens}
+    )
+    tokens = peer.tokens_for(QueuedRequest("x", [1], max_tokens, 0))
+    first = _decoded(tokenizer, tokens[:BLOCK])
+    texts = [c["choices"][0]["text"] for c in chunks]
+    assert texts == [first, _decoded(tokenizer, tokens)[len(first) :], ""]  # block 2 waits for the result
