@@ -153,17 +153,17 @@ def _response_body(done: DoneEvent, request_id: str, endpoint: str, state) -> di
         "total_tokens": done.prompt_tokens + done.completion_tokens,
     }
     model = done.meta.get("model", state.settings.served_model)
-    asked = done.logprobs is not None
+    asked, cut = done.logprobs is not None, len(text) if stopped else None
     if endpoint == "/v1/chat/completions":
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
             "finish_reason": reason,
-            "logprobs": chat_logprobs(done, state.tokenizer) if asked else None,
+            "logprobs": chat_logprobs(done, state.tokenizer, cut) if asked else None,
         }
         kind = "chat.completion"
     else:
-        logprobs = completion_logprobs(done, state.tokenizer) if asked else None
+        logprobs = completion_logprobs(done, state.tokenizer, text_len=cut) if asked else None
         choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
         kind = "text_completion"
     return {"id": request_id, "object": kind, "model": model, "choices": [choice], "usage": usage}

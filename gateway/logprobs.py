@@ -73,18 +73,31 @@ def _described(tokenizer, token_ids: list[int], entries: list) -> list[tuple[str
     return [(pieces.next(token_ids, i + 1), entry) for i, entry in enumerate(entries)]
 
 
-def completion_logprobs(done: DoneEvent, tokenizer, prefix: list[int] = ()) -> dict:
+def within_text(visible: list[tuple[int, Entry]], tokenizer, text_len: int | None) -> list[tuple[int, Entry]]:
+    """The tokens whose text lies within the first ``text_len`` characters (a stop string cut the text
+    there: a token it cuts is not described, as in a stream); all of them when ``text_len`` is None."""
+    if text_len is None:
+        return visible
+    token_ids, kept = [t for t, _ in visible], len(visible)
+    while kept and len(tokenizer.decode(token_ids[:kept])) > text_len:
+        kept -= 1
+    return visible[:kept]
+
+
+def completion_logprobs(
+    done: DoneEvent, tokenizer, prefix: list[int] = (), text_len: int | None = None
+) -> dict:
     """The completions API's object: tokens, token_logprobs, top_logprobs, text_offset (``prefix``: the
-    echoed prompt's tokens, whose log probabilities are null)."""
-    visible = visible_tokens(done.token_ids, done.logprobs, tokenizer)
+    echoed prompt's tokens, whose log probabilities are null; ``text_len``: see ``within_text``)."""
+    visible = within_text(visible_tokens(done.token_ids, done.logprobs, tokenizer), tokenizer, text_len)
     items = _described(tokenizer, list(prefix), [None] * len(prefix))
     items += _described(tokenizer, [t for t, _ in visible], [e for _, e in visible])
     return _completion_object(items, tokenizer, 0)
 
 
-def chat_logprobs(done: DoneEvent, tokenizer) -> dict:
+def chat_logprobs(done: DoneEvent, tokenizer, text_len: int | None = None) -> dict:
     """The chat API's object: one entry per content token, with its bytes and alternatives."""
-    visible = visible_tokens(done.token_ids, done.logprobs, tokenizer)
+    visible = within_text(visible_tokens(done.token_ids, done.logprobs, tokenizer), tokenizer, text_len)
     return _chat_object(_described(tokenizer, [t for t, _ in visible], [e for _, e in visible]), tokenizer)
 
 

@@ -85,7 +85,8 @@ async def completions(body: CompletionRequest, request: Request, state: State):
 def _completion_choice(index: int, done: DoneEvent, queued: QueuedRequest, body, state) -> CompletionChoice:
     text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), body.stop_strings())
     echoed = queued.prompt_ids if body.echo else []
-    logprobs = None if body.logprobs is None else completion_logprobs(done, state.tokenizer, echoed)
+    cut = len(text) if stopped else None
+    logprobs = None if body.logprobs is None else completion_logprobs(done, state.tokenizer, echoed, cut)
     prefix = state.tokenizer.decode(echoed) if body.echo else ""
     return CompletionChoice(
         index=index, text=prefix + text, finish_reason=finish_reason(done, stopped), logprobs=logprobs
@@ -111,7 +112,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     for index, done in enumerate(results):
         text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), body.stop_strings())
         message = AssistantMessage(content=text)
-        logprobs = chat_logprobs(done, state.tokenizer) if body.logprobs else None
+        cut = len(text) if stopped else None
+        logprobs = chat_logprobs(done, state.tokenizer, cut) if body.logprobs else None
         reason = finish_reason(done, stopped)
         choices.append(ChatChoice(index=index, message=message, finish_reason=reason, logprobs=logprobs))
     _observe(state, "chat", started)

@@ -39,6 +39,7 @@ class Script:
     error: str | None = None
     skip_block: int | None = None
     wait_for_cancel_after: int | None = None  # a block after which the peer waits for a cancellation
+    lose_logprobs: bool = False  # a result without its log probabilities (their record was lost)
 
 
 def entry_of(position: int, token: int) -> list:
@@ -95,7 +96,7 @@ class ScriptedPeer(threading.Thread):
                 event = None
             commit = BlockCommit(request.id, event, tokens[:end], prompt + end, index, block_entries)
             cancelled = request.id in self.queue.commit("peer", [commit], [], [request.id]).cancelled
-            if index == self.script.wait_for_cancel_after:
+            if index == self.script.wait_for_cancel_after:  # streamed or not
                 cancelled = self.cancellation_of(request.id)
             if cancelled:
                 self.cancelled.add(request.id)
@@ -104,7 +105,7 @@ class ScriptedPeer(threading.Thread):
         done = DoneEvent(
             kept, reason, prompt, completion_tokens(kept, self.tokenizer.eos_ids), "peer", None, request.meta
         )
-        done.logprobs = entries[: len(kept)] if entries else None
+        done.logprobs = entries[: len(kept)] if entries and not self.script.lose_logprobs else None
         self.queue.complete("peer", request.id, done)
 
 
@@ -169,6 +170,8 @@ def test_a_stream_sends_one_chunk_per_block_and_a_last_one_with_the_reason(gatew
     assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, None, "length"]
     assert {c["object"] for c in chunks} == {"text_completion"}
     assert len({c["id"] for c in chunks}) == 1
+    assert {(c["model"], type(c["created"])) for c in chunks} == {("tiny", int)}
+    assert [(c["choices"][0]["index"], c["choices"][0]["logprobs"]) for c in chunks] == [(0, None)] * 4
 
 
 def test_a_stop_string_cuts_the_answer_and_the_stream_cancels_the_rest(gateway):
@@ -185,6 +188,7 @@ def test_a_stop_string_cuts_the_answer_and_the_stream_cancels_the_rest(gateway):
     )
     assert "".join(c["choices"][0]["text"] for c in chunks) == whole["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert {c["choices"][0]["index"] for c in chunks} == {0}
     assert len(chunks) == 3  # the first block, the block with the stop string, the reason
     wait_for(lambda: peer.cancelled, 30, what="the peer to see the cancellation")
     assert len(peer.cancelled) == 1  # the blocks after the stop string were not made
@@ -210,13 +214,15 @@ def test_echo_puts_the_prompt_before_the_answer_streamed_and_not(gateway):
         client, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": BLOCK, "echo": True}
     )
     assert chunks[0]["choices"][0]["text"] == echoed
+    assert {c["choices"][0]["index"] for c in chunks} == {0}
     assert "".join(c["choices"][0]["text"] for c in chunks) == whole
 
 
 def test_completion_logprobs_are_the_recorded_ones_with_offsets_and_alternatives(gateway):
     client, peer, tokenizer = gateway
-    reply = _completion(client, max_tokens=BLOCK + 2, logprobs=1).json()["choices"][0]
-    tokens = peer.tokens_for(QueuedRequest("x", [1], BLOCK + 2, 0))[: BLOCK + 2]
+    max_tokens = 2 * BLOCK + 2  # three blocks: three streamed objects, each with its own offsets
+    reply = _completion(client, max_tokens=max_tokens, logprobs=1).json()["choices"][0]
+    tokens = peer.tokens_for(QueuedRequest("x", [1], max_tokens, 0))[:max_tokens]
     described = reply["logprobs"]
     assert described["token_logprobs"] == [entry_of(i, t)[0] for i, t in enumerate(tokens)]
     assert "".join(described["tokens"]) == reply["text"]
@@ -227,26 +233,26 @@ def test_completion_logprobs_are_the_recorded_ones_with_offsets_and_alternatives
     streamed = _events(
         client,
         "/v1/completions",
-        {"model": "tiny", "prompt": "copy : cat dog .", "max_tokens": BLOCK + 2, "logprobs": 1},
+        {"model": "tiny", "prompt": "copy : cat dog .", "max_tokens": max_tokens, "logprobs": 1},
     )
     objects = [c["choices"][0]["logprobs"] for c in streamed if c["choices"][0]["logprobs"]]
-    assert len(objects) == 2  # one per block
+    assert len(objects) == 3  # one per block
     joined = {key: [v for o in objects for v in o[key]] for key in described}
     assert joined == described
 
 
 def test_echoed_prompt_tokens_have_null_logprobs_and_the_answers_follow(gateway):
     client, _, tokenizer = gateway
-    reply = _completion(client, max_tokens=BLOCK, logprobs=0, echo=True).json()["choices"][0]
+    reply = _completion(client, max_tokens=2 * BLOCK, logprobs=0, echo=True).json()["choices"][0]
     prompt_len = len(tokenizer.encode("copy : cat dog ."))
     values = reply["logprobs"]["token_logprobs"]
     assert values[:prompt_len] == [None] * prompt_len
-    assert values[prompt_len:] == [-0.01 * (i + 1) for i in range(BLOCK)]
+    assert values[prompt_len:] == [-0.01 * (i + 1) for i in range(2 * BLOCK)]
     assert "".join(reply["logprobs"]["tokens"]) == reply["text"]
     streamed = _events(
         client,
         "/v1/completions",
-        {"model": "tiny", "prompt": "copy : cat dog .", "max_tokens": BLOCK, "logprobs": 0, "echo": True},
+        {"model": "tiny", "prompt": "copy : cat dog .", "max_tokens": 2 * BLOCK, "logprobs": 0, "echo": True},
     )
     objects = [c["choices"][0]["logprobs"] for c in streamed if c["choices"][0]["logprobs"]]
     assert [v for o in objects for v in o["token_logprobs"]] == values
@@ -258,6 +264,7 @@ def test_chat_logprobs_give_each_tokens_bytes_and_alternatives_whole_and_streame
     body = _chat_body(max_tokens=BLOCK, logprobs=True, top_logprobs=2)
     reply = client.post("/v1/chat/completions", json=body).json()["choices"][0]
     content = reply["logprobs"]["content"]
+    assert reply["logprobs"]["refusal"] is None
     tokens = peer.tokens_for(QueuedRequest("x", [1], BLOCK, 0))
     assert [c["logprob"] for c in content] == [entry_of(i, t)[0] for i, t in enumerate(tokens)]
     assert [c["bytes"] for c in content] == [list(c["token"].encode()) for c in content]
@@ -268,6 +275,7 @@ def test_chat_logprobs_give_each_tokens_bytes_and_alternatives_whole_and_streame
     streamed = _events(client, "/v1/chat/completions", body)
     objects = [c["choices"][0]["logprobs"] for c in streamed if c["choices"][0]["logprobs"]]
     assert [c for o in objects for c in o["content"]] == content
+    assert {c["choices"][0]["index"] for c in streamed} == {0}
     assert streamed[0]["choices"][0]["delta"] == {"role": "assistant", "content": reply["message"]["content"]}
     assert streamed[-1]["choices"][0]["delta"] == {} and streamed[-1]["object"] == "chat.completion.chunk"
 
@@ -332,3 +340,63 @@ def test_after_a_block_lost_to_a_fault_the_result_sends_the_rest(gateway):
     first = _decoded(tokenizer, tokens[:BLOCK])
     texts = [c["choices"][0]["text"] for c in chunks]
     assert texts == [first, _decoded(tokenizer, tokens)[len(first) :], ""]  # block 2 waits for the result
+
+
+def test_logprobs_stop_at_an_eos(gateway):
+    client, peer, _ = gateway
+    peer.script = Script(eos_after=5)
+    reply = _completion(client, max_tokens=2 * BLOCK, logprobs=0).json()["choices"][0]
+    assert reply["logprobs"]["token_logprobs"] == [-0.01 * (i + 1) for i in range(5)]
+    chat = client.post("/v1/chat/completions", json=_chat_body(max_tokens=2 * BLOCK, logprobs=True)).json()
+    assert len(chat["choices"][0]["logprobs"]["content"]) == 5
+
+
+def test_a_result_whose_logprobs_were_lost_has_nulls_in_their_place(gateway):
+    client, peer, _ = gateway
+    peer.script = Script(lose_logprobs=True)
+    reply = _completion(client, max_tokens=BLOCK, logprobs=1).json()["choices"][0]["logprobs"]
+    assert reply["token_logprobs"] == [None] * BLOCK and reply["top_logprobs"] == [None] * BLOCK
+    chat = client.post("/v1/chat/completions", json=_chat_body(max_tokens=BLOCK, logprobs=True)).json()
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert [(c["logprob"], c["top_logprobs"]) for c in content] == [(None, [])] * BLOCK
+
+
+def test_streamed_logprobs_stop_where_a_stop_string_cuts_the_text(gateway):
+    client, _, _ = gateway
+    body = {
+        "model": "tiny",
+        "prompt": "copy : cat dog .",
+        "max_tokens": 3 * BLOCK,
+        "stop": ["dog"],
+        "logprobs": 0,
+    }
+    whole = client.post("/v1/completions", json=body).json()["choices"][0]
+    chunks = _events(client, "/v1/completions", body)
+    objects = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"]]
+    assert [v for o in objects for v in o["token_logprobs"]] == whole["logprobs"]["token_logprobs"]
+    assert [t for o in objects for t in o["tokens"]] == whole["logprobs"]["tokens"]
+    described = "".join(whole["logprobs"]["tokens"])  # the token the stop string cuts is not described
+    assert whole["text"].startswith(described) and len(whole["text"]) - len(described) < len(" dog")
+
+
+def test_a_client_that_goes_away_cancels_its_request(gateway):
+    client, peer, _ = gateway
+    peer.script = Script(wait_for_cancel_after=0)
+    with pytest.raises(httpx.ReadTimeout):
+        client.post(
+            "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2 * BLOCK}, timeout=1
+        )
+    wait_for(lambda: peer.cancelled, 30, what="the gateway to cancel the request of a client that left")
+
+
+def test_chat_logprobs_end_where_a_stop_string_cuts_the_answer(gateway):
+    client, _, _ = gateway
+    body = _chat_body(max_tokens=3 * BLOCK, stop=["dog"], logprobs=True)
+    whole = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    described = "".join(c["token"] for c in whole["logprobs"]["content"])
+    assert whole["finish_reason"] == "stop"
+    assert whole["message"]["content"].startswith(described)
+    assert len(whole["message"]["content"]) - len(described) < len(" dog")
+    streamed = _events(client, "/v1/chat/completions", body)
+    objects = [c["choices"][0]["logprobs"] for c in streamed if c["choices"][0]["logprobs"]]
+    assert [c for o in objects for c in o["content"]] == whole["logprobs"]["content"]
