@@ -40,6 +40,7 @@ class Script:
     skip_block: int | None = None
     wait_for_cancel_after: int | None = None  # a block after which the peer waits for a cancellation
     lose_logprobs: bool = False  # a result without its log probabilities (their record was lost)
+    hold: bool = False  # claim and never answer (a worker that hangs)
 
 
 def entry_of(position: int, token: int) -> list:
@@ -73,14 +74,17 @@ class ScriptedPeer(threading.Thread):
 
     def cancellation_of(self, request_id: str, patience_s: float = 30) -> bool:
         give_up = time.monotonic() + patience_s
-        while time.monotonic() < give_up:
-            if request_id in self.queue.commit("peer", [], [], [request_id]).cancelled:
-                return True
+        while request_id not in self.queue.commit("peer", [], [], [request_id]).cancelled:
+            if time.monotonic() >= give_up:
+                return False
             time.sleep(0.01)
-        return False
+        return True
 
     def answer(self, request: QueuedRequest) -> None:
         prompt = len(request.prompt_ids)
+        if self.script.hold:
+            self.held = [*getattr(self, "held", []), request.id]
+            return
         if self.script.error:
             done = DoneEvent([], "error", prompt, 0, "peer", self.script.error, request.meta)
             self.queue.complete("peer", request.id, done)
@@ -110,11 +114,14 @@ class ScriptedPeer(threading.Thread):
 
 
 @pytest.fixture
-def gateway(served_model, redis_server, service):
-    """(client, peer, tokenizer): the peer answers as its ``script`` says (tests change it first)."""
+def gateway(served_model, redis_server, service, request):
+    """(client, peer, tokenizer): the peer answers as its ``script`` says (tests change it first).
+    Gateway settings can be overridden with ``@pytest.mark.gateway_settings(...)``."""
     tokenizer = GatewayTokenizer(str(served_model))
     peer = ScriptedPeer(redis_server.url, service, tokenizer, Script())
-    with GatewayServer(gateway_settings(served_model, redis_server.url, service)) as server:
+    marker = request.node.get_closest_marker("gateway_settings")
+    overrides = marker.kwargs if marker else {}
+    with GatewayServer(gateway_settings(served_model, redis_server.url, service, **overrides)) as server:
         peer.start()
         with httpx.Client(base_url=server.url, timeout=60) as client:
             yield client, peer, tokenizer
@@ -172,6 +179,10 @@ def test_a_stream_sends_one_chunk_per_block_and_a_last_one_with_the_reason(gatew
     assert len({c["id"] for c in chunks}) == 1
     assert {(c["model"], type(c["created"])) for c in chunks} == {("tiny", int)}
     assert [(c["choices"][0]["index"], c["choices"][0]["logprobs"]) for c in chunks] == [(0, None)] * 4
+    with client.stream(
+        "POST", "/v1/completions", json={"model": "tiny", "prompt": "hi", "stream": True}
+    ) as r:
+        assert r.headers["cache-control"] == "no-cache" and r.headers["content-type"].startswith("text/event")
 
 
 def test_a_stop_string_cuts_the_answer_and_the_stream_cancels_the_rest(gateway):
@@ -400,3 +411,37 @@ def test_chat_logprobs_end_where_a_stop_string_cuts_the_answer(gateway):
     streamed = _events(client, "/v1/chat/completions", body)
     objects = [c["choices"][0]["logprobs"] for c in streamed if c["choices"][0]["logprobs"]]
     assert [c for o in objects for c in o["content"]] == whole["logprobs"]["content"]
+
+
+def test_an_error_in_one_of_several_streamed_choices_ends_the_stream_with_it(gateway):
+    client, peer, _ = gateway
+    peer.script = Script(error="refused by the worker")
+    chunks = _events(client, "/v1/completions", {"model": "tiny", "prompt": "hi", "n": 2})
+    assert chunks == [
+        {
+            "error": {
+                "message": "refused by the worker",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        }
+    ]
+
+
+@pytest.mark.gateway_settings(request_timeout_s=3)
+def test_a_request_with_no_result_in_time_is_a_504_and_is_cancelled(gateway):
+    client, peer, _ = gateway
+    peer.script = Script(hold=True)
+    reply = _completion(client)
+    assert reply.status_code == 504 and reply.json()["error"]["type"] == "timeout_error"
+    wait_for(lambda: peer.cancellation_of(peer.held[0], patience_s=0), 30, what="the cancellation")
+
+
+@pytest.mark.gateway_settings(request_timeout_s=3)
+def test_a_stream_with_no_result_in_time_ends_with_a_timeout_error_then_done(gateway):
+    """Longer than one poll of the queue (2 s): the stream keeps waiting through empty polls."""
+    client, peer, _ = gateway
+    peer.script = Script(hold=True)
+    chunks = _events(client, "/v1/completions", {"model": "tiny", "prompt": "hi"})
+    assert [c["error"]["type"] for c in chunks] == ["timeout_error"]
