@@ -54,6 +54,7 @@ class ScriptedPeer(threading.Thread):
         self.queue = SyncQueue(sync_client(url), QueueOps(service))
         self.tokenizer, self.script = tokenizer, script
         self.cancelled: set[str] = set()
+        self.seen: list[QueuedRequest] = []  # every request claimed, as the gateway queued it
         self.halt = threading.Event()
 
     def tokens_for(self, request: QueuedRequest) -> list[int]:
@@ -81,6 +82,7 @@ class ScriptedPeer(threading.Thread):
         return True
 
     def answer(self, request: QueuedRequest) -> None:
+        self.seen.append(request)
         prompt = len(request.prompt_ids)
         if self.script.hold:
             self.held = [*getattr(self, "held", []), request.id]
@@ -445,3 +447,72 @@ def test_a_stream_with_no_result_in_time_ends_with_a_timeout_error_then_done(gat
     peer.script = Script(hold=True)
     chunks = _events(client, "/v1/completions", {"model": "tiny", "prompt": "hi"})
     assert [c["error"]["type"] for c in chunks] == ["timeout_error"]
+
+
+def test_each_choice_asks_the_worker_for_its_sampling_seed_threshold_and_logprobs(gateway):
+    client, peer, _ = gateway
+    body = {"temperature": 0.7, "seed": 11, "n": 3, "threshold": 0.8, "logprobs": 2}
+    assert _completion(client, **body).status_code == 200
+    assert [q.sampling for q in peer.seen] == [
+        {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "seed": 11 + i} for i in range(3)
+    ]
+    assert {(q.threshold, q.logprobs, q.max_tokens) for q in peer.seen} == {(0.8, 2, 16)}
+    assert all(q.id.startswith("cmpl-") for q in peer.seen) and len({q.id for q in peer.seen}) == 3
+    peer.seen.clear()
+    assert _completion(client, temperature=0.5, top_p=0.9, top_k=5, n=2).status_code == 200
+    first, second = (q.sampling for q in peer.seen)
+    assert (first["top_p"], first["top_k"], second["seed"] - first["seed"]) == (0.9, 5, 1)
+    assert 0 <= first["seed"] < 2**62  # no seed given: one is drawn, choice i uses it + i
+    peer.seen.clear()
+    assert _completion(client).status_code == 200
+    assert [q.sampling for q in peer.seen] == [None]  # greedy
+
+
+@pytest.mark.gateway_settings(max_prompt_tokens=8)
+@pytest.mark.parametrize(
+    "fields, status, param, message",
+    [
+        ({"model": "other"}, 404, "model", "model 'other' is not served here; this service serves 'tiny'"),
+        (
+            {"block_length": 4},
+            400,
+            "block_length",
+            f"block_length 4: this service decodes with block_length {BLOCK}",
+        ),
+        ({"steps": 3}, 400, "steps", f"steps 3: this service decodes with {BLOCK} steps per block"),
+        ({"max_tokens": 65}, 400, "max_tokens", "max_tokens 65 is above this service's limit of 64"),
+        ({"prompt": ""}, 400, "prompt", "the prompt is empty"),
+        ({"prompt": [3] * 9}, 400, "prompt", "the prompt has 9 tokens; this service accepts at most 8"),
+        ({"prompt": [3, 8]}, 400, "prompt", "prompt token ids must be in [0, {vocab})"),
+    ],
+)
+def test_a_request_the_service_cannot_run_is_refused_naming_its_field(
+    gateway, fields, status, param, message
+):
+    client, peer, tokenizer = gateway
+    vocab = tokenizer.tokenizer.get_vocab_size()
+    if fields.get("prompt") == [3, 8]:
+        fields = {"prompt": [3, vocab]}  # one past the last token id
+    reply = _completion(client, **fields)
+    assert reply.status_code == status
+    error = reply.json()["error"]
+    assert (error["param"], error["message"]) == (param, message.format(vocab=vocab))
+    assert peer.seen == []
+
+
+@pytest.mark.gateway_settings(max_queued=1, retry_after_s=7)
+def test_a_full_queue_is_a_429_with_retry_after(gateway):
+    client, peer, _ = gateway
+    peer.script = Script(hold=True)  # the first request stays in flight
+    with httpx.Client(base_url=str(client.base_url), timeout=60) as other:
+        first = threading.Thread(target=lambda: _completion(other), daemon=True)
+        first.start()
+        wait_for(lambda: peer.seen, 30, what="the first request to be claimed")
+        reply = _completion(client)
+    assert reply.status_code == 429 and reply.headers["retry-after"] == "7"
+    assert reply.json()["error"] == {
+        "message": "the queue is full; retry later",
+        "type": "rate_limit_error",
+        "param": None,
+        "code": None,
+    }
