@@ -516,3 +516,11 @@ def test_a_full_queue_is_a_429_with_retry_after(gateway):
         "param": None,
         "code": None,
     }
+
+
+@pytest.mark.gateway_settings(max_prompt_tokens=8)
+def test_a_prompt_at_the_limit_and_the_last_token_id_are_accepted(gateway):
+    client, peer, tokenizer = gateway
+    last = tokenizer.tokenizer.get_vocab_size() - 1
+    assert _completion(client, prompt=[3] * 7 + [last]).status_code == 200
+    assert [q.prompt_ids for q in peer.seen] == [[3] * 7 + [last]]
