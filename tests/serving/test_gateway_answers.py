@@ -10,6 +10,7 @@ run uses (docs/mutation-testing.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -22,6 +23,7 @@ from engine_pod.queue.connect import sync_client
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.ops import BlockCommit, QueueOps
 from engine_pod.queue.sync_client import SyncQueue
+from engine_pod.serve.redis_server import RedisServer
 from engine_pod.text import completion_tokens, within_limit
 from gateway.tokenizer import GatewayTokenizer
 from tests.serving_utils import BLOCK, GatewayServer, gateway_settings, wait_for
@@ -115,20 +117,48 @@ class ScriptedPeer(threading.Thread):
         self.queue.complete("peer", request.id, done)
 
 
-@pytest.fixture
-def gateway(served_model, redis_server, service, request):
-    """(client, peer, tokenizer): the peer answers as its ``script`` says (tests change it first).
-    Gateway settings can be overridden with ``@pytest.mark.gateway_settings(...)``."""
+@contextlib.contextmanager
+def _stack(served_model, redis_url: str, service: str, **overrides):
     tokenizer = GatewayTokenizer(str(served_model))
-    peer = ScriptedPeer(redis_server.url, service, tokenizer, Script())
-    marker = request.node.get_closest_marker("gateway_settings")
-    overrides = marker.kwargs if marker else {}
-    with GatewayServer(gateway_settings(served_model, redis_server.url, service, **overrides)) as server:
+    peer = ScriptedPeer(redis_url, service, tokenizer, Script())
+    with GatewayServer(gateway_settings(served_model, redis_url, service, **overrides)) as server:
         peer.start()
-        with httpx.Client(base_url=server.url, timeout=60) as client:
-            yield client, peer, tokenizer
-        peer.halt.set()
-        peer.join(timeout=10)
+        try:
+            with httpx.Client(base_url=server.url, timeout=60) as client:
+                yield client, peer, tokenizer
+        finally:
+            peer.halt.set()
+            peer.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def shared_stack(served_model):
+    """One gateway, Redis and peer for every test with the default settings (a stack per test would
+    add a second to each)."""
+    server = RedisServer().start()
+    try:
+        with _stack(served_model, server.url, "answers") as stack:
+            yield stack
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def gateway(request):
+    """(client, peer, tokenizer): the peer answers as its ``script`` says (tests change it first).
+    ``@pytest.mark.gateway_settings(...)`` overrides gateway settings (a stack of its own)."""
+    marker = request.node.get_closest_marker("gateway_settings")
+    if marker is None:
+        client, peer, tokenizer = request.getfixturevalue("shared_stack")
+        peer.script, peer.seen, peer.cancelled = Script(), [], set()
+        yield client, peer, tokenizer
+        return
+    served_model, redis_server = (
+        request.getfixturevalue("served_model"),
+        request.getfixturevalue("redis_server"),
+    )
+    with _stack(served_model, redis_server.url, request.getfixturevalue("service"), **marker.kwargs) as stack:
+        yield stack
 
 
 def _events(client: httpx.Client, path: str, body: dict) -> list:
