@@ -534,11 +534,17 @@ def test_a_request_the_service_cannot_run_is_refused_naming_its_field(
 def test_a_full_queue_is_a_429_with_retry_after(gateway):
     client, peer, _ = gateway
     peer.script = Script(hold=True)  # the first request stays in flight
-    with httpx.Client(base_url=str(client.base_url), timeout=60) as other:
-        first = threading.Thread(target=lambda: _completion(other), daemon=True)
+    with httpx.Client(base_url=str(client.base_url), timeout=3) as other:
+
+        def wait_in_vain() -> None:  # leaves after 3 s: the gateway then cancels the held request
+            with contextlib.suppress(httpx.TimeoutException):
+                _completion(other)
+
+        first = threading.Thread(target=wait_in_vain, daemon=True)
         first.start()
         wait_for(lambda: peer.seen, 30, what="the first request to be claimed")
         reply = _completion(client)
+        first.join(timeout=30)
     assert reply.status_code == 429 and reply.headers["retry-after"] == "7"
     assert reply.json()["error"] == {
         "message": "the queue is full; retry later",
