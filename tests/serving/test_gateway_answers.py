@@ -57,6 +57,7 @@ class ScriptedPeer(threading.Thread):
         self.tokenizer, self.script = tokenizer, script
         self.cancelled: set[str] = set()
         self.seen: list[QueuedRequest] = []  # every request claimed, as the gateway queued it
+        self.held: list[str] = []  # ids claimed and never answered (Script.hold)
         self.halt = threading.Event()
 
     def tokens_for(self, request: QueuedRequest) -> list[int]:
@@ -87,7 +88,7 @@ class ScriptedPeer(threading.Thread):
         self.seen.append(request)
         prompt = len(request.prompt_ids)
         if self.script.hold:
-            self.held = [*getattr(self, "held", []), request.id]
+            self.held.append(request.id)
             return
         if self.script.error:
             done = DoneEvent([], "error", prompt, 0, "peer", self.script.error, request.meta)
@@ -110,10 +111,17 @@ class ScriptedPeer(threading.Thread):
                 self.cancelled.add(request.id)
                 return
         kept, reason = within_limit(tokens, request.max_tokens, self.tokenizer.eos_ids)
+        recorded = entries[: len(kept)] if entries and not self.script.lose_logprobs else None
         done = DoneEvent(
-            kept, reason, prompt, completion_tokens(kept, self.tokenizer.eos_ids), "peer", None, request.meta
+            kept,
+            reason,
+            prompt,
+            completion_tokens(kept, self.tokenizer.eos_ids),
+            "peer",
+            None,
+            request.meta,
+            logprobs=recorded,
         )
-        done.logprobs = entries[: len(kept)] if entries and not self.script.lose_logprobs else None
         self.queue.complete("peer", request.id, done)
 
 
@@ -177,17 +185,13 @@ def _chat_body(**fields) -> dict:
     return {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]} | fields
 
 
-def _decoded(tokenizer: GatewayTokenizer, tokens: list[int]) -> str:
-    return tokenizer.decode(tokens)
-
-
 def test_a_completion_is_the_answer_cut_at_max_tokens(gateway):
     client, peer, tokenizer = gateway
     reply = _completion(client, max_tokens=BLOCK + 3)
     assert reply.status_code == 200, reply.text
     expected = peer.tokens_for(QueuedRequest("x", [1], BLOCK + 3, 0))[: BLOCK + 3]
     (choice,) = reply.json()["choices"]
-    assert (choice["text"], choice["finish_reason"]) == (_decoded(tokenizer, expected), "length")
+    assert (choice["text"], choice["finish_reason"]) == (tokenizer.decode(expected), "length")
     usage = reply.json()["usage"]
     assert usage == {
         "prompt_tokens": usage["prompt_tokens"],
@@ -203,7 +207,7 @@ def test_a_stream_sends_one_chunk_per_block_and_a_last_one_with_the_reason(gatew
         client, "/v1/completions", {"model": "tiny", "prompt": "copy : cat dog .", "max_tokens": max_tokens}
     )
     tokens = peer.tokens_for(QueuedRequest("x", [1], max_tokens, 0))
-    texts = [_decoded(tokenizer, tokens[: (i + 1) * BLOCK]) for i in range(3)]
+    texts = [tokenizer.decode(tokens[: (i + 1) * BLOCK]) for i in range(3)]
     expected = [texts[0], texts[1][len(texts[0]) :], texts[2][len(texts[1]) :]]
     assert [c["choices"][0]["text"] for c in chunks] == [*expected, ""]
     assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, None, "length"]
@@ -221,7 +225,7 @@ def test_a_stop_string_cuts_the_answer_and_the_stream_cancels_the_rest(gateway):
     client, peer, tokenizer = gateway
     whole = _completion(client, max_tokens=4 * BLOCK, stop=["dog"]).json()["choices"][0]
     peer.script = Script(wait_for_cancel_after=1)  # the block with the stop string
-    answer = _decoded(tokenizer, peer.tokens_for(QueuedRequest("x", [1], 4 * BLOCK, 0)))
+    answer = tokenizer.decode(peer.tokens_for(QueuedRequest("x", [1], 4 * BLOCK, 0)))
     assert BLOCK < len(tokenizer.encode(answer[: answer.index("dog")])) < 2 * BLOCK  # in the second block
     assert (whole["text"], whole["finish_reason"]) == (answer[: answer.index("dog")], "stop")
     chunks = _events(
@@ -242,7 +246,7 @@ def test_an_eos_ends_the_text_and_counts_as_a_completion_token(gateway):
     peer.script = Script(eos_after=5)
     reply = _completion(client, max_tokens=2 * BLOCK).json()
     (choice,) = reply["choices"]
-    assert choice["text"] == _decoded(tokenizer, tokenizer.encode(ANSWER)[:5])
+    assert choice["text"] == tokenizer.decode(tokenizer.encode(ANSWER)[:5])
     assert choice["finish_reason"] == "stop"
     assert reply["usage"]["completion_tokens"] == 6
 
@@ -380,9 +384,9 @@ def test_after_a_block_lost_to_a_fault_the_result_sends_the_rest(gateway):
         client, "/v1/completions", {"model": "tiny", "prompt": "copy : cat dog .", "max_tokens": max_tokens}
     )
     tokens = peer.tokens_for(QueuedRequest("x", [1], max_tokens, 0))
-    first = _decoded(tokenizer, tokens[:BLOCK])
+    first = tokenizer.decode(tokens[:BLOCK])
     texts = [c["choices"][0]["text"] for c in chunks]
-    assert texts == [first, _decoded(tokenizer, tokens)[len(first) :], ""]  # block 2 waits for the result
+    assert texts == [first, tokenizer.decode(tokens)[len(first) :], ""]  # block 2 waits for the result
 
 
 def test_logprobs_stop_at_an_eos(gateway):

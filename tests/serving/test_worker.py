@@ -154,19 +154,19 @@ def test_a_long_prompt_waiting_past_the_bound_is_claimed_while_short_ones_keep_a
         top_up()
         wait_for(lambda: _done(queue, shorts[0]), 30, what="the short requests to start")
         _enqueue(redis_server.url, service, "long", 300, max_tokens=16)
-        served_before_the_long_one = len(shorts)  # every short so far was enqueued before it
+        enqueued_before_it = len(shorts)  # the long prompt comes after every short one so far
 
         def settled() -> bool:
             if max_wait_s:
                 return _done(queue, "long") is not None
-            return served() >= served_before_the_long_one + OVERTAKERS
+            return served() >= enqueued_before_it + OVERTAKERS
 
         hang_guard = time.monotonic() + 180
         while not settled() and time.monotonic() < hang_guard:
             top_up()
             time.sleep(0.02)
         long_done = _done(queue, "long")
-        overtakers = served() - (long_done is not None) - served_before_the_long_one
+        overtakers = served() - (long_done is not None) - enqueued_before_it
         still_queued = queue.depth()[0]
     assert still_queued > 100, "the stream of short requests ran dry: the test proves nothing"
     if max_wait_s:
