@@ -58,6 +58,12 @@ class Engine:
         self.records: deque[CycleRecord] = deque(maxlen=record_window)
         self.margins: dict[str, list[float]] = {}  # per request, per generated token (runner records them)
         self._start: float | None = None
+        self._reset = False
+
+    def reset_records(self) -> None:
+        """Forget the cycles run so far (a benchmark's untimed warm-up) when the next one starts, which
+        is then at 0 (safe from another thread: the engine's own does the clearing)."""
+        self._reset = True
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add(request)
@@ -71,6 +77,9 @@ class Engine:
         if output.is_empty:
             return StepResult(output, [], [])
         begin = self.clock()
+        if self._reset:
+            self.records.clear()
+            self._start, self._reset = None, False
         if self._start is None:
             self._start = begin
         cycle = self.runner.run(output.rows, gather_rows=output.gather_rows, packed=output.packed)

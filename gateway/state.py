@@ -12,7 +12,10 @@ import redis.asyncio as aioredis
 from fastapi import Depends, Request
 
 from engine_pod.queue.async_client import AsyncQueue
+from gateway.coalesced_calls import CoalescedCalls
+from gateway.delivered import DeliveredEvents
 from gateway.errors import ApiError
+from gateway.event_reader import EventReader
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
 from gateway.tokenizer import GatewayTokenizer
@@ -27,6 +30,9 @@ class GatewayState:
     redis: aioredis.Redis
     queue: AsyncQueue
     metrics: GatewayMetrics
+    calls: CoalescedCalls  # enqueues and cancellations, sent together when they come together
+    events: EventReader  # every waiting request's events, read together
+    delivered: DeliveredEvents  # requests whose results were delivered: their events' retention is cut
     tasks: set[asyncio.Task] = field(default_factory=set)  # background batch ingestion
     stop_waiting_at: float = math.inf  # monotonic time at which waits end with a 503 (shutting down)
 

@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi.responses import StreamingResponse
-from redis.exceptions import RedisError
 
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
+from engine_pod.queue.resilience import REDIS_ERRORS
 from gateway.errors import ApiError, error_body
 from gateway.logprobs import StreamedLogprobs, visible_tokens
 from gateway.submission import apply_stop, cancel_quietly, events, finish_reason, prompt_tokens_of
@@ -197,7 +197,7 @@ def sse(chunks: AsyncIterator[dict], on_end) -> StreamingResponse:
                 yield _event(chunk)
         except ApiError as exc:
             yield _event(error_body(exc.message, exc.kind, exc.param))
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             logger.warning("stream ended by a Redis error: %s", exc)
             yield _event(error_body(f"the queue failed ({type(exc).__name__}); retry", "server_error"))
         yield b"data: [DONE]\n\n"

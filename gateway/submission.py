@@ -7,18 +7,14 @@ import logging
 import secrets
 import time
 
-from redis.exceptions import RedisError
-
-from engine_pod.queue.async_client import START
 from engine_pod.queue.keys import new_request_id
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
-from engine_pod.queue.resilience import TRANSIENT_ERRORS, Backoff
+from engine_pod.queue.resilience import REDIS_ERRORS, TRANSIENT_ERRORS, Backoff
 from gateway.errors import ApiError, queue_unreachable
 from gateway.schemas import CommonFields
 from gateway.state import GatewayState
 
-POLL_S = 2.0  # longest single wait on Redis, so disconnects, deadlines and shutdown are noticed
-DELIVERED_EVENTS_TTL_S = 60  # a delivered request's events stay this long (else: the result retention)
+POLL_S = 2.0  # longest wait for an event, so that disconnects, deadlines and shutdown are noticed
 logger = logging.getLogger(__name__)
 
 
@@ -129,7 +125,7 @@ async def enqueue_all(requests: list[QueuedRequest], state: GatewayState) -> Non
     backoff = Backoff()
     while True:
         try:
-            accepted = await state.queue.enqueue_all(requests, state.settings.max_queued)
+            accepted = await state.calls.run(state.queue.ops.enqueue_all(requests, state.settings.max_queued))
             break
         except TRANSIENT_ERRORS as exc:
             if time.monotonic() >= give_up:
@@ -149,27 +145,21 @@ async def enqueue_all(requests: list[QueuedRequest], state: GatewayState) -> Non
 async def events(request: QueuedRequest, state: GatewayState, is_disconnected=None):
     """Yield the request's block events and finally its done event; cancel it on disconnect or timeout.
 
-    Redis faults while waiting are retried with backoff until the request's deadline, which then ends
-    it with a 504; a gateway shutting down ends it with a 503 in time for the client to hear it.
+    The gateway's event reader rides out Redis faults (reading again, with backoff) while the request
+    waits up to its deadline, which then ends it with a 504; a gateway shutting down ends it with a 503
+    in time for the client to hear it.
     """
     deadline = time.monotonic() + state.settings.request_timeout_s
-    backoff = Backoff()
-    cursor = START
+    delivered = False  # its result reached the consumer: nothing left to cancel
     try:
         while True:
             remaining = min(deadline, state.stop_waiting_at) - time.monotonic()
             if remaining <= 0:
                 raise _ended_early(state, deadline)
-            try:
-                event, cursor = await state.queue.next_event(request.id, cursor, min(POLL_S, remaining))
-            except TRANSIENT_ERRORS as exc:
-                if not backoff.failing:
-                    logger.warning("redis unreachable while waiting for %s (%s); retrying", request.id, exc)
-                await asyncio.sleep(min(backoff.next_delay(), max(remaining, 0)))
-                continue
-            backoff.reset()
+            event = await state.events.next_event(request.id, min(POLL_S, remaining))
             if isinstance(event, DoneEvent):
-                await _forget_quietly(request, state)  # before the yield: a consumer stops at it
+                state.delivered.add(request.id)
+                delivered = True  # a consumer stops at it: the generator is closed at this yield
                 yield event
                 return
             if event is not None:
@@ -177,8 +167,11 @@ async def events(request: QueuedRequest, state: GatewayState, is_disconnected=No
             elif is_disconnected is not None and await is_disconnected():
                 raise asyncio.CancelledError
     except (asyncio.CancelledError, GeneratorExit, ApiError):
-        await cancel_quietly(request, state)
+        if not delivered:
+            await cancel_quietly(request, state)
         raise
+    finally:
+        state.events.leave(request.id)
 
 
 def _ended_early(state: GatewayState, deadline: float) -> ApiError:
@@ -192,18 +185,11 @@ def _ended_early(state: GatewayState, deadline: float) -> ApiError:
     return ApiError(504, f"no result within {state.settings.request_timeout_s:.0f} s", "timeout_error")
 
 
-async def _forget_quietly(request: QueuedRequest, state: GatewayState) -> None:
-    try:
-        await state.queue.expire_events(request.id, DELIVERED_EVENTS_TTL_S)
-    except RedisError as exc:  # they expire with the result
-        logger.debug("could not shorten the events' retention of %s: %s", request.id, exc)
-
-
 async def cancel_quietly(request: QueuedRequest, state: GatewayState) -> None:
     """Best effort: with Redis away the request stays queued, and its result expires unread."""
     try:
-        await state.queue.cancel(request)
-    except RedisError as exc:
+        await state.calls.run(state.queue.ops.cancel(request.id, len(request.prompt_ids), request.batch_id))
+    except REDIS_ERRORS as exc:
         logger.warning("could not cancel %s: %s", request.id, exc)
 
 

@@ -108,11 +108,11 @@ def _report(
 ) -> dict:
     policies = {name: policy_metrics(run, eos_ids) for name, run in runs.items()}
     static = policies.get("static")
-    engine = policies.get("blockserve")
     for name, metrics in policies.items():
         if name.startswith("blockserve") and static and static["tokens_per_s"]:
             metrics["speedup_vs_static"] = round(metrics["tokens_per_s"] / static["tokens_per_s"], 3)
-        if name == "gateway" and engine and engine["tokens_per_s"]:
+        engine = policies.get(PolicySpec(name, cfg.scheduling, batch).served_policy)
+        if name.startswith("gateway") and engine and engine["tokens_per_s"]:  # against its engine alone
             metrics["throughput_vs_engine"] = round(metrics["tokens_per_s"] / engine["tokens_per_s"], 3)
     comparison = compare_outputs(runs, requests, cfg.decoding.block_length)
     return {

@@ -103,7 +103,7 @@ def _through_gateway(loaded, cfg: OnlineConfig, spec: PolicySpec, requests: list
     from engine_pod.bench.through_gateway import serving_stack
 
     with serving_stack(loaded, cfg.decoding, spec, [r.request for r in requests]) as stack:
-        return asyncio.run(drive(stack.url, requests, load, "bench", chat=False))
+        return stack.serve_while(lambda: asyncio.run(drive(stack.url, requests, load, "bench", chat=False)))
 
 
 def online_summary(report: dict) -> str:

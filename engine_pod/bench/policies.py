@@ -6,9 +6,8 @@ import math
 from dataclasses import dataclass, replace
 
 from engine_pod.scheduler.base import Scheduler
-from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.config import ADMISSION_MODES, SchedulerConfig
-from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
+from engine_pod.scheduler.serving import serving_scheduler
 
 POLICIES = (
     "sequential",
@@ -19,6 +18,8 @@ POLICIES = (
     "blockserve-dense",
     "blockserve-packed",
     "gateway",
+    "gateway-static",
+    "gateway-sequential",
 )
 
 
@@ -48,19 +49,29 @@ class PolicySpec:
 
     @property
     def through_gateway(self) -> bool:
-        """BlockServe behind the whole serving path: HTTP, gateway, Redis queue, worker."""
-        return self.name == "gateway"
+        """Behind the whole serving path (HTTP, gateway, Redis queue, worker): ``gateway`` serves with
+        BlockServe, ``gateway-static`` and ``gateway-sequential`` with the baselines."""
+        return self.name == "gateway" or self.name.startswith("gateway-")
+
+    @property
+    def served_policy(self) -> str:
+        """The scheduler it runs (one of ``SERVING_POLICIES``)."""
+        name = self.name.removeprefix("gateway-") if self.through_gateway else self.name
+        return name if name in ("static", "sequential") else "blockserve"
 
 
 def build_scheduler(spec: PolicySpec, block_length: int, eos_ids, ignore_eos: bool, canvas: str) -> Scheduler:
     """The baselines run as their reference does (Fast-dLLM's static batch: a dense box in lockstep;
     sequential: one row, which no layout pads); BlockServe in its configured layout."""
-    common = dict(ignore_eos=ignore_eos, canvas=canvas)
-    if spec.name == "sequential":
-        return sequential_scheduler(block_length, eos_ids, **common)
-    if spec.name == "static":
-        return StaticScheduler(block_length, eos_ids, batch_size=spec.static_batch_size, **common)
-    return BlockServeScheduler(block_length, eos_ids, spec.effective_scheduling, **common)
+    return serving_scheduler(
+        spec.served_policy,
+        block_length,
+        eos_ids,
+        spec.effective_scheduling,
+        spec.static_batch_size,
+        ignore_eos=ignore_eos,
+        canvas=canvas,
+    )
 
 
 def static_widths(requests, block_length: int) -> list[int]:

@@ -7,7 +7,14 @@ import argparse
 
 from engine_pod.cli.budget import add_budget_args, read_profile, resolve_budget
 from engine_pod.cli.common import CliError
-from engine_pod.scheduler.config import ADMISSION_MODES, DEFAULTS, LAYOUTS, SchedulerConfig, problems_of
+from engine_pod.scheduler.config import (
+    ADMISSION_MODES,
+    BURST_QUIET_S,
+    DEFAULTS,
+    LAYOUTS,
+    SchedulerConfig,
+    problems_of,
+)
 
 
 def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +55,14 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
         help="seconds a request may wait after it was enqueued before it is admitted next, whatever its "
         f"width (default: {DEFAULTS.max_wait_s}; 0: no fairness bound)",
     )
+    group.add_argument(
+        "--batch-window",
+        type=float,
+        default=DEFAULTS.batch_window_s,
+        help="seconds an idle worker woken by new work waits while more keeps arriving, so that a burst "
+        f"starts as one batch (default: {DEFAULTS.batch_window_s}; a pause of {BURST_QUIET_S * 1000:g} ms "
+        "ends it; 0: claim at once)",
+    )
 
 
 FLAGS = {
@@ -57,6 +72,7 @@ FLAGS = {
     "min_padding_efficiency": "--min-padding-efficiency",
     "max_wait_s": "--max-wait",
     "layout": "--layout",
+    "batch_window_s": "--batch-window",
 }  # SchedulerConfig's field -> the flag that sets it
 
 
@@ -75,6 +91,7 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
         min_padding_efficiency=args.min_padding_efficiency,
         max_wait_s=args.max_wait,
         layout=args.layout,
+        batch_window_s=args.batch_window,
     )
     problems = problems_of(settings)
     if problems:
@@ -92,5 +109,5 @@ def admission_flags(config: SchedulerConfig) -> list[str]:
             "--max-wait",
             str(config.max_wait_s),
         ),
-        *("--layout", config.layout),
+        *("--layout", config.layout, "--batch-window", str(config.batch_window_s)),
     ]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config
 from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
 from engine_pod.queue.ops import RESULT_TTL_S
+from engine_pod.scheduler.serving import SERVING_POLICIES
 
 if TYPE_CHECKING:
     from engine_pod.worker.worker import Worker
@@ -56,6 +57,15 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--service", required=True, help="service name (queue key prefix)")
     parser.add_argument("--worker-id", default="", help="default: hostname-pid")
+    parser.add_argument(
+        "--policy",
+        choices=SERVING_POLICIES,
+        default=SERVING_POLICIES[0],
+        help="blockserve (the default), or a baseline behind the same queue to measure against it: static "
+        "(batches of --batch-size in arrival order, each run until its slowest row is done, as Fast-dLLM "
+        "does) or sequential (one request at a time)",
+    )
+    parser.add_argument("--batch-size", type=int, default=1, help="static's batch size (default: 1)")
     add_worker_args(parser)
     parser.add_argument(
         "--host", default="0.0.0.0", help="address of /metrics, /healthz, /readyz (default: 0.0.0.0)"
@@ -76,6 +86,8 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Work
     scheduling = scheduler_config(args)
     if args.result_ttl < 1:
         raise CliError(f"--result-ttl must be positive, got {args.result_ttl}")
+    if getattr(args, "batch_size", 1) < 1:
+        raise CliError(f"--batch-size must be positive, got {args.batch_size}")
     loaded = load_model(args.model, args.device, args.dtype)
     config = WorkerConfig(
         redis_url=redis_url,
@@ -85,6 +97,8 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Work
         lease_ms=args.lease_ms,
         drain_timeout_s=args.drain_timeout,
         result_ttl_s=args.result_ttl,
+        policy=getattr(args, "policy", SERVING_POLICIES[0]),
+        batch_size=getattr(args, "batch_size", 1),
     )
     return Worker(BlockCycleRunner(loaded, decoding), config)
 

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError
 
 from engine_pod.queue.messages import EVENT_FIELD, BlockEvent, DoneEvent, QueuedRequest, decode_event
-from engine_pod.queue.ops import QueueOps, ScriptCall, script_sources
+from engine_pod.queue.ops import QueueOps, ScriptCall, script_sources, text_of
 
 START = "0-0"  # cursor before a stream's first event
+Event = BlockEvent | DoneEvent
+logger = logging.getLogger(__name__)
 
 
 class AsyncQueue:
@@ -27,6 +34,28 @@ class AsyncQueue:
     async def run(self, call: ScriptCall):
         return await self._scripts[call.script](keys=call.keys, args=call.args)
 
+    async def run_many(self, calls: list[ScriptCall]) -> list:
+        """Several calls in one round trip (a pipeline, not a transaction): each one's reply, or the
+        error it met. A Redis that lost its scripts (restarted) gets them again and the calls that met
+        NOSCRIPT run once more (every queue script can run twice). A fault fails them all (raised).
+        redis-py refuses scripts in a Redis Cluster pipeline: there the calls go concurrently."""
+        if isinstance(self.redis, RedisCluster):
+            return list(await asyncio.gather(*(self.run(call) for call in calls), return_exceptions=True))
+        replies = await self._pipelined(calls)
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            for name in {calls[i].script for i in missing}:
+                await self.redis.script_load(self._scripts[name].script)
+            for i, reply in zip(missing, await self._pipelined([calls[i] for i in missing])):
+                replies[i] = reply
+        return replies
+
+    async def _pipelined(self, calls: list[ScriptCall]) -> list:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for call in calls:
+                pipe.evalsha(self._scripts[call.script].sha, len(call.keys), *call.keys, *call.args)
+            return await pipe.execute(raise_on_error=False)
+
     async def enqueue(self, request: QueuedRequest, max_queued: int = 0) -> bool:
         """False when the queue already holds ``max_queued`` requests (pending + in flight)."""
         return await self.enqueue_all([request], max_queued)
@@ -35,27 +64,45 @@ class AsyncQueue:
         """All of ``requests`` or none: False when the queue cannot take every one of them."""
         return bool(await self.run(self.ops.enqueue_all(requests, max_queued)))
 
-    async def next_event(
-        self, request_id: str, cursor: str, timeout_s: float
-    ) -> tuple[BlockEvent | DoneEvent | None, str]:
-        """The request's first event after ``cursor`` (None if none came within ``timeout_s``) and the
-        cursor to read on from. Nothing is removed: after a lost reply, read again from the same cursor."""
-        key = self.ops.keys.events(request_id)
-        reply = await self.redis.xread({key: cursor}, count=1, block=max(1, int(timeout_s * 1000)))
-        if not reply:
-            return None, cursor
-        entry_id, fields = reply[0][1][0]
-        entry = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-        return decode_event(fields[EVENT_FIELD.encode()]), entry
+    async def read_events(
+        self, cursors: dict[str, str], doorbell: tuple[str, str], timeout_s: float
+    ) -> tuple[dict[str, list[tuple[str, Event]]], str]:
+        """One blocking read of many requests' events: per request id (read from its cursor) the events
+        that came, each with the cursor after it, and the doorbell stream's new cursor (an entry there
+        only wakes the read). Every key is in the service's slot, so a Redis Cluster serves the read
+        from one node, named here (redis-py would ask a node for an XREAD's keys first)."""
+        key_of = {self.ops.keys.events(request_id): request_id for request_id in cursors}
+        doorbell_key, doorbell_cursor = doorbell
+        keys = [*key_of, doorbell_key]
+        args = ["BLOCK", max(1, int(timeout_s * 1000)), "STREAMS", *keys, *cursors.values(), doorbell_cursor]
+        options = {}
+        if isinstance(self.redis, RedisCluster):
+            await self.redis.initialize()  # at once when done (and again after a slot moved)
+            options["target_nodes"] = self.redis.get_node_from_key(doorbell_key)
+        reply = await self.redis.execute_command("XREAD", *args, **options) or []
+        found: dict[str, list[tuple[str, Event]]] = {}
+        for stream, entries in _streams(reply):
+            key = text_of(stream)
+            if key == doorbell_key:
+                doorbell_cursor = text_of(entries[-1][0])
+                continue
+            found[key_of[key]] = [(text_of(i), event) for i, fields in entries if (event := _event(fields))]
+        return found, doorbell_cursor
 
-    async def expire_events(self, request_id: str, seconds: int) -> None:
-        """Shorten a request's events' retention once its result was delivered (kept a little longer
+    async def ring(self, doorbell: str, keep_s: int) -> None:
+        """Wake a read blocked on ``doorbell`` (one entry kept; the key goes ``keep_s`` after the last ring)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xadd(doorbell, {"r": 1}, maxlen=1, approximate=False)
+            pipe.expire(doorbell, keep_s)
+            await pipe.execute()
+
+    async def expire_events(self, request_ids: list[str], seconds: int) -> None:
+        """Shorten requests' events' retention once their results were delivered (kept a little longer
         than that, not deleted, so that a second result, were there one, could still be seen)."""
-        await self.redis.expire(self.ops.keys.events(request_id), seconds)
-
-    async def cancel(self, request: QueuedRequest) -> int:
-        """1: cancelled while pending; 2: flagged for its worker; 0: unknown or already done."""
-        return int(await self.run(self.ops.cancel(request.id, len(request.prompt_ids), request.batch_id)))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for request_id in request_ids:
+                pipe.expire(self.ops.keys.events(request_id), seconds)
+            await pipe.execute()
 
     async def depth(self) -> tuple[int, int]:
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -63,3 +110,19 @@ class AsyncQueue:
             pipe.zcard(self.ops.keys.inflight)
             pending, inflight = await pipe.execute()
         return int(pending), int(inflight)
+
+
+def _streams(reply) -> list:
+    """XREAD's reply as (stream, entries) pairs: a list of pairs (RESP2) or a mapping (RESP3)."""
+    return (
+        list(reply.items()) if isinstance(reply, dict) else [(stream, entries) for stream, entries in reply]
+    )
+
+
+def _event(fields: dict) -> Event | None:
+    """An entry's event; None (logged) for one this version cannot read, which is then skipped."""
+    try:
+        return decode_event(fields[EVENT_FIELD.encode()])
+    except (KeyError, ValueError, TypeError) as exc:
+        logger.error("skipping an unreadable queue event %r: %s", fields, exc)
+        return None

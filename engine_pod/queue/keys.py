@@ -101,6 +101,11 @@ class ServiceKeys:
         'done'. Read with a cursor, never popped, so a reply lost to a fault loses no event."""
         return self._key("events", request_id)
 
+    def doorbell(self, gateway: str) -> str:
+        """Stream one gateway process's event reader blocks on beside its requests' events: an entry wakes
+        the read, so that it takes in requests that started waiting meanwhile."""
+        return self._key("doorbell", gateway)
+
     def batch(self, batch_id: str) -> str:
         """Hash: batch metadata and counters (total, completed, failed)."""
         return self._key("batch", batch_id)

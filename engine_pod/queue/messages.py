@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
@@ -29,7 +29,7 @@ class QueuedRequest:
         return str(self.meta.get(BATCH_META, ""))
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        return json.dumps(vars(self), separators=(",", ":"))  # its fields (asdict would copy them first)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> QueuedRequest:
@@ -63,7 +63,7 @@ class DoneEvent:
 
 
 def encode_event(event: BlockEvent | DoneEvent) -> str:
-    return json.dumps(asdict(event), separators=(",", ":"))
+    return json.dumps(vars(event), separators=(",", ":"))
 
 
 EVENT_FIELD = "e"  # the field that holds an event's JSON in a request's events stream

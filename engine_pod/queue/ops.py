@@ -16,6 +16,7 @@ from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest, enco
 
 RESULT_TTL_S = 3600
 DEFAULT_LEASE_MS = 30_000
+ANY_WAIT = -1.0  # a candidates read's wait bound that every pending request passes: the oldest first
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,8 @@ class QueueOps:
 
     def candidates(self, max_prefix: int, count: int, max_wait_s: float, aged_count: int) -> ScriptCall:
         """Read what may be claimed: the ``count`` shortest pending with a prefix of at most
-        ``max_prefix``, and up to ``aged_count`` that waited more than ``max_wait_s`` (0: none)."""
+        ``max_prefix``, and up to ``aged_count`` that waited more than ``max_wait_s`` (0: none;
+        ``ANY_WAIT``: the oldest pending, whatever their wait)."""
         keys = [self.keys.pending, self.keys.arrivals, self.keys.sizes]
         return ScriptCall("CANDIDATES", keys, [max_prefix, count, int(max_wait_s * 1000), aged_count])
 

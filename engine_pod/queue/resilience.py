@@ -12,7 +12,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    ClusterDownError,
+    RedisClusterException,
+    RedisError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -23,6 +29,9 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     TryAgainError,  # a slot migrating
     SlotNotCoveredError,  # a Redis Cluster's slots not all served yet
 )
+
+# anything a Redis call can raise, fault or refusal (a cluster client's own errors are not RedisErrors)
+REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, RedisClusterException)
 
 SOCKET_TIMEOUT_S = 5.0  # longest a single Redis call may take; longer than any blocking wait we issue
 CLIENT_OPTIONS = {

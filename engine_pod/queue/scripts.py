@@ -7,10 +7,12 @@ from __future__ import annotations
 # the script runs (claiming, reaping), the caller reads candidate ids first and the script re-checks
 # each one, so a candidate another worker took meanwhile is skipped, never taken twice.
 
-# KEYS: pending, arrivals, sizes; ARGV: max prefix, count, max wait (ms; 0: none), aged count
+# KEYS: pending, arrivals, sizes; ARGV: max prefix, count, max wait (ms; 0: none; negative: no bound),
+# aged count
 # Read only: what a worker may claim. Returns {now (ms, Redis's clock), shortest, aged}: the ``count``
 # shortest pending requests with a prefix of at most the maximum, and the ``aged count`` that have waited
-# longest, if they waited past the maximum; each as id, prefix, sizes ("<prompt> <max tokens> <enqueued>").
+# longest, if they waited past the maximum (any wait, with no bound: the oldest pending); each as id,
+# prefix, sizes ("<prompt> <max tokens> <enqueued>").
 CANDIDATES = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -25,8 +27,9 @@ local function describe(ids)
 end
 local shortest = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
 local aged = {}
-if tonumber(ARGV[3]) > 0 then
-  aged = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]), 'LIMIT', 0, tonumber(ARGV[4]))
+if tonumber(ARGV[3]) ~= 0 then
+  local since = tonumber(ARGV[3]) > 0 and now - tonumber(ARGV[3]) or '+inf'
+  aged = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', since, 'LIMIT', 0, tonumber(ARGV[4]))
 end
 return {now, describe(shortest), describe(aged)}
 """

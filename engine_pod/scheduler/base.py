@@ -4,14 +4,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.request import FinishReason, Request, RequestError, RequestState
 
 
+@dataclass(frozen=True)
+class ClaimPlan:
+    """What a worker may read from the shared queue now: the shortest ``count`` pending requests with a
+    prefix of at most ``max_prefix`` tokens, plus those waiting past the bound (any width); with
+    ``oldest_first``, the ``count`` that have waited longest instead, whatever their widths."""
+
+    count: int
+    max_prefix: int
+    oldest_first: bool = False
+
+
 class Scheduler:
-    """Base class: subclasses decide which rows run in the next block cycle (``schedule``)."""
+    """Base class: subclasses decide which rows run in the next block cycle (``schedule``) and, for a
+    worker drawing from a shared queue, what to claim (``claim_plan``, ``choose``, ``unadmittable``)."""
 
     gather_rows = True  # rows whose block is complete leave the forwards early
 
@@ -43,6 +56,10 @@ class Scheduler:
             request.arrival_time = self.clock()
         self.requests[request.request_id] = request
         self._enqueue(request)
+
+    def fits(self, request: Request) -> bool:
+        """Whether the request can ever run here (a subclass with a budget checks it)."""
+        return True
 
     def check_fits(self, request: Request) -> None:
         """Raise RequestError for a request this scheduler could never run."""

@@ -24,24 +24,13 @@ request is one this scheduler admits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from engine_pod.scheduler.base import Scheduler
+from engine_pod.scheduler.base import ClaimPlan, Scheduler
 from engine_pod.scheduler.box import BatchBox
 from engine_pod.scheduler.config import SchedulerConfig, raise_problems
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.pending_queue import PendingQueue
 from engine_pod.scheduler.request import Request, RequestError, RequestState
-
-
-@dataclass(frozen=True)
-class ClaimPlan:
-    """What a worker may read from the shared queue now: the shortest ``count`` pending requests with a
-    prefix of at most ``max_prefix`` tokens, plus those waiting past the bound (any width)."""
-
-    count: int
-    max_prefix: int
 
 
 class BlockServeScheduler(Scheduler):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from engine_pod.scheduler.base import Scheduler
+from engine_pod.scheduler.base import ClaimPlan, Scheduler
 from engine_pod.scheduler.config import LAYOUTS
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
@@ -94,6 +94,23 @@ class StaticScheduler(Scheduler):
         filled = request.generated + [next(iter(self.eos_ids), 0)] * (request.max_blocks * L)
         prefix = request.prompt_ids + tuple(filled[: min(blocks, request.max_blocks - 1) * L])
         return CycleRow(prefix, suffix_blocks=0, suffix_visible=True, active=False)
+
+    # -- claiming from a shared queue (the baselines behind the same queue as BlockServe) -----------
+    def claim_plan(self) -> ClaimPlan | None:
+        """Nothing while a batch runs (Fast-dLLM's batch admits nothing until its slowest row is done);
+        then the requests that have waited longest, up to the batch size."""
+        if not all(r.is_finished for r in self.batch) or len(self.waiting) >= self.batch_size:
+            return None
+        return ClaimPlan(count=self.batch_size - len(self.waiting), max_prefix=0, oldest_first=True)
+
+    def choose(self, candidates: list[Request]) -> list[Request]:
+        """The oldest of ``candidates``, as many as the next batch takes."""
+        room = self.batch_size - len(self.waiting)
+        return sorted(candidates, key=lambda r: r.arrival_time or 0.0)[: max(room, 0)]
+
+    def unadmittable(self) -> list[Request]:
+        """None: the next batch takes every request waiting (a claim never exceeds its room)."""
+        return []
 
     def _enqueue(self, request: Request) -> None:
         self.waiting.append(request)

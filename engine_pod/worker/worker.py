@@ -30,13 +30,13 @@ import redis
 from engine_pod.decoding.sampling_params import SamplingError, SamplingParams
 from engine_pod.engine import Engine, StepResult
 from engine_pod.queue.messages import BlockEvent, DoneEvent
-from engine_pod.queue.ops import RESULT_TTL_S, BlockCommit, Candidate, Claimed
+from engine_pod.queue.ops import ANY_WAIT, RESULT_TTL_S, BlockCommit, Candidate, Claimed
 from engine_pod.queue.resilience import TRANSIENT_ERRORS, Backoff
 from engine_pod.queue.sync_client import CLAIM_ROUNDS, SyncQueue
 from engine_pod.runner.block_cycle import BlockCycleRunner
-from engine_pod.scheduler.blockserve import BlockServeScheduler
-from engine_pod.scheduler.config import SchedulerConfig
+from engine_pod.scheduler.config import BURST_QUIET_S, SchedulerConfig
 from engine_pod.scheduler.request import Request, RequestError, RequestState
+from engine_pod.scheduler.serving import SERVING_POLICIES, serving_scheduler
 from engine_pod.text import completion_tokens, within_limit
 from engine_pod.worker.metrics import WorkerMetrics
 
@@ -53,10 +53,20 @@ class WorkerConfig:
     service: str
     scheduling: SchedulerConfig  # token budget and admission: the scheduler decides what to claim
     worker_id: str = ""
+    # blockserve, or a baseline behind the same queue (measured side by side): static (batches of
+    # ``batch_size`` in arrival order, each run until its slowest row is done) or sequential
+    policy: str = "blockserve"
+    batch_size: int = 1  # static's
     lease_ms: int = 30_000
     idle_wait_s: float = 0.2  # longest wait for new work when idle
     drain_timeout_s: float = 60.0  # after SIGTERM: time to finish in-flight work before handing it back
     result_ttl_s: int = RESULT_TTL_S  # how long a finished request's record and result stay in Redis
+
+    def __post_init__(self) -> None:
+        if self.policy not in SERVING_POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(SERVING_POLICIES)}, got {self.policy!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch size must be positive, got {self.batch_size}")
 
     def resolved_id(self) -> str:
         return self.worker_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -73,10 +83,12 @@ class Worker:
         )
         self.decoding = runner.decoding
         self.eos_ids = runner.loaded.config.eos_token_ids
-        self.scheduler = BlockServeScheduler(
+        self.scheduler = serving_scheduler(
+            config.policy,
             self.decoding.block_length,
             self.eos_ids,
             config.scheduling,
+            config.batch_size,
             ignore_eos=self.decoding.ignore_eos,
             canvas=self.decoding.canvas,
             clock=time.monotonic,
@@ -223,9 +235,12 @@ class Worker:
             plan = self.scheduler.claim_plan()
             if plan is None:
                 return
-            read = self.queue.candidates(
-                plan.max_prefix, plan.count, self.config.scheduling.max_wait_s, AGED_READ
-            )
+            if plan.oldest_first:
+                read = self.queue.candidates(0, 0, ANY_WAIT, plan.count)
+            else:
+                read = self.queue.candidates(
+                    plan.max_prefix, plan.count, self.config.scheduling.max_wait_s, AGED_READ
+                )
             candidates = {c.id: c for c in [*read.aged, *read.shortest]}
             shapes = {c.id: self._shape(c) for c in candidates.values()}
             chosen = [r.request_id for r in self.scheduler.choose(list(shapes.values()))]
@@ -298,7 +313,23 @@ class Worker:
         if not self._subscribed:  # once: after a dropped connection redis-py subscribes again itself
             self._pubsub.subscribe(self.queue.ops.keys.wakeup)
             self._subscribed = True
-        self._pubsub.get_message(timeout=self.config.idle_wait_s)
+        if self._pubsub.get_message(timeout=self.config.idle_wait_s) is not None:
+            self._let_the_burst_in()
+
+    def _let_the_burst_in(self) -> None:
+        """Work came to an idle worker: while more keeps arriving (a burst on its way through the
+        gateway), wait, up to the batch window, so that the first cycle takes the burst and not only its
+        first request (the rest would join a block later and finish a cycle later)."""
+        window = self.config.scheduling.batch_window_s
+        if window <= 0:
+            return
+        give_up, seen = time.monotonic() + window, self.queue.depth()[0]
+        while time.monotonic() + BURST_QUIET_S <= give_up:
+            time.sleep(BURST_QUIET_S)
+            arrived = self.queue.depth()[0]
+            if arrived <= seen:
+                return
+            seen = arrived
 
     def _step(self) -> None:
         begin = time.perf_counter()

@@ -63,13 +63,16 @@ def make_worker(served_model):
     loaded = load_model(str(served_model))
 
     def build(
-        redis_url: str, service: str, token_budget: int = 2048, scheduling: dict | None = None, **decoding
+        redis_url: str,
+        service: str,
+        token_budget: int = 2048,
+        scheduling: dict | None = None,
+        worker: dict | None = None,
+        **decoding,
     ) -> WorkerThread:
         config = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, **decoding)
         settings = SchedulerConfig(token_budget, **(scheduling or {}))
-        worker = Worker(
-            BlockCycleRunner(loaded, config), WorkerConfig(redis_url, service, settings, lease_ms=3000)
-        )
-        return WorkerThread(worker)
+        worker_config = WorkerConfig(redis_url, service, settings, lease_ms=3000, **(worker or {}))
+        return WorkerThread(Worker(BlockCycleRunner(loaded, config), worker_config))
 
     return build

@@ -13,7 +13,7 @@ import pytest
 
 from engine_pod.queue.connect import sync_client
 from engine_pod.queue.messages import BATCH_META, BlockEvent, DoneEvent, QueuedRequest, decode_event
-from engine_pod.queue.ops import BlockCommit, CommitReply, QueueOps, now_ms
+from engine_pod.queue.ops import ANY_WAIT, BlockCommit, CommitReply, QueueOps, now_ms
 from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.serve.redis_server import RedisServer
 
@@ -66,6 +66,12 @@ def test_candidates_carry_each_requests_sizes_and_wait_and_the_aged_oldest_first
     assert [c.id for c in queue.candidates(30, 10, max_wait_s=15, aged_count=5).aged] == ["r-older"]
     assert queue.candidates(30, 10, max_wait_s=0, aged_count=5).aged == []  # 0: no bound
     assert queue.candidates(30, 10).aged == []  # by default, none
+    oldest = queue.candidates(0, 0, max_wait_s=ANY_WAIT, aged_count=3)  # a baseline's read: arrival order
+    assert ([c.id for c in oldest.aged], oldest.shortest) == (["r-older", "r-old", "r-new"], [])
+    assert [c.id for c in queue.candidates(0, 0, max_wait_s=ANY_WAIT, aged_count=2).aged] == [
+        "r-older",
+        "r-old",
+    ]
 
 
 def test_a_request_enqueued_without_sizes_is_read_by_its_prefix_alone(queue):

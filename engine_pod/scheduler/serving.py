@@ -1,0 +1,35 @@
+"""Which scheduler serves a worker's queue: BlockServe, or a baseline behind the same queue.
+
+The baselines (static batching with Fast-dLLM's semantics, one request at a time) draw from the shared
+queue as BlockServe does, so that the serving path can be measured with each of them side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from engine_pod.scheduler.base import Scheduler
+from engine_pod.scheduler.blockserve import BlockServeScheduler
+from engine_pod.scheduler.config import SchedulerConfig
+from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
+
+SERVING_POLICIES = ("blockserve", "static", "sequential")
+
+
+def serving_scheduler(
+    policy: str,
+    block_length: int,
+    eos_ids: Iterable[int],
+    config: SchedulerConfig,
+    batch_size: int = 1,
+    **common,
+) -> Scheduler:
+    """``policy``'s scheduler: BlockServe with ``config``, static batches of ``batch_size`` (in arrival
+    order, each run until its slowest row is done) or sequential."""
+    if policy == "blockserve":
+        return BlockServeScheduler(block_length, eos_ids, config, **common)
+    if policy == "static":
+        return StaticScheduler(block_length, eos_ids, batch_size=batch_size, **common)
+    if policy == "sequential":
+        return sequential_scheduler(block_length, eos_ids, **common)
+    raise ValueError(f"policy must be one of {', '.join(SERVING_POLICIES)}, got {policy!r}")

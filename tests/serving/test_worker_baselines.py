@@ -1,0 +1,110 @@
+"""The baselines behind the same queue as BlockServe (``dllm worker --policy static|sequential``): static
+batches form in arrival order (not by prompt length), each runs until its slowest row is done before the
+next is claimed, and every request's tokens are the engine's own for it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from engine_pod.bench.execute import run_policy
+from engine_pod.bench.policies import PolicySpec
+from engine_pod.bench.results import PreparedRequest
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.models.loader import load_model
+from engine_pod.queue.messages import EVENT_FIELD, DoneEvent, QueuedRequest, decode_event
+from engine_pod.queue.ops import QueueOps
+from engine_pod.queue.sync_client import SyncQueue
+from engine_pod.scheduler.config import SchedulerConfig
+from tests.serving_utils import BLOCK, wait_for
+
+PROMPT_LENGTHS = [20, 16, 12, 8, 4]  # later requests are shorter: arrival order is not length order
+
+
+def _enqueue_all(url: str, service: str) -> tuple[SyncQueue, list[PreparedRequest]]:
+    queue = SyncQueue(redis.Redis.from_url(url), QueueOps(service))
+    prepared = []
+    for index, length in enumerate(PROMPT_LENGTHS):
+        request = PreparedRequest(f"r-{index}", [5 + index + t % 7 for t in range(length)], 2 * BLOCK)
+        queued = QueuedRequest(request.request_id, request.prompt_ids, request.max_tokens, time.time())
+        assert queue.run(queue.ops.enqueue(queued, 0))
+        prepared.append(request)
+        time.sleep(0.005)  # distinct arrival times (Redis's clock, ms)
+    return queue, prepared
+
+
+def _results(queue: SyncQueue, ids: list[str]) -> dict[str, tuple[str, DoneEvent]]:
+    """Per request, its done event and the stream id it was written under (when, in ms)."""
+    found = {}
+    for request_id in ids:
+        entries = queue.redis.xrange(queue.ops.keys.events(request_id))
+        last = decode_event(entries[-1][1][EVENT_FIELD.encode()]) if entries else None
+        if isinstance(last, DoneEvent):
+            found[request_id] = (entries[-1][0].decode(), last)
+    return found
+
+
+def _written_at(entry_id: str) -> tuple[int, int]:
+    ms, sequence = entry_id.split("-")
+    return int(ms), int(sequence)
+
+
+@pytest.mark.parametrize(("policy", "batch_size"), [("static", 3), ("sequential", 1)])
+def test_a_baseline_worker_claims_in_arrival_order_one_batch_at_a_time(
+    redis_server, service, make_worker, served_model, policy, batch_size
+):
+    queue, prepared = _enqueue_all(redis_server.url, service)
+    ids = [r.request_id for r in prepared]
+    with make_worker(
+        redis_server.url, service, worker={"policy": policy, "batch_size": batch_size}
+    ) as worker:
+        wait_for(lambda: len(_results(queue, ids)) == len(ids), 120, what="every request to finish")
+        admitted = [record.admitted for record in worker.engine.records if record.admitted]
+    results = _results(queue, ids)
+    batches = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
+    assert admitted == [len(batch) for batch in batches]  # admissions only when a batch starts
+    for earlier, later in zip(batches, batches[1:]):  # a batch ends before the next one's first result
+        assert max(_written_at(results[i][0]) for i in earlier) < min(
+            _written_at(results[i][0]) for i in later
+        )
+    decoding = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK)
+    alone = run_policy(
+        load_model(str(served_model)),
+        decoding,
+        PolicySpec(policy, SchedulerConfig(2048), batch_size),
+        prepared,
+        progress=False,
+    )
+    assert {i: results[i][1].token_ids for i in ids} == {i: alone.outcomes[i].generated for i in ids}
+
+
+def _trickle(url: str, service: str, count: int) -> None:
+    """``count`` requests one after another (a burst on its way through a gateway: about a millisecond
+    apart, never the 5 ms pause that ends a batch window)."""
+    queue = SyncQueue(redis.Redis.from_url(url), QueueOps(service))
+    for index in range(count):
+        queue.run(queue.ops.enqueue(QueuedRequest(f"b-{index}", [7] * 6, BLOCK, time.time()), 0))
+        time.sleep(0.001)
+
+
+@pytest.mark.parametrize("window", [0.5, 0.0])
+def test_an_idle_worker_lets_a_burst_in_before_its_first_cycle(redis_server, service, make_worker, window):
+    """With a batch window the first cycle takes the whole burst; without one it starts with what is
+    there when the first request's wakeup comes (here: fewer than all)."""
+    count = 24
+    queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
+    with make_worker(redis_server.url, service, scheduling={"batch_window_s": window}) as worker:
+        time.sleep(0.5)  # idle, subscribed to the wakeups
+        thread = threading.Thread(target=_trickle, args=(redis_server.url, service, count))
+        thread.start()
+        thread.join()
+        ids = [f"b-{i}" for i in range(count)]
+        wait_for(lambda: len(_results(queue, ids)) == count, 120, what="the burst to finish")
+        first = worker.engine.records[0].admitted
+    if window:
+        assert first == count
+    else:
+        assert first < count
