@@ -8,10 +8,10 @@ mkdir -p "$out"
 
 # 1. Scheduling policies side by side on the shipped workloads (equal memory: static's batch size is
 #    the largest whose boxes fit BlockServe's token budget), BlockServe packed (default) and dense, plus
-#    the whole serving path; three rounds, each policy's median run reported.
+#    the whole serving path with each scheduler behind it; three rounds, each policy's median run reported.
 for workload in heterogeneous homogeneous; do
   dllm bench --workload "$workload" --repeat 3 \
-    --policy sequential,static,blockserve,blockserve-dense,blockserve-projected,gateway \
+    --policy sequential,static,blockserve,blockserve-dense,blockserve-projected,gateway,gateway-static,gateway-sequential \
     --json "$out/bench-$workload.json" --plot "$out/bench-$workload.png"
 done
 
@@ -44,7 +44,8 @@ done
 
 # 3. Online load: Poisson arrivals at several rates, every policy on the same arrivals; then the
 #    fairness load (300 chat requests, 32 clients) through dllm serve.
-dllm bench --workload heterogeneous --policy sequential,static,blockserve,gateway --arrival-rate 10,30,60,120 \
+dllm bench --workload heterogeneous --policy sequential,static,blockserve,gateway,gateway-static,gateway-sequential \
+  --arrival-rate 10,30,60,120 \
   --requests 200 --json "$out/online-heterogeneous.json" --plot "$out/online-heterogeneous.png"
 port=${PORT:-8411}
 dllm serve --port "$port" --data-dir "$(mktemp -d)" > "$out/serve.log" 2>&1 &

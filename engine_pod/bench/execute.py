@@ -15,6 +15,7 @@ from engine_pod.bench.policies import PolicySpec, build_scheduler
 from engine_pod.bench.results import ModelSpec, PolicyRun, PreparedRequest, RequestOutcome
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
+from engine_pod.heap import freeze_loaded_objects
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.models.loader import LoadedModel, load_model
 from engine_pod.profiling.memory import peak_bytes, reset_peak
@@ -49,6 +50,7 @@ def run_policy(
             Request.from_tokens(item.request_id, item.prompt_ids, item.max_tokens, decoding.block_length)
         )
     warm_up(engine.runner, requests)
+    freeze_loaded_objects()  # as a worker does when it starts serving
     reset_peak(loaded.device)
     outcomes: dict[str, RequestOutcome] = {}
     bar = tqdm(total=len(requests), desc=spec.name, unit="req", disable=not progress, leave=False)

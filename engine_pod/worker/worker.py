@@ -29,6 +29,7 @@ import redis
 
 from engine_pod.decoding.sampling_params import SamplingError, SamplingParams
 from engine_pod.engine import Engine, StepResult
+from engine_pod.heap import freeze_loaded_objects
 from engine_pod.queue.messages import BlockEvent, DoneEvent
 from engine_pod.queue.ops import ANY_WAIT, RESULT_TTL_S, BlockCommit, Candidate, Claimed
 from engine_pod.queue.resilience import TRANSIENT_ERRORS, Backoff
@@ -133,6 +134,7 @@ class Worker:
 
     def run(self, max_idle_s: float | None = None) -> None:
         """Serve until drained (SIGTERM) or, with ``max_idle_s``, until idle that long."""
+        freeze_loaded_objects()
         self._pubsub = self.queue.redis.pubsub(ignore_subscribe_messages=True)
         idle_since = time.monotonic()
         try:
