@@ -109,7 +109,7 @@ def _through_gateway(loaded, cfg: OnlineConfig, spec: PolicySpec, requests: list
 def online_summary(report: dict) -> str:
     lines = [
         f"{report['workload']}: {report['requests']} requests per load, target {report['target']}",
-        f"{'policy':<12}{'load':<18}{'tok/s':>9}{'1st blk p50':>12}{'p99':>8}{'lat p50':>9}{'p90':>8}"
+        f"{'policy':<20}{'load':<14}{'tok/s':>9}{'1st blk p50':>12}{'p99':>8}{'lat p50':>9}{'p90':>8}"
         f"{'p99':>8}{'wait p50':>9}{'worst family p99/p50':>22}",
     ]
     for name, by_load in report["runs"].items():
@@ -118,7 +118,7 @@ def online_summary(report: dict) -> str:
             wait = (m.get("queue_wait_s") or {}).get("p50")
             worst = max(f["p99"] for f in m["latency_by_family_s"].values()) / lat["p50"]
             lines.append(
-                f"{name:<12}{label:<18}{m['tokens_per_s']:>9.1f}{first.get('p50', 0):>12.2f}"
+                f"{name:<20}{label:<14}{m['tokens_per_s']:>9.1f}{first.get('p50', 0):>12.2f}"
                 f"{first.get('p99', 0):>8.2f}{lat['p50']:>9.2f}{lat['p90']:>8.2f}{lat['p99']:>8.2f}"
                 f"{(f'{wait:.2f}' if wait is not None else '-'):>9}{worst:>22.2f}"
             )

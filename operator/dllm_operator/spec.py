@@ -43,6 +43,7 @@ class ServiceSpec:
     min_padding_efficiency: float = DEFAULTS.min_padding_efficiency
     max_rows: int = DEFAULTS.max_rows
     max_wait_s: float = DEFAULTS.max_wait_s
+    batch_window_s: float = DEFAULTS.batch_window_s
     image: str | None = None
     gpus: int = 1
     gpu_resource: str = "nvidia.com/gpu"
@@ -137,6 +138,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         min_padding_efficiency=float(scheduling.get("minPaddingEfficiency", DEFAULTS.min_padding_efficiency)),
         max_rows=int(scheduling.get("maxRows", DEFAULTS.max_rows)),
         max_wait_s=float(scheduling.get("maxWaitSeconds", DEFAULTS.max_wait_s)),
+        batch_window_s=float(scheduling.get("batchWindowSeconds", DEFAULTS.batch_window_s)),
         image=resources.get("image"),
         gpus=int(resources.get("gpus", 1)),
         gpu_resource=resources.get("gpuResourceName", "nvidia.com/gpu"),
@@ -176,6 +178,7 @@ SCHEDULING_FIELDS = {
     "min_padding_efficiency": "minPaddingEfficiency",
     "max_rows": "maxRows",
     "max_wait_s": "maxWaitSeconds",
+    "batch_window_s": "batchWindowSeconds",
 }  # SchedulerConfig's field -> its name under spec.scheduling
 
 

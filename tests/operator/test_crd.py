@@ -131,6 +131,7 @@ INVALID = [
     ("gateway.prot", 8080),
     ("profiling.utilisation", 0.8),
     ("scheduling.maxWaitSeconds", -1),
+    ("scheduling.batchWindowSeconds", 2),
     ("scheduling.maxRows", 0),
     ("scheduling.maxWait", 2),
 ]
@@ -156,6 +157,7 @@ VALID = [
     ("decoding.stepsPerBlock", 32),
     ("scheduling.maxWaitSeconds", 0),
     ("scheduling.maxWaitSeconds", 2.5),
+    ("scheduling.batchWindowSeconds", 0),
     ("scheduling.maxRows", 64),
 ]
 

@@ -132,17 +132,25 @@ def test_engine_command_is_what_dllm_worker_accepts_with_the_scheduling_fields()
             scheduling__minPaddingEfficiency=0.5,
             scheduling__maxRows=64,
             scheduling__maxWaitSeconds=2.5,
+            scheduling__batchWindowSeconds=0.0,
         )
     )
     assert (args.admission, args.min_padding_efficiency, args.threshold) == ("projected", 0.5, 0.9)
-    assert (args.max_rows, args.max_wait) == (64, 2.5)
+    assert (args.max_rows, args.max_wait, args.batch_window) == (64, 2.5, 0.0)
     defaults = worker_args(example())
-    settings = (defaults.admission, defaults.min_padding_efficiency, defaults.max_rows, defaults.max_wait)
+    settings = (
+        defaults.admission,
+        defaults.min_padding_efficiency,
+        defaults.max_rows,
+        defaults.max_wait,
+        defaults.batch_window,
+    )
     assert settings == (
         DEFAULTS.admission,
         DEFAULTS.min_padding_efficiency,
         DEFAULTS.max_rows,
         DEFAULTS.max_wait_s,
+        DEFAULTS.batch_window_s,
     )
 
 
@@ -203,6 +211,8 @@ def test_operator_rechecks_what_cel_would_reject():
         example(scheduling__minPaddingEfficiency=1.5)
     with pytest.raises(SpecError, match="scheduling.maxWaitSeconds must be at least 0"):
         example(scheduling__maxWaitSeconds=-0.5)
+    with pytest.raises(SpecError, match=r"scheduling.batchWindowSeconds must be in \[0, 1.0\]"):
+        example(scheduling__batchWindowSeconds=5)
 
 
 def test_gateway_liveness_checks_the_process_and_readiness_checks_redis():
