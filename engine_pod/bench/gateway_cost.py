@@ -59,13 +59,11 @@ class InstantPeer(threading.Thread):
             blocks, results = [], []
             for item in claimed:
                 request, tokens = item.request, [7] * self.tokens
+                prompt = len(request.prompt_ids)
                 for index in range(self.tokens // BLOCK):
                     end = (index + 1) * BLOCK
                     event = BlockEvent(index, tokens[end - BLOCK : end]) if request.stream else None
-                    blocks.append(
-                        BlockCommit(request.id, event, tokens[:end], len(request.prompt_ids) + end, index)
-                    )
-                prompt = len(request.prompt_ids)
+                    blocks.append(BlockCommit(request.id, event, tokens[:end], prompt + end, index))
                 results.append((request.id, DoneEvent(tokens, "length", prompt, len(tokens), "peer")))
             self.queue.commit("peer", blocks, results, [])
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from engine_pod.scheduler.base import Scheduler
 from engine_pod.scheduler.config import ADMISSION_MODES, SchedulerConfig
-from engine_pod.scheduler.serving import serving_scheduler
+from engine_pod.scheduler.serving import SERVING_POLICIES, serving_scheduler
 
 POLICIES = (
     "sequential",
@@ -57,7 +57,7 @@ class PolicySpec:
     def served_policy(self) -> str:
         """The scheduler it runs (one of ``SERVING_POLICIES``)."""
         name = self.name.removeprefix("gateway-") if self.through_gateway else self.name
-        return name if name in ("static", "sequential") else "blockserve"
+        return name if name in SERVING_POLICIES else "blockserve"
 
 
 def build_scheduler(spec: PolicySpec, block_length: int, eos_ids, ignore_eos: bool, canvas: str) -> Scheduler:

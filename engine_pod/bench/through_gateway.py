@@ -1,8 +1,8 @@
 """The ``gateway`` benchmark policies: the same workload through the whole serving path.
 
-A private redis-server, the gateway (its own process) and one worker (a thread here; BlockServe, or
-for ``gateway-static`` and ``gateway-sequential`` a baseline behind the same queue) serve every request
-over HTTP at once; tokens come back from the queue's stored results, so the
+A private redis-server, the gateway (its own process) and one worker (on this process's main thread;
+BlockServe, or for ``gateway-static`` and ``gateway-sequential`` a baseline behind the same queue) serve
+every request over HTTP at once; tokens come back from the queue's stored results, so the
 output comparison with the engine-alone policies is exact.
 """
 

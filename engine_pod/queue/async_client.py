@@ -28,8 +28,11 @@ class AsyncQueue:
         client, initialised lazily by many concurrent first commands, breaks some of their connections)
         and load every script, so the first requests do not each meet NOSCRIPT."""
         await self.redis.initialize()
-        for script in self._scripts.values():
-            await self.redis.script_load(script.script)
+        await self._load_scripts(set(self._scripts))
+
+    async def _load_scripts(self, names: set[str]) -> None:
+        for name in names:
+            await self.redis.script_load(self._scripts[name].script)
 
     async def run(self, call: ScriptCall):
         return await self._scripts[call.script](keys=call.keys, args=call.args)
@@ -44,8 +47,7 @@ class AsyncQueue:
         replies = await self._pipelined(calls)
         missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if missing:
-            for name in {calls[i].script for i in missing}:
-                await self.redis.script_load(self._scripts[name].script)
+            await self._load_scripts({calls[i].script for i in missing})
             for i, reply in zip(missing, await self._pipelined([calls[i] for i in missing])):
                 replies[i] = reply
         return replies
@@ -114,9 +116,7 @@ class AsyncQueue:
 
 def _streams(reply) -> list:
     """XREAD's reply as (stream, entries) pairs: a list of pairs (RESP2) or a mapping (RESP3)."""
-    return (
-        list(reply.items()) if isinstance(reply, dict) else [(stream, entries) for stream, entries in reply]
-    )
+    return list(reply.items()) if isinstance(reply, dict) else list(reply)
 
 
 def _event(fields: dict) -> Event | None:

@@ -99,14 +99,17 @@ class StaticScheduler(Scheduler):
     def claim_plan(self) -> ClaimPlan | None:
         """Nothing while a batch runs (Fast-dLLM's batch admits nothing until its slowest row is done);
         then the requests that have waited longest, up to the batch size."""
-        if not all(r.is_finished for r in self.batch) or len(self.waiting) >= self.batch_size:
+        if not all(r.is_finished for r in self.batch) or self._room() < 1:
             return None
-        return ClaimPlan(count=self.batch_size - len(self.waiting), max_prefix=0, oldest_first=True)
+        return ClaimPlan(count=self._room(), max_prefix=0, oldest_first=True)
 
     def choose(self, candidates: list[Request]) -> list[Request]:
         """The oldest of ``candidates``, as many as the next batch takes."""
-        room = self.batch_size - len(self.waiting)
-        return sorted(candidates, key=lambda r: r.arrival_time or 0.0)[: max(room, 0)]
+        return sorted(candidates, key=lambda r: r.arrival_time or 0.0)[: max(self._room(), 0)]
+
+    def _room(self) -> int:
+        """Requests the next batch takes beyond those already waiting for it."""
+        return self.batch_size - len(self.waiting)
 
     def unadmittable(self) -> list[Request]:
         """None: the next batch takes every request waiting (a claim never exceeds its room)."""
