@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host,
         port=args.port,
         log_level="info",
+        access_log=settings.access_log,
         timeout_graceful_shutdown=max(int(settings.drain_timeout_s), 1),
     )
     DrainingServer(config, app).run()

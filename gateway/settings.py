@@ -38,6 +38,7 @@ class GatewaySettings:
     file_ttl_s: int = 7 * 86400  # how long an uploaded file stays
     batch_ttl_s: int = 7 * 86400  # how long a batch's record and its results stay
     docs: bool = True  # serve /docs, /redoc and /openapi.json (off: the API is not described publicly)
+    access_log: bool = True  # one log line per HTTP request (uvicorn's access log)
     # > 0: /metrics is served on this port, without a key (for a scraper inside the cluster), and not on
     # the API port; 0: /metrics on the API port, behind the API key when there are keys
     metrics_port: int = 0
@@ -117,6 +118,7 @@ ENV_NAMES = {  # field -> environment variable: the one place a gateway setting'
     "file_ttl_s": "DLLM_FILE_TTL_S",
     "batch_ttl_s": "DLLM_BATCH_TTL_S",
     "docs": "DLLM_DOCS",
+    "access_log": "DLLM_ACCESS_LOG",
     "metrics_port": "DLLM_METRICS_PORT",
     "metrics_host": "DLLM_METRICS_HOST",
 }

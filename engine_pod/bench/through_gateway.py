@@ -51,6 +51,7 @@ def _gateway_env(loaded: LoadedModel, redis_url: str, decoding: DecodingConfig, 
         block_length=decoding.block_length,
         steps_per_block=decoding.steps_per_block,
         threshold=decoding.threshold,
+        access_log=False,  # as serving benchmarks run (vLLM's --disable-log-requests): a line per request
     )
     return settings.to_env()
 
