@@ -8,9 +8,9 @@ mkdir -p "$out"
 
 # 1. Scheduling policies side by side on the shipped workloads (equal memory: static's batch size is
 #    the largest whose boxes fit BlockServe's token budget), BlockServe packed (default) and dense, plus
-#    the whole serving path with each scheduler behind it; three rounds, each policy's median run reported.
+#    the whole serving path with each scheduler behind it; seven rounds, each policy's median run reported.
 for workload in heterogeneous homogeneous; do
-  dllm bench --workload "$workload" --repeat 3 \
+  dllm bench --workload "$workload" --repeat 7 \
     --policy sequential,static,blockserve,blockserve-dense,blockserve-projected,gateway,gateway-static,gateway-sequential \
     --json "$out/bench-$workload.json" --plot "$out/bench-$workload.png"
 done

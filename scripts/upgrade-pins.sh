@@ -14,7 +14,7 @@ trap 'rm -rf "$work"' EXIT
 # shellcheck disable=SC1091
 . "$work/venv/bin/activate"
 python -m pip install --quiet torch==2.13.0          # the CPU wheel first, so nothing pulls a CUDA build
-python -m pip install --quiet -e ".[dev]"             # no constraints: the newest the ranges allow
+python -m pip install --quiet -e ".[dev,mutation]"    # no constraints: the newest the ranges allow
 {
   sed -n '1,/^[^#]/{/^#/p}' constraints.txt
   python -m pip freeze --exclude-editable | sed 's/+cpu$//'

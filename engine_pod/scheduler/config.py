@@ -17,7 +17,7 @@ LAYOUTS = ("packed", "dense")
 
 
 DEFAULT_LAYOUT = LAYOUTS[0]
-BATCH_WINDOW_S = 0.05  # SchedulerConfig.batch_window_s's default
+BATCH_WINDOW_S = 0.15  # SchedulerConfig.batch_window_s's default
 BURST_QUIET_S = 0.005  # a pause in arrivals this long ends a batch window: the burst is in
 MAX_BATCH_WINDOW_S = 1.0
 
