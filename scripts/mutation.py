@@ -40,7 +40,10 @@ SCOPES = {
         ["engine_pod/queue/ops.py", "engine_pod/queue/messages.py", "engine_pod/queue/sync_client.py"],
         ["tests/serving/test_queue_protocol.py", "tests/serving/test_queue_replies.py", "-k", "not cluster"],
     ),
-    "worker": Scope(["engine_pod/worker/worker.py"], ["tests/serving/test_worker.py"]),
+    "worker": Scope(
+        ["engine_pod/worker/worker.py"],
+        ["tests/serving/test_worker.py", "tests/serving/test_worker_baselines.py"],
+    ),
     "gateway": Scope(
         ["gateway/submission.py", "gateway/streaming.py", "gateway/logprobs.py"],
         ["tests/serving/test_gateway_answers.py", "tests/serving/test_gateway_e2e.py"],

@@ -92,6 +92,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=128, help="requests per burst (all at once)")
     parser.add_argument("--bursts", type=int, default=5, help="bursts measured (after one untimed)")
     parser.add_argument("--tokens", type=int, default=128, help="max_tokens (a multiple of 32)")
+    parser.add_argument(
+        "--access-log", action="store_true", help="with the access log (off, as in dllm bench)"
+    )
     parser.add_argument("--stream", action="store_true", help="streamed requests (one event per block)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -103,6 +106,7 @@ def main() -> None:
             model_name="cost",
             max_queued=args.requests + 1,
             max_tokens_limit=args.tokens,
+            access_log=args.access_log,
         )
         env = settings.to_env() | {"DLLM_LOG_LEVEL": "warning"}
         gateway = GatewayProcess(
