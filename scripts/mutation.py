@@ -24,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 logger = logging.getLogger("mutation")
+PER_TEST_TIMEOUT_S = 60
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,10 @@ def mutmut_section(scope: Scope) -> str:
         'source_paths = ["engine_pod/", "gateway/"]\n'
         f"only_mutate = {toml_list(scope.mutate)}\n"
         f"pytest_add_cli_args_test_selection = {toml_list(scope.tests)}\n"
+        # a mutant that hangs the worker's loop or a wait fails its test at this bound instead of
+        # mutmut's default (30 times the tests' clean run, minutes per mutant here)
+        f'pytest_add_cli_args = ["--timeout", "{PER_TEST_TIMEOUT_S}"]\n'
+        "timeout_multiplier = 3.0\n"
         'also_copy = ["operator/", "crds/", "charts/"]\n\n'
     )
 

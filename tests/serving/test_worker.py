@@ -20,7 +20,7 @@ from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.ops import QueueOps
 from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.scheduler.config import SchedulerConfig
-from engine_pod.serve.redis_server import free_port
+from engine_pod.serve.redis_server import RedisServer, free_port
 from engine_pod.worker.http import ProbeSource, serve_probes
 from tests.serving_utils import BLOCK, wait_for, worker_command
 
@@ -369,3 +369,45 @@ def _status(url: str) -> int | None:
         return httpx.get(url, timeout=2).status_code
     except httpx.HTTPError:
         return None
+
+
+def test_a_worker_is_unready_while_redis_is_down_and_serves_again_once_it_is_back(
+    redis_server, service, make_worker
+):
+    """Redis killed under an idle worker: the worker stays up, reports not ready, and serves a request
+    enqueued after Redis came back on the same port (the worker's client reconnects by itself)."""
+    with make_worker(redis_server.url, service) as worker:
+        queue = _enqueue(redis_server.url, service, "before", 5)
+        wait_for(lambda: _done(queue, "before"), 60, what="the first request to finish")
+        assert worker.ready()
+        redis_server.kill()
+        wait_for(lambda: not worker.ready(), 10, what="the worker to report not ready")
+        wait_for(lambda: not worker.connected, 10, what="the worker's loop to notice the fault")
+        assert not worker.stopped
+        with RedisServer(port=redis_server.port):
+            queue = _enqueue(redis_server.url, service, "after", 5)
+            wait_for(lambda: _done(queue, "after"), 60, what="the request sent after the restart")
+            wait_for(worker.ready, 10, what="the worker to report ready again")
+            assert _done(queue, "after").finish_reason in ("stop", "length")
+
+
+def test_the_readiness_probe_asks_redis_itself(redis_server, service, make_worker):
+    """Between two iterations of the loop (a long block cycle on a GPU) only the probe's own ping can
+    tell that Redis is gone."""
+    worker = make_worker(redis_server.url, service).worker  # built, its loop not started
+    assert worker.ready()
+    redis_server.kill()
+    assert worker.connected and not worker.ready()
+
+
+def test_a_pause_in_arrivals_ends_the_batch_window(redis_server, service, make_worker):
+    """The batch window ends at the first pause in arrivals (5 ms), not at its full length: a request
+    that arrives alone starts its cycle alone, and one sent 0.5 s later, well inside a 1 s window,
+    joins later (a window that ran its full length would have started both together)."""
+    with make_worker(redis_server.url, service, scheduling={"batch_window_s": 1.0}) as worker:
+        time.sleep(0.5)  # idle, subscribed to the wakeups
+        queue = _enqueue(redis_server.url, service, "first", 5, max_tokens=64)
+        time.sleep(0.5)
+        _enqueue(redis_server.url, service, "second", 5)
+        wait_for(lambda: _done(queue, "first") and _done(queue, "second"), 60, what="both requests")
+        assert worker.engine.records[0].admitted == 1
