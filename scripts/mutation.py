@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 logger = logging.getLogger("mutation")
-PER_TEST_TIMEOUT_S = 60
+PER_TEST_TIMEOUT_S = 20
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def mutmut_section(scope: Scope) -> str:
         # a mutant that hangs the worker's loop or a wait fails its test at this bound instead of
         # mutmut's default (30 times the tests' clean run, minutes per mutant here)
         f'pytest_add_cli_args = ["--timeout", "{PER_TEST_TIMEOUT_S}"]\n'
-        "timeout_multiplier = 3.0\n"
+        "timeout_multiplier = 2.0\n"
         'also_copy = ["operator/", "crds/", "charts/"]\n\n'
     )
 

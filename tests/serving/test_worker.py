@@ -54,6 +54,7 @@ def test_probes_and_metrics(redis_server, service, make_worker):
     assert httpx.get(f"http://127.0.0.1:{port}/startupz").status_code == 503  # nothing attached yet
     probes.attach(worker_thread.worker.metrics.registry, worker_thread.worker.ready)
     try:
+        started = time.monotonic()
         with worker_thread as worker:
             queue = _enqueue(redis_server.url, service, "r-1", 5)
             wait_for(lambda: _done(queue, "r-1"), 60, what="the request to finish")
@@ -65,6 +66,9 @@ def test_probes_and_metrics(redis_server, service, make_worker):
                 line for line in metrics.splitlines() if line.startswith("dllm_generated_tokens_total")
             ]
             assert generated and float(generated[0].split()[-1]) > 0  # moved with the finished request
+            cycle_seconds = _sample(metrics, "dllm_block_cycle_seconds_sum")
+            assert 0 < cycle_seconds < time.monotonic() - started  # each cycle's own duration, summed
+            assert _sample(metrics, "dllm_block_cycle_seconds_count") == len(worker.engine.records)
             budget = [line for line in metrics.splitlines() if line.startswith("dllm_token_budget")]
             assert budget and float(budget[0].split()[-1]) == worker.config.scheduling.token_budget
             for name in (
@@ -81,6 +85,11 @@ def test_probes_and_metrics(redis_server, service, make_worker):
             assert httpx.get(f"{base}/readyz").status_code == 503
     finally:
         server.shutdown()
+
+
+def _sample(metrics: str, name: str) -> float:
+    (value,) = [float(line.split()[-1]) for line in metrics.splitlines() if line.split(" ")[0] == name]
+    return value
 
 
 def test_long_prompts_are_claimed_under_a_small_budget(redis_server, service, make_worker):
@@ -261,6 +270,30 @@ def test_a_cancelled_request_stops_in_the_worker(redis_server, service, make_wor
         done = wait_for(lambda: _done(queue, "r-long"), 60, what="the cancelled result")
     assert done.finish_reason == "cancelled"
     assert 8 <= len(done.token_ids) < 64 * 8
+
+
+def test_a_worker_that_lost_a_lease_drops_the_request_and_never_answers_it(
+    redis_server, service, make_worker
+):
+    """Another worker took the request over (what a reap and its claim leave behind: another owner in
+    the request's record): the next exchange tells this worker, which drops the row, sends no more
+    blocks and no result, and goes on serving; the new owner's result is the only one."""
+    with make_worker(redis_server.url, service, ignore_eos=True) as worker:
+        queue = _enqueue(redis_server.url, service, "r-taken", 5, max_tokens=64 * 8)
+        _wait_for_block(queue, "r-taken")
+        queue.redis.hset(queue.ops.keys.request("r-taken"), "worker", "other")
+        cycles_before = len(worker.engine.records)
+        wait_for(lambda: not worker.engine.has_work(), 30, what="the row to be dropped")
+        assert len(worker.engine.records) - cycles_before <= 2  # not run on to its last block (16)
+        assert "r-taken" not in worker.scheduler.requests
+        kept = json.loads(queue.redis.hget(queue.ops.keys.request("r-taken"), "generated"))
+        assert len(kept) < 64 * 8  # dropped before it finished: no later block was recorded
+        queue = _enqueue(redis_server.url, service, "r-next", 5)
+        wait_for(lambda: _done(queue, "r-next"), 60, what="the next request")
+        assert _done(queue, "r-taken") is None
+        theirs = DoneEvent(kept, "length", prompt_tokens=5, completion_tokens=len(kept), worker="other")
+        assert queue.complete("other", "r-taken", theirs)
+    assert [e.worker for e in queue.events_of("r-taken") if isinstance(e, DoneEvent)] == ["other"]
 
 
 def test_drain_hands_unfinished_work_back_with_its_blocks(redis_server, service, served_model):
