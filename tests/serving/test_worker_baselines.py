@@ -108,3 +108,26 @@ def test_an_idle_worker_lets_a_burst_in_before_its_first_cycle(redis_server, ser
         assert first == count
     else:
         assert first < count
+
+
+def test_a_static_batch_streams_every_row_block_by_block_after_one_row_finished(
+    redis_server, service, make_worker
+):
+    """A finished row stays in its static batch, computed and never committed, ahead of rows still
+    running (arrival order): those rows' blocks are each recorded and streamed once, in order."""
+    queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
+    budgets = {"short": BLOCK, "long-1": 3 * BLOCK, "long-2": 3 * BLOCK}
+    for request_id, max_tokens in budgets.items():
+        queued = QueuedRequest(request_id, [7] * 6, max_tokens, time.time(), stream=True)
+        assert queue.run(queue.ops.enqueue(queued, 0))
+        time.sleep(0.005)  # arrival order: the short one first
+    config = {"policy": "static", "batch_size": 3}
+    with make_worker(redis_server.url, service, worker=config, ignore_eos=True) as worker:
+        wait_for(lambda: len(_results(queue, list(budgets))) == 3, 60, what="the batch to finish")
+        assert [record.admitted for record in worker.engine.records][0] == 3
+    for request_id, max_tokens in budgets.items():
+        blocks = [e for e in queue.events_of(request_id) if not isinstance(e, DoneEvent)]
+        assert [b.index for b in blocks] == list(range(max_tokens // BLOCK)), request_id
+        assert (
+            sum((b.token_ids for b in blocks), []) == _results(queue, [request_id])[request_id][1].token_ids
+        )
