@@ -21,6 +21,7 @@ from engine_pod.queue.ops import QueueOps
 from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.scheduler.config import SchedulerConfig
 from engine_pod.serve.redis_server import RedisServer, free_port
+from engine_pod.text import completion_tokens
 from engine_pod.worker.http import ProbeSource, serve_probes
 from tests.serving_utils import BLOCK, wait_for, worker_command
 
@@ -184,6 +185,27 @@ def test_a_long_prompt_waiting_past_the_bound_is_claimed_while_short_ones_keep_a
     else:
         assert overtakers >= OVERTAKERS, "the control ran out of time before shorter requests overtook"
         assert long_done is None, "without the bound, sand filling keeps admitting the shorter requests"
+
+
+def test_a_result_holds_exactly_what_was_asked_for_with_its_usage_and_meta(
+    redis_server, service, make_worker
+):
+    """Blocks overshoot max_tokens (40 asked, two blocks of 32 computed): the result holds exactly 40
+    tokens (and their log probabilities), says why it ended, counts the prompt and the completion, names
+    the worker and passes the request's meta through (a batch line's custom id)."""
+    queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
+    meta = {"custom_id": "line-7"}
+    queued = QueuedRequest("r-40", [7] * 5, 40, time.time(), meta=meta, logprobs=1)
+    assert queue.run(queue.ops.enqueue(queued, 0))
+    with make_worker(redis_server.url, service, ignore_eos=True) as worker:
+        done = wait_for(lambda: _done(queue, "r-40"), 60, what="the result")
+    assert len(done.token_ids) == 40 and len(done.logprobs) == 40
+    assert done.finish_reason == "length"  # ignore_eos: an EOS among them does not make it "stop"
+    assert (done.prompt_tokens, done.completion_tokens) == (
+        5,
+        completion_tokens(done.token_ids, worker.eos_ids),
+    )
+    assert (done.worker, done.meta, done.error) == (worker.worker_id, meta, None)
 
 
 def test_block_events_go_to_streaming_requests_only(redis_server, service, make_worker):
