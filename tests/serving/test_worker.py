@@ -190,9 +190,9 @@ def test_a_long_prompt_waiting_past_the_bound_is_claimed_while_short_ones_keep_a
 def test_a_result_holds_exactly_what_was_asked_for_with_its_usage_and_meta(
     redis_server, service, make_worker
 ):
-    """Blocks overshoot max_tokens (40 asked, two blocks of 32 computed): the result holds exactly 40
-    tokens (and their log probabilities), says why it ended, counts the prompt and the completion, names
-    the worker and passes the request's meta through (a batch line's custom id)."""
+    """40 tokens asked, not a whole number of 32-token blocks: the result holds exactly 40 tokens (and
+    their log probabilities), says why it ended, counts the prompt and the completion, names the worker
+    and passes the request's meta through (a batch line's custom id)."""
     queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
     meta = {"custom_id": "line-7"}
     queued = QueuedRequest("r-40", [7] * 5, 40, time.time(), meta=meta, logprobs=1)
