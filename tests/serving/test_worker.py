@@ -219,6 +219,27 @@ def test_block_events_go_to_streaming_requests_only(redis_server, service, make_
     assert kinds == {"plain": ["DoneEvent"], "streamed": ["BlockEvent"] * 3 + ["DoneEvent"]}
 
 
+def test_a_worker_keeps_nothing_of_the_requests_it_has_answered(redis_server, service, make_worker):
+    """Bounded state: once each result is acknowledged, a streamed request, one with log probabilities and
+    meta, and a cancelled one leave no entry behind in the worker (a long-running worker would grow)."""
+    queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
+    requests = [
+        QueuedRequest("streamed", [7] * 5, 2 * BLOCK, time.time(), stream=True),
+        QueuedRequest("detailed", [7] * 6, BLOCK, time.time(), meta={"custom_id": "a"}, logprobs=2),
+        QueuedRequest("cancelled", [7] * 7, 64 * 8, time.time(), stream=True, logprobs=1),
+    ]
+    with make_worker(redis_server.url, service, ignore_eos=True) as worker:
+        for request in requests:
+            assert queue.run(queue.ops.enqueue(request, 0))
+        _wait_for_block(queue, "cancelled")
+        queue.run(queue.ops.cancel("cancelled", 7))
+        wait_for(lambda: all(_done(queue, r.id) for r in requests), 60, what="every result")
+        wait_for(lambda: not worker.engine.has_work() and not worker._outbox, 10, what="acknowledgements")
+        per_request = [worker._meta, worker._streaming, worker._max_tokens, worker._logprobs]
+        assert per_request == [{}, set(), {}, {}] and not worker.scheduler.requests
+    assert _done(queue, "cancelled").finish_reason == "cancelled"
+
+
 def test_a_request_that_can_never_fit_fails_clearly(redis_server, service, make_worker):
     with make_worker(redis_server.url, service, token_budget=200):
         queue = _enqueue(redis_server.url, service, "huge", 150, max_tokens=64)
