@@ -72,7 +72,7 @@ def make_worker(served_model):
     ) -> WorkerThread:
         config = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, **decoding)
         settings = SchedulerConfig(token_budget, **(scheduling or {}))
-        worker_config = WorkerConfig(redis_url, service, settings, lease_ms=3000, **(worker or {}))
+        worker_config = WorkerConfig(redis_url, service, settings, **({"lease_ms": 3000} | (worker or {})))
         return WorkerThread(Worker(BlockCycleRunner(loaded, config), worker_config))
 
     return build

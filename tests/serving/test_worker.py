@@ -70,6 +70,8 @@ def test_probes_and_metrics(redis_server, service, make_worker):
             cycle_seconds = _sample(metrics, "dllm_block_cycle_seconds_sum")
             assert 0 < cycle_seconds < time.monotonic() - started  # each cycle's own duration, summed
             assert _sample(metrics, "dllm_block_cycle_seconds_count") == len(worker.engine.records)
+            assert _sample(metrics, 'dllm_queue_depth{state="pending"}') == 0  # set by the reaping pass
+            assert _sample(metrics, 'dllm_queue_depth{state="inflight"}') in (0, 1)
             budget = [line for line in metrics.splitlines() if line.startswith("dllm_token_budget")]
             assert budget and float(budget[0].split()[-1]) == worker.config.scheduling.token_budget
             for name in (
@@ -337,6 +339,40 @@ def test_a_worker_that_lost_a_lease_drops_the_request_and_never_answers_it(
         theirs = DoneEvent(kept, "length", prompt_tokens=5, completion_tokens=len(kept), worker="other")
         assert queue.complete("other", "r-taken", theirs)
     assert [e.worker for e in queue.events_of("r-taken") if isinstance(e, DoneEvent)] == ["other"]
+
+
+def test_drain_lets_work_in_flight_finish_here_within_its_timeout(redis_server, service, make_worker):
+    """SIGTERM (drain) with time to spare: nothing new is claimed, and the request in flight is finished
+    by this worker, whole, rather than handed back."""
+    with make_worker(redis_server.url, service, ignore_eos=True) as worker:
+        queue = _enqueue(redis_server.url, service, "r-finish", 5, max_tokens=64 * 8)
+        _wait_for_block(queue, "r-finish")
+        worker.drain()  # its drain timeout: 60 s
+        _enqueue(redis_server.url, service, "r-later", 5)
+        done = wait_for(lambda: _done(queue, "r-finish"), 60, what="the request in flight")
+        wait_for(lambda: worker.stopped, 30, what="the drained worker to stop")
+    assert (len(done.token_ids), done.finish_reason, done.worker) == (64 * 8, "length", worker.worker_id)
+    assert _done(queue, "r-later") is None and queue.depth() == (1, 0)  # left for another worker
+
+
+def test_a_request_outliving_many_leases_keeps_its_one_lease_renewed(redis_server, service, make_worker):
+    """Leases of 600 ms, renewed every 200 ms: a request that takes several leases to finish is claimed
+    once and finished by its worker; without renewal its own reaping would take it back mid-run."""
+    lease_s, tokens = 0.6, 64 * 24
+    with make_worker(
+        redis_server.url,
+        service,
+        worker={"lease_ms": int(lease_s * 1000)},
+        ignore_eos=True,
+        remasking="low_confidence",  # every block takes its 32 steps
+    ) as worker:
+        queue = _enqueue(redis_server.url, service, "r-slow", 5, max_tokens=tokens)
+        started = time.monotonic()
+        done = wait_for(lambda: _done(queue, "r-slow"), 120, what="the slow request")
+        took = time.monotonic() - started
+        claims = sum(record.admitted for record in worker.engine.records)
+    assert took > 3 * lease_s, "the request did not outlive three leases: the test proves nothing"
+    assert claims == 1 and done.worker == worker.worker_id and len(done.token_ids) == tokens
 
 
 def test_drain_hands_unfinished_work_back_with_its_blocks(redis_server, service, served_model):
