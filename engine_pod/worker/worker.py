@@ -132,33 +132,27 @@ class Worker:
         except redis.RedisError:
             return False
 
-    def run(self, max_idle_s: float | None = None) -> None:
-        """Serve until drained (SIGTERM) or, with ``max_idle_s``, until idle that long."""
+    def run(self) -> None:
+        """Serve until drained (SIGTERM) and the work in flight is done or its drain timeout has passed."""
         freeze_loaded_objects()
         self._pubsub = self.queue.redis.pubsub(ignore_subscribe_messages=True)
-        idle_since = time.monotonic()
         try:
-            while not self._should_stop(idle_since, max_idle_s):
+            while not self._should_stop():
                 try:
-                    if self._iterate():
-                        idle_since = time.monotonic()
+                    self._iterate()
                     self._redis_reached()
                 except TRANSIENT_ERRORS as exc:
                     self._redis_fault(exc)
         finally:
             self._close()
 
-    def _should_stop(self, idle_since: float, max_idle_s: float | None) -> bool:
+    def _should_stop(self) -> bool:
         if self._drain_deadline is not None and time.monotonic() > self._drain_deadline:
             return True
-        if self.engine.has_work() or self._outbox or self._unsent:
-            return False
-        if self.draining:
-            return True
-        return max_idle_s is not None and time.monotonic() - idle_since > max_idle_s
+        return self.draining and not (self.engine.has_work() or self._outbox or self._unsent)
 
-    def _iterate(self) -> bool:
-        """One pass of the loop; True when it ran a block cycle."""
+    def _iterate(self) -> None:
+        """One pass of the loop."""
         if self._outbox or self._unsent:  # left over from a Redis fault
             self._commit()
         self._housekeeping()
@@ -166,10 +160,8 @@ class Worker:
             self._claim()
         if self.engine.has_work():
             self._step()
-            return True
-        if not self.draining:
+        elif not self.draining:
             self._wait_for_work()
-        return False
 
     def _redis_reached(self) -> None:
         if self._backoff.failing:
