@@ -356,9 +356,9 @@ def test_drain_lets_work_in_flight_finish_here_within_its_timeout(redis_server, 
 
 
 def test_a_request_outliving_many_leases_keeps_its_one_lease_renewed(redis_server, service, make_worker):
-    """Leases of 600 ms, renewed every 200 ms: a request that takes several leases to finish is claimed
+    """Leases of 500 ms, renewed every 167 ms: a request that takes several leases to finish is claimed
     once and finished by its worker; without renewal its own reaping would take it back mid-run."""
-    lease_s, tokens = 0.6, 64 * 24
+    lease_s, tokens = 0.5, 64 * 31  # 62 blocks of 32 steps each: about 2-3 s on these cores
     with make_worker(
         redis_server.url,
         service,
@@ -371,7 +371,7 @@ def test_a_request_outliving_many_leases_keeps_its_one_lease_renewed(redis_serve
         done = wait_for(lambda: _done(queue, "r-slow"), 120, what="the slow request")
         took = time.monotonic() - started
         claims = sum(record.admitted for record in worker.engine.records)
-    assert took > 3 * lease_s, "the request did not outlive three leases: the test proves nothing"
+    assert took > 2 * lease_s, f"the request took {took:.2f} s, under two leases: the test proves nothing"
     assert claims == 1 and done.worker == worker.worker_id and len(done.token_ids) == tokens
 
 
