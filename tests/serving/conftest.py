@@ -60,7 +60,7 @@ class WorkerThread:
 
 @pytest.fixture
 def make_worker(served_model):
-    loaded = load_model(str(served_model))
+    served = load_model(str(served_model))
 
     def build(
         redis_url: str,
@@ -68,8 +68,11 @@ def make_worker(served_model):
         token_budget: int = 2048,
         scheduling: dict | None = None,
         worker: dict | None = None,
+        model_dir=None,
         **decoding,
     ) -> WorkerThread:
+        """A worker (not started) on the served model, or on the checkpoint in ``model_dir``."""
+        loaded = served if model_dir is None else load_model(str(model_dir))
         config = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, **decoding)
         settings = SchedulerConfig(token_budget, **(scheduling or {}))
         worker_config = WorkerConfig(redis_url, service, settings, **({"lease_ms": 3000} | (worker or {})))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import time
@@ -17,9 +18,10 @@ import redis
 from engine_pod.cli.main import build_parser, main
 from engine_pod.cli.worker import build_worker
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
-from engine_pod.queue.ops import QueueOps
+from engine_pod.queue.ops import Candidate, QueueOps
 from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.scheduler.config import SchedulerConfig
+from engine_pod.scheduler.request import Request
 from engine_pod.serve.redis_server import RedisServer, free_port
 from engine_pod.text import completion_tokens
 from engine_pod.worker.http import ProbeSource, serve_probes
@@ -144,7 +146,10 @@ def test_a_long_prompt_waiting_past_the_bound_is_claimed_while_short_ones_keep_a
     came after it keep overtaking it. Measured in requests served, not in time: the host's speed does not
     matter (the 180 s are a hang guard)."""
     budget = 480  # the long prompt's row (300 + 2 blocks) fits only alone
-    fairness = {"max_wait_s": max_wait_s}
+    # few rows, so that a read of the shortest never reaches the long prompt behind the queued short ones:
+    # only the aged read can bring it in (with 256 rows a read takes every short one queued, and whether
+    # the long one came with them depended on how far the worker had got)
+    fairness = {"max_wait_s": max_wait_s, "max_rows": 8}
     with make_worker(
         redis_server.url, service, token_budget=budget, scheduling=fairness, ignore_eos=True
     ) as worker:
@@ -247,6 +252,60 @@ def test_a_request_that_can_never_fit_fails_clearly(redis_server, service, make_
         queue = _enqueue(redis_server.url, service, "huge", 150, max_tokens=64)
         done = wait_for(lambda: _done(queue, "huge"), 60, what="the rejection")
     assert done.finish_reason == "error" and "token budget" in done.error
+    # nothing was generated, and the usage says so
+    assert (done.token_ids, done.prompt_tokens, done.completion_tokens) == ([], 150, 0)
+
+
+@pytest.mark.parametrize(
+    "prompt, max_tokens, committed",
+    [(1, 1, 0), (1, BLOCK, 0), (5, BLOCK + 1, 0), (40, 3 * BLOCK, BLOCK), (7, 2 * BLOCK, 2 * BLOCK)],
+)
+def test_a_candidate_is_shaped_with_the_sizes_of_the_request_it_stands_for(
+    redis_server, service, make_worker, prompt, max_tokens, committed
+):
+    """The claim is decided on a candidate's shape (its sizes and wait as read from Redis, not its
+    tokens): its prompt, blocks, prefix and widest row must be those of the request it stands for, at the
+    boundaries (a one-token prompt, one token asked, exactly one block, one past it, blocks already
+    committed), or a claim would pass over an admissible request or take one the budget cannot hold."""
+    worker = make_worker(redis_server.url, service, token_budget=96).worker
+    waited_s = 2.5
+    shape = worker._shape(Candidate("c", prompt + committed, prompt, max_tokens, waited_s))
+    real = Request.from_tokens("c", [7] * prompt, max_tokens, BLOCK)
+    real.generated = [7] * committed
+
+    def sizes(request: Request) -> tuple:
+        return request.prompt_len, request.max_blocks, request.prefix_len(), request.peak_width(BLOCK)
+
+    assert sizes(shape) == sizes(real)
+    assert worker.scheduler.fits(shape) == worker.scheduler.fits(real)
+    assert abs(worker.scheduler.clock() - waited_s - shape.arrival_time) < 1.0
+
+
+def test_an_eos_inside_an_ignore_eos_answer_neither_ends_nor_cuts_it(
+    redis_server, service, make_worker, served_model, tmp_path
+):
+    """A token the model emits is made an EOS (the same checkpoint, its config naming that id): with
+    ``ignore_eos`` the answer runs to max_tokens and ends for "length", the EOS kept inside it; without,
+    it ends there for "stop"."""
+    tokens = 3 * BLOCK
+    probe = _enqueue(redis_server.url, service, "probe", 5, max_tokens=tokens)
+    with make_worker(redis_server.url, service, ignore_eos=True):
+        emitted = wait_for(lambda: _done(probe, "probe"), 60, what="the probe").token_ids
+    eos = emitted[BLOCK + 1]  # inside the second block: the answer goes on past it
+    model = tmp_path / "eos-model"
+    shutil.copytree(served_model, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"eos_token_id": eos}))
+    reasons = {}
+    for ignore_eos in (True, False):
+        request_id = f"ignore-eos-{ignore_eos}"
+        queue = _enqueue(redis_server.url, service, request_id, 5, max_tokens=tokens)
+        with make_worker(redis_server.url, service, model_dir=model, ignore_eos=ignore_eos):
+            done = wait_for(lambda: _done(queue, request_id), 60, what="the answer")  # noqa: B023
+        assert eos in done.token_ids, "the model did not emit the chosen EOS: the test proves nothing"
+        reasons[ignore_eos] = (done.finish_reason, len(done.token_ids))
+    assert reasons[True] == ("length", tokens)
+    assert reasons[False][0] == "stop"
 
 
 def test_worker_command_passes_its_admission_settings_to_its_scheduler(redis_server, service):
