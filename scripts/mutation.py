@@ -8,6 +8,7 @@ too: ``PYTHONPATH`` points at it.
 
     python scripts/mutation.py queue            # run, then print the survivors as diffs
     python scripts/mutation.py worker --children 2
+    python scripts/mutation.py worker --resume  # go on from the last run (see ``--help``)
 """
 
 from __future__ import annotations
@@ -69,10 +70,11 @@ def mutmut_section(scope: Scope) -> str:
     )
 
 
-def prepare(scratch: Path, scope: Scope) -> None:
+def prepare(scratch: Path, scope: Scope, resume: bool = False) -> None:
     """A copy of the tree (tracked and untracked files git does not ignore, as they are on disk) whose
-    mutmut section names ``scope``."""
-    if scratch.exists():
+    mutmut section names ``scope``; with ``resume`` the files are copied over the last run's copy, whose
+    results mutmut keeps for every function that did not change."""
+    if scratch.exists() and not resume:
         shutil.rmtree(scratch)
     tracked = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -94,20 +96,27 @@ def prepare(scratch: Path, scope: Scope) -> None:
     pyproject.write_text(replaced)
 
 
-def run(scratch: Path, children: int) -> int:
-    (scratch / "mutants").mkdir()  # on the path before Python starts, or its import cache skips it
-    env = os.environ | {"PYTHONPATH": str(scratch / "mutants")}
-    mutmut = [sys.executable, "-m", "mutmut"]
-    code = subprocess.run([*mutmut, "run", "--max-children", str(children)], cwd=scratch, env=env).returncode
+def survivors(scratch: Path, env: dict[str, str]) -> list[str]:
     results = subprocess.run(
-        [*mutmut, "results"], cwd=scratch, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "mutmut", "results"], cwd=scratch, env=env, capture_output=True, text=True
     ).stdout
-    survivors = [
-        line.split(":")[0].strip() for line in results.splitlines() if line.strip().endswith("survived")
-    ]
-    for name in survivors:
+    return [line.split(":")[0].strip() for line in results.splitlines() if line.strip().endswith("survived")]
+
+
+def run(scratch: Path, children: int, resume: bool = False) -> int:
+    (scratch / "mutants").mkdir(exist_ok=resume)  # on the path before Python starts, or its import cache
+    env = os.environ | {"PYTHONPATH": str(scratch / "mutants")}  # skips it
+    mutmut = [sys.executable, "-m", "mutmut"]
+    run_mutants = [*mutmut, "run", "--max-children", str(children)]
+    earlier = survivors(scratch, env) if resume else []
+    code = subprocess.run(run_mutants, cwd=scratch, env=env).returncode
+    if earlier:  # tests added since may kill them; mutmut keeps a result unless its function changed
+        logger.info("testing the %d survivors of the last run again", len(earlier))
+        code = subprocess.run([*run_mutants, *earlier], cwd=scratch, env=env).returncode or code
+    left = survivors(scratch, env)
+    for name in left:
         subprocess.run([*mutmut, "show", name], cwd=scratch, env=env)
-    logger.info("%d survivors; results kept in %s", len(survivors), scratch / "mutants")
+    logger.info("%d survivors; results kept in %s", len(left), scratch / "mutants")
     return code
 
 
@@ -118,11 +127,17 @@ def main() -> int:
     parser.add_argument("scope", choices=sorted(SCOPES), help="which modules to mutate")
     parser.add_argument("--children", type=int, default=2, help="mutants tested at once (default 2)")
     parser.add_argument("--scratch", type=Path, help="where the copy goes (default /tmp/dllm-mutation-SCOPE)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from the last run in the scratch folder: mutants not run yet and those of changed "
+        "functions, then the last run's survivors again (tests added since may kill them)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     scratch = args.scratch or Path(f"/tmp/dllm-mutation-{args.scope}")
-    prepare(scratch, SCOPES[args.scope])
-    return run(scratch, args.children)
+    prepare(scratch, SCOPES[args.scope], args.resume)
+    return run(scratch, args.children, args.resume)
 
 
 if __name__ == "__main__":

@@ -194,6 +194,72 @@ def test_a_long_prompt_waiting_past_the_bound_is_claimed_while_short_ones_keep_a
         assert long_done is None, "without the bound, sand filling keeps admitting the shorter requests"
 
 
+def test_a_claimed_request_keeps_the_wait_it_had_in_the_queue(redis_server, service, make_worker):
+    """The scheduler sees a claimed request as enqueued when it was, not when it was claimed: its aging
+    (the wait bound, and a preempted row's place) counts from there."""
+    queue = _enqueue(redis_server.url, service, "r-waited", 5, max_tokens=64 * 8)
+    time.sleep(1.0)  # queued, no worker yet
+    with make_worker(redis_server.url, service, ignore_eos=True) as worker:
+        _wait_for_block(queue, "r-waited")
+        held = worker.scheduler.requests["r-waited"]
+        waited = held.first_scheduled_time - held.arrival_time
+    assert 1.0 <= waited < 30
+
+
+def test_a_claim_that_lost_a_candidate_hands_back_the_one_no_longer_admissible(
+    redis_server, service, make_worker
+):
+    """Another worker takes one of two candidates between our read and our claim. The dense box's
+    padding rule admitted the wide one only beside the narrower one it lost, so the wide one goes
+    straight back to the queue (pending, its prefix as its score, no tokens, no owner) rather than being
+    held unadmitted; it is served later, as is the one the other worker gave back."""
+    decoding = {"remasking": "low_confidence", "ignore_eos": True}  # every block takes its 8 steps
+    scheduling = {"layout": "dense", "max_wait_s": 0.0, "min_padding_efficiency": 0.7}
+    with make_worker(
+        redis_server.url, service, token_budget=4096, scheduling=scheduling, **decoding
+    ) as worker:
+        queue = _enqueue(redis_server.url, service, "running", 312, max_tokens=10 * BLOCK)
+        _wait_for_block(queue, "running")  # its row: 320-392 tokens wide while it runs
+        claim_chosen, stolen = worker.queue.claim_chosen, []
+
+        def another_worker_takes_the_first(worker_id: str, chosen: list[tuple[str, int]]):
+            if len(chosen) == 2 and not stolen:  # once: the read that saw both
+                stolen.extend(queue.claim_chosen("other", chosen[:1]))
+                chosen = chosen[1:]
+            return claim_chosen(worker_id, chosen)
+
+        worker.queue.claim_chosen = another_worker_takes_the_first
+        narrow = QueuedRequest("narrow", [7] * (800 - BLOCK), BLOCK, time.time())
+        wide = QueuedRequest("wide", [7] * (1000 - BLOCK), BLOCK, time.time())
+        assert queue.run(queue.ops.enqueue_all([narrow, wide]))
+        wait_for(lambda: stolen, 30, what="the claim of both")
+        assert [c.request.id for c in stolen] == ["narrow"], "the scenario did not arise"
+        handed_back = wait_for(
+            lambda: (
+                queue.redis.zscore(queue.ops.keys.pending, "wide") is not None
+                and "wide" not in worker.scheduler.requests
+            ),
+            10,
+            0.005,
+            what="the wide request back in the queue",
+        )
+        record = queue.redis.hmget(queue.ops.keys.request("wide"), "state", "worker", "generated", "score")
+        score = queue.redis.zscore(queue.ops.keys.pending, "wide")
+        assert queue.release("other", "narrow", [], len(narrow.prompt_ids))
+        results = wait_for(
+            lambda: (done := [_done(queue, i) for i in ("running", "narrow", "wide")]) and all(done) and done,
+            60,
+            what="every result",
+        )
+    assert handed_back and score == len(wide.prompt_ids)
+    assert record == [b"pending", b"", b"[]", str(len(wide.prompt_ids)).encode()]
+    assert [(len(d.token_ids), d.finish_reason, d.worker) for d in results] == [
+        (10 * BLOCK, "length", worker.worker_id),
+        (BLOCK, "length", worker.worker_id),
+        (BLOCK, "length", worker.worker_id),
+    ]
+
+
 def test_a_result_holds_exactly_what_was_asked_for_with_its_usage_and_meta(
     redis_server, service, make_worker
 ):
