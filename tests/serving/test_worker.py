@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -17,6 +18,9 @@ import redis
 
 from engine_pod.cli.main import build_parser, main
 from engine_pod.cli.worker import build_worker
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.generation import generate_one
+from engine_pod.models.loader import load_model
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.ops import Candidate, QueueOps
 from engine_pod.queue.sync_client import SyncQueue
@@ -260,19 +264,93 @@ def test_a_claim_that_lost_a_candidate_hands_back_the_one_no_longer_admissible(
     ]
 
 
+def test_each_request_decodes_with_its_own_threshold_as_dllm_generate_does(
+    redis_server, service, make_worker, served_model
+):
+    """A request's threshold, not the worker's: its answer is what ``dllm generate`` gives at that
+    threshold, and a strict threshold takes more forwards than a loose one (else the comparison proves
+    nothing)."""
+    tokens, prompt = 4 * BLOCK, [9, 8, 7, 6, 5]
+    loaded = load_model(str(served_model))
+    queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
+    answers, forwards = {}, {}
+    with make_worker(redis_server.url, service, threshold=0.5, ignore_eos=True) as worker:
+        for threshold in (0.05, 0.99):  # one at a time: each alone in its cycles
+            request_id = f"t-{threshold}"
+            assert queue.run(queue.ops.enqueue(QueuedRequest(request_id, prompt, tokens, 0.0, threshold), 0))
+            worker.engine.reset_records()
+            answers[threshold] = wait_for(
+                lambda: _done(queue, request_id),  # noqa: B023
+                60,
+                what="the answer",
+            ).token_ids
+            forwards[threshold] = sum(r.forwards for r in worker.engine.records)
+    for threshold, answer in answers.items():
+        config = DecodingConfig(
+            block_length=BLOCK, steps_per_block=BLOCK, threshold=threshold, ignore_eos=True
+        )
+        assert answer == generate_one(loaded, prompt, tokens, config).token_ids
+    assert forwards[0.99] > forwards[0.05]
+
+
+def test_sampled_requests_draw_with_their_own_seeds(redis_server, service, make_worker):
+    """Sampling settings travel with each request: the same seed gives the same answer (two rows of one
+    batch), another seed another answer, and greedy (no settings) a third."""
+    queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
+    sampled = {"temperature": 1.5, "top_p": 1.0, "top_k": 0}
+    requests = [
+        QueuedRequest(request_id, [7] * 5, 4 * BLOCK, time.time(), sampling=settings)
+        for request_id, settings in [
+            ("seed-5", sampled | {"seed": 5}),
+            ("seed-5-again", sampled | {"seed": 5}),
+            ("seed-6", sampled | {"seed": 6}),
+            ("greedy", None),
+        ]
+    ]
+    assert queue.run(queue.ops.enqueue_all(requests))
+    with make_worker(redis_server.url, service, ignore_eos=True):
+        results = wait_for(
+            lambda: (done := {r.id: _done(queue, r.id) for r in requests}) and all(done.values()) and done,
+            60,
+            what="the answers",
+        )
+    answers = {request_id: done.token_ids for request_id, done in results.items()}
+    assert answers["seed-5"] == answers["seed-5-again"]
+    assert len({tuple(answers[i]) for i in ("seed-5", "seed-6", "greedy")}) == 3
+
+
+def test_invalid_sampling_settings_end_the_request_with_a_clear_error(redis_server, service, make_worker):
+    """Settings the gateway would never send (a client of the queue's own): the request ends at once, with
+    its error, its meta and no tokens, and the worker goes on serving."""
+    queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
+    bad = QueuedRequest("bad", [7] * 5, BLOCK, time.time(), sampling={"temperature": 1.0, "top_p": 7.0})
+    bad.meta = {"custom_id": "line-1"}
+    assert queue.run(queue.ops.enqueue_all([bad, QueuedRequest("fine", [7] * 5, BLOCK, time.time())]))
+    with make_worker(redis_server.url, service):
+        done = wait_for(lambda: _done(queue, "bad"), 60, what="the error")
+        assert wait_for(lambda: _done(queue, "fine"), 60, what="the next answer").finish_reason != "error"
+    assert (done.finish_reason, done.token_ids, done.completion_tokens, done.meta) == (
+        "error",
+        [],
+        0,
+        {"custom_id": "line-1"},
+    )
+    assert done.error.startswith("invalid sampling settings: ") and "top_p" in done.error
+
+
 def test_a_result_holds_exactly_what_was_asked_for_with_its_usage_and_meta(
     redis_server, service, make_worker
 ):
-    """40 tokens asked, not a whole number of 32-token blocks: the result holds exactly 40 tokens (and
+    """43 tokens asked, not a whole number of 8-token blocks: the result holds exactly 43 tokens (and
     their log probabilities), says why it ended, counts the prompt and the completion, names the worker
     and passes the request's meta through (a batch line's custom id)."""
     queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
     meta = {"custom_id": "line-7"}
-    queued = QueuedRequest("r-40", [7] * 5, 40, time.time(), meta=meta, logprobs=1)
+    queued = QueuedRequest("r-43", [7] * 5, 43, time.time(), meta=meta, logprobs=1)
     assert queue.run(queue.ops.enqueue(queued, 0))
     with make_worker(redis_server.url, service, ignore_eos=True) as worker:
-        done = wait_for(lambda: _done(queue, "r-40"), 60, what="the result")
-    assert len(done.token_ids) == 40 and len(done.logprobs) == 40
+        done = wait_for(lambda: _done(queue, "r-43"), 60, what="the result")
+    assert len(done.token_ids) == 43 and len(done.logprobs) == 43
     assert done.finish_reason == "length"  # ignore_eos: an EOS among them does not make it "stop"
     assert (done.prompt_tokens, done.completion_tokens) == (
         5,
@@ -399,10 +477,32 @@ def test_a_request_whose_stored_blocks_fill_its_budget_is_completed_as_it_is(
     assert queue.claim("gone", 100, 1)
     assert queue.progress("gone", "r-full", BlockEvent(1, [12] * 8), stored, 5 + 16)
     queue.redis.zadd(queue.ops.keys.inflight, {"r-full": 0})  # its lease ran out long ago
-    with make_worker(redis_server.url, service):
+    with make_worker(redis_server.url, service) as worker:
         done = wait_for(lambda: _done(queue, "r-full"), 60, what="the result")
+        cycles = len(worker.engine.records)
     assert done.token_ids == stored and done.finish_reason == "length"
     assert done.completion_tokens == 16
+    assert cycles == 0, "a block was generated for a request that had all of its blocks"
+
+
+def test_a_worker_reclaiming_a_request_another_worker_took_further_takes_the_further_copy(
+    redis_server, service, make_worker
+):
+    """Our lease lapsed (a Redis fault), another worker committed a block, and our claim won the request
+    back: the copy from Redis, further along, replaces ours, and the answer goes on from its block."""
+    thread = make_worker(redis_server.url, service, ignore_eos=True)
+    worker = thread.worker
+    queue = _enqueue(redis_server.url, service, "r-moved", 5, max_tokens=3 * BLOCK)
+    (claimed,) = worker.queue.claim(worker.worker_id, 100, 1)
+    worker._admit(claimed)
+    further = [11] * BLOCK  # what the other worker committed meanwhile
+    worker._admit(dataclasses.replace(claimed, generated=further))
+    assert list(worker.scheduler.requests) == ["r-moved"]
+    assert worker.scheduler.requests["r-moved"].generated == further
+    assert _done(queue, "r-moved") is None, "no error result may be sent for a request we hold"
+    with thread:
+        done = wait_for(lambda: _done(queue, "r-moved"), 60, what="the result")
+    assert done.token_ids[:BLOCK] == further and len(done.token_ids) == 3 * BLOCK and done.error is None
 
 
 def test_a_worker_reclaiming_a_request_it_still_holds_keeps_it(redis_server, service, make_worker):
