@@ -36,7 +36,7 @@ from engine_pod.queue.resilience import TRANSIENT_ERRORS, Backoff
 from engine_pod.queue.sync_client import CLAIM_ROUNDS, SyncQueue
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.scheduler.config import BURST_QUIET_S, SchedulerConfig
-from engine_pod.scheduler.request import Request, RequestError, RequestState
+from engine_pod.scheduler.request import Request, RequestError
 from engine_pod.scheduler.serving import SERVING_POLICIES, serving_scheduler
 from engine_pod.text import completion_tokens, within_limit
 from engine_pod.worker.metrics import WorkerMetrics
@@ -425,10 +425,9 @@ class Worker:
         self._outbox[request.request_id] = done
 
     def _hand_back_unfinished(self) -> None:
-        """Release what we hold (a draining worker); Redis faults here end the attempt (leases expire)."""
+        """Release what we hold (a draining worker; the scheduler holds no finished or cancelled request);
+        Redis faults here end the attempt (leases expire)."""
         for request in self._held():
-            if request.state in (RequestState.FINISHED, RequestState.CANCELLED):
-                continue
             self.queue.release(self.worker_id, request.request_id, request.generated, request.prefix_len())
             self.scheduler.cancel(request.request_id)
             logger.info(

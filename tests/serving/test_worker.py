@@ -8,6 +8,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from engine_pod.scheduler.request import Request
 from engine_pod.serve.redis_server import RedisServer, free_port
 from engine_pod.text import completion_tokens
 from engine_pod.worker.http import ProbeSource, serve_probes
+from engine_pod.worker.worker import WorkerConfig
 from tests.serving_utils import BLOCK, wait_for, worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -465,6 +467,18 @@ def test_worker_command_rejects_a_padding_rule_outside_zero_to_one(capsys):
     assert main(argv) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--min-padding-efficiency" in err[0]
+
+
+def test_a_worker_config_names_what_is_wrong_and_its_worker():
+    settings = SchedulerConfig(1024)
+    with pytest.raises(ValueError) as bad_policy:
+        WorkerConfig("redis://127.0.0.1:1", "s", settings, policy="fastest")
+    assert str(bad_policy.value) == "policy must be one of blockserve, static, sequential, got 'fastest'"
+    with pytest.raises(ValueError, match="^batch size must be positive, got 0$"):
+        WorkerConfig("redis://127.0.0.1:1", "s", settings, policy="static", batch_size=0)
+    assert WorkerConfig("redis://127.0.0.1:1", "s", settings, worker_id="w-1").resolved_id() == "w-1"
+    unnamed = WorkerConfig("redis://127.0.0.1:1", "s", settings).resolved_id()
+    assert unnamed == f"{socket.gethostname()}-{os.getpid()}"  # a pod's name and the process
 
 
 def test_a_request_whose_stored_blocks_fill_its_budget_is_completed_as_it_is(
