@@ -415,7 +415,7 @@ class Worker:
             token_ids=list(generated),
             finish_reason=reason,
             prompt_tokens=request.prompt_len,
-            completion_tokens=completion_tokens(generated, self.eos_ids) if generated else 0,
+            completion_tokens=completion_tokens(generated, self.eos_ids),  # 0 for none
             worker=self.worker_id,
             error=error,
             meta=self._meta.pop(request.request_id, {}),
