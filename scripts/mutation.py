@@ -96,11 +96,13 @@ def prepare(scratch: Path, scope: Scope, resume: bool = False) -> None:
     pyproject.write_text(replaced)
 
 
-def survivors(scratch: Path, env: dict[str, str]) -> list[str]:
+def survivors(scratch: Path, env: dict[str, str], *, untested: bool = False) -> list[str]:
+    """The mutants that survived (and, with ``untested``, those no test reached) in the last run."""
     results = subprocess.run(
         [sys.executable, "-m", "mutmut", "results"], cwd=scratch, env=env, capture_output=True, text=True
     ).stdout
-    return [line.split(":")[0].strip() for line in results.splitlines() if line.strip().endswith("survived")]
+    endings = ("survived", "no tests") if untested else ("survived",)
+    return [line.split(":")[0].strip() for line in results.splitlines() if line.strip().endswith(endings)]
 
 
 def run(scratch: Path, children: int, resume: bool = False) -> int:
@@ -108,10 +110,10 @@ def run(scratch: Path, children: int, resume: bool = False) -> int:
     env = os.environ | {"PYTHONPATH": str(scratch / "mutants")}  # skips it
     mutmut = [sys.executable, "-m", "mutmut"]
     run_mutants = [*mutmut, "run", "--max-children", str(children)]
-    earlier = survivors(scratch, env) if resume else []
+    earlier = survivors(scratch, env, untested=True) if resume else []
     code = subprocess.run(run_mutants, cwd=scratch, env=env).returncode
-    if earlier:  # tests added since may kill them; mutmut keeps a result unless its function changed
-        logger.info("testing the %d survivors of the last run again", len(earlier))
+    if earlier:  # tests added since may reach or kill them; mutmut keeps a result unless its function changed
+        logger.info("testing the %d survivors (and unreached) of the last run again", len(earlier))
         code = subprocess.run([*run_mutants, *earlier], cwd=scratch, env=env).returncode or code
     left = survivors(scratch, env)
     for name in left:
@@ -131,7 +133,8 @@ def main() -> int:
         "--resume",
         action="store_true",
         help="go on from the last run in the scratch folder: mutants not run yet and those of changed "
-        "functions, then the last run's survivors again (tests added since may kill them)",
+        "functions, then the last run's survivors and unreached mutants again (tests added since may "
+        "reach and kill them)",
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
