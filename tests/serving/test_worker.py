@@ -30,7 +30,7 @@ from engine_pod.scheduler.request import Request
 from engine_pod.serve.redis_server import RedisServer, free_port
 from engine_pod.text import completion_tokens
 from engine_pod.worker.http import ProbeSource, serve_probes
-from engine_pod.worker.worker import WorkerConfig
+from engine_pod.worker.worker import RECORD_WINDOW, WorkerConfig
 from tests.serving_utils import BLOCK, wait_for, worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -293,6 +293,53 @@ def test_each_request_decodes_with_its_own_threshold_as_dllm_generate_does(
         )
         assert answer == generate_one(loaded, prompt, tokens, config).token_ids
     assert forwards[0.99] > forwards[0.05]
+
+
+def test_a_worker_on_the_full_canvas_answers_as_dllm_generate_does(
+    redis_server, service, make_worker, served_model
+):
+    """The canvas is the worker's decoding setting, passed to its scheduler too (the full canvas keeps
+    every later block masked in view): two requests, one batch, each as ``dllm generate`` gives it."""
+    loaded = load_model(str(served_model))
+    queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
+    prompts = {"full-a": [9, 8, 7, 6, 5], "full-b": [5, 6, 7] * 4}
+    requests = [QueuedRequest(i, p, 3 * BLOCK, time.time()) for i, p in prompts.items()]
+    assert queue.run(queue.ops.enqueue_all(requests))
+    with make_worker(redis_server.url, service, canvas="full", ignore_eos=True):
+        results = wait_for(
+            lambda: (done := {i: _done(queue, i) for i in prompts}) and all(done.values()) and done,
+            60,
+            what="the answers",
+        )
+    config = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, canvas="full", ignore_eos=True)
+    block_canvas = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, ignore_eos=True)
+    for request_id, prompt in prompts.items():
+        assert results[request_id].token_ids == generate_one(loaded, prompt, 3 * BLOCK, config).token_ids
+    differs = [
+        generate_one(loaded, p, 3 * BLOCK, block_canvas).token_ids != results[i].token_ids
+        for i, p in prompts.items()
+    ]
+    assert any(differs), "the block canvas gives the same answers: the test proves nothing"
+
+
+def test_leases_results_and_records_are_as_configured(redis_server, service, make_worker):
+    """The worker's queue takes its lease and result lifetime from its settings (a claimed request's
+    deadline in Redis is a lease away; a finished one's record expires after the result TTL), and a
+    long-running worker remembers a bounded window of block cycles."""
+    lease_ms, ttl_s = 1500, 77
+    with make_worker(
+        redis_server.url, service, worker={"lease_ms": lease_ms, "result_ttl_s": ttl_s}, ignore_eos=True
+    ) as worker:
+        queue = _enqueue(redis_server.url, service, "r-leased", 5, max_tokens=64 * 8)
+        _wait_for_block(queue, "r-leased")
+        deadline_ms = queue.redis.zscore(queue.ops.keys.inflight, "r-leased")
+        left_ms = deadline_ms - time.time() * 1000
+        queue.run(queue.ops.cancel("r-leased", 5))
+        wait_for(lambda: _done(queue, "r-leased"), 60, what="the cancelled result")
+        record_ttl = queue.redis.ttl(queue.ops.keys.request("r-leased"))
+    assert 0 < left_ms <= lease_ms
+    assert 0 < record_ttl <= ttl_s
+    assert worker.engine.records.maxlen == RECORD_WINDOW
 
 
 def test_sampled_requests_draw_with_their_own_seeds(redis_server, service, make_worker):
