@@ -52,10 +52,12 @@ def test_sigkilled_worker_loses_nothing_and_results_arrive_once(
         slow = ["--dtype", "float64", "--lease-ms", "1500", "--token-budget", "300", "--max-rows", "3"]
         first = start_worker_process(served_model, redis_server.url, service, *slow, log=tmp_path / "w1.log")
         pending = _start_posting(gateway.url, PROMPTS, max_tokens)
-        wait_for(
-            lambda: _states(client, service).get("done", 0) >= 2,
+        inflight = ServiceKeys(service).inflight
+        wait_for(  # and holding some: between a batch's results and its next claim it holds none
+            lambda: _states(client, service).get("done", 0) >= 2 and client.zcard(inflight) >= 1,
             120,
-            what="the first worker to finish some requests",
+            0.01,
+            what="the first worker to finish some requests while holding others",
         )
         first.send_signal(signal.SIGKILL)
         first.wait()
