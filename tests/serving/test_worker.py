@@ -417,6 +417,9 @@ def test_block_events_go_to_streaming_requests_only(redis_server, service, make_
         wait_for(lambda: _done(queue, "plain") and _done(queue, "streamed"), 60, what="both results")
     kinds = {i: [type(e).__name__ for e in queue.events_of(i)] for i in ("plain", "streamed")}
     assert kinds == {"plain": ["DoneEvent"], "streamed": ["BlockEvent"] * 3 + ["DoneEvent"]}
+    *blocks, done = queue.events_of("streamed")
+    assert [(b.index, b.logprobs) for b in blocks] == [(0, None), (1, None), (2, None)]  # none asked
+    assert [t for b in blocks for t in b.token_ids] == done.token_ids
 
 
 def test_a_worker_keeps_nothing_of_the_requests_it_has_answered(redis_server, service, make_worker):
@@ -609,14 +612,18 @@ def test_a_worker_that_lost_a_lease_drops_the_request_and_never_answers_it(
     """Another worker took the request over (what a reap and its claim leave behind: another owner in
     the request's record): the next exchange tells this worker, which drops the row, sends no more
     blocks and no result, and goes on serving; the new owner's result is the only one."""
+    queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
+    taken = QueuedRequest("r-taken", [7] * 5, 64 * 8, time.time(), stream=True, meta={"a": 1}, logprobs=1)
     with make_worker(redis_server.url, service, ignore_eos=True) as worker:
-        queue = _enqueue(redis_server.url, service, "r-taken", 5, max_tokens=64 * 8)
+        assert queue.run(queue.ops.enqueue(taken, 0))
         _wait_for_block(queue, "r-taken")
         queue.redis.hset(queue.ops.keys.request("r-taken"), "worker", "other")
         cycles_before = len(worker.engine.records)
         wait_for(lambda: not worker.engine.has_work(), 30, what="the row to be dropped")
         assert len(worker.engine.records) - cycles_before <= 2  # not run on to its last block (16)
         assert "r-taken" not in worker.scheduler.requests
+        kept_here = [worker._meta, worker._streaming, worker._max_tokens, worker._logprobs, worker._outbox]
+        assert not any("r-taken" in kept for kept in kept_here), "a dropped request left state behind"
         kept = json.loads(queue.redis.hget(queue.ops.keys.request("r-taken"), "generated"))
         assert len(kept) < 64 * 8  # dropped before it finished: no later block was recorded
         queue = _enqueue(redis_server.url, service, "r-next", 5)
