@@ -106,8 +106,9 @@ def survivors(scratch: Path, env: dict[str, str], *, untested: bool = False) -> 
 
 
 def run(scratch: Path, children: int, resume: bool = False) -> int:
-    (scratch / "mutants").mkdir(exist_ok=resume)  # on the path before Python starts, or its import cache
-    env = os.environ | {"PYTHONPATH": str(scratch / "mutants")}  # skips it
+    # on the path before Python starts, or its import cache skips it
+    (scratch / "mutants").mkdir(exist_ok=resume)
+    env = os.environ | {"PYTHONPATH": str(scratch / "mutants")}
     mutmut = [sys.executable, "-m", "mutmut"]
     run_mutants = [*mutmut, "run", "--max-children", str(children)]
     earlier = survivors(scratch, env, untested=True) if resume else []

@@ -55,6 +55,12 @@ def _done(queue: SyncQueue, request_id: str) -> DoneEvent | None:
     return next((e for e in queue.events_of(request_id) if isinstance(e, DoneEvent)), None)
 
 
+def _all_done(queue: SyncQueue, request_ids) -> dict[str, DoneEvent] | None:
+    """Every request's result by id, or None while one is missing (for ``wait_for``)."""
+    done = {request_id: _done(queue, request_id) for request_id in request_ids}
+    return done if all(done.values()) else None
+
+
 def test_probes_and_metrics(redis_server, service, make_worker):
     worker_thread = make_worker(redis_server.url, service)
     port = free_port()
@@ -127,7 +133,7 @@ def test_no_claimed_request_is_rejected_for_its_size_near_the_budget(redis_serve
         for request_id, (prompt, max_tokens) in rng.sample(sorted(shapes.items()), len(shapes)):
             queue = _enqueue(redis_server.url, service, request_id, prompt, max_tokens=max_tokens)
         results = wait_for(
-            lambda: (done := {i: _done(queue, i) for i in shapes}) and all(done.values()) and done,
+            lambda: _all_done(queue, shapes),
             180,
             what="every request",
         )
@@ -253,13 +259,13 @@ def test_a_claim_that_lost_a_candidate_hands_back_the_one_no_longer_admissible(
         score = queue.redis.zscore(queue.ops.keys.pending, "wide")
         assert queue.release("other", "narrow", [], len(narrow.prompt_ids))
         results = wait_for(
-            lambda: (done := [_done(queue, i) for i in ("running", "narrow", "wide")]) and all(done) and done,
+            lambda: _all_done(queue, ("running", "narrow", "wide")),
             60,
             what="every result",
         )
     assert handed_back and score == len(wide.prompt_ids)
     assert record == [b"pending", b"", b"[]", str(len(wide.prompt_ids)).encode()]
-    assert [(len(d.token_ids), d.finish_reason, d.worker) for d in results] == [
+    assert [(len(d.token_ids), d.finish_reason, d.worker) for d in results.values()] == [
         (10 * BLOCK, "length", worker.worker_id),
         (BLOCK, "length", worker.worker_id),
         (BLOCK, "length", worker.worker_id),
@@ -307,7 +313,7 @@ def test_a_worker_on_the_full_canvas_answers_as_dllm_generate_does(
     assert queue.run(queue.ops.enqueue_all(requests))
     with make_worker(redis_server.url, service, canvas="full", ignore_eos=True):
         results = wait_for(
-            lambda: (done := {i: _done(queue, i) for i in prompts}) and all(done.values()) and done,
+            lambda: _all_done(queue, prompts),
             60,
             what="the answers",
         )
@@ -359,7 +365,7 @@ def test_sampled_requests_draw_with_their_own_seeds(redis_server, service, make_
     assert queue.run(queue.ops.enqueue_all(requests))
     with make_worker(redis_server.url, service, ignore_eos=True):
         results = wait_for(
-            lambda: (done := {r.id: _done(queue, r.id) for r in requests}) and all(done.values()) and done,
+            lambda: _all_done(queue, [r.id for r in requests]),
             60,
             what="the answers",
         )
