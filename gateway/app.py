@@ -42,7 +42,9 @@ def build_app(settings: GatewaySettings) -> FastAPI:
             logger.warning("Redis not reachable at start (%s); connecting on first use", exc)
         reader, delivered = EventReader(queue), DeliveredEvents(queue)
         calls = CoalescedCalls(queue)
-        state = GatewayState(settings, tokenizer, client, queue, GatewayMetrics(), calls, reader, delivered)
+        metrics = GatewayMetrics()
+        metrics.waiting.set_function(reader.waiting)
+        state = GatewayState(settings, tokenizer, client, queue, metrics, calls, reader, delivered)
         app.state.gateway = state
         background = [asyncio.create_task(reader.run()), asyncio.create_task(delivered.run())]
         for task in background:

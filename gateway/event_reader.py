@@ -72,6 +72,10 @@ class EventReader:
     def leave(self, request_id: str) -> None:
         self._waiters.pop(request_id, None)
 
+    def waiting(self) -> int:
+        """Requests whose streams are read (joined and not left)."""
+        return len(self._waiters)
+
     def _joined(self) -> None:
         self._someone_waits.set()
         if self._blocked_in is not None and self._rung_for != self._blocked_in:

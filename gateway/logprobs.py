@@ -11,6 +11,7 @@ from __future__ import annotations
 from engine_pod.queue.messages import DoneEvent
 
 Entry = list | tuple | None  # [log p, [[alternative id, log p], ...]] or None
+INCOMPLETE = "\ufffd"  # how a decoder shows the bytes of a character that has not all come
 
 
 def _piece(tokenizer, token_id: int) -> str:
@@ -28,9 +29,17 @@ def visible_tokens(token_ids: list[int], entries: list | None, tokenizer) -> lis
     return out
 
 
+def held_back(text: str) -> str:
+    """``text`` without the character whose bytes have not all come: a byte-level tokenizer's prefix that
+    ends inside a character decodes it as U+FFFD, which the next token turns into the character."""
+    return text.rstrip(INCOMPLETE)
+
+
 class _Pieces:
     """Each token's share of the decoded text (decoding the prefix up to it, minus the one before), so
-    the pieces join into exactly the text a client got (a decoder may add spaces between tokens)."""
+    the pieces join into exactly the text a client got (a decoder may add spaces between tokens). A token
+    that ends inside a character has an empty piece; the token that completes it carries the character
+    (a text cut inside a character ends with a U+FFFD that no piece carries)."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -38,7 +47,7 @@ class _Pieces:
 
     def peek(self, token_ids: list[int], end: int) -> tuple[str, str]:
         """The piece of token ``end - 1`` and the text up to it (nothing advances)."""
-        text = self.tokenizer.decode(token_ids[:end])
+        text = held_back(self.tokenizer.decode(token_ids[:end]))
         return (text[len(self.before) :] if text.startswith(self.before) else text), text
 
     def next(self, token_ids: list[int], end: int) -> str:

@@ -21,4 +21,9 @@ class GatewayMetrics:
         self.queue_depth = Gauge(
             "dllm_queue_depth", "Requests in the service queue", ["state"], registry=self.registry
         )
+        self.waiting = Gauge(
+            "dllm_gateway_waiting_requests",
+            "Queued requests whose events this gateway is reading (each choice counts)",
+            registry=self.registry,
+        )
         self.rejected = Counter("dllm_gateway_rejected", "Requests refused with 429", registry=self.registry)

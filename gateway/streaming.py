@@ -18,7 +18,7 @@ from fastapi.responses import StreamingResponse
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.resilience import REDIS_ERRORS
 from gateway.errors import ApiError, error_body
-from gateway.logprobs import StreamedLogprobs, visible_tokens
+from gateway.logprobs import StreamedLogprobs, held_back, visible_tokens
 from gateway.submission import apply_stop, cancel_quietly, events, finish_reason, prompt_tokens_of
 
 logger = logging.getLogger(__name__)
@@ -80,9 +80,11 @@ class _Choice:
     def text_of(self, tokens: list[int]) -> tuple[str, bool]:
         return apply_stop(self.spec.state.tokenizer.decode(tokens), self.stops)
 
-    def advance(self, text: str, entries: list | None) -> dict | None:
+    def advance(self, text: str, entries: list | None, final: bool) -> dict | None:
         """The chunk that sends what ``text`` adds to what was sent, with the log probabilities of the
-        tokens it completes (None: nothing new)."""
+        tokens it completes (None: nothing new). Until the text is ``final`` a character whose bytes have
+        not all come (a block ended inside it: decoded as U+FFFD) waits for the block that completes it."""
+        text = text if final else held_back(text)
         new = ""
         if text != self.sent and text.startswith(self.sent):
             new, self.sent = text[len(self.sent) :], text
@@ -116,7 +118,7 @@ async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
             choice.tokens.extend(event.token_ids)
             choice.entries.extend(event.logprobs or [None] * len(event.token_ids))
             text, stopped = choice.text_of(choice.tokens[: queued.max_tokens])
-            chunk = choice.advance(text, choice.entries)
+            chunk = choice.advance(text, choice.entries, final=stopped)
             if chunk is not None:
                 yield chunk
             if stopped:
@@ -127,7 +129,7 @@ async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
         elif isinstance(event, DoneEvent):
             choice.tokens = list(event.token_ids)
             text, stopped = choice.text_of(choice.tokens)
-            chunk = choice.advance(text, event.logprobs)
+            chunk = choice.advance(text, event.logprobs, final=True)
             if chunk is not None:
                 yield chunk
             yield spec.chunk(choice.index, "", finish_reason(event, stopped))

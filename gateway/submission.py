@@ -114,10 +114,6 @@ def _seed(body: CommonFields) -> int:
     return body.seed if body.seed is not None else secrets.randbelow(2**62)
 
 
-async def enqueue(request: QueuedRequest, state: GatewayState) -> None:
-    await enqueue_all([request], state)
-
-
 async def enqueue_all(requests: list[QueuedRequest], state: GatewayState) -> None:
     """Accept every request into the queue, or none: 429 when it cannot take them all; Redis faults
     are retried (the enqueue script is idempotent) for up to ``enqueue_timeout_s``, then 503."""
@@ -220,7 +216,6 @@ __all__ = [
     "build_request",
     "cancel_quietly",
     "check_decoding_fields",
-    "enqueue",
     "enqueue_all",
     "events",
     "finish_reason",

@@ -9,6 +9,7 @@ too: ``PYTHONPATH`` points at it.
     python scripts/mutation.py queue            # run, then print the survivors as diffs
     python scripts/mutation.py worker --children 2
     python scripts/mutation.py worker --resume  # go on from the last run (see ``--help``)
+    python scripts/mutation.py gateway --against tests/serving/test_batches.py --mutants NAME ...
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -105,13 +107,34 @@ def survivors(scratch: Path, env: dict[str, str], *, untested: bool = False) -> 
     return [line.split(":")[0].strip() for line in results.splitlines() if line.strip().endswith(endings)]
 
 
-def run(scratch: Path, children: int, resume: bool = False) -> int:
+def log_line_mutants(scratch: Path, env: dict[str, str], names: list[str]) -> set[str]:
+    """Those of ``names`` that change only a log call (its text or arguments): no test reads them."""
+    found = set()
+    for name in names:
+        diff = subprocess.run(
+            [sys.executable, "-m", "mutmut", "show", name],
+            cwd=scratch,
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout.splitlines()
+        removed = [line[1:].strip() for line in diff if line.startswith("-") and not line.startswith("---")]
+        if removed and all(line.startswith("logger.") for line in removed):
+            found.add(name)
+    return found
+
+
+def run(scratch: Path, children: int, resume: bool = False, skip_log_lines: bool = False) -> int:
     # on the path before Python starts, or its import cache skips it
     (scratch / "mutants").mkdir(exist_ok=resume)
     env = os.environ | {"PYTHONPATH": str(scratch / "mutants")}
     mutmut = [sys.executable, "-m", "mutmut"]
     run_mutants = [*mutmut, "run", "--max-children", str(children)]
     earlier = survivors(scratch, env, untested=True) if resume else []
+    if skip_log_lines:
+        logs = log_line_mutants(scratch, env, earlier)
+        logger.info("not testing again %d survivors that change a log line only", len(logs))
+        earlier = [name for name in earlier if name not in logs]
     code = subprocess.run(run_mutants, cwd=scratch, env=env).returncode
     if earlier:  # tests added since may reach or kill them; mutmut keeps a result unless its function changed
         logger.info("testing the %d survivors (and unreached) of the last run again", len(earlier))
@@ -121,6 +144,31 @@ def run(scratch: Path, children: int, resume: bool = False) -> int:
         subprocess.run([*mutmut, "show", name], cwd=scratch, env=env)
     logger.info("%d survivors; results kept in %s", len(left), scratch / "mutants")
     return code
+
+
+def check_against(scratch: Path, pytest_args: list[str], names: list[str]) -> int:
+    """Each named mutant of the last run against tests outside the scope's selection (tests that reach
+    its function only through a subprocess, or too slow to run for every mutant), with the tests as they
+    are now: a mutant is killed when they fail. The tests must pass with no mutant first."""
+    mutants = scratch / "mutants"
+    if not mutants.is_dir():
+        raise SystemExit(f"no mutants in {scratch}: run the scope first")
+    shutil.copytree(ROOT / "tests", mutants / "tests", dirs_exist_ok=True)
+    env = os.environ | {"PYTHONPATH": str(mutants)}
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *pytest_args]
+    clean = subprocess.run(command, cwd=mutants, env=env | {"MUTANT_UNDER_TEST": ""}, capture_output=True)
+    if clean.returncode != 0:
+        raise SystemExit(f"the tests fail with no mutant:\n{clean.stdout.decode()[-3000:]}")
+    alive = 0
+    for name in names:
+        code = subprocess.run(
+            command, cwd=mutants, env=env | {"MUTANT_UNDER_TEST": name}, capture_output=True
+        ).returncode
+        verdict = {0: "survived", 1: "killed"}.get(code, f"killed (pytest exit {code})")
+        alive += code == 0
+        logger.info("%s: %s", name, verdict)
+    logger.info("%d of %d survived %s", alive, len(names), " ".join(pytest_args))
+    return 1 if alive else 0
 
 
 def main() -> int:
@@ -137,11 +185,25 @@ def main() -> int:
         "functions, then the last run's survivors and unreached mutants again (tests added since may "
         "reach and kill them)",
     )
+    parser.add_argument(
+        "--skip-log-lines",
+        action="store_true",
+        help="with --resume: leave out the last run's survivors that change only a log call",
+    )
+    parser.add_argument(
+        "--against",
+        metavar="PYTEST_ARGS",
+        help="instead of a run: test the mutants named by --mutants (of the last run) against these "
+        "pytest arguments (one string), each killed or survived",
+    )
+    parser.add_argument("--mutants", nargs="+", default=[], help="mutant names for --against")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     scratch = args.scratch or Path(f"/tmp/dllm-mutation-{args.scope}")
+    if args.against:
+        return check_against(scratch, shlex.split(args.against), args.mutants)
     prepare(scratch, SCOPES[args.scope], args.resume)
-    return run(scratch, args.children, args.resume)
+    return run(scratch, args.children, args.resume, args.skip_log_lines)
 
 
 if __name__ == "__main__":

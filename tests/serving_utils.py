@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ import httpx
 import uvicorn
 
 from engine_pod.serve.redis_server import free_port
+from gateway.__main__ import DrainingServer
 from gateway.app import build_app
 from gateway.settings import GatewaySettings
 from tests.factories import dream_config, llada_config, write_checkpoint
@@ -43,12 +45,15 @@ def write_served_model(directory: Path, seed: int = 0, family: str = "llada") ->
 
 
 class GatewayServer:
-    """The real FastAPI app served by uvicorn on 127.0.0.1 in a background thread."""
+    """The real FastAPI app served by uvicorn on 127.0.0.1 in a background thread, as ``python -m
+    gateway`` serves it (its ``DrainingServer``; a thread gets no signals: ``terminate`` calls the
+    handler a SIGTERM would)."""
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.port = free_port()
-        config = uvicorn.Config(build_app(settings), host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
+        app = build_app(settings)
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = DrainingServer(config, app)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
@@ -63,6 +68,10 @@ class GatewayServer:
                 raise RuntimeError("gateway did not start")
             time.sleep(0.02)
         return self
+
+    def terminate(self) -> None:
+        """What SIGTERM does to ``python -m gateway``: open requests are told to end, the server stops."""
+        self.server.handle_exit(signal.SIGTERM, None)
 
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True

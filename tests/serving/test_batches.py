@@ -34,6 +34,7 @@ def test_batch_round_trip_with_an_invalid_line(
 ):
     redis_server = single_or_cluster
     lines = [_line(i, endpoint) for i in range(12)] + ["{not json"]
+    lines[3]["body"]["temperature"] = 0.8  # sampled with no seed: the line draws its own
     echo = _line(12, endpoint) | {"custom_id": "echoed"}
     echo["body"] = echo["body"] | {"echo": True}  # a batch line cannot echo (chat has no such field)
     lines.append(echo)

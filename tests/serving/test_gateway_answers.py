@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -22,6 +25,7 @@ import pytest
 from engine_pod.queue.connect import sync_client
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.ops import BlockCommit, QueueOps
+from engine_pod.queue.resilience import REDIS_ERRORS
 from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.serve.redis_server import RedisServer
 from engine_pod.text import completion_tokens, within_limit
@@ -37,6 +41,7 @@ class Script:
     block whose event is not published (as when Redis lost it)."""
 
     text: str = ANSWER
+    tokens: list[int] | None = None  # instead of the text's tokens (a byte sequence that is not UTF-8)
     eos_after: int | None = None  # tokens before an EOS
     error: str | None = None
     skip_block: int | None = None
@@ -61,7 +66,7 @@ class ScriptedPeer(threading.Thread):
         self.halt = threading.Event()
 
     def tokens_for(self, request: QueuedRequest) -> list[int]:
-        tokens = self.tokenizer.encode(self.script.text)
+        tokens = self.script.tokens or self.tokenizer.encode(self.script.text)
         if self.script.eos_after is not None:
             tokens = tokens[: self.script.eos_after] + [min(self.tokenizer.eos_ids)] + tokens
         blocks = -(-request.max_tokens // BLOCK)
@@ -69,8 +74,11 @@ class ScriptedPeer(threading.Thread):
 
     def run(self) -> None:
         while not self.halt.is_set():
-            read = self.queue.candidates(10_000, 16)
-            claimed = self.queue.claim_chosen("peer", [(c.id, c.prefix) for c in read.shortest])
+            try:
+                read = self.queue.candidates(10_000, 16)
+                claimed = self.queue.claim_chosen("peer", [(c.id, c.prefix) for c in read.shortest])
+            except REDIS_ERRORS:  # a test stopped Redis: wait for it as a worker does
+                claimed = []
             for item in claimed:
                 self.answer(item.request)
             if not claimed:
@@ -177,8 +185,23 @@ def _events(client: httpx.Client, path: str, body: dict) -> list:
     return [json.loads(line) for line in lines[:-1]]
 
 
+def _completion_body(**fields) -> dict:
+    return {"model": "tiny", "prompt": "copy : cat dog ."} | fields
+
+
 def _completion(client: httpx.Client, **fields) -> httpx.Response:
-    return client.post("/v1/completions", json={"model": "tiny", "prompt": "copy : cat dog ."} | fields)
+    return client.post("/v1/completions", json=_completion_body(**fields))
+
+
+def _error(message: str, kind: str) -> dict:
+    """OpenAI's error object for an error that names no field."""
+    return {"message": message, "type": kind, "param": None, "code": None}
+
+
+def _joined_logprobs(chunks: list) -> dict:
+    """A completions stream's log probability objects joined key by key (the whole answer's object)."""
+    objects = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0]["logprobs"]]
+    return {key: [v for o in objects for v in o[key]] for key in objects[0]}
 
 
 def _chat_body(**fields) -> dict:
@@ -453,16 +476,7 @@ def test_an_error_in_one_of_several_streamed_choices_ends_the_stream_with_it(gat
     client, peer, _ = gateway
     peer.script = Script(error="refused by the worker")
     chunks = _events(client, "/v1/completions", {"model": "tiny", "prompt": "hi", "n": 2})
-    assert chunks == [
-        {
-            "error": {
-                "message": "refused by the worker",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": None,
-            }
-        }
-    ]
+    assert chunks == [{"error": _error("refused by the worker", "invalid_request_error")}]
 
 
 @pytest.mark.gateway_settings(request_timeout_s=3)
@@ -470,7 +484,8 @@ def test_a_request_with_no_result_in_time_is_a_504_and_is_cancelled(gateway):
     client, peer, _ = gateway
     peer.script = Script(hold=True)
     reply = _completion(client)
-    assert reply.status_code == 504 and reply.json()["error"]["type"] == "timeout_error"
+    assert reply.status_code == 504
+    assert reply.json()["error"] == _error("no result within 3 s", "timeout_error")
     wait_for(lambda: peer.cancellation_of(peer.held[0], patience_s=0), 30, what="the cancellation")
 
 
@@ -534,28 +549,31 @@ def test_a_request_the_service_cannot_run_is_refused_naming_its_field(
     assert peer.seen == []
 
 
-@pytest.mark.gateway_settings(max_queued=1, retry_after_s=7)
-def test_a_full_queue_is_a_429_with_retry_after(gateway):
-    client, peer, _ = gateway
-    peer.script = Script(hold=True)  # the first request stays in flight
-    with httpx.Client(base_url=str(client.base_url), timeout=3) as other:
+@contextlib.contextmanager
+def _held_request_of_a_client_who_leaves(client: httpx.Client, peer: ScriptedPeer, patience_s: float = 3):
+    """Another client's request, claimed and held by the peer, while the block runs; that client leaves
+    after ``patience_s`` (the gateway then cancels the request) and the block's end waits for it."""
+    peer.script = Script(hold=True)
+    with httpx.Client(base_url=str(client.base_url), timeout=patience_s) as other:
 
-        def wait_in_vain() -> None:  # leaves after 3 s: the gateway then cancels the held request
+        def wait_in_vain() -> None:
             with contextlib.suppress(httpx.TimeoutException):
                 _completion(other)
 
-        first = threading.Thread(target=wait_in_vain, daemon=True)
-        first.start()
-        wait_for(lambda: peer.seen, 30, what="the first request to be claimed")
+        waiting = threading.Thread(target=wait_in_vain, daemon=True)
+        waiting.start()
+        wait_for(lambda: peer.held, 30, what="the request to be claimed")
+        yield
+        waiting.join(timeout=30)
+
+
+@pytest.mark.gateway_settings(max_queued=1, retry_after_s=7)
+def test_a_full_queue_is_a_429_with_retry_after(gateway):
+    client, peer, _ = gateway
+    with _held_request_of_a_client_who_leaves(client, peer):  # the first request stays in flight
         reply = _completion(client)
-        first.join(timeout=30)
     assert reply.status_code == 429 and reply.headers["retry-after"] == "7"
-    assert reply.json()["error"] == {
-        "message": "the queue is full; retry later",
-        "type": "rate_limit_error",
-        "param": None,
-        "code": None,
-    }
+    assert reply.json()["error"] == _error("the queue is full; retry later", "rate_limit_error")
 
 
 @pytest.mark.gateway_settings(max_prompt_tokens=8)
@@ -564,3 +582,233 @@ def test_a_prompt_at_the_limit_and_the_last_token_id_are_accepted(gateway):
     last = tokenizer.tokenizer.get_vocab_size() - 1
     assert _completion(client, prompt=[3] * 7 + [last]).status_code == 200
     assert [q.prompt_ids for q in peer.seen] == [[3] * 7 + [last]]
+
+
+@pytest.mark.gateway_settings(enqueue_timeout_s=1.5, retry_after_s=7)
+def test_an_enqueue_rides_out_a_redis_restart_and_gives_up_with_a_503_after_its_timeout(
+    gateway, redis_server
+):
+    """Redis killed: the request is tried again until ``enqueue_timeout_s``, then refused with a 503 and
+    Retry-After (never a 500); Redis back within that time: the request is accepted and answered."""
+    client, _, tokenizer = gateway
+    redis_server.kill()
+    refused = _completion(client, max_tokens=BLOCK)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "7"
+    assert refused.json()["error"] == _error(
+        "the request was not accepted: the queue is unreachable; retry later", "server_error"
+    )
+    revived = RedisServer(port=redis_server.port)
+    restart = threading.Timer(0.5, revived.start)
+    restart.start()
+    try:
+        reply = _completion(client, max_tokens=BLOCK)
+    finally:
+        restart.join()
+        revived.stop()
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["text"] == tokenizer.decode(tokenizer.encode(ANSWER)[:BLOCK])
+
+
+def _streamed_error(url: str, body: dict) -> list:
+    with httpx.Client(base_url=url, timeout=30) as client:
+        return _events(client, "/v1/completions", body)
+
+
+def test_sigterm_ends_waiting_requests_with_a_503_and_streams_with_an_error_then_done(
+    served_model, redis_server, service
+):
+    """``python -m gateway``'s SIGTERM handler (called as the signal would): with a drain of 0 s the
+    requests waiting on a worker that never answers end at once, each cancelled; a new client is told to
+    retry."""
+    tokenizer = GatewayTokenizer(str(served_model))
+    peer = ScriptedPeer(redis_server.url, service, tokenizer, Script(hold=True))
+    settings = gateway_settings(served_model, redis_server.url, service, drain_timeout_s=0, retry_after_s=7)
+    body = {"model": "tiny", "prompt": "copy : cat dog ."}
+    with GatewayServer(settings) as server, ThreadPoolExecutor(2) as pool:
+        peer.start()
+        try:
+            plain = pool.submit(lambda: httpx.post(f"{server.url}/v1/completions", json=body, timeout=30))
+            streamed = pool.submit(_streamed_error, server.url, body)
+            wait_for(lambda: len(peer.held) == 2, 30, what="both requests to be claimed")
+            server.terminate()
+            reply, chunks = plain.result(timeout=30), streamed.result(timeout=30)
+            assert all(peer.cancellation_of(request_id, patience_s=5) for request_id in peer.held)
+        finally:
+            peer.halt.set()
+            peer.join(timeout=10)
+    error = _error("the gateway is shutting down; retry the request", "server_error")
+    assert reply.status_code == 503 and reply.headers["retry-after"] == "7"
+    assert reply.json()["error"] == error
+    assert chunks == [{"error": error}]
+
+
+def _waiting(client: httpx.Client) -> float:
+    """The gateway's ``dllm_gateway_waiting_requests`` gauge."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("dllm_gateway_waiting_requests "):
+            return float(line.split()[1])
+    raise AssertionError("no dllm_gateway_waiting_requests in /metrics")
+
+
+def test_a_finished_request_leaves_no_waiter_behind_and_its_events_expire_within_a_minute(gateway):
+    client, peer, _ = gateway
+    with _held_request_of_a_client_who_leaves(client, peer):
+        assert _waiting(client) == 1
+    wait_for(lambda: _waiting(client) == 0, 30, what="the gateway to stop waiting for the request")
+    peer.script, peer.seen = Script(), []
+    assert _completion(client).status_code == 200
+    wait_for(lambda: _waiting(client) == 0, 10, what="the delivered request's waiter to leave")
+    events_key = peer.queue.ops.keys.events(peer.seen[0].id)
+    wait_for(lambda: 0 < peer.queue.redis.ttl(events_key) <= 60, 10, what="the events' retention cut")
+
+
+def test_the_largest_seed_wraps_to_zero_and_drawn_seeds_differ(gateway):
+    """Seeds are in [0, 2**63) (the worker refuses others): choice i draws with (seed + i) mod 2**63; a
+    sampled request without a seed draws its own, different from the others'."""
+    client, peer, _ = gateway
+    assert _completion(client, temperature=0.7, seed=2**63 - 1, n=2).status_code == 200
+    assert sorted(q.sampling["seed"] for q in peer.seen) == [0, 2**63 - 1]
+    peer.seen.clear()
+    for _ in range(40):
+        assert _completion(client, temperature=0.7, max_tokens=BLOCK).status_code == 200
+    assert len({q.sampling["seed"] for q in peer.seen}) == 40
+
+
+def test_streamed_usage_counts_each_choices_tokens_up_to_its_stop(gateway):
+    client, _, tokenizer = gateway
+    body = _completion_body(max_tokens=4 * BLOCK, n=2, stop=["dog"], stream_options={"include_usage": True})
+    *chunks, last = _events(client, "/v1/completions", body)
+    reasons = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]]
+    assert reasons == ["stop", "stop"]
+    prompt = len(tokenizer.encode("copy : cat dog ."))
+    # "dog" is in each answer's second block, after which its request is cancelled
+    assert last["usage"] == {
+        "prompt_tokens": prompt,
+        "completion_tokens": 2 * 2 * BLOCK,
+        "total_tokens": prompt + 4 * BLOCK,
+    }
+
+
+def test_after_a_lost_block_the_result_brings_the_stop_and_the_log_probabilities(gateway):
+    """Block 0's event lost: no block chunk goes out; the result's text is cut at the stop string, and its
+    log probabilities are the ones recorded, as in the answer without a stream."""
+    client, peer, _ = gateway
+    body = _completion_body(max_tokens=3 * BLOCK, stop=["dog"], logprobs=1)
+    whole = client.post("/v1/completions", json=body).json()["choices"][0]
+    peer.script = Script(skip_block=0)
+    chunks = _events(client, "/v1/completions", body)
+    assert len(chunks) == 2  # the text the result brings, then the reason
+    assert chunks[0]["choices"][0]["text"] == whole["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"] == "stop"
+    assert _joined_logprobs(chunks) == whole["logprobs"]
+
+
+SILENT = "the cat . a b c d e" + " <|user|>" * BLOCK + " f the blue dog ."  # block 1 shows no text
+
+
+def test_a_block_that_shows_no_text_streams_its_log_probabilities_with_empty_text(gateway):
+    client, peer, _ = gateway
+    peer.script = Script(text=SILENT)
+    body = {"model": "tiny", "prompt": "copy : cat dog .", "max_tokens": 2 * BLOCK, "logprobs": 0}
+    whole = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert whole["text"] == "the cat . a b c d e" and whole["logprobs"]["tokens"][BLOCK:] == [""] * BLOCK
+    chunks = _events(client, "/v1/completions", body)
+    assert [c["choices"][0]["text"] for c in chunks] == [whole["text"], "", ""]
+    assert _joined_logprobs(chunks) == whole["logprobs"]
+    streamed = _events(client, "/v1/chat/completions", _chat_body(max_tokens=2 * BLOCK, logprobs=True))
+    assert [c["choices"][0]["delta"] for c in streamed] == [
+        {"role": "assistant", "content": "the cat . a b c d e"},
+        {"role": "assistant", "content": ""},
+        {},
+    ]
+    assert [len(c["choices"][0]["logprobs"]["content"]) for c in streamed[:2]] == [BLOCK, BLOCK]
+
+
+def test_logprobs_describe_exactly_a_text_that_a_stop_string_cut_at_a_token_boundary(gateway):
+    client, _, _ = gateway
+    body = _completion_body(max_tokens=3 * BLOCK, stop=[" dog"], logprobs=0)
+    whole = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert whole["text"] == "the cat . a b c d e f the blue"
+    assert "".join(whole["logprobs"]["tokens"]) == whole["text"]
+    assert _joined_logprobs(_events(client, "/v1/completions", body)) == whole["logprobs"]
+    chat_body = _chat_body(max_tokens=3 * BLOCK, stop=[" dog"], logprobs=True)
+    chat = client.post("/v1/chat/completions", json=chat_body).json()["choices"][0]
+    assert "".join(c["token"] for c in chat["logprobs"]["content"]) == chat["message"]["content"]
+
+
+def _byte_level_model(served_model, directory: Path) -> Path:
+    """The served model's files with a byte-level BPE tokenizer without merges: every byte is a token, so a
+    character outside ASCII takes two to four tokens and a block can end inside one (LLaDA's and Dream's
+    tokenizers are byte-level BPE too). The special tokens keep their ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    shutil.copytree(served_model, directory)
+    specials = ["<unk>", "<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "<|user|>", "<|assistant|>"]
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {token: i for i, token in enumerate(specials)}
+    vocab |= {byte: len(specials) + i for i, byte in enumerate(alphabet)}
+    tokenizer = Tokenizer(models.BPE(vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(specials)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return directory
+
+
+WIDE = "abcdefgé wö 你好 ün"  # 24 bytes: block 0 ends inside "é", block 1 inside "你"
+
+
+def test_characters_split_across_blocks_stream_whole_with_their_log_probabilities(
+    served_model, redis_server, service, tmp_path
+):
+    """A block that ends inside a character: its bytes wait for the block that completes it (never a
+    U+FFFD sent and then contradicted); the streamed text and log probabilities are the whole answer's."""
+    model = _byte_level_model(served_model, tmp_path / "byte-level")
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 3 * BLOCK, "logprobs": 0}
+    chat_body = _chat_body(max_tokens=3 * BLOCK, logprobs=True)
+    with _stack(model, redis_server.url, service) as (client, peer, tokenizer):
+        peer.script = Script(text=WIDE)
+        whole = client.post("/v1/completions", json=body).json()["choices"][0]
+        chunks = _events(client, "/v1/completions", body)
+        chat = client.post("/v1/chat/completions", json=chat_body).json()["choices"][0]
+        chat_chunks = _events(client, "/v1/chat/completions", chat_body)
+    assert len(tokenizer.encode(WIDE)) == 3 * BLOCK and "\ufffd" in tokenizer.decode(
+        tokenizer.encode(WIDE)[:BLOCK]
+    )
+    assert whole["text"] == chat["message"]["content"] == WIDE
+    assert [c["choices"][0]["text"] for c in chunks] == ["abcdefg", "é wö ", "你好 ün", ""]
+    assert "".join(whole["logprobs"]["tokens"]) == WIDE
+    assert _joined_logprobs(chunks) == whole["logprobs"]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chat_chunks) == WIDE
+    assert "".join(c["token"] for c in chat["logprobs"]["content"]) == WIDE
+    streamed = [
+        c
+        for chunk in chat_chunks
+        if chunk["choices"][0]["logprobs"]
+        for c in chunk["choices"][0]["logprobs"]["content"]
+    ]
+    assert streamed == chat["logprobs"]["content"]
+
+
+def test_a_text_that_ends_inside_a_character_streams_as_it_is_answered(
+    served_model, redis_server, service, tmp_path
+):
+    """A text cut inside a character (by max_tokens, or by a stop string after a byte sequence that is not
+    UTF-8) ends with U+FFFD, streamed too: the held-back bytes go out with the end of the answer."""
+    model = _byte_level_model(served_model, tmp_path / "byte-level")
+    with _stack(model, redis_server.url, service) as (client, peer, tokenizer):
+        peer.script = Script(text=WIDE)
+        cut = {"model": "tiny", "prompt": "hi", "max_tokens": BLOCK}  # the 8th token is half of "é"
+        whole = client.post("/v1/completions", json=cut).json()["choices"][0]
+        chunks = _events(client, "/v1/completions", cut)
+        stray_byte = tokenizer.encode("é")[0]
+        peer.script = Script(
+            tokens=tokenizer.encode("abcdefg") + [stray_byte] + tokenizer.encode("x wö 你好 ün")
+        )
+        stop = {"model": "tiny", "prompt": "hi", "max_tokens": 3 * BLOCK, "stop": ["x"]}
+        stopped = client.post("/v1/completions", json=stop).json()["choices"][0]
+        stopped_chunks = _events(client, "/v1/completions", stop)
+    assert whole["text"] == "abcdefg\ufffd" == "".join(c["choices"][0]["text"] for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert stopped["text"] == "abcdefg\ufffd" == "".join(c["choices"][0]["text"] for c in stopped_chunks)
+    assert stopped_chunks[-1]["choices"][0]["finish_reason"] == "stop"
