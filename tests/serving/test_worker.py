@@ -640,6 +640,44 @@ def test_a_worker_that_lost_a_lease_drops_the_request_and_never_answers_it(
     assert [e.worker for e in queue.events_of("r-taken") if isinstance(e, DoneEvent)] == ["other"]
 
 
+def test_a_request_cancelled_and_taken_over_between_an_exchange_and_the_renewal_is_dropped(
+    redis_server, service, make_worker
+):
+    """The exchange that sends one cancelled result reports a second request cancelled (its result is
+    staged for the next exchange); before the renewal that follows in the same pass, another worker takes
+    that request over. The renewal reports it lost: the worker drops it with its staged result (nothing of
+    it published, nothing left behind) and goes on serving."""
+    decoding = {"ignore_eos": True}
+    with make_worker(redis_server.url, service, **decoding) as worker:
+        queue = _enqueue(redis_server.url, service, "first", 5, max_tokens=64 * BLOCK)
+        _enqueue(redis_server.url, service, "second", 6, max_tokens=64 * BLOCK)
+        _wait_for_block(queue, "first")
+        _wait_for_block(queue, "second")
+        commit, taken = worker.queue.commit, []
+
+        def cancelled_then_taken_over(worker_id, blocks, results, held):
+            if [request_id for request_id, _ in results] == ["first"] and not taken:
+                assert queue.run(queue.ops.cancel("second", 6)) == 2  # in flight: flagged
+                reply = commit(worker_id, blocks, results, held)
+                queue.redis.hset(queue.ops.keys.request("second"), "worker", "other")
+                worker._last_renew = float("-inf")  # the renewal comes next in this pass
+                taken.append(reply)
+                return reply
+            return commit(worker_id, blocks, results, held)
+
+        worker.queue.commit = cancelled_then_taken_over
+        assert queue.run(queue.ops.cancel("first", 5)) == 2
+        wait_for(lambda: taken, 30, what="the exchange that sends the first cancellation")
+        assert "second" in taken[0].cancelled, "the scenario did not arise"
+        _enqueue(redis_server.url, service, "next", 5)
+        wait_for(lambda: _done(queue, "next"), 60, what="the next request")
+        kept_here = [worker._meta, worker._streaming, worker._max_tokens, worker._logprobs, worker._outbox]
+        assert not any("second" in kept for kept in kept_here), "a dropped request left state behind"
+        assert "second" not in worker.scheduler.requests
+    assert _done(queue, "first").finish_reason == "cancelled"
+    assert _done(queue, "second") is None  # the other worker's to answer
+
+
 def test_drain_lets_work_in_flight_finish_here_within_its_timeout(redis_server, service, make_worker):
     """SIGTERM (drain) with time to spare: nothing new is claimed, and the request in flight is finished
     by this worker, whole, rather than handed back."""
