@@ -850,7 +850,7 @@ def test_the_readiness_probe_asks_redis_itself(redis_server, service, make_worke
 
 
 def test_a_pause_in_arrivals_ends_the_batch_window(redis_server, service, make_worker):
-    """The batch window ends at the first pause in arrivals (5 ms), not at its full length: a request
+    """The batch window ends at the first pause in arrivals (20 ms), not at its full length: a request
     that arrives alone starts its cycle alone, and one sent 0.5 s later, well inside a 1 s window,
     joins later (a window that ran its full length would have started both together)."""
     with make_worker(redis_server.url, service, scheduling={"batch_window_s": 1.0}) as worker:

@@ -83,7 +83,7 @@ def test_a_baseline_worker_claims_in_arrival_order_one_batch_at_a_time(
 
 def _trickle(url: str, service: str, count: int) -> None:
     """``count`` requests one after another (a burst on its way through a gateway: about a millisecond
-    apart, never the 5 ms pause that ends a batch window)."""
+    apart, never the pause, BURST_QUIET_S, that ends a batch window)."""
     queue = SyncQueue(redis.Redis.from_url(url), QueueOps(service))
     for index in range(count):
         queue.run(queue.ops.enqueue(QueuedRequest(f"b-{index}", [7] * 6, BLOCK, time.time()), 0))
