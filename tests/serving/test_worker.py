@@ -61,6 +61,13 @@ def _all_done(queue: SyncQueue, request_ids) -> dict[str, DoneEvent] | None:
     return done if all(done.values()) else None
 
 
+def _kept_about(worker, request_id: str) -> list[str]:
+    """The worker's per-request maps that still hold ``request_id`` (none, once it is dropped)."""
+    maps = {"meta": worker._meta, "streaming": worker._streaming, "max_tokens": worker._max_tokens}
+    maps |= {"logprobs": worker._logprobs, "outbox": worker._outbox}
+    return [name for name, kept in maps.items() if request_id in kept]
+
+
 def test_probes_and_metrics(redis_server, service, make_worker):
     worker_thread = make_worker(redis_server.url, service)
     port = free_port()
@@ -628,8 +635,7 @@ def test_a_worker_that_lost_a_lease_drops_the_request_and_never_answers_it(
         wait_for(lambda: not worker.engine.has_work(), 30, what="the row to be dropped")
         assert len(worker.engine.records) - cycles_before <= 2  # not run on to its last block (16)
         assert "r-taken" not in worker.scheduler.requests
-        kept_here = [worker._meta, worker._streaming, worker._max_tokens, worker._logprobs, worker._outbox]
-        assert not any("r-taken" in kept for kept in kept_here), "a dropped request left state behind"
+        assert not _kept_about(worker, "r-taken"), "a dropped request left state behind"
         kept = json.loads(queue.redis.hget(queue.ops.keys.request("r-taken"), "generated"))
         assert len(kept) < 64 * 8  # dropped before it finished: no later block was recorded
         queue = _enqueue(redis_server.url, service, "r-next", 5)
@@ -647,8 +653,7 @@ def test_a_request_cancelled_and_taken_over_between_an_exchange_and_the_renewal_
     staged for the next exchange); before the renewal that follows in the same pass, another worker takes
     that request over. The renewal reports it lost: the worker drops it with its staged result (nothing of
     it published, nothing left behind) and goes on serving."""
-    decoding = {"ignore_eos": True}
-    with make_worker(redis_server.url, service, **decoding) as worker:
+    with make_worker(redis_server.url, service, ignore_eos=True) as worker:
         queue = _enqueue(redis_server.url, service, "first", 5, max_tokens=64 * BLOCK)
         _enqueue(redis_server.url, service, "second", 6, max_tokens=64 * BLOCK)
         _wait_for_block(queue, "first")
@@ -671,8 +676,7 @@ def test_a_request_cancelled_and_taken_over_between_an_exchange_and_the_renewal_
         assert "second" in taken[0].cancelled, "the scenario did not arise"
         _enqueue(redis_server.url, service, "next", 5)
         wait_for(lambda: _done(queue, "next"), 60, what="the next request")
-        kept_here = [worker._meta, worker._streaming, worker._max_tokens, worker._logprobs, worker._outbox]
-        assert not any("second" in kept for kept in kept_here), "a dropped request left state behind"
+        assert not _kept_about(worker, "second"), "a dropped request left state behind"
         assert "second" not in worker.scheduler.requests
     assert _done(queue, "first").finish_reason == "cancelled"
     assert _done(queue, "second") is None  # the other worker's to answer
