@@ -36,8 +36,8 @@ class BenchConfig:
     record_margins: bool = True
     seed: int = 0
     calibrate_fraction: float | None = None  # set the threshold so this share of confidences reach it
-    # run the policy list this many times, round-robin, and report each policy's median run (a shared,
-    # noisy machine moves single runs by a third)
+    # run the policy list this many times, round-robin (see _round_order), and report each policy's median
+    # run (a shared, noisy machine moves single runs by a third)
     repeat: int = 1
 
 
@@ -73,7 +73,7 @@ def run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None = N
         cfg = replace(cfg, decoding=replace(cfg.decoding, threshold=calibration["threshold"]))
     all_runs: dict[str, list[PolicyRun]] = {name: [] for name in cfg.policies}
     for round_number in range(cfg.repeat):
-        for name in cfg.policies:
+        for name in _round_order(cfg.policies, round_number):
             spec = PolicySpec(name, cfg.scheduling, batch)
             logger.info("running policy %s on %d requests (run %d)", name, len(requests), round_number + 1)
             if loaded is None:
@@ -89,6 +89,14 @@ def run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None = N
             if on_policy is not None:
                 on_policy(report)
     return report
+
+
+def _round_order(policies: tuple[str, ...], round_number: int) -> tuple[str, ...]:
+    """Round r starts with policy r (mod their count): each policy's runs take every place in a round in
+    turn, so whatever a place costs (a machine that warms up or slows down over a round) falls on every
+    policy alike instead of always on the same one."""
+    start = round_number % len(policies)
+    return policies[start:] + policies[:start]
 
 
 def _median_run(runs: list[PolicyRun]) -> PolicyRun:

@@ -49,7 +49,7 @@ def register(subparsers) -> None:
         "--repeat",
         type=int,
         default=1,
-        help="run the policies N times, round-robin, and report each one's median run (default: 1)",
+        help="run the policies N times, round-robin (each round starting one policy later), and report each one's median run (default: 1)",
     )
     parser.add_argument("--no-isolate", action="store_true", help="run every policy in this process")
     parser.add_argument(

@@ -196,3 +196,34 @@ def test_online_bench_runs_every_policy_on_the_same_arrivals(model, tmp_path):
             tokens.add(metrics["generated_tokens"])
     assert len(tokens) == 1, "every policy generates the same tokens for the same requests"
     assert plot.stat().st_size > 0
+
+
+def test_repeated_rounds_give_every_policy_every_place_in_a_round(model, tmp_path, monkeypatch):
+    """With --repeat the policy list runs once per round, each round starting one policy later, so no
+    policy always runs in the same place (after the same other policy)."""
+    from engine_pod.bench import benchmark
+
+    order = []
+    real = benchmark.run_policy
+
+    def recording(loaded, decoding, spec, *args, **kwargs):
+        order.append(spec.name)
+        return real(loaded, decoding, spec, *args, **kwargs)
+
+    monkeypatch.setattr(benchmark, "run_policy", recording)
+    out = tmp_path / "r.json"
+    policies = "sequential,static,blockserve"
+    argv = heterogeneous_float64_bench(model, out, 2, policies) + ["--repeat", "4", "--no-isolate"]
+    assert main(argv) == 0
+    assert order == [
+        *("sequential", "static", "blockserve"),
+        *("static", "blockserve", "sequential"),
+        *("blockserve", "sequential", "static"),
+        *("sequential", "static", "blockserve"),
+    ]
+    report = json.loads(out.read_text())
+    assert {name: len(walls) for name, walls in report["wall_s_per_run"].items()} == {
+        "sequential": 4,
+        "static": 4,
+        "blockserve": 4,
+    }
