@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from engine_pod.bench import benchmark
 from engine_pod.bench.policies import static_batch_size_for
 from engine_pod.bench.workloads import WorkloadError, load_workload, named_workloads
 from engine_pod.cli.main import main
@@ -201,8 +202,6 @@ def test_online_bench_runs_every_policy_on_the_same_arrivals(model, tmp_path):
 def test_repeated_rounds_give_every_policy_every_place_in_a_round(model, tmp_path, monkeypatch):
     """With --repeat the policy list runs once per round, each round starting one policy later, so no
     policy always runs in the same place (after the same other policy)."""
-    from engine_pod.bench import benchmark
-
     order = []
     real = benchmark.run_policy
 
