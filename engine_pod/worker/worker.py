@@ -307,7 +307,7 @@ class Worker:
         if not self._subscribed:  # once: after a dropped connection redis-py subscribes again itself
             self._pubsub.subscribe(self.queue.ops.keys.wakeup)
             self._subscribed = True
-        if self._pubsub.get_message(timeout=self.config.idle_wait_s) is not None:
+        if self._arrivals_within(self.config.idle_wait_s):
             self._let_the_burst_in()
 
     def _let_the_burst_in(self) -> None:
