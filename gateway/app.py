@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import threading
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -15,6 +17,8 @@ from engine_pod.queue.async_client import AsyncQueue
 from engine_pod.queue.connect import async_client
 from engine_pod.queue.ops import QueueOps
 from engine_pod.queue.resilience import CLIENT_OPTIONS, TRANSIENT_ERRORS
+from gateway.api_keys import ApiKeys
+from gateway.body_limit import BodyLimit
 from gateway.coalesced_calls import CoalescedCalls
 from gateway.delivered import DeliveredEvents
 from gateway.errors import install_error_handlers
@@ -31,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 def build_app(settings: GatewaySettings) -> FastAPI:
     tokenizer = GatewayTokenizer(settings.model_dir)
+    api_keys = ApiKeys(settings)  # a keys file that cannot be read stops the start here
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -44,8 +49,9 @@ def build_app(settings: GatewaySettings) -> FastAPI:
         calls = CoalescedCalls(queue)
         metrics = GatewayMetrics()
         metrics.waiting.set_function(reader.waiting)
-        state = GatewayState(settings, tokenizer, client, queue, metrics, calls, reader, delivered)
+        state = GatewayState(settings, tokenizer, client, queue, metrics, calls, reader, delivered, api_keys)
         app.state.gateway = state
+        _reload_keys_on_sighup(api_keys)
         background = [asyncio.create_task(reader.run()), asyncio.create_task(delivered.run())]
         for task in background:
             task.add_done_callback(_report_failure)
@@ -83,8 +89,17 @@ def build_app(settings: GatewaySettings) -> FastAPI:
     for router in (completions.router, models.router, files.router, batches.router, health.router):
         app.include_router(router)
 
+    app.add_middleware(BodyLimit, settings=settings)
     app.add_middleware(RequestCounter)
     return app
+
+
+def _reload_keys_on_sighup(api_keys: ApiKeys) -> None:
+    """SIGHUP re-reads the keys file (only where the app runs in the main thread, as ``python -m gateway``
+    does; elsewhere signals are not this app's)."""
+    if not api_keys.settings.api_keys_file or threading.current_thread() is not threading.main_thread():
+        return
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, api_keys.reload)
 
 
 def _report_failure(task: asyncio.Task) -> None:

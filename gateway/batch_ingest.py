@@ -1,10 +1,12 @@
-"""Batch ingestion in the background (chunked, tokenised off the event loop) and output rendering."""
+"""Batch ingestion in the background (chunked, tokenised off the event loop) and the lines of the output
+and error files."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import time
 
 from pydantic import ValidationError
 
@@ -13,7 +15,14 @@ from engine_pod.queue.ops import as_text, text_of
 from gateway.errors import ApiError
 from gateway.logprobs import chat_logprobs, completion_logprobs
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
-from gateway.submission import apply_stop, build_request, check_decoding_fields, finish_reason
+from gateway.submission import (
+    apply_stop,
+    build_request,
+    check_prompt_text,
+    check_request,
+    finish_reason,
+    tokens_shown,
+)
 from gateway.tokenizer import TokenizerError
 
 logger = logging.getLogger(__name__)
@@ -36,75 +45,100 @@ def _prepare(line_text: str, index: int, endpoint: str, state):
             raise ApiError(400, "a batch line takes n=1")
         if getattr(body, "echo", False):
             raise ApiError(400, "echo is not supported in a batch line")
-        check_decoding_fields(body, state)
-        if endpoint == "/v1/chat/completions":
-            ids = state.tokenizer.encode_chat(
-                [m.model_dump(include={"role", "content"}) for m in body.messages]
-            )
-        elif isinstance(body.prompt, str):
-            ids = state.tokenizer.encode(body.prompt)
-        else:
-            raise ApiError(400, "batch completion lines take a single string prompt")
+        check_request(body, state)
+        ids = _prompt_ids(body, state)
         meta = {"custom_id": custom_id, "model": body.model}
         if body.stop_strings():
             meta[STOP_META] = body.stop_strings()
         return build_request(ids, body, state, meta=meta)
     except (json.JSONDecodeError, ValidationError, ApiError, TokenizerError, AttributeError) as exc:
         message = exc.message if isinstance(exc, ApiError) else str(exc).splitlines()[0]
-        return {
-            "id": None,
-            "line": {
-                "id": f"batch_req_line{index + 1}",
-                "custom_id": custom_id,
-                "response": None,
-                "error": {"code": "invalid_request", "message": message},
-            },
-        }
+        code = (exc.code if isinstance(exc, ApiError) else None) or "invalid_request"
+        return _error_item(index, custom_id, code, message)
+
+
+def _prompt_ids(body, state) -> list[int]:
+    """A line's one prompt as token ids (a chat's messages rendered by the chat template)."""
+    if hasattr(body, "messages"):
+        messages = [message.for_template() for message in body.messages]
+        check_prompt_text([m["content"] for m in messages], state, "messages")
+        return state.tokenizer.encode_chat(messages)
+    if isinstance(body.prompt, str):
+        check_prompt_text([body.prompt], state)
+        return state.tokenizer.encode(body.prompt)
+    if body.prompt and isinstance(body.prompt[0], int):
+        return list(body.prompt)
+    raise ApiError(400, "a batch completion line takes one prompt: a string or a list of token ids")
+
+
+def _error_item(index: int, custom_id: str, code: str, message: str) -> dict:
+    """A line that was not queued, as its line of the error file."""
+    line = {"id": f"batch_req_line{index + 1}", "custom_id": custom_id, "response": None}
+    return {"id": None, "line": line | {"error": {"code": code, "message": message}}}
 
 
 async def ingest_batch(batch_id: str, content: bytes, endpoint: str, state) -> None:
+    """Queue the input file's lines a chunk at a time (each line that cannot run becomes a line of the error
+    file); a cancel or the end of the completion window stops it, the lines left then reported as such."""
     keys = state.queue.ops.keys
     lines = [line for line in content.decode(errors="replace").splitlines() if line.strip()]
-    await state.redis.hset(keys.batch(batch_id), "total", len(lines))
     chunk = state.settings.batch_chunk
     try:
         for start in range(0, len(lines), chunk):
-            if await _cancelled(batch_id, state):
-                await _skip(lines[start:], start, batch_id, state)
-                await cancel_members(batch_id, state)  # also those queued while the cancel was read
+            stopped = await stop_reason(batch_id, state)
+            if stopped is not None:
+                await _skip(lines[start:], start, batch_id, stopped, state)
+                await cancel_members(batch_id, state, expire=stopped == "expired")
                 return
             part = lines[start : start + chunk]
             prepared = await asyncio.to_thread(
                 lambda p=part, s=start: [_prepare(t, s + i, endpoint, state) for i, t in enumerate(p)]
             )
             await asyncio.gather(*(_submit(item, batch_id, state) for item in prepared))
-            await asyncio.sleep(0)
+            if start == 0:
+                await _started(batch_id, state)
+        stopped = await stop_reason(batch_id, state)
+        if stopped is not None:  # lines queued while the cancel (or the window's end) was being read
+            await cancel_members(batch_id, state, expire=stopped == "expired")
     except Exception as exc:  # a broken ingestion marks the batch failed instead of leaving it validating
         logger.exception("batch %s ingestion failed", batch_id)
-        await state.redis.hset(
-            keys.batch(batch_id), mapping={"status": "failed", "errors": json.dumps({"message": str(exc)})}
-        )
-        return
-    if not await _cancelled(batch_id, state):
-        await state.redis.hset(keys.batch(batch_id), "status", "in_progress")
-    else:
-        await cancel_members(batch_id, state)
+        failed = {"status": "failed", "failed_at": int(time.time()), "errors": json.dumps(_errors(str(exc)))}
+        await state.redis.hset(keys.batch(batch_id), mapping=failed)
 
 
-async def _cancelled(batch_id: str, state) -> bool:
-    status = await state.redis.hget(state.queue.ops.keys.batch(batch_id), "status")
-    return text_of(status) == "cancelling"
+def _errors(message: str) -> dict:
+    """OpenAI's ``errors`` object of a batch that failed."""
+    return {"object": "list", "data": [{"code": "ingestion_failed", "message": message, "param": None}]}
 
 
-async def _skip(lines: list[str], start: int, batch_id: str, state) -> None:
-    """Lines a cancel stopped before they were queued: each an error line of the output."""
+async def _started(batch_id: str, state) -> None:
+    """validating -> in_progress (unless a cancel came first)."""
+    ops = state.queue.ops
+    await state.queue.run(ops.batch_status(batch_id, "in_progress", ("validating",), "in_progress_at"))
+
+
+async def stop_reason(batch_id: str, state) -> str | None:
+    """Why no more lines of the batch may be queued: "cancelled", "expired", or None."""
+    key = state.queue.ops.keys.batch(batch_id)
+    status, expires_at = await state.redis.hmget(key, ["status", "expires_at"])
+    if text_of(status) == "cancelling":
+        return "cancelled"
+    if expires_at is not None and time.time() >= int(expires_at):
+        return "expired"
+    return None
+
+
+SKIPPED = {  # why lines were never queued -> their error line's code and message
+    "cancelled": ("batch_cancelled", "the batch was cancelled before this line started"),
+    "expired": ("batch_expired", "this line could not start before the batch's completion window ended"),
+}
+
+
+async def _skip(lines: list[str], start: int, batch_id: str, reason: str, state) -> None:
+    """Lines a cancel or the window's end stopped before they were queued: each a line of the error file."""
+    code, message = SKIPPED[reason]
     for index, text in enumerate(lines, start):
-        line = {"id": f"batch_req_line{index + 1}", "custom_id": _custom_id(text, index), "response": None}
-        await _submit(
-            {"id": None, "line": line | {"error": {"code": "cancelled", "message": "batch cancelled"}}},
-            batch_id,
-            state,
-        )
+        await _submit(_error_item(index, _custom_id(text, index), code, message), batch_id, state)
 
 
 def _custom_id(text: str, index: int) -> str:
@@ -114,13 +148,13 @@ def _custom_id(text: str, index: int) -> str:
         return f"line-{index + 1}"
 
 
-async def cancel_members(batch_id: str, state) -> None:
+async def cancel_members(batch_id: str, state, expire: bool = False) -> None:
     """Cancel every queued line of the batch: a pending one ends at once (counted failed), a running one
-    at its worker's next block boundary. Idempotent."""
+    at its worker's next block boundary. ``expire``: end the pending ones only, as expired. Idempotent."""
     keys = state.queue.ops.keys
     members = await state.redis.lrange(keys.batch_members(batch_id), 0, -1)
     for request_id in as_text(members):
-        await state.queue.run(state.queue.ops.cancel(request_id, 0, batch_id))
+        await state.queue.run(state.queue.ops.cancel(request_id, 0, batch_id, expire=expire))
 
 
 async def _submit(item, batch_id: str, state) -> None:
@@ -147,10 +181,11 @@ def _response_body(done: DoneEvent, request_id: str, endpoint: str, state) -> di
     finish_reason then ``stop``), log probabilities where the line asked."""
     text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), done.meta.get(STOP_META) or [])
     reason = finish_reason(done, stopped)  # error lines never get here (see output_lines)
+    shown = tokens_shown(done, state.tokenizer, text, stopped)
     usage = {
         "prompt_tokens": done.prompt_tokens,
-        "completion_tokens": done.completion_tokens,
-        "total_tokens": done.prompt_tokens + done.completion_tokens,
+        "completion_tokens": shown,
+        "total_tokens": done.prompt_tokens + shown,
     }
     model = done.meta.get("model", state.settings.served_model)
     asked, cut = done.logprobs is not None, len(text) if stopped else None
@@ -169,24 +204,31 @@ def _response_body(done: DoneEvent, request_id: str, endpoint: str, state) -> di
     return {"id": request_id, "object": kind, "model": model, "choices": [choice], "usage": usage}
 
 
-def output_lines(entries: list, endpoint: str, state) -> list[dict]:
-    lines = []
+ENDED_EARLY = {  # a line's finish reason when it did not run to its end -> its error line's code, message
+    "cancelled": ("batch_cancelled", "the batch was cancelled before this line finished"),
+    "expired": SKIPPED["expired"],
+    "error": ("invalid_request", "the request could not run"),
+}
+
+
+def result_lines(entries: list, endpoint: str, state) -> tuple[list[dict], list[dict]]:
+    """The batch's results as the lines of its output file (answered lines) and of its error file (lines
+    that could not run, were cancelled or expired), each keeping its ``custom_id``."""
+    output, errors = [], []
     for raw in entries:
         entry = json.loads(raw)
         if entry.get("line") is not None:
-            lines.append(entry["line"])
+            errors.append(entry["line"])
             continue
         done = decode_event(entry["done"])
-        custom_id = done.meta.get("custom_id")
-        if done.error or done.finish_reason in ("error", "cancelled"):
-            error = {"code": done.finish_reason, "message": done.error or "cancelled"}
-            lines.append(
-                {"id": f"batch_req_{entry['id']}", "custom_id": custom_id, "response": None, "error": error}
+        line = {"id": f"batch_req_{entry['id']}", "custom_id": done.meta.get("custom_id")}
+        if done.error or done.finish_reason in ENDED_EARLY:
+            code, message = ENDED_EARLY.get(done.finish_reason, ENDED_EARLY["error"])
+            errors.append(
+                line | {"response": None, "error": {"code": code, "message": done.error or message}}
             )
             continue
         body = _response_body(done, entry["id"], endpoint, state)
         response = {"status_code": 200, "request_id": entry["id"], "body": body}
-        lines.append(
-            {"id": f"batch_req_{entry['id']}", "custom_id": custom_id, "response": response, "error": None}
-        )
-    return lines
+        output.append(line | {"response": response, "error": None})
+    return output, errors

@@ -11,6 +11,9 @@ from engine_pod.queue.resilience import TRANSIENT_ERRORS
 
 
 class ApiError(Exception):
+    """An answer in OpenAI's error shape: status, message, ``type`` (kind), ``param`` and ``code`` (what
+    OpenAI fills for the same case: ``invalid_api_key``, ``model_not_found``, ...)."""
+
     def __init__(
         self,
         status: int,
@@ -18,15 +21,14 @@ class ApiError(Exception):
         kind: str = "invalid_request_error",
         param: str | None = None,
         headers: dict[str, str] | None = None,
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.kind, self.param, self.headers = (
-            status,
-            message,
-            kind,
-            param,
-            headers or {},
-        )
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+        self.headers, self.code = headers or {}, code
+
+    def body(self) -> dict:
+        return error_body(self.message, self.kind, self.param, self.code)
 
 
 def queue_unreachable(what: str, retry_after_s: int) -> ApiError:
@@ -43,35 +45,78 @@ def error_body(message: str, kind: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+_UNION_MEMBERS = {"str", "int", "float", "bool", "none", "list", "dict", "tuple", "bytes"}
+
+
 def _param(location: tuple) -> str | None:
     """OpenAI's ``param`` from pydantic's error location: field names and list indexes, without the
-    union members pydantic tried (``prompt.function-after[...]`` -> ``prompt``)."""
+    union members pydantic tried (``prompt.function-after[...]``, ``presence_penalty.float``,
+    ``stream_options.StreamOptions`` -> the field). Field names are lowercase identifiers."""
     out = ""
     for part in location:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part != "body" and part.isidentifier():
+        elif part != "body" and part.isidentifier() and part.islower() and part not in _UNION_MEMBERS:
             out += f".{part}" if out else part
     return out or None
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+_CODES = {  # pydantic's error type -> the code OpenAI gives the same mistake
+    "missing": "missing_required_parameter",
+    "extra_forbidden": "unknown_parameter",
+    "literal_error": "invalid_value",
+    "enum": "invalid_value",
+    "too_long": "array_above_max_length",
+    "too_short": "array_below_min_length",
+}
+_BOUNDS = {"greater_than": "below_min", "greater_than_equal": "below_min"}
+_BOUNDS |= {"less_than": "above_max", "less_than_equal": "above_max"}
+
+
+def _code(error: dict) -> str | None:
+    kind = error.get("type", "")
+    if kind in _BOUNDS:  # a bound written as a float is a number field's, an int an integer field's
+        bounds = list((error.get("ctx") or {}).values())
+        number = "decimal" if any(isinstance(b, float) for b in bounds) else "integer"
+        return f"{number}_{_BOUNDS[kind]}_value"
+    if kind.endswith(("_type", "_parsing")):
+        return "invalid_type"
+    return _CODES.get(kind, kind if kind.startswith("unsupported_") else None)
+
+
+def _validation_error(exc: RequestValidationError) -> ApiError:
+    """A 400 (as OpenAI answers an invalid body, not FastAPI's 422) for the first error."""
     first = exc.errors()[0] if exc.errors() else {}
+    if first.get("type") == "json_invalid":
+        reason = (first.get("ctx") or {}).get("error", "invalid JSON")
+        position = first.get("loc", ("body", None))[-1]
+        where = f" at character {position}" if isinstance(position, int) else ""
+        return ApiError(
+            400,
+            f"the request body is not valid JSON ({reason}{where}); send one JSON object "
+            "with Content-Type: application/json",
+        )
     param = _param(tuple(first.get("loc", ())))
-    return f"{param or 'body'}: {first.get('msg', 'invalid request')}", param
+    first = _most_telling(exc.errors(), param) or first
+    message = f"{param or 'body'}: {first.get('msg', 'invalid request')}"
+    return ApiError(400, message, param=param, code=_code(first))
+
+
+def _most_telling(errors: list[dict], param: str | None) -> dict | None:
+    """Of a union's errors on ``param`` (one per member pydantic tried), the first that is not a type
+    mismatch: a list of five stops says "at most 4 items", not "not a string"."""
+    same = [e for e in errors if _param(tuple(e.get("loc", ()))) == param]
+    return next((e for e in same if not e.get("type", "").endswith("_type")), None)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(
-            error_body(exc.message, exc.kind, exc.param), status_code=exc.status, headers=exc.headers
-        )
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)  # 400, as OpenAI answers an invalid body (not 422)
-        return JSONResponse(error_body(message, "invalid_request_error", param), status_code=400)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return await api_error(request, _validation_error(exc))
 
     async def redis_unreachable(request: Request, exc: Exception) -> JSONResponse:
         retry_after = request.app.state.gateway.settings.retry_after_s

@@ -8,14 +8,42 @@ died before Redis stored it) has none (null).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from engine_pod.queue.messages import DoneEvent
 
 Entry = list | tuple | None  # [log p, [[alternative id, log p], ...]] or None
 INCOMPLETE = "\ufffd"  # how a decoder shows the bytes of a character that has not all come
 
 
-def _piece(tokenizer, token_id: int) -> str:
-    return tokenizer.tokenizer.decode([token_id], skip_special_tokens=False)
+CONTEXT_TOKENS = 4  # tokens before an alternative that its piece is decoded after
+
+
+@dataclass(frozen=True)
+class _Item:
+    """One described token: its piece of the text, its entry, and what an alternative's piece needs."""
+
+    piece: str
+    entry: Entry
+    token_id: int = -1
+    context: tuple[int, ...] = ()  # the tokens just before it
+
+    def alternatives(self, tokenizer) -> list[tuple[str, float]]:
+        """Each alternative's piece as it would read in this place (a decoder can drop a leading space
+        of a token decoded alone) and its log probability; the chosen token's is its own piece."""
+        if not self.entry:
+            return []
+        return [
+            (self.piece if i == self.token_id else _piece_after(tokenizer, self.context, i), v)
+            for i, v in self.entry[1]
+        ]
+
+
+def _piece_after(tokenizer, context: tuple[int, ...], token_id: int) -> str:
+    decode = tokenizer.tokenizer.decode
+    before = decode(list(context), skip_special_tokens=False)
+    after = decode([*context, token_id], skip_special_tokens=False)
+    return after[len(before) :] if after.startswith(before) else decode([token_id], skip_special_tokens=False)
 
 
 def visible_tokens(token_ids: list[int], entries: list | None, tokenizer) -> list[tuple[int, Entry]]:
@@ -55,31 +83,37 @@ class _Pieces:
         return piece
 
 
-def _completion_object(items: list[tuple[str, Entry]], tokenizer, offset: int) -> dict:
+def _completion_object(items: list[_Item], tokenizer, offset: int) -> dict:
     tokens, values, tops, offsets = [], [], [], []
-    for piece, entry in items:
-        tokens.append(piece)
+    for item in items:
+        tokens.append(item.piece)
         offsets.append(offset)
-        offset += len(piece)
-        values.append(entry[0] if entry else None)
-        tops.append({_piece(tokenizer, i): v for i, v in entry[1]} if entry else None)
+        offset += len(item.piece)
+        values.append(item.entry[0] if item.entry else None)
+        tops.append(dict(item.alternatives(tokenizer)) if item.entry else None)
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
 
 
-def _chat_object(items: list[tuple[str, Entry]], tokenizer) -> dict:
-    def item(piece: str, value: float | None) -> dict:
+def _chat_object(items: list[_Item], tokenizer) -> dict:
+    def token(piece: str, value: float | None) -> dict:
         return {"token": piece, "logprob": value, "bytes": list(piece.encode())}
 
     content = []
-    for piece, entry in items:
-        alternatives = [item(_piece(tokenizer, i), v) for i, v in entry[1]] if entry else []
-        content.append(item(piece, entry[0] if entry else None) | {"top_logprobs": alternatives})
+    for item in items:
+        alternatives = [token(piece, v) for piece, v in item.alternatives(tokenizer)]
+        value = item.entry[0] if item.entry else None
+        content.append(token(item.piece, value) | {"top_logprobs": alternatives})
     return {"content": content, "refusal": None}
 
 
-def _described(tokenizer, token_ids: list[int], entries: list) -> list[tuple[str, Entry]]:
+def _item(piece: str, token_ids: list[int], index: int, entry: Entry) -> _Item:
+    context = tuple(token_ids[max(0, index - CONTEXT_TOKENS) : index])
+    return _Item(piece, entry, token_ids[index], context)
+
+
+def _described(tokenizer, token_ids: list[int], entries: list) -> list[_Item]:
     pieces = _Pieces(tokenizer)
-    return [(pieces.next(token_ids, i + 1), entry) for i, entry in enumerate(entries)]
+    return [_item(pieces.next(token_ids, i + 1), token_ids, i, e) for i, e in enumerate(entries)]
 
 
 def within_text(visible: list[tuple[int, Entry]], tokenizer, text_len: int | None) -> list[tuple[int, Entry]]:
@@ -124,7 +158,7 @@ class StreamedLogprobs:
     def echoed(self, prefix: list[int]) -> dict:
         """The echoed prompt's tokens (completions only), with null log probabilities."""
         items = _described(self.tokenizer, prefix, [None] * len(prefix))
-        self.offset = sum(len(piece) for piece, _ in items)
+        self.offset = sum(len(item.piece) for item in items)
         return _completion_object(items, self.tokenizer, 0)
 
     def take(self, visible: list[tuple[int, Entry]], text_len: int) -> dict | None:
@@ -137,12 +171,12 @@ class StreamedLogprobs:
             if len(text) > text_len:
                 break
             self.pieces.before = text
-            items.append((piece, visible[self.described][1]))
+            items.append(_item(piece, token_ids, self.described, visible[self.described][1]))
             self.described += 1
         if not items:
             return None
         if self.chat:
             return _chat_object(items, self.tokenizer)
         described = _completion_object(items, self.tokenizer, self.offset)
-        self.offset += sum(len(piece) for piece, _ in items)
+        self.offset += sum(len(item.piece) for item in items)
         return described

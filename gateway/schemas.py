@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from gateway.openai_fields import BOTH, CHAT_ONLY, COMPLETIONS_ONLY, refuse_unless_harmless
 
 
 def _encodable(text: str) -> str:
@@ -17,7 +20,18 @@ def _encodable(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_encodable)]
-STRICT = ConfigDict(extra="allow", strict=True)  # no coercion: `true` is not 1, "yes" is not true
+# No coercion (`true` is not 1, "yes" is not true); fields OpenAI does not define are kept aside and refused
+# by the handler (``openai_fields.unknown_fields``) unless the service ignores them, so the schema says none
+# are allowed.
+STRICT = ConfigDict(extra="allow", strict=True, json_schema_extra={"additionalProperties": False})
+MAX_STOPS = 4  # as OpenAI
+
+
+def _harmless_only(*fields: str):
+    """A validator that refuses a non-harmless value of any of ``fields`` (see ``gateway.openai_fields``)."""
+    return field_validator(*fields)(
+        classmethod(lambda cls, value, info: refuse_unless_harmless(value, info.field_name))
+    )
 
 
 class DllmFields(BaseModel):
@@ -27,7 +41,19 @@ class DllmFields(BaseModel):
 
     block_length: int | None = Field(None, ge=1, description="tokens per block (must match the service)")
     steps: int | None = Field(None, ge=1, description="denoising steps per block (must match the service)")
-    threshold: float | None = Field(None, gt=0, le=1, description="confidence threshold for this request")
+    threshold: float | None = Field(None, gt=0.0, le=1.0, description="confidence threshold for this request")
+
+
+class StreamOptions(BaseModel):
+    model_config = STRICT
+
+    include_usage: bool | None = Field(None, description="a last chunk with the usage of every choice")
+    include_obfuscation: bool | None = Field(
+        None, description="accepted; chunks carry no obfuscation padding (their content is the same)"
+    )
+
+
+Stops = Annotated[list[Text], Field(max_length=MAX_STOPS)]
 
 
 class CommonFields(DllmFields):
@@ -35,14 +61,19 @@ class CommonFields(DllmFields):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stream: bool = False
-    stream_options: dict | None = None
-    stop: Text | list[Text] | None = None
-    temperature: float | None = Field(None, ge=0, le=2, description="0 or absent: greedy decoding")
-    top_p: float | None = Field(None, gt=0, le=1, description="nucleus sampling (with temperature > 0)")
+    stream_options: StreamOptions | None = None
+    stop: Text | Stops | None = Field(None, description=f"up to {MAX_STOPS} strings that end the text")
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="0 or absent: greedy decoding")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="nucleus sampling (with temperature > 0)")
     top_k: int | None = Field(None, ge=0, description="sample among the k likeliest tokens (0: all)")
     seed: int | None = Field(None, ge=0, lt=2**63, description="the same seed reproduces a sampled output")
     n: int = Field(1, ge=1, le=16, description="choices per prompt, each drawn with its own seed")
     user: Text | None = None
+    # defined by OpenAI, not implemented: accepted only with a value that does nothing
+    logit_bias: dict[str, int | float] | None = Field(None, description="not supported: empty only")
+    presence_penalty: float | int | None = Field(None, description="not supported: 0 only")
+    frequency_penalty: float | int | None = Field(None, description="not supported: 0 only")
+    _common_harmless = _harmless_only(*BOTH)
 
     def alternatives(self) -> int | None:
         """How many alternatives per token the worker records (None: no log probabilities)."""
@@ -53,29 +84,96 @@ class CommonFields(DllmFields):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
+    def wants_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+TokenIds = Annotated[list[int], Field(min_length=1)]
+
 
 class CompletionRequest(CommonFields):
-    prompt: Text | list[Text] | list[int] = Field(..., description="text, list of texts, or token ids")
+    prompt: Text | list[Text] | TokenIds | list[TokenIds] = Field(
+        ..., description="text, list of texts, token ids, or lists of token ids"
+    )
     logprobs: int | None = Field(
         None, ge=0, le=5, description="each token's log probability and this many alternatives"
     )
     echo: bool = Field(False, description="the prompt's text before the completion")
+    best_of: int | None = Field(None, description="not supported: 1 only")
+    suffix: Text | None = Field(None, description="not supported: empty only")
+    _harmless = _harmless_only(*COMPLETIONS_ONLY)
 
     def alternatives(self) -> int | None:
         return self.logprobs
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content: text parts are read (joined by newlines); other kinds are refused."""
+
+    model_config = STRICT
+
+    type: Text
+    text: Text | None = None
 
 
 class ChatMessage(BaseModel):
     model_config = STRICT
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: Text
+    content: Text | list[ContentPart]
+    name: Text | None = Field(None, description="the participant's name (given to the chat template)")
+    tool_call_id: Text | None = None
+    tool_calls: list | None = Field(None, description="not supported: empty only")
+    refusal: Text | None = Field(None, description="not supported")
+    _harmless = _harmless_only("tool_calls", "refusal")
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(cls, content):
+        for part in content if isinstance(content, list) else []:
+            if part.type != "text":
+                raise PydanticCustomError(
+                    "unsupported_value",
+                    "content parts of type '{kind}' are not supported: this model reads text only",
+                    {"kind": part.type},
+                )
+            if part.text is None:
+                raise PydanticCustomError("missing", "a text part needs its text")
+        return content
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text or "" for part in self.content)
+
+    def for_template(self) -> dict[str, str]:
+        """The message as a chat template reads it: role, content as text, and the name if given."""
+        out = {"role": self.role, "content": self.text()}
+        return out | ({"name": self.name} if self.name else {})
 
 
 class ChatCompletionRequest(CommonFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     logprobs: bool = Field(False, description="each token's log probability")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="alternatives per token (needs logprobs)")
+    tools: list | None = Field(None, description="not supported: empty only")
+    functions: list | None = Field(None, description="not supported: empty only")
+    tool_choice: Text | dict | None = Field(None, description='not supported: "none" only')
+    function_call: Text | dict | None = Field(None, description='not supported: "none" only')
+    parallel_tool_calls: bool | None = None
+    response_format: dict | None = Field(None, description='{"type": "text"} only')
+    modalities: list[Text] | None = Field(None, description='["text"] only')
+    audio: dict | None = Field(None, description="not supported")
+    prediction: dict | None = Field(None, description="not supported")
+    reasoning_effort: Text | None = Field(None, description="not supported")
+    verbosity: Text | None = Field(None, description="not supported")
+    web_search_options: dict | None = Field(None, description="not supported")
+    store: bool | None = Field(None, description="completions are not stored: false only")
+    service_tier: Text | None = Field(None, description='"auto" or "default" only')
+    metadata: dict[str, Text] | None = None
+    prompt_cache_key: Text | None = None
+    safety_identifier: Text | None = None
+    _harmless = _harmless_only(*CHAT_ONLY)
 
     def alternatives(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -196,12 +294,24 @@ class BatchObject(BaseModel):
     input_file_id: str
     completion_window: str = "24h"
     status: Literal[
-        "validating", "failed", "in_progress", "finalizing", "completed", "cancelling", "cancelled"
+        "validating",
+        "failed",
+        "in_progress",
+        "finalizing",
+        "completed",
+        "expired",
+        "cancelling",
+        "cancelled",
     ]
     output_file_id: str | None = None
     error_file_id: str | None = None
     created_at: int
+    in_progress_at: int | None = None
+    expires_at: int | None = None
+    finalizing_at: int | None = None
     completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
     cancelling_at: int | None = None
     cancelled_at: int | None = None
     request_counts: RequestCounts

@@ -19,7 +19,8 @@ class GatewaySettings:
     service: str = "default"
     model_dir: str = ""  # directory with tokenizer.json (and config.json for EOS ids)
     model_name: str = ""  # the id clients pass as "model"; default: the model directory's name
-    api_keys: tuple[str, ...] = ()  # empty: no authentication
+    api_keys: tuple[str, ...] = ()  # bearer keys; with none here and no api_keys_file: no authentication
+    api_keys_file: str = ""  # a file of bearer keys, one a line (re-read on SIGHUP); set: keys are on
     max_queued: int = 10_000  # pending + in-flight requests beyond which new ones get 429
     retry_after_s: int = 2
     max_prompt_tokens: int = 1024
@@ -37,6 +38,10 @@ class GatewaySettings:
     result_ttl_s: int = RESULT_TTL_S  # how long a finished request's record and result stay in Redis
     file_ttl_s: int = 7 * 86400  # how long an uploaded file stays
     batch_ttl_s: int = 7 * 86400  # how long a batch's record and its results stay
+    max_body_bytes: int = 4 * 1024 * 1024  # a JSON request body larger than this is a 413, unread
+    max_upload_bytes: int = 200 * 1024 * 1024  # a file upload larger than this is a 413
+    unknown_fields: str = "reject"  # a body field OpenAI does not define: "reject" (400) or "ignore"
+    batch_window_s: int = 24 * 3600  # a batch's completion window: lines not started by then expire
     docs: bool = True  # serve /docs, /redoc and /openapi.json (off: the API is not described publicly)
     access_log: bool = True  # one log line per HTTP request (uvicorn's access log)
     # > 0: /metrics is served on this port, without a key (for a scraper inside the cluster), and not on
@@ -67,10 +72,25 @@ class GatewaySettings:
             (self.drain_timeout_s >= 0, "drain_timeout_s must not be negative"),
             (self.enqueue_timeout_s >= 0, "enqueue_timeout_s must not be negative"),
             (0 <= self.metrics_port <= 65535, "metrics_port must be a port number (0: the API port)"),
+            (
+                min(self.max_body_bytes, self.max_upload_bytes) >= 1024,
+                "max_body_bytes and max_upload_bytes must be at least 1024",
+            ),
+            (
+                self.unknown_fields in UNKNOWN_FIELDS,
+                f"unknown_fields must be one of {', '.join(UNKNOWN_FIELDS)}",
+            ),
+            (self.batch_window_s >= 1, "batch_window_s must be positive"),
         ]
         for ok, message in checks:
             if not ok:
                 raise SettingsError(message)
+
+    @property
+    def keys_required(self) -> bool:
+        """Whether requests need a bearer key: keys given, or a keys file named (even an empty one:
+        naming a file never leaves the API open)."""
+        return bool(self.api_keys or self.api_keys_file)
 
     @property
     def served_model(self) -> str:
@@ -78,12 +98,9 @@ class GatewaySettings:
 
     @classmethod
     def from_env(cls, **overrides) -> GatewaySettings:
-        """Settings from ``DLLM_*`` variables (names in ENV_NAMES), defaults for the rest."""
-        values: dict = {}
-        for name, variable in ENV_NAMES.items():
-            if variable in os.environ:
-                values[name] = _parse(name, os.environ[variable])
-        return cls(**(values | overrides))
+        """Settings from ``DLLM_*`` variables (names in ENV_NAMES), defaults for the rest; ``overrides``
+        (command-line flags, say) win over both."""
+        return cls(**(env_values() | overrides))
 
     def to_env(self, exclude: tuple[str, ...] = ()) -> dict[str, str]:
         """The ``DLLM_*`` environment that ``from_env`` reads back as these settings: what the operator,
@@ -102,6 +119,7 @@ ENV_NAMES = {  # field -> environment variable: the one place a gateway setting'
     "model_dir": "DLLM_MODEL_DIR",
     "model_name": "DLLM_MODEL_NAME",
     "api_keys": "DLLM_API_KEYS",
+    "api_keys_file": "DLLM_API_KEYS_FILE",
     "max_queued": "DLLM_MAX_QUEUED",
     "max_prompt_tokens": "DLLM_MAX_PROMPT_TOKENS",
     "max_prompts_per_request": "DLLM_MAX_PROMPTS",
@@ -117,12 +135,26 @@ ENV_NAMES = {  # field -> environment variable: the one place a gateway setting'
     "result_ttl_s": "DLLM_RESULT_TTL_S",
     "file_ttl_s": "DLLM_FILE_TTL_S",
     "batch_ttl_s": "DLLM_BATCH_TTL_S",
+    "max_body_bytes": "DLLM_MAX_BODY_BYTES",
+    "max_upload_bytes": "DLLM_MAX_UPLOAD_BYTES",
+    "unknown_fields": "DLLM_UNKNOWN_FIELDS",
+    "batch_window_s": "DLLM_BATCH_WINDOW_S",
     "docs": "DLLM_DOCS",
     "access_log": "DLLM_ACCESS_LOG",
     "metrics_port": "DLLM_METRICS_PORT",
     "metrics_host": "DLLM_METRICS_HOST",
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+UNKNOWN_FIELDS = ("reject", "ignore")
+
+
+def env_values() -> dict:
+    """The settings the ``DLLM_*`` environment sets (only those: a caller can tell set from default)."""
+    return {
+        name: _parse(name, os.environ[variable])
+        for name, variable in ENV_NAMES.items()
+        if variable in os.environ
+    }
 
 
 def _parse(name: str, text: str):

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from fastapi import Depends, Request
 
 from engine_pod.queue.async_client import AsyncQueue
+from gateway.api_keys import ApiKeys
 from gateway.coalesced_calls import CoalescedCalls
 from gateway.delivered import DeliveredEvents
 from gateway.errors import ApiError
@@ -33,6 +34,7 @@ class GatewayState:
     calls: CoalescedCalls  # enqueues and cancellations, sent together when they come together
     events: EventReader  # every waiting request's events, read together
     delivered: DeliveredEvents  # requests whose results were delivered: their events' retention is cut
+    api_keys: ApiKeys
     tasks: set[asyncio.Task] = field(default_factory=set)  # background batch ingestion
     stop_waiting_at: float = math.inf  # monotonic time at which waits end with a 503 (shutting down)
 
@@ -55,16 +57,16 @@ State = Annotated[GatewayState, Depends(get_state)]
 
 
 async def require_api_key(request: Request, state: State) -> None:
-    """Bearer API keys, when the service has any configured."""
-    keys = state.settings.api_keys
-    if not keys:
+    """Bearer API keys, when the service has any configured (see ``gateway.api_keys``)."""
+    if not state.api_keys.required:
         return
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or token not in keys:
+    if scheme.lower() != "bearer" or not state.api_keys.accepts(token):
         raise ApiError(
             401,
             "missing or invalid API key (send Authorization: Bearer <key>)",
-            "authentication_error",
+            "invalid_request_error",
+            code="invalid_api_key",
             headers={"WWW-Authenticate": "Bearer"},
         )

@@ -19,7 +19,15 @@ from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.resilience import REDIS_ERRORS
 from gateway.errors import ApiError, error_body
 from gateway.logprobs import StreamedLogprobs, held_back, visible_tokens
-from gateway.submission import apply_stop, cancel_quietly, events, finish_reason, prompt_tokens_of
+from gateway.submission import (
+    apply_stop,
+    cancel_quietly,
+    count_covering,
+    events,
+    finish_reason,
+    prompt_tokens_of,
+    tokens_shown,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +64,7 @@ class StreamSpec:
         return self.envelope([choice])
 
     def wants_usage(self) -> bool:
-        return bool((self.body.stream_options or {}).get("include_usage"))
+        return self.body.wants_usage()
 
 
 @dataclass
@@ -124,7 +132,8 @@ async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
             if stopped:
                 await cancel_quietly(queued, spec.state)
                 yield spec.chunk(choice.index, "", "stop")
-                usage.completion_tokens += min(len(choice.tokens), queued.max_tokens)
+                shown = choice.tokens[: queued.max_tokens]
+                usage.completion_tokens += count_covering(shown, spec.state.tokenizer, len(text))
                 return
         elif isinstance(event, DoneEvent):
             choice.tokens = list(event.token_ids)
@@ -133,7 +142,7 @@ async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
             if chunk is not None:
                 yield chunk
             yield spec.chunk(choice.index, "", finish_reason(event, stopped))
-            usage.completion_tokens += event.completion_tokens
+            usage.completion_tokens += tokens_shown(event, spec.state.tokenizer, text, stopped)
 
 
 async def _merged(streams: list[AsyncIterator[dict]]) -> AsyncIterator[dict]:

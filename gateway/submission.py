@@ -11,6 +11,7 @@ from engine_pod.queue.keys import new_request_id
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.resilience import REDIS_ERRORS, TRANSIENT_ERRORS, Backoff
 from gateway.errors import ApiError, queue_unreachable
+from gateway.openai_fields import unknown_fields
 from gateway.schemas import CommonFields
 from gateway.state import GatewayState
 
@@ -30,14 +31,34 @@ def max_tokens_of(body: CommonFields, state: GatewayState) -> int:
     return value
 
 
-def check_decoding_fields(body: CommonFields, state: GatewayState) -> None:
+def check_request(body: CommonFields, state: GatewayState) -> None:
+    """What a request's schema alone cannot refuse: another model, fields OpenAI does not define (unless
+    the service ignores them), options that need another option, decoding settings that are not the
+    service's."""
     settings = state.settings
     if body.model != settings.served_model:
         raise ApiError(
             404,
-            f"model {body.model!r} is not served here; this service serves {settings.served_model!r}",
+            f"the model {body.model!r} does not exist; this service serves {settings.served_model!r}",
             param="model",
+            code="model_not_found",
         )
+    unknown = unknown_fields(body) if settings.unknown_fields == "reject" else []
+    if unknown:
+        raise ApiError(400, f"unknown parameter: {unknown[0]!r}", param=unknown[0], code="unknown_parameter")
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(
+            400,
+            "stream_options is only allowed with stream: true",
+            param="stream_options",
+            code="invalid_value",
+        )
+    if getattr(body, "top_logprobs", None) is not None and not getattr(body, "logprobs", True):
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+    _check_decoding_fields(body, settings)
+
+
+def _check_decoding_fields(body: CommonFields, settings) -> None:
     if body.block_length is not None and body.block_length != settings.block_length:
         raise ApiError(
             400,
@@ -52,19 +73,36 @@ def check_decoding_fields(body: CommonFields, state: GatewayState) -> None:
         )
 
 
-def check_prompt(prompt_ids: list[int], state: GatewayState) -> None:
+def too_long(tokens: int, state: GatewayState, param: str = "prompt", at_least: bool = False) -> ApiError:
+    limit = state.settings.max_prompt_tokens
+    count = f"at least {tokens}" if at_least else str(tokens)
+    return ApiError(
+        400,
+        f"the prompt has {count} tokens; this service accepts at most {limit}",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+def check_prompt_text(texts: list[str], state: GatewayState, param: str = "prompt") -> None:
+    """Refuse a prompt that is surely too long before tokenizing it: no token covers more than the
+    tokenizer's longest token (twice that, for normalizers that shrink text), so more bytes than the
+    limit times that is more tokens than the limit."""
+    bound = state.settings.max_prompt_tokens * state.tokenizer.max_token_bytes * 2
+    size = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts)
+    if size > bound:
+        raise too_long(size // (state.tokenizer.max_token_bytes * 2), state, param, at_least=True)
+
+
+def check_prompt(prompt_ids: list[int], state: GatewayState, param: str = "prompt") -> None:
     limit = state.settings.max_prompt_tokens
     if not prompt_ids:
-        raise ApiError(400, "the prompt is empty", param="prompt")
+        raise ApiError(400, "the prompt is empty", param=param)
     if len(prompt_ids) > limit:
-        raise ApiError(
-            400,
-            f"the prompt has {len(prompt_ids)} tokens; this service accepts at most {limit}",
-            param="prompt",
-        )
+        raise too_long(len(prompt_ids), state, param)
     vocab = state.tokenizer.tokenizer.get_vocab_size()
     if any(not 0 <= t < vocab for t in prompt_ids):
-        raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+        raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param=param)
 
 
 def sampling_of(body: CommonFields, seed: int) -> dict | None:
@@ -82,9 +120,11 @@ def build_request(
     meta: dict | None = None,
     seed: int | None = None,
 ) -> QueuedRequest:
-    check_prompt(prompt_ids, state)
+    """One queued request; its id is the response's (``chatcmpl-...`` for a chat, ``cmpl-...`` else)."""
+    chat = hasattr(body, "messages")
+    check_prompt(prompt_ids, state, "messages" if chat else "prompt")
     return QueuedRequest(
-        id=new_request_id("cmpl"),
+        id=new_request_id("chatcmpl" if chat else "cmpl"),
         prompt_ids=prompt_ids,
         max_tokens=max_tokens_of(body, state),
         created=time.time(),
@@ -135,6 +175,7 @@ async def enqueue_all(requests: list[QueuedRequest], state: GatewayState) -> Non
             "the queue is full; retry later",
             "rate_limit_error",
             headers={"Retry-After": str(state.settings.retry_after_s)},
+            code="rate_limit_exceeded",
         )
 
 
@@ -202,6 +243,27 @@ def apply_stop(text: str, stops: list[str]) -> tuple[str, bool]:
     return (text[: min(cuts)], True) if cuts else (text, False)
 
 
+def tokens_shown(done: DoneEvent, tokenizer, text: str, stopped: bool) -> int:
+    """``completion_tokens`` of a result whose text is ``text``: all of them, or where a stop string cut
+    the text, the tokens up to the one the cut falls in (the text returned, counted)."""
+    if not stopped:
+        return done.completion_tokens
+    return count_covering(done.token_ids[: done.completion_tokens], tokenizer, len(text))
+
+
+def count_covering(token_ids: list[int], tokenizer, text_len: int) -> int:
+    """The fewest leading tokens whose text is at least ``text_len`` characters long (bisection: the
+    decoded length grows with the tokens)."""
+    low, high = 0, len(token_ids)
+    while low < high:
+        middle = (low + high) // 2
+        if len(tokenizer.decode(token_ids[:middle])) >= text_len:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
 def finish_reason(done: DoneEvent, stopped: bool) -> str:
     if done.error:
         raise ApiError(400, done.error)
@@ -215,7 +277,7 @@ __all__ = [
     "build_choices",
     "build_request",
     "cancel_quietly",
-    "check_decoding_fields",
+    "check_request",
     "enqueue_all",
     "events",
     "finish_reason",

@@ -27,7 +27,7 @@ def tenant_of_key(key: str) -> str:
 
 async def current_tenant(request: Request, state: State) -> str:
     """The caller's tenant (its key was already checked by ``require_api_key``)."""
-    if not state.settings.api_keys:
+    if not state.api_keys.required:
         return ANONYMOUS
     return tenant_of_key(request.headers.get("authorization", "").partition(" ")[2])
 

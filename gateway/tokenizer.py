@@ -39,6 +39,9 @@ class GatewayTokenizer:
         self.bos_token = _token_text(config.get("bos_token")) or ""
         self.eos_token = _token_text(config.get("eos_token")) or ""
         self.eos_ids = self._eos_ids(directory)
+        # the most input bytes one token can stand for, at most: a vocabulary entry's length in UTF-8
+        # (byte-level and byte-fallback entries spell each byte with one or more characters)
+        self.max_token_bytes = max(len(t.encode()) for t in self.tokenizer.get_vocab(True)) or 1
         self._template = (
             ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
                 self.chat_template

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from engine_pod.cli.budget import resolve_budget
@@ -37,27 +38,49 @@ def register(subparsers) -> None:
         help="serve an OpenAI-style API on this machine (Redis + gateway + one worker)",
         description="Start a private redis-server, the gateway and one BlockServe worker on the model "
         "(default: the shipped model), print the API URL, and serve until Ctrl-C.",
+        epilog="Every gateway setting is read from the same DLLM_* environment variables as `python -m "
+        "gateway` reads (DLLM_API_KEYS, DLLM_API_KEYS_FILE, DLLM_MAX_QUEUED, DLLM_MAX_BODY_BYTES, "
+        "DLLM_UNKNOWN_FIELDS, DLLM_REQUEST_TIMEOUT_S, ...: docs/api.md lists them); the flags above override "
+        "them. SIGHUP makes the gateway re-read its API keys file.",
     )
     add_model_args(parser)
     parser.add_argument("--host", default="127.0.0.1", help="gateway address (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="gateway port (default: 8000)")
-    parser.add_argument("--service", default="default", help="queue name (default: default)")
-    parser.add_argument("--model-name", help="model id clients pass (default: the model directory's name)")
+    parser.add_argument("--service", help="queue name (default: $DLLM_SERVICE, or default)")
+    parser.add_argument(
+        "--model-name",
+        help="model id clients pass (default: $DLLM_MODEL_NAME, or the model directory's name)",
+    )
     parser.add_argument(
         "--redis-url",
-        help="use this Redis instead of starting one (redis://..., or redis+cluster://NODE:PORT for a Redis Cluster)",
+        help="use this Redis instead of starting one (redis://..., or redis+cluster://NODE:PORT for a Redis "
+        "Cluster; default: $DLLM_REDIS_URL, else a private redis-server)",
     )
     parser.add_argument(
         "--data-dir",
         help="where the private Redis keeps its append-only file "
         "(default: $XDG_CACHE_HOME/dllm/serve/SERVICE, or ~/.cache/dllm/serve/SERVICE)",
     )
-    parser.add_argument("--api-key", action="append", default=[], help="require this bearer key (repeatable)")
     parser.add_argument(
-        "--max-queued", type=int, default=10_000, help="queue depth that answers 429 (default: 10000)"
+        "--api-keys-file",
+        help="require a bearer key from this file, one key a line, re-read on SIGHUP "
+        "(default: $DLLM_API_KEYS_FILE; $DLLM_API_KEYS takes keys separated by commas)",
     )
     parser.add_argument(
-        "--max-tokens-limit", type=int, default=512, help="largest max_tokens accepted (default: 512)"
+        "--api-key",
+        action="append",
+        help="require this bearer key (repeatable). Discouraged: any user can read it in `ps`; "
+        "use $DLLM_API_KEYS or --api-keys-file",
+    )
+    parser.add_argument(
+        "--max-queued",
+        type=int,
+        help="queue depth that answers 429 (default: $DLLM_MAX_QUEUED, or 10000)",
+    )
+    parser.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        help="largest max_tokens accepted (default: $DLLM_MAX_TOKENS, or 512)",
     )
     parser.add_argument(
         "--metrics-port",
@@ -70,25 +93,54 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
-def _gateway_env(args: argparse.Namespace, model_dir: Path, redis_url: str) -> dict[str, str]:
-    from gateway.settings import GatewaySettings
+def _gateway_settings(args: argparse.Namespace, model_dir: Path):
+    """The gateway's settings: the ``DLLM_*`` environment the gateway itself reads, then this command's
+    flags over it; what the worker decides (its decoding, its queue) is the worker's. The Redis URL is
+    set once Redis runs."""
+    from gateway.settings import GatewaySettings, SettingsError, env_values
 
-    settings = GatewaySettings(
-        redis_url=redis_url,
-        service=args.service,
-        model_dir=str(model_dir),
-        model_name=args.model_name or model_dir.name,
-        api_keys=tuple(args.api_key),
-        max_queued=args.max_queued,
-        max_tokens_limit=args.max_tokens_limit,
-        default_max_tokens=min(GatewaySettings.default_max_tokens, args.max_tokens_limit),
-        block_length=args.block_length,
-        steps_per_block=args.steps_per_block,
-        threshold=args.threshold,
-        drain_timeout_s=DRAIN_S,
-        result_ttl_s=args.result_ttl,
-    )
-    return settings.to_env()
+    flags = {
+        "api_keys": tuple(args.api_key) if args.api_key else None,
+        "api_keys_file": str(Path(args.api_keys_file).resolve()) if args.api_keys_file else None,
+        "max_queued": args.max_queued,
+        "max_tokens_limit": args.max_tokens_limit,
+        "model_name": args.model_name,
+    }
+    values = env_values() | {name: value for name, value in flags.items() if value is not None}
+    values.setdefault("model_name", model_dir.name)
+    values.setdefault("drain_timeout_s", DRAIN_S)
+    limit = values.get("max_tokens_limit", GatewaySettings.max_tokens_limit)
+    values.setdefault("default_max_tokens", min(GatewaySettings.default_max_tokens, limit))
+    values |= {
+        "service": args.service,
+        "model_dir": str(model_dir),
+        "block_length": args.block_length,
+        "steps_per_block": args.steps_per_block,
+        "threshold": args.threshold,
+        "result_ttl_s": args.result_ttl,
+    }
+    try:
+        settings = GatewaySettings(**values)
+        _check_keys(settings)
+    except SettingsError as exc:
+        raise CliError(str(exc)) from None
+    return settings
+
+
+def _check_keys(settings) -> None:
+    """A keys file that cannot be read ends ``dllm serve`` here, before the model loads."""
+    from gateway.api_keys import ApiKeys
+
+    ApiKeys(settings)
+
+
+def queue_settings(args: argparse.Namespace) -> None:
+    """The service and Redis URL from the flags, else the environment the gateway reads."""
+    from gateway.settings import env_values
+
+    env = env_values()
+    args.service = args.service or env.get("service", "default")
+    args.redis_url = args.redis_url or env.get("redis_url")
 
 
 def _worker_args(args: argparse.Namespace, redis_url: str) -> list[str]:
@@ -122,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
     model_dir = resolve_model_dir(args.model)
     if not (model_dir / "tokenizer.json").is_file():
         raise CliError(f"{model_dir} has no tokenizer.json; the gateway needs one")
+    queue_settings(args)
+    gateway_settings = _gateway_settings(args, model_dir)
     options = child_popen_options()
     children = []
     redis_url = args.redis_url
@@ -134,17 +188,19 @@ def run(args: argparse.Namespace) -> int:
         logger.info("Redis data (append-only file) in %s", data_dir)
     probe_port = args.metrics_port or free_port()
     worker = WorkerProcess(_worker_args(args, redis_url), probe_port, options, stop_s=args.drain_timeout + 10)
-    gateway_env = _gateway_env(args, model_dir, redis_url)
-    gateway = GatewayProcess(args.host, args.port, gateway_env, options, stop_s=DRAIN_S + 5)
+    gateway_env = replace(gateway_settings, redis_url=redis_url).to_env()
+    stop_s = gateway_settings.drain_timeout_s + 5
+    gateway = GatewayProcess(args.host, args.port, gateway_env, options, stop_s=stop_s)
     children += [Supervised("worker", worker), Supervised("gateway", gateway)]
     supervisor = Supervisor(children)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: supervisor.stop())
+    signal.signal(signal.SIGHUP, lambda *_: gateway.signal(signal.SIGHUP))  # the gateway re-reads its keys
     try:
         supervisor.start_all()
     except ChildCannotStart as exc:
         raise CliError(str(exc)) from None
-    name = args.model_name or model_dir.name
+    name = gateway_settings.served_model
     sys.stdout.write(f"dllm serve: OpenAI-compatible API at {gateway.url}/v1 (model {name}); Ctrl-C stops\n")
     sys.stdout.flush()
     try:

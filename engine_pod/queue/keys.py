@@ -107,7 +107,7 @@ class ServiceKeys:
         return self._key("doorbell", gateway)
 
     def batch(self, batch_id: str) -> str:
-        """Hash: batch metadata and counters (total, completed, failed)."""
+        """Hash: batch metadata, timestamps and counters (total, completed, failed)."""
         return self._key("batch", batch_id)
 
     def batch_results(self, batch_id: str) -> str:
@@ -118,8 +118,12 @@ class ServiceKeys:
         """List of the request ids a batch enqueued (what cancelling the batch cancels)."""
         return self._key("batch", batch_id, "members")
 
+    def batch_finalizing(self, batch_id: str) -> str:
+        """String with an expiry: held by the gateway writing a batch's output and error files."""
+        return self._key("batch", batch_id, "finalizing")
+
     def file(self, file_id: str) -> str:
-        """Hash: an uploaded file's metadata, content and tenant."""
+        """Hash: a file's metadata, content and tenant (uploaded, or a batch's output or errors)."""
         return self._key("file", file_id)
 
     def files_of(self, tenant: str) -> str:

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-FINISH_REASONS = ("stop", "length", "cancelled", "error")
+FINISH_REASONS = ("stop", "length", "cancelled", "error", "expired")
 BATCH_META = "batch"  # the meta entry naming the batch a request belongs to (absent: none)
 
 

@@ -195,10 +195,13 @@ class QueueOps:
         ]
         return ScriptCall("RELEASE", keys, [worker, json.dumps(generated), score])
 
-    def cancel(self, request_id: str, prompt_tokens: int, batch_id: str = "") -> ScriptCall:
-        done = DoneEvent(
-            token_ids=[], finish_reason="cancelled", prompt_tokens=prompt_tokens, completion_tokens=0
-        )
+    def cancel(
+        self, request_id: str, prompt_tokens: int, batch_id: str = "", expire: bool = False
+    ) -> ScriptCall:
+        """Cancel a request (its done event keeps the request's meta). ``expire``: end it only if it has
+        not started (a batch line past its completion window), with finish reason ``expired``."""
+        reason = "expired" if expire else "cancelled"
+        done = DoneEvent(token_ids=[], finish_reason=reason, prompt_tokens=prompt_tokens, completion_tokens=0)
         keys = [
             self.keys.pending,
             self.keys.request(request_id),
@@ -209,14 +212,16 @@ class QueueOps:
             self.keys.sizes,
             *self._batch_keys(batch_id),
         ]
-        return ScriptCall("CANCEL", keys, [encode_event(done), self.result_ttl_s])
+        return ScriptCall("CANCEL", keys, [encode_event(done), self.result_ttl_s, "1" if expire else "0"])
+
+    def batch_status(self, batch_id: str, to: str, since: tuple[str, ...], stamp: str = "") -> ScriptCall:
+        """Move a batch to ``to`` if it is in one of ``since`` (setting ``stamp`` to now if it has none)."""
+        return ScriptCall("BATCH_STATUS", [self.keys.batch(batch_id)], [to, stamp, int(time.time()), *since])
 
 
 def script_sources() -> dict[str, str]:
-    return {
-        name: getattr(scripts, name)
-        for name in ("CANDIDATES", "CLAIM", "RENEW", "REAP", "COMMIT", "RELEASE", "CANCEL", "ENQUEUE")
-    }
+    names = ("CANDIDATES", "CLAIM", "RENEW", "REAP", "COMMIT", "RELEASE", "CANCEL", "ENQUEUE", "BATCH_STATUS")
+    return {name: getattr(scripts, name) for name in names}
 
 
 def _candidates(flat: list[str], now: int) -> list[Candidate]:

@@ -146,7 +146,7 @@ local function finish(request, events, live, sizes, id, done_json, ttl, batch, f
   redis.call('EXPIRE', KEYS[events], ttl)
   if batch == '' then return end
   local reason = cjson.decode(done_json)['finish_reason']
-  if reason == 'error' or reason == 'cancelled' then
+  if reason == 'error' or reason == 'cancelled' or reason == 'expired' then
     redis.call('HINCRBY', KEYS[first], 'failed', 1)
   else
     redis.call('HINCRBY', KEYS[first], 'completed', 1)
@@ -234,8 +234,10 @@ return 1
 
 # KEYS: pending, request hash, events stream, cancelled set, live set, arrivals, sizes[, batch hash,
 #   batch results]
-# ARGV: done json, ttl seconds
-# Cancels a request: a pending one completes at once; an in-flight one is flagged for its worker.
+# ARGV: done json (its meta {}: the request's own meta is put in), ttl seconds, '1' to end it only if
+#   still pending
+# Cancels a request: a pending one completes at once (returns 1); an in-flight one is flagged for its
+# worker (2), or left running when only a pending one may end (3).
 CANCEL = (
     _EFFECTS
     + _FINISH
@@ -248,9 +250,16 @@ local batch, missing = batch_of(2, first)
 if missing then return redis.error_reply(missing) end
 if redis.call('ZREM', KEYS[1], id) == 1 then
   redis.call('ZREM', KEYS[6], id)
-  finish(2, 3, 5, 7, id, ARGV[1], tonumber(ARGV[2]), batch, first)
+  local done = ARGV[1]
+  local ok, payload = pcall(cjson.decode, redis.call('HGET', KEYS[2], 'payload') or '')
+  local at = string.find(done, '"meta":{}', 1, true)
+  if ok and type(payload) == 'table' and type(payload['meta']) == 'table' and next(payload['meta']) and at then
+    done = string.sub(done, 1, at + 6) .. cjson.encode(payload['meta']) .. string.sub(done, at + 9)
+  end
+  finish(2, 3, 5, 7, id, done, tonumber(ARGV[2]), batch, first)
   return 1
 end
+if ARGV[3] == '1' then return 3 end
 redis.call('SADD', KEYS[4], id)
 return 2
 """
@@ -290,3 +299,21 @@ if #fresh > 0 then redis.call('PUBLISH', KEYS[3], #fresh) end
 return 1
 """
 )
+
+# KEYS: batch hash
+# ARGV: the new status, a timestamp field to set if absent ('' for none), now (seconds), then the statuses
+#   it may move from
+# Moves a batch to a new status only from one of the given ones, so that transitions racing each other (a
+# cancel and the start of the batch's lines, a cancel and its finalizing) cannot undo one another.
+# Returns 1 when it moved, 0 when the batch was in another status.
+BATCH_STATUS = """
+local status = redis.call('HGET', KEYS[1], 'status')
+for i = 4, #ARGV do
+  if status == ARGV[i] then
+    redis.call('HSET', KEYS[1], 'status', ARGV[1])
+    if ARGV[2] ~= '' then redis.call('HSETNX', KEYS[1], ARGV[2], ARGV[3]) end
+    return 1
+  end
+end
+return 0
+"""

@@ -46,6 +46,11 @@ class ProbedProcess:
             time.sleep(0.1)
         raise RuntimeError(f"the {self.name} did not answer on {self.health_url} within {timeout_s:.0f} s")
 
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the child if it runs."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signum)
+
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             self.process.terminate()

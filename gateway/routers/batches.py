@@ -1,9 +1,13 @@
 """The batch API with OpenAI semantics: create a batch from an uploaded JSONL file, list, poll and
-cancel batches, read their results (``<batch id>-output``, through the files API).
+cancel batches; their results are files (``output_file_id``: answered lines, ``error_file_id``: lines that
+failed, were cancelled or expired), read through the files API.
 
 Every batch belongs to the tenant that created it, from one of its own files (see ``gateway.tenancy``).
-Cancelling stops the lines not yet queued and cancels the queued ones (a running line stops at its next
-block boundary); the batch is ``cancelling`` until every line is accounted for, then ``cancelled``.
+A batch is ``validating`` until its first lines are queued, ``in_progress`` until every line is accounted
+for, ``finalizing`` while its files are written, then ``completed``. Cancelling stops the lines not yet
+queued and cancels the queued ones (a running line stops at its next block boundary): ``cancelling``, then
+``cancelled``. Lines that have not started when the completion window closes end as expired, and the
+batch as ``expired`` (see ``gateway.batch_lifecycle``).
 """
 
 from __future__ import annotations
@@ -15,24 +19,23 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from engine_pod.queue.keys import is_request_id, new_request_id
-from engine_pod.queue.ops import text_of
-from gateway.batch_ingest import cancel_members, ingest_batch, output_lines
+from gateway.batch_ingest import cancel_members, ingest_batch
+from gateway.batch_lifecycle import ENDED, advance, read_record, watch
 from gateway.errors import ApiError
 from gateway.schemas import BatchCreate, BatchList, BatchObject, RequestCounts
 from gateway.state import State, require_api_key
 from gateway.tenancy import TENANT_FIELD, Tenant, add_to_index, owned, page
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
-OUTPUT_SUFFIX = "-output"
 CREATE_BATCH = "createBatch"  # the operation id of POST /v1/batches (the files API links to it)
-ENDED = ("completed", "failed", "cancelled")
+TIMES = ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at")
+TIMES += ("cancelling_at", "cancelled_at")
 
 
-async def batch_output(state, batch: BatchObject) -> bytes:
-    if batch.status not in ("completed", "cancelled"):
-        raise ApiError(409, f"batch {batch.id} is {batch.status}; its output is ready when it has ended")
-    entries = await state.redis.lrange(state.queue.ops.keys.batch_results(batch.id), 0, -1)
-    return "".join(json.dumps(line) + "\n" for line in output_lines(entries, batch.endpoint, state)).encode()
+async def _run(batch_id: str, content: bytes, endpoint: str, state) -> None:
+    """The batch's life in the gateway that created it: its lines queued, then watched to its end."""
+    await ingest_batch(batch_id, content, endpoint, state)
+    await watch(state, batch_id)
 
 
 @router.post("/batches", response_model=BatchObject, operation_id=CREATE_BATCH)
@@ -55,13 +58,14 @@ async def create_batch(body: BatchCreate, state: State, tenant: Tenant) -> Batch
             f"the input file has {lines} requests; a batch takes at most {state.settings.max_batch_lines}",
             param="input_file_id",
         )
-    batch_id = new_request_id("batch")
+    batch_id, now = new_request_id("batch"), int(time.time())
     record = {
         "endpoint": body.endpoint,
         "input_file_id": input_file,
         "status": "validating",
-        "created_at": int(time.time()),
-        "total": 0,
+        "created_at": now,
+        "expires_at": now + state.settings.batch_window_s,
+        "total": lines,
         "completed": 0,
         "failed": 0,
         "metadata": json.dumps(body.metadata or {}),
@@ -74,47 +78,34 @@ async def create_batch(body: BatchCreate, state: State, tenant: Tenant) -> Batch
     await add_to_index(
         state, keys.batches_of(tenant), batch_id, record["created_at"], state.settings.batch_ttl_s
     )
-    state.spawn(ingest_batch(batch_id, content, body.endpoint, state))
+    state.spawn(_run(batch_id, content, body.endpoint, state))
     return await owned_batch(state, tenant, batch_id)
 
 
-async def _record(state, batch_id: str) -> dict[str, str] | None:
-    if not is_request_id(batch_id, "batch"):
-        return None
-    raw = await state.redis.hgetall(state.queue.ops.keys.batch(batch_id))
-    return {text_of(k): text_of(v) for k, v in raw.items()} if raw else None
-
-
 async def owned_batch(state, tenant: str, batch_id: str) -> BatchObject:
-    """The tenant's batch (404 when it does not exist or is another tenant's), its status brought up to
-    date: ``in_progress`` or ``cancelling`` with every line accounted for has ended."""
-    data = await _record(state, batch_id)
+    """The tenant's batch (404 when it does not exist or is another tenant's), moved on as far as it can
+    go now (see ``gateway.batch_lifecycle.advance``)."""
+    data = await read_record(state, batch_id) if is_request_id(batch_id, "batch") else None
     if data is None:
         raise ApiError(404, f"no batch {batch_id!r}", param="batch_id")
     owned(data.get(TENANT_FIELD), tenant, "batch", batch_id, "batch_id")
+    data = await advance(state, batch_id, data)
     counts = RequestCounts(
         total=int(data["total"]), completed=int(data["completed"]), failed=int(data["failed"])
     )
-    status = data["status"]
-    if status in ("in_progress", "cancelling") and counts.completed + counts.failed >= counts.total:
-        status = "completed" if status == "in_progress" else "cancelled"
-        field = "completed_at" if status == "completed" else "cancelled_at"
-        if field not in data:
-            data[field] = str(int(time.time()))
-            await state.redis.hsetnx(state.queue.ops.keys.batch(batch_id), field, data[field])
     return BatchObject(
         id=batch_id,
         endpoint=data["endpoint"],
         input_file_id=data["input_file_id"],
-        status=status,
-        output_file_id=batch_id + OUTPUT_SUFFIX if status in ("completed", "cancelled") else None,
+        status=data["status"],
+        output_file_id=data.get("output_file_id"),
+        error_file_id=data.get("error_file_id"),
         created_at=int(data["created_at"]),
-        completed_at=int(data["completed_at"]) if status == "completed" else None,
-        cancelling_at=int(data["cancelling_at"]) if "cancelling_at" in data else None,
-        cancelled_at=int(data["cancelled_at"]) if status == "cancelled" else None,
+        expires_at=int(data["expires_at"]),
         request_counts=counts,
         errors=json.loads(data["errors"]) if data.get("errors") else None,
         metadata=json.loads(data.get("metadata") or "{}") or None,
+        **{field: int(data[field]) for field in TIMES if field in data},
     )
 
 
@@ -142,12 +133,12 @@ async def cancel_batch(batch_id: str, state: State, tenant: Tenant) -> BatchObje
     batch = await owned_batch(state, tenant, batch_id)
     if batch.status in ("cancelling", "cancelled"):
         return batch
-    if batch.status in ENDED:
+    if batch.status in (*ENDED, "finalizing"):
         raise ApiError(409, f"batch {batch_id} is {batch.status}; only a running batch can be cancelled")
-    key = state.queue.ops.keys.batch(batch_id)
-    async with state.redis.pipeline(transaction=True) as pipe:
-        pipe.hset(key, "status", "cancelling")
-        pipe.hsetnx(key, "cancelling_at", int(time.time()))
-        await pipe.execute()
+    running = ("validating", "in_progress")
+    if not await state.queue.run(
+        state.queue.ops.batch_status(batch_id, "cancelling", running, "cancelling_at")
+    ):
+        return await cancel_batch(batch_id, state, tenant)  # it moved on meanwhile: answer for where it is
     await cancel_members(batch_id, state)  # ingestion, should it still run, stops at its next chunk
     return await owned_batch(state, tenant, batch_id)

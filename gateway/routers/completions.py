@@ -25,10 +25,12 @@ from gateway.streaming import StreamSpec, sse, stream_chunks
 from gateway.submission import (
     apply_stop,
     build_choices,
-    check_decoding_fields,
+    check_prompt_text,
+    check_request,
     enqueue_all,
     finish_reason,
     prompt_tokens_of,
+    tokens_shown,
     wait_done,
 )
 from gateway.tokenizer import TokenizerError
@@ -36,79 +38,82 @@ from gateway.tokenizer import TokenizerError
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 
 
-def _usage(done_events: list[DoneEvent], queued: list[QueuedRequest], n: int) -> Usage:
+def _usage(completion_tokens: list[int], queued: list[QueuedRequest], n: int) -> Usage:
     """Every choice's completion tokens; each prompt's tokens once, however many choices it has (as
     OpenAI counts them)."""
     prompt = prompt_tokens_of(queued, n)
-    completion = sum(d.completion_tokens for d in done_events)
+    completion = sum(completion_tokens)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
 def _prompts(body: CompletionRequest, state) -> list[list[int]]:
+    """The prompts as token ids: one text, several texts, one list of ids, or several lists of ids."""
     prompt = body.prompt
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    elif prompt and isinstance(prompt[0], int):
+        return [list(prompt)]
     limit = state.settings.max_prompts_per_request
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) and len(prompt) > limit:
+    if not prompt:
+        raise ApiError(400, "prompt is an empty list", param="prompt")
+    if len(prompt) > limit:
         raise ApiError(
             400, f"{len(prompt)} prompts in one request; this service takes at most {limit}", param="prompt"
         )
-    if isinstance(prompt, str):
-        return [state.tokenizer.encode(prompt)]
-    if prompt and all(isinstance(p, int) for p in prompt):
-        return [list(prompt)]
-    if prompt and all(isinstance(p, str) for p in prompt):
-        return [state.tokenizer.encode(p) for p in prompt]
-    raise ApiError(400, "prompt must be a string, a list of strings, or a list of token ids", param="prompt")
+    if isinstance(prompt[0], list):
+        return [list(ids) for ids in prompt]
+    for text in prompt:
+        check_prompt_text([text], state)
+    return [state.tokenizer.encode(text) for text in prompt]
 
 
 @router.post("/completions", response_model=CompletionResponse)
 async def completions(body: CompletionRequest, request: Request, state: State):
     started = time.monotonic()
-    check_decoding_fields(body, state)
+    check_request(body, state)
     queued = [choice for ids in _prompts(body, state) for choice in build_choices(ids, body, state)]
     await enqueue_all(queued, state)  # every prompt or none
     if body.stream:
         return _streamed(queued, body, state, False, started)
     results = await asyncio.gather(*(wait_done(q, state, request.is_disconnected) for q in queued))
-    choices = [
-        _completion_choice(index, done, queued[index], body, state) for index, done in enumerate(results)
-    ]
+    choices, counts = zip(
+        *(_completion_choice(index, done, queued[index], body, state) for index, done in enumerate(results))
+    )
     _observe(state, "completions", started)
     return CompletionResponse(
         id=queued[0].id,
         created=int(queued[0].created),
         model=body.model,
-        choices=choices,
-        usage=_usage(list(results), queued, body.n),
+        choices=list(choices),
+        usage=_usage(list(counts), queued, body.n),
     )
 
 
-def _completion_choice(index: int, done: DoneEvent, queued: QueuedRequest, body, state) -> CompletionChoice:
+def _completion_choice(
+    index: int, done: DoneEvent, queued: QueuedRequest, body, state
+) -> tuple[CompletionChoice, int]:
+    """The choice and the completion tokens its text shows."""
     text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), body.stop_strings())
     echoed = queued.prompt_ids if body.echo else []
     cut = len(text) if stopped else None
     logprobs = None if body.logprobs is None else completion_logprobs(done, state.tokenizer, echoed, cut)
     prefix = state.tokenizer.decode(echoed) if body.echo else ""
-    return CompletionChoice(
-        index=index, text=prefix + text, finish_reason=finish_reason(done, stopped), logprobs=logprobs
-    )
+    reason = finish_reason(done, stopped)
+    choice = CompletionChoice(index=index, text=prefix + text, finish_reason=reason, logprobs=logprobs)
+    return choice, tokens_shown(done, state.tokenizer, text, stopped)
 
 
 @router.post("/chat/completions", response_model=ChatCompletionResponse)
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State):
     started = time.monotonic()
-    check_decoding_fields(body, state)
-    try:
-        prompt_ids = state.tokenizer.encode_chat(
-            [m.model_dump(include={"role", "content"}) for m in body.messages]
-        )
-    except TokenizerError as exc:
-        raise ApiError(400, str(exc), param="messages") from exc
+    check_request(body, state)
+    prompt_ids = chat_prompt(body, state)
     queued = build_choices(prompt_ids, body, state)
     await enqueue_all(queued, state)  # every choice or none
     if body.stream:
         return _streamed(queued, body, state, True, started)
     results = await asyncio.gather(*(wait_done(q, state, request.is_disconnected) for q in queued))
-    choices = []
+    choices, counts = [], []
     for index, done in enumerate(results):
         text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), body.stop_strings())
         message = AssistantMessage(content=text)
@@ -116,14 +121,26 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
         logprobs = chat_logprobs(done, state.tokenizer, cut) if body.logprobs else None
         reason = finish_reason(done, stopped)
         choices.append(ChatChoice(index=index, message=message, finish_reason=reason, logprobs=logprobs))
+        counts.append(tokens_shown(done, state.tokenizer, text, stopped))
     _observe(state, "chat", started)
     return ChatCompletionResponse(
         id=queued[0].id,
         created=int(queued[0].created),
         model=body.model,
         choices=choices,
-        usage=_usage(list(results), queued, body.n),
+        usage=_usage(counts, queued, body.n),
     )
+
+
+def chat_prompt(body: ChatCompletionRequest, state) -> list[int]:
+    """The messages rendered by the model's chat template, as token ids (too long: refused, before
+    tokenizing when the text alone shows it)."""
+    messages = [message.for_template() for message in body.messages]
+    check_prompt_text([m["content"] for m in messages], state, "messages")
+    try:
+        return state.tokenizer.encode_chat(messages)
+    except TokenizerError as exc:
+        raise ApiError(400, str(exc), param="messages") from exc
 
 
 def _observe(state, endpoint: str, started: float) -> None:

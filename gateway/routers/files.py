@@ -1,28 +1,26 @@
 """The files API with OpenAI semantics: upload (JSONL for batches), list, retrieve, content, delete.
 
-A batch's output is a file too (``<batch id>-output``), readable once the batch has ended. Every file
-belongs to the tenant that uploaded it (see ``gateway.tenancy``).
+A batch's output and error files are files too (purpose ``batch_output``), written when the batch ends.
+Every file belongs to the tenant that uploaded it or whose batch wrote it (see ``gateway.tenancy``).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
 from fastapi.responses import Response
 
-from engine_pod.queue.keys import is_request_id, new_request_id
+from engine_pod.queue.keys import is_request_id
 from engine_pod.queue.ops import text_of
 from gateway.errors import ApiError
-from gateway.routers.batches import CREATE_BATCH, OUTPUT_SUFFIX, batch_output, owned_batch
+from gateway.routers.batches import CREATE_BATCH
 from gateway.schemas import FileDeleted, FileList, FileObject
 from gateway.state import State, require_api_key
-from gateway.tenancy import TENANT_FIELD, Tenant, add_to_index, belongs, page
+from gateway.stored_files import META_FIELDS, store_file
+from gateway.tenancy import Tenant, belongs, page
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
-MAX_FILE_BYTES = 200 * 1024 * 1024
-_META = ["filename", "bytes", "created_at", "purpose", TENANT_FIELD]
 
 
 # A link in the OpenAPI document: the uploaded file's id feeds a batch (what stateful clients, and the
@@ -44,33 +42,16 @@ async def upload_file(
     if purpose != "batch":
         raise ApiError(400, f"purpose {purpose!r} is not supported; use 'batch'", param="purpose")
     content = await file.read()
-    if len(content) > MAX_FILE_BYTES:
-        raise ApiError(413, f"file is {len(content)} bytes; the limit is {MAX_FILE_BYTES}", param="file")
     if not content.strip():
         raise ApiError(400, "the file is empty", param="file")
-    file_id = new_request_id("file")
-    meta = {
-        "filename": file.filename or "upload.jsonl",
-        "bytes": len(content),
-        "created_at": int(time.time()),
-        "purpose": purpose,
-    }
-    key = state.queue.ops.keys.file(file_id)
-    async with state.redis.pipeline(transaction=True) as pipe:
-        pipe.hset(key, mapping=meta | {"content": content, TENANT_FIELD: tenant})
-        pipe.expire(key, state.settings.file_ttl_s)
-        await pipe.execute()
-    await add_to_index(
-        state, state.queue.ops.keys.files_of(tenant), file_id, meta["created_at"], state.settings.file_ttl_s
-    )
-    return FileObject(id=file_id, **meta)
+    return await store_file(state, tenant, file.filename or "upload.jsonl", purpose, content)
 
 
 async def owned_file(state, tenant: str, file_id: str) -> FileObject | None:
     """The tenant's file ``file_id`` (None when it does not exist or is another tenant's)."""
     if not is_request_id(file_id, "file"):
         return None
-    values = await state.redis.hmget(state.queue.ops.keys.file(file_id), _META)
+    values = await state.redis.hmget(state.queue.ops.keys.file(file_id), META_FIELDS)
     if values[0] is None or not belongs(values[4], tenant):
         return None
     return FileObject(
@@ -83,16 +64,6 @@ async def owned_file(state, tenant: str, file_id: str) -> FileObject | None:
 
 
 async def _file(state, tenant: str, file_id: str) -> FileObject:
-    if file_id.endswith(OUTPUT_SUFFIX):
-        batch = await owned_batch(state, tenant, file_id[: -len(OUTPUT_SUFFIX)])
-        content = await batch_output(state, batch)
-        return FileObject(
-            id=file_id,
-            bytes=len(content),
-            created_at=batch.created_at,
-            filename=f"{batch.id}_output.jsonl",
-            purpose="batch_output",
-        )
     found = await owned_file(state, tenant, file_id)
     if found is None:
         raise ApiError(404, f"no file {file_id!r}", param="file_id")
@@ -121,9 +92,6 @@ async def get_file(file_id: str, state: State, tenant: Tenant) -> FileObject:
 
 @router.get("/files/{file_id}/content")
 async def file_content(file_id: str, state: State, tenant: Tenant) -> Response:
-    if file_id.endswith(OUTPUT_SUFFIX):
-        batch = await owned_batch(state, tenant, file_id[: -len(OUTPUT_SUFFIX)])
-        return Response(await batch_output(state, batch), media_type="application/jsonl")
     await _file(state, tenant, file_id)
     content = await state.redis.hget(state.queue.ops.keys.file(file_id), "content")
     if content is None:
@@ -133,10 +101,6 @@ async def file_content(file_id: str, state: State, tenant: Tenant) -> Response:
 
 @router.delete("/files/{file_id}", response_model=FileDeleted)
 async def delete_file(file_id: str, state: State, tenant: Tenant) -> FileDeleted:
-    if file_id.endswith(OUTPUT_SUFFIX):
-        raise ApiError(
-            400, "a batch's output goes with its batch; it cannot be deleted alone", param="file_id"
-        )
     await _file(state, tenant, file_id)
     async with state.redis.pipeline(transaction=True) as pipe:
         pipe.delete(state.queue.ops.keys.file(file_id))

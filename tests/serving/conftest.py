@@ -14,7 +14,11 @@ from engine_pod.scheduler.config import SchedulerConfig
 from engine_pod.serve.redis_server import RedisServer
 from engine_pod.worker.worker import Worker, WorkerConfig
 from tests.redis_cluster import LocalRedisCluster
+from tests.serving.serve_process import running
 from tests.serving_utils import BLOCK, write_served_model
+
+SERVED = "tiny-llada"  # the shipped model's id
+KEY, OTHER_KEY = "key-of-tenant-a", "key-of-tenant-b"  # the two tenants of ``keyed_serve``
 
 
 @pytest.fixture(scope="session")
@@ -79,3 +83,11 @@ def make_worker(served_model):
         return WorkerThread(Worker(BlockCycleRunner(loaded, config), worker_config))
 
     return build
+
+
+@pytest.fixture(scope="session")
+def keyed_serve(tmp_path_factory):
+    """One ``dllm serve`` of the shipped model for the API's conformance tests, keys turned on as README
+    shows (``DLLM_API_KEYS=... dllm serve``): two tenants. Tests share it and stop nothing."""
+    with running(tmp_path_factory.mktemp("keyed"), env={"DLLM_API_KEYS": f"{KEY},{OTHER_KEY}"}) as server:
+        yield server

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -75,9 +76,10 @@ class Serve:
 
 
 @contextlib.contextmanager
-def running(directory: Path, *extra: str) -> Iterator[Serve]:
-    """``dllm serve`` started and answering for the block, stopped after it."""
-    server = Serve(directory, *extra)
+def running(directory: Path, *extra: str, env: dict[str, str] | None = None) -> Iterator[Serve]:
+    """``dllm serve`` started and answering for the block, stopped after it (``env``: variables added to
+    this process's environment)."""
+    server = Serve(directory, *extra, env=None if env is None else os.environ | env)
     try:
         server.wait_ready()
         yield server

@@ -57,11 +57,17 @@ def test_batch_round_trip_with_an_invalid_line(
 
         batch = wait_for(finished, 120, what="the batch to complete")
         assert batch["request_counts"] == {"total": 14, "completed": 12, "failed": 2}
-        output = client.get(f"/v1/files/{batch['output_file_id']}/content")
-        assert output.status_code == 200
-        results = [json.loads(line) for line in output.text.splitlines()]
-    assert len(results) == 14
-    by_id = {r["custom_id"]: r for r in results}
+        times = [batch[f] for f in ("created_at", "in_progress_at", "finalizing_at", "completed_at")]
+        assert times == sorted(times) and batch["expires_at"] == batch["created_at"] + 24 * 3600
+        results = _file_lines(client, batch["output_file_id"])
+        errors = _file_lines(client, batch["error_file_id"])
+        listed = client.get("/v1/files", params={"purpose": "batch_output"}).json()["data"]
+        deleted = client.delete(f"/v1/files/{batch['error_file_id']}")
+        gone = client.get(f"/v1/files/{batch['error_file_id']}").status_code
+    assert {f["id"] for f in listed} == {batch["output_file_id"], batch["error_file_id"]}
+    assert deleted.json()["deleted"] is True and gone == 404
+    assert len(results) == 12 and len(errors) == 2
+    by_id = {r["custom_id"]: r for r in results + errors}
     assert by_id["line-13"]["error"]["code"] == "invalid_request"
     assert by_id["echoed"]["error"]["code"] == "invalid_request"
     if endpoint == "/v1/completions":
@@ -70,6 +76,14 @@ def test_batch_round_trip_with_an_invalid_line(
         result = by_id[f"job-{index}"]
         assert result["error"] is None and result["response"]["status_code"] == 200
         assert result["response"]["body"]["usage"]["completion_tokens"] >= 1
+        prefix = "chatcmpl-" if endpoint == "/v1/chat/completions" else "cmpl-"
+        assert result["response"]["body"]["id"].startswith(prefix)
+
+
+def _file_lines(client: httpx.Client, file_id: str) -> list[dict]:
+    reply = client.get(f"/v1/files/{file_id}/content")
+    assert reply.status_code == 200, reply.text
+    return [json.loads(line) for line in reply.text.splitlines()]
 
 
 def test_large_batch_is_ingested_without_blocking_the_event_loop(served_model, redis_server, service):
@@ -79,16 +93,15 @@ def test_large_batch_is_ingested_without_blocking_the_event_loop(served_model, r
         batch_id = client.post(
             "/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/completions"}
         ).json()["id"]
+        members = redis.Redis.from_url(redis_server.url)
+        queued = ServiceKeys(service).batch_members(batch_id)
         # the event loop keeps answering while ingestion is still under way
         health_during = client.get("/healthz").status_code
-        status_during = client.get(f"/v1/batches/{batch_id}").json()["status"]
-        batch = wait_for(
-            lambda: (b := client.get(f"/v1/batches/{batch_id}").json())["status"] == "in_progress" and b,
-            120,
-            what="ingestion to finish",
-        )
-    assert health_during == 200 and status_during == "validating"
-    assert batch["request_counts"]["total"] == 5000
+        queued_then = members.llen(queued)
+        wait_for(lambda: members.llen(queued) == 5000, 120, what="ingestion to finish")
+        batch = client.get(f"/v1/batches/{batch_id}").json()
+    assert health_during == 200 and queued_then < 5000
+    assert batch["status"] == "in_progress" and batch["request_counts"]["total"] == 5000
 
 
 def test_batch_errors_are_clear(served_model, redis_server, service):
@@ -152,7 +165,9 @@ def test_files_batches_and_their_results_expire_and_a_batch_file_is_bounded(
             60,
             what="the batch",
         )
+        output_file_id = http.get(f"/v1/batches/{batch['id']}").json()["output_file_id"]
     assert 0 < client.ttl(ServiceKeys(service).batch(batch["id"])) <= 400
-    assert 0 < client.ttl(ServiceKeys(service).batch_results(batch["id"])) <= 400
+    assert not client.exists(ServiceKeys(service).batch_results(batch["id"]))  # now in its output file
+    assert 0 < client.ttl(ServiceKeys(service).file(output_file_id)) <= 500
     for key in client.scan_iter(ServiceKeys(service).request("*")):
         assert 0 < client.ttl(key) <= settings.result_ttl_s  # finished requests' records expire too

@@ -298,8 +298,17 @@ def test_completion_logprobs_are_the_recorded_ones_with_offsets_and_alternatives
     assert "".join(described["tokens"]) == reply["text"]
     offsets = [sum(len(p) for p in described["tokens"][:i]) for i in range(len(tokens))]
     assert described["text_offset"] == offsets
-    piece = tokenizer.tokenizer.decode([5], skip_special_tokens=False)
-    assert [top[piece] for top in described["top_logprobs"]] == [-3.0 - i for i in range(len(tokens))]
+    decode = tokenizer.tokenizer.decode
+    pieces = [  # the alternative (token 5) as it would read in each place: after the tokens before it
+        decode(tokens[:i] + [5], skip_special_tokens=False)[
+            len(decode(tokens[:i], skip_special_tokens=False)) :
+        ]
+        for i in range(len(tokens))
+    ]
+    assert [top[piece] for top, piece in zip(described["top_logprobs"], pieces)] == [
+        -3.0 - i for i in range(len(tokens))
+    ]
+    assert pieces[1] != decode([5], skip_special_tokens=False)  # this decoder puts a space between tokens
     streamed = _events(
         client,
         "/v1/completions",
@@ -519,24 +528,37 @@ def test_each_choice_asks_the_worker_for_its_sampling_seed_threshold_and_logprob
 
 @pytest.mark.gateway_settings(max_prompt_tokens=8)
 @pytest.mark.parametrize(
-    "fields, status, param, message",
+    "fields, status, param, message, code",
     [
-        ({"model": "other"}, 404, "model", "model 'other' is not served here; this service serves 'tiny'"),
+        (
+            {"model": "other"},
+            404,
+            "model",
+            "the model 'other' does not exist; this service serves 'tiny'",
+            "model_not_found",
+        ),
         (
             {"block_length": 4},
             400,
             "block_length",
             f"block_length 4: this service decodes with block_length {BLOCK}",
+            None,
         ),
-        ({"steps": 3}, 400, "steps", f"steps 3: this service decodes with {BLOCK} steps per block"),
-        ({"max_tokens": 65}, 400, "max_tokens", "max_tokens 65 is above this service's limit of 64"),
-        ({"prompt": ""}, 400, "prompt", "the prompt is empty"),
-        ({"prompt": [3] * 9}, 400, "prompt", "the prompt has 9 tokens; this service accepts at most 8"),
-        ({"prompt": [3, 8]}, 400, "prompt", "prompt token ids must be in [0, {vocab})"),
+        ({"steps": 3}, 400, "steps", f"steps 3: this service decodes with {BLOCK} steps per block", None),
+        ({"max_tokens": 65}, 400, "max_tokens", "max_tokens 65 is above this service's limit of 64", None),
+        ({"prompt": ""}, 400, "prompt", "the prompt is empty", None),
+        (
+            {"prompt": [3] * 9},
+            400,
+            "prompt",
+            "the prompt has 9 tokens; this service accepts at most 8",
+            "context_length_exceeded",
+        ),
+        ({"prompt": [3, 8]}, 400, "prompt", "prompt token ids must be in [0, {vocab})", None),
     ],
 )
 def test_a_request_the_service_cannot_run_is_refused_naming_its_field(
-    gateway, fields, status, param, message
+    gateway, fields, status, param, message, code
 ):
     client, peer, tokenizer = gateway
     vocab = tokenizer.tokenizer.get_vocab_size()
@@ -545,7 +567,7 @@ def test_a_request_the_service_cannot_run_is_refused_naming_its_field(
     reply = _completion(client, **fields)
     assert reply.status_code == status
     error = reply.json()["error"]
-    assert (error["param"], error["message"]) == (param, message.format(vocab=vocab))
+    assert (error["param"], error["message"], error["code"]) == (param, message.format(vocab=vocab), code)
     assert peer.seen == []
 
 
@@ -675,18 +697,32 @@ def test_the_largest_seed_wraps_to_zero_and_drawn_seeds_differ(gateway):
 
 
 def test_streamed_usage_counts_each_choices_tokens_up_to_its_stop(gateway):
-    client, _, tokenizer = gateway
+    client, peer, tokenizer = gateway
     body = _completion_body(max_tokens=4 * BLOCK, n=2, stop=["dog"], stream_options={"include_usage": True})
     *chunks, last = _events(client, "/v1/completions", body)
     reasons = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]]
     assert reasons == ["stop", "stop"]
     prompt = len(tokenizer.encode("copy : cat dog ."))
-    # "dog" is in each answer's second block, after which its request is cancelled
+    texts = ["", ""]
+    for chunk in chunks:
+        texts[chunk["choices"][0]["index"]] += chunk["choices"][0]["text"]
+    # "dog" is in each answer's second block, after which its request is cancelled; the usage counts the
+    # tokens of the text returned (up to the one the cut falls in), as the answer without a stream does
+    tokens = peer.tokens_for(QueuedRequest("x", [1], 4 * BLOCK, 0))
+    shown = [_covering(tokenizer, tokens, text) for text in texts]
+    assert BLOCK < shown[0] < 2 * BLOCK and shown[0] == shown[1]
     assert last["usage"] == {
         "prompt_tokens": prompt,
-        "completion_tokens": 2 * 2 * BLOCK,
-        "total_tokens": prompt + 4 * BLOCK,
+        "completion_tokens": sum(shown),
+        "total_tokens": prompt + sum(shown),
     }
+    whole = client.post("/v1/completions", json=body | {"stream": False, "stream_options": None}).json()
+    assert whole["usage"] == last["usage"]
+
+
+def _covering(tokenizer, tokens: list[int], text: str) -> int:
+    """How many tokens the text returned counts: the fewest whose text is as long as it."""
+    return next(k for k in range(len(tokens) + 1) if len(tokenizer.decode(tokens[:k])) >= len(text))
 
 
 def test_after_a_lost_block_the_result_brings_the_stop_and_the_log_probabilities(gateway):

@@ -65,7 +65,6 @@ def test_streaming_sends_one_chunk_per_committed_block(stack):
             "prompt": "count from 1 to 5 .",
             "max_tokens": 4 * BLOCK,
             "stream": True,
-            "ignore": 1,
             "stream_options": {"include_usage": True},
         },
     ) as response:
@@ -108,7 +107,7 @@ def test_the_official_openai_client_works_unchanged(stack):
     "payload, status, needle",
     [
         ({"model": "tiny", "prompt": "hi", "max_tokens": 1000}, 400, "max_tokens"),
-        ({"model": "other", "prompt": "hi"}, 404, "not served"),
+        ({"model": "other", "prompt": "hi"}, 404, "does not exist"),
         ({"model": "tiny", "prompt": "hi", "block_length": 64}, 400, "block_length"),
         ({"model": "tiny", "prompt": "hi", "steps": 3}, 400, "steps"),
         ({"model": "tiny", "prompt": "hi", "threshold": 2}, 400, "threshold"),
@@ -157,6 +156,7 @@ def test_api_keys_and_queue_limit(served_model, redis_server, service):
             "/v1/completions", json={"model": "tiny", "prompt": "a", "max_tokens": 8}, headers=auth
         )
         assert refused.status_code == 429 and int(refused.headers["retry-after"]) > 0
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
         assert refused.json()["error"]["type"] == "rate_limit_error"
 
 

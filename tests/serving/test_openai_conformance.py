@@ -1,6 +1,6 @@
 """The official ``openai`` client, sync and async, against ``dllm serve`` (the shipped model): what the
-API promises and how its errors look. One ``dllm serve`` for the module, with two API keys (two
-tenants); each test stops nothing."""
+API promises and how its errors look. One ``dllm serve`` for the session (``keyed_serve``), with two API
+keys (two tenants); each test stops nothing."""
 
 from __future__ import annotations
 
@@ -12,19 +12,18 @@ import httpx
 import openai
 import pytest
 
+from tests.serving.conftest import KEY, OTHER_KEY, SERVED
 from tests.serving.serve_process import openai_client, running
 from tests.serving_utils import write_served_model
 
-MODEL = "tiny-llada"
+MODEL = SERVED
 LONG = "count from 1 to 21 ."  # the shipped model answers it with 22 tokens
 LONGER = "count from 1 to 60 ."  # and this with 60: two blocks
-KEY, OTHER_KEY = "key-of-tenant-a", "key-of-tenant-b"
 
 
-@pytest.fixture(scope="module")
-def serve(tmp_path_factory):
-    with running(tmp_path_factory.mktemp("conformance"), "--api-key", KEY, "--api-key", OTHER_KEY) as server:
-        yield server
+@pytest.fixture
+def serve(keyed_serve):
+    return keyed_serve
 
 
 @pytest.fixture
@@ -184,12 +183,18 @@ def test_a_batch_is_its_owners_and_cancelling_it_stops_its_queued_lines(client, 
     counts = batch.request_counts
     assert batch.status == "cancelled" and counts.total == lines
     assert counts.completed + counts.failed == lines and counts.failed > lines // 2
-    output = client.files.content(batch.output_file_id).text.splitlines()
-    assert len(output) == lines
-    cancelled = [json.loads(row) for row in output if json.loads(row)["error"]]
-    assert len(cancelled) == counts.failed and {row["error"]["code"] for row in cancelled} == {"cancelled"}
+    assert batch.cancelling_at <= batch.finalizing_at <= batch.cancelled_at
+    answered = _lines(client, batch.output_file_id) if counts.completed else []
+    cancelled = _lines(client, batch.error_file_id)
+    assert (len(answered), len(cancelled)) == (counts.completed, counts.failed)
+    assert {row["error"]["code"] for row in cancelled} == {"batch_cancelled"}
+    assert sorted(row["custom_id"] for row in answered + cancelled) == sorted(f"q{i}" for i in range(lines))
     with pytest.raises(openai.NotFoundError):
-        other.files.content(batch.output_file_id)
+        other.files.content(batch.error_file_id)
+
+
+def _lines(client, file_id: str) -> list[dict]:
+    return [json.loads(row) for row in client.files.content(file_id).text.splitlines()]
 
 
 RANDOM = "random-weights"  # the shipped model is too sure of its tasks for sampling to change its answers

@@ -1,0 +1,108 @@
+"""Fields OpenAI defines that this server does not implement, and what makes each harmless.
+
+A request may carry such a field only with a value that does nothing by OpenAI's own definition
+(``tools: []``, ``response_format: {"type": "text"}``, ``presence_penalty: 0``, ...); any other value is
+a 400 naming the field (code ``unsupported_parameter``), never silently ignored. Fields OpenAI does not
+define at all are refused too (``unknown_parameter``) unless the service is set to ignore them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticCustomError
+
+
+def _empty(value: Any) -> bool:
+    return value in ([], {}, "")
+
+
+def _none_choice(value: Any) -> bool:
+    return value == "none"
+
+
+def _zero(value: Any) -> bool:
+    return value == 0
+
+
+def _always(_: Any) -> bool:
+    return True
+
+
+# field -> whether a value does nothing (None, "absent", always does nothing)
+HARMLESS: dict[str, Callable[[Any], bool]] = {
+    "tools": _empty,
+    "functions": _empty,
+    "tool_choice": _none_choice,
+    "function_call": _none_choice,
+    "parallel_tool_calls": _always,  # only means something with tools, which are refused
+    "response_format": lambda value: value == {"type": "text"},
+    "logit_bias": _empty,
+    "presence_penalty": _zero,
+    "frequency_penalty": _zero,
+    "modalities": lambda value: value == ["text"],
+    "audio": lambda _: False,
+    "prediction": lambda _: False,
+    "reasoning_effort": lambda _: False,
+    "verbosity": lambda _: False,
+    "web_search_options": lambda _: False,
+    "store": lambda value: value is False,  # stored completions are not kept here
+    "service_tier": lambda value: value in ("auto", "default"),
+    "metadata": _always,  # tags for stored completions (not kept): describes, changes nothing
+    "prompt_cache_key": _always,  # a caching hint
+    "safety_identifier": _always,  # an abuse-monitoring id
+    "best_of": lambda value: value == 1,
+    "suffix": _empty,
+    "tool_calls": _empty,  # on a message
+    "refusal": lambda _: False,  # on a message
+}
+CHAT_ONLY = (
+    "tools",
+    "functions",
+    "tool_choice",
+    "function_call",
+    "parallel_tool_calls",
+    "response_format",
+    "modalities",
+    "audio",
+    "prediction",
+    "reasoning_effort",
+    "verbosity",
+    "web_search_options",
+    "store",
+    "service_tier",
+    "metadata",
+    "prompt_cache_key",
+    "safety_identifier",
+)
+COMPLETIONS_ONLY = ("best_of", "suffix")
+BOTH = ("logit_bias", "presence_penalty", "frequency_penalty")
+
+
+def refuse_unless_harmless(value: Any, field: str) -> Any:
+    """``value`` when it does nothing; otherwise the 400 that names ``field``."""
+    if value is not None and not HARMLESS[field](value):
+        raise PydanticCustomError(
+            "unsupported_parameter",
+            "not supported by this server (text generation only); leave the field out",
+        )
+    return value
+
+
+def unknown_fields(model: BaseModel, path: str = "") -> list[str]:
+    """Every field of ``model`` and the models inside it that its class does not define (dotted names,
+    list items as ``[i]``), in the order they were sent."""
+    found = [f"{path}.{name}" if path else name for name in (model.model_extra or {})]
+    for name in type(model).model_fields:
+        found += _inside(getattr(model, name), f"{path}.{name}" if path else name)
+    return found
+
+
+def _inside(value: Any, path: str) -> list[str]:
+    if isinstance(value, BaseModel):
+        return unknown_fields(value, path)
+    if isinstance(value, list):
+        return [name for i, item in enumerate(value) for name in _inside(item, f"{path}[{i}]")]
+    return []

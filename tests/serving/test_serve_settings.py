@@ -1,0 +1,137 @@
+"""``dllm serve`` reads every gateway setting from the environment the gateway reads, flags over it: an API
+keys file re-read on SIGHUP (keys never silently off), unknown fields ignored when asked, body and upload
+limits, the batch completion window. One ``dllm serve`` for the module, started the way README shows."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import openai
+import pytest
+
+from tests.serving.conftest import SERVED
+from tests.serving.serve_process import openai_client, running
+from tests.serving_utils import wait_for
+
+FIRST, SECOND = "first-key", "second-key"
+WINDOW_S = 3  # the batch completion window of this module's service
+
+
+@pytest.fixture(scope="module")
+def keys_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("keys") / "api-keys"
+    path.write_text(f"# one key a line\n{FIRST}\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory, keys_file):
+    env = {
+        "DLLM_API_KEYS_FILE": str(keys_file),
+        "DLLM_UNKNOWN_FIELDS": "ignore",
+        "DLLM_MAX_BODY_BYTES": "100000",
+        "DLLM_MAX_UPLOAD_BYTES": "200000",
+        "DLLM_BATCH_WINDOW_S": str(WINDOW_S),
+        "DLLM_MAX_TOKENS": "20",  # the flag below overrides it
+    }
+    with running(tmp_path_factory.mktemp("settings"), "--max-tokens-limit", "40", env=env) as server:
+        yield server
+
+
+def _status(serve, key: str | None) -> int:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return httpx.get(f"{serve.url}/v1/models", headers=headers, timeout=10).status_code
+
+
+def test_keys_come_from_the_file_and_sighup_reloads_it(serve, keys_file):
+    assert (_status(serve, FIRST), _status(serve, SECOND), _status(serve, None)) == (200, 401, 401)
+    assert httpx.get(f"{serve.url}/metrics", timeout=10).status_code == 401
+    try:
+        keys_file.write_text(f"{SECOND}\n")
+        serve.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: _status(serve, SECOND) == 200, 60, 0.1, "the new key to be accepted")
+        assert _status(serve, FIRST) == 401
+        keys_file.write_text("\n")  # no key at all: every request is refused, the API never opens
+        serve.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: _status(serve, SECOND) == 401, 60, 0.1, "the emptied file to be read")
+        assert _status(serve, None) == 401
+    finally:
+        keys_file.write_text(f"{FIRST}\n")
+        serve.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: _status(serve, FIRST) == 200, 60, 0.1, "the first key back")
+
+
+def test_flags_override_the_environment_and_unknown_fields_can_be_ignored(serve):
+    client = openai_client(serve, FIRST)
+    messages = [{"role": "user", "content": "count to 5 ."}]
+    reply = client.chat.completions.create(
+        model=SERVED, messages=messages, max_tokens=30, extra_body={"foo": 1}
+    )
+    assert reply.choices[0].message.content  # DLLM_MAX_TOKENS=20 lost to --max-tokens-limit 40
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=SERVED, messages=messages, max_tokens=41)
+    assert refused.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError):  # ignored means unknown, not unsupported
+        client.chat.completions.create(model=SERVED, messages=messages, extra_body={"tools": [{"type": "x"}]})
+
+
+def test_the_body_and_upload_limits_are_the_environments(serve):
+    client = openai_client(serve, FIRST)
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.completions.create(model=SERVED, prompt="a" * 150_000)
+    assert refused.value.status_code == 413
+    line = json.dumps({"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": {}}) + "\n"
+    content = (line * (150_000 // len(line))).encode()  # above the body limit, below the upload limit
+    assert client.files.create(file=("a.jsonl", content), purpose="batch").bytes == len(content)
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.files.create(file=("b.jsonl", content * 2), purpose="batch")
+    assert refused.value.status_code == 413
+
+
+def test_lines_not_started_when_the_window_closes_expire_with_their_custom_ids(serve):
+    client = openai_client(serve, FIRST)
+    body = {"model": SERVED, "messages": [{"role": "user", "content": "count to 5 ."}], "max_tokens": 8}
+    rows = [
+        {"custom_id": f"late-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        for i in range(5)
+    ]
+    source = client.files.create(
+        file=("w.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode()), purpose="batch"
+    )
+    worker = serve.children()["worker"]
+    os.kill(worker, signal.SIGSTOP)  # a worker that takes nothing: no line starts within the window
+    try:
+        batch = client.batches.create(
+            input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        assert batch.expires_at == batch.created_at + WINDOW_S
+        batch = wait_for(
+            lambda: (b := client.batches.retrieve(batch.id)).status == "expired" and b,
+            60 + WINDOW_S,
+            0.2,
+            "the batch to expire",
+        )
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    assert batch.expired_at >= batch.expires_at and batch.output_file_id is None
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (0, 5)
+    errors = [json.loads(row) for row in client.files.content(batch.error_file_id).text.splitlines()]
+    assert sorted(row["custom_id"] for row in errors) == [f"late-{i}" for i in range(5)]
+    assert {row["error"]["code"] for row in errors} == {"batch_expired"}
+
+
+def test_a_keys_file_that_cannot_be_read_ends_serve_with_one_line(tmp_path):
+    missing = tmp_path / "no-such-file"
+    done = subprocess.run(
+        [sys.executable, "-m", "engine_pod.cli.main", "serve", "--api-keys-file", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("dllm serve: error: cannot read the API keys file")
