@@ -17,7 +17,7 @@ class ChildDied(RuntimeError):
 
 
 def _call(function: Callable[..., Any], args: tuple, results) -> None:
-    from engine_pod.profiling.memory import tune_cpu_allocator
+    from engine_pod.allocators import tune_cpu_allocator
 
     tune_cpu_allocator()  # a child measures peak memory: as every dllm command does, tune its allocator
     results.put(function(*args))

@@ -21,6 +21,7 @@ import time
 import redis
 
 from engine_pod import engine as engine_module
+from engine_pod.allocators import tune_cpu_allocator
 from engine_pod.bench import through_gateway
 from engine_pod.bench.policies import PolicySpec
 from engine_pod.bench.prepare import prepare_requests
@@ -29,7 +30,6 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.defaults import DEFAULT_MODEL
 from engine_pod.heap import freeze_loaded_objects
 from engine_pod.models.loader import load_metadata, load_model
-from engine_pod.profiling.memory import tune_cpu_allocator
 from engine_pod.queue.keys import ServiceKeys
 from engine_pod.scheduler.config import SchedulerConfig
 

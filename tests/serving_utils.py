@@ -21,6 +21,11 @@ from tests.factories import dream_config, llada_config, write_checkpoint
 
 BLOCK = 8
 
+# How long a test waits for a condition before it fails: long enough for a machine three times slower
+# than the one the suite was written on, with other work on its cores (a wait that is met returns at once,
+# so a generous bound costs nothing when the code is right).
+WAIT_S = 120.0
+
 
 _SERVED_SHAPES = {
     "llada": lambda mask, eos: llada_config(
@@ -62,7 +67,7 @@ class GatewayServer:
 
     def __enter__(self) -> GatewayServer:
         self.thread.start()
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + WAIT_S
         while not self.server.started:
             if time.monotonic() > deadline:
                 raise RuntimeError("gateway did not start")
@@ -133,14 +138,24 @@ def start_worker_process(
     )
 
 
-def wait_for(predicate, timeout_s: float = 60.0, interval_s: float = 0.05, what: str = "condition"):
+def wait_for(
+    predicate,
+    timeout_s: float = WAIT_S,
+    interval_s: float = 0.05,
+    what: str = "condition",
+    seen=None,
+):
+    """Poll ``predicate`` until it returns something true (returned). On timeout the AssertionError says
+    what was awaited and what was seen last: ``seen()`` if given, else the predicate's last value."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
+    while not (value := predicate()):
+        if time.monotonic() >= deadline:
+            last = seen() if seen is not None else value
+            raise AssertionError(
+                f"timed out after {timeout_s:.0f} s waiting for {what}; last seen: {last!r:.1500}"
+            )
         time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    return value
 
 
 def completion(client: httpx.Client, prompt: str, max_tokens: int = 16, **extra) -> httpx.Response:

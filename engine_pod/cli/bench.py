@@ -8,9 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from engine_pod.bench.benchmark import BenchConfig, run_benchmark
 from engine_pod.bench.policies import POLICIES
-from engine_pod.bench.results import ModelSpec
 from engine_pod.bench.workloads import named_workloads
 from engine_pod.cli.budget import read_profile
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config
@@ -109,7 +107,7 @@ def _loads(args: argparse.Namespace) -> tuple:
 def _run_settings(args: argparse.Namespace, policies: tuple[str, ...]) -> dict:
     """What an offline and an online benchmark both take from the command line."""
     return {
-        "model": ModelSpec(args.model, args.device, args.dtype),
+        "model": _model_spec(args),
         "workload": args.workload,
         "policies": policies,
         "decoding": decoding_config(args, args.steps_per_block),
@@ -144,7 +142,15 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...]) -> int:
     return 0
 
 
+def _model_spec(args: argparse.Namespace):
+    from engine_pod.bench.results import ModelSpec
+
+    return ModelSpec(args.model, args.device, args.dtype)
+
+
 def run(args: argparse.Namespace) -> int:
+    from engine_pod.bench.benchmark import BenchConfig, run_benchmark
+
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:

@@ -8,9 +8,6 @@ import sys
 
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config, parse_int_list
 from engine_pod.decoding.config import steps_per_block_for
-from engine_pod.generation import generate_one
-from engine_pod.models.loader import LoadedModel, load_model
-from engine_pod.prompts import encode_prompt
 
 
 def register(subparsers) -> None:
@@ -34,7 +31,7 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
-def _prompt_ids(args: argparse.Namespace, loaded: LoadedModel) -> list[int]:
+def _prompt_ids(args: argparse.Namespace, loaded) -> list[int]:
     if args.prompt_ids is not None:
         ids = parse_int_list(args.prompt_ids, "--prompt-ids")
         vocab = loaded.config.vocab_size
@@ -42,10 +39,15 @@ def _prompt_ids(args: argparse.Namespace, loaded: LoadedModel) -> list[int]:
         if bad:
             raise CliError(f"--prompt-ids has ids outside the vocabulary of {vocab}: {bad[:5]}")
         return ids
+    from engine_pod.prompts import encode_prompt
+
     return encode_prompt(loaded.tokenizer, args.prompt, chat=args.chat)
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine_pod.generation import generate_one
+    from engine_pod.models.loader import load_model
+
     steps = args.steps if args.steps is not None else args.gen_length
     spb = steps_per_block_for(args.gen_length, args.block_length, steps)
     decoding = decoding_config(args, spb)

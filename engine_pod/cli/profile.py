@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 from engine_pod.cli.common import CliError, add_model_args
-from engine_pod.profiling.profiler import ProfileConfig, run_profile
 from engine_pod.profiling.summary import ProfileSummary, failure_message
 from engine_pod.scheduler.config import DEFAULT_LAYOUT, LAYOUTS
 
@@ -67,7 +66,16 @@ def _error_message(exc: Exception) -> str:
     return failure_message(str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}")
 
 
+def run_profile(config):
+    """The profiler (imported here: ``dllm --help`` must not load torch)."""
+    from engine_pod.profiling.profiler import run_profile as profile
+
+    return profile(config)
+
+
 def run(args: argparse.Namespace) -> int:
+    from engine_pod.profiling.profiler import ProfileConfig
+
     if not 0 < args.utilization <= 1:
         raise CliError(f"--utilization must be in (0, 1], got {args.utilization}")
     if args.block_length < 1 or args.steps < 1:

@@ -163,7 +163,7 @@ def _worker_args(args: argparse.Namespace, redis_url: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine_pod.models.loader import resolve_model_dir
+    from engine_pod.models.locate import resolve_model_dir
     from engine_pod.serve.gateway_process import GatewayProcess
     from engine_pod.serve.redis_server import RedisServer, free_port
     from engine_pod.serve.supervisor import ChildCannotStart, Supervised, Supervisor, child_popen_options

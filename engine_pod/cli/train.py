@@ -8,7 +8,6 @@ import shutil
 from pathlib import Path
 
 from engine_pod.training.tasks import EXTRA_TASKS, TASKS, parse_tasks
-from engine_pod.training.train import TrainConfig, Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +40,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine_pod.training.train import TrainConfig, Trainer
+
     if args.steps < 1:
         raise ValueError(f"--steps must be positive, got {args.steps}")
     cfg = TrainConfig(

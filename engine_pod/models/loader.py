@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from typing import Any
 import torch
 
 from engine_pod.models.config import ModelConfig, config_from_dict, load_config
+from engine_pod.models.locate import ModelLoadError, resolve_model_dir
 from engine_pod.models.presets import preset
 from engine_pod.models.transformer import DiffusionTransformer
 from engine_pod.models.weights import load_state_dict
@@ -24,10 +26,6 @@ DTYPES = {
     "float64": torch.float64,
 }
 _END_TOKENS = ("<|eot_id|>", "<|endoftext|>", "<|im_end|>", "<eos>")
-
-
-class ModelLoadError(ValueError):
-    """The model could not be found or loaded; the message says why in one line."""
 
 
 @dataclass
@@ -67,66 +65,72 @@ def parse_device(name: str) -> torch.device:
     return device
 
 
-def builtin_model_dir(name: str) -> Path:
-    """A model shipped inside the package (same name in every image, whatever its site-packages path)."""
-    from engine_pod.defaults import ASSETS_DIR
-
-    path = ASSETS_DIR / name
-    if not (path / "config.json").is_file():
-        shipped = sorted(p.name for p in ASSETS_DIR.iterdir() if (p / "config.json").is_file())
-        raise ModelLoadError(f"no built-in model {name!r}; shipped: {shipped}")
-    return path
-
-
-def _looks_like_repo_id(spec: str) -> bool:
-    parts = spec.split("/")
-    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
-
-
-def _download(repo_id: str) -> Path:
-    try:
-        from huggingface_hub import snapshot_download
-
-        patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
-        return Path(snapshot_download(repo_id, allow_patterns=patterns))
-    except Exception as exc:  # the hub raises many kinds of errors; all mean "not available here"
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ModelLoadError(
-            f"cannot fetch {repo_id!r} from the Hugging Face Hub ({reason}); "
-            "pass a local checkpoint directory instead"
-        ) from exc
-
-
-def resolve_model_dir(spec: str) -> Path:
-    """A local checkpoint directory for ``spec``: a path, ``builtin:NAME``, or a Hugging Face repo id."""
-    if spec.startswith("builtin:"):
-        spec = str(builtin_model_dir(spec.split(":", 1)[1]))
-    path = Path(spec).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise ModelLoadError(f"model path {spec!r} is not a directory")
-        return path
-    if _looks_like_repo_id(spec):
-        return _download(spec)
-    raise ModelLoadError(f"model path {spec!r} does not exist")
-
-
-def _eos_ids(config: ModelConfig, model_dir: Path | None, tokenizer: Any) -> tuple[int, ...]:
+def _eos_ids(config: ModelConfig, model_dir: Path | None) -> tuple[int, ...]:
     ids = list(config.eos_token_ids)
     generation = model_dir / "generation_config.json" if model_dir else None
     if generation is not None and generation.is_file():
         value = json.loads(generation.read_text()).get("eos_token_id")
         ids += value if isinstance(value, list) else ([value] if value is not None else [])
-    if tokenizer is not None:
-        if tokenizer.eos_token_id is not None:
-            ids.append(tokenizer.eos_token_id)
-        vocab = tokenizer.get_vocab()
-        ids += [vocab[token] for token in _END_TOKENS if token in vocab]
+    if model_dir is not None and _has_tokenizer(model_dir):
+        ids += _end_token_ids(model_dir)
     return tuple(dict.fromkeys(int(i) for i in ids if i != config.mask_token_id))
 
 
+def _has_tokenizer(model_dir: Path) -> bool:
+    return any((model_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
+
+
+class LazyTokenizer:
+    """The directory's transformers tokenizer, loaded on first use: loading transformers costs about a
+    second, which a process that only runs the model (a profiling child, a worker) need not pay."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model_dir = model_dir
+        self._tokenizer: Any = None
+
+    def load(self) -> Any:
+        if self._tokenizer is None:
+            self._tokenizer = _load_tokenizer(self.model_dir)
+            if self._tokenizer is None:
+                raise ModelLoadError(f"could not load the tokenizer from {self.model_dir}")
+        return self._tokenizer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.load(), name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.load()(*args, **kwargs)
+
+
+def _end_token_ids(model_dir: Path) -> list[int]:
+    """The tokenizer's EOS and end-of-turn ids, read from its files with ``tokenizers`` (no transformers);
+    the transformers tokenizer answers where the directory has no tokenizer.json."""
+    if not (model_dir / "tokenizer.json").is_file():
+        tokenizer = _load_tokenizer(model_dir)
+        if tokenizer is None:
+            return []
+        vocab, eos = tokenizer.get_vocab(), tokenizer.eos_token
+    else:
+        from tokenizers import Tokenizer
+
+        vocab = Tokenizer.from_file(str(model_dir / "tokenizer.json")).get_vocab(with_added_tokens=True)
+        eos = _configured_eos(model_dir)
+    return [vocab[token] for token in (eos, *_END_TOKENS) if token is not None and token in vocab]
+
+
+def _configured_eos(model_dir: Path) -> str | None:
+    """The EOS token's text, as tokenizer_config.json (or special_tokens_map.json) names it."""
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        path = model_dir / name
+        value = json.loads(path.read_text()).get("eos_token") if path.is_file() else None
+        value = value.get("content") if isinstance(value, dict) else value
+        if value:
+            return value
+    return None
+
+
 def _load_tokenizer(model_dir: Path) -> Any:
-    if not any((model_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+    if not _has_tokenizer(model_dir):
         return None
     from transformers import AutoTokenizer
     from transformers.utils import logging as transformers_logging
@@ -155,9 +159,26 @@ def _random_init(model: DiffusionTransformer, seed: int) -> None:
                 param.normal_(0.0, 0.02, generator=generator)
 
 
+_INITIALISERS = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "ones_", "zeros_")
+
+
+@contextlib.contextmanager
+def _no_initial_draws():
+    """Modules built without drawing their initial weights, which are loaded (or drawn) afterwards: even on
+    the meta device a draw imports torch's compiler stack, most of a second of every model load."""
+    saved = {name: getattr(torch.nn.init, name) for name in _INITIALISERS}
+    for name in _INITIALISERS:
+        setattr(torch.nn.init, name, lambda tensor, *_args, **_kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(torch.nn.init, name, function)
+
+
 def build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> DiffusionTransformer:
     """The model's modules with uninitialised storage allocated once, directly in ``dtype`` on ``device``."""
-    with torch.device("meta"):
+    with torch.device("meta"), _no_initial_draws():
         model = DiffusionTransformer(config)
     return model.to(dtype).to_empty(device=device).eval()
 
@@ -166,11 +187,11 @@ def load_metadata(spec: str) -> tuple[ModelConfig, Any]:
     """The config (EOS ids resolved) and tokenizer of ``spec`` without loading any weights."""
     if spec.startswith("random:"):
         config = config_from_dict(preset(spec.split(":", 1)[1]))
-        return config.with_eos(_eos_ids(config, None, None)), None
+        return config.with_eos(_eos_ids(config, None)), None
     model_dir = resolve_model_dir(spec)
     config = load_config(model_dir)
-    tokenizer = _load_tokenizer(model_dir)
-    return config.with_eos(_eos_ids(config, model_dir, tokenizer)), tokenizer
+    tokenizer = LazyTokenizer(model_dir) if _has_tokenizer(model_dir) else None
+    return config.with_eos(_eos_ids(config, model_dir)), tokenizer
 
 
 def load_model(spec: str, device: str = "cpu", dtype: str = "float32", seed: int = 0) -> LoadedModel:
@@ -181,7 +202,7 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32", seed: int
         model = build_model(config, torch_device, torch_dtype)
         _random_init(model, seed)
         model.fuse_projections()
-        config = config.with_eos(_eos_ids(config, None, None))
+        config = config.with_eos(_eos_ids(config, None))
         return LoadedModel(model, config, None, spec, torch_device, torch_dtype)
     model_dir = resolve_model_dir(spec)
     config = load_config(model_dir)
@@ -190,8 +211,8 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32", seed: int
     _check_complete(model, state)
     model.load_state_dict({k: v.to(torch_dtype) for k, v in state.items()})
     model.fuse_projections()
-    tokenizer = _load_tokenizer(model_dir)
-    config = config.with_eos(_eos_ids(config, model_dir, tokenizer))
+    tokenizer = LazyTokenizer(model_dir) if _has_tokenizer(model_dir) else None
+    config = config.with_eos(_eos_ids(config, model_dir))
     logger.info("loaded %s (%s) on %s as %s", spec, config.family, torch_device, dtype)
     return LoadedModel(model, config, tokenizer, str(model_dir), torch_device, torch_dtype)
 

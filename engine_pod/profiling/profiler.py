@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
+from engine_pod.allocators import CUDA_ALLOC_CONF
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.models.loader import (
@@ -29,7 +30,6 @@ from engine_pod.models.loader import (
 )
 from engine_pod.profiling.fit import MemoryFit, fit_peak
 from engine_pod.profiling.memory import (
-    CUDA_ALLOC_CONF,
     available_memory,
     peak_allocated_bytes,
     peak_bytes,

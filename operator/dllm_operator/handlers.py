@@ -11,6 +11,7 @@ from dllm_operator.k8s import KubeClient
 from dllm_operator.reconcile import Outcome, Reconciler
 
 RESYNC_S = OperatorSettings.from_env().resync_seconds  # the timer's period is fixed when handlers register
+WATCH_TIMEOUT_S = 60  # a watch the API server leaves silent is re-opened after this long
 _state: dict[str, Reconciler] = {}
 
 
@@ -33,7 +34,7 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.posting.level = logging.INFO
-    settings.watching.server_timeout = 60
+    settings.watching.server_timeout = WATCH_TIMEOUT_S
 
 
 @kopf.on.login()

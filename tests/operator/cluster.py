@@ -27,11 +27,14 @@ class Emulator(kmock.KubernetesEmulator):
         super().__init__(*args, **kwargs)
         self.deletes: list[tuple[str, Any]] = []
         self.lists: list[tuple[str, dict[str, str]]] = []  # (path, query) of every list of a collection
+        self.patches: list[str] = []  # the path of every PATCH (each resync patches its service's status)
         self.reject: Callable[[Any], str | None] | None = None
 
     async def _handle(self, request):
         if request.method == kmock.method.DELETE:
             self.deletes.append((request.url.path, request.data))
+        if request.method == kmock.method.PATCH:
+            self.patches.append(request.url.path)
         if request.action == kmock.action.LIST:
             self.lists.append((request.url.path, dict(request.url.query)))
         refusal = self.reject(request) if self.reject and request.method != kmock.method.GET else None
@@ -150,6 +153,22 @@ class Kube:
             if exc.status == 404:
                 return None
             raise
+
+    def snapshot(self, name: str, namespace: str = "default") -> dict[str, Any]:
+        """What a test that gave up waiting saw: the service's phase and conditions, and its children."""
+        try:
+            status = self.service(name, namespace).get("status") or {}
+        except kubernetes.client.ApiException as exc:
+            status = {"service": f"HTTP {exc.status}"}
+        conditions = {c["type"]: (c["status"], c.get("reason")) for c in status.get("conditions") or []}
+        listed = {
+            "deployments": self.apps.list_namespaced_deployment,
+            "jobs": self.batch.list_namespaced_job,
+            "configmaps": self.core.list_namespaced_config_map,
+            "services": self.core.list_namespaced_service,
+        }
+        children = {kind: [i.metadata.name for i in call(namespace).items] for kind, call in listed.items()}
+        return {"phase": status.get("phase"), "conditions": conditions, **children}
 
     def jobs(self, namespace: str = "default") -> list[dict[str, Any]]:
         listed = self.batch.list_namespaced_job(namespace)

@@ -10,12 +10,12 @@ import base64
 import copy
 import json
 import os
-import time
 
 import kubernetes_validate
 import pytest
 import redis
 import yaml
+from dllm_operator.handlers import WATCH_TIMEOUT_S
 from kopf.testing import KopfRunner
 
 from engine_pod.cli.budget import read_profile
@@ -27,6 +27,10 @@ from engine_pod.serve.redis_server import RedisServer
 from tests.operator.cluster import EmulatedCluster, Kube
 from tests.operator.crd_utils import EXAMPLE_PATH
 from tests.serving_utils import wait_for
+
+# Kopf re-opens a watch the API server left silent after WATCH_TIMEOUT_S: a wait on the operator covers one
+# such stall, with resyncs and handler retries around it, on a machine three times slower than this one.
+OPERATOR_WAIT_S = 3 * WATCH_TIMEOUT_S
 
 NAME = "llada-8b"
 
@@ -51,6 +55,24 @@ def operator(cluster, monkeypatch):
     assert runner.exit_code == 0, runner.output[-3000:]
     # and no handler failed (Kopf logs and retries those; a reconcile must end with a status, not a traceback)
     assert "Traceback" not in runner.output, runner.output[-3000:]
+
+
+def until(kube: Kube, predicate, what: str):
+    """Wait for the operator to bring about ``predicate``; on timeout, say where the service and its
+    children stood."""
+    return wait_for(predicate, OPERATOR_WAIT_S, what=what, seen=lambda: kube.snapshot(NAME))
+
+
+def after_resyncs(cluster: EmulatedCluster, kube: Kube, count: int) -> None:
+    """Wait for ``count`` more patches of the service (each resync patches its status): what a test that
+    checks that nothing changes waits for, however slow the machine."""
+    path = f"/dllmservices/{NAME}"
+
+    def patched() -> int:
+        return sum(p.removesuffix("/status").endswith(path) for p in cluster.emulator.patches)
+
+    start = patched()
+    until(kube, lambda: patched() >= start + count, f"{count} resyncs")
 
 
 def example() -> dict:
@@ -79,7 +101,7 @@ def complete_profiling(
 ) -> str:
     """Play the Job controller and the kubelet: the newest profiling Job succeeds with a result (its
     pod scheduled on ``node`` when given); ``message``: its termination message, if not a valid summary."""
-    job = wait_for(lambda: _newest_unfinished_job(kube), 30, what="a profiling Job")
+    job = until(kube, lambda: _newest_unfinished_job(kube), what="a profiling Job")
     name = job["metadata"]["name"]
     message = measured(budget).termination_message() if message is None else message
     pod = {
@@ -122,7 +144,7 @@ def warned(kube: Kube, reason: str) -> bool:
 
 def mark_ready(kube: Kube, *names: str) -> None:
     for name in names:
-        wait_for(lambda n=name: kube.deployment(n), 30, what=f"deployment {name}")
+        until(kube, lambda n=name: kube.deployment(n), what=f"deployment {name}")
         kube.apps.patch_namespaced_deployment_status(
             name, "default", {"status": {"readyReplicas": 1, "replicas": 1}}
         )
@@ -137,21 +159,21 @@ def test_a_new_model_is_not_rolled_out_on_the_old_budget(cluster, operator):
     kube = cluster.client()
     kube.create_service(example())
     complete_profiling(kube, budget=131072)
-    wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+    until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
     old_model = engine_command(kube)[engine_command(kube).index("--model") + 1]
     jobs = len(kube.jobs())
     kube.patch_service(NAME, {"spec": {"model": {"uri": "GSAI-ML/LLaDA-1.5"}}})
-    wait_for(lambda: len(kube.jobs()) == jobs + 1, 30, what="a profiling Job for the new model")
-    wait_for(
+    until(kube, lambda: len(kube.jobs()) == jobs + 1, what="a profiling Job for the new model")
+    until(
+        kube,
         lambda: (kube.condition(NAME, "Profiled") or {}).get("reason") == "Reprofiling",
-        30,
         what="Reprofiling",
     )
     command = engine_command(kube)
     assert command[command.index("--model") + 1] == old_model  # still the model its budget was measured on
     complete_profiling(kube, budget=98304)
-    wait_for(
-        lambda: "GSAI-ML/LLaDA-1.5" in engine_command(kube), 30, what="the new model, with its own budget"
+    until(
+        kube, lambda: "GSAI-ML/LLaDA-1.5" in engine_command(kube), what="the new model, with its own budget"
     )
     configmap = kube.core.read_namespaced_config_map(f"{NAME}-profile", "default")
     assert json.loads(configmap.data["profile.json"])["token_budget"] == 98304
@@ -167,20 +189,20 @@ def test_engines_are_pinned_to_the_gpu_product_their_budget_was_measured_on(clus
     kube.core.create_node(node)
     kube.create_service(example())
     complete_profiling(kube, budget=131072, node="gpu-node-7")
-    deployment = wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+    deployment = until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
     selector = deployment["spec"]["template"]["spec"]["nodeSelector"]
     assert selector["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
-    status = wait_for(
-        lambda: kube.service(NAME)["status"].get("profile", {}).get("gpuProduct"), 30, what="status"
+    status = until(
+        kube, lambda: kube.service(NAME)["status"].get("profile", {}).get("gpuProduct"), what="status"
     )
     assert status == "NVIDIA-H100-80GB-HBM3"
     kube.patch_service(NAME, {"spec": {"resources": {"pinGpuProduct": False}}})
-    wait_for(
+    until(
+        kube,
         lambda: (
             "nvidia.com/gpu.product"
             not in (kube.deployment(f"{NAME}-engine")["spec"]["template"]["spec"].get("nodeSelector") or {})
         ),
-        30,
         what="the pin lifted",
     )
 
@@ -194,12 +216,12 @@ def test_what_the_spec_no_longer_asks_for_is_removed_from_the_engine(cluster, op
     service["spec"]["resources"]["tolerations"] = [toleration]
     kube.create_service(service)
     complete_profiling(kube, budget=131072)
-    deployment = wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+    deployment = until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
     assert deployment["spec"]["template"]["spec"]["tolerations"] == [toleration]
     kube.patch_service(NAME, {"spec": {"resources": {"tolerations": None}}})
-    wait_for(
+    until(
+        kube,
         lambda: not kube.deployment(f"{NAME}-engine")["spec"]["template"]["spec"].get("tolerations"),
-        30,
         what="the tolerations removed",
     )
     spec = kube.deployment(f"{NAME}-engine")["spec"]
@@ -216,11 +238,11 @@ def test_the_profile_survives_its_job_and_pod_being_deleted(cluster, operator):
     kube.create_service(example())
     job = complete_profiling(kube, budget=131072)
     mark_ready(kube, f"{NAME}-engine", f"{NAME}-gateway")
-    wait_for(lambda: (kube.condition(NAME, "Ready") or {}).get("status") == "True", 30, what="Ready")
+    until(kube, lambda: (kube.condition(NAME, "Ready") or {}).get("status") == "True", what="Ready")
     kube.batch.delete_namespaced_job(job, "default")
     for pod in kube.core.list_namespaced_pod("default").items:
         kube.core.delete_namespaced_pod(pod.metadata.name, "default")
-    time.sleep(4)  # four resyncs (1 s each) with neither the Job nor its pod
+    after_resyncs(cluster, kube, 4)  # with neither the Job nor its pod
     assert not kube.jobs() and not kube.core.list_namespaced_pod("default").items
     status = kube.service(NAME)["status"]
     assert status["phase"] == "Ready" and status["profile"]["tokenBudget"] == 131072
@@ -234,9 +256,9 @@ def test_a_profile_result_that_is_not_the_schema_fails_the_service_with_the_fiel
     kube.create_service(example())
     broken = json.loads(measured(98304).termination_message()) | {"token_budget": "98304"}
     complete_profiling(kube, budget=0, message=json.dumps(broken))
-    wait_for(
+    until(
+        kube,
         lambda: (kube.condition(NAME, "Degraded") or {}).get("reason") == "ProfilingFailed",
-        30,
         what="Degraded ProfilingFailed",
     )
     degraded = kube.condition(NAME, "Degraded")
@@ -251,7 +273,7 @@ def test_the_engine_reads_the_budget_the_operator_stored(cluster, operator, tmp_
     kube = cluster.client()
     kube.create_service(example())
     complete_profiling(kube, budget=98304)
-    wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+    until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
     configmap = kube.core.read_namespaced_config_map(f"{NAME}-profile", "default")
     path = tmp_path / "profile.json"
     path.write_text(configmap.data["profile.json"])
@@ -266,21 +288,21 @@ def engine_command(kube: Kube) -> list[str]:
 def test_full_lifecycle_of_the_example(cluster, operator):
     kube = cluster.client()
     kube.create_service(example())
-    job = wait_for(lambda: _newest_unfinished_job(kube), 30, what="the profiling Job")
+    job = until(kube, lambda: _newest_unfinished_job(kube), what="the profiling Job")
     kubernetes_validate.validate(_clean(job), "1.33.0", strict=False)
-    assert wait_for(
-        lambda: (kube.service(NAME).get("status") or {}).get("phase") == "Profiling", 30, what="Profiling"
+    assert until(
+        kube, lambda: (kube.service(NAME).get("status") or {}).get("phase") == "Profiling", what="Profiling"
     )
     assert kube.deployment(f"{NAME}-engine") is None  # no engine before the budget is known
 
     complete_profiling(kube, budget=131072)
-    wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+    until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
     configmap = kube.core.read_namespaced_config_map(f"{NAME}-profile", "default")
     assert json.loads(configmap.data["profile.json"])["token_budget"] == 131072
     assert "--profile" in engine_command(kube)
-    status = wait_for(
+    status = until(
+        kube,
         lambda: (s := kube.service(NAME).get("status") or {}).get("profile", {}).get("tokenBudget") and s,
-        30,
         what="the budget in status",
     )
     assert status["profile"]["tokenBudget"] == 131072
@@ -288,14 +310,14 @@ def test_full_lifecycle_of_the_example(cluster, operator):
     assert kube.deployment(f"{NAME}-gateway") and kube.deployment(f"{NAME}-redis")
 
     mark_ready(kube, f"{NAME}-engine", f"{NAME}-gateway")
-    wait_for(lambda: (kube.condition(NAME, "Ready") or {}).get("status") == "True", 30, what="Ready")
+    until(kube, lambda: (kube.condition(NAME, "Ready") or {}).get("status") == "True", what="Ready")
     assert kube.service(NAME)["status"]["phase"] == "Ready"
     assert kube.condition(NAME, "Degraded")["status"] == "False"
 
     # a field that does not change memory rolls the Deployment without re-profiling
     jobs_before = len(kube.jobs())
     kube.patch_service(NAME, {"spec": {"decoding": {"threshold": 0.8}}})
-    wait_for(lambda: "0.8" in engine_command(kube), 30, what="the new threshold in the engine pods")
+    until(kube, lambda: "0.8" in engine_command(kube), what="the new threshold in the engine pods")
     assert len(kube.jobs()) == jobs_before
 
     # a field that changes memory re-profiles; the old budget keeps serving until the new one is known
@@ -303,20 +325,20 @@ def test_full_lifecycle_of_the_example(cluster, operator):
         "dllm.dev/profile-hash"
     ]
     kube.patch_service(NAME, {"spec": {"resources": {"memory": "80Gi"}}})
-    wait_for(lambda: len(kube.jobs()) == jobs_before + 1, 30, what="a second profiling Job")
-    wait_for(
+    until(kube, lambda: len(kube.jobs()) == jobs_before + 1, what="a second profiling Job")
+    until(
+        kube,
         lambda: (kube.condition(NAME, "Profiled") or {}).get("reason") == "Reprofiling",
-        30,
         what="Reprofiling",
     )
     assert kube.service(NAME)["status"]["profile"]["tokenBudget"] == 131072
     # the running engine is left as it is (old memory, old budget) until the new profile exists
     assert engine_memory(kube) != "80Gi"
     complete_profiling(kube, budget=163840)
-    wait_for(
-        lambda: kube.service(NAME)["status"]["profile"]["tokenBudget"] == 163840, 30, what="the new budget"
+    until(
+        kube, lambda: kube.service(NAME)["status"]["profile"]["tokenBudget"] == 163840, what="the new budget"
     )
-    wait_for(lambda: engine_memory(kube) == "80Gi", 30, what="the new spec with its own budget")
+    until(kube, lambda: engine_memory(kube) == "80Gi", what="the new spec with its own budget")
     new_hash = kube.deployment(f"{NAME}-engine")["spec"]["template"]["metadata"]["annotations"][
         "dllm.dev/profile-hash"
     ]
@@ -332,18 +354,18 @@ def test_full_lifecycle_of_the_example(cluster, operator):
         kube.batch.list_namespaced_job,
         kube.core.list_namespaced_service,
     ]
-    wait_for(
+    until(
+        kube,
         lambda: not any(list_children("default").items for list_children in children),
-        30,
         what="children deleted",
     )
-    wait_for(
+    until(
+        kube,
         lambda: (
             not kube.custom.list_namespaced_custom_object("dllm.dev", "v1alpha1", "default", "dllmservices")[
                 "items"
             ]
         ),
-        30,
         what="the finalizer to be released",
     )
 
@@ -361,21 +383,19 @@ def test_queue_depth_in_redis_scales_the_engine(cluster, operator):
             "scaleDownDelaySeconds": 2,
         }
         kube.create_service(manifest)
-        wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+        until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
         assert kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 1
         queue = SyncQueue(redis.Redis.from_url(server.url), QueueOps(f"default-{NAME}"))
         for i in range(35):  # 35 accepted requests, as the gateway enqueues them
             queue.run(queue.ops.enqueue(QueuedRequest(f"r-{i}", [1] * (i + 1), 16, 0.0)))
-        wait_for(lambda: kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 4, 30, what="scale up to 4")
+        until(kube, lambda: kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 4, what="scale up to 4")
         # the timer patches the Deployment first and the status after it
-        wait_for(
-            lambda: kube.service(NAME)["status"].get("queueDepth") == 35, 30, what="status.queueDepth 35"
-        )
+        until(kube, lambda: kube.service(NAME)["status"].get("queueDepth") == 35, what="status.queueDepth 35")
         claimed = queue.claim("w1", 10_000, 35)
         for item in claimed:  # a worker finishes them all
             queue.complete("w1", item.request.id, DoneEvent([], "length", 1, 0))
-        wait_for(
-            lambda: kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 1, 30, what="scale down to 1"
+        until(
+            kube, lambda: kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 1, what="scale down to 1"
         )
         assert kube.condition(NAME, "Profiled")["reason"] == "ExplicitBudget"
         assert not kube.jobs()  # an explicit budget never profiles
@@ -402,17 +422,17 @@ def test_the_operator_sends_a_redis_password_only_from_a_secret_shared_with_it(c
         manifest["spec"]["profiling"] = {"tokenBudget": 65536}
         manifest["spec"]["replicas"] = {"min": 1, "max": 3, "targetQueueDepthPerReplica": 10}
         kube.create_service(manifest)
-        refused = wait_for(
+        refused = until(
+            kube,
             lambda: (c := kube.condition(NAME, "Autoscaling")) and c["status"] == "False" and c,
-            30,
             what="autoscaling refused the unshared Secret",
         )
         assert refused["reason"] == "RedisUnreachable" and "not shared" in refused["message"]
-        wait_for(lambda: warned(kube, "RedisUnreachable"), 30, what="a RedisUnreachable warning event")
+        until(kube, lambda: warned(kube, "RedisUnreachable"), what="a RedisUnreachable warning event")
         kube.core.patch_namespaced_secret(
             "queue-auth", "default", {"metadata": {"annotations": {"dllm.dev/share-with-operator": "true"}}}
         )
-        wait_for(lambda: kube.condition(NAME, "Autoscaling")["status"] == "True", 30, what="autoscaling")
+        until(kube, lambda: kube.condition(NAME, "Autoscaling")["status"] == "True", what="autoscaling")
 
 
 def test_keda_mode_emits_a_scaled_object_and_leaves_replicas_to_it(cluster, operator):
@@ -421,25 +441,25 @@ def test_keda_mode_emits_a_scaled_object_and_leaves_replicas_to_it(cluster, oper
     manifest["spec"]["replicas"] |= {"keda": True}
     manifest["spec"]["profiling"] = {"tokenBudget": 65536}
     kube.create_service(manifest)
-    scaled = wait_for(
+    scaled = until(
+        kube,
         lambda: kube.custom.list_namespaced_custom_object("keda.sh", "v1alpha1", "default", "scaledobjects")[
             "items"
         ],
-        30,
         what="a ScaledObject",
     )
     assert scaled[0]["spec"]["scaleTargetRef"]["name"] == f"{NAME}-engine"
-    deployment = wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+    deployment = until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
     assert "replicas" not in deployment["spec"]
     # switched off: the ScaledObject goes (its HPA would fight the operator's own autoscaler)
     kube.patch_service(NAME, {"spec": {"replicas": {"keda": False}}})
-    wait_for(
+    until(
+        kube,
         lambda: (
             not kube.custom.list_namespaced_custom_object("keda.sh", "v1alpha1", "default", "scaledobjects")[
                 "items"
             ]
         ),
-        30,
         what="the ScaledObject deleted",
     )
 
@@ -449,24 +469,25 @@ def test_switching_managed_redis_off_deletes_it(cluster, operator):
     manifest = example()
     manifest["spec"]["profiling"] = {"tokenBudget": 65536}
     kube.create_service(manifest)
-    wait_for(lambda: kube.deployment(f"{NAME}-redis"), 30, what="the managed Redis")
+    until(kube, lambda: kube.deployment(f"{NAME}-redis"), what="the managed Redis")
     password = kube.core.read_namespaced_secret(f"{NAME}-redis-auth", "default").to_dict()
     assert kube.core.read_namespaced_persistent_volume_claim(f"{NAME}-redis-data", "default")
-    wait_for(  # applied right after the Redis Deployment and Service
+    until(
+        kube,  # applied right after the Redis Deployment and Service
         lambda: [
             p
             for p in kube.networking.list_namespaced_network_policy("default").items
             if p.metadata.name == f"{NAME}-redis"
         ],
-        30,
         what="the managed Redis's NetworkPolicy",
     )
-    time.sleep(2)  # resyncs: the password is made once, never regenerated under running pods
+    after_resyncs(cluster, kube, 2)  # the password is made once, never regenerated under running pods
     again = kube.core.read_namespaced_secret(f"{NAME}-redis-auth", "default").to_dict()
     assert (again["string_data"] or again["data"]) == (password["string_data"] or password["data"])
     kube.patch_service(NAME, {"spec": {"redis": {"managed": False, "url": "redis://redis.queue:6379/0"}}})
-    wait_for(lambda: kube.deployment(f"{NAME}-redis") is None, 30, what="the managed Redis deleted")
-    wait_for(
+    until(kube, lambda: kube.deployment(f"{NAME}-redis") is None, what="the managed Redis deleted")
+    until(
+        kube,
         lambda: (
             not [
                 s
@@ -474,12 +495,11 @@ def test_switching_managed_redis_off_deletes_it(cluster, operator):
                 if s.metadata.name == f"{NAME}-redis"
             ]
         ),
-        30,
         what="its Service deleted",
     )
-    wait_for(
+    until(
+        kube,
         lambda: kube.service(NAME)["status"].get("redisUrl") == "redis://redis.queue:6379/0",
-        30,
         what="the new URL",
     )
 
@@ -493,15 +513,15 @@ def test_a_spec_the_crd_cannot_reject_gives_degraded_without_a_crash(cluster, op
     manifest = example()
     manifest["spec"]["model"] = {"uri": "Dream-org/Dream-v0-Instruct-7B", "family": "dream"}
     kube.create_service(manifest)
-    degraded = wait_for(
-        lambda: (c := kube.condition(NAME, "Degraded")) and c["status"] == "True" and c, 30, what="Degraded"
+    degraded = until(
+        kube, lambda: (c := kube.condition(NAME, "Degraded")) and c["status"] == "True" and c, what="Degraded"
     )
     assert "family 'dream' is not supported" in degraded["message"]
     assert kube.service(NAME)["status"]["phase"] == "Failed"
     assert kube.deployment(f"{NAME}-engine") is None and not kube.jobs()
     # fixing the spec recovers
     kube.patch_service(NAME, {"spec": {"model": {"uri": "GSAI-ML/LLaDA-8B-Instruct", "family": "llada"}}})
-    wait_for(lambda: kube.condition(NAME, "Degraded")["status"] == "False", 30, what="recovery")
+    until(kube, lambda: kube.condition(NAME, "Degraded")["status"] == "False", what="recovery")
 
 
 def _waiting_pod(name: str, labels: dict, reason: str, message: str) -> dict:
@@ -530,33 +550,33 @@ def _waiting_pod(name: str, labels: dict, reason: str, message: str) -> dict:
 def test_pods_that_cannot_pull_their_image_are_a_condition_and_an_event(cluster, operator):
     kube = cluster.client()
     kube.create_service(example())
-    job = wait_for(lambda: _newest_unfinished_job(kube), 30, what="the profiling Job")["metadata"]["name"]
+    job = until(kube, lambda: _newest_unfinished_job(kube), what="the profiling Job")["metadata"]["name"]
     pull = 'Back-off pulling image "ghcr.io/dllm-dev/dllm-engine:0.1.0"'
     kube.core.create_namespaced_pod(
         "default", _waiting_pod(f"{job}-a", {"job-name": job}, "ImagePullBackOff", pull)
     )
-    profiled = wait_for(
+    profiled = until(
+        kube,
         lambda: (c := kube.condition(NAME, "Profiled")) and c["reason"] == "ImagePullBackOff" and c,
-        30,
         what="Profiled=False (ImagePullBackOff)",
     )
     assert "Back-off pulling image" in profiled["message"]
     kube.core.delete_namespaced_pod(f"{job}-a", "default")
     complete_profiling(kube, budget=131072)
-    wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+    until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
     engine_labels = {"app.kubernetes.io/instance": NAME, "app.kubernetes.io/component": "engine"}
     crash = "back-off 5m0s restarting failed container"
     kube.core.create_namespaced_pod(
         "default", _waiting_pod("engine-a", engine_labels, "CrashLoopBackOff", crash)
     )
-    ready = wait_for(
+    ready = until(
+        kube,
         lambda: (c := kube.condition(NAME, "Ready")) and c["reason"] == "CrashLoopBackOff" and c,
-        30,
         what="Ready=False (CrashLoopBackOff)",
     )
     assert "engine-a" in ready["message"]
-    wait_for(
-        lambda: warned(kube, "ImagePullBackOff") and warned(kube, "CrashLoopBackOff"), 30, what="warnings"
+    until(
+        kube, lambda: warned(kube, "ImagePullBackOff") and warned(kube, "CrashLoopBackOff"), what="warnings"
     )
 
 
@@ -565,9 +585,9 @@ def test_deleting_a_service_mid_profiling_deletes_the_job_with_its_pod(cluster, 
     emulator runs no garbage collector; what is checked is the propagation policy the operator sends.)"""
     kube = cluster.client()
     kube.create_service(example())
-    job = wait_for(lambda: _newest_unfinished_job(kube), 30, what="the profiling Job")
+    job = until(kube, lambda: _newest_unfinished_job(kube), what="the profiling Job")
     kube.custom.delete_namespaced_custom_object("dllm.dev", "v1alpha1", "default", "dllmservices", NAME)
-    wait_for(lambda: not kube.jobs(), 30, what="the Job deleted")
+    until(kube, lambda: not kube.jobs(), what="the Job deleted")
     deletes = [
         body for path, body in cluster.emulator.deletes if path.endswith(f"/jobs/{job['metadata']['name']}")
     ]
@@ -586,14 +606,14 @@ def test_a_child_the_api_server_rejects_gives_degraded_and_an_event(cluster, ope
 
     cluster.emulator.reject = quota
     kube.create_service(example())
-    degraded = wait_for(
-        lambda: (c := kube.condition(NAME, "Degraded")) and c["status"] == "True" and c, 30, what="Degraded"
+    degraded = until(
+        kube, lambda: (c := kube.condition(NAME, "Degraded")) and c["status"] == "True" and c, what="Degraded"
     )
     assert degraded["reason"] == "ChildRejected" and "exceeded quota" in degraded["message"]
     assert kube.service(NAME)["status"]["phase"] == "Failed"
-    wait_for(lambda: warned(kube, "ChildRejected"), 30, what="a ChildRejected warning event")
+    until(kube, lambda: warned(kube, "ChildRejected"), what="a ChildRejected warning event")
     cluster.emulator.reject = None  # the quota is raised: the next resync recovers
-    wait_for(lambda: kube.condition(NAME, "Degraded")["status"] == "False", 30, what="recovery")
+    until(kube, lambda: kube.condition(NAME, "Degraded")["status"] == "False", what="recovery")
     assert _newest_unfinished_job(kube)
 
 
@@ -605,11 +625,11 @@ def test_a_service_scaled_to_zero_is_ready_and_lists_are_filtered_by_label(clust
         manifest["spec"]["profiling"] = {"tokenBudget": 65536}
         manifest["spec"]["replicas"] = {"min": 0, "max": 2, "targetQueueDepthPerReplica": 10}
         kube.create_service(manifest)
-        wait_for(lambda: kube.deployment(f"{NAME}-engine"), 30, what="the engine Deployment")
+        until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
         assert kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 0  # nothing queued
         mark_ready(kube, f"{NAME}-gateway")
-        ready = wait_for(
-            lambda: (c := kube.condition(NAME, "Ready")) and c["status"] == "True" and c, 30, what="Ready"
+        ready = until(
+            kube, lambda: (c := kube.condition(NAME, "Ready")) and c["status"] == "True" and c, what="Ready"
         )
         assert ready["reason"] == "ScaledToZero"  # requests are taken, queued, and scale the engine up
     pod_lists = [query for path, query in cluster.emulator.lists if path.endswith("/pods")]

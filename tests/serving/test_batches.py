@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from engine_pod.queue.keys import ServiceKeys
-from tests.serving_utils import GatewayServer, gateway_settings, wait_for
+from tests.serving_utils import WAIT_S, GatewayServer, gateway_settings, wait_for
 
 
 def _line(index: int, endpoint: str = "/v1/completions") -> dict:
@@ -162,7 +162,7 @@ def test_files_batches_and_their_results_expire_and_a_batch_file_is_bounded(
         ).json()
         wait_for(
             lambda: http.get(f"/v1/batches/{batch['id']}").json()["status"] == "completed",
-            60,
+            WAIT_S,
             what="the batch",
         )
         output_file_id = http.get(f"/v1/batches/{batch['id']}").json()["output_file_id"]

@@ -94,7 +94,7 @@ def test_redis_restart_with_append_only_file_loses_no_accepted_request(served_mo
         with GatewayServer(gateway_settings(served_model, server.url, service)) as gateway:
             pending = _start_posting(gateway.url, PROMPTS[:8], 16)
             client = redis.Redis.from_url(server.url)
-            wait_for(lambda: client.zcard(ServiceKeys(service).pending) == 8, 30, what="8 queued requests")
+            wait_for(lambda: client.zcard(ServiceKeys(service).pending) == 8, what="8 queued requests")
             server.kill()
             server = RedisServer(port=server.port, data_dir=str(data), appendonly=True).start()
             assert redis.Redis.from_url(server.url).zcard(ServiceKeys(service).pending) == 8

@@ -193,9 +193,9 @@ def _completion(client: httpx.Client, **fields) -> httpx.Response:
     return client.post("/v1/completions", json=_completion_body(**fields))
 
 
-def _error(message: str, kind: str) -> dict:
+def _error(message: str, kind: str, code: str | None = None) -> dict:
     """OpenAI's error object for an error that names no field."""
-    return {"message": message, "type": kind, "param": None, "code": None}
+    return {"message": message, "type": kind, "param": None, "code": code}
 
 
 def _joined_logprobs(chunks: list) -> dict:
@@ -260,7 +260,7 @@ def test_a_stop_string_cuts_the_answer_and_the_stream_cancels_the_rest(gateway):
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert {c["choices"][0]["index"] for c in chunks} == {0}
     assert len(chunks) == 3  # the first block, the block with the stop string, the reason
-    wait_for(lambda: peer.cancelled, 30, what="the peer to see the cancellation")
+    wait_for(lambda: peer.cancelled, what="the peer to see the cancellation")
     assert len(peer.cancelled) == 1  # the blocks after the stop string were not made
 
 
@@ -465,7 +465,7 @@ def test_a_client_that_goes_away_cancels_its_request(gateway):
         client.post(
             "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2 * BLOCK}, timeout=1
         )
-    wait_for(lambda: peer.cancelled, 30, what="the gateway to cancel the request of a client that left")
+    wait_for(lambda: peer.cancelled, what="the gateway to cancel the request of a client that left")
 
 
 def test_chat_logprobs_end_where_a_stop_string_cuts_the_answer(gateway):
@@ -495,7 +495,7 @@ def test_a_request_with_no_result_in_time_is_a_504_and_is_cancelled(gateway):
     reply = _completion(client)
     assert reply.status_code == 504
     assert reply.json()["error"] == _error("no result within 3 s", "timeout_error")
-    wait_for(lambda: peer.cancellation_of(peer.held[0], patience_s=0), 30, what="the cancellation")
+    wait_for(lambda: peer.cancellation_of(peer.held[0], patience_s=0), what="the cancellation")
 
 
 @pytest.mark.gateway_settings(request_timeout_s=3)
@@ -584,7 +584,7 @@ def _held_request_of_a_client_who_leaves(client: httpx.Client, peer: ScriptedPee
 
         waiting = threading.Thread(target=wait_in_vain, daemon=True)
         waiting.start()
-        wait_for(lambda: peer.held, 30, what="the request to be claimed")
+        wait_for(lambda: peer.held, what="the request to be claimed")
         yield
         waiting.join(timeout=30)
 
@@ -595,7 +595,9 @@ def test_a_full_queue_is_a_429_with_retry_after(gateway):
     with _held_request_of_a_client_who_leaves(client, peer):  # the first request stays in flight
         reply = _completion(client)
     assert reply.status_code == 429 and reply.headers["retry-after"] == "7"
-    assert reply.json()["error"] == _error("the queue is full; retry later", "rate_limit_error")
+    assert reply.json()["error"] == _error(
+        "the queue is full; retry later", "rate_limit_error", "rate_limit_exceeded"
+    )
 
 
 @pytest.mark.gateway_settings(max_prompt_tokens=8)
@@ -651,7 +653,7 @@ def test_sigterm_ends_waiting_requests_with_a_503_and_streams_with_an_error_then
         try:
             plain = pool.submit(lambda: httpx.post(f"{server.url}/v1/completions", json=body, timeout=30))
             streamed = pool.submit(_streamed_error, server.url, body)
-            wait_for(lambda: len(peer.held) == 2, 30, what="both requests to be claimed")
+            wait_for(lambda: len(peer.held) == 2, what="both requests to be claimed")
             server.terminate()
             reply, chunks = plain.result(timeout=30), streamed.result(timeout=30)
             assert all(peer.cancellation_of(request_id, patience_s=5) for request_id in peer.held)
@@ -676,12 +678,12 @@ def test_a_finished_request_leaves_no_waiter_behind_and_its_events_expire_within
     client, peer, _ = gateway
     with _held_request_of_a_client_who_leaves(client, peer):
         assert _waiting(client) == 1
-    wait_for(lambda: _waiting(client) == 0, 30, what="the gateway to stop waiting for the request")
+    wait_for(lambda: _waiting(client) == 0, what="the gateway to stop waiting for the request")
     peer.script, peer.seen = Script(), []
     assert _completion(client).status_code == 200
-    wait_for(lambda: _waiting(client) == 0, 10, what="the delivered request's waiter to leave")
+    wait_for(lambda: _waiting(client) == 0, what="the delivered request's waiter to leave")
     events_key = peer.queue.ops.keys.events(peer.seen[0].id)
-    wait_for(lambda: 0 < peer.queue.redis.ttl(events_key) <= 60, 10, what="the events' retention cut")
+    wait_for(lambda: 0 < peer.queue.redis.ttl(events_key) <= 60, what="the events' retention cut")
 
 
 def test_the_largest_seed_wraps_to_zero_and_drawn_seeds_differ(gateway):

@@ -18,7 +18,7 @@ from engine_pod.queue.connect import sync_client
 from engine_pod.queue.keys import ServiceKeys
 from tests.redis_cluster import LocalRedisCluster
 from tests.serving.outage_harness import Stack, Tally, reference_texts, start_load
-from tests.serving_utils import BLOCK, wait_for
+from tests.serving_utils import BLOCK, WAIT_S, wait_for
 
 MAX_TOKENS = 2 * BLOCK
 WORDS = ["cat", "dog", "fox", "owl", "red", "sun", "sky", "sea"]
@@ -132,13 +132,15 @@ def test_sigterm_to_the_gateway_ends_every_open_stream_with_done(served_model, s
     def terminate(stack: Stack) -> None:
         began = time.monotonic()
         stack.gateway.process.send_signal(signal.SIGTERM)
-        stack.gateway.process.wait(timeout=30)
-        assert time.monotonic() - began < 6 + 3, "the gateway must stop within its drain timeout"
+        stack.gateway.process.wait(timeout=WAIT_S)
+        # within its drain timeout (6 s), with room for a process starved of CPU to exit: not the 600 s
+        # a request may wait
+        assert time.monotonic() - began < 6 + 15, "the gateway must stop within its drain timeout"
 
     with Stack(served_model, service, tmp_path, workers=1) as stack:
         stack.workers[0].send_signal(signal.SIGSTOP)  # work piles up: streams are open at SIGTERM
         load = start_load(stack.gateway.url, PROMPTS[:40], 8 * BLOCK, concurrency=40, stream_every=1)
-        wait_for(lambda: _pending(stack) >= 30, 60, what="streams waiting in the queue")
+        wait_for(lambda: _pending(stack) >= 30, what="streams waiting in the queue")
         try:  # the worker stays stopped through the drain: however fast the host, streams are still open
             terminate(stack)
         finally:

@@ -48,7 +48,7 @@ def test_worker_and_gateway_authenticate_with_the_password_from_the_environment(
         )
         try:
             with httpx.Client(base_url=gateway.url, timeout=60) as client:
-                wait_for(lambda: _ready(client), 30, what="the gateway to reach Redis")
+                wait_for(lambda: _ready(client), what="the gateway to reach Redis")
                 reply = completion(client, "copy : cat dog .", max_tokens=8)
                 assert reply.status_code == 200, reply.text
                 assert reply.json()["choices"][0]["finish_reason"] in ("stop", "length")

@@ -83,7 +83,9 @@ def test_kill_9_of_dllm_serve_leaves_no_orphan(serve):
     children = serve.children()
     serve.process.send_signal(signal.SIGKILL)
     serve.process.wait()
-    wait_for(lambda: not any(_alive(p) for p in children.values()), 30, 0.2, what="the children to exit")
+    wait_for(
+        lambda: not any(_alive(p) for p in children.values()), interval_s=0.2, what="the children to exit"
+    )
 
 
 def test_a_child_that_cannot_start_ends_serve_with_one_line_and_status_2(tmp_path):

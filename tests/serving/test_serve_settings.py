@@ -16,7 +16,7 @@ import pytest
 
 from tests.serving.conftest import SERVED
 from tests.serving.serve_process import openai_client, running
-from tests.serving_utils import wait_for
+from tests.serving_utils import WAIT_S, wait_for
 
 FIRST, SECOND = "first-key", "second-key"
 WINDOW_S = 3  # the batch completion window of this module's service
@@ -54,16 +54,16 @@ def test_keys_come_from_the_file_and_sighup_reloads_it(serve, keys_file):
     try:
         keys_file.write_text(f"{SECOND}\n")
         serve.process.send_signal(signal.SIGHUP)
-        wait_for(lambda: _status(serve, SECOND) == 200, 60, 0.1, "the new key to be accepted")
+        wait_for(lambda: _status(serve, SECOND) == 200, interval_s=0.1, what="the new key to be accepted")
         assert _status(serve, FIRST) == 401
         keys_file.write_text("\n")  # no key at all: every request is refused, the API never opens
         serve.process.send_signal(signal.SIGHUP)
-        wait_for(lambda: _status(serve, SECOND) == 401, 60, 0.1, "the emptied file to be read")
+        wait_for(lambda: _status(serve, SECOND) == 401, interval_s=0.1, what="the emptied file to be read")
         assert _status(serve, None) == 401
     finally:
         keys_file.write_text(f"{FIRST}\n")
         serve.process.send_signal(signal.SIGHUP)
-        wait_for(lambda: _status(serve, FIRST) == 200, 60, 0.1, "the first key back")
+        wait_for(lambda: _status(serve, FIRST) == 200, interval_s=0.1, what="the first key back")
 
 
 def test_flags_override_the_environment_and_unknown_fields_can_be_ignored(serve):
@@ -112,7 +112,7 @@ def test_lines_not_started_when_the_window_closes_expire_with_their_custom_ids(s
         assert batch.expires_at == batch.created_at + WINDOW_S
         batch = wait_for(
             lambda: (b := client.batches.retrieve(batch.id)).status == "expired" and b,
-            60 + WINDOW_S,
+            WAIT_S + WINDOW_S,
             0.2,
             "the batch to expire",
         )

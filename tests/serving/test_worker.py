@@ -31,7 +31,7 @@ from engine_pod.serve.redis_server import RedisServer, free_port
 from engine_pod.text import completion_tokens
 from engine_pod.worker.http import ProbeSource, serve_probes
 from engine_pod.worker.worker import RECORD_WINDOW, WorkerConfig
-from tests.serving_utils import BLOCK, wait_for, worker_command
+from tests.serving_utils import BLOCK, WAIT_S, wait_for, worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,7 +79,7 @@ def test_probes_and_metrics(redis_server, service, make_worker):
         started = time.monotonic()
         with worker_thread as worker:
             queue = _enqueue(redis_server.url, service, "r-1", 5)
-            wait_for(lambda: _done(queue, "r-1"), 60, what="the request to finish")
+            wait_for(lambda: _done(queue, "r-1"), what="the request to finish")
             base = f"http://127.0.0.1:{port}"
             assert httpx.get(f"{base}/healthz").status_code == 200
             assert httpx.get(f"{base}/readyz").status_code == 200
@@ -188,7 +188,7 @@ def test_a_long_prompt_waiting_past_the_bound_is_claimed_while_short_ones_keep_a
             return int(sample or 0)
 
         top_up()
-        wait_for(lambda: _done(queue, shorts[0]), 30, what="the short requests to start")
+        wait_for(lambda: _done(queue, shorts[0]), what="the short requests to start")
         _enqueue(redis_server.url, service, "long", 300, max_tokens=16)
         enqueued_before_it = len(shorts)  # the long prompt comes after every short one so far
 
@@ -251,7 +251,7 @@ def test_a_claim_that_lost_a_candidate_hands_back_the_one_no_longer_admissible(
         narrow = QueuedRequest("narrow", [7] * (800 - BLOCK), BLOCK, time.time())
         wide = QueuedRequest("wide", [7] * (1000 - BLOCK), BLOCK, time.time())
         assert queue.run(queue.ops.enqueue_all([narrow, wide]))
-        wait_for(lambda: stolen, 30, what="the claim of both")
+        wait_for(lambda: stolen, what="the claim of both")
         assert [c.request.id for c in stolen] == ["narrow"], "the scenario did not arise"
         handed_back = wait_for(
             lambda: (
@@ -267,7 +267,7 @@ def test_a_claim_that_lost_a_candidate_hands_back_the_one_no_longer_admissible(
         assert queue.release("other", "narrow", [], len(narrow.prompt_ids))
         results = wait_for(
             lambda: _all_done(queue, ("running", "narrow", "wide")),
-            60,
+            WAIT_S,
             what="every result",
         )
     assert handed_back and score == len(wide.prompt_ids)
@@ -296,7 +296,7 @@ def test_each_request_decodes_with_its_own_threshold_as_dllm_generate_does(
             worker.engine.reset_records()
             answers[threshold] = wait_for(
                 lambda: _done(queue, request_id),  # noqa: B023
-                60,
+                WAIT_S,
                 what="the answer",
             ).token_ids
             forwards[threshold] = sum(r.forwards for r in worker.engine.records)
@@ -321,7 +321,7 @@ def test_a_worker_on_the_full_canvas_answers_as_dllm_generate_does(
     with make_worker(redis_server.url, service, canvas="full", ignore_eos=True):
         results = wait_for(
             lambda: _all_done(queue, prompts),
-            60,
+            WAIT_S,
             what="the answers",
         )
     config = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, canvas="full", ignore_eos=True)
@@ -348,7 +348,7 @@ def test_leases_results_and_records_are_as_configured(redis_server, service, mak
         deadline_ms = queue.redis.zscore(queue.ops.keys.inflight, "r-leased")
         left_ms = deadline_ms - time.time() * 1000
         queue.run(queue.ops.cancel("r-leased", 5))
-        wait_for(lambda: _done(queue, "r-leased"), 60, what="the cancelled result")
+        wait_for(lambda: _done(queue, "r-leased"), what="the cancelled result")
         record_ttl = queue.redis.ttl(queue.ops.keys.request("r-leased"))
     assert 0 < left_ms <= lease_ms
     assert 0 < record_ttl <= ttl_s
@@ -373,7 +373,7 @@ def test_sampled_requests_draw_with_their_own_seeds(redis_server, service, make_
     with make_worker(redis_server.url, service, ignore_eos=True):
         results = wait_for(
             lambda: _all_done(queue, [r.id for r in requests]),
-            60,
+            WAIT_S,
             what="the answers",
         )
     answers = {request_id: done.token_ids for request_id, done in results.items()}
@@ -389,8 +389,8 @@ def test_invalid_sampling_settings_end_the_request_with_a_clear_error(redis_serv
     bad.meta = {"custom_id": "line-1"}
     assert queue.run(queue.ops.enqueue_all([bad, QueuedRequest("fine", [7] * 5, BLOCK, time.time())]))
     with make_worker(redis_server.url, service):
-        done = wait_for(lambda: _done(queue, "bad"), 60, what="the error")
-        assert wait_for(lambda: _done(queue, "fine"), 60, what="the next answer").finish_reason != "error"
+        done = wait_for(lambda: _done(queue, "bad"), what="the error")
+        assert wait_for(lambda: _done(queue, "fine"), what="the next answer").finish_reason != "error"
     assert (done.finish_reason, done.token_ids, done.completion_tokens, done.meta) == (
         "error",
         [],
@@ -411,7 +411,7 @@ def test_a_result_holds_exactly_what_was_asked_for_with_its_usage_and_meta(
     queued = QueuedRequest("r-43", [7] * 5, 43, time.time(), meta=meta, logprobs=1)
     assert queue.run(queue.ops.enqueue(queued, 0))
     with make_worker(redis_server.url, service, ignore_eos=True) as worker:
-        done = wait_for(lambda: _done(queue, "r-43"), 60, what="the result")
+        done = wait_for(lambda: _done(queue, "r-43"), what="the result")
     assert len(done.token_ids) == 43 and len(done.logprobs) == 43
     assert done.finish_reason == "length"  # ignore_eos: an EOS among them does not make it "stop"
     assert (done.prompt_tokens, done.completion_tokens) == (
@@ -427,7 +427,7 @@ def test_block_events_go_to_streaming_requests_only(redis_server, service, make_
     with make_worker(redis_server.url, service, ignore_eos=True):
         queue = _enqueue(redis_server.url, service, "plain", 5, max_tokens=3 * BLOCK)
         _enqueue(redis_server.url, service, "streamed", 5, max_tokens=3 * BLOCK, stream=True)
-        wait_for(lambda: _done(queue, "plain") and _done(queue, "streamed"), 60, what="both results")
+        wait_for(lambda: _done(queue, "plain") and _done(queue, "streamed"), what="both results")
     kinds = {i: [type(e).__name__ for e in queue.events_of(i)] for i in ("plain", "streamed")}
     assert kinds == {"plain": ["DoneEvent"], "streamed": ["BlockEvent"] * 3 + ["DoneEvent"]}
     *blocks, done = queue.events_of("streamed")
@@ -449,8 +449,8 @@ def test_a_worker_keeps_nothing_of_the_requests_it_has_answered(redis_server, se
             assert queue.run(queue.ops.enqueue(request, 0))
         _wait_for_block(queue, "cancelled")
         queue.run(queue.ops.cancel("cancelled", 7))
-        wait_for(lambda: all(_done(queue, r.id) for r in requests), 60, what="every result")
-        wait_for(lambda: not worker.engine.has_work() and not worker._outbox, 10, what="acknowledgements")
+        wait_for(lambda: all(_done(queue, r.id) for r in requests), what="every result")
+        wait_for(lambda: not worker.engine.has_work() and not worker._outbox, what="acknowledgements")
         per_request = [worker._meta, worker._streaming, worker._max_tokens, worker._logprobs]
         assert per_request == [{}, set(), {}, {}] and not worker.scheduler.requests
     assert _done(queue, "cancelled").finish_reason == "cancelled"
@@ -459,7 +459,7 @@ def test_a_worker_keeps_nothing_of_the_requests_it_has_answered(redis_server, se
 def test_a_request_that_can_never_fit_fails_clearly(redis_server, service, make_worker):
     with make_worker(redis_server.url, service, token_budget=200):
         queue = _enqueue(redis_server.url, service, "huge", 150, max_tokens=64)
-        done = wait_for(lambda: _done(queue, "huge"), 60, what="the rejection")
+        done = wait_for(lambda: _done(queue, "huge"), what="the rejection")
     assert done.finish_reason == "error" and "token budget" in done.error
     # nothing was generated, and the usage says so
     assert (done.token_ids, done.prompt_tokens, done.completion_tokens) == ([], 150, 0)
@@ -499,7 +499,7 @@ def test_an_eos_inside_an_ignore_eos_answer_neither_ends_nor_cuts_it(
     tokens = 3 * BLOCK
     probe = _enqueue(redis_server.url, service, "probe", 5, max_tokens=tokens)
     with make_worker(redis_server.url, service, ignore_eos=True):
-        emitted = wait_for(lambda: _done(probe, "probe"), 60, what="the probe").token_ids
+        emitted = wait_for(lambda: _done(probe, "probe"), what="the probe").token_ids
     eos = emitted[BLOCK + 1]  # inside the second block: the answer goes on past it
     model = tmp_path / "eos-model"
     shutil.copytree(served_model, model)
@@ -510,7 +510,7 @@ def test_an_eos_inside_an_ignore_eos_answer_neither_ends_nor_cuts_it(
         request_id = f"ignore-eos-{ignore_eos}"
         queue = _enqueue(redis_server.url, service, request_id, 5, max_tokens=tokens)
         with make_worker(redis_server.url, service, model_dir=model, ignore_eos=ignore_eos):
-            done = wait_for(lambda: _done(queue, request_id), 60, what="the answer")  # noqa: B023
+            done = wait_for(lambda: _done(queue, request_id), what="the answer")  # noqa: B023
         assert eos in done.token_ids, "the model did not emit the chosen EOS: the test proves nothing"
         reasons[ignore_eos] = (done.finish_reason, len(done.token_ids))
     assert reasons[True] == ("length", tokens)
@@ -555,7 +555,7 @@ def test_a_request_whose_stored_blocks_fill_its_budget_is_completed_as_it_is(
     assert queue.progress("gone", "r-full", BlockEvent(1, [12] * 8), stored, 5 + 16)
     queue.redis.zadd(queue.ops.keys.inflight, {"r-full": 0})  # its lease ran out long ago
     with make_worker(redis_server.url, service) as worker:
-        done = wait_for(lambda: _done(queue, "r-full"), 60, what="the result")
+        done = wait_for(lambda: _done(queue, "r-full"), what="the result")
         cycles = len(worker.engine.records)
     assert done.token_ids == stored and done.finish_reason == "length"
     assert done.completion_tokens == 16
@@ -578,7 +578,7 @@ def test_a_worker_reclaiming_a_request_another_worker_took_further_takes_the_fur
     assert worker.scheduler.requests["r-moved"].generated == further
     assert _done(queue, "r-moved") is None, "no error result may be sent for a request we hold"
     with thread:
-        done = wait_for(lambda: _done(queue, "r-moved"), 60, what="the result")
+        done = wait_for(lambda: _done(queue, "r-moved"), what="the result")
     assert done.token_ids[:BLOCK] == further and len(done.token_ids) == 3 * BLOCK and done.error is None
 
 
@@ -593,7 +593,7 @@ def test_a_worker_reclaiming_a_request_it_still_holds_keeps_it(redis_server, ser
     assert list(worker.scheduler.requests) == ["r-mine"]
     assert _done(queue, "r-mine") is None, "no error result may be sent for a request we hold"
     with thread:
-        done = wait_for(lambda: _done(queue, "r-mine"), 60, what="the result")
+        done = wait_for(lambda: _done(queue, "r-mine"), what="the result")
     assert done.finish_reason in ("stop", "length") and done.error is None
 
 
@@ -602,7 +602,7 @@ def _wait_for_block(queue: SyncQueue, request_id: str) -> None:
     its progress is in its hash)."""
     wait_for(
         lambda: queue.redis.hget(queue.ops.keys.request(request_id), "generated") not in (b"[]", None),
-        60,
+        WAIT_S,
         0.01,
         what="a first committed block",
     )
@@ -614,7 +614,7 @@ def test_a_cancelled_request_stops_in_the_worker(redis_server, service, make_wor
         queue = _enqueue(redis_server.url, service, "r-long", 5, max_tokens=64 * 8)
         _wait_for_block(queue, "r-long")
         assert queue.run(queue.ops.cancel("r-long", 5)) == 2  # in flight: flagged for its worker
-        done = wait_for(lambda: _done(queue, "r-long"), 60, what="the cancelled result")
+        done = wait_for(lambda: _done(queue, "r-long"), what="the cancelled result")
     assert done.finish_reason == "cancelled"
     assert 8 <= len(done.token_ids) < 64 * 8
 
@@ -632,14 +632,14 @@ def test_a_worker_that_lost_a_lease_drops_the_request_and_never_answers_it(
         _wait_for_block(queue, "r-taken")
         queue.redis.hset(queue.ops.keys.request("r-taken"), "worker", "other")
         cycles_before = len(worker.engine.records)
-        wait_for(lambda: not worker.engine.has_work(), 30, what="the row to be dropped")
+        wait_for(lambda: not worker.engine.has_work(), what="the row to be dropped")
         assert len(worker.engine.records) - cycles_before <= 2  # not run on to its last block (16)
         assert "r-taken" not in worker.scheduler.requests
         assert not _kept_about(worker, "r-taken"), "a dropped request left state behind"
         kept = json.loads(queue.redis.hget(queue.ops.keys.request("r-taken"), "generated"))
         assert len(kept) < 64 * 8  # dropped before it finished: no later block was recorded
         queue = _enqueue(redis_server.url, service, "r-next", 5)
-        wait_for(lambda: _done(queue, "r-next"), 60, what="the next request")
+        wait_for(lambda: _done(queue, "r-next"), what="the next request")
         assert _done(queue, "r-taken") is None
         theirs = DoneEvent(kept, "length", prompt_tokens=5, completion_tokens=len(kept), worker="other")
         assert queue.complete("other", "r-taken", theirs)
@@ -672,10 +672,10 @@ def test_a_request_cancelled_and_taken_over_between_an_exchange_and_the_renewal_
 
         worker.queue.commit = cancelled_then_taken_over
         assert queue.run(queue.ops.cancel("first", 5)) == 2
-        wait_for(lambda: taken, 30, what="the exchange that sends the first cancellation")
+        wait_for(lambda: taken, what="the exchange that sends the first cancellation")
         assert "second" in taken[0].cancelled, "the scenario did not arise"
         _enqueue(redis_server.url, service, "next", 5)
-        wait_for(lambda: _done(queue, "next"), 60, what="the next request")
+        wait_for(lambda: _done(queue, "next"), what="the next request")
         assert not _kept_about(worker, "second"), "a dropped request left state behind"
         assert "second" not in worker.scheduler.requests
     assert _done(queue, "first").finish_reason == "cancelled"
@@ -690,8 +690,8 @@ def test_drain_lets_work_in_flight_finish_here_within_its_timeout(redis_server, 
         _wait_for_block(queue, "r-finish")
         worker.drain()  # its drain timeout: 60 s
         _enqueue(redis_server.url, service, "r-later", 5)
-        done = wait_for(lambda: _done(queue, "r-finish"), 60, what="the request in flight")
-        wait_for(lambda: worker.stopped, 30, what="the drained worker to stop")
+        done = wait_for(lambda: _done(queue, "r-finish"), what="the request in flight")
+        wait_for(lambda: worker.stopped, what="the drained worker to stop")
     assert (len(done.token_ids), done.finish_reason, done.worker) == (64 * 8, "length", worker.worker_id)
     assert _done(queue, "r-later") is None and queue.depth() == (1, 0)  # left for another worker
 
@@ -806,11 +806,11 @@ def test_dllm_worker_is_alive_while_its_model_loads(served_model, redis_server, 
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: _status(f"{base}/healthz") == 200, 60, what="/healthz while the model loads")
+        wait_for(lambda: _status(f"{base}/healthz") == 200, what="/healthz while the model loads")
         assert _status(f"{base}/startupz") == 503 and _status(f"{base}/readyz") == 503
         gate.touch()
-        wait_for(lambda: _status(f"{base}/startupz") == 200, 60, what="/startupz once loaded")
-        wait_for(lambda: _status(f"{base}/readyz") == 200, 30, what="/readyz once loaded")
+        wait_for(lambda: _status(f"{base}/startupz") == 200, what="/startupz once loaded")
+        wait_for(lambda: _status(f"{base}/readyz") == 200, what="/readyz once loaded")
     finally:
         worker.send_signal(signal.SIGTERM)
         _, stderr = worker.communicate(timeout=60)
@@ -831,16 +831,16 @@ def test_a_worker_is_unready_while_redis_is_down_and_serves_again_once_it_is_bac
     enqueued after Redis came back on the same port (the worker's client reconnects by itself)."""
     with make_worker(redis_server.url, service) as worker:
         queue = _enqueue(redis_server.url, service, "before", 5)
-        wait_for(lambda: _done(queue, "before"), 60, what="the first request to finish")
+        wait_for(lambda: _done(queue, "before"), what="the first request to finish")
         assert worker.ready()
         redis_server.kill()
-        wait_for(lambda: not worker.ready(), 10, what="the worker to report not ready")
-        wait_for(lambda: not worker.connected, 10, what="the worker's loop to notice the fault")
+        wait_for(lambda: not worker.ready(), what="the worker to report not ready")
+        wait_for(lambda: not worker.connected, what="the worker's loop to notice the fault")
         assert not worker.stopped
         with RedisServer(port=redis_server.port):
             queue = _enqueue(redis_server.url, service, "after", 5)
-            wait_for(lambda: _done(queue, "after"), 60, what="the request sent after the restart")
-            wait_for(worker.ready, 10, what="the worker to report ready again")
+            wait_for(lambda: _done(queue, "after"), what="the request sent after the restart")
+            wait_for(worker.ready, what="the worker to report ready again")
             assert _done(queue, "after").finish_reason in ("stop", "length")
 
 
@@ -862,5 +862,5 @@ def test_a_pause_in_arrivals_ends_the_batch_window(redis_server, service, make_w
         queue = _enqueue(redis_server.url, service, "first", 5, max_tokens=64)
         time.sleep(0.5)
         _enqueue(redis_server.url, service, "second", 5)
-        wait_for(lambda: _done(queue, "first") and _done(queue, "second"), 60, what="both requests")
+        wait_for(lambda: _done(queue, "first") and _done(queue, "second"), what="both requests")
         assert worker.engine.records[0].admitted == 1

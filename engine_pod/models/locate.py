@@ -1,0 +1,55 @@
+"""Where a model's files are: a local directory, a model shipped in the package, or a Hugging Face repo
+(downloaded once into the hub's cache). Torch-free: ``dllm serve`` finds the tokenizer without loading
+torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ModelLoadError(ValueError):
+    """The model could not be found or loaded; the message says why in one line."""
+
+
+def builtin_model_dir(name: str) -> Path:
+    """A model shipped inside the package (same name in every image, whatever its site-packages path)."""
+    from engine_pod.defaults import ASSETS_DIR
+
+    path = ASSETS_DIR / name
+    if not (path / "config.json").is_file():
+        shipped = sorted(p.name for p in ASSETS_DIR.iterdir() if (p / "config.json").is_file())
+        raise ModelLoadError(f"no built-in model {name!r}; shipped: {shipped}")
+    return path
+
+
+def _looks_like_repo_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
+
+
+def _download(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as exc:  # the hub raises many kinds of errors; all mean "not available here"
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ModelLoadError(
+            f"cannot fetch {repo_id!r} from the Hugging Face Hub ({reason}); "
+            "pass a local checkpoint directory instead"
+        ) from exc
+
+
+def resolve_model_dir(spec: str) -> Path:
+    """A local checkpoint directory for ``spec``: a path, ``builtin:NAME``, or a Hugging Face repo id."""
+    if spec.startswith("builtin:"):
+        spec = str(builtin_model_dir(spec.split(":", 1)[1]))
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ModelLoadError(f"model path {spec!r} is not a directory")
+        return path
+    if _looks_like_repo_id(spec):
+        return _download(spec)
+    raise ModelLoadError(f"model path {spec!r} does not exist")

@@ -1,0 +1,44 @@
+"""Model loading reads a checkpoint's EOS ids without transformers, as transformers' tokenizer gives them,
+and loads the tokenizer only when something uses it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from engine_pod.models.loader import (
+    _END_TOKENS,
+    LazyTokenizer,
+    _end_token_ids,
+    _load_tokenizer,
+    load_model,
+)
+from engine_pod.models.locate import builtin_model_dir
+
+
+def _by_transformers(model_dir) -> list[int]:
+    tokenizer = _load_tokenizer(model_dir)
+    vocab = tokenizer.get_vocab()
+    return [tokenizer.eos_token_id, *(vocab[token] for token in _END_TOKENS if token in vocab)]
+
+
+@pytest.mark.parametrize(
+    "eos", [None, "<|user|>", {"__type": "AddedToken", "content": "<|assistant|>", "special": True}]
+)
+def test_end_token_ids_are_the_ones_transformers_reads(tmp_path, eos):
+    model_dir = tmp_path / "model"
+    shutil.copytree(builtin_model_dir("tiny-llada"), model_dir)
+    if eos is not None:
+        config_path = model_dir / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) | {"eos_token": eos}
+        config_path.write_text(json.dumps(config))
+    assert _end_token_ids(model_dir) == _by_transformers(model_dir)
+
+
+def test_the_tokenizer_loads_on_first_use():
+    loaded = load_model("builtin:tiny-llada")
+    assert isinstance(loaded.tokenizer, LazyTokenizer) and loaded.tokenizer._tokenizer is None
+    assert loaded.tokenizer.decode(loaded.tokenizer("count to 3 .")["input_ids"]) == "count to 3 ."
+    assert loaded.tokenizer._tokenizer is not None
