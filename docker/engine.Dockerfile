@@ -16,7 +16,7 @@ COPY pyproject.toml README.md ./
 COPY engine_pod ./engine_pod
 COPY gateway ./gateway
 COPY operator ./operator
-RUN pip install --no-cache-dir . && rm -rf /src
+RUN pip install --no-cache-dir ".[serve]" && rm -rf /src
 
 RUN useradd --uid 10001 --create-home dllm && mkdir -p /cache && chown dllm /cache
 USER 10001

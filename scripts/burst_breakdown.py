@@ -7,7 +7,7 @@ process's main thread) on a shipped workload, ``--runs`` times in this process, 
 time from the client's first send to the last enqueue (Redis's clock, the requests' ``enqueued`` field),
 from the last enqueue to the first block cycle (the batch window's pause and the claim), the cycles'
 span, and from the last cycle to the last answer the client received (a negative second figure: the
-first cycle started before the whole burst was in). README's table of where a burst's time goes outside
+first cycle started before the whole burst was in). the table of where a burst's time goes outside
 the block cycles was measured this way.
 """
 

@@ -3,7 +3,7 @@
     python scripts/cycle_profile.py [--layout packed|dense] [--rows 59] [--width 138] [--mixed]
 
 Prints the cycle's wall time, positions computed and the share of CPU time per operator group. Runs on
-older checkouts too (without a layout parameter the runner is dense), which is how README's "before"
+older checkouts too (without a layout parameter the runner is dense), which is how docs/benchmarks.md's "before"
 column was measured.
 """
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the fault-injection tests (real redis-server, `python -m gateway`, two `dllm worker` processes,
-# 200 requests per case) and print their counts as the README's table. About a minute on 2 cores.
+# 200 requests per case) and print their counts as the table in docs/benchmarks.md. About a minute on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 report=$(mktemp)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU run, sized for a short lease (estimated 3-5 minutes on one H200; see README "GPU").
+# The prepared GPU run, sized for a short lease (estimated 3-5 minutes on one H200; see docs/benchmarks.md, "GPU").
 #
 # Needs only torch, safetensors, tokenizers/transformers, numpy, tqdm and matplotlib: the project is
 # not installed, it runs from the working tree (PYTHONPATH=.). Steps, each writing its result as soon

@@ -1,6 +1,6 @@
-"""Markdown tables from the JSON reports in docs/results (what README.md's benchmark section shows).
+"""Markdown tables from the JSON reports in docs/results (what docs/benchmarks.md quotes).
 
-Usage: python scripts/results_tables.py [docs/results] > docs/benchmarks.md
+Usage: python scripts/results_tables.py [docs/results] > docs/results/tables.md
 """
 
 from __future__ import annotations
