@@ -19,8 +19,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), default="info", help="(default: info)"
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = args.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = GatewaySettings.from_env()
         app = build_app(settings)
@@ -31,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         app,
         host=args.host,
         port=args.port,
-        log_level="info",
+        log_level=args.log_level,
         access_log=settings.access_log,
         timeout_graceful_shutdown=max(int(settings.drain_timeout_s), 1),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from jinja2 import TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
@@ -13,6 +14,13 @@ from engine_pod.text import cut_at_eos
 
 class TokenizerError(ValueError):
     """The model directory has no usable tokenizer."""
+
+
+def _compiled(template: str, model_dir: str):
+    try:
+        return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(template)
+    except TemplateSyntaxError as exc:
+        raise TokenizerError(f"the chat template in {model_dir!r} does not parse: {exc}") from None
 
 
 def _token_text(value) -> str | None:
@@ -42,13 +50,7 @@ class GatewayTokenizer:
         # the most input bytes one token can stand for, at most: a vocabulary entry's length in UTF-8
         # (byte-level and byte-fallback entries spell each byte with one or more characters)
         self.max_token_bytes = max(len(t.encode()) for t in self.tokenizer.get_vocab(True)) or 1
-        self._template = (
-            ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
-                self.chat_template
-            )
-            if self.chat_template
-            else None
-        )
+        self._template = _compiled(self.chat_template, model_dir) if self.chat_template else None
 
     def _eos_ids(self, directory: Path) -> set[int]:
         ids = set()

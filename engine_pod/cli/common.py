@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from engine_pod.decoding.config import CACHE_MODES, CANVAS_MODES, REMASKING, DecodingConfig
-from engine_pod.defaults import DEFAULT_BLOCK_LENGTH, DEFAULT_MODEL, DEFAULT_THRESHOLD
+from engine_pod.defaults import ASSETS_DIR, DEFAULT_BLOCK_LENGTH, DEFAULT_MODEL, DEFAULT_THRESHOLD
+from engine_pod.models.presets import PRESETS
 
 
 class CliError(ValueError):
     """A bad command line: printed as one line, exit status 2."""
 
 
+def _shipped() -> list[str]:
+    return sorted(p.name for p in ASSETS_DIR.iterdir() if (p / "config.json").is_file())
+
+
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
+    builtin = ", ".join(f"builtin:{name}" for name in _shipped())
+    randoms = ", ".join(f"random:{name}" for name in PRESETS)
     group.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help="checkpoint directory, Hugging Face repo id, or random:PRESET (llada-8b, dream-7b, llada-tiny); "
-        "default: the small model shipped with the package",
+        help="a checkpoint directory, a Hugging Face repo id (GSAI-ML/LLaDA-8B-Instruct, "
+        f"Dream-org/Dream-v0-Instruct-7B, ...), a model shipped with the package ({builtin}), or random "
+        f"weights of a real shape ({randoms}); default: builtin:{Path(DEFAULT_MODEL).name}",
     )
     group.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     group.add_argument(

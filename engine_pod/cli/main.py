@@ -17,13 +17,30 @@ from engine_pod.cli import bench, eval, generate, profile, serve, train, worker
 _COMMANDS = [generate, serve, bench, eval, profile, train, worker]
 
 
+class _DefaultsShown(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it says it already (or has none)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        unset = action.default in (None, False, argparse.SUPPRESS) or not action.option_strings
+        return text if unset or "default" in text else f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsShown)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dllm",
-        description="Serve diffusion LLMs (LLaDA, Dream) with block-granularity continuous batching.",
+        description="Serve diffusion LLMs (LLaDA, Dream) with block-granularity continuous batching. "
+        "`dllm serve` runs the whole service on this machine; `dllm COMMAND --help` explains each command.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     for command in _COMMANDS:
         command.register(subparsers)
     return parser
@@ -34,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_cuda_allocator()  # before CUDA starts: the profiler and the engine must share one allocator
     tune_cpu_allocator()  # CPU peaks then follow the batch shape, as the profiled budget assumes
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )

@@ -73,6 +73,11 @@ def register(subparsers) -> None:
         "use $DLLM_API_KEYS or --api-keys-file",
     )
     parser.add_argument(
+        "--access-log",
+        action="store_true",
+        help="print a line per HTTP request (default: off, unless $DLLM_ACCESS_LOG is true)",
+    )
+    parser.add_argument(
         "--max-queued",
         type=int,
         help="queue depth that answers 429 (default: $DLLM_MAX_QUEUED, or 10000)",
@@ -105,10 +110,12 @@ def _gateway_settings(args: argparse.Namespace, model_dir: Path):
         "max_queued": args.max_queued,
         "max_tokens_limit": args.max_tokens_limit,
         "model_name": args.model_name,
+        "access_log": True if args.access_log else None,
     }
     values = env_values() | {name: value for name, value in flags.items() if value is not None}
     values.setdefault("model_name", model_dir.name)
     values.setdefault("drain_timeout_s", DRAIN_S)
+    values.setdefault("access_log", False)  # a line per request would bury the terminal's own lines
     limit = values.get("max_tokens_limit", GatewaySettings.max_tokens_limit)
     values.setdefault("default_max_tokens", min(GatewaySettings.default_max_tokens, limit))
     values |= {
@@ -165,10 +172,13 @@ def _worker_args(args: argparse.Namespace, redis_url: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from engine_pod.models.locate import resolve_model_dir
     from engine_pod.serve.gateway_process import GatewayProcess
-    from engine_pod.serve.redis_server import RedisServer, free_port
+    from engine_pod.serve.preflight import PreflightError
+    from engine_pod.serve.redis_server import free_port
+    from engine_pod.serve.stopping import Stopping
     from engine_pod.serve.supervisor import ChildCannotStart, Supervised, Supervisor, child_popen_options
     from engine_pod.serve.worker_process import WorkerProcess
 
+    _quiet_terminal()
     if args.model.startswith("random:"):
         raise CliError("dllm serve needs a model with a tokenizer; random models have none")
     model_dir = resolve_model_dir(args.model)
@@ -176,36 +186,67 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"{model_dir} has no tokenizer.json; the gateway needs one")
     queue_settings(args)
     gateway_settings = _gateway_settings(args, model_dir)
+    try:
+        redis, redis_url, where = _redis(args)
+    except PreflightError as exc:
+        raise CliError(str(exc)) from None
     options = child_popen_options()
-    children = []
-    redis_url = args.redis_url
-    if not redis_url:
-        data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir(args.service)
-        data_dir.mkdir(parents=True, exist_ok=True)
-        redis = RedisServer(data_dir=str(data_dir), appendonly=True, popen_options=options)
-        children.append(Supervised("redis-server", redis))
-        redis_url = redis.url
-        logger.info("Redis data (append-only file) in %s", data_dir)
+    children = [Supervised("redis-server", redis)] if redis is not None else []
     probe_port = args.metrics_port or free_port()
-    worker = WorkerProcess(_worker_args(args, redis_url), probe_port, options, stop_s=args.drain_timeout + 10)
+    worker = WorkerProcess(
+        _worker_args(args, redis_url),
+        probe_port,
+        options,
+        stop_s=args.drain_timeout + 10,
+        model=f"{gateway_settings.served_model} on {args.device}, {args.dtype}",
+    )
     gateway_env = replace(gateway_settings, redis_url=redis_url).to_env()
     stop_s = gateway_settings.drain_timeout_s + 5
-    gateway = GatewayProcess(args.host, args.port, gateway_env, options, stop_s=stop_s)
-    children += [Supervised("worker", worker), Supervised("gateway", gateway)]
+    log_level = "info" if gateway_settings.access_log else "warning"  # the access log is uvicorn's info
+    gateway = GatewayProcess(args.host, args.port, gateway_env, options, stop_s=stop_s, log_level=log_level)
+    children += [Supervised("worker", worker, drains=True), Supervised("gateway", gateway, drains=True)]
     supervisor = Supervisor(children)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: supervisor.stop())
+    stopping = Stopping(supervisor, redis_url, args.service, where)
+    stopping.install()
     signal.signal(signal.SIGHUP, lambda *_: gateway.signal(signal.SIGHUP))  # the gateway re-reads its keys
     try:
         supervisor.start_all()
     except ChildCannotStart as exc:
         raise CliError(str(exc)) from None
-    name = gateway_settings.served_model
-    sys.stdout.write(f"dllm serve: OpenAI-compatible API at {gateway.url}/v1 (model {name}); Ctrl-C stops\n")
-    sys.stdout.flush()
+    if not supervisor.stopping.is_set():
+        name = gateway_settings.served_model
+        sys.stdout.write(
+            f"dllm serve: OpenAI-compatible API at {gateway.url}/v1 (model {name}); Ctrl-C stops\n"
+        )
+        sys.stdout.flush()
     try:
         supervisor.watch()
     finally:
-        supervisor.stop_all()
-    logger.info("dllm serve stopped")
-    return 0
+        supervisor.stop_all(stopping.waiting)
+    return stopping.farewell()
+
+
+def _redis(args: argparse.Namespace):
+    """The private Redis to start (None when ``--redis-url`` names one), its URL, and where accepted work
+    is kept. Every port and the data directory are checked here, before anything starts."""
+    from engine_pod.serve.preflight import check_data_dir, check_port_free
+    from engine_pod.serve.redis_server import RedisServer
+    from engine_pod.serve.supervisor import child_popen_options
+
+    check_port_free(args.host, args.port, "the gateway", "--port")
+    if args.metrics_port:
+        check_port_free("127.0.0.1", args.metrics_port, "the worker's probe server", "--metrics-port")
+    if args.redis_url:
+        return None, args.redis_url, args.redis_url
+    data_dir = check_data_dir(
+        Path(args.data_dir).expanduser() if args.data_dir else default_data_dir(args.service)
+    )
+    redis = RedisServer(data_dir=str(data_dir), appendonly=True, popen_options=child_popen_options())
+    return redis, redis.url, str(data_dir)
+
+
+def _quiet_terminal() -> None:
+    """One line per stage: times and messages, not every health poll of the children."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))

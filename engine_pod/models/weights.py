@@ -12,8 +12,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tqdm import tqdm
 
 from engine_pod.models.config import ModelConfig
+from engine_pod.progress import tqdm_disable
 
 _LLADA_LAYER = {
     "attn_norm.weight": "attn_norm.weight",
@@ -99,7 +101,14 @@ def load_state_dict(config: ModelConfig, model_dir: Path) -> dict[str, torch.Ten
     """Our state dict from the checkpoint, checking that every parameter is present exactly once."""
     mapping = name_map(config)
     state: dict[str, torch.Tensor] = {}
-    for key, tensor in iter_checkpoint(model_dir):
+    tensors = tqdm(  # a bar on a terminal only (an 8B checkpoint takes a while to read)
+        iter_checkpoint(model_dir),
+        total=len(mapping),
+        desc="loading weights",
+        unit="tensor",
+        disable=tqdm_disable(),
+    )
+    for key, tensor in tensors:
         if key not in mapping:
             if key.endswith("rotary_emb.inv_freq"):
                 continue

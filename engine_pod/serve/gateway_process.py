@@ -9,6 +9,7 @@ from engine_pod.serve.child_process import ProbedProcess
 
 class GatewayProcess(ProbedProcess):
     name = "gateway"
+    starting = "starting the gateway"
 
     def __init__(
         self,
@@ -17,9 +18,11 @@ class GatewayProcess(ProbedProcess):
         env: dict[str, str],
         popen_options: dict | None = None,
         stop_s: float = 10.0,
+        log_level: str = "warning",
     ) -> None:
         self.host, self.port = host, port
         argv = [sys.executable, "-m", "gateway", "--host", host, "--port", str(port)]
+        argv += ["--log-level", log_level]
         super().__init__(argv, f"{self.url}/healthz", env, popen_options, stop_s)
 
     @property

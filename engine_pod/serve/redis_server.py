@@ -79,6 +79,12 @@ class RedisServer:
         self.process: subprocess.Popen | None = None
 
     @property
+    def starting(self) -> str:
+        """What ``start()`` does, as a line of progress says it."""
+        kept = f"append-only file in {self.data_dir}" if self.appendonly else "in memory"
+        return f"starting Redis ({kept})"
+
+    @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 

@@ -56,6 +56,7 @@ def child_popen_options() -> dict:
 class Supervised:
     name: str
     child: Child
+    drains: bool = False  # its stop() takes a ``waiting(seconds left)`` callback (it drains for a while)
     backoff: Backoff = field(default_factory=lambda: Backoff(initial_s=0.5, max_s=10.0))
     started_at: float = 0.0
     restart_at: float | None = None  # when a dead child is due to start again
@@ -73,16 +74,21 @@ class Supervisor:
         self.children = children
         self.poll_s = poll_s
         self.stopping = threading.Event()
+        self.forced = False  # stopped at once (kill_now), not drained
 
     def start_all(self) -> None:
+        """Start the children in order, a line each; a stop asked for meanwhile starts no more."""
         for item in self.children:
+            if self.stopping.is_set():
+                return
+            logger.info("%s ...", getattr(item.child, "starting", f"starting the {item.name}"))
             try:
                 item.child.start()
             except RuntimeError as exc:
                 self.stop_all()
                 raise ChildCannotStart(f"the {item.name} could not start: {exc}") from None
             item.started_at = time.monotonic()
-            logger.info("started the %s (pid %s)", item.name, item.pid)
+            logger.info("the %s is ready (pid %s)", item.name, item.pid)
 
     def watch(self) -> None:
         """Restart dead children until ``stop()`` (a signal handler) is called."""
@@ -119,9 +125,22 @@ class Supervisor:
     def stop(self) -> None:
         self.stopping.set()
 
-    def stop_all(self) -> None:
-        """Stop every child, last started first (the gateway drains before the queue goes)."""
+    def stop_all(self, waiting=None) -> None:
+        """Stop every child, last started first (the gateway drains before the queue goes);
+        ``waiting(name, seconds left)`` is called while a draining child finishes its work."""
         for item in reversed(self.children):
             if item.alive():
                 logger.info("stopping the %s (pid %s)", item.name, item.pid)
-            item.child.stop()
+            if item.drains and waiting is not None:
+                item.child.stop(lambda left, name=item.name: waiting(name, left))
+            else:
+                item.child.stop()
+
+    def kill_now(self, spare: tuple[str, ...] = ("redis-server",)) -> None:
+        """Stop at once: SIGKILL every child but those in ``spare`` (Redis then stops as usual and keeps
+        everything accepted in its append-only file)."""
+        self.forced = True
+        self.stopping.set()
+        for item in self.children:
+            if item.name not in spare and item.alive():
+                item.child.process.kill()

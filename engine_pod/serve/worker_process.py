@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from engine_pod.progress import PROGRESS_ENV
 from engine_pod.serve.child_process import ProbedProcess
 
 
@@ -12,8 +13,17 @@ class WorkerProcess(ProbedProcess):
     start_timeout_s = 600.0  # /startupz answers once the model is loaded (an 8B download takes a while)
 
     def __init__(
-        self, worker_args: list[str], probe_port: int, popen_options: dict | None = None, stop_s: float = 70.0
+        self,
+        worker_args: list[str],
+        probe_port: int,
+        popen_options: dict | None = None,
+        stop_s: float = 70.0,
+        model: str = "",
     ) -> None:
-        argv = [sys.executable, "-m", "engine_pod.cli.main", "worker", *worker_args]
+        self.starting = f"loading the model in the worker ({model})" if model else "starting the worker"
+        argv = [sys.executable, "-m", "engine_pod.cli.main", "--quiet", "worker", *worker_args]
         argv += ["--host", "127.0.0.1", "--port", str(probe_port)]
-        super().__init__(argv, f"http://127.0.0.1:{probe_port}/startupz", None, popen_options, stop_s)
+        env = (
+            {PROGRESS_ENV: "1"} if sys.stderr.isatty() else {}
+        )  # its stderr reaches the terminal through ours
+        super().__init__(argv, f"http://127.0.0.1:{probe_port}/startupz", env, popen_options, stop_s)

@@ -18,7 +18,11 @@ def test_the_access_log_follows_its_setting(served_model, tmp_path, setting, log
     log = tmp_path / "gateway.log"
     with log.open("w") as sink:
         gateway = GatewayProcess(
-            "127.0.0.1", free_port(), env, popen_options={"stdout": sink, "stderr": subprocess.STDOUT}
+            "127.0.0.1",
+            free_port(),
+            env,
+            popen_options={"stdout": sink, "stderr": subprocess.STDOUT},
+            log_level="info",
         )
         gateway.start()  # returns once /healthz answered 200: that request is in the log, or not
         gateway.stop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,10 +18,13 @@ from pathlib import Path
 
 import openai
 import pytest
+import redis
 
+from engine_pod.queue.keys import ServiceKeys
+from engine_pod.serve.redis_server import free_port
 from tests.serving.outage_harness import Tally, results_published_twice, start_load
 from tests.serving.serve_process import Serve, openai_client, running
-from tests.serving_utils import wait_for, write_served_model
+from tests.serving_utils import WAIT_S, wait_for, write_served_model
 
 RECOVERY_BOUND_S = 20.0  # DESIGN: back within 10 s; measured 0.3-5 s here, bound left loose for CI
 
@@ -88,36 +92,94 @@ def test_kill_9_of_dllm_serve_leaves_no_orphan(serve):
     )
 
 
-def test_a_child_that_cannot_start_ends_serve_with_one_line_and_status_2(tmp_path):
-    with subprocess.Popen(
-        [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+def _serve_once(*args: str) -> tuple[subprocess.CompletedProcess, float]:
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "engine_pod.cli.main", "serve", *args],
+        capture_output=True,
         text=True,
-    ) as holder:
-        port = int(holder.stdout.readline().split(" port ")[1].split()[0])
-        server = Serve(tmp_path)
-        server.process.kill()
-        server.process.wait()
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "engine_pod.cli.main",
-                "serve",
-                "--port",
-                str(port),
-                "--data-dir",
-                str(tmp_path / "data"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
+        timeout=300,
+    )
+    return done, time.monotonic() - began
+
+
+def test_a_taken_port_ends_serve_before_anything_starts_with_the_cause_in_its_last_line(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done, took_s = _serve_once("--port", str(port), "--data-dir", str(tmp_path / "data"))
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert (
+        last
+        == f"dllm serve: error: port {port} is in use: the gateway cannot listen on it; choose another with --port"
+    )
+    assert "starting Redis" not in done.stderr and "loading the model" not in done.stderr  # checked first
+    print(f"a taken port: refused after {took_s:.2f} s")
+
+
+def test_a_child_that_cannot_start_ends_serve_with_its_own_cause_and_status_2(tmp_path):
+    """The gateway cannot start (the model's chat template does not parse): its own one-line cause ends
+    dllm serve, and nothing is left running."""
+    model = write_served_model(tmp_path / "broken-template")
+    (model / "chat_template.jinja").write_text("{% if %}")
+    done, _ = _serve_once(
+        "--model", str(model), "--port", str(free_port()), "--data-dir", str(tmp_path / "d")
+    )
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "dllm serve: error: the gateway could not start: gateway: error: the chat template"
+    ), last
+
+
+def test_ctrl_c_twice_stops_at_once_and_the_accepted_work_is_served_at_the_next_start(tmp_path):
+    lines = 300
+    body = {
+        "model": "tiny-llada",
+        "messages": [{"role": "user", "content": "count to 60 ."}],
+        "max_tokens": 64,
+    }
+    rows = [
+        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        for i in range(lines)
+    ]
+    content = "".join(json.dumps(row) + "\n" for row in rows).encode()
+    server = Serve(tmp_path, "--lease-ms", "2000")
+    try:
+        server.wait_ready()
+        client = openai_client(server)
+        source = client.files.create(file=("c.jsonl", content), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
-        holder.terminate()
-    assert result.returncode == 2
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("dllm serve: error: the gateway could not start"), last
+        queue = redis.Redis(port=server.redis_port())
+        members = ServiceKeys("default").batch_members(batch.id)
+        wait_for(lambda: queue.llen(members) == lines, what="every line queued")
+        wait_for(
+            lambda: client.batches.retrieve(batch.id).request_counts.completed > 0, what="work under way"
+        )
+        server.process.send_signal(signal.SIGINT)
+        wait_for(lambda: "stopping the worker" in server.log.read_text(), what="the worker draining")
+        interrupted = time.monotonic()
+        server.process.send_signal(signal.SIGINT)
+        assert server.process.wait(timeout=WAIT_S) == 130
+        took_s = time.monotonic() - interrupted
+        last = server.log.read_text().strip().splitlines()[-1]
+        assert "stopped at once:" in last and "accepted requests stay in Redis" in last, last
+        assert str(tmp_path / "data") in last
+    finally:
+        server.stop()
+    print(f"Ctrl-C twice: stopped {took_s:.2f} s after the second")
+    (again_dir := tmp_path / "again").mkdir()
+    with running(again_dir, "--lease-ms", "2000", "--data-dir", str(tmp_path / "data")) as again:
+        client = openai_client(again)
+        done = wait_for(
+            lambda: (b := client.batches.retrieve(batch.id)).status == "completed" and b,
+            what="the batch to end",
+        )
+    assert (done.request_counts.completed, done.request_counts.failed) == (lines, 0)
 
 
 def _freeze(pid: int, seconds: float) -> None:

@@ -1,0 +1,39 @@
+"""What ``dllm serve`` checks before it starts anything: the causes a child would otherwise die of after
+the model has loaded, each said in one line."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from pathlib import Path
+
+
+class PreflightError(ValueError):
+    """A port or a directory ``dllm serve`` cannot use; the message says which and why."""
+
+
+def check_port_free(host: str, port: int, what: str, flag: str) -> None:
+    """Bind ``host:port`` once (as the server will) and let it go."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PreflightError(
+                    f"port {port} is in use: {what} cannot listen on it; choose another with {flag}"
+                ) from None
+            raise PreflightError(f"{what} cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def check_data_dir(path: Path) -> Path:
+    """Create the data directory if need be; it must be writable (Redis keeps its append-only file there)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PreflightError(f"cannot create the data directory {path}: {exc.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PreflightError(f"the data directory {path} is not writable; choose another with --data-dir")
+    return path
