@@ -1,25 +1,28 @@
-# Engine image: `dllm worker` (the engine pods) and `dllm profile` (the profiling Job), on CUDA.
-# Build: docker build -f docker/engine.Dockerfile -t ghcr.io/dllm-dev/dllm-engine:0.1.0 .
-FROM nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
+# Engine image: `dllm worker` (the engine pods) and `dllm profile` (the profiling Job), on NVIDIA GPUs.
+# The tested set: torch at the version constraints.txt pins (its CUDA build; the CUDA libraries come
+# with the wheels, the driver from the node), everything else with -c constraints.txt.
+# Build: scripts/build-images.sh (or docker build -f docker/engine.Dockerfile .)
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-ENV DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
-    HF_HOME=/cache/huggingface XDG_CACHE_HOME=/cache
-RUN apt-get update && apt-get install -y --no-install-recommends python3.11 python3.11-venv python3-pip \
-    && rm -rf /var/lib/apt/lists/* \
-    && python3.11 -m venv /opt/venv
+FROM ${PYTHON_IMAGE} AS build
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-
-# torch with CUDA 12.4 first, then the project (its torch requirement is then already met)
-RUN pip install --no-cache-dir torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124
+RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY constraints.txt pyproject.toml README.md ./
 COPY engine_pod ./engine_pod
 COPY gateway ./gateway
 COPY operator ./operator
-RUN pip install --no-cache-dir ".[serve]" && rm -rf /src
+RUN pip install -c constraints.txt ".[serve]"
 
+FROM ${PYTHON_IMAGE}
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PATH=/opt/venv/bin:$PATH \
+    HF_HOME=/cache/huggingface XDG_CACHE_HOME=/cache
+COPY --from=build /opt/venv /opt/venv
 RUN useradd --uid 10001 --create-home dllm && mkdir -p /cache && chown dllm /cache
 USER 10001
 WORKDIR /home/dllm
-ENTRYPOINT []
 CMD ["dllm", "--help"]

@@ -1,18 +1,25 @@
-# Gateway image: FastAPI + Redis client + tokenizers; no torch (checked by the test suite).
-# Build: docker build -f docker/gateway.Dockerfile -t ghcr.io/dllm-dev/dllm-gateway:0.1.0 .
-FROM python:3.11-slim
+# Gateway image: `python -m gateway` (FastAPI, the Redis client, tokenizers); no torch.
+# Build: scripts/build-images.sh (or docker build -f docker/gateway.Dockerfile .)
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HF_HOME=/cache/huggingface XDG_CACHE_HOME=/cache
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-COPY docker/gateway-requirements.txt ./
-RUN pip install --no-cache-dir -r gateway-requirements.txt
+COPY constraints.txt docker/gateway-requirements.txt ./
+RUN pip install -c constraints.txt -r gateway-requirements.txt
 COPY pyproject.toml README.md ./
 COPY engine_pod ./engine_pod
 COPY gateway ./gateway
 COPY operator ./operator
-# --no-deps: the distribution's torch requirement is for the engine, not the gateway
-RUN pip install --no-cache-dir --no-deps . && rm -rf /src
+# --no-deps: the project's own requirements are the engine's (torch); the gateway's are installed above
+RUN pip install --no-deps .
 
+FROM ${PYTHON_IMAGE}
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PATH=/opt/venv/bin:$PATH \
+    HF_HOME=/cache/huggingface XDG_CACHE_HOME=/cache
+COPY --from=build /opt/venv /opt/venv
 RUN useradd --uid 10001 --create-home dllm && mkdir -p /cache && chown dllm /cache
 USER 10001
 WORKDIR /home/dllm

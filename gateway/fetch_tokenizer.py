@@ -28,10 +28,13 @@ def fetch(source: str, dest: str) -> Path:
         for name in PATTERNS:
             if (local / name).is_file():
                 shutil.copy2(local / name, target / name)
-    else:
-        from huggingface_hub import snapshot_download
+    else:  # a Hub repo (REPO@REVISION pins one), through the shared cache when it is mounted
+        from engine_pod.models.locate import download, split_revision
 
-        snapshot_download(source, allow_patterns=PATTERNS, local_dir=str(target))
+        snapshot = download(*split_revision(source), patterns=PATTERNS)
+        for name in PATTERNS:
+            if (snapshot / name).is_file():
+                shutil.copy2(snapshot / name, target / name)
     if not (target / "tokenizer.json").is_file():
         raise FileNotFoundError(f"no tokenizer.json found for {source!r}")
     return target

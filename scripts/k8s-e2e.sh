@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
 # End to end on a real cluster: build the three images, install the chart, deploy the shipped model on
-# CPU, wait for Ready, and ask it for a completion. Needs docker, kind (or k3d), kubectl and helm.
-#   scripts/k8s-e2e.sh            # creates a kind cluster named dllm
-#   CLUSTER=existing scripts/k8s-e2e.sh   # uses the current kubectl context instead
+# CPU, wait for Ready, and ask it for a completion. Needs docker (or podman), kind, kubectl and helm.
+#   scripts/k8s-e2e.sh                    # creates a kind cluster named dllm, loads the images into it
+#   CLUSTER=existing REGISTRY=registry.example.com/dllm scripts/k8s-e2e.sh
+#                                         # the current kubectl context; images pushed to REGISTRY
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TAG=${TAG:-0.1.0}
+REGISTRY=${REGISTRY:-ghcr.io/dllm-dev}
 HELM=${HELM:-helm}
+CPU_TORCH=https://download.pytorch.org/whl/cpu  # the CPU build of the pinned torch: no GPU on kind
 
 if [ -z "${CLUSTER:-}" ]; then
   kind get clusters | grep -qx dllm || kind create cluster --name dllm
+  bash scripts/build-images.sh --registry "$REGISTRY" --tag "$TAG" --torch-index "$CPU_TORCH"
+  for component in operator engine gateway; do
+    kind load docker-image --name dllm "$REGISTRY/dllm-$component:$TAG"
+  done
+else
+  bash scripts/build-images.sh --registry "$REGISTRY" --tag "$TAG" --torch-index "$CPU_TORCH" --push
 fi
-for component in engine gateway operator; do
-  docker build -f "docker/$component.Dockerfile" -t "ghcr.io/dllm-dev/dllm-$component:$TAG" .
-  [ -z "${CLUSTER:-}" ] && kind load docker-image --name dllm "ghcr.io/dllm-dev/dllm-$component:$TAG"
-done
 
 "$HELM" upgrade --install dllm charts/dllm-operator --namespace dllm-system --create-namespace \
-  --set image.tag="$TAG" --set image.pullPolicy=IfNotPresent \
-  --set engineImage="ghcr.io/dllm-dev/dllm-engine:$TAG" --set gatewayImage="ghcr.io/dllm-dev/dllm-gateway:$TAG" \
-  --wait
+  --set image.registry="$REGISTRY" --set-string image.tag="$TAG" --wait
 kubectl apply -f crds/example-cpu-dllmservice.yaml
 kubectl wait dllmservice/tiny --for=condition=Profiled --timeout=15m
 kubectl wait dllmservice/tiny --for=condition=Ready --timeout=15m
@@ -28,7 +31,7 @@ kubectl get dllmservice tiny
 kubectl port-forward svc/tiny 8000:80 >/dev/null 2>&1 &
 forward=$!
 trap 'kill $forward' EXIT
-sleep 3
+for _ in $(seq 60); do curl -sf http://127.0.0.1:8000/healthz >/dev/null && break; sleep 1; done
 curl -sf http://127.0.0.1:8000/v1/chat/completions -H 'content-type: application/json' \
   -d '{"model": "tiny-llada", "messages": [{"role": "user", "content": "count to 9 ."}]}'
 echo

@@ -22,27 +22,47 @@ def builtin_model_dir(name: str) -> Path:
     return path
 
 
+def split_revision(spec: str) -> tuple[str, str | None]:
+    """``REPO@REVISION`` -> (REPO, REVISION); anything else -> (spec, None)."""
+    repo, at, revision = spec.partition("@")
+    return (repo, revision) if at and _looks_like_repo_id(repo) and revision else (spec, None)
+
+
 def _looks_like_repo_id(spec: str) -> bool:
     parts = spec.split("/")
     return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
 
 
-def _download(repo_id: str) -> Path:
-    try:
-        from huggingface_hub import snapshot_download
+CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
 
-        patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
-        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+
+def download(repo_id: str, revision: str | None = None, patterns: list[str] | None = None) -> Path:
+    """The snapshot of ``repo_id`` at ``revision`` in the Hugging Face cache ($HF_HOME): taken from the
+    cache without asking the Hub when it is there (a pod starting on a warm cache downloads nothing),
+    downloaded once otherwise."""
+    from huggingface_hub import snapshot_download
+
+    patterns = patterns or CHECKPOINT_FILES
+    try:
+        return Path(
+            snapshot_download(repo_id, revision=revision, allow_patterns=patterns, local_files_only=True)
+        )
+    except Exception:  # noqa: BLE001 (not cached, or cached only in part: download)
+        pass
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
     except Exception as exc:  # the hub raises many kinds of errors; all mean "not available here"
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        at = f" at revision {revision!r}" if revision else ""
         raise ModelLoadError(
-            f"cannot fetch {repo_id!r} from the Hugging Face Hub ({reason}); "
+            f"cannot fetch {repo_id!r}{at} from the Hugging Face Hub ({reason}); "
             "pass a local checkpoint directory instead"
         ) from exc
 
 
 def resolve_model_dir(spec: str) -> Path:
-    """A local checkpoint directory for ``spec``: a path, ``builtin:NAME``, or a Hugging Face repo id."""
+    """A local checkpoint directory for ``spec``: a path, ``builtin:NAME``, or a Hugging Face repo id
+    (``REPO@REVISION`` pins a revision)."""
     if spec.startswith("builtin:"):
         spec = str(builtin_model_dir(spec.split(":", 1)[1]))
     path = Path(spec).expanduser()
@@ -50,6 +70,7 @@ def resolve_model_dir(spec: str) -> Path:
         if not path.is_dir():
             raise ModelLoadError(f"model path {spec!r} is not a directory")
         return path
-    if _looks_like_repo_id(spec):
-        return _download(spec)
+    repo, revision = split_revision(spec)
+    if _looks_like_repo_id(repo):
+        return download(repo, revision)
     raise ModelLoadError(f"model path {spec!r} does not exist")

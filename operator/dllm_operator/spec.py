@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dllm_operator import names
 from engine_pod.scheduler.config import DEFAULTS, SchedulerConfig, problems_of
+
+LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 
 
 class SpecError(ValueError):
@@ -26,6 +31,7 @@ class ServiceSpec:
     name: str
     namespace: str
     model_uri: str
+    revision: str | None = None  # the Hub revision the checkpoint is pinned to (part of the profile hash)
     family: str = "llada"
     dtype: str = "bfloat16"
     served_name: str = ""
@@ -96,7 +102,7 @@ class ServiceSpec:
             "utilization": self.utilization,
             "image": self.image or engine_image,
             "node_selector": self.node_selector,
-        }
+        } | ({"revision": self.revision} if self.revision else {})  # absent: the hashes of before
         return hashlib.sha256(json.dumps(memory_fields, sort_keys=True).encode()).hexdigest()[:10]
 
     def as_dict(self) -> dict[str, Any]:
@@ -121,6 +127,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         name=name,
         namespace=namespace,
         model_uri=model["uri"],
+        revision=model.get("revision"),
         family=model.get("family", "llada"),
         dtype=model.get("dtype", "bfloat16"),
         served_name=model.get("servedName", ""),
@@ -229,6 +236,11 @@ def _check(spec: ServiceSpec) -> None:
     ]
     problems += [
         (True, f"scheduling.{SCHEDULING_FIELDS[name]} {text}") for name, text in _scheduling_problems(spec)
+    ]
+    problems += [  # the CRD cannot afford this check (a regular expression over map keys is over its budget)
+        (True, f"resources.nodeSelector key {key!r} is not a label key (optional-prefix/name)")
+        for key in spec.node_selector
+        if not LABEL_KEY.match(key) or len(key) > 316
     ]
     for failed, message in problems:
         if failed:

@@ -13,6 +13,19 @@ import kmock
 import kubernetes
 
 CRD_VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
+TEST_AGENT = "dllm-tests"  # the User-Agent of the tests' own client: its calls are not the operator's
+# (API group, resource[/subresource], RBAC verb) of every call anything but the tests made: the operator's
+OPERATOR_CALLS: set[tuple[str, str, str]] = set()
+
+
+def rbac_verb(request) -> str:
+    """The verb RBAC checks for a request (kmock's UPDATE is a PATCH or a PUT)."""
+    action = request.action.value.lower()
+    if action == "fetch":
+        return "get"
+    if action == "update":
+        return "patch" if request.method == kmock.method.PATCH else "update"
+    return action
 
 
 class Emulator(kmock.KubernetesEmulator):
@@ -31,6 +44,10 @@ class Emulator(kmock.KubernetesEmulator):
         self.reject: Callable[[Any], str | None] | None = None
 
     async def _handle(self, request):
+        known = request.resource is not None and request.resource.plural and request.action is not None
+        if known and request.headers.get("User-Agent") != TEST_AGENT:  # discovery has no resource
+            resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+            OPERATOR_CALLS.add((request.resource.group or "", resource, rbac_verb(request)))
         if request.method == kmock.method.DELETE:
             self.deletes.append((request.url.path, request.data))
         if request.method == kmock.method.PATCH:
@@ -105,7 +122,9 @@ class EmulatedCluster:
     def client(self) -> Kube:
         configuration = kubernetes.client.Configuration(host=self.url)
         configuration.verify_ssl = False
-        return Kube(kubernetes.client.ApiClient(configuration))
+        api = kubernetes.client.ApiClient(configuration)
+        api.user_agent = TEST_AGENT
+        return Kube(api)
 
 
 class Kube:

@@ -106,7 +106,7 @@ INVALID = [
     ("resources.gpuResourceName", "gpu"),  # not domain-qualified: no such extended resource
     ("resources.gpuResourceName", "nvidia.com/"),
     ("resources.nodeSelector", {"gpu": "a100 80gb"}),  # a label value has no spaces
-    ("resources.nodeSelector", {"bad key": "x"}),
+    ("resources.nodeSelector", {"k" * 317: "x"}),  # the key's form is the operator's to check
     ("resources.nodeSelector", {"gpu": "x" * 64}),
     ("resources.gpus", 1_000_000),
     ("resources.gpus", 2),  # one worker per pod uses one GPU: more would sit idle

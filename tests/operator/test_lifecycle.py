@@ -24,7 +24,8 @@ from engine_pod.queue.messages import DoneEvent, QueuedRequest
 from engine_pod.queue.ops import QueueOps
 from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.serve.redis_server import RedisServer
-from tests.operator.cluster import EmulatedCluster, Kube
+from tests.charts.test_chart import CHART, helm
+from tests.operator.cluster import OPERATOR_CALLS, EmulatedCluster, Kube
 from tests.operator.crd_utils import EXAMPLE_PATH
 from tests.serving_utils import wait_for
 
@@ -173,7 +174,9 @@ def test_a_new_model_is_not_rolled_out_on_the_old_budget(cluster, operator):
     assert command[command.index("--model") + 1] == old_model  # still the model its budget was measured on
     complete_profiling(kube, budget=98304)
     until(
-        kube, lambda: "GSAI-ML/LLaDA-1.5" in engine_command(kube), what="the new model, with its own budget"
+        kube,
+        lambda: "GSAI-ML/LLaDA-1.5@main" in engine_command(kube),  # the example pins a revision
+        what="the new model, with its own budget",
     )
     configmap = kube.core.read_namespaced_config_map(f"{NAME}-profile", "default")
     assert json.loads(configmap.data["profile.json"])["token_budget"] == 98304
@@ -644,3 +647,50 @@ def _clean(manifest: dict) -> dict:
 
 
 assert os.environ.get("DLLM_OPERATOR_RESYNC_S") == "1"
+
+
+def test_a_service_monitor_follows_its_setting(cluster, operator):
+    """monitoring.serviceMonitor makes a ServiceMonitor (applied again at every resync, never twice)
+    and switching it off removes it."""
+    kube = cluster.client()
+    manifest = example()
+    manifest["spec"]["profiling"] = {"tokenBudget": 65536}
+    manifest["spec"]["monitoring"] = {"serviceMonitor": True}
+    kube.create_service(manifest)
+
+    def monitors() -> list:
+        listed = kube.custom.list_namespaced_custom_object(
+            "monitoring.coreos.com", "v1", "default", "servicemonitors"
+        )
+        return listed["items"]
+
+    until(kube, monitors, what="the ServiceMonitor")
+    after_resyncs(cluster, kube, 2)
+    assert len(monitors()) == 1
+    kube.patch_service(NAME, {"spec": {"monitoring": {"serviceMonitor": False}}})
+    until(kube, lambda: not monitors(), what="the ServiceMonitor removed")
+
+
+def test_the_charts_rbac_grants_exactly_the_calls_the_operator_made(request):
+    """Every API call the operator made in this module's lifecycles (recorded by the emulator, the
+    tests' own calls left out) is granted by the chart's ClusterRoles, and every grant was used. Runs
+    last in the module: with only some of its tests selected, only the first half is checked."""
+    granted = _chart_grants()
+    made = set(OPERATOR_CALLS)
+    assert made, "the lifecycle tests before this one record the operator's calls"
+    assert not made - granted, f"the operator calls what the chart does not grant: {sorted(made - granted)}"
+    module_tests = [item for item in request.session.items if item.module is request.module]
+    if len(module_tests) < len([name for name in globals() if name.startswith("test_")]):
+        pytest.skip("not every lifecycle test ran: unused grants cannot be told apart")
+    assert not granted - made, f"the chart grants what the operator never calls: {sorted(granted - made)}"
+
+
+def _chart_grants() -> set[tuple[str, str, str]]:
+    rendered = helm("template", "dllm", str(CHART)).stdout
+    grants = set()
+    for document in yaml.safe_load_all(rendered):
+        if document and document["kind"] in ("ClusterRole", "Role"):
+            for rule in document["rules"]:
+                for group in rule["apiGroups"]:
+                    grants |= {(group, r, v) for r in rule["resources"] for v in rule["verbs"]}
+    return grants

@@ -202,6 +202,22 @@ def test_memory_relevant_changes_change_the_profile_hash_and_others_do_not():
     assert example(resources__memory="80Gi").profile_hash("img") != base
     assert example(decoding__threshold=0.5).profile_hash("img") == base
     assert example(replicas__max=8).profile_hash("img") == base
+    assert example(model__revision="0" * 40).profile_hash("img") != base  # a new checkpoint revision
+    assert example(model__revision=None).profile_hash("img") != base
+
+
+def test_the_example_pins_a_revision_downloads_once_into_the_shared_cache_with_the_token():
+    spec = example()
+    engine = engine_deployment(spec, OWNER, OperatorSettings(), "redis://r:6379/0", 1, "h")
+    job = profiling_job(spec, OWNER, OperatorSettings(), "h")
+    for pod in (engine["spec"]["template"]["spec"], job["spec"]["template"]["spec"]):
+        command = pod["containers"][0]["command"]
+        assert command[command.index("--model") + 1] == "GSAI-ML/LLaDA-8B-Instruct@main"
+        cache = next(v for v in pod["volumes"] if v["name"] == "cache")
+        assert cache == {"name": "cache", "persistentVolumeClaim": {"claimName": "model-cache"}}
+        env = {e["name"]: e for e in pod["containers"][0]["env"]}
+        assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
+        assert env["HF_HOME"]["value"] == "/cache/huggingface"
 
 
 def test_operator_rechecks_what_cel_would_reject():
@@ -213,6 +229,9 @@ def test_operator_rechecks_what_cel_would_reject():
         example(scheduling__maxWaitSeconds=-0.5)
     with pytest.raises(SpecError, match=r"scheduling.batchWindowSeconds must be in \[0, 1.0\]"):
         example(scheduling__batchWindowSeconds=5)
+    with pytest.raises(SpecError, match="resources.nodeSelector key 'bad key' is not a label key"):
+        example(resources__nodeSelector={"bad key": "x"})
+    assert example(resources__nodeSelector={"nvidia.com/gpu.product": "H100", "pool": "a"}).node_selector
 
 
 def test_gateway_liveness_checks_the_process_and_readiness_checks_redis():

@@ -23,6 +23,12 @@ app.kubernetes.io/name: {{ include "dllm-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* REGISTRY/dllm-NAME:TAG, TAG defaulting to the chart's appVersion; call with (list . "engine") */}}
+{{- define "dllm-operator.image" -}}
+{{- $root := index . 0 -}}
+{{- printf "%s/dllm-%s:%s" (trimSuffix "/" $root.Values.image.registry) (index . 1) ($root.Values.image.tag | default $root.Chart.AppVersion) -}}
+{{- end -}}
+
 {{- define "dllm-operator.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "dllm-operator.fullname" .) .Values.serviceAccount.name -}}

@@ -91,10 +91,11 @@ def model_args(spec: ServiceSpec) -> list[str]:
 
 
 def model_location(spec: ServiceSpec) -> str:
-    """The model argument containers get: a path on the model volume, builtin:NAME, or a repo id."""
+    """The model argument containers get: a path on the model volume, builtin:NAME, or a repo id
+    (``REPO@REVISION`` when the spec pins a revision)."""
     if spec.volume_claim and not spec.model_uri.startswith("builtin:"):
         return f"/models/{spec.model_uri.lstrip('/')}"
-    return spec.model_uri
+    return f"{spec.model_uri}@{spec.revision}" if spec.revision else spec.model_uri
 
 
 def volumes(spec: ServiceSpec, shared_cache: bool = True) -> tuple[list[dict], list[dict]]:
