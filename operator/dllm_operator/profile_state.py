@@ -94,7 +94,9 @@ def ensure_profile(
     name = job_name(spec, profile_hash)
     job = client.get(f"{collection_path('batch/v1', 'Job', spec.namespace)}/{name}")
     if job is None:
-        client.apply(profiling_job(spec, owner, settings, profile_hash))
+        # created once, never patched: a Job's pod template cannot change (two reconciles racing here
+        # both find no Job; the second create is a conflict, and the first one's Job stands)
+        client.create_if_absent(profiling_job(spec, owner, settings, profile_hash))
         return ProfileState("running", profile_hash, message=f"profiling Job {name} created")
     finished = _job_finished(job)
     if finished is None:
