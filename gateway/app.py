@@ -23,6 +23,7 @@ from gateway.coalesced_calls import CoalescedCalls
 from gateway.delivered import DeliveredEvents
 from gateway.errors import install_error_handlers
 from gateway.event_reader import EventReader
+from gateway.fast_path import FastPath
 from gateway.metrics import GatewayMetrics
 from gateway.routers import batches, completions, files, health, models
 from gateway.routers.health import refresh_queue_depth
@@ -89,6 +90,7 @@ def build_app(settings: GatewaySettings) -> FastAPI:
     for router in (completions.router, models.router, files.router, batches.router, health.router):
         app.include_router(router)
 
+    app.add_middleware(FastPath)  # innermost of the three: bodies are limited, and counted, before it
     app.add_middleware(BodyLimit, settings=settings)
     app.add_middleware(RequestCounter)
     return app

@@ -84,12 +84,12 @@ def _code(error: dict) -> str | None:
     return _CODES.get(kind, kind if kind.startswith("unsupported_") else None)
 
 
-def _validation_error(exc: RequestValidationError) -> ApiError:
-    """A 400 (as OpenAI answers an invalid body, not FastAPI's 422) for the first error."""
-    first = exc.errors()[0] if exc.errors() else {}
+def validation_error(errors: list[dict]) -> ApiError:
+    """A 400 (as OpenAI answers an invalid body, not FastAPI's 422) for the first of pydantic's errors."""
+    first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         reason = (first.get("ctx") or {}).get("error", "invalid JSON")
-        position = first.get("loc", ("body", None))[-1]
+        position = (first.get("loc") or (None,))[-1]
         where = f" at character {position}" if isinstance(position, int) else ""
         return ApiError(
             400,
@@ -97,7 +97,7 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
             "with Content-Type: application/json",
         )
     param = _param(tuple(first.get("loc", ())))
-    first = _most_telling(exc.errors(), param) or first
+    first = _most_telling(errors, param) or first
     message = f"{param or 'body'}: {first.get('msg', 'invalid request')}"
     return ApiError(400, message, param=param, code=_code(first))
 
@@ -115,8 +115,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return await api_error(request, _validation_error(exc))
+    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return await api_error(request, validation_error(exc.errors()))
 
     async def redis_unreachable(request: Request, exc: Exception) -> JSONResponse:
         retry_after = request.app.state.gateway.settings.retry_after_s

@@ -35,8 +35,13 @@ class Waiter:
         for cursor, event in entries:
             self.events.append(event)
             self.cursor = cursor
-        if self.woken is not None and not self.woken.done():
-            self.woken.set_result(None)
+        if self.woken is not None:
+            _settle(self.woken)
+
+
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class EventReader:
@@ -58,14 +63,14 @@ class EventReader:
         if waiter is None:
             waiter = self._waiters[request_id] = Waiter()
             self._joined()
-        if not waiter.events:
-            waiter.woken = asyncio.get_running_loop().create_future()
+        if not waiter.events:  # a future that an event or the timer settles (cheaper than a timeout scope)
+            loop = asyncio.get_running_loop()
+            waiter.woken = woken = loop.create_future()
+            timer = loop.call_later(timeout_s, _settle, woken)
             try:
-                async with asyncio.timeout(timeout_s):
-                    await waiter.woken
-            except TimeoutError:
-                return None
+                await woken
             finally:
+                timer.cancel()
                 waiter.woken = None
         return waiter.events.popleft() if waiter.events else None
 

@@ -93,16 +93,19 @@ def refuse_unless_harmless(value: Any, field: str) -> Any:
 
 def unknown_fields(model: BaseModel, path: str = "") -> list[str]:
     """Every field of ``model`` and the models inside it that its class does not define (dotted names,
-    list items as ``[i]``), in the order they were sent."""
+    list items as ``[i]``), in the order they were sent. Only values that hold models are walked (a
+    prompt's thousand token ids are not)."""
     found = [f"{path}.{name}" if path else name for name in (model.model_extra or {})]
     for name in type(model).model_fields:
-        found += _inside(getattr(model, name), f"{path}.{name}" if path else name)
+        value = getattr(model, name)
+        if isinstance(value, BaseModel) or (
+            isinstance(value, list) and value and isinstance(value[0], BaseModel)
+        ):
+            found += _inside(value, f"{path}.{name}" if path else name)
     return found
 
 
 def _inside(value: Any, path: str) -> list[str]:
     if isinstance(value, BaseModel):
         return unknown_fields(value, path)
-    if isinstance(value, list):
-        return [name for i, item in enumerate(value) for name in _inside(item, f"{path}[{i}]")]
-    return []
+    return [name for i, item in enumerate(value) for name in _inside(item, f"{path}[{i}]")]

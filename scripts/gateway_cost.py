@@ -1,6 +1,6 @@
 """The serving path's CPU per request with the engine taken out (see engine_pod/bench/gateway_cost.py).
 
-PYTHONPATH=. python scripts/gateway_cost.py [--requests 128] [--bursts 5] [--stream]
+PYTHONPATH=. python scripts/gateway_cost.py [--requests 512] [--bursts 7] [--kinds chat,chat-stream]
 """
 
 from engine_pod.bench.gateway_cost import main

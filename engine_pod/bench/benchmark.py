@@ -10,6 +10,7 @@ import torch
 
 from engine_pod.bench.calibrate import calibrate_threshold
 from engine_pod.bench.execute import run_policy, run_policy_isolated
+from engine_pod.bench.pinning import Pinning
 from engine_pod.bench.policies import PolicySpec, static_batch_size_for, static_widths
 from engine_pod.bench.prepare import prepare_requests
 from engine_pod.bench.report import compare_outputs, policy_metrics, summarise, timeline
@@ -39,6 +40,7 @@ class BenchConfig:
     # run the policy list this many times, round-robin (see _round_order), and report each policy's median
     # run (a shared, noisy machine moves single runs by a third)
     repeat: int = 1
+    pin: bool = False  # the engine on one core, the serving path on the others (see bench/pinning.py)
 
 
 def _calibrate(loaded: LoadedModel | None, cfg: BenchConfig, prompts: list[list[int]]) -> dict:
@@ -71,6 +73,7 @@ def run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None = N
             cfg.calibrate_fraction,
         )
         cfg = replace(cfg, decoding=replace(cfg.decoding, threshold=calibration["threshold"]))
+    pinning = Pinning.for_this_machine() if cfg.pin else None
     all_runs: dict[str, list[PolicyRun]] = {name: [] for name in cfg.policies}
     for round_number in range(cfg.repeat):
         for name in _round_order(cfg.policies, round_number):
@@ -78,10 +81,10 @@ def run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None = N
             logger.info("running policy %s on %d requests (run %d)", name, len(requests), round_number + 1)
             if loaded is None:
                 run = run_policy_isolated(
-                    cfg.model, cfg.decoding, spec, requests, cfg.record_margins, cfg.seed
+                    cfg.model, cfg.decoding, spec, requests, cfg.record_margins, cfg.seed, pinning
                 )
             else:
-                run = run_policy(loaded, cfg.decoding, spec, requests, cfg.record_margins)
+                run = run_policy(loaded, cfg.decoding, spec, requests, cfg.record_margins, pinning=pinning)
             all_runs[name].append(run)
             runs = {n: _median_run(r) for n, r in all_runs.items() if r}
             report = _report(cfg, runs, requests, widths, batch, config.eos_token_ids, calibration)
@@ -141,6 +144,7 @@ def _report(
         "min_padding_efficiency": cfg.scheduling.min_padding_efficiency,
         "scheduling": asdict(cfg.scheduling),
         "static_batch_size": batch,
+        "pinned": cfg.pin,  # the engine on one core (one torch thread), the serving path on the others
         "static_max_box_tokens": max(
             len(widths[i : i + batch]) * max(widths[i : i + batch]) for i in range(0, len(widths), batch)
         ),

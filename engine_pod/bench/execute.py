@@ -6,11 +6,13 @@ A child per policy gives each its own peak resident memory (CPU) and a clean all
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
 from tqdm import tqdm
 
+from engine_pod.bench.pinning import Pinning
 from engine_pod.bench.policies import PolicySpec, build_scheduler
 from engine_pod.bench.results import ModelSpec, PolicyRun, PreparedRequest, RequestOutcome
 from engine_pod.decoding.config import DecodingConfig
@@ -37,11 +39,15 @@ def run_policy(
     requests: list[PreparedRequest],
     record_margins: bool = True,
     progress: bool = True,
+    pinning: Pinning | None = None,
 ) -> PolicyRun:
+    """One policy's run; with ``pinning``, the engine on its core (and the serving path on the others)."""
+    if pinning is not None:
+        pinning.pin_engine()
     if spec.through_gateway:
         from engine_pod.bench.through_gateway import run_through_gateway
 
-        return run_through_gateway(loaded, decoding, spec, requests)
+        return run_through_gateway(loaded, decoding, spec, requests, pinning)
     eos = loaded.config.eos_token_ids
     scheduler = build_scheduler(spec, decoding.block_length, eos, decoding.ignore_eos, decoding.canvas)
     engine = Engine(BlockCycleRunner(loaded, decoding, record_margins=record_margins), scheduler)
@@ -71,13 +77,16 @@ def run_policy(
     for request_id, margins in engine.margins.items():
         if request_id in outcomes:
             outcomes[request_id].margins = margins
-    return PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, list(engine.records))
+    cores = {"engine": sorted(os.sched_getaffinity(0))} if pinning else None
+    return PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, list(engine.records), cores)
 
 
-def _run_in_this_process(model: ModelSpec, decoding, spec, requests, record_margins, seed) -> PolicyRun:
+def _run_in_this_process(
+    model: ModelSpec, decoding, spec, requests, record_margins, seed, pinning
+) -> PolicyRun:
     torch.manual_seed(seed)
     loaded = load_model(model.model, model.device, model.dtype, seed=seed)
-    return run_policy(loaded, decoding, spec, requests, record_margins)
+    return run_policy(loaded, decoding, spec, requests, record_margins, pinning=pinning)
 
 
 def run_policy_isolated(
@@ -87,9 +96,12 @@ def run_policy_isolated(
     requests: list[PreparedRequest],
     record_margins: bool,
     seed: int = 0,
+    pinning: Pinning | None = None,
 ) -> PolicyRun:
     """``run_policy`` in a fresh process: its peak memory is this policy's alone."""
     try:
-        return run_in_child(_run_in_this_process, model, decoding, spec, requests, record_margins, seed)
+        return run_in_child(
+            _run_in_this_process, model, decoding, spec, requests, record_margins, seed, pinning
+        )
     except ChildDied as exc:
         raise RuntimeError(f"benchmark child for policy {spec.name} died ({exc})") from None

@@ -2,12 +2,13 @@
 
 Starts a private redis-server and the gateway (``python -m gateway``, as deployed) and, in place of a
 worker, a peer that speaks the worker's queue protocol and answers every claimed request at once
-(one COMMIT per claim round, ``--tokens`` tokens each). Bursts of ``--requests`` completions are sent
-at once (``--stream``: streamed); the gateway's and redis-server's CPU time (from /proc) per request is
-the figure, not wall time, so it holds on a noisy machine. On a machine whose cores torch shares with
-the gateway, each millisecond here is taken from the forwards.
+(one COMMIT per claim round, ``--tokens`` tokens each). Bursts of ``--requests`` requests are sent at
+once, for each kind: completions and chat, whole or streamed. The figures: the gateway's and
+redis-server's CPU time (from /proc) per request, which holds on a noisy machine, and requests per second
+through one gateway process at saturation (a burst's requests over its wall time). On a machine whose
+cores torch shares with the gateway, each millisecond here is taken from the forwards.
 
-    PYTHONPATH=. python scripts/gateway_cost.py [--requests 128] [--bursts 5] [--stream]
+    PYTHONPATH=. python scripts/gateway_cost.py [--requests 512] [--bursts 7] [--kinds chat,chat-stream]
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-
-import redis
 
 from engine_pod.bench.http_client import LoadClient
 from engine_pod.queue.connect import sync_client
@@ -73,29 +72,58 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def burst(url: str, count: int, tokens: int, stream: bool) -> None:
+KINDS = ("completions", "chat", "completions-stream", "chat-stream")
+
+
+async def burst(url: str, count: int, tokens: int, kind: str) -> None:
+    """``count`` requests of ``kind`` at once."""
     client = LoadClient(url)
-    body = {"model": "cost", "prompt": list(range(10, 42)), "max_tokens": tokens}
+    path = "/v1/chat/completions" if kind.startswith("chat") else "/v1/completions"
+    body: dict = {"model": "cost", "max_tokens": tokens}
+    if kind.startswith("chat"):
+        body["messages"] = [{"role": "user", "content": "count to 9 ."}]
+    else:
+        body["prompt"] = list(range(10, 42))
 
     async def one() -> None:
-        if stream:
-            async for _ in client.post_events("/v1/completions", body | {"stream": True}):
+        if kind.endswith("stream"):
+            async for _ in client.post_events(path, body | {"stream": True}):
                 pass
         else:
-            await client.post_json("/v1/completions", body)
+            await client.post_json(path, body)
 
     await asyncio.gather(*(one() for _ in range(count)))
 
 
+def measure(gateway, redis_pid: int, args, kind: str) -> list[tuple[float, float, float]]:
+    """Per burst: the gateway's and redis-server's CPU ms per request, and requests per second."""
+    asyncio.run(burst(gateway.url, args.requests, args.tokens, kind))  # untimed
+    rows = []
+    for _ in range(args.bursts):
+        gateway_cpu, redis_cpu = cpu_seconds(gateway.process.pid), cpu_seconds(redis_pid)
+        began = time.perf_counter()
+        asyncio.run(burst(gateway.url, args.requests, args.tokens, kind))
+        wall = time.perf_counter() - began
+        time.sleep(0.2)  # the gateway's last replies and expiries
+        rows.append(
+            (
+                1000 * (cpu_seconds(gateway.process.pid) - gateway_cpu) / args.requests,
+                1000 * (cpu_seconds(redis_pid) - redis_cpu) / args.requests,
+                args.requests / wall,
+            )
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=128, help="requests per burst (all at once)")
-    parser.add_argument("--bursts", type=int, default=5, help="bursts measured (after one untimed)")
+    parser.add_argument("--requests", type=int, default=512, help="requests per burst (all at once)")
+    parser.add_argument("--bursts", type=int, default=7, help="bursts measured per kind (after one untimed)")
     parser.add_argument("--tokens", type=int, default=128, help="max_tokens (a multiple of 32)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, from {', '.join(KINDS)}")
     parser.add_argument(
         "--access-log", action="store_true", help="with the access log (off, as in dllm bench)"
     )
-    parser.add_argument("--stream", action="store_true", help="streamed requests (one event per block)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with RedisServer() as server:
@@ -108,47 +136,23 @@ def main() -> None:
             max_tokens_limit=args.tokens,
             access_log=args.access_log,
         )
-        env = settings.to_env() | {"DLLM_LOG_LEVEL": "warning"}
-        gateway = GatewayProcess(
-            "127.0.0.1", free_port(), env, {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-        ).start()
+        options = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        gateway = GatewayProcess("127.0.0.1", free_port(), settings.to_env(), options).start()
         peer = InstantPeer(server.url, args.tokens)
         peer.start()
         try:
-            stats = redis.Redis.from_url(server.url)
-            connections = stats.info("stats")["total_connections_received"]
-            began = time.perf_counter()
-            asyncio.run(burst(gateway.url, args.requests, args.tokens, args.stream))  # a fresh gateway's
-            first = (
-                time.perf_counter() - began,
-                stats.info("stats")["total_connections_received"] - connections,
-            )
-            rows = []
-            for _ in range(args.bursts):
-                gateway_cpu, redis_cpu = cpu_seconds(gateway.process.pid), cpu_seconds(server.process.pid)
-                connections = stats.info("stats")["total_connections_received"]
-                began = time.perf_counter()
-                asyncio.run(burst(gateway.url, args.requests, args.tokens, args.stream))
-                wall = time.perf_counter() - began
-                time.sleep(0.2)  # the gateway's last replies and expiries
-                rows.append(
-                    (
-                        1000 * (cpu_seconds(gateway.process.pid) - gateway_cpu) / args.requests,
-                        1000 * (cpu_seconds(server.process.pid) - redis_cpu) / args.requests,
-                        wall,
-                        stats.info("stats")["total_connections_received"] - connections,
-                    )
-                )
+            results = {
+                kind: measure(gateway, server.process.pid, args, kind) for kind in args.kinds.split(",")
+            }
         finally:
             peer.halt.set()
             gateway.stop()
-    logger.info("first burst (a fresh gateway): %.3f s, %d new Redis connections", *first)
-    columns = ("gateway CPU ms/request", "redis CPU ms/request", "burst wall s", "new Redis connections")
-    for column, name in enumerate(columns):
-        values = [row[column] for row in rows]
-        logger.info(
-            "%-24s median %.3f  (%s)", name, statistics.median(values), " ".join(f"{v:.3f}" for v in values)
-        )
+    logger.info(
+        "%-20s %22s %22s %18s", "kind", "gateway CPU ms/request", "redis CPU ms/request", "requests/s"
+    )
+    for kind, rows in results.items():
+        medians = [statistics.median(row[i] for row in rows) for i in range(3)]
+        logger.info("%-20s %22.3f %22.3f %18.0f", kind, *medians)
 
 
 if __name__ == "__main__":

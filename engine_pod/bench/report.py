@@ -39,7 +39,7 @@ def policy_metrics(run: PolicyRun, eos_ids) -> dict:
         "max_cost_tokens": max((c.cost for c in run.cycles), default=0),
         "preemptions": sum(c.preempted for c in run.cycles),
         "peak_memory_bytes": run.peak_memory_bytes,
-    }
+    } | ({"cores": run.cores} if run.cores else {})
 
 
 def timeline(run: PolicyRun) -> list[dict]:

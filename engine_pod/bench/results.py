@@ -37,3 +37,4 @@ class PolicyRun:
     peak_memory_bytes: int
     outcomes: dict[str, RequestOutcome]
     cycles: list[CycleRecord]
+    cores: dict[str, list[int]] | None = None  # pinned runs: the cores each part ran on, as observed

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from typing import TypeVar
 import redis
 
 from engine_pod.bench.http_client import LoadClient
+from engine_pod.bench.pinning import Pinning
 from engine_pod.bench.policies import PolicySpec
 from engine_pod.bench.results import PolicyRun, PreparedRequest, RequestOutcome
 from engine_pod.decoding.config import DecodingConfig
@@ -76,6 +78,8 @@ class Stack:
     url: str  # the gateway's
     redis_url: str
     worker: Worker
+    pinning: Pinning | None = None  # the client thread then runs on the serving cores
+    cores: dict[str, list[int]] | None = None  # pinned: where the worker, gateway and Redis may run
 
     def serve_while(self, load: Callable[[], T]) -> T:
         """Run ``load`` (the clients) in a thread while the worker serves in this one, until the load is
@@ -85,6 +89,9 @@ class Stack:
         outcome: dict[str, object] = {}
 
         def drive() -> None:
+            if self.pinning is not None:
+                self.pinning.pin_serving_thread()
+                self.cores = (self.cores or {}) | {"client": sorted(os.sched_getaffinity(0))}
             try:
                 outcome["value"] = load()
             except BaseException as exc:  # raised again in this thread
@@ -103,13 +110,19 @@ class Stack:
 
 @contextlib.contextmanager
 def serving_stack(
-    loaded: LoadedModel, decoding: DecodingConfig, spec: PolicySpec, requests: list[PreparedRequest]
+    loaded: LoadedModel,
+    decoding: DecodingConfig,
+    spec: PolicySpec,
+    requests: list[PreparedRequest],
+    pinning: Pinning | None = None,
 ) -> Iterator[Stack]:
     """A private redis-server, the gateway (its own process) and one worker serving with the policy's
-    scheduler (sharing the loaded model; ``Stack.serve_while`` runs it), up until the block ends."""
+    scheduler (sharing the loaded model; ``Stack.serve_while`` runs it), up until the block ends. With
+    ``pinning`` Redis and the gateway run on the serving cores."""
     if loaded.tokenizer is None:
         raise ValueError("the gateway policy needs a model with a tokenizer")
-    with RedisServer() as server:
+    options = pinning.serving_process_options() if pinning else {}
+    with RedisServer(popen_options=options) as server:
         config = WorkerConfig(
             server.url,
             SERVICE,
@@ -119,17 +132,28 @@ def serving_stack(
         )
         worker = Worker(BlockCycleRunner(loaded, decoding), config)
         env = _gateway_env(loaded, server.url, decoding, requests)
-        gateway = GatewayProcess("127.0.0.1", free_port(), env).start()
+        gateway = GatewayProcess("127.0.0.1", free_port(), env, options).start()
         try:
-            yield Stack(gateway.url, server.url, worker)
+            stack = Stack(gateway.url, server.url, worker, pinning)
+            if pinning is not None:  # as observed: the kernel's record of where each may run
+                stack.cores = {
+                    "worker": sorted(os.sched_getaffinity(0)),
+                    "gateway": sorted(os.sched_getaffinity(gateway.process.pid)),
+                    "redis": sorted(os.sched_getaffinity(server.process.pid)),
+                }
+            yield stack
         finally:
             gateway.stop()
 
 
 def run_through_gateway(
-    loaded: LoadedModel, decoding: DecodingConfig, spec: PolicySpec, requests: list[PreparedRequest]
+    loaded: LoadedModel,
+    decoding: DecodingConfig,
+    spec: PolicySpec,
+    requests: list[PreparedRequest],
+    pinning: Pinning | None = None,
 ) -> PolicyRun:
-    with serving_stack(loaded, decoding, spec, requests) as stack:
+    with serving_stack(loaded, decoding, spec, requests, pinning) as stack:
 
         def load() -> tuple[dict[str, str], dict[str, float], float]:
             asyncio.run(_submit_all(stack.url, requests[:1]))  # untimed, as the engine's warm-up cycle
@@ -147,4 +171,4 @@ def run_through_gateway(
                 done["token_ids"], done["finish_reason"], latencies[item.request_id]
             )
     records = list(stack.worker.engine.records)
-    return PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, records)
+    return PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, records, stack.cores)

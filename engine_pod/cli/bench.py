@@ -49,6 +49,13 @@ def register(subparsers) -> None:
         default=1,
         help="run the policies N times, round-robin (each round starting one policy later), and report each one's median run (default: 1)",
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the engine on one core with one torch thread, and the serving path (gateway, Redis, the "
+        "client) on the others: the gateway policies' figure is then not decided by how the host shares "
+        "its cores (on a GPU host the forwards do not use the gateway's cores)",
+    )
     parser.add_argument("--no-isolate", action="store_true", help="run every policy in this process")
     parser.add_argument(
         "--no-margins",
@@ -174,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         record_margins=not args.no_margins,
         calibrate_fraction=calibrate,
         repeat=args.repeat,
+        pin=args.pin,
     )
     usable = read_profile(args.profile).usable_memory_bytes if args.profile else None
     out = Path(args.json_out)

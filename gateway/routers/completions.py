@@ -6,6 +6,7 @@ import asyncio
 import time
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
 
 from engine_pod.queue.messages import DoneEvent, QueuedRequest
 from gateway.errors import ApiError
@@ -38,12 +39,18 @@ from gateway.tokenizer import TokenizerError
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 
 
+# Answers are built with model_construct: their fields are this module's own values, already of the right
+# types, and validating them again would be work for nothing on every request.
+
+
 def _usage(completion_tokens: list[int], queued: list[QueuedRequest], n: int) -> Usage:
     """Every choice's completion tokens; each prompt's tokens once, however many choices it has (as
     OpenAI counts them)."""
     prompt = prompt_tokens_of(queued, n)
     completion = sum(completion_tokens)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return Usage.model_construct(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )
 
 
 def _prompts(body: CompletionRequest, state) -> list[list[int]]:
@@ -69,18 +76,24 @@ def _prompts(body: CompletionRequest, state) -> list[list[int]]:
 
 @router.post("/completions", response_model=CompletionResponse)
 async def completions(body: CompletionRequest, request: Request, state: State):
+    """What this route answers is what ``gateway.fast_path`` serves (the route describes it in the
+    OpenAPI document, and answers where the fast path is not installed)."""
+    return await complete(body, state, request.is_disconnected)
+
+
+async def complete(body: CompletionRequest, state, is_disconnected) -> CompletionResponse | StreamingResponse:
     started = time.monotonic()
     check_request(body, state)
     queued = [choice for ids in _prompts(body, state) for choice in build_choices(ids, body, state)]
     await enqueue_all(queued, state)  # every prompt or none
     if body.stream:
         return _streamed(queued, body, state, False, started)
-    results = await asyncio.gather(*(wait_done(q, state, request.is_disconnected) for q in queued))
+    results = await asyncio.gather(*(wait_done(q, state, is_disconnected) for q in queued))
     choices, counts = zip(
         *(_completion_choice(index, done, queued[index], body, state) for index, done in enumerate(results))
     )
     _observe(state, "completions", started)
-    return CompletionResponse(
+    return CompletionResponse.model_construct(
         id=queued[0].id,
         created=int(queued[0].created),
         model=body.model,
@@ -99,12 +112,21 @@ def _completion_choice(
     logprobs = None if body.logprobs is None else completion_logprobs(done, state.tokenizer, echoed, cut)
     prefix = state.tokenizer.decode(echoed) if body.echo else ""
     reason = finish_reason(done, stopped)
-    choice = CompletionChoice(index=index, text=prefix + text, finish_reason=reason, logprobs=logprobs)
+    choice = CompletionChoice.model_construct(
+        index=index, text=prefix + text, finish_reason=reason, logprobs=logprobs
+    )
     return choice, tokens_shown(done, state.tokenizer, text, stopped)
 
 
 @router.post("/chat/completions", response_model=ChatCompletionResponse)
 async def chat_completions(body: ChatCompletionRequest, request: Request, state: State):
+    """See ``completions``: ``gateway.fast_path`` serves this."""
+    return await chat(body, state, request.is_disconnected)
+
+
+async def chat(
+    body: ChatCompletionRequest, state, is_disconnected
+) -> ChatCompletionResponse | StreamingResponse:
     started = time.monotonic()
     check_request(body, state)
     prompt_ids = chat_prompt(body, state)
@@ -112,18 +134,20 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
     await enqueue_all(queued, state)  # every choice or none
     if body.stream:
         return _streamed(queued, body, state, True, started)
-    results = await asyncio.gather(*(wait_done(q, state, request.is_disconnected) for q in queued))
+    results = await asyncio.gather(*(wait_done(q, state, is_disconnected) for q in queued))
     choices, counts = [], []
     for index, done in enumerate(results):
         text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), body.stop_strings())
-        message = AssistantMessage(content=text)
+        message = AssistantMessage.model_construct(content=text)
         cut = len(text) if stopped else None
         logprobs = chat_logprobs(done, state.tokenizer, cut) if body.logprobs else None
         reason = finish_reason(done, stopped)
-        choices.append(ChatChoice(index=index, message=message, finish_reason=reason, logprobs=logprobs))
+        choices.append(
+            ChatChoice.model_construct(index=index, message=message, finish_reason=reason, logprobs=logprobs)
+        )
         counts.append(tokens_shown(done, state.tokenizer, text, stopped))
     _observe(state, "chat", started)
-    return ChatCompletionResponse(
+    return ChatCompletionResponse.model_construct(
         id=queued[0].id,
         created=int(queued[0].created),
         model=body.model,

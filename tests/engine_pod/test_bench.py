@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -171,6 +172,22 @@ def test_gateway_policy_runs_the_same_workload_through_the_serving_path(model, t
         gateway["tokens_per_s"] / engine["tokens_per_s"], rel=1e-2
     )
     assert report["outputs_identical"] is True  # the same tokens through HTTP, Redis and the worker
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--pin needs two cores")
+def test_pinned_bench_runs_the_engine_on_one_core_and_the_serving_path_on_the_others(model, tmp_path):
+    out = tmp_path / "pinned.json"
+    assert main([*heterogeneous_float64_bench(model, out, 6, "blockserve,gateway"), "--pin"]) == 0
+    report = json.loads(out.read_text())
+    engine, *serving = sorted(os.sched_getaffinity(0))
+    assert report["pinned"] is True and report["outputs_identical"] is True
+    assert report["policies"]["blockserve"]["cores"] == {"engine": [engine]}
+    assert report["policies"]["gateway"]["cores"] == {
+        "worker": [engine],
+        "gateway": serving,
+        "redis": serving,
+        "client": serving,
+    }
 
 
 def _online_bench(model, out, *load: str) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -160,8 +161,16 @@ def test_ctrl_c_twice_stops_at_once_and_the_accepted_work_is_served_at_the_next_
         wait_for(
             lambda: client.batches.retrieve(batch.id).request_counts.completed > 0, what="work under way"
         )
+        os.kill(server.children()["worker"], signal.SIGSTOP)  # its drain lasts: Ctrl-C shows its progress
         server.process.send_signal(signal.SIGINT)
-        wait_for(lambda: "stopping the worker" in server.log.read_text(), what="the worker draining")
+        draining = wait_for(
+            lambda: re.search(
+                r"the worker is draining: (\d+) requests in the queue, \d+ s to its deadline",
+                server.log.read_text(),
+            ),
+            what="a line of the drain's progress",
+        )
+        assert 0 < int(draining.group(1)) <= lines
         interrupted = time.monotonic()
         server.process.send_signal(signal.SIGINT)
         assert server.process.wait(timeout=WAIT_S) == 130
