@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from engine_pod.decoding.config import DecodingConfig
+from engine_pod.block_diffusion.generate import generate_blocks
+from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.engine import Engine
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.block_cycle import BlockCycleRunner
@@ -29,6 +30,8 @@ def generate_one(
     loaded: LoadedModel, prompt_ids: list[int], gen_length: int, decoding: DecodingConfig, trace: bool = False
 ) -> GenerationResult:
     """Generate ``gen_length`` tokens (whole blocks) after ``prompt_ids``."""
+    if loaded.config.block_diffusion:
+        return _generate_block_diffusion(loaded, prompt_ids, gen_length, decoding)
     eos = loaded.config.eos_token_ids
     runner = BlockCycleRunner(loaded, decoding, record_trace=trace)
     scheduler = sequential_scheduler(
@@ -51,4 +54,41 @@ def generate_one(
         num_forward_passes=sum(r.forwards for r in engine.records),
         elapsed_s=elapsed,
         trace=list(runner.trace),
+    )
+
+
+# what a block-diffusion model's remasking names mean: its reference rule, with or without a threshold
+_BLOCK_THRESHOLDS = {"threshold": None, "scheduled_threshold": None, "low_confidence": float("inf")}
+
+
+def _generate_block_diffusion(
+    loaded: LoadedModel, prompt_ids: list[int], gen_length: int, decoding: DecodingConfig
+) -> GenerationResult:
+    """LLaDA2.0's generation (block_diffusion/generate.py): blocks on the absolute grid, an exact KV cache
+    (``--cache none``: the whole context recomputed at every step, as the reference does)."""
+    if decoding.remasking not in _BLOCK_THRESHOLDS:
+        raise DecodingConfigError(
+            f"remasking {decoding.remasking!r} is not defined for block-diffusion models; "
+            f"choose one of {sorted(_BLOCK_THRESHOLDS)}"
+        )
+    threshold = _BLOCK_THRESHOLDS[decoding.remasking]
+    result = generate_blocks(
+        loaded,
+        prompt_ids,
+        gen_length,
+        decoding.block_length,
+        decoding.steps_per_block,
+        decoding.threshold if threshold is None else threshold,
+        exact_cache=decoding.cache != "none",
+    )
+    eos = loaded.config.eos_token_ids
+    fill = eos[0] if eos else loaded.config.mask_token_id
+    return GenerationResult(
+        token_ids=(result.output_ids + [fill] * gen_length)[:gen_length],
+        text=decode_completion(loaded.tokenizer, result.output_ids, eos, loaded.config.mask_token_id),
+        completion_tokens=completion_tokens(result.output_ids, eos),
+        finish_reason="stop" if result.finished_by_eos else "length",
+        num_forward_passes=result.forwards,
+        elapsed_s=result.elapsed_s,
+        trace=[],
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-REMASKING = ("low_confidence", "threshold", "entropy", "maskgit_plus", "topk_margin")
+REMASKING = ("low_confidence", "threshold", "scheduled_threshold", "entropy", "maskgit_plus", "topk_margin")
 CACHE_MODES = ("none", "prefix", "dual")
 CANVAS_MODES = ("block", "full")
 

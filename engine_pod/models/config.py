@@ -1,7 +1,9 @@
 """Model configuration: one frozen dataclass read from a real checkpoint's ``config.json``.
 
 LLaDA (``model_type: llada``) and Dream (``model_type: Dream``, Qwen2 field names) use different
-field names for the same architecture; this module owns the translation and its validation.
+field names for the same architecture; this module owns the translation and its validation. The
+block-diffusion families (LLaDA2.0, ``model_type: llada2_moe``) add their fields in
+``block_config.py``.
 """
 
 from __future__ import annotations
@@ -11,11 +13,26 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-FAMILIES = ("llada", "dream")
+FAMILIES = ("llada", "dream", "llada2")
+BLOCK_DIFFUSION_FAMILIES = ("llada2",)  # causal across blocks, bidirectional inside one
 
 
 class ModelConfigError(ValueError):
     """The checkpoint's config.json describes a model this engine cannot run."""
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """A mixture-of-experts MLP: sigmoid router with an expert bias, group-limited top-k, shared experts."""
+
+    num_experts: int
+    experts_per_token: int
+    expert_intermediate_size: int
+    shared_experts: int  # always-active experts, as one MLP of shared_experts x the expert width
+    groups: int  # experts are split into this many groups ...
+    groups_per_token: int  # ... and a token's experts come from its best groups only
+    routed_scaling: float  # the routed experts' weights are scaled by this after normalisation
+    first_dense_layers: int  # the first layers keep a dense MLP
 
 
 @dataclass(frozen=True)
@@ -36,16 +53,26 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     pad_token_id: int | None = None
     max_position_embeddings: int = 4096
+    head_dim_override: int | None = None  # config.json's head_dim where it is not hidden / heads
+    rotary_dim: int | None = None  # RoPE on the first rotary_dim dimensions of a head (None: all)
+    qk_norm: bool = False  # RMSNorm over each head's queries and keys before RoPE
+    output_bias: bool = False  # the attention output projection has a bias
+    moe: MoESpec | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.head_dim_override or self.hidden_size // self.num_heads
+
+    @property
+    def block_diffusion(self) -> bool:
+        """Attention is causal across blocks and bidirectional inside one: a committed block's K/V is final."""
+        return self.family in BLOCK_DIFFUSION_FAMILIES
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ModelConfigError(f"unknown model family {self.family!r}; expected one of {FAMILIES}")
-        if self.hidden_size % self.num_heads:
+        if self.head_dim_override is None and self.hidden_size % self.num_heads:
             raise ModelConfigError(
                 f"hidden size {self.hidden_size} is not divisible by {self.num_heads} heads"
             )
@@ -60,7 +87,7 @@ class ModelConfig:
         return replace(self, eos_token_ids=eos_token_ids)
 
 
-def _as_tuple(value: Any) -> tuple[int, ...]:
+def as_tuple(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
     if isinstance(value, (list, tuple)):
@@ -68,7 +95,7 @@ def _as_tuple(value: Any) -> tuple[int, ...]:
     return (int(value),)
 
 
-def _require(raw: dict[str, Any], key: str) -> Any:
+def require(raw: dict[str, Any], key: str) -> Any:
     if key not in raw:
         raise ModelConfigError(f"config.json has no field {key!r}")
     return raw[key]
@@ -92,15 +119,15 @@ def _check_llada_supported(raw: dict[str, Any]) -> None:
 
 def _llada_config(raw: dict[str, Any]) -> ModelConfig:
     _check_llada_supported(raw)
-    d_model = int(_require(raw, "d_model"))
-    n_heads = int(_require(raw, "n_heads"))
+    d_model = int(require(raw, "d_model"))
+    n_heads = int(require(raw, "n_heads"))
     n_kv = raw.get("n_kv_heads") or (1 if raw.get("multi_query_attention") else n_heads)
     mlp_hidden = raw.get("mlp_hidden_size") or int(raw.get("mlp_ratio", 4) * d_model)
-    vocab = int(raw.get("embedding_size") or _require(raw, "vocab_size"))
+    vocab = int(raw.get("embedding_size") or require(raw, "vocab_size"))
     return ModelConfig(
         family="llada",
         hidden_size=d_model,
-        num_layers=int(_require(raw, "n_layers")),
+        num_layers=int(require(raw, "n_layers")),
         num_heads=n_heads,
         num_kv_heads=int(n_kv),
         intermediate_size=int(mlp_hidden),
@@ -109,7 +136,7 @@ def _llada_config(raw: dict[str, Any]) -> ModelConfig:
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
         qkv_bias=bool(raw.get("include_qkv_bias", False) or raw.get("include_bias", False)),
         mask_token_id=int(raw.get("mask_token_id", 126336)),
-        eos_token_ids=_as_tuple(raw.get("eos_token_id", 126081)),
+        eos_token_ids=as_tuple(raw.get("eos_token_id", 126081)),
         pad_token_id=raw.get("pad_token_id"),
         max_position_embeddings=int(raw.get("max_sequence_length", 4096)),
         raw=raw,
@@ -121,37 +148,42 @@ def _dream_config(raw: dict[str, Any]) -> ModelConfig:
         raise ModelConfigError(
             f"Dream hidden_act={raw.get('hidden_act')!r} is not supported (expected 'silu')"
         )
-    heads = int(_require(raw, "num_attention_heads"))
+    heads = int(require(raw, "num_attention_heads"))
     return ModelConfig(
         family="dream",
-        hidden_size=int(_require(raw, "hidden_size")),
-        num_layers=int(_require(raw, "num_hidden_layers")),
+        hidden_size=int(require(raw, "hidden_size")),
+        num_layers=int(require(raw, "num_hidden_layers")),
         num_heads=heads,
         num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-        intermediate_size=int(_require(raw, "intermediate_size")),
-        vocab_size=int(_require(raw, "vocab_size")),
+        intermediate_size=int(require(raw, "intermediate_size")),
+        vocab_size=int(require(raw, "vocab_size")),
         rope_theta=float(raw.get("rope_theta", 10000.0)),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         qkv_bias=True,
         mask_token_id=int(raw.get("mask_token_id", 151666)),
-        eos_token_ids=_as_tuple(raw.get("eos_token_id", 151643)),
+        eos_token_ids=as_tuple(raw.get("eos_token_id", 151643)),
         pad_token_id=raw.get("pad_token_id"),
         max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
         raw=raw,
     )
 
 
-_PARSERS = {"llada": _llada_config, "dream": _dream_config}
+def _parsers() -> dict:
+    from engine_pod.models.block_config import llada2_config
+
+    return {"llada": _llada_config, "dream": _dream_config, "llada2_moe": llada2_config}
 
 
 def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
     """Build a ModelConfig from the fields of a real checkpoint's config.json."""
     model_type = str(raw.get("model_type", "")).lower()
-    if model_type not in _PARSERS:
+    parsers = _parsers()
+    if model_type not in parsers:
         raise ModelConfigError(
-            f"unknown model_type {raw.get('model_type')!r} in config.json; supported: 'llada', 'Dream'"
+            f"unknown model_type {raw.get('model_type')!r} in config.json; "
+            "supported: 'llada', 'Dream', 'llada2_moe'"
         )
-    return _PARSERS[model_type](raw)
+    return parsers[model_type](raw)
 
 
 def load_config(model_dir: Path) -> ModelConfig:

@@ -204,11 +204,12 @@ class AttentionContext:
 class SwiGLU(nn.Module):
     """``down(silu(gate(h)) * up(h))``."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, width: int | None = None) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        width = width or config.intermediate_size  # an expert's width where it is not the dense one
+        self.gate_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.down_proj = nn.Linear(width, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate = self.gate_proj(x)

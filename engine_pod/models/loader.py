@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from engine_pod.models.block_transformer import BlockDiffusionTransformer
 from engine_pod.models.config import ModelConfig, config_from_dict, load_config
 from engine_pod.models.locate import ModelLoadError, resolve_model_dir
 from engine_pod.models.presets import preset
@@ -30,7 +31,7 @@ _END_TOKENS = ("<|eot_id|>", "<|endoftext|>", "<|im_end|>", "<eos>")
 
 @dataclass
 class LoadedModel:
-    model: DiffusionTransformer
+    model: DiffusionTransformer | BlockDiffusionTransformer
     config: ModelConfig
     tokenizer: Any  # a transformers tokenizer, or None when the directory has none
     source: str
@@ -176,10 +177,13 @@ def _no_initial_draws():
             setattr(torch.nn.init, name, function)
 
 
-def build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> DiffusionTransformer:
+def build_model(
+    config: ModelConfig, device: torch.device, dtype: torch.dtype
+) -> DiffusionTransformer | BlockDiffusionTransformer:
     """The model's modules with uninitialised storage allocated once, directly in ``dtype`` on ``device``."""
+    architecture = BlockDiffusionTransformer if config.block_diffusion else DiffusionTransformer
     with torch.device("meta"), _no_initial_draws():
-        model = DiffusionTransformer(config)
+        model = architecture(config)
     return model.to(dtype).to_empty(device=device).eval()
 
 

@@ -65,8 +65,40 @@ class CheckpointError(ValueError):
     """The checkpoint's files are missing or do not match its config."""
 
 
+def _swiglu_names(prefix: str) -> list[str]:
+    return [f"{prefix}.{part}_proj.weight" for part in ("gate", "up", "down")]
+
+
+def _block_layer_names(config: ModelConfig, index: int) -> list[str]:
+    """Our (= the checkpoint's, less ``model.``) names of one LLaDA2.0 layer."""
+    names = ["input_layernorm.weight", "post_attention_layernorm.weight", "attention.query_key_value.weight"]
+    names += ["attention.query_key_value.bias"] if config.qkv_bias else []
+    names += ["attention.query_layernorm.weight", "attention.key_layernorm.weight"] if config.qk_norm else []
+    names += ["attention.dense.weight"] + (["attention.dense.bias"] if config.output_bias else [])
+    moe = config.moe
+    if moe is None or index < moe.first_dense_layers:
+        names += _swiglu_names("mlp")
+    else:
+        names += ["mlp.gate.weight", "mlp.gate.expert_bias"]
+        for expert in range(moe.num_experts):
+            names += _swiglu_names(f"mlp.experts.{expert}")
+        names += _swiglu_names("mlp.shared_experts") if moe.shared_experts else []
+    return [f"layers.{index}.{name}" for name in names]
+
+
+def _block_name_map(config: ModelConfig) -> dict[str, str]:
+    ours = ["word_embeddings.weight", "norm.weight"]
+    for index in range(config.num_layers):
+        ours += _block_layer_names(config, index)
+    mapping = {f"model.{name}": name for name in ours}
+    mapping["lm_head.weight"] = "lm_head.weight"
+    return mapping
+
+
 def name_map(config: ModelConfig) -> dict[str, str]:
     """Checkpoint parameter name -> our module's parameter name, for every parameter of the model."""
+    if config.block_diffusion:
+        return _block_name_map(config)
     mapping = dict(_TOP_LEVEL[config.family])
     for index in range(config.num_layers):
         prefix = _LAYER_PREFIX[config.family].format(index)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from engine_pod.decoding.policies.base import RemaskingPolicy, StepContext
 from engine_pod.decoding.policies.low_confidence import LowConfidencePolicy
+from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
 from engine_pod.decoding.policies.threshold import ThresholdPolicy
 from engine_pod.decoding.policies.timestep import entropy_policy, maskgit_plus_policy, topk_margin_policy
 
 _FACTORIES = {
     "low_confidence": LowConfidencePolicy,
     "threshold": ThresholdPolicy,
+    "scheduled_threshold": ScheduledThresholdPolicy,
     "entropy": entropy_policy,
     "maskgit_plus": maskgit_plus_policy,
     "topk_margin": topk_margin_policy,

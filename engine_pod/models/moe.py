@@ -1,0 +1,82 @@
+"""LLaDA2.0's mixture-of-experts MLP: sigmoid router with a load-balancing expert bias, group-limited
+top-k routing, a routed-weight scale, and shared experts that every token passes through.
+
+Routing follows the published modelling code: scores = sigmoid(router logits); the bias is added only
+to choose experts (the best ``groups_per_token`` groups by the sum of their two best biased scores,
+then the top-k experts inside them); the chosen experts' unbiased scores are normalised to sum to one
+(when k > 1) and scaled. Each token's output depends on that token alone, whatever else is batched.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine_pod.models.config import ModelConfig, MoESpec
+from engine_pod.models.layers import SwiGLU
+
+
+class Router(nn.Module):
+    """Chooses each token's experts and their weights."""
+
+    def __init__(self, hidden: int, spec: MoESpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.weight = nn.Parameter(torch.empty(spec.num_experts, hidden))
+        self.expert_bias = nn.Parameter(torch.zeros(spec.num_experts), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Experts [N, k] and weights [N, k] (float32, float64 for float64 models)."""
+        compute = torch.promote_types(x.dtype, torch.float32)
+        scores = torch.sigmoid(nn.functional.linear(x.to(compute), self.weight.to(compute)))
+        expert = self._choose(scores + self.expert_bias.to(compute))
+        chosen = scores.gather(1, expert)
+        if self.spec.experts_per_token > 1:
+            chosen = chosen / (chosen.sum(-1, keepdim=True) + 1e-20)
+        return expert, chosen * self.spec.routed_scaling
+
+    def _choose(self, biased: torch.Tensor) -> torch.Tensor:
+        spec, tokens = self.spec, biased.shape[0]
+        grouped = biased.view(tokens, spec.groups, -1)
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+        best_groups = group_scores.topk(spec.groups_per_token, dim=-1, sorted=False).indices
+        allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best_groups, True)
+        allowed = allowed[:, :, None].expand_as(grouped).reshape(tokens, -1)
+        masked = biased.masked_fill(~allowed, float("-inf"))
+        return masked.topk(spec.experts_per_token, dim=-1).indices
+
+
+class MixtureOfExperts(nn.Module):
+    """Routed experts plus the shared experts (one MLP of ``shared_experts`` x the expert width)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        spec = config.moe
+        self.gate = Router(config.hidden_size, spec)
+        width = spec.expert_intermediate_size
+        self.experts = nn.ModuleList(SwiGLU(config, width) for _ in range(spec.num_experts))
+        self.shared_experts = None
+        if spec.shared_experts:
+            self.shared_experts = SwiGLU(config, width * spec.shared_experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        expert, weight = self.gate(flat)
+        out = self._routed(flat, expert, weight)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        return out.view(shape)
+
+    def _routed(self, x: torch.Tensor, expert: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """sum over k of weight[:, k] * expert[:, k](x) for x [N, D]: each expert runs once, on its tokens,
+        and its weighted outputs are summed in the router's precision."""
+        token = torch.arange(x.shape[0], device=x.device).repeat_interleave(expert.shape[1])
+        flat_expert, flat_weight = expert.reshape(-1), weight.reshape(-1)
+        out = torch.zeros(x.shape, dtype=weight.dtype, device=x.device)
+        for index in torch.unique(flat_expert).tolist():
+            picked = (flat_expert == index).nonzero(as_tuple=True)[0]
+            rows = token[picked]
+            result = self.experts[index](x[rows]).to(weight.dtype)
+            out.index_add_(0, rows, result * flat_weight[picked, None])
+        return out.to(x.dtype)

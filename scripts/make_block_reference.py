@@ -1,0 +1,268 @@
+"""Reference vectors for block-diffusion models, made by the published reference code.
+
+Writes a tiny random checkpoint in the real Hugging Face layout of LLaDA2.0 (``model_type:
+llada2_moe``), then runs the reference modelling and generation code on it: block-causal forward
+logits, and greedy ``generate`` runs for several prompts, block lengths, step counts and thresholds,
+each with its trace of forwards and commits. Only the vectors are committed, never the reference code.
+
+The reference is LLaDA2.0's Hugging Face modelling file (``modeling_llada2_moe.py`` with
+``configuration_llada2_moe.py``, as published in the checkpoint and mirrored in ZHZisZZ/dllm under
+``dllm/pipelines/llada2/models``). It was written for transformers 4.x, so run this script in an
+environment with ``transformers==4.57.1`` and the pinned torch:
+
+    python -m venv /tmp/refvenv && /tmp/refvenv/bin/pip install torch==2.13.0 transformers==4.57.1
+    /tmp/refvenv/bin/python scripts/make_block_reference.py --reference DIR --out tests/data/block_reference/llada2
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+logger = logging.getLogger("make_block_reference")
+
+MASK_ID, EOS_ID, ORDINARY = 500, 501, 480
+MODEL_SEED = 2051
+CONFIG = {
+    "architectures": ["LLaDA2MoeModelLM"],
+    "model_type": "llada2_moe",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "hidden_act": "silu",
+    "use_qkv_bias": False,
+    "use_qk_norm": True,
+    "use_bias": False,
+    "rms_norm_eps": 1e-06,
+    "norm_head": False,
+    "tie_word_embeddings": False,
+    "embedding_dropout": 0.0,
+    "attention_dropout": 0.0,
+    "output_dropout": 0.0,
+    "max_position_embeddings": 4096,
+    "rope_theta": 600000,
+    "rope_scaling": None,
+    "partial_rotary_factor": 0.5,
+    "pad_token_id": EOS_ID,
+    "eos_token_id": EOS_ID,
+    "mask_token_id": MASK_ID,
+    "num_experts": 8,
+    "num_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "n_group": 4,
+    "topk_group": 2,
+    "routed_scaling_factor": 2.5,
+    "moe_intermediate_size": 24,
+    "first_k_dense_replace": 1,
+    "score_function": "sigmoid",
+    "norm_topk_prob": True,
+    "moe_router_enable_expert_bias": True,
+    "output_router_logits": False,
+    "torch_dtype": "float32",
+}
+FORWARD_CASES = [(7, 4), (19, 8), (40, 8), (33, 16)]  # (sequence length, block length)
+PROMPT_LENGTHS = (5, 8, 13)
+GENERATE_GRID = [  # (block_length, steps, gen_length, threshold)
+    (4, 4, 16, 0.95),
+    (4, 2, 16, 0.5),
+    (8, 8, 24, 0.95),
+    (8, 4, 24, 0.3),
+    (8, 8, 24, 1.0),  # nothing exceeds 1.0: the pure step schedule
+    (16, 8, 32, 0.9),
+]
+
+
+def import_reference(directory: Path):
+    """The reference modelling module, imported as a package so that its relative imports resolve."""
+    package = "llada2_reference"
+    spec = importlib.util.spec_from_file_location(
+        package, directory / "__init__.py", submodule_search_locations=[str(directory)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[package] = module
+    for name in ("configuration_llada2_moe", "modeling_llada2_moe"):
+        sub = importlib.util.spec_from_file_location(f"{package}.{name}", directory / f"{name}.py")
+        loaded = importlib.util.module_from_spec(sub)
+        sys.modules[f"{package}.{name}"] = loaded
+        sub.loader.exec_module(loaded)
+    return sys.modules[f"{package}.modeling_llada2_moe"], sys.modules[f"{package}.configuration_llada2_moe"]
+
+
+def _scale(name: str, shape: tuple[int, ...]) -> float:
+    """Scales that make a random model's decisions well separated (as in the LLaDA/Dream vectors)."""
+    fan_in = shape[-1] if len(shape) > 1 else 1
+    if name == "lm_head.weight":
+        return 5.0 / fan_in**0.5
+    if name.endswith("query_key_value.weight"):
+        return 3.0 / fan_in**0.5
+    if name.endswith("gate.weight"):
+        return 4.0 / fan_in**0.5
+    return 2.0 / fan_in**0.5
+
+
+def random_state(shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """Every tensor drawn from one seeded generator, in sorted name order."""
+    generator = torch.Generator().manual_seed(MODEL_SEED)
+    state = {}
+    for name in sorted(shapes):
+        shape = shapes[name]
+        draw = torch.randn(shape, generator=generator, dtype=torch.float32)
+        if "norm" in name and name.endswith("weight"):
+            state[name] = 1.0 + 0.1 * draw
+        elif name.endswith("expert_bias"):
+            state[name] = 0.1 * draw
+        elif name.endswith("word_embeddings.weight"):
+            state[name] = draw
+        else:
+            state[name] = _scale(name, shape) * draw
+    state["lm_head.weight"][MASK_ID] = 0.0  # [MASK] is never the argmax
+    state["model.word_embeddings.weight"][MASK_ID] *= 0.3
+    return state
+
+
+def block_mask(length: int, block_length: int) -> torch.Tensor:
+    """The reference's additive block-causal mask: 0 where a query's block may see a key's block."""
+    blocks = (length + block_length - 1) // block_length
+    allowed = torch.tril(torch.ones(blocks, blocks))
+    allowed = allowed.repeat_interleave(block_length, 0).repeat_interleave(block_length, 1)
+    return allowed[:length, :length].log()[None, None]
+
+
+def forward_cases(model, generator: torch.Generator) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    cases, tensors = [], {}
+    for index, (length, block_length) in enumerate(FORWARD_CASES):
+        ids = torch.randint(0, ORDINARY, (length,), generator=generator)
+        masked = torch.rand(length, generator=generator) < 0.3
+        ids[masked] = MASK_ID
+        with torch.no_grad():
+            logits = model(
+                ids[None],
+                attention_mask=block_mask(length, block_length),
+                position_ids=torch.arange(length)[None],
+            ).logits[0]
+        key = f"forward_{index}"
+        tensors[key] = logits.contiguous()
+        top2 = logits.topk(2, dim=-1).values
+        cases.append(
+            {
+                "name": key,
+                "input_ids": ids.tolist(),
+                "block_length": block_length,
+                "logits_key": key,
+                "argmax": logits.argmax(-1).tolist(),
+                "min_top1_top2_margin": float((top2[:, 0] - top2[:, 1]).min()),
+            }
+        )
+    return cases, tensors
+
+
+class ForwardTrace:
+    """Counts the reference's forwards and records what each one's window was."""
+
+    def __init__(self, model) -> None:
+        self.calls: list[dict] = []
+        # the inner model: ``generate`` calls the outer ``self.forward`` directly, which runs no hooks
+        model.model.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, _module, args, kwargs):
+        ids = args[0] if args else kwargs["input_ids"]
+        self.calls.append({"input_len": int(ids.shape[1])})
+        return args, _float_mask(kwargs)
+
+
+def _float_mask(kwargs: dict) -> dict:
+    """``generate`` builds its additive mask (0 or -inf) in bfloat16, for a bfloat16 model; SDPA refuses a
+    mask whose dtype differs from a float32 model's queries. The same values in float32 (exact)."""
+    mask = kwargs.get("attention_mask")
+    if mask is not None and mask.dtype == torch.bfloat16:
+        kwargs = {**kwargs, "attention_mask": mask.float()}
+    return kwargs
+
+
+def _run(model, tracer: ForwardTrace, prompt: torch.Tensor, args: dict) -> dict:
+    tracer.calls.clear()
+    output = model.generate(inputs=prompt[None], **args)[0]
+    return {
+        "function": "LLaDA2MoeModelLM.generate",
+        "args": args,
+        "prompt_ids": prompt.tolist(),
+        "output_ids": output.tolist(),
+        "nfe": len(tracer.calls),
+        "forward_input_lengths": [call["input_len"] for call in tracer.calls],
+    }
+
+
+def generate_runs(model, tracer: ForwardTrace, generator: torch.Generator) -> list[dict]:
+    """The grid for every prompt, then one run per prompt whose EOS is a token the model does produce
+    (the tiny vocabulary's own EOS never comes up), to exercise the stop after an EOS block."""
+    runs = []
+    for prompt_length in PROMPT_LENGTHS:
+        prompt = torch.randint(0, ORDINARY, (prompt_length,), generator=generator)
+        for block_length, steps, gen_length, threshold in GENERATE_GRID:
+            args = {
+                "temperature": 0.0,
+                "block_length": block_length,
+                "steps": steps,
+                "gen_length": gen_length,
+                "threshold": threshold,
+                "minimal_topk": 1,
+                "eos_early_stop": False,
+                "eos_id": EOS_ID,
+                "mask_id": MASK_ID,
+            }
+            runs.append(_run(model, tracer, prompt, args))
+        produced = runs[-len(GENERATE_GRID)]["output_ids"]  # the first grid run of this prompt
+        args = {**runs[-len(GENERATE_GRID)]["args"], "gen_length": 32, "eos_id": produced[6]}
+        runs.append(_run(model, tracer, prompt, args))
+    return runs
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--reference", type=Path, required=True, help="folder with the reference modelling files"
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder to write the checkpoint and vectors to"
+    )
+    args = parser.parse_args()
+    modeling, configuration = import_reference(args.reference)
+    torch.manual_seed(0)
+    config = configuration.LLaDA2MoeConfig(**CONFIG)
+    config._attn_implementation = "sdpa"
+    model = modeling.LLaDA2MoeModelLM(config).eval().float()
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    state = random_state(shapes)
+    model.load_state_dict(state, strict=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(args.out / "model.safetensors"), metadata={"format": "pt"})
+    (args.out / "config.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
+    reloaded = modeling.LLaDA2MoeModelLM.from_pretrained(str(args.out), config=config).eval().float()
+    for name, tensor in reloaded.state_dict().items():
+        if not torch.equal(tensor, state[name]):
+            raise SystemExit(f"the reference loader read {name} differently from what was saved")
+    generator = torch.Generator().manual_seed(7)
+    cases, tensors = forward_cases(model, generator)
+    save_file(tensors, str(args.out / "logits.safetensors"))
+    (args.out / "forward.json").write_text(json.dumps({"cases": cases}, indent=1) + "\n")
+    runs = generate_runs(model, ForwardTrace(model), generator)
+    (args.out / "generate.json").write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    logger.info("wrote %d forward cases and %d generate runs to %s", len(cases), len(runs), args.out)
+
+
+if __name__ == "__main__":
+    main()
