@@ -53,6 +53,7 @@ class Engine:
     ) -> None:
         self.runner = runner
         self.scheduler = scheduler
+        scheduler.grid_aligned = getattr(runner, "grid_aligned", False)  # block-diffusion models
         self.clock = clock
         # the last ``record_window`` cycles (all of them when None: a benchmark's run is finite)
         self.records: deque[CycleRecord] = deque(maxlen=record_window)

@@ -7,7 +7,7 @@ from collections import Counter
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
 from engine_pod.models.loader import LoadedModel
-from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.request import Request
 
 
@@ -15,7 +15,8 @@ def run_workload(
     loaded: LoadedModel, scheduler, decoding: DecodingConfig, workload, order=None
 ) -> dict[str, list[int]]:
     """Generated tokens per request id, submitting the workload in ``order`` (default: as given)."""
-    engine = Engine(BlockCycleRunner(loaded, decoding), scheduler)
+    pool_tokens = sum(len(prompt) + budget + 2 * decoding.block_length for _, prompt, budget in workload)
+    engine = Engine(make_runner(loaded, decoding, pool_tokens), scheduler)
     items = workload if order is None else [workload[i] for i in order]
     for request_id, prompt, budget in items:
         engine.add_request(Request.from_tokens(request_id, prompt, budget, decoding.block_length))

@@ -85,14 +85,54 @@ def _init(name: str, shape: tuple[int, ...], generator: torch.Generator, hidden:
     noise = torch.randn(shape, generator=generator)
     if name.endswith("norm.weight") or "ln_f" in name or "layernorm" in name:
         return 1 + 0.1 * noise
-    if name.endswith(".bias"):
+    if name.endswith(".bias") or name.endswith("expert_bias"):
         return 0.1 * noise
-    if "wte" in name or "embed_tokens" in name:
+    if "wte" in name or "embed_tokens" in name or "word_embeddings" in name:
         return noise
     if name in ("model.transformer.ff_out.weight", "lm_head.weight"):
         return 5 / math.sqrt(hidden) * noise
     scale = 3 if any(k in name for k in ("q_proj", "k_proj")) else 2
     return scale / math.sqrt(shape[1]) * noise
+
+
+def llada2_config(hidden=32, layers=2, heads=4, kv_heads=2, experts=4, vocab=512, mask=500, eos=501) -> dict:
+    """LLaDA2.0's field set (llada2_moe): layer 0 dense, the others a mixture of ``experts`` experts."""
+    return {
+        "model_type": "llada2_moe",
+        "architectures": ["LLaDA2MoeModelLM"],
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": hidden // heads,
+        "partial_rotary_factor": 0.5,
+        "use_qk_norm": True,
+        "use_qkv_bias": False,
+        "use_bias": False,
+        "vocab_size": vocab,
+        "rope_theta": 600000,
+        "rms_norm_eps": 1e-6,
+        "num_experts": experts,
+        "num_experts_per_tok": 2,
+        "num_shared_experts": 1,
+        "n_group": 2,
+        "topk_group": 1,
+        "moe_intermediate_size": hidden // 2,
+        "first_k_dense_replace": 1,
+        "mask_token_id": mask,
+        "eos_token_id": eos,
+        "pad_token_id": eos,
+        "tie_word_embeddings": False,
+    }
+
+
+_HEAD = {"llada": "model.transformer.ff_out.weight", "dream": "lm_head.weight", "llada2": "lm_head.weight"}
+_EMBEDDING = {
+    "llada": "model.transformer.wte.weight",
+    "dream": "model.embed_tokens.weight",
+    "llada2": "model.word_embeddings.weight",
+}
 
 
 def write_checkpoint(directory: Path, raw_config: dict, seed: int = 0) -> Path:
@@ -104,8 +144,7 @@ def write_checkpoint(directory: Path, raw_config: dict, seed: int = 0) -> Path:
     tensors = {}
     for name in sorted(shapes):
         tensors[name] = _init(name, shapes[name], generator, config.hidden_size).contiguous()
-    head = "model.transformer.ff_out.weight" if config.family == "llada" else "lm_head.weight"
-    embed = "model.transformer.wte.weight" if config.family == "llada" else "model.embed_tokens.weight"
+    head, embed = _HEAD[config.family], _EMBEDDING[config.family]
     tensors[head][config.mask_token_id] = 0.0
     tensors[embed][config.mask_token_id] *= 0.3
     save_file(tensors, str(directory / "model.safetensors"))

@@ -17,7 +17,7 @@ from engine_pod.serve.redis_server import free_port
 from gateway.__main__ import DrainingServer
 from gateway.app import build_app
 from gateway.settings import GatewaySettings
-from tests.factories import dream_config, llada_config, write_checkpoint
+from tests.factories import dream_config, llada2_config, llada_config, write_checkpoint
 
 BLOCK = 8
 
@@ -35,11 +35,13 @@ _SERVED_SHAPES = {
     "dream": lambda mask, eos: dream_config(
         hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=320, mask=mask, eos=eos
     ),
+    # block diffusion: a dense layer, then a mixture of experts
+    "llada2": lambda mask, eos: llada2_config(vocab=320, mask=mask, eos=eos),
 }
 
 
 def write_served_model(directory: Path, seed: int = 0, family: str = "llada") -> Path:
-    """A small random LLaDA (or Dream) checkpoint with the project's tokenizer and chat template."""
+    """A small random LLaDA (Dream, LLaDA2.0) checkpoint with the project's tokenizer and chat template."""
     from engine_pod.training.tokenizer_build import build_tokenizer, save_tokenizer
 
     tokenizer = build_tokenizer(320)

@@ -21,12 +21,12 @@ from engine_pod.heap import freeze_loaded_objects
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.models.loader import LoadedModel, load_model
 from engine_pod.profiling.memory import peak_bytes, reset_peak
-from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.request import Request
 
 
-def warm_up(runner: BlockCycleRunner, requests: list[PreparedRequest]) -> None:
+def warm_up(runner, requests: list[PreparedRequest]) -> None:
     """One untimed block cycle, so that one-off kernel and allocator set-up is not charged to a policy."""
     if requests:
         runner.run([CycleRow(tuple(requests[0].prompt_ids))])
@@ -50,7 +50,8 @@ def run_policy(
         return run_through_gateway(loaded, decoding, spec, requests, pinning)
     eos = loaded.config.eos_token_ids
     scheduler = build_scheduler(spec, decoding.block_length, eos, decoding.ignore_eos, decoding.canvas)
-    engine = Engine(BlockCycleRunner(loaded, decoding, record_margins=record_margins), scheduler)
+    runner = make_runner(loaded, decoding, spec.token_budget, record_margins=record_margins)
+    engine = Engine(runner, scheduler)
     for item in requests:
         engine.add_request(
             Request.from_tokens(item.request_id, item.prompt_ids, item.max_tokens, decoding.block_length)

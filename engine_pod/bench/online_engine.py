@@ -11,7 +11,7 @@ from engine_pod.bench.policies import PolicySpec, build_scheduler
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine, StepResult
 from engine_pod.models.loader import LoadedModel
-from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.request import Request
 from engine_pod.text import completion_tokens
 
@@ -67,7 +67,7 @@ def run_engine_online(
 ) -> list[Observed]:
     eos = loaded.config.eos_token_ids
     scheduler = build_scheduler(spec, decoding.block_length, eos, decoding.ignore_eos, decoding.canvas)
-    engine = Engine(BlockCycleRunner(loaded, decoding, record_margins=False), scheduler)
+    engine = Engine(make_runner(loaded, decoding, spec.token_budget, record_margins=False), scheduler)
     warm_up(engine.runner, [r.request for r in requests])
     families = {r.request.request_id: r.family for r in requests}
     run = _Run(engine, decoding, requests)

@@ -28,7 +28,7 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import LoadedModel
 from engine_pod.profiling.memory import peak_bytes
 from engine_pod.queue.keys import ServiceKeys
-from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.runner.factory import make_runner
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import RedisServer, free_port
 from engine_pod.worker.worker import Worker, WorkerConfig
@@ -130,7 +130,7 @@ def serving_stack(
             policy=spec.served_policy,
             batch_size=spec.static_batch_size,
         )
-        worker = Worker(BlockCycleRunner(loaded, decoding), config)
+        worker = Worker(make_runner(loaded, decoding, spec.token_budget), config)
         env = _gateway_env(loaded, server.url, decoding, requests)
         gateway = GatewayProcess("127.0.0.1", free_port(), env, options).start()
         try:

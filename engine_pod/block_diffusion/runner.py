@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine_pod.decoding.candidates import score_candidates
 from engine_pod.decoding.policies import StepContext
 from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
 from engine_pod.models.block_transformer import BlockDiffusionTransformer, BlockForward
@@ -61,11 +62,18 @@ class BlockDiffusionRunner:
         self.mask_id = model.config.mask_token_id
         self.policy = ScheduledThresholdPolicy()
         self.device = model.lm_head.weight.device
+        self.score_dtype = torch.promote_types(model.lm_head.weight.dtype, torch.float32)
+        self.sampling = None
+        self.computed_positions = 0  # query positions pushed through the model in the last cycle
 
     @torch.no_grad()
-    def run_cycle(self, rows: list[BlockRow]) -> list[list[int]]:
+    def run_cycle(self, rows: list[BlockRow], sampling=None, gather_rows: bool = True) -> list[list[int]]:
         """Complete every row's active block; returns each row's block (L tokens, its fixed head included)
-        and leaves the rows' tokens extended to the block's end."""
+        and leaves the rows' tokens extended to the block's end. ``sampling``: a RowSampling over the rows
+        (None: all greedy); ``gather_rows=False`` keeps rows whose block is complete in every forward
+        (static batching's cost)."""
+        self.sampling = sampling
+        self.computed_positions = 0
         L = self.block_length
         starts = [row.block_start(L) for row in rows]
         heads = [row.tokens[start:] for row, start in zip(rows, starts)]
@@ -75,9 +83,10 @@ class BlockDiffusionRunner:
             [head + [self.mask_id] * (L - len(head)) for head in heads], dtype=torch.long, device=self.device
         )
         for step in range(self.steps):
-            live = (blocks == self.mask_id).any(1).nonzero(as_tuple=True)[0].tolist()
-            if not live:
+            masked = (blocks == self.mask_id).any(1)
+            if not bool(masked.any()):
                 break
+            live = (masked if gather_rows else torch.ones_like(masked)).nonzero(as_tuple=True)[0].tolist()
             first = [rows[i].cached if self.exact_cache else 0 for i in live]
             self._denoise(rows, starts, _Step(live, first, blocks[live]), step, blocks)
             if self.exact_cache:
@@ -94,9 +103,14 @@ class BlockDiffusionRunner:
     ):
         batch, select = self._batch(rows, starts, step)
         hidden = self.model.forward_blocks(batch, select)
+        self.computed_positions += int(batch.write_slots.ne(self.pool.scratch).sum())
         candidates = step.blocks == self.mask_id
         pick_r, pick_k = candidates.nonzero(as_tuple=True)
-        proposal, confidence = hidden.map_logits(self.policy.scorer)
+        rows_of = torch.tensor(step.rows, device=self.device)[pick_r]
+        positions = batch.positions[select[0], select[1]]
+        proposal, confidence = score_candidates(
+            hidden, self.policy.scorer, self.sampling, rows_of, positions, index, self.score_dtype
+        )
         scores = torch.full(step.blocks.shape, float("-inf"), dtype=confidence.dtype, device=self.device)
         scores[pick_r, pick_k] = confidence
         proposals = step.blocks.clone()

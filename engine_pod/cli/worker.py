@@ -79,7 +79,7 @@ def register(subparsers) -> None:
 
 def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Worker:
     from engine_pod.models.loader import load_model
-    from engine_pod.runner.block_cycle import BlockCycleRunner
+    from engine_pod.runner.factory import make_runner
     from engine_pod.worker.worker import Worker, WorkerConfig
 
     decoding = decoding_config(args, args.steps_per_block)
@@ -100,7 +100,7 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Work
         policy=getattr(args, "policy", SERVING_POLICIES[0]),
         batch_size=getattr(args, "batch_size", 1),
     )
-    return Worker(BlockCycleRunner(loaded, decoding), config)
+    return Worker(make_runner(loaded, decoding, scheduling.token_budget), config)
 
 
 def run(args: argparse.Namespace) -> int:

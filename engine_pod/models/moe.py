@@ -69,14 +69,19 @@ class MixtureOfExperts(nn.Module):
         return out.view(shape)
 
     def _routed(self, x: torch.Tensor, expert: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """sum over k of weight[:, k] * expert[:, k](x) for x [N, D]: each expert runs once, on its tokens,
-        and its weighted outputs are summed in the router's precision."""
-        token = torch.arange(x.shape[0], device=x.device).repeat_interleave(expert.shape[1])
-        flat_expert, flat_weight = expert.reshape(-1), weight.reshape(-1)
-        out = torch.zeros(x.shape, dtype=weight.dtype, device=x.device)
-        for index in torch.unique(flat_expert).tolist():
-            picked = (flat_expert == index).nonzero(as_tuple=True)[0]
-            rows = token[picked]
-            result = self.experts[index](x[rows]).to(weight.dtype)
-            out.index_add_(0, rows, result * flat_weight[picked, None])
-        return out.to(x.dtype)
+        """sum over k of weight[:, k] * expert[:, k](x) for x [N, D]: the (token, k) pairs sorted by expert,
+        each expert run once on its tokens, the weighted outputs summed over k in the router's precision
+        (in k order, as the reference does)."""
+        tokens, k = expert.shape
+        flat = expert.reshape(-1)
+        order = flat.argsort(stable=True)
+        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
+        inputs = x[order // k]
+        outputs, start = [], 0
+        for index, count in enumerate(counts):
+            if count:
+                outputs.append(self.experts[index](inputs[start : start + count]))
+                start += count
+        pairs = torch.empty(tokens * k, x.shape[-1], dtype=weight.dtype, device=x.device)
+        pairs[order] = torch.cat(outputs).to(weight.dtype)
+        return (pairs.view(tokens, k, -1) * weight[..., None]).sum(1).to(x.dtype)

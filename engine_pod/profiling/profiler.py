@@ -1,5 +1,8 @@
 """Offline peak-memory profiling: real block cycles over a grid of batch shapes -> a token budget.
 
+For a block-diffusion model the batch's tokens are also the KV pool's: the pool is allocated for them,
+so the budget counts what a request holds (its context's KV pages and its active block).
+
 Each grid point runs one block cycle (a refresh forward plus cached steps) on a batch of
 ``rows x width`` tokens. CUDA points run in this process between allocator peak resets and record
 the reserved peak (what the device gives up, fragmentation included) beside the allocated one; CPU
@@ -36,7 +39,7 @@ from engine_pod.profiling.memory import (
     reset_peak,
     total_memory,
 )
-from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.config import DEFAULT_LAYOUT
 from engine_pod.scheduler.cycle_row import CycleRow
 
@@ -106,7 +109,7 @@ def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> Poin
     decoding = DecodingConfig(
         block_length=cfg.block_length, steps_per_block=cfg.steps, remasking="low_confidence"
     )
-    runner = BlockCycleRunner(loaded, decoding)
+    runner = make_runner(loaded, decoding, pool_tokens=point.tokens)  # block diffusion: KV for every token
     rows = _rows_for(point, loaded, cfg.block_length, cfg.seed)
     reset_peak(loaded.device)
     runner.run(rows, gather_rows=False, packed=cfg.layout == "packed")

@@ -38,6 +38,13 @@ class SyncQueue:
     def run(self, call: ScriptCall):
         return self._scripts[call.script](keys=call.keys, args=call.args)
 
+    def run_all(self, calls: list[ScriptCall]) -> list:
+        """Several calls in one round trip, each its own script run, in order (not one transaction)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for call in calls:
+            self._scripts[call.script](keys=call.keys, args=call.args, client=pipe)
+        return pipe.execute()
+
     def candidates(
         self, max_prefix: int, count: int, max_wait_s: float = 0.0, aged_count: int = 0
     ) -> Candidates:

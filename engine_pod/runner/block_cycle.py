@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
+from engine_pod.decoding.candidates import score_candidates
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.policies import StepContext, make_policy
-from engine_pod.decoding.sampling import distribution_logits, draw_keys, sample
+from engine_pod.decoding.sampling import distribution_logits
 from engine_pod.decoding.scoring import top_two_gap
 from engine_pod.models.adapter import adapter_for
 from engine_pod.models.loader import LoadedModel
@@ -177,34 +178,12 @@ class BlockCycleRunner:
             self._trace(canvas, rows, refresh, transfer, proposals)
 
     def _score(self, logits, canvas: Canvas, rows: _StepRows, pick_r, pick_k, step: int):
-        """Each candidate's proposal and confidence: the policy's (greedy) for greedy rows, a seeded draw
-        for sampled ones (see decoding/sampling.py), chunk by chunk over the LM head."""
-        sampling = canvas.sampling
-        if sampling is None or not bool(sampling.sampled[rows.index].any()):
-            return logits.map_logits(self.policy.scorer)
+        """Each candidate's proposal and confidence (decoding/candidates.py)."""
         row = rows.index[pick_r]
         positions = canvas.position_ids.gather(1, canvas.block_slots)[row, pick_k]
-        keys = draw_keys(sampling.seeds[row], positions, step)
-        drawn, temperature = sampling.sampled[row], sampling.temperature[row]
-        top_k, top_p = sampling.top_k[row], sampling.top_p[row]
-        offset = 0
-
-        def score(chunk: torch.Tensor):
-            nonlocal offset
-            part = slice(offset, offset + chunk.shape[0])
-            offset += chunk.shape[0]
-            proposal, confidence = self.policy.scorer(chunk)
-            mine = drawn[part]
-            if bool(mine.any()):
-                take = lambda t: t[part][mine]  # noqa: E731
-                picked, probability = sample(
-                    chunk[mine].to(self.score_dtype), take(temperature), take(top_k), take(top_p), take(keys)
-                )
-                proposal, confidence = proposal.clone(), confidence.clone()
-                proposal[mine], confidence[mine] = picked, probability.to(confidence.dtype)
-            return proposal, confidence
-
-        return logits.map_logits(score)
+        return score_candidates(
+            logits, self.policy.scorer, canvas.sampling, row, positions, step, self.score_dtype
+        )
 
     def _record_logprobs(
         self, logits, canvas: Canvas, rows: _StepRows, pick_r, pick_k, transfer, proposal, out

@@ -42,6 +42,7 @@ class Scheduler:
         self.canvas = canvas
         self.clock = clock
         self.requests: dict[str, Request] = {}
+        self.grid_aligned = False  # blocks on the absolute grid (block-diffusion models; set by the engine)
 
     def row_width_of(self, row: CycleRow) -> int:
         """Tokens a row of the next cycle holds: its prefix, the active block and any suffix."""
@@ -51,6 +52,8 @@ class Scheduler:
     def add(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise RequestError(f"request id {request.request_id!r} is already scheduled")
+        if self.grid_aligned:
+            request.align_to_grid(self.block_length)
         self.check_fits(request)
         if request.arrival_time is None:
             request.arrival_time = self.clock()

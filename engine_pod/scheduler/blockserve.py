@@ -109,6 +109,7 @@ class BlockServeScheduler(Scheduler):
             threshold=request.threshold,
             sampling=request.sampling,
             logprobs=request.logprobs,
+            owner=request.request_id,
         )
 
     def _preempt_overflow(self) -> list[Request]:

@@ -18,6 +18,7 @@ class CycleRow:
     threshold: float | None = None  # this request's confidence threshold, if it overrides the engine's
     sampling: SamplingParams | None = None  # None: greedy
     logprobs: int | None = None  # record each committed token's log probability and this many alternatives
+    owner: str = ""  # the request behind the row: a runner with a persistent KV cache keys its pages on it
 
     @property
     def width(self) -> int:

@@ -43,6 +43,10 @@ class Request:
     threshold: float | None = None  # overrides the engine's confidence threshold for this request
     sampling: SamplingParams | None = None  # None: greedy
     logprobs: int | None = None  # None: no log probabilities; k: the committed token's and k alternatives
+    max_tokens: int | None = None  # the generation budget asked for (max_blocks derives from it)
+    # block-diffusion models put blocks on the absolute grid: the prompt's last grid_head tokens share the
+    # first block with the first generated tokens (align_to_grid sets it; 0 for LLaDA and Dream)
+    grid_head: int = 0
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -61,26 +65,35 @@ class Request:
     ):
         if max_tokens < 1:
             raise RequestError(f"request {request_id}: max_tokens must be positive, got {max_tokens}")
-        return cls(request_id, tuple(prompt_ids), math.ceil(max_tokens / block_length), arrival_time)
+        request = cls(request_id, tuple(prompt_ids), math.ceil(max_tokens / block_length), arrival_time)
+        request.max_tokens = max_tokens
+        return request
+
+    def align_to_grid(self, block_length: int) -> None:
+        """Blocks on the absolute grid of ``block_length`` (block-diffusion models): the first block holds
+        the prompt's tail, and as many blocks as ``ceil((prompt + max_tokens) / L) - floor(prompt / L)``."""
+        self.grid_head = self.prompt_len % block_length
+        budget = self.max_tokens if self.max_tokens is not None else self.max_blocks * block_length
+        self.max_blocks = math.ceil((self.grid_head + budget) / block_length)
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
 
     def blocks_done(self, block_length: int) -> int:
-        return len(self.generated) // block_length
+        return (self.grid_head + len(self.generated)) // block_length
 
     def prefix_len(self) -> int:
         """Tokens before the next block: prompt plus committed blocks (the queue's sort key)."""
         return self.prompt_len + len(self.generated)
 
     def next_width(self, block_length: int) -> int:
-        """Row width p + (b+1) L of the next block cycle without a suffix."""
-        return self.prefix_len() + block_length
+        """Row width p + (b+1) L of the next block cycle without a suffix (on the grid: the block's end)."""
+        return self.prompt_len - self.grid_head + (self.blocks_done(block_length) + 1) * block_length
 
     def peak_width(self, block_length: int) -> int:
-        """Widest this request's row can ever be: p + K L."""
-        return self.prompt_len + self.max_blocks * block_length
+        """Widest this request's row can ever be: p + K L (on the grid: the last block's end)."""
+        return self.prompt_len - self.grid_head + self.max_blocks * block_length
 
     @property
     def is_finished(self) -> bool:

@@ -81,6 +81,7 @@ class StaticScheduler(Scheduler):
             threshold=request.threshold,
             sampling=request.sampling,
             logprobs=request.logprobs,
+            owner=request.request_id,
         )
 
     def _finished_row(self, request: Request) -> CycleRow:
@@ -93,7 +94,7 @@ class StaticScheduler(Scheduler):
             blocks = max((r.blocks_done(L) for r in self.batch if not r.is_finished), default=0)
         filled = request.generated + [next(iter(self.eos_ids), 0)] * (request.max_blocks * L)
         prefix = request.prompt_ids + tuple(filled[: min(blocks, request.max_blocks - 1) * L])
-        return CycleRow(prefix, suffix_blocks=0, suffix_visible=True, active=False)
+        return CycleRow(prefix, suffix_blocks=0, suffix_visible=True, active=False, owner=request.request_id)
 
     # -- claiming from a shared queue (the baselines behind the same queue as BlockServe) -----------
     def claim_plan(self) -> ClaimPlan | None:

@@ -106,6 +106,8 @@ class Worker:
         self._last_reap = 0.0
         self._pubsub = None
         self._subscribed = False
+        self.burst_quiet_s = BURST_QUIET_S  # the pause in arrivals that ends a batch window
+        self.in_batch_window = False  # woken by new work, waiting while more keeps arriving
         self._meta: dict[str, dict] = {}  # request id -> payload meta, echoed in its done event
         self._streaming: set[str] = set()  # requests whose clients read each block (others: the result)
         self._max_tokens: dict[str, int] = {}  # request id -> its max_tokens: results are cut to it
@@ -318,9 +320,13 @@ class Worker:
         (sampling the queue's depth every BURST_QUIET_S ended it up to twice that late)."""
         window = self.config.scheduling.batch_window_s
         give_up = time.monotonic() + window
-        while (left := give_up - time.monotonic()) > 0:
-            if not self._arrivals_within(min(BURST_QUIET_S, left)):
-                return
+        self.in_batch_window = True
+        try:
+            while (left := give_up - time.monotonic()) > 0:
+                if not self._arrivals_within(min(self.burst_quiet_s, left)):
+                    return
+        finally:
+            self.in_batch_window = False
 
     def _arrivals_within(self, timeout: float) -> bool:
         """Whether a wakeup comes within ``timeout`` seconds; those already delivered are read with it."""
@@ -362,7 +368,7 @@ class Worker:
             request = requests.get(request_id)
             if not row.active or request is None:
                 continue
-            index = len(request.generated) // self.decoding.block_length - 1
+            index = request.blocks_done(self.decoding.block_length) - 1
             kept = self._logprobs.get(request_id)
             logprobs = None
             if kept is not None:

@@ -11,7 +11,7 @@ class OperatorSettings:
     engine_image: str = "ghcr.io/dllm-dev/dllm-engine:0.1.0"
     gateway_image: str = "ghcr.io/dllm-dev/dllm-gateway:0.1.0"
     redis_image: str = "redis:7.2-alpine"
-    supported_families: tuple[str, ...] = ("llada", "dream")
+    supported_families: tuple[str, ...] = ("llada", "dream", "llada2")
     resync_seconds: float = 15.0  # timer period: progress checks and autoscaling
     api_url: str | None = (
         None  # talk to this API server (tests: the kmock emulator); else in-cluster/kubeconfig
@@ -24,7 +24,9 @@ class OperatorSettings:
     def from_env(cls) -> OperatorSettings:
         env = os.environ
         families = tuple(
-            f.strip() for f in env.get("DLLM_SUPPORTED_FAMILIES", "llada,dream").split(",") if f.strip()
+            f.strip()
+            for f in env.get("DLLM_SUPPORTED_FAMILIES", ",".join(cls.supported_families)).split(",")
+            if f.strip()
         )
         return cls(
             engine_image=env.get("DLLM_ENGINE_IMAGE", cls.engine_image),

@@ -8,11 +8,13 @@ garbage collection, a lost node) without the service noticing."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from dllm_operator.config import OperatorSettings
 from dllm_operator.k8s import KubeClient, collection_path
+from dllm_operator.manifests.common import name_of
 from dllm_operator.manifests.profiling import job_name, profiling_job
 from dllm_operator.pod_health import stuck_reason
 from dllm_operator.spec import ServiceSpec
@@ -77,6 +79,21 @@ def _stored_summary(stored: dict[str, Any], profile_hash: str) -> ProfileSummary
         return None  # not readable (written by hand?): measure again rather than trust it
 
 
+def _configmap_summary(client: KubeClient, spec: ServiceSpec, profile_hash: str) -> ProfileSummary | None:
+    """The summary the profile ConfigMap holds for this hash. A reconcile may work from a view of the
+    service older than the status patch that stored its profile (an event delivered before it): before
+    it profiles again, it asks the other stored copy, read fresh from the API."""
+    path = f"{collection_path('v1', 'ConfigMap', spec.namespace)}/{name_of(spec, 'profile')}"
+    configmap = client.get(path) or {}
+    annotations = (configmap.get("metadata") or {}).get("annotations") or {}
+    if annotations.get("dllm.dev/profile-hash") != profile_hash:
+        return None
+    try:
+        return ProfileSummary.parse(json.loads((configmap.get("data") or {}).get("profile.json", "")))
+    except (ValueError, ProfileFormatError):
+        return None
+
+
 def ensure_profile(
     spec: ServiceSpec,
     owner: dict,
@@ -93,6 +110,8 @@ def ensure_profile(
         return ProfileState("ready", profile_hash, summary)
     name = job_name(spec, profile_hash)
     job = client.get(f"{collection_path('batch/v1', 'Job', spec.namespace)}/{name}")
+    if job is None and (summary := _configmap_summary(client, spec, profile_hash)) is not None:
+        return ProfileState("ready", profile_hash, summary)
     if job is None:
         # created once, never patched: a Job's pod template cannot change (two reconciles racing here
         # both find no Job; the second create is a conflict, and the first one's Job stands)

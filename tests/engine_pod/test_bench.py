@@ -76,8 +76,8 @@ def test_bench_reports_every_policy_side_by_side(model, tmp_path):
     assert blockserve["num_forward_passes"] * 8 <= sequential["num_forward_passes"]
     assert blockserve["max_rows"] >= 2 * static["max_rows"]
     assert blockserve["padding_efficiency"] >= 0.97 > 0.8 > static["padding_efficiency"]
-    assert blockserve["speedup_vs_static"] == pytest.approx(
-        blockserve["tokens_per_s"] / static["tokens_per_s"], rel=1e-2
+    assert blockserve["speedup_vs_static"] == pytest.approx(  # the report rounds it to 3 decimals
+        blockserve["tokens_per_s"] / static["tokens_per_s"], rel=1e-2, abs=5e-4
     )
     assert report["policies"]["blockserve"]["max_cost_tokens"] <= 2048
     assert report["static_max_box_tokens"] <= 2048  # equal memory: static's largest box fits the same budget
@@ -168,8 +168,8 @@ def test_gateway_policy_runs_the_same_workload_through_the_serving_path(model, t
     # behind the queue the worker still batches: rows join at block boundaries as they arrive
     # (measured with 16 requests: all 16 in one batch, 25 block cycles against the engine's 24)
     assert gateway["max_rows"] >= 5 and gateway["block_cycles"] <= 1.5 * engine["block_cycles"]
-    assert gateway["throughput_vs_engine"] == pytest.approx(
-        gateway["tokens_per_s"] / engine["tokens_per_s"], rel=1e-2
+    assert gateway["throughput_vs_engine"] == pytest.approx(  # the report rounds it to 3 decimals
+        gateway["tokens_per_s"] / engine["tokens_per_s"], rel=1e-2, abs=5e-4
     )
     assert report["outputs_identical"] is True  # the same tokens through HTTP, Redis and the worker
 

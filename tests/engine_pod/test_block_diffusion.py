@@ -7,17 +7,26 @@ import io
 import json
 import random
 from contextlib import redirect_stdout
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file
 
-from engine_pod.block_diffusion.generate import generate_blocks
 from engine_pod.cli.main import main
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.generation import generate_one
 from engine_pod.models.block_transformer import BlockForward
 from engine_pod.models.config import ModelConfigError, config_from_dict
 from engine_pod.models.loader import load_model
+from engine_pod.scheduler.blockserve import BlockServeScheduler
+from engine_pod.scheduler.config import LAYOUTS, SchedulerConfig
+from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
+from tests.engine_utils import common_token, run_workload
+from tests.factories import random_workload
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "block_reference" / "llada2"
 LOGIT_ATOL = 1e-3
@@ -30,6 +39,11 @@ def _runs() -> list[dict]:
 @pytest.fixture(scope="module")
 def loaded():
     return load_model(str(REFERENCE))
+
+
+@pytest.fixture(scope="module")
+def float64_model():
+    return load_model(str(REFERENCE), dtype="float64")
 
 
 def _whole_sequence_logits(model, ids: list[int], block_length: int) -> torch.Tensor:
@@ -53,23 +67,43 @@ def test_block_causal_forward_logits(loaded):
         assert logits.argmax(-1).tolist() == case["argmax"], case["name"]
 
 
-def _generate(loaded, run: dict, exact_cache: bool = True):
+@dataclass
+class Generated:
+    output_ids: list[int]  # as the reference returns them: cut after the first EOS
+    finished_by_eos: bool
+    forwards: int
+
+
+def generate(loaded, prompt, gen_length, block_length, steps, threshold, cache="dual") -> Generated:
+    """One request through the engine (sequential scheduler, block-diffusion runner)."""
+    decoding = DecodingConfig(
+        block_length=block_length,
+        steps_per_block=steps,
+        remasking="scheduled_threshold",
+        threshold=threshold,
+        cache=cache,
+    )
+    result = generate_one(loaded, prompt, gen_length, decoding)
+    eos = set(loaded.config.eos_token_ids)
+    cut = next((i + 1 for i, token in enumerate(result.token_ids) if token in eos), gen_length)
+    return Generated(result.token_ids[:cut], result.finish_reason == "stop", result.num_forward_passes)
+
+
+def _generate(loaded, run: dict, cache: str = "dual") -> Generated:
     args = run["args"]
     model = loaded if args["eos_id"] in loaded.config.eos_token_ids else _with_eos(loaded, args["eos_id"])
-    return generate_blocks(
+    return generate(
         model,
         run["prompt_ids"],
         args["gen_length"],
         args["block_length"],
         args["steps"],
         args["threshold"],
-        exact_cache=exact_cache,
+        cache,
     )
 
 
 def _with_eos(loaded, eos: int):
-    from dataclasses import replace
-
     return replace(loaded, config=loaded.config.with_eos((eos,)))
 
 
@@ -121,9 +155,9 @@ def test_dllm_generate_reproduces_a_reference_run():
     assert payload["num_forward_passes"] == run["nfe"]
 
 
-def test_the_exact_cache_gives_the_tokens_of_recomputing_the_whole_context():
+def test_the_exact_cache_gives_the_tokens_of_recomputing_the_whole_context(float64_model):
     """float64, where a flip would need a near-tie: random prompts, block lengths, steps and thresholds."""
-    model = load_model(str(REFERENCE), dtype="float64")
+    model = float64_model
     rng = random.Random(11)
     for _ in range(12):
         prompt = [rng.randrange(480) for _ in range(rng.randint(1, 20))]
@@ -131,8 +165,8 @@ def test_the_exact_cache_gives_the_tokens_of_recomputing_the_whole_context():
         steps = rng.randint(1, block_length)
         gen_length = block_length * rng.randint(1, 4)
         threshold = rng.choice([0.2, 0.5, 0.9, 1.0])
-        cached = generate_blocks(model, prompt, gen_length, block_length, steps, threshold, exact_cache=True)
-        full = generate_blocks(model, prompt, gen_length, block_length, steps, threshold, exact_cache=False)
+        cached = generate(model, prompt, gen_length, block_length, steps, threshold, cache="dual")
+        full = generate(model, prompt, gen_length, block_length, steps, threshold, cache="none")
         assert cached.output_ids == full.output_ids, (prompt, block_length, steps, threshold)
         assert cached.forwards == full.forwards
 
@@ -145,3 +179,49 @@ def test_a_config_the_reference_code_does_not_implement_is_refused():
         config_from_dict({**raw, "n_group": 3})
     config = config_from_dict(raw)
     assert config.block_diffusion and config.moe.num_experts == 8 and config.rotary_dim == 8
+
+
+block_workloads = st.fixed_dictionaries(
+    {
+        "seed": st.integers(0, 10_000),
+        "requests": st.integers(2, 8),
+        "block": st.sampled_from([4, 8]),
+        "threshold": st.sampled_from([0.3, 0.6, 1.0]),
+        "cache": st.sampled_from(["none", "dual"]),
+        "budget_slack": st.integers(0, 120),
+        "admission": st.sampled_from(["preempt", "projected"]),
+        "static_batch": st.integers(1, 5),
+        "eos_rank": st.integers(0, 6),
+        "layout": st.sampled_from(LAYOUTS),
+    }
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=block_workloads)
+def test_a_block_diffusion_requests_output_is_independent_of_the_batch(float64_model, case):
+    """float64: BlockServe's mixed batches (rows on different blocks, admitted, preempted and resumed with
+    their cache rebuilt) and static batches give every request the tokens it gets alone."""
+    rng = random.Random(case["seed"])
+    block = case["block"]
+    workload = random_workload(rng, case["requests"], 480, block, max_prompt=20, max_blocks=3)
+    decoding = DecodingConfig(
+        block_length=block,
+        steps_per_block=block // 2,
+        remasking="scheduled_threshold",
+        threshold=case["threshold"],
+        cache=case["cache"],
+    )
+    free = run_workload(float64_model, sequential_scheduler(block, [], ignore_eos=True), decoding, workload)
+    eos = [common_token(free, case["eos_rank"])]
+    alone = run_workload(float64_model, sequential_scheduler(block, eos), decoding, workload)
+    peak = max(len(p) + g + block for _, p, g in workload)
+    scheduling = SchedulerConfig(
+        token_budget=peak + case["budget_slack"], admission=case["admission"], layout=case["layout"]
+    )
+    order = list(range(len(workload)))
+    rng.shuffle(order)
+    blockserve = BlockServeScheduler(block, eos, scheduling)
+    static = StaticScheduler(block, eos, batch_size=case["static_batch"], layout=case["layout"])
+    assert run_workload(float64_model, blockserve, decoding, workload, order) == alone
+    assert run_workload(float64_model, static, decoding, workload, order) == alone

@@ -10,6 +10,7 @@ import base64
 import copy
 import json
 import os
+from dataclasses import replace
 
 import kubernetes_validate
 import pytest
@@ -250,6 +251,30 @@ def test_the_profile_survives_its_job_and_pod_being_deleted(cluster, operator):
     status = kube.service(NAME)["status"]
     assert status["phase"] == "Ready" and status["profile"]["tokenBudget"] == 131072
     assert kube.condition(NAME, "Profiled")["status"] == "True"
+
+
+def test_a_reconcile_from_a_view_older_than_the_stored_profile_does_not_profile_again(cluster, operator):
+    """A reconcile may get the service as it was before the status patch that stored its profile (an event
+    delivered before it). With the Job gone it must not profile again: the profile ConfigMap, read fresh,
+    holds the same fact."""
+    from dllm_operator.config import OperatorSettings
+    from dllm_operator.k8s import KubeClient
+    from dllm_operator.profile_state import ensure_profile
+    from dllm_operator.spec import parse_spec
+
+    kube = cluster.client()
+    kube.create_service(example())
+    job = complete_profiling(kube, budget=131072)
+    until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
+    kube.batch.delete_namespaced_job(job, "default")
+    service = kube.service(NAME)
+    spec = parse_spec(NAME, "default", service["spec"])
+    settings = OperatorSettings.from_env()
+    client = KubeClient.from_settings(replace(settings, api_url=cluster.url))
+    owner = {"apiVersion": "dllm.dev/v1alpha1", "kind": "DLLMService", "name": NAME, "uid": "u"}
+    state = ensure_profile(spec, owner, settings, client, stored=None)  # the older view: nothing stored
+    assert state.state == "ready" and state.summary.token_budget == 131072
+    assert not kube.jobs()
 
 
 def test_a_profile_result_that_is_not_the_schema_fails_the_service_with_the_field_named(cluster, operator):
@@ -525,6 +550,28 @@ def test_a_spec_the_crd_cannot_reject_gives_degraded_without_a_crash(cluster, op
     # fixing the spec recovers
     kube.patch_service(NAME, {"spec": {"model": {"uri": "GSAI-ML/LLaDA-8B-Instruct", "family": "llada"}}})
     until(kube, lambda: kube.condition(NAME, "Degraded")["status"] == "False", what="recovery")
+
+
+def test_a_llada2_service_is_profiled_and_served_with_its_family(cluster, operator):
+    """The LLaDA2.0 example (block diffusion): its profiling Job and its engine run the checkpoint it
+    names, and the budget the Job measured reaches the engine."""
+    kube = cluster.client()
+    manifest = yaml.safe_load((EXAMPLE_PATH.parent / "example-llada2-dllmservice.yaml").read_text())
+    manifest["metadata"]["name"] = NAME
+    kube.create_service(manifest)
+    job = until(kube, lambda: _newest_unfinished_job(kube), what="the profiling Job")
+    kubernetes_validate.validate(_clean(job), "1.33.0", strict=False)
+    profiled = " ".join(job["spec"]["template"]["spec"]["containers"][0]["command"])
+    assert "inclusionAI/LLaDA2.0-mini@main" in profiled
+    complete_profiling(kube, budget=65536)
+    until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
+    command = " ".join(engine_command(kube))
+    assert "inclusionAI/LLaDA2.0-mini@main" in command and "--profile" in command
+    until(
+        kube,
+        lambda: (kube.service(NAME).get("status") or {}).get("profile", {}).get("tokenBudget") == 65536,
+        what="the measured budget in status",
+    )
 
 
 def _waiting_pod(name: str, labels: dict, reason: str, message: str) -> dict:

@@ -250,15 +250,17 @@ def test_the_online_benchmark_loads_dllm_serve_with_chat_requests(serve, tmp_pat
     assert 0 < run["first_block_s"]["p50"] <= run["latency_s"]["max"]
 
 
-def test_dllm_serve_serves_a_dream_checkpoint_as_dllm_generate_decodes_it(tmp_path):
-    """Dream through the whole serving path (supervisor, worker, gateway, the official client): the
-    answers equal ``dllm generate``'s with the serving defaults (block canvas, dual cache, threshold)."""
-    model = write_served_model(tmp_path / "tiny-dream", family="dream")
+@pytest.mark.parametrize("family", ["dream", "llada2"])
+def test_dllm_serve_serves_a_checkpoint_as_dllm_generate_decodes_it(tmp_path, family):
+    """Dream and LLaDA2.0 (block diffusion, exact KV cache) through the whole serving path (supervisor,
+    worker, gateway, the official client): the answers equal ``dllm generate``'s with the serving defaults
+    (block canvas, dual cache, threshold)."""
+    model = write_served_model(tmp_path / f"tiny-{family}", family=family)
     prompts = ["count from 1 to 9 .", "letters from a to k ."]
     (tmp_path / "serve").mkdir()
     with running(tmp_path / "serve", "--model", str(model)) as server:
         client = openai_client(server)
-        served = [client.completions.create(model="tiny-dream", prompt=p, max_tokens=64) for p in prompts]
+        served = [client.completions.create(model=f"tiny-{family}", prompt=p, max_tokens=64) for p in prompts]
     for prompt, reply in zip(prompts, served):
         argv = [sys.executable, "-m", "engine_pod.cli.main", "generate", "--model", str(model)]
         argv += ["--prompt", prompt, "--gen-length", "64", "--canvas", "block", "--json"]

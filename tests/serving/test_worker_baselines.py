@@ -4,7 +4,6 @@ next is claimed, and every request's tokens are the engine's own for it."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -81,33 +80,48 @@ def test_a_baseline_worker_claims_in_arrival_order_one_batch_at_a_time(
     assert {i: results[i][1].token_ids for i in ids} == {i: alone.outcomes[i].generated for i in ids}
 
 
-def _trickle(url: str, service: str, count: int) -> None:
-    """``count`` requests one after another (a burst on its way through a gateway: about a millisecond
-    apart, never the pause, BURST_QUIET_S, that ends a batch window)."""
+def _burst(url: str, service: str, ids: list[str]) -> None:
+    """The requests enqueued one by one, each publishing its own wakeup as a gateway's enqueues do, in one
+    round trip: they arrive microseconds apart however busy this machine is."""
     queue = SyncQueue(redis.Redis.from_url(url), QueueOps(service))
-    for index in range(count):
-        queue.run(queue.ops.enqueue(QueuedRequest(f"b-{index}", [7] * 6, BLOCK, time.time()), 0))
-        time.sleep(0.001)
+    calls = [queue.ops.enqueue(QueuedRequest(i, [7] * 6, BLOCK, time.time()), 0) for i in ids]
+    queue.run_all(calls)
 
 
-@pytest.mark.parametrize("window", [0.5, 0.0])
-def test_an_idle_worker_lets_a_burst_in_before_its_first_cycle(redis_server, service, make_worker, window):
-    """With a batch window the first cycle takes the whole burst; without one it starts with what is
-    there when the first request's wakeup comes (here: fewer than all)."""
-    count = 24
+def _wait_idle(worker) -> None:
+    """Until the worker listens for wakeups (it is idle: nothing was enqueued yet)."""
+    wait_for(lambda: worker._subscribed, 120, what="the worker to listen for wakeups")
+
+
+def test_an_idle_worker_lets_a_burst_in_before_its_first_cycle(redis_server, service, make_worker):
+    """With a batch window the request that wakes the worker does not start a cycle at once: the worker
+    waits while more arrive, and the first cycle takes the whole burst. The pause that ends the window is
+    a second here (20 ms by default), so that this test's own thread, however slow, is never that pause."""
+    ids = [f"b-{i}" for i in range(24)]
     queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
-    with make_worker(redis_server.url, service, scheduling={"batch_window_s": window}) as worker:
-        time.sleep(0.5)  # idle, subscribed to the wakeups
-        thread = threading.Thread(target=_trickle, args=(redis_server.url, service, count))
-        thread.start()
-        thread.join()
-        ids = [f"b-{i}" for i in range(count)]
-        wait_for(lambda: len(_results(queue, ids)) == count, 120, what="the burst to finish")
-        first = worker.engine.records[0].admitted
-    if window:
-        assert first == count
-    else:
-        assert first < count
+    with make_worker(redis_server.url, service, scheduling={"batch_window_s": 1.0}) as worker:
+        worker.burst_quiet_s = 1.0
+        _wait_idle(worker)
+        _burst(redis_server.url, service, ids[:1])
+        wait_for(lambda: worker.in_batch_window, 120, what="the worker to wait for more of the burst")
+        _burst(redis_server.url, service, ids[1:])
+        wait_for(lambda: len(_results(queue, ids)) == len(ids), 120, what="the burst to finish")
+        assert worker.engine.records[0].admitted == len(ids)
+
+
+def test_without_a_batch_window_the_first_cycle_starts_with_what_is_there(redis_server, service, make_worker):
+    """Without a window the worker starts at the first wakeup: what arrives after its first cycle began
+    joins at a later block boundary."""
+    ids = [f"b-{i}" for i in range(8)]
+    queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
+    with make_worker(redis_server.url, service, scheduling={"batch_window_s": 0.0}) as worker:
+        _wait_idle(worker)
+        _burst(redis_server.url, service, ids[:1])
+        wait_for(lambda: len(worker.engine.records) > 0, 120, what="the first cycle")
+        _burst(redis_server.url, service, ids[1:])
+        wait_for(lambda: len(_results(queue, ids)) == len(ids), 120, what="every request to finish")
+        assert worker.engine.records[0].admitted == 1
+        assert sum(record.admitted for record in worker.engine.records) == len(ids)
 
 
 def test_a_static_batch_streams_every_row_block_by_block_after_one_row_finished(

@@ -1,0 +1,85 @@
+"""The engine's runner for block-diffusion models: the scheduler's CycleRows in, committed tokens out.
+
+Keeps each request's place in the exact KV cache across block cycles, keyed by the row's owner: a row
+whose committed tokens are the ones cached last cycle reuses them; a request that left the batch
+(finished, cancelled, preempted) gives its pages back, and one that comes back recomputes its cache
+from its committed tokens at its next cycle. The pool holds the token budget's pages.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine_pod.block_diffusion.runner import BlockDiffusionRunner, BlockRow
+from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
+from engine_pod.models.loader import LoadedModel
+from engine_pod.runner.block_cycle import CycleOutput, CycleStats
+from engine_pod.runner.canvas import RowSampling
+from engine_pod.scheduler.cycle_row import CycleRow
+
+# what the remasking names mean for a block-diffusion model: its reference rule, with or without threshold
+BLOCK_THRESHOLDS = {"threshold": None, "scheduled_threshold": None, "low_confidence": float("inf")}
+DEFAULT_POOL_TOKENS = 1 << 16
+
+
+def block_threshold(decoding: DecodingConfig) -> float:
+    """The threshold of the reference rule that ``decoding.remasking`` names."""
+    if decoding.remasking not in BLOCK_THRESHOLDS:
+        raise DecodingConfigError(
+            f"remasking {decoding.remasking!r} is not defined for block-diffusion models; "
+            f"choose one of {sorted(BLOCK_THRESHOLDS)}"
+        )
+    fixed = BLOCK_THRESHOLDS[decoding.remasking]
+    return decoding.threshold if fixed is None else fixed
+
+
+class BlockDiffusionCycleRunner:
+    """``run(rows) -> CycleOutput`` as BlockCycleRunner, for a model with an exact, persistent cache."""
+
+    grid_aligned = True  # the scheduler puts blocks on the absolute grid
+
+    def __init__(self, loaded: LoadedModel, decoding: DecodingConfig, pool_tokens: int | None = None) -> None:
+        self.loaded, self.decoding = loaded, decoding
+        self.threshold = block_threshold(decoding)
+        L = decoding.block_length
+        pages = -(-(pool_tokens or DEFAULT_POOL_TOKENS) // L) + 1
+        self.pool = loaded.model.new_pool(pages, L, loaded.device)
+        self.runner = BlockDiffusionRunner(
+            loaded.model, self.pool, L, decoding.steps_per_block, exact_cache=decoding.cache != "none"
+        )
+        self.states: dict[str, BlockRow] = {}
+        self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)
+
+    def run(self, rows: list[CycleRow], gather_rows: bool = True, packed: bool = False) -> CycleOutput:
+        if not rows:
+            raise ValueError("a block cycle needs at least one row")
+        owners = [row.owner or f"row-{i}" for i, row in enumerate(rows)]
+        self._forget_all_but(set(owners))
+        states = [self._state(owner, row) for owner, row in zip(owners, rows)]
+        heads = [len(state.tokens) % self.decoding.block_length for state in states]
+        forwards_before = [state.forwards for state in states]
+        sampling = RowSampling.of(rows, self.loaded.device, self.score_dtype)
+        blocks = self.runner.run_cycle(states, sampling, gather_rows)
+        steps = [state.forwards - before for state, before in zip(states, forwards_before)]
+        stats = CycleStats(
+            forwards=max(steps),
+            computed_positions=self.runner.computed_positions,
+            useful_positions=self.runner.computed_positions,
+        )
+        return CycleOutput(
+            blocks=[block[head:] for block, head in zip(blocks, heads)], steps=steps, stats=stats
+        )
+
+    def _state(self, owner: str, row: CycleRow) -> BlockRow:
+        prefix = list(row.prefix_ids)
+        state = self.states.get(owner)
+        if state is None or state.tokens != prefix:
+            self.pool.release(owner)
+            threshold = self.threshold if row.threshold is None else row.threshold
+            state = self.states[owner] = BlockRow(owner, prefix, threshold=threshold)
+        return state
+
+    def _forget_all_but(self, owners: set[str]) -> None:
+        for owner in [o for o in self.states if o not in owners]:
+            self.pool.release(owner)
+            del self.states[owner]
