@@ -1,17 +1,24 @@
 """Reference vectors for block-diffusion models, made by the published reference code.
 
-Writes a tiny random checkpoint in the real Hugging Face layout of LLaDA2.0 (``model_type:
-llada2_moe``), then runs the reference modelling and generation code on it: block-causal forward
-logits, and greedy ``generate`` runs for several prompts, block lengths, step counts and thresholds,
-each with its trace of forwards and commits. Only the vectors are committed, never the reference code.
+Writes a tiny random checkpoint in the real Hugging Face layout of a family, then runs the reference
+modelling and generation code on it: block-causal forward logits, and greedy generation runs for
+several prompts, block lengths, step counts and thresholds. Only the vectors are committed, never
+the reference code.
 
-The reference is LLaDA2.0's Hugging Face modelling file (``modeling_llada2_moe.py`` with
-``configuration_llada2_moe.py``, as published in the checkpoint and mirrored in ZHZisZZ/dllm under
-``dllm/pipelines/llada2/models``). It was written for transformers 4.x, so run this script in an
-environment with ``transformers==4.57.1`` and the pinned torch:
+- ``--family llada2``: LLaDA2.0's Hugging Face modelling file (``modeling_llada2_moe.py`` and
+  ``configuration_llada2_moe.py``, as published with the checkpoint and mirrored in ZHZisZZ/dllm under
+  ``dllm/pipelines/llada2/models``) and its ``generate``.
+- ``--family sdar``: SDAR's modelling file (``modeling_sdar.py``, ``configuration_sdar.py``, as
+  mirrored with SDAR-8B-Chat-b32 in AnZhong24/FOCUS, whose additions stay off: ``sdar_utils.py``'s
+  context has them disabled) and ``generate.py``'s ``block_diffusion_generate`` from JetAstra/SDAR.
+  That generate has no greedy mode (it divides by the temperature and always draws); the script hands
+  it a sampling function that returns the argmax and its softmax probability, the rest is theirs.
+
+The reference code was written for transformers 4.x: run this script with ``transformers==4.57.1``:
 
     python -m venv /tmp/refvenv && /tmp/refvenv/bin/pip install torch==2.13.0 transformers==4.57.1
-    /tmp/refvenv/bin/python scripts/make_block_reference.py --reference DIR --out tests/data/block_reference/llada2
+    /tmp/refvenv/bin/python scripts/make_block_reference.py --family llada2 --reference DIR \
+        --out tests/data/block_reference/llada2
 """
 
 from __future__ import annotations
@@ -104,14 +111,14 @@ def _scale(name: str, shape: tuple[int, ...]) -> float:
     fan_in = shape[-1] if len(shape) > 1 else 1
     if name == "lm_head.weight":
         return 5.0 / fan_in**0.5
-    if name.endswith("query_key_value.weight"):
+    if name.endswith("query_key_value.weight") or name.endswith(("q_proj.weight", "k_proj.weight")):
         return 3.0 / fan_in**0.5
     if name.endswith("gate.weight"):
         return 4.0 / fan_in**0.5
     return 2.0 / fan_in**0.5
 
 
-def random_state(shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+def random_state(shapes: dict[str, tuple[int, ...]], embedding: str, head: str | None) -> dict[str, torch.Tensor]:
     """Every tensor drawn from one seeded generator, in sorted name order."""
     generator = torch.Generator().manual_seed(MODEL_SEED)
     state = {}
@@ -122,16 +129,17 @@ def random_state(shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
             state[name] = 1.0 + 0.1 * draw
         elif name.endswith("expert_bias"):
             state[name] = 0.1 * draw
-        elif name.endswith("word_embeddings.weight"):
+        elif name == embedding:
             state[name] = draw
         else:
             state[name] = _scale(name, shape) * draw
-    state["lm_head.weight"][MASK_ID] = 0.0  # [MASK] is never the argmax
-    state["model.word_embeddings.weight"][MASK_ID] *= 0.3
+    if head is not None:
+        state[head][MASK_ID] = 0.0  # [MASK] is never the argmax
+    state[embedding][MASK_ID] *= 0.3
     return state
 
 
-def block_mask(length: int, block_length: int) -> torch.Tensor:
+def block_mask(length: int, block_length: int) -> torch.Tensor:  # additive (LLaDA2)
     """The reference's additive block-causal mask: 0 where a query's block may see a key's block."""
     blocks = (length + block_length - 1) // block_length
     allowed = torch.tril(torch.ones(blocks, blocks))
@@ -139,18 +147,17 @@ def block_mask(length: int, block_length: int) -> torch.Tensor:
     return allowed[:length, :length].log()[None, None]
 
 
-def forward_cases(model, generator: torch.Generator) -> tuple[list[dict], dict[str, torch.Tensor]]:
+def forward_cases(model, generator: torch.Generator, boolean_mask: bool = False):
+    """Block-causal forwards over whole sequences: the mask additive (LLaDA2) or boolean (SDAR)."""
     cases, tensors = [], {}
     for index, (length, block_length) in enumerate(FORWARD_CASES):
         ids = torch.randint(0, ORDINARY, (length,), generator=generator)
         masked = torch.rand(length, generator=generator) < 0.3
         ids[masked] = MASK_ID
+        mask = block_mask(length, block_length)
+        mask = (mask == 0)[0] if boolean_mask else mask
         with torch.no_grad():
-            logits = model(
-                ids[None],
-                attention_mask=block_mask(length, block_length),
-                position_ids=torch.arange(length)[None],
-            ).logits[0]
+            logits = model(ids[None], attention_mask=mask, position_ids=torch.arange(length)[None]).logits[0]
         key = f"forward_{index}"
         tensors[key] = logits.contiguous()
         top2 = logits.topk(2, dim=-1).values
@@ -228,40 +235,53 @@ def generate_runs(model, tracer: ForwardTrace, generator: torch.Generator) -> li
     return runs
 
 
-def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--reference", type=Path, required=True, help="folder with the reference modelling files"
-    )
-    parser.add_argument(
-        "--out", type=Path, required=True, help="folder to write the checkpoint and vectors to"
-    )
-    args = parser.parse_args()
-    modeling, configuration = import_reference(args.reference)
-    torch.manual_seed(0)
-    config = configuration.LLaDA2MoeConfig(**CONFIG)
-    config._attn_implementation = "sdpa"
-    model = modeling.LLaDA2MoeModelLM(config).eval().float()
+def _write_checkpoint(model_class, config, raw: dict, out: Path, embedding: str, head: str | None):
+    """A seeded random model saved under the checkpoint's names, read back by the reference loader."""
+    model = model_class(config).eval().float()
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    state = random_state(shapes)
+    state = random_state(shapes, embedding, head)
     model.load_state_dict(state, strict=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(args.out / "model.safetensors"), metadata={"format": "pt"})
-    (args.out / "config.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
-    reloaded = modeling.LLaDA2MoeModelLM.from_pretrained(str(args.out), config=config).eval().float()
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    reloaded = model_class.from_pretrained(str(out), config=config).eval().float()
     for name, tensor in reloaded.state_dict().items():
         if not torch.equal(tensor, state[name]):
             raise SystemExit(f"the reference loader read {name} differently from what was saved")
+    return model
+
+
+def make_llada2(reference: Path, out: Path) -> tuple[int, int]:
+    modeling, configuration = import_reference(reference)
+    config = configuration.LLaDA2MoeConfig(**CONFIG)
+    config._attn_implementation = "sdpa"
+    model = _write_checkpoint(
+        modeling.LLaDA2MoeModelLM, config, CONFIG, out, "model.word_embeddings.weight", "lm_head.weight"
+    )
     generator = torch.Generator().manual_seed(7)
     cases, tensors = forward_cases(model, generator)
-    save_file(tensors, str(args.out / "logits.safetensors"))
-    (args.out / "forward.json").write_text(json.dumps({"cases": cases}, indent=1) + "\n")
+    save_file(tensors, str(out / "logits.safetensors"))
+    (out / "forward.json").write_text(json.dumps({"cases": cases}, indent=1) + "\n")
     runs = generate_runs(model, ForwardTrace(model), generator)
-    (args.out / "generate.json").write_text(json.dumps({"runs": runs}, indent=1) + "\n")
-    logger.info("wrote %d forward cases and %d generate runs to %s", len(cases), len(runs), args.out)
+    (out / "generate.json").write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    return len(cases), len(runs)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--family", choices=["llada2", "sdar"], default="llada2")
+    parser.add_argument("--reference", type=Path, required=True, help="folder with the reference code files")
+    parser.add_argument("--out", type=Path, required=True, help="folder to write the checkpoint and vectors to")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    if args.family == "sdar":
+        from make_sdar_reference import make_sdar
+
+        cases, runs = make_sdar(args.reference, args.out)
+    else:
+        cases, runs = make_llada2(args.reference, args.out)
+    logger.info("wrote %d forward cases and %d generate runs to %s", cases, runs, args.out)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine_pod.models.config import config_from_dict
-from engine_pod.models.weights import name_map
+from engine_pod.models.weights import PART, name_map, part_sizes
 
 VENDORED_REFERENCE = Path(__file__).resolve().parent / "data" / "reference"
 SHARED_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
@@ -127,11 +127,39 @@ def llada2_config(hidden=32, layers=2, heads=4, kv_heads=2, experts=4, vocab=512
     }
 
 
-_HEAD = {"llada": "model.transformer.ff_out.weight", "dream": "lm_head.weight", "llada2": "lm_head.weight"}
+def sdar_config(hidden=32, layers=2, heads=4, kv_heads=2, vocab=512, mask=500, eos=501, tie=False) -> dict:
+    """SDAR's field set (Qwen3's names, model_type sdar); ``tie``: the LM head is the embedding."""
+    return {
+        "model_type": "sdar",
+        "architectures": ["SDARForCausalLM"],
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": hidden // heads,
+        "vocab_size": vocab,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "tie_word_embeddings": tie,
+        "mask_token_id": mask,
+        "eos_token_id": eos,
+        "pad_token_id": eos,
+    }
+
+
+_HEAD = {
+    "llada": "model.transformer.ff_out.weight",
+    "dream": "lm_head.weight",
+    "llada2": "lm_head.weight",
+    "sdar": "lm_head.weight",
+}
 _EMBEDDING = {
     "llada": "model.transformer.wte.weight",
     "dream": "model.embed_tokens.weight",
     "llada2": "model.word_embeddings.weight",
+    "sdar": "model.embed_tokens.weight",
 }
 
 
@@ -145,7 +173,8 @@ def write_checkpoint(directory: Path, raw_config: dict, seed: int = 0) -> Path:
     for name in sorted(shapes):
         tensors[name] = _init(name, shapes[name], generator, config.hidden_size).contiguous()
     head, embed = _HEAD[config.family], _EMBEDDING[config.family]
-    tensors[head][config.mask_token_id] = 0.0
+    if head in tensors:  # a tied head is the embedding: its [MASK] row only scaled below
+        tensors[head][config.mask_token_id] = 0.0
     tensors[embed][config.mask_token_id] *= 0.3
     save_file(tensors, str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps(raw_config, indent=2))
@@ -157,7 +186,14 @@ def _shapes(config) -> dict[str, tuple[int, ...]]:
 
     model = build_model(config, torch.device("meta"), torch.float32)
     ours = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    return {theirs: ours[mine] for theirs, mine in name_map(config).items()}
+
+    def shape(mine: str) -> tuple[int, ...]:
+        if PART not in mine:
+            return ours[mine]
+        name, piece = mine.split(PART)  # a piece the checkpoint keeps apart (SDAR's q, k, v)
+        return (part_sizes(config, name)[int(piece)], *ours[name][1:])
+
+    return {theirs: shape(mine) for theirs, mine in name_map(config).items()}
 
 
 def random_workload(

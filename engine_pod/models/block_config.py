@@ -1,7 +1,8 @@
 """config.json of the block-diffusion families, read into a ModelConfig.
 
 LLaDA2.0 (``model_type: llada2_moe``, inclusionAI's LLaDA2.0-mini and -flash): Ling's MoE
-architecture. Fields absent from config.json take the defaults of its published configuration class;
+architecture. SDAR (``model_type: sdar``, JetLM's SDAR-1.7B/4B/8B-Chat): Qwen3's dense architecture
+(per-head q/k RMSNorm, full RoPE). Fields absent from config.json take the defaults of its published configuration class;
 fields that its modelling code ignores are checked to mean what that code does.
 """
 
@@ -90,5 +91,40 @@ def llada2_config(raw: dict[str, Any]) -> ModelConfig:
         qk_norm=bool(raw.get("use_qk_norm", False)),
         output_bias=bool(raw.get("use_bias", True)),
         moe=_llada2_moe(raw),
+        raw=raw,
+    )
+
+
+SDAR_MASK_ID = 151669  # <|MASK|> of the SDAR tokenizer
+SDAR_EOS_ID = 151645  # <|im_end|>: the end of a chat turn
+_SDAR_FIXED = {"hidden_act": "silu", "use_sliding_window": False, "rope_scaling": None}
+
+
+def sdar_config(raw: dict[str, Any]) -> ModelConfig:
+    """SDAR's config.json (the SDARConfig field set, Qwen3's names)."""
+    for key, expected in _SDAR_FIXED.items():
+        if key in raw and raw[key] != expected:
+            raise ModelConfigError(f"SDAR config field {key}={raw[key]!r} is not supported (expected {expected!r})")
+    heads = int(require(raw, "num_attention_heads"))
+    bias = bool(raw.get("attention_bias", False))
+    return ModelConfig(
+        family="sdar",
+        hidden_size=int(require(raw, "hidden_size")),
+        num_layers=int(require(raw, "num_hidden_layers")),
+        num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        intermediate_size=int(require(raw, "intermediate_size")),
+        vocab_size=int(require(raw, "vocab_size")),
+        rope_theta=float(raw.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        qkv_bias=bias,
+        mask_token_id=int(raw.get("mask_token_id", SDAR_MASK_ID)),
+        eos_token_ids=as_tuple(raw.get("eos_token_id")) or (SDAR_EOS_ID,),
+        pad_token_id=raw.get("pad_token_id"),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
+        head_dim_override=int(raw.get("head_dim", 128)),
+        qk_norm=True,
+        output_bias=bias,
+        tied_embeddings=bool(raw.get("tie_word_embeddings", False)),
         raw=raw,
     )

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-FAMILIES = ("llada", "dream", "llada2")
-BLOCK_DIFFUSION_FAMILIES = ("llada2",)  # causal across blocks, bidirectional inside one
+FAMILIES = ("llada", "dream", "llada2", "sdar")
+BLOCK_DIFFUSION_FAMILIES = ("llada2", "sdar")  # causal across blocks, bidirectional inside one
 
 
 class ModelConfigError(ValueError):
@@ -58,6 +58,7 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm over each head's queries and keys before RoPE
     output_bias: bool = False  # the attention output projection has a bias
     moe: MoESpec | None = None
+    tied_embeddings: bool = False  # the LM head is the input embedding (no lm_head.weight in the checkpoint)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -169,9 +170,9 @@ def _dream_config(raw: dict[str, Any]) -> ModelConfig:
 
 
 def _parsers() -> dict:
-    from engine_pod.models.block_config import llada2_config
+    from engine_pod.models.block_config import llada2_config, sdar_config
 
-    return {"llada": _llada_config, "dream": _dream_config, "llada2_moe": llada2_config}
+    return {"llada": _llada_config, "dream": _dream_config, "llada2_moe": llada2_config, "sdar": sdar_config}
 
 
 def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
@@ -181,7 +182,7 @@ def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
     if model_type not in parsers:
         raise ModelConfigError(
             f"unknown model_type {raw.get('model_type')!r} in config.json; "
-            "supported: 'llada', 'Dream', 'llada2_moe'"
+            "supported: 'llada', 'Dream', 'llada2_moe', 'sdar'"
         )
     return parsers[model_type](raw)
 

@@ -205,6 +205,7 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32", seed: int
         config = config_from_dict(preset(spec.split(":", 1)[1]))
         model = build_model(config, torch_device, torch_dtype)
         _random_init(model, seed)
+        _tie_embeddings(model, config)
         model.fuse_projections()
         config = config.with_eos(_eos_ids(config, None))
         return LoadedModel(model, config, None, spec, torch_device, torch_dtype)
@@ -214,11 +215,18 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32", seed: int
     state = load_state_dict(config, model_dir)
     _check_complete(model, state)
     model.load_state_dict({k: v.to(torch_dtype) for k, v in state.items()})
+    _tie_embeddings(model, config)
     model.fuse_projections()
     tokenizer = LazyTokenizer(model_dir) if _has_tokenizer(model_dir) else None
     config = config.with_eos(_eos_ids(config, model_dir))
     logger.info("loaded %s (%s) on %s as %s", spec, config.family, torch_device, dtype)
     return LoadedModel(model, config, tokenizer, str(model_dir), torch_device, torch_dtype)
+
+
+def _tie_embeddings(model, config: ModelConfig) -> None:
+    """One tensor for the input embedding and the LM head where the checkpoint ties them."""
+    if config.tied_embeddings:
+        model.lm_head.weight = model.word_embeddings.weight
 
 
 def _check_complete(model: DiffusionTransformer, state: dict[str, torch.Tensor]) -> None:

@@ -95,8 +95,61 @@ def _block_name_map(config: ModelConfig) -> dict[str, str]:
     return mapping
 
 
+PART = "#"  # ours#i: the i-th piece of one of our parameters that the checkpoint stores in pieces
+
+
+def _sdar_layer_names(config: ModelConfig, index: int) -> dict[str, str]:
+    """SDAR's (Qwen3's) names of one layer -> ours; q, k and v are pieces of our fused projection."""
+    theirs, ours = f"model.layers.{index}.", f"layers.{index}."
+    names = {
+        "input_layernorm.weight": "input_layernorm.weight",
+        "post_attention_layernorm.weight": "post_attention_layernorm.weight",
+        "self_attn.q_norm.weight": "attention.query_layernorm.weight",
+        "self_attn.k_norm.weight": "attention.key_layernorm.weight",
+        "self_attn.o_proj.weight": "attention.dense.weight",
+        **{f"mlp.{p}_proj.weight": f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")},
+    }
+    kinds = ["weight"] + (["bias"] if config.qkv_bias else [])
+    for kind in kinds:
+        for piece, part in enumerate("qkv"):
+            names[f"self_attn.{part}_proj.{kind}"] = f"attention.query_key_value.{kind}{PART}{piece}"
+    if config.output_bias:
+        names["self_attn.o_proj.bias"] = "attention.dense.bias"
+    return {theirs + key: ours + value for key, value in names.items()}
+
+
+def _sdar_name_map(config: ModelConfig) -> dict[str, str]:
+    mapping = {"model.embed_tokens.weight": "word_embeddings.weight", "model.norm.weight": "norm.weight"}
+    if not config.tied_embeddings:
+        mapping["lm_head.weight"] = "lm_head.weight"
+    for index in range(config.num_layers):
+        mapping |= _sdar_layer_names(config, index)
+    return mapping
+
+
+def part_sizes(config: ModelConfig, name: str) -> list[int]:
+    """Rows of each piece of a parameter stored in pieces (the fused q/k/v projection)."""
+    if "query_key_value" not in name:
+        raise CheckpointError(f"{name} is not stored in pieces")
+    hd = config.head_dim
+    return [config.num_heads * hd, config.num_kv_heads * hd, config.num_kv_heads * hd]
+
+
+def _join_parts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Pieces ``name#0``, ``name#1``... concatenated (along the output rows) into ``name``."""
+    pieces: dict[str, dict[int, torch.Tensor]] = {}
+    for key in [k for k in state if PART in k]:
+        name, index = key.split(PART)
+        pieces.setdefault(name, {})[int(index)] = state.pop(key)
+    for name, parts in pieces.items():
+        state[name] = torch.cat([parts[i] for i in sorted(parts)])
+    return state
+
+
 def name_map(config: ModelConfig) -> dict[str, str]:
     """Checkpoint parameter name -> our module's parameter name, for every parameter of the model."""
+    if config.family == "sdar":
+        return _sdar_name_map(config)
     if config.block_diffusion:
         return _block_name_map(config)
     mapping = dict(_TOP_LEVEL[config.family])
@@ -149,11 +202,18 @@ def load_state_dict(config: ModelConfig, model_dir: Path) -> dict[str, torch.Ten
     missing = sorted(set(mapping) - {k for k, v in mapping.items() if v in state})
     if missing:
         raise CheckpointError(f"checkpoint is missing {len(missing)} parameters, e.g. {missing[0]!r}")
+    state = _join_parts(state)
+    if config.tied_embeddings:
+        state["lm_head.weight"] = state["word_embeddings.weight"]
     return state
 
 
 def save_checkpoint(config: ModelConfig, state: dict[str, torch.Tensor], model_dir: Path) -> None:
     """Write our state dict under the real checkpoint's parameter names."""
     inverse = {ours: theirs for theirs, ours in name_map(config).items()}
+    state = dict(state)
+    for name in [n for n in state if f"{n}{PART}0" in inverse]:  # pieces the checkpoint keeps apart
+        for index, piece in enumerate(state.pop(name).split(part_sizes(config, name))):
+            state[f"{name}{PART}{index}"] = piece
     tensors = {inverse[name]: tensor.contiguous() for name, tensor in state.items() if name in inverse}
     save_file(tensors, str(Path(model_dir) / "model.safetensors"), metadata={"format": "pt"})

@@ -51,6 +51,13 @@ def find_redis_server() -> str:
         ) from None
 
 
+PORT_ATTEMPTS = 5
+
+
+class PortTaken(Exception):
+    """Another program answers on the port redis-server was to bind."""
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -69,6 +76,7 @@ class RedisServer:
         executable: str | None = None,
         extra_args: list[str] | None = None,
     ) -> None:
+        self._port_picked = port is None  # a port picked here may be changed if another program takes it
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
         self.executable = executable
@@ -89,6 +97,18 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
+        """Start it and wait until it answers. A port picked here may be taken by another program between
+        the pick and redis-server's bind (tests running in parallel): then another port is tried."""
+        for _ in range(PORT_ATTEMPTS if self._port_picked else 1):
+            try:
+                return self._start_once(timeout_s)
+            except PortTaken:
+                if not self._port_picked:
+                    raise RuntimeError(f"port {self.port} is in use by another program") from None
+                self.port = free_port()
+        raise RuntimeError(f"no free port for redis-server after {PORT_ATTEMPTS} tries")
+
+    def _start_once(self, timeout_s: float) -> RedisServer:
         command = [
             self.executable or find_redis_server(),
             "--bind",
@@ -112,10 +132,14 @@ class RedisServer:
         client = redis.Redis(port=self.port)
         while time.monotonic() < deadline:
             try:
-                client.ping()
+                if int(client.info("server")["process_id"]) != self.process.pid:
+                    raise PortTaken  # another redis-server holds the port; ours could not bind it
                 return self
             except redis.AuthenticationError:  # it answers; it wants a password (--requirepass)
                 return self
+            except (PortTaken, redis.exceptions.InvalidResponse):  # not ours, or not Redis at all
+                self.kill()
+                raise PortTaken from None
             except redis.ConnectionError:
                 if self.process.poll() is not None:
                     raise RuntimeError(f"redis-server exited with status {self.process.returncode}") from None

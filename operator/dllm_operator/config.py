@@ -11,7 +11,7 @@ class OperatorSettings:
     engine_image: str = "ghcr.io/dllm-dev/dllm-engine:0.1.0"
     gateway_image: str = "ghcr.io/dllm-dev/dllm-gateway:0.1.0"
     redis_image: str = "redis:7.2-alpine"
-    supported_families: tuple[str, ...] = ("llada", "dream", "llada2")
+    supported_families: tuple[str, ...] = ("llada", "dream", "llada2", "sdar")
     resync_seconds: float = 15.0  # timer period: progress checks and autoscaling
     api_url: str | None = (
         None  # talk to this API server (tests: the kmock emulator); else in-cluster/kubeconfig

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -175,3 +177,21 @@ def test_the_crd_scheduling_defaults_and_ranges_are_the_scheduler_configs():
         crd_name: getattr(DEFAULTS, name) for name, crd_name in SCHEDULING_FIELDS.items()
     }
     assert fields["admission"]["enum"] == list(ADMISSION_MODES)
+
+
+def test_the_families_the_crd_and_the_chart_accept_are_the_engines():
+    """One list of model families: the engine's (engine_pod/models/config.py) is what the CRD, the chart's
+    values schema and default, and the operator's default accept."""
+    from dllm_operator.config import OperatorSettings
+
+    from engine_pod.models.config import FAMILIES
+
+    family = load_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"
+    ]
+    assert family["model"]["properties"]["family"]["enum"] == list(FAMILIES)
+    chart = Path(__file__).resolve().parents[2] / "charts" / "dllm-operator"
+    schema = json.loads((chart / "values.schema.json").read_text())
+    assert schema["properties"]["supportedFamilies"]["items"]["enum"] == list(FAMILIES)
+    assert yaml.safe_load((chart / "values.yaml").read_text())["supportedFamilies"] == list(FAMILIES)
+    assert OperatorSettings().supported_families == FAMILIES
