@@ -118,7 +118,9 @@ def _scale(name: str, shape: tuple[int, ...]) -> float:
     return 2.0 / fan_in**0.5
 
 
-def random_state(shapes: dict[str, tuple[int, ...]], embedding: str, head: str | None) -> dict[str, torch.Tensor]:
+def random_state(
+    shapes: dict[str, tuple[int, ...]], embedding: str, head: str | None
+) -> dict[str, torch.Tensor]:
     """Every tensor drawn from one seeded generator, in sorted name order."""
     generator = torch.Generator().manual_seed(MODEL_SEED)
     state = {}
@@ -269,10 +271,14 @@ def make_llada2(reference: Path, out: Path) -> tuple[int, int]:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--family", choices=["llada2", "sdar"], default="llada2")
     parser.add_argument("--reference", type=Path, required=True, help="folder with the reference code files")
-    parser.add_argument("--out", type=Path, required=True, help="folder to write the checkpoint and vectors to")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder to write the checkpoint and vectors to"
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.family == "sdar":

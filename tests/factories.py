@@ -95,24 +95,36 @@ def _init(name: str, shape: tuple[int, ...], generator: torch.Generator, hidden:
     return scale / math.sqrt(shape[1]) * noise
 
 
-def llada2_config(hidden=32, layers=2, heads=4, kv_heads=2, experts=4, vocab=512, mask=500, eos=501) -> dict:
-    """LLaDA2.0's field set (llada2_moe): layer 0 dense, the others a mixture of ``experts`` experts."""
+def _qwen_shaped(
+    hidden: int, layers: int, heads: int, kv_heads: int, vocab: int, mask: int, eos: int
+) -> dict:
+    """The Qwen-style fields the block-diffusion families share (a SwiGLU twice the hidden width)."""
     return {
-        "model_type": "llada2_moe",
-        "architectures": ["LLaDA2MoeModelLM"],
         "hidden_size": hidden,
         "intermediate_size": 2 * hidden,
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": hidden // heads,
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-6,
+        "mask_token_id": mask,
+        "eos_token_id": eos,
+        "pad_token_id": eos,
+    }
+
+
+def llada2_config(hidden=32, layers=2, heads=4, kv_heads=2, experts=4, vocab=512, mask=500, eos=501) -> dict:
+    """LLaDA2.0's field set (llada2_moe): layer 0 dense, the others a mixture of ``experts`` experts."""
+    return {
+        "model_type": "llada2_moe",
+        "architectures": ["LLaDA2MoeModelLM"],
+        **_qwen_shaped(hidden, layers, heads, kv_heads, vocab, mask, eos),
         "partial_rotary_factor": 0.5,
         "use_qk_norm": True,
         "use_qkv_bias": False,
         "use_bias": False,
-        "vocab_size": vocab,
         "rope_theta": 600000,
-        "rms_norm_eps": 1e-6,
         "num_experts": experts,
         "num_experts_per_tok": 2,
         "num_shared_experts": 1,
@@ -120,9 +132,6 @@ def llada2_config(hidden=32, layers=2, heads=4, kv_heads=2, experts=4, vocab=512
         "topk_group": 1,
         "moe_intermediate_size": hidden // 2,
         "first_k_dense_replace": 1,
-        "mask_token_id": mask,
-        "eos_token_id": eos,
-        "pad_token_id": eos,
         "tie_word_embeddings": False,
     }
 
@@ -132,20 +141,10 @@ def sdar_config(hidden=32, layers=2, heads=4, kv_heads=2, vocab=512, mask=500, e
     return {
         "model_type": "sdar",
         "architectures": ["SDARForCausalLM"],
-        "hidden_size": hidden,
-        "intermediate_size": 2 * hidden,
-        "num_hidden_layers": layers,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": hidden // heads,
-        "vocab_size": vocab,
+        **_qwen_shaped(hidden, layers, heads, kv_heads, vocab, mask, eos),
         "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-6,
         "attention_bias": False,
         "tie_word_embeddings": tie,
-        "mask_token_id": mask,
-        "eos_token_id": eos,
-        "pad_token_id": eos,
     }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine_pod.models.config import ModelConfig, ModelConfigError, MoESpec, as_tuple, require
+from engine_pod.models.config import ModelConfig, ModelConfigError, MoESpec, as_tuple, qwen_shape, require
 
 LLADA2_MASK_ID = 156895  # <|mask|> of the LLaDA2.0 tokenizer (its generate's default mask_id)
 LLADA2_EOS_ID = 156892  # <|endoftext|> (its generate's default eos_id)
@@ -104,19 +104,13 @@ def sdar_config(raw: dict[str, Any]) -> ModelConfig:
     """SDAR's config.json (the SDARConfig field set, Qwen3's names)."""
     for key, expected in _SDAR_FIXED.items():
         if key in raw and raw[key] != expected:
-            raise ModelConfigError(f"SDAR config field {key}={raw[key]!r} is not supported (expected {expected!r})")
-    heads = int(require(raw, "num_attention_heads"))
+            raise ModelConfigError(
+                f"SDAR config field {key}={raw[key]!r} is not supported (expected {expected!r})"
+            )
     bias = bool(raw.get("attention_bias", False))
     return ModelConfig(
         family="sdar",
-        hidden_size=int(require(raw, "hidden_size")),
-        num_layers=int(require(raw, "num_hidden_layers")),
-        num_heads=heads,
-        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-        intermediate_size=int(require(raw, "intermediate_size")),
-        vocab_size=int(require(raw, "vocab_size")),
-        rope_theta=float(raw.get("rope_theta", 10000.0)),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        **qwen_shape(raw),
         qkv_bias=bias,
         mask_token_id=int(raw.get("mask_token_id", SDAR_MASK_ID)),
         eos_token_ids=as_tuple(raw.get("eos_token_id")) or (SDAR_EOS_ID,),

@@ -144,22 +144,29 @@ def _llada_config(raw: dict[str, Any]) -> ModelConfig:
     )
 
 
+def qwen_shape(raw: dict[str, Any]) -> dict[str, Any]:
+    """The architecture fields Qwen2/Qwen3-style config.json files (Dream, SDAR) name alike."""
+    heads = int(require(raw, "num_attention_heads"))
+    return {
+        "hidden_size": int(require(raw, "hidden_size")),
+        "num_layers": int(require(raw, "num_hidden_layers")),
+        "num_heads": heads,
+        "num_kv_heads": int(raw.get("num_key_value_heads") or heads),
+        "intermediate_size": int(require(raw, "intermediate_size")),
+        "vocab_size": int(require(raw, "vocab_size")),
+        "rope_theta": float(raw.get("rope_theta", 10000.0)),
+        "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
+    }
+
+
 def _dream_config(raw: dict[str, Any]) -> ModelConfig:
     if raw.get("hidden_act", "silu") != "silu":
         raise ModelConfigError(
             f"Dream hidden_act={raw.get('hidden_act')!r} is not supported (expected 'silu')"
         )
-    heads = int(require(raw, "num_attention_heads"))
     return ModelConfig(
         family="dream",
-        hidden_size=int(require(raw, "hidden_size")),
-        num_layers=int(require(raw, "num_hidden_layers")),
-        num_heads=heads,
-        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-        intermediate_size=int(require(raw, "intermediate_size")),
-        vocab_size=int(require(raw, "vocab_size")),
-        rope_theta=float(raw.get("rope_theta", 10000.0)),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        **qwen_shape(raw),
         qkv_bias=True,
         mask_token_id=int(raw.get("mask_token_id", 151666)),
         eos_token_ids=as_tuple(raw.get("eos_token_id", 151643)),
