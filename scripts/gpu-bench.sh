@@ -14,9 +14,13 @@
 #                    the threshold is calibrated so that half of a block's first-forward confidences
 #                    reach it, since random weights never reach 0.9 and every block would take all
 #                    32 steps; summary.txt holds the printed table
+#   4. llada2/         the same profile and bench for a random model of the LLaDA2.0-mini shape (block
+#                    diffusion, 256 experts; its exact KV cache sized by the profiled budget), BlockServe
+#                    against static batching (skip with BLOCK_MODEL=)
 # Usage: bash scripts/gpu-bench.sh [OUT_DIR]          (default OUT_DIR: runs/gpu)
 # CPU rehearsal (what CI runs): DEVICE=cpu MODEL=random:llada-tiny DTYPE=float32 MEMORY_LIMIT=600M \
-#   MAX_TOKENS=2048 WORKLOAD=synthetic:n=12,prompt=8-100,gen=32-96,seed=0 bash scripts/gpu-bench.sh OUT
+#   MAX_TOKENS=2048 WORKLOAD=synthetic:n=12,prompt=8-100,gen=32-96,seed=0 BLOCK_MODEL=random:llada2-tiny \
+#   BLOCK_MAX_TOKENS=1024 BLOCK_WORKLOAD=synthetic:n=6,prompt=8-60,gen=32-64,seed=0 bash scripts/gpu-bench.sh OUT
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/gpu}
@@ -60,6 +64,20 @@ timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model "
   --dtype "$dtype" --profile "$out/profile.json" --workload "$workload" --policy "$policies" \
   --calibrate-threshold "$calibrate" --no-isolate --no-margins --json "$out/bench.json" \
   --plot "$out/bench.png" | tee "$out/summary.txt" || status=$?
+
+block_model=${BLOCK_MODEL-random:llada2-mini}
+if [ -n "$block_model" ]; then
+  step "block diffusion: profile and bench ($block_model)"
+  mkdir -p "$out/llada2"
+  timeout "${PROFILE_TIMEOUT:-200}" "$python" -m engine_pod.cli.main profile --model "$block_model" \
+    --device "$device" --dtype "$dtype" "${limit_args[@]}" --max-tokens "${BLOCK_MAX_TOKENS:-$max_tokens}" \
+    --json "$out/llada2/profile.json" || status=$?
+  timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model "$block_model" \
+    --device "$device" --dtype "$dtype" --profile "$out/llada2/profile.json" \
+    --workload "${BLOCK_WORKLOAD:-$workload}" \
+    --policy blockserve,static --calibrate-threshold "$calibrate" --no-isolate --no-margins \
+    --json "$out/llada2/bench.json" | tee "$out/llada2/summary.txt" || status=$?
+fi
 
 step "done (bench exit status $status)"
 "$python" - "$out/profile.json" "$out/bench.json" <<'PY'

@@ -31,7 +31,30 @@ def calibrate_threshold(
         raise ValueError(f"the share of positions to commit per step must be in (0, 1), got {fraction}")
     if not prompts:
         raise ValueError("calibrating a threshold needs at least one prompt")
-    rows = [CycleRow(tuple(ids)) for ids in prompts[:SAMPLE_ROWS]]
+    if loaded.config.block_diffusion:
+        confidence = _block_diffusion_confidences(loaded, decoding, prompts[:SAMPLE_ROWS])
+    else:
+        confidence = _confidences(loaded, decoding, prompts[:SAMPLE_ROWS])
+    threshold = float(torch.quantile(confidence.double().cpu(), 1.0 - fraction))
+    return {
+        "fraction": fraction,
+        "threshold": min(max(threshold, 1e-12), 1.0),
+        "sampled_positions": int(confidence.numel()),
+        "confidence_max": float(confidence.max()),
+    }
+
+
+def _block_diffusion_confidences(loaded: LoadedModel, decoding: DecodingConfig, prompts: list[list[int]]):
+    from engine_pod.block_diffusion.runner import BlockDiffusionRunner, BlockRow
+
+    L = decoding.block_length
+    pool = loaded.model.new_pool(sum(len(p) // L + 2 for p in prompts), L, loaded.device)
+    runner = BlockDiffusionRunner(loaded.model, pool, L, decoding.steps_per_block)
+    return runner.first_step_confidences([BlockRow(f"p{i}", list(p)) for i, p in enumerate(prompts)])
+
+
+def _confidences(loaded: LoadedModel, decoding: DecodingConfig, prompts: list[list[int]]) -> torch.Tensor:
+    rows = [CycleRow(tuple(ids)) for ids in prompts]
     L, config = decoding.block_length, loaded.config
     pad = config.pad_token_id if config.pad_token_id is not None else 0
     canvas = build_canvas(rows, L, config.mask_token_id, pad, loaded.device)
@@ -41,10 +64,4 @@ def calibrate_threshold(
         canvas.tokens, canvas.position_ids, canvas.key_mask, None, (pick_r, source)
     )
     _, confidence = hidden.map_logits(make_policy(decoding.remasking).scorer)
-    threshold = float(torch.quantile(confidence.double().cpu(), 1.0 - fraction))
-    return {
-        "fraction": fraction,
-        "threshold": min(max(threshold, 1e-12), 1.0),
-        "sampled_positions": int(confidence.numel()),
-        "confidence_max": float(confidence.max()),
-    }
+    return confidence

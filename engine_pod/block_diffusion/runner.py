@@ -98,6 +98,23 @@ class BlockDiffusionRunner:
             row.tokens[start:] = block
         return blocks.tolist()
 
+    @torch.no_grad()
+    def first_step_confidences(self, rows: list[BlockRow]) -> torch.Tensor:
+        """The scorer's confidence at every masked position of the rows' active blocks, from their first
+        forward (what a threshold calibration samples); the rows are left as they were."""
+        L = self.block_length
+        starts = [row.block_start(L) for row in rows]
+        for row, start in zip(rows, starts):
+            self.pool.reserve(row.owner, start + L)
+        heads = [row.tokens[start:] for row, start in zip(rows, starts)]
+        blocks = torch.tensor(
+            [head + [self.mask_id] * (L - len(head)) for head in heads], dtype=torch.long, device=self.device
+        )
+        step = _Step(list(range(len(rows))), [row.cached for row in rows], blocks)
+        batch, select = self._batch(rows, starts, step)
+        _, confidence = self.model.forward_blocks(batch, select).map_logits(self.policy.scorer)
+        return confidence
+
     def _denoise(
         self, rows: list[BlockRow], starts: list[int], step: _Step, index: int, blocks: torch.Tensor
     ):

@@ -26,7 +26,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "--model",
         default=DEFAULT_MODEL,
         help="a checkpoint directory, a Hugging Face repo id (GSAI-ML/LLaDA-8B-Instruct, "
-        f"Dream-org/Dream-v0-Instruct-7B, ...), a model shipped with the package ({builtin}), or random "
+        f"Dream-org/Dream-v0-Instruct-7B, inclusionAI/LLaDA2.0-mini, JetLM/SDAR-8B-Chat, ...), a model shipped "
+        f"with the package ({builtin}), or random "
         f"weights of a real shape ({randoms}); default: builtin:{Path(DEFAULT_MODEL).name}",
     )
     group.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
@@ -44,7 +45,10 @@ def add_decoding_args(parser: argparse.ArgumentParser, canvas_default: str = "bl
         "--remasking",
         choices=REMASKING,
         default="threshold",
-        help="which masked positions to commit at each step (default: threshold)",
+        help="which masked positions to commit at each step (default: threshold). Block-diffusion models "
+        "(LLaDA2.0, SDAR) take threshold or scheduled_threshold (their reference rule: every position above "
+        "the threshold when they are at least the step's quota, else the quota's most confident) or "
+        "low_confidence (the quota alone)",
     )
     group.add_argument(
         "--threshold", type=float, default=DEFAULT_THRESHOLD, help="confidence threshold (default: 0.9)"

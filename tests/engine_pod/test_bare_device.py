@@ -66,6 +66,9 @@ def rehearsal(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
         MEMORY_LIMIT="600M",
         MAX_TOKENS="2048",
         WORKLOAD="synthetic:n=12,prompt=8-100,gen=32-96,seed=0",
+        BLOCK_MODEL="random:llada2-tiny",
+        BLOCK_MAX_TOKENS="1024",
+        BLOCK_WORKLOAD="synthetic:n=6,prompt=8-60,gen=32-64,seed=0",
     )
     return result, out
 
@@ -75,6 +78,12 @@ def test_gpu_bench_script_rehearsed_on_the_cpu_writes_every_result(rehearsal):
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
     for name in ("device.txt", "profile.json", "bench.json", "summary.txt", "bench.png"):
         assert (out / name).is_file(), name
+    for name in ("profile.json", "bench.json", "summary.txt"):  # the block-diffusion step
+        assert (out / "llada2" / name).is_file(), name
+    assert set(json.loads((out / "llada2" / "bench.json").read_text())["policies"]) == {
+        "blockserve",
+        "static",
+    }
     summary = (out / "summary.txt").read_text()
     for text in ("token budget", "usable memory", "peak/usable", "agreement", "calibrated"):
         assert text in summary
