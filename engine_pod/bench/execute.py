@@ -65,9 +65,8 @@ def run_policy(
 
     def finished(request: Request) -> None:
         reason = request.finish_reason.value if request.finish_reason else "length"
-        outcomes[request.request_id] = RequestOutcome(
-            list(request.generated), reason, time.perf_counter() - start
-        )
+        answer = request.generated[: request.max_tokens]  # what a client gets: whole blocks overshoot
+        outcomes[request.request_id] = RequestOutcome(list(answer), reason, time.perf_counter() - start)
         bar.update(1)
 
     engine.run(finished)

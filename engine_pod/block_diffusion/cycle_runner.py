@@ -59,12 +59,12 @@ class BlockDiffusionCycleRunner:
         heads = [len(state.tokens) % self.decoding.block_length for state in states]
         forwards_before = [state.forwards for state in states]
         sampling = RowSampling.of(rows, self.loaded.device, self.score_dtype)
-        blocks = self.runner.run_cycle(states, sampling, gather_rows)
+        blocks = self.runner.run_cycle(states, sampling, gather_rows, packed)
         steps = [state.forwards - before for state, before in zip(states, forwards_before)]
         stats = CycleStats(
             forwards=max(steps),
             computed_positions=self.runner.computed_positions,
-            useful_positions=self.runner.computed_positions,
+            useful_positions=self.runner.useful_positions,
         )
         return CycleOutput(
             blocks=[block[head:] for block, head in zip(blocks, heads)], steps=steps, stats=stats
@@ -77,6 +77,7 @@ class BlockDiffusionCycleRunner:
             self.pool.release(owner)
             threshold = self.threshold if row.threshold is None else row.threshold
             state = self.states[owner] = BlockRow(owner, prefix, threshold=threshold)
+        state.active = row.active
         return state
 
     def _forget_all_but(self, owners: set[str]) -> None:

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine_pod.block_diffusion.batches import StepQueries, dense_forward, packed_forward
 from engine_pod.decoding.candidates import score_candidates
 from engine_pod.decoding.policies import StepContext
 from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
-from engine_pod.models.block_transformer import BlockDiffusionTransformer, BlockForward
+from engine_pod.models.block_transformer import BlockDiffusionTransformer
 from engine_pod.models.paged_kv import PagedKVPool
 
 
@@ -32,6 +33,7 @@ class BlockRow:
     tokens: list[int]  # prompt and committed tokens, the active block's fixed head (prompt tail) included
     cached: int = 0  # leading tokens whose keys and values are final in the pool (a multiple of L)
     threshold: float = 0.95
+    active: bool = True  # False: a finished row static batching keeps computing, never committed
     forwards: int = field(default=0, compare=False)  # forwards this row took part in
 
     def block_start(self, block_length: int) -> int:
@@ -39,10 +41,13 @@ class BlockRow:
 
 
 @dataclass
-class _Step:
-    rows: list[int]  # indices into the cycle's rows
-    start: list[int]  # per row: the first query position
-    blocks: torch.Tensor  # [R', L] the rows' active blocks
+class _Cycle:
+    """What a cycle's forwards share: each row's block start, key slots and committed tokens."""
+
+    rows: list[BlockRow]
+    starts: list[int]
+    key_slots: list[torch.Tensor]  # per row: pool slots of positions [0, start + L)
+    blocks: torch.Tensor  # [R, L] the active blocks, denoised in place
 
 
 class BlockDiffusionRunner:
@@ -65,75 +70,95 @@ class BlockDiffusionRunner:
         self.score_dtype = torch.promote_types(model.lm_head.weight.dtype, torch.float32)
         self.sampling = None
         self.computed_positions = 0  # query positions pushed through the model in the last cycle
+        self.useful_positions = 0  # of those, the active rows' (no padding, no finished rows)
 
     @torch.no_grad()
-    def run_cycle(self, rows: list[BlockRow], sampling=None, gather_rows: bool = True) -> list[list[int]]:
+    def run_cycle(
+        self, rows: list[BlockRow], sampling=None, gather_rows: bool = True, packed: bool = True
+    ) -> list[list[int]]:
         """Complete every row's active block; returns each row's block (L tokens, its fixed head included)
         and leaves the rows' tokens extended to the block's end. ``sampling``: a RowSampling over the rows
         (None: all greedy); ``gather_rows=False`` keeps rows whose block is complete in every forward
-        (static batching's cost)."""
+        (static batching's cost); ``packed``: forwards without padding (else a padded box)."""
         self.sampling = sampling
-        self.computed_positions = 0
-        L = self.block_length
-        starts = [row.block_start(L) for row in rows]
-        heads = [row.tokens[start:] for row, start in zip(rows, starts)]
-        for row, start in zip(rows, starts):
-            self.pool.reserve(row.owner, start + L)
-        blocks = torch.tensor(
-            [head + [self.mask_id] * (L - len(head)) for head in heads], dtype=torch.long, device=self.device
-        )
+        self.computed_positions = self.useful_positions = 0
+        cycle = self._cycle(rows)
+        build = packed_forward if packed else dense_forward
         for step in range(self.steps):
-            masked = (blocks == self.mask_id).any(1)
+            masked = (cycle.blocks == self.mask_id).any(1)
             if not bool(masked.any()):
                 break
             live = (masked if gather_rows else torch.ones_like(masked)).nonzero(as_tuple=True)[0].tolist()
-            first = [rows[i].cached if self.exact_cache else 0 for i in live]
-            self._denoise(rows, starts, _Step(live, first, blocks[live]), step, blocks)
+            self._denoise(cycle, live, step, build)
             if self.exact_cache:
                 for i in live:
-                    rows[i].cached = starts[i]
-        if bool((blocks == self.mask_id).any()):
+                    rows[i].cached = cycle.starts[i]
+        if bool((cycle.blocks == self.mask_id).any()):
             raise RuntimeError(f"a block kept masks after {self.steps} steps; this is a bug")
-        for row, start, block in zip(rows, starts, blocks.tolist()):
+        blocks = cycle.blocks.tolist()
+        for row, start, block in zip(rows, cycle.starts, blocks):
             row.tokens[start:] = block
-        return blocks.tolist()
+        return blocks
 
     @torch.no_grad()
     def first_step_confidences(self, rows: list[BlockRow]) -> torch.Tensor:
         """The scorer's confidence at every masked position of the rows' active blocks, from their first
         forward (what a threshold calibration samples); the rows are left as they were."""
+        cycle = self._cycle(rows)
+        batch, select = packed_forward(self._queries(cycle, list(range(len(rows)))), self.pool)
+        _, confidence = self.model.forward_blocks(batch, select).map_logits(self.policy.scorer)
+        return confidence
+
+    def _cycle(self, rows: list[BlockRow]) -> _Cycle:
+        """Reserve every row's pages up to its active block's end and lay out the blocks (fixed head, masks)."""
         L = self.block_length
         starts = [row.block_start(L) for row in rows]
+        key_slots = []
         for row, start in zip(rows, starts):
             self.pool.reserve(row.owner, start + L)
+            key_slots.append(self.pool.slots(row.owner, 0, start + L))
         heads = [row.tokens[start:] for row, start in zip(rows, starts)]
         blocks = torch.tensor(
             [head + [self.mask_id] * (L - len(head)) for head in heads], dtype=torch.long, device=self.device
         )
-        step = _Step(list(range(len(rows))), [row.cached for row in rows], blocks)
-        batch, select = self._batch(rows, starts, step)
-        _, confidence = self.model.forward_blocks(batch, select).map_logits(self.policy.scorer)
-        return confidence
+        return _Cycle(rows, starts, key_slots, blocks)
 
-    def _denoise(
-        self, rows: list[BlockRow], starts: list[int], step: _Step, index: int, blocks: torch.Tensor
-    ):
-        batch, select = self._batch(rows, starts, step)
+    def _queries(self, cycle: _Cycle, live: list[int]) -> StepQueries:
+        """The live rows' queries: from their first uncached position (0 without the exact cache)."""
+        firsts = [cycle.rows[i].cached if self.exact_cache else 0 for i in live]
+        committed = [
+            torch.tensor(cycle.rows[i].tokens[first : cycle.starts[i]], dtype=torch.long, device=self.device)
+            for i, first in zip(live, firsts)
+        ]
+        return StepQueries(
+            firsts,
+            [cycle.starts[i] for i in live],
+            committed,
+            [cycle.key_slots[i] for i in live],
+            cycle.blocks[live],
+            self.block_length,
+            self.mask_id,
+        )
+
+    def _denoise(self, cycle: _Cycle, live: list[int], index: int, build) -> None:
+        queries = self._queries(cycle, live)
+        batch, select = build(queries, self.pool)
         hidden = self.model.forward_blocks(batch, select)
-        self.computed_positions += int(batch.write_slots.ne(self.pool.scratch).sum())
-        candidates = step.blocks == self.mask_id
+        self.computed_positions += batch.tokens.numel()
+        self.useful_positions += sum(w for w, i in zip(queries.widths, live) if cycle.rows[i].active)
+        candidates = queries.blocks == self.mask_id
         pick_r, pick_k = candidates.nonzero(as_tuple=True)
-        rows_of = torch.tensor(step.rows, device=self.device)[pick_r]
+        rows_of = torch.tensor(live, device=self.device)[pick_r]
         positions = batch.positions[select[0], select[1]]
         proposal, confidence = score_candidates(
             hidden, self.policy.scorer, self.sampling, rows_of, positions, index, self.score_dtype
         )
-        scores = torch.full(step.blocks.shape, float("-inf"), dtype=confidence.dtype, device=self.device)
+        scores = torch.full(candidates.shape, float("-inf"), dtype=confidence.dtype, device=self.device)
         scores[pick_r, pick_k] = confidence
-        proposals = step.blocks.clone()
+        proposals = queries.blocks.clone()
         proposals[pick_r, pick_k] = proposal
         thresholds = torch.tensor(
-            [rows[i].threshold for i in step.rows], dtype=torch.float64, device=self.device
+            [cycle.rows[i].threshold for i in live], dtype=torch.float64, device=self.device
         )
         context = StepContext(
             step=index,
@@ -144,45 +169,6 @@ class BlockDiffusionRunner:
             eps=0.0,
         )
         transfer = self.policy.select(scores, candidates, context)
-        blocks[step.rows] = torch.where(transfer, proposals, step.blocks)
-        for i in step.rows:
-            rows[i].forwards += 1
-
-    def _batch(self, rows: list[BlockRow], starts: list[int], step: _Step):
-        """The padded forward of the step's rows and the (row, query) pairs whose masks need logits."""
-        L, scratch = self.block_length, self.pool.scratch
-        ends = [starts[i] + L for i in step.rows]
-        widths = [end - first for end, first in zip(ends, step.start)]
-        queries, keys = max(widths), max(ends)
-        tokens = torch.zeros(len(step.rows), queries, dtype=torch.long, device=self.device)
-        positions = torch.zeros_like(tokens)
-        write = torch.full_like(tokens, scratch)
-        key_slots = torch.full((len(step.rows), keys), scratch, dtype=torch.long, device=self.device)
-        for r, (i, first, end) in enumerate(zip(step.rows, step.start, ends)):
-            width, start = end - first, starts[i]
-            committed = torch.tensor(rows[i].tokens[first:start], dtype=torch.long, device=self.device)
-            tokens[r, :width] = torch.cat([committed, step.blocks[r]])
-            positions[r, :width] = torch.arange(first, end, device=self.device)
-            write[r, :width] = self.pool.slots(rows[i].owner, first, end)
-            key_slots[r, :end] = self.pool.slots(rows[i].owner, 0, end)
-        mask = self._mask(positions, widths, ends, keys)
-        pick_r, pick_k = (step.blocks == self.mask_id).nonzero(as_tuple=True)
-        offsets = torch.tensor(widths, device=self.device) - L
-        return BlockForward(tokens, positions, write, key_slots, mask, self.pool), (
-            pick_r,
-            offsets[pick_r] + pick_k,
-        )
-
-    def _mask(self, positions: torch.Tensor, widths: list[int], ends: list[int], keys: int) -> torch.Tensor:
-        """Block-causal: a query sees every key of its own block and of the blocks before it."""
-        L = self.block_length
-        key_pos = torch.arange(keys, device=self.device)
-        valid_query = (
-            torch.arange(positions.shape[1], device=self.device)[None]
-            < torch.tensor(widths, device=self.device)[:, None]
-        )
-        valid_key = key_pos[None] < torch.tensor(ends, device=self.device)[:, None]
-        mask = (key_pos[None, None] // L <= positions[:, :, None] // L) & valid_key[:, None]
-        mask &= valid_query[:, :, None]
-        mask[:, :, 0] |= ~valid_query  # a padded query attends one real key: no all-masked row, no NaN
-        return mask
+        cycle.blocks[live] = torch.where(transfer, proposals, queries.blocks)
+        for i in live:
+            cycle.rows[i].forwards += 1

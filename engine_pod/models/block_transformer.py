@@ -6,35 +6,22 @@ key_layernorm, dense}, post_attention_layernorm, mlp}``, ``norm``, ``lm_head``. 
 ``first_k_dense_replace`` layers have a dense SwiGLU MLP, the others a mixture of experts.
 
 Every forward reads and writes a paged KV pool (models/paged_kv.py): the queries' keys and values are
-written at their slots first, then each row attends over its key slots under a block-causal mask. A
-row's queries are its not-yet-cached committed tokens (stored for good) and its active block.
+written at their slots first, then each row attends over its key slots under a block-causal mask, in
+the forward's layout (models/block_batch.py: a padded box or packed rows). A row's queries are its
+not-yet-cached committed tokens (stored for good) and its active block.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from engine_pod.models.block_batch import BlockForward
 from engine_pod.models.config import ModelConfig
 from engine_pod.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
 from engine_pod.models.moe import MixtureOfExperts
 from engine_pod.models.paged_kv import PagedKVPool
 from engine_pod.models.transformer import SelectedHidden
-
-
-@dataclass
-class BlockForward:
-    """One batched forward: rows padded to Q queries and K keys."""
-
-    tokens: torch.Tensor  # [R, Q] query token ids (padding: any id)
-    positions: torch.Tensor  # [R, Q] absolute positions of the queries
-    write_slots: torch.Tensor  # [R, Q] pool slots the queries' K/V go to (padding: the scratch slot)
-    key_slots: torch.Tensor  # [R, K] pool slots each row attends over (padding: the scratch slot)
-    mask: torch.Tensor  # [R, Q, K] True where the query may attend the key
-    pool: PagedKVPool
 
 
 class BlockAttention(nn.Module):
@@ -68,19 +55,13 @@ class BlockAttention(nn.Module):
         if self.qk_norm:
             q, k = self.query_layernorm(q), self.key_layernorm(k)
         q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-        pool = batch.pool
-        pool.write(
+        batch.pool.write(
             layer,
             batch.write_slots.reshape(-1),
             k.transpose(1, 2).reshape(-1, *k.shape[1::2]),
             v.reshape(-1, self.kv_heads, self.head_dim),
         )
-        keys, values = pool.read(layer, batch.key_slots)  # [R, K, kv, hd]
-        groups = self.heads // self.kv_heads
-        keys = keys.transpose(1, 2).repeat_interleave(groups, dim=1)
-        values = values.transpose(1, 2).repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=batch.mask[:, None])
-        return self.dense(out.transpose(1, 2).reshape(rows, queries, -1))
+        return self.dense(batch.attend(q, layer).reshape(rows, queries, -1))
 
 
 class BlockDecoderLayer(nn.Module):

@@ -21,12 +21,13 @@ from engine_pod.cli.main import main
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
 from engine_pod.generation import generate_one
-from engine_pod.models.block_transformer import BlockForward
+from engine_pod.models.block_batch import DenseBlockForward
 from engine_pod.models.config import ModelConfigError, config_from_dict
 from engine_pod.models.loader import load_model
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.config import LAYOUTS, SchedulerConfig
+from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.request import Request
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
 from tests.engine_utils import common_token, run_workload
@@ -116,7 +117,7 @@ def _whole_sequence_logits(model, ids: list[int], block_length: int) -> torch.Te
     slots = pool.slots("case", 0, n)[None]
     positions = torch.arange(n)
     mask = (positions[None, :] // block_length <= positions[:, None] // block_length)[None]
-    batch = BlockForward(torch.tensor([ids]), positions[None], slots, slots, mask, pool)
+    batch = DenseBlockForward(torch.tensor([ids]), positions[None], slots, slots, mask, pool)
     with torch.no_grad():
         return model.forward_blocks(batch, (torch.zeros(n, dtype=torch.long), positions)).logits()
 
@@ -169,8 +170,9 @@ def _generate(loaded, run: dict, cache: str = "dual") -> Generated:
     )
 
 
-def _whole_blocks(loaded, run: ReferenceRun, cache: str) -> tuple[list[int], int]:
-    """Every token the engine commits after the prompt, whole blocks (what SDAR's generate returns)."""
+def _whole_blocks(loaded, run: ReferenceRun, cache: str, layout: str = "dense") -> tuple[list[int], int]:
+    """Every token the engine commits after the prompt, whole blocks (what SDAR's generate returns), in
+    the forwards' ``layout`` (a padded box, or packed rows)."""
     decoding = DecodingConfig(
         block_length=run.block_length,
         steps_per_block=run.steps,
@@ -179,20 +181,21 @@ def _whole_blocks(loaded, run: ReferenceRun, cache: str) -> tuple[list[int], int
         cache=cache,
     )
     runner = make_runner(loaded, decoding, len(run.prompt_ids) + run.gen_length + 2 * run.block_length)
-    engine = Engine(runner, sequential_scheduler(run.block_length, [run.eos_id]))
+    engine = Engine(runner, sequential_scheduler(run.block_length, [run.eos_id], layout=layout))
     request = Request.from_tokens("run", run.prompt_ids, run.gen_length, run.block_length)
     engine.add_request(request)
     engine.run()
     return request.generated, sum(record.forwards for record in engine.records)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("cache", ["dual", "none"])
 @pytest.mark.parametrize("index", range(len(_reference_runs("sdar"))))
-def test_every_sdar_reference_run_is_reproduced(models, index, cache):
+def test_every_sdar_reference_run_is_reproduced(models, index, cache, layout):
     """SDAR's generate stores a completed block's K/V in a forward of its own; the engine stores it in the
     next block's first forward, so its forwards are the reference's denoising ones."""
     run = _reference_runs("sdar")[index]
-    tokens, forwards = _whole_blocks(models["sdar"], run, cache)
+    tokens, forwards = _whole_blocks(models["sdar"], run, cache, layout)
     assert tokens == run.output_ids
     assert forwards == run.forwards
 
@@ -330,3 +333,26 @@ def test_a_checkpoint_with_tied_embeddings_loads_its_head_from_the_embedding(tmp
     assert model.lm_head.weight.data_ptr() == model.word_embeddings.weight.data_ptr()
     embedding = load_file(str(directory / "model.safetensors"))["model.embed_tokens.weight"]
     assert torch.equal(model.lm_head.weight, embedding)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_cycles_padding_is_counted_as_computed_not_useful(loaded, layout):
+    """Rows of different prompt lengths and a finished row: a padded box computes positions that no row
+    uses, packed rows compute only the rows' own; a finished row (static batching) is never useful."""
+    decoding = DecodingConfig(
+        block_length=4, steps_per_block=2, remasking="scheduled_threshold", threshold=1.0
+    )
+    rows = [
+        CycleRow(tuple(range(3, 5)), owner="short"),
+        CycleRow(tuple(range(3, 21)), owner="long"),
+        CycleRow(tuple(range(3, 11)), active=False, owner="finished"),
+    ]
+    stats = make_runner(loaded, decoding, 256).run(rows, gather_rows=False, packed=layout == "packed").stats
+    first_widths = {"short": 4, "long": 20, "finished": 12}  # the prompt up to its block's end, then a block
+    useful_first = first_widths["short"] + first_widths["long"]
+    useful = useful_first + (stats.forwards - 1) * 2 * 4
+    assert stats.useful_positions == useful
+    if layout == "packed":
+        assert stats.computed_positions == useful + first_widths["finished"] + (stats.forwards - 1) * 4
+    else:
+        assert stats.computed_positions == 3 * 20 + (stats.forwards - 1) * 3 * 4

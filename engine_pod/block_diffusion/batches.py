@@ -1,0 +1,125 @@
+"""A block-diffusion step's forward inputs, dense (rows padded to a box) or packed (no padding).
+
+Each row of a step contributes its queries: committed tokens not yet cached (positions ``[first,
+start)``) and its active block (``[start, end)``). Both builders return the forward and which of its
+query positions need logits (the block's masked ones, row by row in the step's order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine_pod.models.block_batch import (
+    AttentionGroup,
+    BlockForward,
+    DenseBlockForward,
+    PackedBlockForward,
+    block_causal_mask,
+)
+from engine_pod.models.paged_kv import PagedKVPool
+
+Selection = tuple[torch.Tensor, torch.Tensor]  # (row of the forward's tokens, query index in it)
+
+
+@dataclass
+class StepQueries:
+    """The step's rows (in the step's order) and their queries."""
+
+    firsts: list[int]  # per row: first query position
+    starts: list[int]  # per row: its active block's start
+    committed: list[torch.Tensor]  # per row: tokens [first, start), on the device
+    key_slots: list[torch.Tensor]  # per row: pool slots of positions [0, start + L)
+    blocks: torch.Tensor  # [R, L] active blocks
+    block_length: int
+    mask_id: int
+
+    @property
+    def widths(self) -> list[int]:
+        L = self.block_length
+        return [start + L - first for first, start in zip(self.firsts, self.starts)]
+
+    def masked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row, index in its block) of every masked position, row-major."""
+        return (self.blocks == self.mask_id).nonzero(as_tuple=True)
+
+
+def dense_forward(step: StepQueries, pool: PagedKVPool) -> tuple[BlockForward, Selection]:
+    """Rows padded to the widest row's queries and keys; padded queries write the scratch slot."""
+    L, device = step.block_length, step.blocks.device
+    widths = step.widths
+    ends = [start + L for start in step.starts]
+    rows, queries, keys = len(widths), max(widths), max(ends)
+    tokens = torch.zeros(rows, queries, dtype=torch.long, device=device)
+    positions = torch.zeros_like(tokens)
+    write = torch.full_like(tokens, pool.scratch)
+    key_slots = torch.full((rows, keys), pool.scratch, dtype=torch.long, device=device)
+    for r, (first, end, width) in enumerate(zip(step.firsts, ends, widths)):
+        tokens[r, :width] = torch.cat([step.committed[r], step.blocks[r]])
+        positions[r, :width] = torch.arange(first, end, device=device)
+        write[r, :width] = step.key_slots[r][first:]
+        key_slots[r, :end] = step.key_slots[r]
+    mask = _dense_mask(positions, widths, ends, keys, L)
+    pick_r, pick_k = step.masked()
+    offsets = torch.tensor(widths, device=device) - L
+    return DenseBlockForward(tokens, positions, write, key_slots, mask, pool), (
+        pick_r,
+        offsets[pick_r] + pick_k,
+    )
+
+
+def _dense_mask(
+    positions: torch.Tensor, widths: list[int], ends: list[int], keys: int, L: int
+) -> torch.Tensor:
+    """Block-causal, padded keys never attended; a padded query attends one real key (no NaN)."""
+    device = positions.device
+    key_pos = torch.arange(keys, device=device)
+    valid_query = (
+        torch.arange(positions.shape[1], device=device)[None] < torch.tensor(widths, device=device)[:, None]
+    )
+    valid_key = key_pos[None] < torch.tensor(ends, device=device)[:, None]
+    mask = (key_pos[None, None] // L <= positions[:, :, None] // L) & valid_key[:, None]
+    mask &= valid_query[:, :, None]
+    mask[:, :, 0] |= ~valid_query
+    return mask
+
+
+def packed_forward(step: StepQueries, pool: PagedKVPool) -> tuple[BlockForward, Selection]:
+    """Rows one after another, those of one (end, width) adjacent: each group attends in one call over
+    exactly its keys. Only a group whose queries reach back before its active block needs a mask."""
+    L, device = step.block_length, step.blocks.device
+    widths = step.widths
+    order = sorted(range(len(widths)), key=lambda r: (-step.starts[r], -widths[r]))
+    offsets = [0] * len(widths)
+    tokens, positions, write, groups = [], [], [], []
+    total = 0
+    for r in order:
+        first, end, width = step.firsts[r], step.starts[r] + L, widths[r]
+        offsets[r] = total
+        tokens.append(torch.cat([step.committed[r], step.blocks[r]]) if width > L else step.blocks[r])
+        positions.append(torch.arange(first, end, device=device))
+        write.append(step.key_slots[r][first:])
+        head = groups[-1] if groups else None
+        if head is not None and head[0] == (end, width):
+            head[1].append(r)
+        else:
+            groups.append(((end, width), [r]))
+        total += width
+    forward = PackedBlockForward(
+        torch.cat(tokens)[None],
+        torch.cat(positions)[None],
+        torch.cat(write)[None],
+        [_group(members, offsets, end, width, step, device) for (end, width), members in groups],
+        pool,
+    )
+    pick_r, pick_k = step.masked()
+    base = torch.tensor([offsets[r] + widths[r] - L for r in range(len(widths))], device=device)
+    return forward, (torch.zeros_like(pick_r), base[pick_r] + pick_k)
+
+
+def _group(members: list[int], offsets: list[int], end: int, width: int, step: StepQueries, device):
+    L = step.block_length
+    key_slots = torch.stack([step.key_slots[r] for r in members])
+    mask = None if width == L else block_causal_mask(end - width, end, L, device)
+    return AttentionGroup(offsets[members[0]], len(members), width, key_slots, mask)
