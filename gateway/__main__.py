@@ -3,44 +3,81 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import sys
 
 import uvicorn
 
 from gateway.app import build_app
+from gateway.processes import CHILD_FLAG, port_is_free, run_processes, shared_socket
 from gateway.settings import GatewaySettings, SettingsError
 from gateway.tokenizer import TokenizerError
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gateway", description="dllm OpenAI-style gateway (settings: DLLM_* env)"
+        prog="python -m gateway",
+        description="dllm OpenAI-style gateway (settings: DLLM_* env; DLLM_GATEWAY_PROCESSES=N runs N "
+        "processes on the port, one core each)",
     )
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
         "--log-level", choices=("debug", "info", "warning", "error"), default="info", help="(default: info)"
     )
+    parser.add_argument(CHILD_FLAG, type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    child = args.process_index
     level = args.log_level.upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tag = "" if child is None else f"[{child}] "  # which of several processes says it
+    logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s")
     try:
         settings = GatewaySettings.from_env()
-        app = build_app(settings)
+        if child is None and settings.processes > 1:
+            return _supervise(settings.processes, args, argv)
+        app = build_app(settings, metrics_server=not child)
     except (SettingsError, TokenizerError, ValueError) as exc:
         sys.stderr.write(f"gateway: error: {exc}\n")
         return 2
+    if child is not None:  # one of several on the port
+        try:
+            sock = shared_socket(args.host, args.port)
+        except OSError as exc:
+            sys.stderr.write(f"gateway: error: cannot listen on {args.host}:{args.port}: {exc.strerror}\n")
+            return 2
+        _server(app, settings, args, tag).run(sockets=[sock])
+        return 0
+    _server(app, settings, args, tag).run()
+    return 0
+
+
+def _supervise(count: int, args: argparse.Namespace, argv: list[str] | None) -> int:
+    if not port_is_free(args.host, args.port):
+        sys.stderr.write(f"gateway: error: port {args.port} is in use\n")
+        return 2
+    return run_processes(count, list(sys.argv[1:] if argv is None else argv))
+
+
+def _log_config(tag: str) -> dict:
+    """uvicorn's logging, each line tagged with the process it comes from (several processes)."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    for formatter in config["formatters"].values():
+        formatter["fmt"] = formatter["fmt"].replace("%(levelprefix)s ", f"%(levelprefix)s {tag}", 1)
+    return config
+
+
+def _server(app, settings: GatewaySettings, args: argparse.Namespace, tag: str) -> DrainingServer:
     config = uvicorn.Config(
         app,
+        log_config=_log_config(tag),
         host=args.host,
         port=args.port,
         log_level=args.log_level,
         access_log=settings.access_log,
         timeout_graceful_shutdown=max(int(settings.drain_timeout_s), 1),
     )
-    DrainingServer(config, app).run()
-    return 0
+    return DrainingServer(config, app)
 
 
 class DrainingServer(uvicorn.Server):

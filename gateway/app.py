@@ -23,7 +23,7 @@ from gateway.coalesced_calls import CoalescedCalls
 from gateway.delivered import DeliveredEvents
 from gateway.errors import install_error_handlers
 from gateway.event_reader import EventReader
-from gateway.fast_path import FastPath
+from gateway.fast_path import FastPath, is_hot
 from gateway.metrics import GatewayMetrics
 from gateway.routers import batches, completions, files, health, models
 from gateway.routers.health import refresh_queue_depth
@@ -34,7 +34,9 @@ from gateway.tokenizer import GatewayTokenizer
 logger = logging.getLogger(__name__)
 
 
-def build_app(settings: GatewaySettings) -> FastAPI:
+def build_app(settings: GatewaySettings, metrics_server: bool = True) -> HotPath:
+    """``metrics_server=False``: no server on ``settings.metrics_port`` (one of several processes sharing
+    the API port leaves it to the first)."""
     tokenizer = GatewayTokenizer(settings.model_dir)
     api_keys = ApiKeys(settings)  # a keys file that cannot be read stops the start here
 
@@ -57,7 +59,9 @@ def build_app(settings: GatewaySettings) -> FastAPI:
         for task in background:
             task.add_done_callback(_report_failure)
         freeze_loaded_objects()
-        metrics_server = _serve_metrics(app.state.gateway) if settings.metrics_port else None
+        metrics_thread = (
+            _serve_metrics(app.state.gateway) if settings.metrics_port and metrics_server else None
+        )
         logger.info(
             "gateway for service %s (model %s) on %s",
             settings.service,
@@ -72,8 +76,8 @@ def build_app(settings: GatewaySettings) -> FastAPI:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
-            if metrics_server is not None:
-                metrics_server.shutdown()
+            if metrics_thread is not None:
+                metrics_thread.shutdown()
             await client.aclose()
 
     docs = settings.docs
@@ -90,10 +94,30 @@ def build_app(settings: GatewaySettings) -> FastAPI:
     for router in (completions.router, models.router, files.router, batches.router, health.router):
         app.include_router(router)
 
-    app.add_middleware(FastPath)  # innermost of the three: bodies are limited, and counted, before it
     app.add_middleware(BodyLimit, settings=settings)
     app.add_middleware(RequestCounter)
-    return app
+    return HotPath(app, settings)
+
+
+class HotPath:
+    """The outermost application: the two endpoints that carry the load go through the request counter,
+    the body limit and ``FastPath`` only, not through the FastAPI stack's other layers (each wraps every
+    message a stream sends); everything else, and the lifespan, go to the FastAPI app. Attributes are the
+    FastAPI app's (``state``, ``routes``, ``openapi()``)."""
+
+    def __init__(self, app: FastAPI, settings: GatewaySettings) -> None:
+        self.fastapi = app
+        self.hot = RequestCounter(BodyLimit(FastPath(app), settings))
+
+    async def __call__(self, scope, receive, send) -> None:
+        if is_hot(scope):
+            scope["app"] = self.fastapi  # what the handlers find their state in
+            await self.hot(scope, receive, send)
+        else:
+            await self.fastapi(scope, receive, send)
+
+    def __getattr__(self, name: str):
+        return getattr(self.fastapi, name)
 
 
 def _reload_keys_on_sighup(api_keys: ApiKeys) -> None:

@@ -9,6 +9,7 @@ endpoints in the OpenAPI document.
 from __future__ import annotations
 
 import json
+import logging
 
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
@@ -21,10 +22,16 @@ from gateway.routers.completions import chat, complete
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.state import require_api_key
 
+logger = logging.getLogger(__name__)
 ROUTES = {
     "/v1/completions": (CompletionRequest, complete),
     "/v1/chat/completions": (ChatCompletionRequest, chat),
 }
+
+
+def is_hot(scope) -> bool:
+    """Whether the request is one of the two endpoints answered here."""
+    return scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in ROUTES
 
 
 class FastPath:
@@ -34,12 +41,15 @@ class FastPath:
         self.app = app
 
     async def __call__(self, scope, receive, send) -> None:
-        route = ROUTES.get(scope["path"]) if scope["type"] == "http" else None
-        if route is None or scope["method"] != "POST":
+        if not is_hot(scope):
             await self.app(scope, receive, send)
             return
         scope["route"] = _RouteLabel(scope["path"])  # what the request counter labels its series with
-        response = await _answer(Request(scope, receive), *route)
+        try:
+            response = await _answer(Request(scope, receive), *ROUTES[scope["path"]])
+        except Exception:  # noqa: BLE001 - a bug answered as OpenAI answers one, and logged
+            logger.exception("%s failed", scope["path"])
+            response = JSONResponse(error_body("the server had an error", "server_error"), status_code=500)
         await response(scope, receive, send)
 
 

@@ -48,6 +48,9 @@ class GatewaySettings:
     # the API port; 0: /metrics on the API port, behind the API key when there are keys
     metrics_port: int = 0
     metrics_host: str = "0.0.0.0"
+    # gateway processes sharing the API port (SO_REUSEPORT): each an event loop on a core of its own; the
+    # queue-depth gauge is Redis's and the same in all, request counters are each process's own
+    processes: int = 1
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -81,6 +84,7 @@ class GatewaySettings:
                 f"unknown_fields must be one of {', '.join(UNKNOWN_FIELDS)}",
             ),
             (self.batch_window_s >= 1, "batch_window_s must be positive"),
+            (1 <= self.processes <= 256, "processes must be in 1..256"),
         ]
         for ok, message in checks:
             if not ok:
@@ -143,6 +147,7 @@ ENV_NAMES = {  # field -> environment variable: the one place a gateway setting'
     "access_log": "DLLM_ACCESS_LOG",
     "metrics_port": "DLLM_METRICS_PORT",
     "metrics_host": "DLLM_METRICS_HOST",
+    "processes": "DLLM_GATEWAY_PROCESSES",
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 UNKNOWN_FIELDS = ("reject", "ignore")

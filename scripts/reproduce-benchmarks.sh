@@ -69,5 +69,11 @@ kill -INT $serve_pid && wait $serve_pid || true
 # 4. Generation quality of the shipped model under every policy.
 dllm eval --policy sequential,static,blockserve --n 210 --json --outputs "$out/eval-outputs.jsonl" > "$out/eval.json"
 
+# 4b. The gateway's CPU per request and requests per second, one process and two.
+for processes in 1 2; do
+  PYTHONPATH=. python scripts/gateway_cost.py --requests 512 --bursts 7 --processes "$processes" \
+    > "$out/gateway-cost-$processes.txt" 2>&1
+done
+
 # 5. The tables docs/benchmarks.md quotes.
 python scripts/results_tables.py "$out" > "$out/tables.md"   # docs/benchmarks.md quotes these

@@ -26,6 +26,7 @@ def _reference_dir() -> Path:
 
 
 REFERENCE_DIR = _reference_dir()
+BLOCK_REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "block_reference"  # LLaDA2.0 and SDAR
 
 
 def llada_config(

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
+from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import free_port
 from gateway.__main__ import DrainingServer
 from gateway.app import build_app
@@ -164,3 +165,10 @@ def completion(client: httpx.Client, prompt: str, max_tokens: int = 16, **extra)
     return client.post(
         "/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": max_tokens} | extra
     )
+
+
+def logging_gateway(env: dict[str, str], sink) -> GatewayProcess:
+    """``python -m gateway`` on a free loopback port at log level info, its output (uvicorn's log and
+    access log) written to ``sink``; not started."""
+    options = {"stdout": sink, "stderr": subprocess.STDOUT}
+    return GatewayProcess("127.0.0.1", free_port(), env, popen_options=options, log_level="info")

@@ -5,8 +5,9 @@ worker, a peer that speaks the worker's queue protocol and answers every claimed
 (one COMMIT per claim round, ``--tokens`` tokens each). Bursts of ``--requests`` requests are sent at
 once, for each kind: completions and chat, whole or streamed. The figures: the gateway's and
 redis-server's CPU time (from /proc) per request, which holds on a noisy machine, and requests per second
-through one gateway process at saturation (a burst's requests over its wall time). On a machine whose
-cores torch shares with the gateway, each millisecond here is taken from the forwards.
+through the gateway (one process, or ``--processes N``) at saturation (a burst's requests over its wall
+time). On a machine whose cores torch shares with the gateway, each millisecond here is taken from the
+forwards.
 
     PYTHONPATH=. python scripts/gateway_cost.py [--requests 512] [--bursts 7] [--kinds chat,chat-stream]
 """
@@ -68,8 +69,11 @@ class InstantPeer(threading.Thread):
 
 
 def cpu_seconds(pid: int) -> float:
+    """CPU time of the process and of its children (several gateway processes: the parent's)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return own + sum(cpu_seconds(int(child)) for child in children)
 
 
 KINDS = ("completions", "chat", "completions-stream", "chat-stream")
@@ -124,6 +128,9 @@ def main() -> None:
     parser.add_argument(
         "--access-log", action="store_true", help="with the access log (off, as in dllm bench)"
     )
+    parser.add_argument(
+        "--processes", type=int, default=1, help="gateway processes on the port (DLLM_GATEWAY_PROCESSES)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with RedisServer() as server:
@@ -135,6 +142,7 @@ def main() -> None:
             max_queued=args.requests + 1,
             max_tokens_limit=args.tokens,
             access_log=args.access_log,
+            processes=args.processes,
         )
         options = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
         gateway = GatewayProcess("127.0.0.1", free_port(), settings.to_env(), options).start()

@@ -59,15 +59,22 @@ class BlockDiffusionCycleRunner:
         heads = [len(state.tokens) % self.decoding.block_length for state in states]
         forwards_before = [state.forwards for state in states]
         sampling = RowSampling.of(rows, self.loaded.device, self.score_dtype)
-        blocks = self.runner.run_cycle(states, sampling, gather_rows, packed)
+        counts = [row.logprobs for row in rows]
+        blocks = self.runner.run_cycle(states, sampling, gather_rows, packed, counts)
         steps = [state.forwards - before for state, before in zip(states, forwards_before)]
         stats = CycleStats(
             forwards=max(steps),
             computed_positions=self.runner.computed_positions,
             useful_positions=self.runner.useful_positions,
         )
+        recorded = self.runner.logprobs
         return CycleOutput(
-            blocks=[block[head:] for block, head in zip(blocks, heads)], steps=steps, stats=stats
+            blocks=[block[head:] for block, head in zip(blocks, heads)],
+            steps=steps,
+            stats=stats,
+            logprobs=None
+            if recorded is None
+            else [r if r is None else r[h:] for r, h in zip(recorded, heads)],
         )
 
     def _state(self, owner: str, row: CycleRow) -> BlockRow:

@@ -19,6 +19,7 @@ import torch
 
 from engine_pod.block_diffusion.batches import StepQueries, dense_forward, packed_forward
 from engine_pod.decoding.candidates import score_candidates
+from engine_pod.decoding.logprobs import asked_and_committed, committed_logprobs
 from engine_pod.decoding.policies import StepContext
 from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
 from engine_pod.models.block_transformer import BlockDiffusionTransformer
@@ -71,17 +72,31 @@ class BlockDiffusionRunner:
         self.sampling = None
         self.computed_positions = 0  # query positions pushed through the model in the last cycle
         self.useful_positions = 0  # of those, the active rows' (no padding, no finished rows)
+        self.logprob_counts: list[int | None] | None = None  # per row: alternatives asked (None: none)
+        # per row asking, per block position: its committed token's log probability (decoding/logprobs.py)
+        self.logprobs: list[list | None] | None = None
 
     @torch.no_grad()
     def run_cycle(
-        self, rows: list[BlockRow], sampling=None, gather_rows: bool = True, packed: bool = True
+        self,
+        rows: list[BlockRow],
+        sampling=None,
+        gather_rows: bool = True,
+        packed: bool = True,
+        logprobs: list[int | None] | None = None,
     ) -> list[list[int]]:
         """Complete every row's active block; returns each row's block (L tokens, its fixed head included)
         and leaves the rows' tokens extended to the block's end. ``sampling``: a RowSampling over the rows
         (None: all greedy); ``gather_rows=False`` keeps rows whose block is complete in every forward
-        (static batching's cost); ``packed``: forwards without padding (else a padded box)."""
+        (static batching's cost); ``packed``: forwards without padding (else a padded box); ``logprobs``:
+        per row, how many alternatives to record with each committed token (None: none), in
+        ``self.logprobs`` after the cycle."""
         self.sampling = sampling
         self.computed_positions = self.useful_positions = 0
+        asked = logprobs is not None and any(k is not None for k in logprobs)
+        self.logprob_counts = logprobs if asked else None
+        L = self.block_length
+        self.logprobs = [[None] * L if k is not None else None for k in logprobs] if asked else None
         cycle = self._cycle(rows)
         build = packed_forward if packed else dense_forward
         for step in range(self.steps):
@@ -170,5 +185,19 @@ class BlockDiffusionRunner:
         )
         transfer = self.policy.select(scores, candidates, context)
         cycle.blocks[live] = torch.where(transfer, proposals, queries.blocks)
+        if self.logprobs is not None:
+            self._record_logprobs(hidden, rows_of, pick_k, transfer[pick_r, pick_k], proposal)
         for i in live:
             cycle.rows[i].forwards += 1
+
+    def _record_logprobs(self, hidden, rows_of, pick_k, committed, proposal) -> None:
+        counts = self.logprob_counts
+        chosen = asked_and_committed(rows_of, committed, counts)
+        if chosen.numel() == 0:
+            return
+        owners = rows_of[chosen]
+        values = committed_logprobs(
+            hidden, chosen, proposal[chosen], owners, counts, self.sampling, self.score_dtype
+        )
+        for value, r, k in zip(values, owners.tolist(), pick_k[chosen].tolist()):
+            self.logprobs[r][k] = value

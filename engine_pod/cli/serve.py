@@ -88,6 +88,11 @@ def register(subparsers) -> None:
         help="largest max_tokens accepted (default: $DLLM_MAX_TOKENS, or 512)",
     )
     parser.add_argument(
+        "--gateway-processes",
+        type=int,
+        help="gateway processes sharing the port, one core each (default: $DLLM_GATEWAY_PROCESSES, or 1)",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=int,
         default=0,
@@ -111,6 +116,7 @@ def _gateway_settings(args: argparse.Namespace, model_dir: Path):
         "max_tokens_limit": args.max_tokens_limit,
         "model_name": args.model_name,
         "access_log": True if args.access_log else None,
+        "processes": args.gateway_processes,
     }
     values = env_values() | {name: value for name, value in flags.items() if value is not None}
     values.setdefault("model_name", model_dir.name)

@@ -14,8 +14,8 @@ import torch
 
 from engine_pod.decoding.candidates import score_candidates
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.decoding.logprobs import asked_and_committed, committed_logprobs
 from engine_pod.decoding.policies import StepContext, make_policy
-from engine_pod.decoding.sampling import distribution_logits
 from engine_pod.decoding.scoring import top_two_gap
 from engine_pod.models.adapter import adapter_for
 from engine_pod.models.loader import LoadedModel
@@ -188,30 +188,17 @@ class BlockCycleRunner:
     def _record_logprobs(
         self, logits, canvas: Canvas, rows: _StepRows, pick_r, pick_k, transfer, proposal, out
     ):
-        """Log probabilities of the tokens committed in this step, for the rows that asked: the LM head
-        again over those positions only, under the distribution each was chosen from."""
-        counts = canvas.logprobs
+        """Log probabilities of the tokens committed in this step, for the rows that asked."""
         row = rows.index[pick_r]
-        asked = torch.tensor([k is not None for k in counts], device=row.device)
-        chosen = (transfer[pick_r, pick_k] & asked[row]).nonzero(as_tuple=True)[0]
+        chosen = asked_and_committed(row, transfer[pick_r, pick_k], canvas.logprobs)
         if chosen.numel() == 0:
             return
-        scores = logits.lm_head(logits.hidden[chosen]).to(self.score_dtype)
         owners = row[chosen]
-        sampling = canvas.sampling
-        if sampling is not None and bool(sampling.sampled[owners].any()):
-            drawn = sampling.sampled[owners]
-            picked = owners[drawn]
-            scores[drawn] = distribution_logits(
-                scores[drawn], sampling.temperature[picked], sampling.top_k[picked], sampling.top_p[picked]
-            )
-        log_p = torch.log_softmax(scores, dim=-1)
-        own = log_p.gather(1, proposal[chosen][:, None])[:, 0].tolist()
-        widest = max(counts[r] for r in owners.tolist())
-        values, ids = log_p.topk(min(widest, log_p.shape[-1]), dim=-1)
-        for i, (r, k) in enumerate(zip(owners.tolist(), pick_k[chosen].tolist())):
-            alternatives = list(zip(ids[i, : counts[r]].tolist(), values[i, : counts[r]].tolist()))
-            out.logprobs[r][k] = (own[i], alternatives)
+        values = committed_logprobs(
+            logits, chosen, proposal[chosen], owners, canvas.logprobs, canvas.sampling, self.score_dtype
+        )
+        for value, r, k in zip(values, owners.tolist(), pick_k[chosen].tolist()):
+            out.logprobs[r][k] = value
 
     @staticmethod
     def _record_margins(logits, pick_r, pick_k, transfer, index, margins: torch.Tensor) -> None:

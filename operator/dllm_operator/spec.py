@@ -73,6 +73,7 @@ class ServiceSpec:
     redis_storage: str = "8Gi"  # managed Redis: its append-only file's volume
     redis_storage_class: str | None = None
     gateway_replicas: int = 1
+    gateway_processes: int = 1  # per pod, sharing its port
     gateway_image: str | None = None
     service_type: str = "ClusterIP"
     gateway_port: int = 80
@@ -169,6 +170,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         redis_storage=str(redis.get("storage", "8Gi")),
         redis_storage_class=redis.get("storageClassName"),
         gateway_replicas=int(gateway.get("replicas", 1)),
+        gateway_processes=int(gateway.get("processes", 1)),
         gateway_image=gateway.get("image"),
         service_type=gateway.get("serviceType", "ClusterIP"),
         gateway_port=int(gateway.get("port", 80)),

@@ -9,7 +9,6 @@ import json
 import random
 from contextlib import redirect_stdout
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,9 +30,9 @@ from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.request import Request
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
 from tests.engine_utils import common_token, run_workload
-from tests.factories import random_workload, sdar_config, write_checkpoint
+from tests.factories import BLOCK_REFERENCE_DIR, random_workload, sdar_config, write_checkpoint
 
-VECTORS = Path(__file__).resolve().parents[1] / "data" / "block_reference"
+VECTORS = BLOCK_REFERENCE_DIR
 REFERENCE = VECTORS / "llada2"
 FAMILIES = ["llada2", "sdar"]
 LOGIT_ATOL = 1e-3

@@ -16,11 +16,12 @@ from engine_pod.decoding.sampling_params import SamplingError, SamplingParams
 from engine_pod.engine import Engine
 from engine_pod.models.loader import load_model
 from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.config import SchedulerConfig
 from engine_pod.scheduler.request import Request
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
-from tests.factories import REFERENCE_DIR, random_workload
+from tests.factories import BLOCK_REFERENCE_DIR, REFERENCE_DIR, random_workload
 
 BLOCK = 8
 
@@ -132,7 +133,7 @@ def test_sampling_settings_out_of_range_are_refused(values):
 
 
 def _run_with_logprobs(loaded, scheduler, decoding, workload, asked: dict, sampling: dict) -> dict:
-    engine = Engine(BlockCycleRunner(loaded, decoding), scheduler)
+    engine = Engine(make_runner(loaded, decoding, 4096), scheduler)
     for request_id, prompt, budget in workload:
         request = Request.from_tokens(request_id, prompt, budget, BLOCK)
         request.logprobs, request.sampling = asked.get(request_id), sampling.get(request_id)
@@ -148,8 +149,17 @@ def _run_with_logprobs(loaded, scheduler, decoding, workload, asked: dict, sampl
     return kept
 
 
-def test_logprobs_are_those_of_the_committing_step_and_do_not_depend_on_the_batch(models):
-    loaded = models["dream"]
+@pytest.fixture(scope="module")
+def block_model():
+    return load_model(str(BLOCK_REFERENCE_DIR / "llada2"), dtype="float64")
+
+
+@pytest.mark.parametrize("family", ["dream", "llada2"])
+def test_logprobs_are_those_of_the_committing_step_and_do_not_depend_on_the_batch(
+    models, block_model, family
+):
+    """Dream (bidirectional, dual cache) and LLaDA2.0 (block diffusion, exact cache) alike."""
+    loaded = block_model if family == "llada2" else models[family]
     workload = random_workload(random.Random(5), 5, 480, BLOCK, max_prompt=20, max_blocks=3)
     decoding = DecodingConfig(block_length=BLOCK, steps_per_block=4, threshold=0.5)
     ids = [request_id for request_id, _, _ in workload]
@@ -171,6 +181,8 @@ def test_logprobs_are_those_of_the_committing_step_and_do_not_depend_on_the_batc
         sampling,
     )
     assert set(batched) == set(asked)
+    budgets = {request_id: budget for request_id, _, budget in workload}
+    assert all(len(batched[request_id]) >= budgets[request_id] for request_id in asked)  # every token
     for request_id in asked:  # the same tokens and alternatives; values equal up to float64 rounding
         assert len(alone[request_id]) == len(batched[request_id])
         for (lp_alone, alt_alone), (lp, alt) in zip(alone[request_id], batched[request_id]):

@@ -241,6 +241,17 @@ def test_gateway_liveness_checks_the_process_and_readiness_checks_redis():
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
 
 
+@pytest.mark.parametrize("processes", [1, 3])
+def test_gateway_processes_per_pod_reach_the_gateway_and_its_cpu_request(processes):
+    manifests = all_manifests(example(gateway__processes=processes))
+    gateway = manifests[3]
+    validate(gateway)
+    container = gateway["spec"]["template"]["spec"]["containers"][0]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env["DLLM_GATEWAY_PROCESSES"] == str(processes)
+    assert container["resources"]["requests"]["cpu"] == f"{500 * processes}m"
+
+
 def test_engine_pods_may_take_an_hour_to_load_their_model_before_liveness_counts():
     container = all_manifests(example())[2]["spec"]["template"]["spec"]["containers"][0]
     startup = container["startupProbe"]

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
-from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import free_port
+from tests.serving_utils import logging_gateway
 
 
 @pytest.mark.parametrize("setting, logged", [(None, True), ("false", False)])
@@ -17,13 +15,7 @@ def test_the_access_log_follows_its_setting(served_model, tmp_path, setting, log
         env["DLLM_ACCESS_LOG"] = setting
     log = tmp_path / "gateway.log"
     with log.open("w") as sink:
-        gateway = GatewayProcess(
-            "127.0.0.1",
-            free_port(),
-            env,
-            popen_options={"stdout": sink, "stderr": subprocess.STDOUT},
-            log_level="info",
-        )
+        gateway = logging_gateway(env, sink)
         gateway.start()  # returns once /healthz answered 200: that request is in the log, or not
         gateway.stop()
     text = log.read_text()

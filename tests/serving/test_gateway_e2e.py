@@ -287,3 +287,22 @@ def test_gateway_settings_round_trip_through_their_environment(monkeypatch):
         monkeypatch.setenv(variable, value)
     assert GatewaySettings.from_env() == settings
     assert set(settings.to_env(exclude=("api_keys",))) == set(ENV_NAMES.values()) - {"DLLM_API_KEYS"}
+
+
+def test_a_bug_on_the_fast_path_is_a_500_in_openais_shape_and_counted(
+    served_model, redis_server, service, monkeypatch
+):
+    from gateway import fast_path
+
+    def broken(body, state, is_disconnected):
+        raise RuntimeError("a bug")
+
+    model, _ = fast_path.ROUTES["/v1/completions"]
+    monkeypatch.setitem(fast_path.ROUTES, "/v1/completions", (model, broken))
+    settings = gateway_settings(served_model, redis_server.url, service)
+    with GatewayServer(settings) as gateway, httpx.Client(base_url=gateway.url, timeout=10) as client:
+        reply = completion(client, "count to 3 .")
+        assert reply.status_code == 500
+        assert reply.json()["error"]["type"] == "server_error"
+        metrics = client.get("/metrics").text
+    assert 'dllm_gateway_requests_total{endpoint="/v1/completions",status="500"} 1.0' in metrics

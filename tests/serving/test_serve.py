@@ -258,9 +258,22 @@ def test_dllm_serve_serves_a_checkpoint_as_dllm_generate_decodes_it(tmp_path, fa
     model = write_served_model(tmp_path / f"tiny-{family}", family=family)
     prompts = ["count from 1 to 9 .", "letters from a to k ."]
     (tmp_path / "serve").mkdir()
-    with running(tmp_path / "serve", "--model", str(model)) as server:
+    processes = 2 if family == "llada2" else 1  # one of the two runs with a gateway of two processes
+    with running(tmp_path / "serve", "--model", str(model), "--gateway-processes", str(processes)) as server:
+        gateway = server.children()["gateway"]
+        assert len(Path(f"/proc/{gateway}/task/{gateway}/children").read_text().split()) == (
+            processes if processes > 1 else 0
+        )
         client = openai_client(server)
         served = [client.completions.create(model=f"tiny-{family}", prompt=p, max_tokens=64) for p in prompts]
+        scored = client.completions.create(
+            model=f"tiny-{family}", prompt=prompts[0], max_tokens=64, logprobs=2
+        )
+    assert scored.choices[0].text == served[0].choices[0].text
+    logprobs = scored.choices[0].logprobs  # every answer token's, under the step that committed it
+    assert len(logprobs.tokens) == scored.usage.completion_tokens > 0
+    assert all(value is not None and value <= 0 for value in logprobs.token_logprobs)
+    assert all(len(alternatives) == 2 for alternatives in logprobs.top_logprobs)
     for prompt, reply in zip(prompts, served):
         argv = [sys.executable, "-m", "engine_pod.cli.main", "generate", "--model", str(model)]
         argv += ["--prompt", prompt, "--gen-length", "64", "--canvas", "block", "--json"]

@@ -29,6 +29,7 @@ def gateway_settings(spec: ServiceSpec, redis_url: str) -> GatewaySettings:
         threshold=spec.threshold,
         max_queued=spec.max_queued,
         metrics_port=METRICS_PORT,
+        processes=spec.gateway_processes,
     )
 
 
@@ -61,6 +62,15 @@ def _tokenizer_init(
     }
 
 
+def _resources(processes: int) -> dict[str, Any]:
+    """Half a core and 512 MiB requested per process (a process at saturation uses one core), 2 GiB each
+    at most."""
+    return {
+        "requests": {"cpu": f"{500 * processes}m", "memory": f"{512 * processes}Mi"},
+        "limits": {"memory": f"{2 * processes}Gi"},
+    }
+
+
 def gateway_deployment(
     spec: ServiceSpec, owner: dict, settings: OperatorSettings, redis_url: str
 ) -> dict[str, Any]:
@@ -78,7 +88,7 @@ def gateway_deployment(
             {"name": "http", "containerPort": PORT},
             {"name": "metrics", "containerPort": METRICS_PORT},
         ],
-        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "resources": _resources(spec.gateway_processes),
         "volumeMounts": mounts,
         "livenessProbe": liveness,
         "readinessProbe": readiness,
