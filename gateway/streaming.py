@@ -13,11 +13,10 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from fastapi.responses import StreamingResponse
-
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.resilience import REDIS_ERRORS
 from gateway.errors import ApiError, error_body
+from gateway.event_stream import EventStream
 from gateway.logprobs import StreamedLogprobs, held_back, visible_tokens
 from gateway.submission import (
     apply_stop,
@@ -198,7 +197,7 @@ async def stream_chunks(spec: StreamSpec, queued: list[QueuedRequest]) -> AsyncI
         yield last
 
 
-def sse(chunks: AsyncIterator[dict], on_end) -> StreamingResponse:
+def sse(chunks: AsyncIterator[dict], on_end) -> EventStream:
     """Server-sent events. The status line is already sent when the first chunk goes out, so a failure
     after it is an error event (OpenAI's error object) followed by ``[DONE]``, never a silent cut."""
 
@@ -214,7 +213,7 @@ def sse(chunks: AsyncIterator[dict], on_end) -> StreamingResponse:
         yield b"data: [DONE]\n\n"
         on_end()
 
-    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return EventStream(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 def _event(payload: dict) -> bytes:

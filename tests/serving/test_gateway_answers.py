@@ -468,6 +468,17 @@ def test_a_client_that_goes_away_cancels_its_request(gateway):
     wait_for(lambda: peer.cancelled, what="the gateway to cancel the request of a client that left")
 
 
+def test_a_streaming_client_that_goes_away_after_its_first_block_cancels_its_request(gateway):
+    client, peer, _ = gateway
+    peer.script = Script(wait_for_cancel_after=1)
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 3 * BLOCK, "stream": True}
+    with client.stream("POST", "/v1/completions", json=body) as reply:
+        first = next(line for line in reply.iter_lines() if line.startswith("data: "))
+        assert json.loads(first.removeprefix("data: "))["choices"][0]["text"]
+    # the connection is closed here, with the rest of the answer not yet committed
+    wait_for(lambda: peer.cancelled, what="the gateway to cancel the stream of a client that left")
+
+
 def test_chat_logprobs_end_where_a_stop_string_cuts_the_answer(gateway):
     client, _, _ = gateway
     body = _chat_body(max_tokens=3 * BLOCK, stop=["dog"], logprobs=True)
