@@ -70,10 +70,11 @@ def run_processes(count: int, argv: list[str]) -> int:
 
 def _child_setup() -> None:
     """In the child before it starts: a process group of its own (a terminal's Ctrl-C reaches the parent
-    alone, which passes it on once), and SIGTERM when the parent dies, however it dies."""
+    alone, which passes it on once), and SIGKILL when the parent dies without passing a signal on (killed
+    itself): the children go with it at once, as one process would, and free the port."""
     os.setpgrp()
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _wait(children: list[subprocess.Popen]) -> int:
