@@ -107,7 +107,7 @@ class HotPath:
 
     def __init__(self, app: FastAPI, settings: GatewaySettings) -> None:
         self.fastapi = app
-        self.hot = RequestCounter(BodyLimit(FastPath(app), settings))
+        self.hot = RequestCounter(BodyLimit(FastPath(), settings))
 
     async def __call__(self, scope, receive, send) -> None:
         if is_hot(scope):

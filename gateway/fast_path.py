@@ -35,15 +35,10 @@ def is_hot(scope) -> bool:
 
 
 class FastPath:
-    """Pure ASGI middleware: the two endpoints, answered here; every other request passes through."""
-
-    def __init__(self, app) -> None:
-        self.app = app
+    """Pure ASGI application answering the two endpoints (``is_hot`` requests only; the gateway's
+    ``HotPath`` sends it nothing else)."""
 
     async def __call__(self, scope, receive, send) -> None:
-        if not is_hot(scope):
-            await self.app(scope, receive, send)
-            return
         scope["route"] = _RouteLabel(scope["path"])  # what the request counter labels its series with
         try:
             response = await _answer(Request(scope, receive), *ROUTES[scope["path"]])

@@ -32,7 +32,6 @@ def shared_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(2048)
-    sock.set_inheritable(True)
     return sock
 
 

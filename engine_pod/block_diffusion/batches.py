@@ -16,6 +16,7 @@ from engine_pod.models.block_batch import (
     BlockForward,
     DenseBlockForward,
     PackedBlockForward,
+    block_causal,
     block_causal_mask,
 )
 from engine_pod.models.paged_kv import PagedKVPool
@@ -79,7 +80,7 @@ def _dense_mask(
         torch.arange(positions.shape[1], device=device)[None] < torch.tensor(widths, device=device)[:, None]
     )
     valid_key = key_pos[None] < torch.tensor(ends, device=device)[:, None]
-    mask = (key_pos[None, None] // L <= positions[:, :, None] // L) & valid_key[:, None]
+    mask = block_causal(positions, key_pos, L) & valid_key[:, None]
     mask &= valid_query[:, :, None]
     mask[:, :, 0] |= ~valid_query
     return mask

@@ -48,6 +48,7 @@ class _Cycle:
     rows: list[BlockRow]
     starts: list[int]
     key_slots: list[torch.Tensor]  # per row: pool slots of positions [0, start + L)
+    contexts: list[torch.Tensor]  # per row: its tokens before the active block, on the device
     blocks: torch.Tensor  # [R, L] the active blocks, denoised in place
 
 
@@ -128,27 +129,24 @@ class BlockDiffusionRunner:
         """Reserve every row's pages up to its active block's end and lay out the blocks (fixed head, masks)."""
         L = self.block_length
         starts = [row.block_start(L) for row in rows]
-        key_slots = []
+        key_slots, contexts = [], []
         for row, start in zip(rows, starts):
             self.pool.reserve(row.owner, start + L)
             key_slots.append(self.pool.slots(row.owner, 0, start + L))
+            contexts.append(torch.tensor(row.tokens[:start], dtype=torch.long, device=self.device))
         heads = [row.tokens[start:] for row, start in zip(rows, starts)]
         blocks = torch.tensor(
             [head + [self.mask_id] * (L - len(head)) for head in heads], dtype=torch.long, device=self.device
         )
-        return _Cycle(rows, starts, key_slots, blocks)
+        return _Cycle(rows, starts, key_slots, contexts, blocks)
 
     def _queries(self, cycle: _Cycle, live: list[int]) -> StepQueries:
         """The live rows' queries: from their first uncached position (0 without the exact cache)."""
         firsts = [cycle.rows[i].cached if self.exact_cache else 0 for i in live]
-        committed = [
-            torch.tensor(cycle.rows[i].tokens[first : cycle.starts[i]], dtype=torch.long, device=self.device)
-            for i, first in zip(live, firsts)
-        ]
         return StepQueries(
             firsts,
             [cycle.starts[i] for i in live],
-            committed,
+            [cycle.contexts[i][first:] for i, first in zip(live, firsts)],
             [cycle.key_slots[i] for i in live],
             cycle.blocks[live],
             self.block_length,

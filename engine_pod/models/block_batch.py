@@ -22,12 +22,17 @@ import torch.nn.functional as F
 from engine_pod.models.paged_kv import PagedKVPool
 
 
+def block_causal(queries: torch.Tensor, keys: torch.Tensor, block_length: int) -> torch.Tensor:
+    """[..., Q, K] from query positions [..., Q] and key positions [K]: a query at position p may attend
+    the key at position j iff j's block is p's block or an earlier one."""
+    return keys // block_length <= queries[..., None] // block_length
+
+
 def block_causal_mask(first: int, end: int, block_length: int, device) -> torch.Tensor:
-    """[end - first, end]: query position p (first <= p < end) may attend key position j iff j's block
-    is p's block or an earlier one."""
-    queries = torch.arange(first, end, device=device)
-    keys = torch.arange(end, device=device)
-    return keys[None] // block_length <= queries[:, None] // block_length
+    """[end - first, end]: the queries at positions [first, end) over the keys at [0, end)."""
+    return block_causal(
+        torch.arange(first, end, device=device), torch.arange(end, device=device), block_length
+    )
 
 
 def _expanded(keys: torch.Tensor, heads: int) -> torch.Tensor:
