@@ -14,3 +14,16 @@ def freeze_loaded_objects() -> None:
     Garbage is collected first, so that none is kept for good."""
     gc.collect()
     gc.freeze()
+
+
+YOUNG_COLLECTION_EVERY = 10_000  # allocations between collections of the youngest generation (700 by default)
+
+
+def collect_young_less_often() -> None:
+    """Collect the youngest generation after ``YOUNG_COLLECTION_EVERY`` allocations instead of 700. A
+    server's objects mostly live as long as one request: collected more rarely, most are already freed by
+    reference counting when a collection comes, instead of being walked and promoted while their request
+    waits (the gateway spent about 7% of its CPU in the collector; perf). Cyclic garbage waits a little
+    longer for its collection: memory stays bounded by the threshold."""
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_EVERY, older, oldest)

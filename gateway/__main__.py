@@ -10,6 +10,7 @@ import sys
 import uvicorn
 
 from gateway.app import build_app
+from gateway.http_protocol import protocol_for
 from gateway.processes import CHILD_FLAG, port_is_free, run_processes, shared_socket
 from gateway.settings import GatewaySettings, SettingsError
 from gateway.tokenizer import TokenizerError
@@ -68,14 +69,23 @@ def _log_config(tag: str) -> dict:
 
 
 def _server(app, settings: GatewaySettings, args: argparse.Namespace, tag: str) -> DrainingServer:
+    return gateway_server(app, settings, args.host, args.port, args.log_level, tag)
+
+
+def gateway_server(
+    app, settings: GatewaySettings, host: str, port: int, log_level: str = "info", tag: str = ""
+) -> DrainingServer:
+    """Uvicorn serving the gateway's ``app`` as ``python -m gateway`` does: the gateway's own HTTP
+    protocol (gateway/http_protocol.py), its logging, a drain as long as the settings say."""
     config = uvicorn.Config(
         app,
         log_config=_log_config(tag),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
+        host=host,
+        port=port,
+        log_level=log_level,
         access_log=settings.access_log,
         timeout_graceful_shutdown=max(int(settings.drain_timeout_s), 1),
+        http=protocol_for(app),
     )
     return DrainingServer(config, app)
 

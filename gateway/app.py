@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from prometheus_client import start_http_server
 from redis.exceptions import RedisClusterException
 
-from engine_pod.heap import freeze_loaded_objects
+from engine_pod.heap import collect_young_less_often, freeze_loaded_objects
 from engine_pod.queue.async_client import AsyncQueue
 from engine_pod.queue.connect import async_client
 from engine_pod.queue.ops import QueueOps
@@ -59,6 +59,7 @@ def build_app(settings: GatewaySettings, metrics_server: bool = True) -> HotPath
         for task in background:
             task.add_done_callback(_report_failure)
         freeze_loaded_objects()
+        collect_young_less_often()
         metrics_thread = (
             _serve_metrics(app.state.gateway) if settings.metrics_port and metrics_server else None
         )

@@ -55,6 +55,7 @@ class EventReader:
         self._blocked_in: int | None = None  # the read in progress, by number (None: none)
         self._rung_for = 0  # the read a doorbell was rung for
         self._rings: set[asyncio.Task] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop ``run`` reads on
 
     async def next_event(self, request_id: str, timeout_s: float) -> Event | None:
         """The request's next event, or None if none came within ``timeout_s``. The first call for a
@@ -64,7 +65,7 @@ class EventReader:
             waiter = self._waiters[request_id] = Waiter()
             self._joined()
         if not waiter.events:  # a future that an event or the timer settles (cheaper than a timeout scope)
-            loop = asyncio.get_running_loop()
+            loop = self._loop or asyncio.get_running_loop()
             waiter.woken = woken = loop.create_future()
             timer = loop.call_later(timeout_s, _settle, woken)
             try:
@@ -76,6 +77,17 @@ class EventReader:
 
     def leave(self, request_id: str) -> None:
         self._waiters.pop(request_id, None)
+
+    def wake_all_soon(self) -> None:
+        """Wake every waiter now, from any thread (a signal handler's, a test's): each looks again at
+        what it waits for (a shutdown moved its deadline)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake_all)
+
+    def _wake_all(self) -> None:
+        for waiter in self._waiters.values():
+            if waiter.woken is not None:
+                _settle(waiter.woken)
 
     def waiting(self) -> int:
         """Requests whose streams are read (joined and not left)."""
@@ -97,6 +109,7 @@ class EventReader:
 
     async def run(self) -> None:
         """Read for every waiter until cancelled."""
+        self._loop = asyncio.get_running_loop()
         backoff = Backoff()
         while True:
             if not self._waiters:

@@ -20,7 +20,7 @@ from engine_pod.queue.resilience import TRANSIENT_ERRORS
 from gateway.errors import ApiError, error_body, queue_unreachable, validation_error
 from gateway.routers.completions import chat, complete
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
-from gateway.state import require_api_key
+from gateway.state import check_api_key
 
 logger = logging.getLogger(__name__)
 ROUTES = {
@@ -36,15 +36,15 @@ def is_hot(scope) -> bool:
 
 class FastPath:
     """Pure ASGI application answering the two endpoints (``is_hot`` requests only; the gateway's
-    ``HotPath`` sends it nothing else)."""
+    ``HotPath`` sends it nothing else). ``python -m gateway`` answers most of them before ASGI (see
+    ``gateway.http_protocol``); what comes here is what that leaves to ASGI."""
 
     async def __call__(self, scope, receive, send) -> None:
         scope["route"] = _RouteLabel(scope["path"])  # what the request counter labels its series with
-        try:
-            response = await _answer(Request(scope, receive), *ROUTES[scope["path"]])
-        except Exception:  # noqa: BLE001 - a bug answered as OpenAI answers one, and logged
-            logger.exception("%s failed", scope["path"])
-            response = JSONResponse(error_body("the server had an error", "server_error"), status_code=500)
+        request = Request(scope, receive)
+        authorization = request.headers.get("authorization", "")
+        state = request.app.state.gateway
+        response = await respond(state, scope["path"], authorization, request.body, request.is_disconnected)
         await response(scope, receive, send)
 
 
@@ -53,12 +53,23 @@ class _RouteLabel:
         self.path = path
 
 
-async def _answer(request: Request, model: type[BaseModel], handler) -> Response:
-    state = request.app.state.gateway
+async def respond(state, path: str, authorization: str, read_body, is_disconnected) -> Response:
+    """The answer to a request for one of the two endpoints: a whole JSON response, or a stream of events
+    (a ``StreamingResponse``). ``read_body``: awaited for the body, after the key is checked. A bug is
+    answered as OpenAI answers one (500, ``server_error``), and logged."""
     try:
-        await require_api_key(request, state)
-        body = _parsed(model, await request.body())
-        result = await handler(body, state, request.is_disconnected)
+        return await _answer(state, path, authorization, read_body, is_disconnected)
+    except Exception:  # noqa: BLE001
+        logger.exception("%s failed", path)
+        return JSONResponse(error_body("the server had an error", "server_error"), status_code=500)
+
+
+async def _answer(state, path: str, authorization: str, read_body, is_disconnected) -> Response:
+    model, handler = ROUTES[path]
+    try:
+        check_api_key(state, authorization)
+        body = _parsed(model, await read_body())
+        result = await handler(body, state, is_disconnected)
     except ApiError as exc:
         return _error(exc)
     except ValidationError as exc:

@@ -8,6 +8,8 @@ define at all are refused too (``unknown_parameter``) unless the service is set 
 
 from __future__ import annotations
 
+import functools
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -93,16 +95,28 @@ def refuse_unless_harmless(value: Any, field: str) -> Any:
 
 def unknown_fields(model: BaseModel, path: str = "") -> list[str]:
     """Every field of ``model`` and the models inside it that its class does not define (dotted names,
-    list items as ``[i]``), in the order they were sent. Only values that hold models are walked (a
-    prompt's thousand token ids are not)."""
+    list items as ``[i]``), in the order they were sent. Only fields whose type can hold a model are
+    walked (a prompt's thousand token ids are not)."""
     found = [f"{path}.{name}" if path else name for name in (model.model_extra or {})]
-    for name in type(model).model_fields:
+    for name in _model_holding_fields(type(model)):
         value = getattr(model, name)
         if isinstance(value, BaseModel) or (
             isinstance(value, list) and value and isinstance(value[0], BaseModel)
         ):
             found += _inside(value, f"{path}.{name}" if path else name)
     return found
+
+
+@functools.cache
+def _model_holding_fields(cls: type[BaseModel]) -> tuple[str, ...]:
+    """The fields of ``cls`` whose declared type has a model in it, in declaration order."""
+    return tuple(name for name, field in cls.model_fields.items() if _holds_model(field.annotation))
+
+
+def _holds_model(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return any(_holds_model(argument) for argument in typing.get_args(annotation))
 
 
 def _inside(value: Any, path: str) -> list[str]:

@@ -39,9 +39,11 @@ class GatewayState:
     stop_waiting_at: float = math.inf  # monotonic time at which waits end with a 503 (shutting down)
 
     def shutting_down(self) -> None:
-        """Called on SIGTERM: waits end with an error early enough to reach clients within the drain."""
+        """Called on SIGTERM (from any thread): waits end with an error early enough to reach clients
+        within the drain (every waiter is woken to see its new deadline)."""
         margin = self.settings.drain_timeout_s - SHUTDOWN_MARGIN_S
         self.stop_waiting_at = min(self.stop_waiting_at, time.monotonic() + max(margin, 0.0))
+        self.events.wake_all_soon()
 
     def spawn(self, coroutine) -> None:
         task = asyncio.create_task(coroutine)
@@ -58,10 +60,14 @@ State = Annotated[GatewayState, Depends(get_state)]
 
 async def require_api_key(request: Request, state: State) -> None:
     """Bearer API keys, when the service has any configured (see ``gateway.api_keys``)."""
+    check_api_key(state, request.headers.get("authorization", ""))
+
+
+def check_api_key(state: GatewayState, authorization: str) -> None:
+    """``authorization``: the request's Authorization header ("" when it has none)."""
     if not state.api_keys.required:
         return
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
+    scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not state.api_keys.accepts(token):
         raise ApiError(
             401,

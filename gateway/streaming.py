@@ -13,6 +13,8 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import orjson
+
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.resilience import REDIS_ERRORS
 from gateway.errors import ApiError, error_body
@@ -217,4 +219,11 @@ def sse(chunks: AsyncIterator[dict], on_end) -> EventStream:
 
 
 def _event(payload: dict) -> bytes:
-    return f"data: {json.dumps(payload)}\n\n".encode()
+    """One event. A log probability of -inf (a token outside a truncated distribution) is written as
+    null, as pydantic writes it in a whole answer (JSON has no infinity); text orjson cannot encode (a
+    lone surrogate) is escaped by json."""
+    try:
+        encoded = orjson.dumps(payload)
+    except orjson.JSONEncodeError:
+        encoded = json.dumps(payload).encode()
+    return b"data: " + encoded + b"\n\n"

@@ -105,10 +105,12 @@ def check_prompt(prompt_ids: list[int], state: GatewayState, param: str = "promp
         raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param=param)
 
 
-def sampling_of(body: CommonFields, seed: int) -> dict | None:
-    """The worker's sampling settings for one choice (None: greedy, the default)."""
+def sampling_of(body: CommonFields, seed: int | None) -> dict | None:
+    """The worker's sampling settings for one choice (None: greedy, the default; ``seed`` None: the
+    request's own seed, or a random one)."""
     if not body.temperature:
         return None
+    seed = _seed(body) if seed is None else seed
     top_p = 1.0 if body.top_p is None else body.top_p
     return {"temperature": body.temperature, "top_p": top_p, "top_k": body.top_k or 0, "seed": seed}
 
@@ -131,7 +133,7 @@ def build_request(
         threshold=body.threshold,
         stream=body.stream,
         meta=meta or {},
-        sampling=sampling_of(body, _seed(body) if seed is None else seed),
+        sampling=sampling_of(body, seed),
         logprobs=body.alternatives(),
     )
 
@@ -139,6 +141,8 @@ def build_request(
 def build_choices(prompt_ids: list[int], body: CommonFields, state: GatewayState) -> list[QueuedRequest]:
     """``body.n`` requests for one prompt, one per choice: choice i draws with seed + i (the request's
     seed, or a random one), so choices differ from each other and a given seed reproduces them all."""
+    if body.n == 1:
+        return [build_request(prompt_ids, body, state)]
     base = _seed(body)
     return [build_request(prompt_ids, body, state, seed=(base + i) % 2**63) for i in range(body.n)]
 
@@ -230,6 +234,13 @@ async def cancel_quietly(request: QueuedRequest, state: GatewayState) -> None:
         logger.warning("could not cancel %s: %s", request.id, exc)
 
 
+async def wait_all(queued: list[QueuedRequest], state: GatewayState, is_disconnected) -> list[DoneEvent]:
+    """Every request's done event, in order (one request is awaited here, without a task of its own)."""
+    if len(queued) == 1:
+        return [await wait_done(queued[0], state, is_disconnected)]
+    return await asyncio.gather(*(wait_done(request, state, is_disconnected) for request in queued))
+
+
 async def wait_done(request: QueuedRequest, state: GatewayState, is_disconnected=None) -> DoneEvent:
     async for event in events(request, state, is_disconnected):
         if isinstance(event, DoneEvent):
@@ -282,5 +293,6 @@ __all__ = [
     "events",
     "finish_reason",
     "prompt_tokens_of",
+    "wait_all",
     "wait_done",
 ]

@@ -11,11 +11,10 @@ import time
 from pathlib import Path
 
 import httpx
-import uvicorn
 
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import free_port
-from gateway.__main__ import DrainingServer
+from gateway.__main__ import gateway_server
 from gateway.app import build_app
 from gateway.settings import GatewaySettings
 from tests.factories import dream_config, llada2_config, llada_config, write_checkpoint
@@ -53,15 +52,13 @@ def write_served_model(directory: Path, seed: int = 0, family: str = "llada") ->
 
 
 class GatewayServer:
-    """The real FastAPI app served by uvicorn on 127.0.0.1 in a background thread, as ``python -m
-    gateway`` serves it (its ``DrainingServer``; a thread gets no signals: ``terminate`` calls the
+    """The real gateway served on 127.0.0.1 in a background thread, as ``python -m gateway`` serves it
+    (its server, with the gateway's HTTP protocol; a thread gets no signals: ``terminate`` calls the
     handler a SIGTERM would)."""
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.port = free_port()
-        app = build_app(settings)
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = DrainingServer(config, app)
+        self.server = gateway_server(build_app(settings), settings, "127.0.0.1", self.port, "warning")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property

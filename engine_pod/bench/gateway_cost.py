@@ -3,11 +3,13 @@
 Starts a private redis-server and the gateway (``python -m gateway``, as deployed) and, in place of a
 worker, a peer that speaks the worker's queue protocol and answers every claimed request at once
 (one COMMIT per claim round, ``--tokens`` tokens each). Bursts of ``--requests`` requests are sent at
-once, for each kind: completions and chat, whole or streamed. The figures: the gateway's and
-redis-server's CPU time (from /proc) per request, which holds on a noisy machine, and requests per second
-through the gateway (one process, or ``--processes N``) at saturation (a burst's requests over its wall
-time). On a machine whose cores torch shares with the gateway, each millisecond here is taken from the
-forwards.
+once (a connection each), for each kind: completions and chat, whole or streamed. The figures: the
+gateway's and redis-server's CPU time per request (the kernel's per-thread accounting in /proc, in
+nanoseconds), which holds on a noisy machine, and requests per second through the gateway (one process,
+or ``--processes N``) at saturation (a burst's requests over its wall time). On a machine whose cores
+torch shares with the gateway, each millisecond here is taken from the forwards. ``--gateway-source
+DIR`` runs the gateway of another checkout (a ``git worktree`` of an older commit) against the same
+peer and client, to compare versions.
 
     PYTHONPATH=. python scripts/gateway_cost.py [--requests 512] [--bursts 7] [--kinds chat,chat-stream]
 """
@@ -17,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import statistics
 import subprocess
 import threading
@@ -69,10 +70,12 @@ class InstantPeer(threading.Thread):
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time of the process and of its children (several gateway processes: the parent's)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    """CPU time of the process's threads and of its children's (several gateway processes: the parent's),
+    from the scheduler's own accounting (/proc/PID/task/TID/schedstat: nanoseconds, where /proc/PID/stat
+    counts clock ticks of 10 ms)."""
+    tasks = Path(f"/proc/{pid}/task")
+    own = sum(int((task / "schedstat").read_text().split()[0]) for task in tasks.iterdir()) / 1e9
+    children = (tasks / str(pid) / "children").read_text().split()
     return own + sum(cpu_seconds(int(child)) for child in children)
 
 
@@ -131,6 +134,11 @@ def main() -> None:
     parser.add_argument(
         "--processes", type=int, default=1, help="gateway processes on the port (DLLM_GATEWAY_PROCESSES)"
     )
+    parser.add_argument(
+        "--gateway-source",
+        type=Path,
+        help="run the gateway from this source tree (another version's checkout) to compare versions",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with RedisServer() as server:
@@ -145,7 +153,11 @@ def main() -> None:
             processes=args.processes,
         )
         options = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-        gateway = GatewayProcess("127.0.0.1", free_port(), settings.to_env(), options).start()
+        env = settings.to_env()
+        if args.gateway_source:
+            options["cwd"] = str(args.gateway_source)
+            env["PYTHONPATH"] = str(args.gateway_source.resolve())
+        gateway = GatewayProcess("127.0.0.1", free_port(), env, options).start()
         peer = InstantPeer(server.url, args.tokens)
         peer.start()
         try:

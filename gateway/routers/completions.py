@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from fastapi import APIRouter, Depends, Request
@@ -32,7 +31,7 @@ from gateway.submission import (
     finish_reason,
     prompt_tokens_of,
     tokens_shown,
-    wait_done,
+    wait_all,
 )
 from gateway.tokenizer import TokenizerError
 
@@ -88,7 +87,7 @@ async def complete(body: CompletionRequest, state, is_disconnected) -> Completio
     await enqueue_all(queued, state)  # every prompt or none
     if body.stream:
         return _streamed(queued, body, state, False, started)
-    results = await asyncio.gather(*(wait_done(q, state, is_disconnected) for q in queued))
+    results = await wait_all(queued, state, is_disconnected)
     choices, counts = zip(
         *(_completion_choice(index, done, queued[index], body, state) for index, done in enumerate(results))
     )
@@ -134,7 +133,7 @@ async def chat(
     await enqueue_all(queued, state)  # every choice or none
     if body.stream:
         return _streamed(queued, body, state, True, started)
-    results = await asyncio.gather(*(wait_done(q, state, is_disconnected) for q in queued))
+    results = await wait_all(queued, state, is_disconnected)
     choices, counts = [], []
     for index, done in enumerate(results):
         text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), body.stop_strings())
