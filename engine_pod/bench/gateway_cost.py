@@ -157,7 +157,10 @@ def main() -> None:
         if args.gateway_source:
             options["cwd"] = str(args.gateway_source)
             env["PYTHONPATH"] = str(args.gateway_source.resolve())
-        gateway = GatewayProcess("127.0.0.1", free_port(), env, options).start()
+        try:
+            gateway = GatewayProcess("127.0.0.1", free_port(), env, options).start()
+        except RuntimeError as exc:  # one line: the gateway did not start
+            raise SystemExit(f"gateway_cost: {exc}") from None
         peer = InstantPeer(server.url, args.tokens)
         peer.start()
         try:

@@ -29,3 +29,23 @@ def test_the_gateway_cost_script_reports_every_kind():
     for values in rows.values():
         gateway_ms, _, per_second = map(float, values)
         assert gateway_ms > 0 and per_second > 0
+
+
+def test_the_gateway_cost_script_runs_the_gateway_of_another_checkout(tmp_path):
+    """``--gateway-source DIR`` runs ``python -m gateway`` from DIR: a tree whose gateway exits at once
+    with status 3 is the one that ran."""
+    package = tmp_path / "gateway"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text("import sys\nsys.exit(3)\n")
+    argv = [sys.executable, "scripts/gateway_cost.py", "--requests", "4", "--bursts", "1"]
+    done = subprocess.run(
+        [*argv, "--kinds", "completions", "--gateway-source", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode != 0
+    assert "the gateway exited with status 3" in done.stderr
