@@ -180,4 +180,4 @@ class RequestCounter:
             state = getattr(scope["app"].state, "gateway", None) if "app" in scope else None
             if state is not None and status:
                 route = getattr(scope.get("route"), "path", "unmatched")
-                state.metrics.requests.labels(route, str(status[0])).inc()
+                state.metrics.count_request(route, status[0])

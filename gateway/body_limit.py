@@ -24,6 +24,11 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"the request body is larger than this service's limit of {limit} bytes")
 
 
+def body_limit_for(settings: GatewaySettings, path: str) -> int:
+    """The largest body a request to ``path`` may have."""
+    return settings.max_upload_bytes if path == UPLOADS else settings.max_body_bytes
+
+
 class BodyLimit:
     """Pure ASGI middleware: the limit for the request's path, checked before the app reads a byte."""
 
@@ -31,14 +36,11 @@ class BodyLimit:
         self.app = app
         self.settings = settings
 
-    def limit_for(self, path: str) -> int:
-        return self.settings.max_upload_bytes if path == UPLOADS else self.settings.max_body_bytes
-
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.limit_for(scope["path"])
+        limit = body_limit_for(self.settings, scope["path"])
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
             await _refuse(send, BodyTooLarge(limit))

@@ -30,6 +30,9 @@ class ApiError(Exception):
     def body(self) -> dict:
         return error_body(self.message, self.kind, self.param, self.code)
 
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
 
 def queue_unreachable(what: str, retry_after_s: int) -> ApiError:
     """503 with Retry-After: Redis cannot be reached right now (never a 500)."""
@@ -39,6 +42,21 @@ def queue_unreachable(what: str, retry_after_s: int) -> ApiError:
         "server_error",
         headers={"Retry-After": str(retry_after_s)},
     )
+
+
+def shutting_down(retry_after_s: int) -> ApiError:
+    """503 with Retry-After: the gateway is stopping and will not answer this request."""
+    return ApiError(
+        503,
+        "the gateway is shutting down; retry the request",
+        "server_error",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+def server_error() -> ApiError:
+    """500 as OpenAI answers a bug on its side (the bug itself is logged where it was caught)."""
+    return ApiError(500, "the server had an error", "server_error")
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
@@ -112,7 +130,7 @@ def _most_telling(errors: list[dict], param: str | None) -> dict | None:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -127,4 +145,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), status_code=exc.status_code)
+        return ApiError(exc.status_code, str(exc.detail)).response()

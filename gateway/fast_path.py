@@ -14,10 +14,10 @@ import logging
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from engine_pod.queue.resilience import TRANSIENT_ERRORS
-from gateway.errors import ApiError, error_body, queue_unreachable, validation_error
+from gateway.errors import ApiError, queue_unreachable, server_error, validation_error
 from gateway.routers.completions import chat, complete
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.state import check_api_key
@@ -61,7 +61,7 @@ async def respond(state, path: str, authorization: str, read_body, is_disconnect
         return await _answer(state, path, authorization, read_body, is_disconnected)
     except Exception:  # noqa: BLE001
         logger.exception("%s failed", path)
-        return JSONResponse(error_body("the server had an error", "server_error"), status_code=500)
+        return server_error().response()
 
 
 async def _answer(state, path: str, authorization: str, read_body, is_disconnected) -> Response:
@@ -71,13 +71,13 @@ async def _answer(state, path: str, authorization: str, read_body, is_disconnect
         body = _parsed(model, await read_body())
         result = await handler(body, state, is_disconnected)
     except ApiError as exc:
-        return _error(exc)
+        return exc.response()
     except ValidationError as exc:
-        return _error(validation_error(exc.errors()))
+        return validation_error(exc.errors()).response()
     except HTTPException as exc:  # a body over the limit, met while it was read
-        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), status_code=exc.status_code)
+        return ApiError(exc.status_code, str(exc.detail)).response()
     except TRANSIENT_ERRORS as exc:
-        return _error(queue_unreachable(type(exc).__name__, state.settings.retry_after_s))
+        return queue_unreachable(type(exc).__name__, state.settings.retry_after_s).response()
     if isinstance(result, BaseModel):
         return Response(result.model_dump_json(), media_type="application/json")
     return result  # a stream
@@ -106,7 +106,3 @@ def _parsed(model: type[BaseModel], raw: bytes) -> BaseModel:
             "application/json",
         ) from None
     return model.model_validate(parsed)
-
-
-def _error(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)

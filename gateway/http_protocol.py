@@ -18,7 +18,6 @@ pins uvicorn to the minor version it was written for.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
@@ -27,11 +26,11 @@ from starlette.responses import Response, StreamingResponse
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.utils import get_client_addr
 
-from gateway.errors import error_body
+from gateway.body_limit import body_limit_for
+from gateway.errors import ApiError, server_error, shutting_down
 from gateway.fast_path import ROUTES, respond
 
 HOT_PATHS = {path.encode(): path for path in ROUTES}
-SHUTTING_DOWN = 503
 CHUNK_END = b"0\r\n\r\n"
 logger = logging.getLogger(__name__)
 
@@ -88,7 +87,7 @@ class GatewayProtocol(HttpToolsProtocol):
             state is None
             or length is None
             or not length.isdigit()
-            or int(length) > state.settings.max_body_bytes
+            or int(length) > body_limit_for(state.settings, HOT_PATHS[path])
         ):
             return None  # chunked, or over the limit: the ASGI path counts it or refuses it
         version = self.parser.get_http_version()
@@ -125,28 +124,20 @@ class HotExchange(RequestResponseCycle):
         try:
             await self._serve()
         except asyncio.CancelledError:  # the client left, or the server's drain ran out
-            if not self.disconnected:
-                self._fail(
-                    SHUTTING_DOWN,
-                    error_body("the gateway is shutting down; retry the request", "server_error"),
-                )
+            self._fail(shutting_down(self.state.settings.retry_after_s))
         except Exception as exc:  # noqa: BLE001 - a bug here: answered as a bug in the handler is
             self.logger.error("Exception in the gateway's protocol", exc_info=exc)
-            self._fail(500, error_body("the server had an error", "server_error"))
+            self._fail(server_error())
         finally:
             self.on_response = lambda: None
 
-    def _fail(self, status: int, body: dict) -> None:
+    def _fail(self, error: ApiError) -> None:
         if self.disconnected:
             return
         if self.response_started:  # a stream already under way: cut (the client sees no final chunk)
             self.transport.close()
             return
-        self._count(self.state, self.scope["path"], status)
-        headers = [(b"content-type", b"application/json")]
-        if status == SHUTTING_DOWN:
-            headers.append((b"retry-after", str(self.state.settings.retry_after_s).encode()))
-        self._write_whole(status, headers, json.dumps(body).encode())
+        self._write_whole(error.response())
 
     def client_left(self) -> None:
         """The connection was lost: a stream stops now (its generator, closed, cancels its requests); a
@@ -155,16 +146,14 @@ class HotExchange(RequestResponseCycle):
             self.task.cancel()
 
     async def _serve(self) -> None:
-        state = self.state
         path = self.scope["path"]
-        response = await respond(state, path, self.authorization, self._body, self._is_disconnected)
+        response = await respond(self.state, path, self.authorization, self._body, self._is_disconnected)
         if self.disconnected:
             return
-        self._count(state, path, response.status_code)
         if isinstance(response, StreamingResponse):
             await self._stream(response)
         else:
-            self._write_whole(response.status_code, response.raw_headers, response.body)
+            self._write_whole(response)
 
     async def _body(self) -> bytes:
         while self.more_body and not self.disconnected:
@@ -176,8 +165,9 @@ class HotExchange(RequestResponseCycle):
     async def _is_disconnected(self) -> bool:
         return self.disconnected
 
-    def _count(self, state, path: str, status: int) -> None:
-        state.metrics.requests.labels(path, str(status)).inc()
+    def _count(self, status: int) -> None:
+        path = self.scope["path"]
+        self.state.metrics.count_request(path, status)
         if self.access_log:
             self.access_logger.info(  # the arguments uvicorn's access formatter takes apart
                 '%s - "%s %s HTTP/%s" %d',
@@ -189,6 +179,8 @@ class HotExchange(RequestResponseCycle):
             )
 
     def _head(self, status: int, headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+        """The status line and headers (the response is counted, and logged if the access log is on)."""
+        self._count(status)
         self.response_started = True
         head = [STATUS_LINE[status]]
         for name, value in self.default_headers + headers:
@@ -198,10 +190,11 @@ class HotExchange(RequestResponseCycle):
         head.append(b"\r\n")
         return head
 
-    def _write_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-        if not any(name == b"content-length" for name, _ in headers):
-            headers = [*headers, (b"content-length", str(len(body)).encode())]
-        self.transport.write(b"".join([*self._head(status, headers), body]))
+    def _write_whole(self, response: Response) -> None:
+        """``response``'s headers carry its Content-Length (Starlette's responses set it)."""
+        self.transport.write(
+            b"".join([*self._head(response.status_code, response.raw_headers), response.body])
+        )
         self._completed()
 
     async def _stream(self, response: Response) -> None:

@@ -27,3 +27,7 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.rejected = Counter("dllm_gateway_rejected", "Requests refused with 429", registry=self.registry)
+
+    def count_request(self, route: str, status: int) -> None:
+        """An HTTP response, by route template ("unmatched": none) and status."""
+        self.requests.labels(route, str(status)).inc()

@@ -10,7 +10,7 @@ import time
 from engine_pod.queue.keys import new_request_id
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.resilience import REDIS_ERRORS, TRANSIENT_ERRORS, Backoff
-from gateway.errors import ApiError, queue_unreachable
+from gateway.errors import ApiError, queue_unreachable, shutting_down
 from gateway.openai_fields import unknown_fields
 from gateway.schemas import CommonFields
 from gateway.state import GatewayState
@@ -217,12 +217,7 @@ async def events(request: QueuedRequest, state: GatewayState, is_disconnected=No
 
 def _ended_early(state: GatewayState, deadline: float) -> ApiError:
     if time.monotonic() < deadline:
-        return ApiError(
-            503,
-            "the gateway is shutting down; retry the request",
-            "server_error",
-            headers={"Retry-After": str(state.settings.retry_after_s)},
-        )
+        return shutting_down(state.settings.retry_after_s)
     return ApiError(504, f"no result within {state.settings.request_timeout_s:.0f} s", "timeout_error")
 
 

@@ -93,8 +93,7 @@ class _Replies:
 
 
 def _connect(gateway: GatewayServer) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", gateway.port), timeout=WAIT_S)
-    return sock
+    return socket.create_connection(("127.0.0.1", gateway.port), timeout=WAIT_S)
 
 
 def test_pipelined_requests_of_both_kinds_are_answered_in_order_on_one_connection(stack):
