@@ -25,18 +25,22 @@ logger = logging.getLogger("make_builtin_block_models")
 TOKENIZER_SOURCE = ASSETS_DIR / "tiny-llada"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 SPECIAL = {"vocab_size": 320, "mask_token_id": 3, "eos_token_id": 2, "pad_token_id": 2}  # the tokenizer's
+SHAPE = {  # both models: 2 layers of width 64, 4 query heads and 2 KV heads of width 16
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rms_norm_eps": 1e-06,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "float32",
+}
 MODELS = {
-    "tiny-llada2-random": {
+    "tiny-llada2-random": {  # a dense layer, then a mixture of 4 experts in 2 groups, and a shared one
         "architectures": ["LLaDA2MoeModelLM"],
         "model_type": "llada2_moe",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
         "use_bias": False,
-        "rms_norm_eps": 1e-06,
         "rope_theta": 600000,
         "num_experts": 4,
         "num_experts_per_tok": 2,
@@ -45,29 +49,18 @@ MODELS = {
         "topk_group": 1,
         "moe_intermediate_size": 32,
         "first_k_dense_replace": 1,
-        "max_position_embeddings": 4096,
-        "torch_dtype": "float32",
     },
     "tiny-sdar-random": {
         "architectures": ["SDARForCausalLM"],
         "model_type": "sdar",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "rms_norm_eps": 1e-06,
         "rope_theta": 1000000.0,
-        "max_position_embeddings": 4096,
         "tie_word_embeddings": False,
-        "torch_dtype": "float32",
     },
 }
 
 
 def write(name: str, out: Path, seed: int = 0) -> Path:
-    raw = {**MODELS[name], **SPECIAL}
+    raw = {**MODELS[name], **SHAPE, **SPECIAL}
     config = config_from_dict(raw)
     model = build_model(config, torch.device("cpu"), torch.float32)
     _random_init(model, seed)
