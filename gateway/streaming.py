@@ -111,9 +111,9 @@ async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
     """One choice's chunks: one per committed block carrying the new text; the last one says why
     generation ended. Text never goes past ``max_tokens`` tokens (a block can). Block events are
     numbered; after a gap (a block the worker could not publish during a Redis fault) no more block
-    chunks go out, and the done event, which carries every token, sends the rest."""
+    chunks go out, and the done event, which carries every token, sends the rest. A block's text goes
+    where its event's offset says (the generated tokens before it), whatever the family's block layout."""
     spec, queued = choice.spec, choice.queued
-    block_length = spec.state.settings.block_length
     contiguous = True
     if not spec.chat and spec.body.echo:
         prompt = spec.state.tokenizer.decode(queued.prompt_ids)
@@ -121,7 +121,7 @@ async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
         yield spec.chunk(choice.index, prompt, None, echoed)
     async for event in events(queued, spec.state):
         if isinstance(event, BlockEvent):
-            contiguous = contiguous and event.index == len(choice.tokens) // block_length
+            contiguous = contiguous and event.offset == len(choice.tokens)
             if not contiguous:
                 continue
             choice.tokens.extend(event.token_ids)

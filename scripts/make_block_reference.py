@@ -87,6 +87,11 @@ GENERATE_GRID = [  # (block_length, steps, gen_length, threshold)
     (8, 4, 24, 0.3),
     (8, 8, 24, 1.0),  # nothing exceeds 1.0: the pure step schedule
     (16, 8, 32, 0.9),
+    # shorter than a block and than the steps: the reference caps the steps at gen_length // minimal_topk
+    (8, 8, 5, 0.95),
+    (8, 8, 3, 1.0),
+    (16, 8, 6, 0.9),
+    (4, 4, 2, 0.5),
 ]
 
 

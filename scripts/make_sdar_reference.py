@@ -54,6 +54,10 @@ GENERATE_GRID = [
     (8, 8, 24, "low_confidence_dynamic", 0.5),
     (8, 8, 24, "low_confidence_dynamic", 1.0),
     (16, 16, 32, "low_confidence_dynamic", 0.6),
+    # shorter than a block and than the steps (SDAR's generate keeps every step: it has no cap)
+    (8, 8, 5, "low_confidence_dynamic", 0.5),
+    (4, 4, 3, "low_confidence_dynamic", 0.9),
+    (8, 8, 2, "low_confidence_dynamic", 1.0),
 ]
 
 

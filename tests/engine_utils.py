@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+import torch
+
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
+from engine_pod.models.block_batch import DenseBlockForward
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.request import Request
@@ -29,3 +32,16 @@ def common_token(outputs: dict[str, list[int]], rank: int = 2) -> int:
     """A token the model emits often: declared EOS, it makes requests stop at different blocks."""
     counts = Counter(token for tokens in outputs.values() for token in tokens)
     return counts.most_common(rank + 1)[-1][0]
+
+
+def block_causal_logits(model, ids: list[int], block_length: int) -> torch.Tensor:
+    """One block-causal forward of a block-diffusion model over the whole sequence, through the paged pool."""
+    n = len(ids)
+    pool = model.new_pool(-(-n // 16), 16, torch.device("cpu"))
+    pool.reserve("case", n)
+    slots = pool.slots("case", 0, n)[None]
+    positions = torch.arange(n)
+    mask = (positions[None, :] // block_length <= positions[:, None] // block_length)[None]
+    batch = DenseBlockForward(torch.tensor([ids]), positions[None], slots, slots, mask, pool)
+    with torch.no_grad():
+        return model.forward_blocks(batch, (torch.zeros(n, dtype=torch.long), positions)).logits()

@@ -63,7 +63,11 @@ class InstantPeer(threading.Thread):
                 prompt = len(request.prompt_ids)
                 for index in range(self.tokens // BLOCK):
                     end = (index + 1) * BLOCK
-                    event = BlockEvent(index, tokens[end - BLOCK : end]) if request.stream else None
+                    event = (
+                        BlockEvent(index, tokens[end - BLOCK : end], offset=end - BLOCK)
+                        if request.stream
+                        else None
+                    )
                     blocks.append(BlockCommit(request.id, event, tokens[:end], prompt + end, index))
                 results.append((request.id, DoneEvent(tokens, "length", prompt, len(tokens), "peer")))
             self.queue.commit("peer", blocks, results, [])

@@ -20,6 +20,10 @@ from engine_pod.scheduler.cycle_row import CycleRow
 # what the remasking names mean for a block-diffusion model: its reference rule, with or without threshold
 BLOCK_THRESHOLDS = {"threshold": None, "scheduled_threshold": None, "low_confidence": float("inf")}
 DEFAULT_POOL_TOKENS = 1 << 16
+# families whose reference generate caps the steps per block at the generation length:
+# ``steps = min(steps, gen_length // minimal_topk)`` (LLaDA2.0's; SDAR's keeps every step)
+STEPS_CAPPED_BY_LENGTH = frozenset({"llada2"})
+MINIMAL_TOPK = 1  # that generate's default
 
 
 def block_threshold(decoding: DecodingConfig) -> float:
@@ -85,7 +89,15 @@ class BlockDiffusionCycleRunner:
             threshold = self.threshold if row.threshold is None else row.threshold
             state = self.states[owner] = BlockRow(owner, prefix, threshold=threshold)
         state.active = row.active
+        state.steps = self._steps(row)
         return state
+
+    def _steps(self, row: CycleRow) -> int:
+        """The row's steps per block: the engine's, capped as the family's reference caps them."""
+        steps = self.decoding.steps_per_block
+        if row.max_tokens is None or self.loaded.config.family not in STEPS_CAPPED_BY_LENGTH:
+            return steps
+        return max(1, min(steps, row.max_tokens // MINIMAL_TOPK))
 
     def _forget_all_but(self, owners: set[str]) -> None:
         for owner in [o for o in self.states if o not in owners]:

@@ -35,6 +35,7 @@ class BlockRow:
     cached: int = 0  # leading tokens whose keys and values are final in the pool (a multiple of L)
     threshold: float = 0.95
     active: bool = True  # False: a finished row static batching keeps computing, never committed
+    steps: int | None = None  # denoising steps of this row's blocks (None: the runner's)
     forwards: int = field(default=0, compare=False)  # forwards this row took part in
 
     def block_start(self, block_length: int) -> int:
@@ -50,6 +51,7 @@ class _Cycle:
     key_slots: list[torch.Tensor]  # per row: pool slots of positions [0, start + L)
     contexts: list[torch.Tensor]  # per row: its tokens before the active block, on the device
     blocks: torch.Tensor  # [R, L] the active blocks, denoised in place
+    steps: torch.Tensor  # [R] each row's denoising steps: its block completes within them
 
 
 class BlockDiffusionRunner:
@@ -100,7 +102,7 @@ class BlockDiffusionRunner:
         self.logprobs = [[None] * L if k is not None else None for k in logprobs] if asked else None
         cycle = self._cycle(rows)
         build = packed_forward if packed else dense_forward
-        for step in range(self.steps):
+        for step in range(int(cycle.steps.max())):
             masked = (cycle.blocks == self.mask_id).any(1)
             if not bool(masked.any()):
                 break
@@ -110,7 +112,7 @@ class BlockDiffusionRunner:
                 for i in live:
                     rows[i].cached = cycle.starts[i]
         if bool((cycle.blocks == self.mask_id).any()):
-            raise RuntimeError(f"a block kept masks after {self.steps} steps; this is a bug")
+            raise RuntimeError(f"a block kept masks after {int(cycle.steps.max())} steps; this is a bug")
         blocks = cycle.blocks.tolist()
         for row, start, block in zip(rows, cycle.starts, blocks):
             row.tokens[start:] = block
@@ -138,7 +140,8 @@ class BlockDiffusionRunner:
         blocks = torch.tensor(
             [head + [self.mask_id] * (L - len(head)) for head in heads], dtype=torch.long, device=self.device
         )
-        return _Cycle(rows, starts, key_slots, contexts, blocks)
+        steps = torch.tensor([row.steps or self.steps for row in rows], device=self.device)
+        return _Cycle(rows, starts, key_slots, contexts, blocks, steps)
 
     def _queries(self, cycle: _Cycle, live: list[int]) -> StepQueries:
         """The live rows' queries: from their first uncached position (0 without the exact cache)."""
@@ -175,7 +178,7 @@ class BlockDiffusionRunner:
         )
         context = StepContext(
             step=index,
-            steps_per_block=self.steps,
+            steps_per_block=cycle.steps[live],
             masks_at_block_start=candidates.sum(1),
             masks_now=candidates.sum(1),
             threshold=thresholds,

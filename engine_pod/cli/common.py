@@ -27,8 +27,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MODEL,
         help="a checkpoint directory, a Hugging Face repo id (GSAI-ML/LLaDA-8B-Instruct, "
         f"Dream-org/Dream-v0-Instruct-7B, inclusionAI/LLaDA2.0-mini, JetLM/SDAR-8B-Chat, ...), a model shipped "
-        f"with the package ({builtin}), or random "
-        f"weights of a real shape ({randoms}); default: builtin:{Path(DEFAULT_MODEL).name}",
+        f"with the package ({builtin}; the *-random ones are untrained), or random weights of a real shape "
+        f"({randoms}; served with the shipped tokenizer); default: builtin:{Path(DEFAULT_MODEL).name}. "
+        "Weights larger than the device's memory are refused before loading",
     )
     group.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     group.add_argument(

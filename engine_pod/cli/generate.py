@@ -25,7 +25,18 @@ def register(subparsers) -> None:
         "--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template"
     )
     parser.add_argument("--gen-length", type=int, default=128, help="tokens to generate (default: 128)")
-    parser.add_argument("--steps", type=int, help="denoising steps over all blocks (default: gen length)")
+    steps = parser.add_mutually_exclusive_group()
+    steps.add_argument(
+        "--steps",
+        type=int,
+        help="denoising steps over all blocks; the block length must divide the gen length (default: gen length)",
+    )
+    steps.add_argument(
+        "--steps-per-block",
+        type=int,
+        help="denoising steps of each block, any gen length (whole blocks, cut to it, as the API answers); "
+        "LLaDA2.0 caps them at the gen length as its reference does",
+    )
     add_decoding_args(parser, canvas_default="full")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     parser.set_defaults(handler=run)
@@ -48,8 +59,13 @@ def run(args: argparse.Namespace) -> int:
     from engine_pod.generation import generate_one
     from engine_pod.models.loader import load_model
 
-    steps = args.steps if args.steps is not None else args.gen_length
-    spb = steps_per_block_for(args.gen_length, args.block_length, steps)
+    if args.steps_per_block is not None:
+        if args.steps_per_block < 1 or args.gen_length < 1:
+            raise CliError("--steps-per-block and --gen-length must be positive")
+        spb = args.steps_per_block
+    else:
+        steps = args.steps if args.steps is not None else args.gen_length
+        spb = steps_per_block_for(args.gen_length, args.block_length, steps)
     decoding = decoding_config(args, spb)
     loaded = load_model(args.model, args.device, args.dtype)
     result = generate_one(loaded, _prompt_ids(args, loaded), args.gen_length, decoding)

@@ -175,8 +175,19 @@ def _worker_args(args: argparse.Namespace, redis_url: str) -> list[str]:
     ]
 
 
-def run(args: argparse.Namespace) -> int:
+def _served_model_dir(args: argparse.Namespace) -> Path:
+    """The directory the gateway reads the tokenizer (and EOS ids) from: the model's own, or for a random
+    model its preset's config beside the shipped tokenizer (under the data directory)."""
     from engine_pod.models.locate import resolve_model_dir
+    from engine_pod.serve.random_model import random_model_dir
+
+    if not args.model.startswith("random:"):
+        return resolve_model_dir(args.model)
+    root = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir(args.service)
+    return random_model_dir(args.model, root / "random-models")
+
+
+def run(args: argparse.Namespace) -> int:
     from engine_pod.serve.gateway_process import GatewayProcess
     from engine_pod.serve.preflight import PreflightError
     from engine_pod.serve.redis_server import free_port
@@ -185,12 +196,10 @@ def run(args: argparse.Namespace) -> int:
     from engine_pod.serve.worker_process import WorkerProcess
 
     _quiet_terminal()
-    if args.model.startswith("random:"):
-        raise CliError("dllm serve needs a model with a tokenizer; random models have none")
-    model_dir = resolve_model_dir(args.model)
+    queue_settings(args)
+    model_dir = _served_model_dir(args)
     if not (model_dir / "tokenizer.json").is_file():
         raise CliError(f"{model_dir} has no tokenizer.json; the gateway needs one")
-    queue_settings(args)
     gateway_settings = _gateway_settings(args, model_dir)
     try:
         redis, redis_url, where = _redis(args)

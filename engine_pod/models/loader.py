@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -182,9 +182,44 @@ def build_model(
 ) -> DiffusionTransformer | BlockDiffusionTransformer:
     """The model's modules with uninitialised storage allocated once, directly in ``dtype`` on ``device``."""
     architecture = BlockDiffusionTransformer if config.block_diffusion else DiffusionTransformer
+    if device.type != "meta":
+        check_weights_fit(config, device, dtype)
     with torch.device("meta"), _no_initial_draws():
         model = architecture(config)
     return model.to(dtype).to_empty(device=device).eval()
+
+
+def parameter_count(config: ModelConfig) -> int:
+    """The model's parameters, counted on a meta model of its distinct layers (every layer after the
+    first dense ones is alike), in milliseconds where building all of a large MoE's experts takes seconds."""
+    architecture = BlockDiffusionTransformer if config.block_diffusion else DiffusionTransformer
+    distinct = min(config.num_layers, (config.moe.first_dense_layers if config.moe else 0) + 1)
+    with torch.device("meta"), _no_initial_draws():
+        model = architecture(replace(config, num_layers=distinct))
+    last = sum(p.numel() for p in model.layers[-1].parameters())
+    tied = (
+        config.vocab_size * config.hidden_size if config.tied_embeddings else 0
+    )  # one tensor, counted twice
+    return sum(p.numel() for p in model.parameters()) + (config.num_layers - distinct) * last - tied
+
+
+def check_weights_fit(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse, in one line naming both sizes, weights larger than the memory the device has for them
+    (before any is allocated: a model that cannot fit would otherwise be killed for memory much later)."""
+    from engine_pod.profiling.memory import available_memory
+
+    needed = parameter_count(config) * dtype.itemsize
+    available = available_memory(device)
+    if needed > available:
+        name = str(dtype).removeprefix("torch.")
+        raise ModelLoadError(
+            f"the model's weights need {_gib(needed)} in {name}, more than the {_gib(available)} of "
+            f"memory on {device}; choose a smaller model, a lower-precision --dtype or a larger device"
+        )
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB"
 
 
 def load_metadata(spec: str) -> tuple[ModelConfig, Any]:

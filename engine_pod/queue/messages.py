@@ -50,6 +50,9 @@ class BlockEvent:
     index: int  # block number within the generation
     token_ids: list[int]
     logprobs: list | None = None  # per token, when the request asked (see DoneEvent.logprobs)
+    # generated tokens before this block's first: where its text goes. Not index x L: on a block-diffusion
+    # grid a request's first block carries L minus its prompt's tail
+    offset: int = 0
     type: str = "block"
 
 

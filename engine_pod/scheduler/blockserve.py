@@ -110,6 +110,7 @@ class BlockServeScheduler(Scheduler):
             sampling=request.sampling,
             logprobs=request.logprobs,
             owner=request.request_id,
+            max_tokens=request.max_tokens,
         )
 
     def _preempt_overflow(self) -> list[Request]:

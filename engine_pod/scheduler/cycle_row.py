@@ -19,6 +19,9 @@ class CycleRow:
     sampling: SamplingParams | None = None  # None: greedy
     logprobs: int | None = None  # record each committed token's log probability and this many alternatives
     owner: str = ""  # the request behind the row: a runner with a persistent KV cache keys its pages on it
+    max_tokens: int | None = (
+        None  # the request's generation budget (a family whose reference caps its steps by it)
+    )
 
     @property
     def width(self) -> int:

@@ -82,6 +82,7 @@ class StaticScheduler(Scheduler):
             sampling=request.sampling,
             logprobs=request.logprobs,
             owner=request.request_id,
+            max_tokens=request.max_tokens,
         )
 
     def _finished_row(self, request: Request) -> CycleRow:

@@ -374,7 +374,9 @@ class Worker:
             if kept is not None:
                 logprobs = list(values) if values is not None else [None] * len(block)
                 kept.extend(logprobs)
-            event = BlockEvent(index, list(block), logprobs) if request_id in self._streaming else None
+            event = None
+            if request_id in self._streaming:
+                event = BlockEvent(index, list(block), logprobs, offset=len(request.generated) - len(block))
             commit = BlockCommit(
                 request_id, event, list(request.generated), request.prefix_len(), index, logprobs
             )

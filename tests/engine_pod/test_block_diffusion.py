@@ -20,7 +20,6 @@ from engine_pod.cli.main import main
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
 from engine_pod.generation import generate_one
-from engine_pod.models.block_batch import DenseBlockForward
 from engine_pod.models.config import ModelConfigError, config_from_dict
 from engine_pod.models.loader import load_model
 from engine_pod.runner.factory import make_runner
@@ -29,7 +28,7 @@ from engine_pod.scheduler.config import LAYOUTS, SchedulerConfig
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.request import Request
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
-from tests.engine_utils import common_token, run_workload
+from tests.engine_utils import block_causal_logits, common_token, run_workload
 from tests.factories import BLOCK_REFERENCE_DIR, random_workload, sdar_config, write_checkpoint
 
 VECTORS = BLOCK_REFERENCE_DIR
@@ -108,24 +107,11 @@ def float64_model(float64_models):
     return float64_models["llada2"]
 
 
-def _whole_sequence_logits(model, ids: list[int], block_length: int) -> torch.Tensor:
-    """One block-causal forward over the whole sequence, through the paged pool."""
-    n = len(ids)
-    pool = model.new_pool(-(-n // 16), 16, torch.device("cpu"))
-    pool.reserve("case", n)
-    slots = pool.slots("case", 0, n)[None]
-    positions = torch.arange(n)
-    mask = (positions[None, :] // block_length <= positions[:, None] // block_length)[None]
-    batch = DenseBlockForward(torch.tensor([ids]), positions[None], slots, slots, mask, pool)
-    with torch.no_grad():
-        return model.forward_blocks(batch, (torch.zeros(n, dtype=torch.long), positions)).logits()
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_block_causal_forward_logits(models, family):
     expected = load_file(str(VECTORS / family / "logits.safetensors"))
     for case in json.loads((VECTORS / family / "forward.json").read_text())["cases"]:
-        logits = _whole_sequence_logits(models[family].model, case["input_ids"], case["block_length"])
+        logits = block_causal_logits(models[family].model, case["input_ids"], case["block_length"])
         reference = expected[case["logits_key"]]
         assert torch.allclose(logits, reference, atol=LOGIT_ATOL), case["name"]
         top2 = reference.topk(2, dim=-1).values

@@ -108,7 +108,7 @@ class ScriptedPeer(threading.Thread):
             end = (index + 1) * BLOCK
             block = tokens[end - BLOCK : end]
             block_entries = entries[end - BLOCK : end] if entries else None
-            event = BlockEvent(index, block, block_entries) if request.stream else None
+            event = BlockEvent(index, block, block_entries, offset=end - BLOCK) if request.stream else None
             if index == self.script.skip_block:
                 event = None
             commit = BlockCommit(request.id, event, tokens[:end], prompt + end, index, block_entries)

@@ -15,7 +15,7 @@ class StepContext:
     """Everything a policy may look at besides the confidences, one entry per row where batched."""
 
     step: int  # index of this forward within the block (0: the block's first forward)
-    steps_per_block: int  # S
+    steps_per_block: int | torch.Tensor  # S (per row where rows have their own)
     masks_at_block_start: torch.Tensor  # [R] masked positions when the block started
     masks_now: torch.Tensor  # [R] masked positions before this step's commits
     threshold: torch.Tensor  # [R] confidence threshold of each row (threshold policy)
