@@ -71,7 +71,11 @@ def register(subparsers) -> None:
         "1/vocabulary); the threshold used is reported",
     )
     parser.add_argument(
-        "--json", dest="json_out", required=True, help="write the report here (rewritten after each policy)"
+        "--json",
+        dest="json_out",
+        metavar="PATH",
+        help="also write the full report here as JSON (rewritten after each policy, so a run cut short keeps "
+        "what it measured); the summary table goes to the terminal either way",
     )
     parser.add_argument("--plot", help="write throughput, latency CDF and timeline plots to this PNG")
     online = parser.add_argument_group(
@@ -93,7 +97,7 @@ def register(subparsers) -> None:
     )
     online.add_argument("--api-key", help="bearer key for --url")
     online.add_argument("--served-model-name", default="bench", help="model name sent to --url")
-    add_decoding_args(parser, canvas_default="block")
+    add_decoding_args(parser)
     parser.set_defaults(handler=run)
 
 
@@ -135,10 +139,11 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...]) -> int:
         api_key=args.api_key,
         served_model=args.served_model_name,
     )
-    out = Path(args.json_out)
+    out = Path(args.json_out) if args.json_out else None
 
     def write(report: dict) -> None:
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        if out:
+            out.write_text(json.dumps(report, indent=2) + "\n")
 
     report = run_online_benchmark(config, on_run=write)
     if args.plot:
@@ -184,12 +189,13 @@ def run(args: argparse.Namespace) -> int:
         pin=args.pin,
     )
     usable = read_profile(args.profile).usable_memory_bytes if args.profile else None
-    out = Path(args.json_out)
+    out = Path(args.json_out) if args.json_out else None
 
     def write(report: dict) -> None:  # after every policy, so a run cut short keeps what it measured
         report["usable_memory_bytes"] = usable
-        out.write_text(json.dumps(report, indent=2) + "\n")
-        logger.info("wrote %s (%s)", out, ", ".join(report["policies"]))
+        if out:
+            out.write_text(json.dumps(report, indent=2) + "\n")
+            logger.info("wrote %s (%s)", out, ", ".join(report["policies"]))
 
     report = run_benchmark(config, on_policy=write)
     if args.plot:
