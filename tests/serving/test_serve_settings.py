@@ -56,10 +56,18 @@ def test_keys_come_from_the_file_and_sighup_reloads_it(serve, keys_file):
         serve.process.send_signal(signal.SIGHUP)
         wait_for(lambda: _status(serve, SECOND) == 200, interval_s=0.1, what="the new key to be accepted")
         assert _status(serve, FIRST) == 401
+        reloaded = f"API keys reloaded from {keys_file}: 1 keys (were 1)"
+        wait_for(lambda: reloaded in serve.log.read_text(), interval_s=0.1, what="the reload to be logged")
         keys_file.write_text("\n")  # no key at all: every request is refused, the API never opens
         serve.process.send_signal(signal.SIGHUP)
         wait_for(lambda: _status(serve, SECOND) == 401, interval_s=0.1, what="the emptied file to be read")
         assert _status(serve, None) == 401
+        wait_for(
+            lambda: ": 0 keys (were 1)" in serve.log.read_text(), interval_s=0.1, what="the reload logged"
+        )
+        log = serve.log.read_text()
+        assert "API keys on); Ctrl-C stops" in log  # the startup line
+        assert FIRST not in log and SECOND not in log  # how many keys, never which
     finally:
         keys_file.write_text(f"{FIRST}\n")
         serve.process.send_signal(signal.SIGHUP)
