@@ -74,6 +74,14 @@ def test_keys_come_from_the_file_and_sighup_reloads_it(serve, keys_file):
         wait_for(lambda: _status(serve, FIRST) == 200, interval_s=0.1, what="the first key back")
 
 
+def test_dllm_bench_without_the_key_is_one_line_with_the_401(serve):
+    argv = [sys.executable, "-m", "engine_pod.cli.main", "bench", "--url", serve.url, "--concurrency", "1"]
+    done = subprocess.run([*argv, "--requests", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"dllm bench: error: {serve.url}/v1/models: HTTP 401: ")
+
+
 def test_flags_override_the_environment_and_unknown_fields_can_be_ignored(serve):
     client = openai_client(serve, FIRST)
     messages = [{"role": "user", "content": "count to 5 ."}]
