@@ -42,19 +42,14 @@ class LoadClient:
 
     async def post_json(self, path: str, body: dict) -> dict:
         """POST ``body``; the JSON reply (HttpError for a status other than 200)."""
-        reader, writer = await self._send(path, body)
-        try:
-            status, headers = await _read_head(reader)
-            payload = await _read_body(reader, headers)
-        finally:
-            writer.close()
-        if status != 200:
-            raise HttpError(status, payload)
-        return json.loads(payload)
+        return await self._json(path, body)
 
     async def get_json(self, path: str) -> dict:
         """GET ``path``; the JSON reply (HttpError for a status other than 200)."""
-        reader, writer = await self._send(path, None)
+        return await self._json(path, None)
+
+    async def _json(self, path: str, body: dict | None) -> dict:
+        reader, writer = await self._send(path, body)
         try:
             status, headers = await _read_head(reader)
             payload = await _read_body(reader, headers)
