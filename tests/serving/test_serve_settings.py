@@ -9,11 +9,16 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from engine_pod.cli.main import build_parser
+from engine_pod.cli.serve import _gateway_settings, queue_settings
+from engine_pod.defaults import DEFAULT_MODEL
+from gateway.settings import GatewaySettings
 from tests.serving.conftest import SERVED
 from tests.serving.serve_process import openai_client, running
 from tests.serving_utils import WAIT_S, wait_for
@@ -151,3 +156,16 @@ def test_a_keys_file_that_cannot_be_read_ends_serve_with_one_line(tmp_path):
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("dllm serve: error: cannot read the API keys file")
+
+
+@pytest.mark.parametrize(
+    "env, drain_s", [({}, GatewaySettings.drain_timeout_s), ({"DLLM_DRAIN_TIMEOUT_S": "7"}, 7)]
+)
+def test_the_gateways_drain_under_dllm_serve_is_the_gateways_own_setting(monkeypatch, env, drain_s):
+    """One default (GatewaySettings, 30 s, as docs/api.md says), and DLLM_DRAIN_TIMEOUT_S over it."""
+    monkeypatch.delenv("DLLM_DRAIN_TIMEOUT_S", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(["serve"])
+    queue_settings(args)
+    assert _gateway_settings(args, Path(DEFAULT_MODEL)).drain_timeout_s == drain_s == (30 if not env else 7)
