@@ -189,6 +189,45 @@ CHECKS: dict[str, Callable[[Command], None]] = {
 } | dict.fromkeys(ENVIRONMENT, check_environment)
 
 COMMANDS = all_commands()
+# why a command is checked here rather than run: what it needs that CI has not (or minutes it has not)
+NEEDS = {
+    "pip": "a package index",
+    "git": "a network",
+    "kubectl": "a Kubernetes cluster",
+    "helm": "a Kubernetes cluster",
+    "curl": "a running service (README's own runs in tests/test_readme_runs.py)",
+    "ruff": "nothing (CI's style check runs it)",
+}
+SCRIPT_NEEDS = {
+    "scripts/build-images.sh": "docker and a registry",
+    "scripts/k8s-e2e.sh": "docker and kind",
+    "scripts/gpu-bench.sh": "a GPU",
+    "scripts/upgrade-pins.sh": "a package index",
+    "scripts/mutation.py": "hours",
+}
+DLLM_NEEDS = {
+    "train": "hours",
+    "worker": "a Redis and a queue",
+    "serve": "a free port (tests/test_readme_runs.py)",
+}
+
+
+def needs(command: Command) -> str | None:
+    """What running ``command`` for real needs (None: nothing of ours to run, or it runs elsewhere)."""
+    words = command.argv
+    if command.program in NEEDS:
+        return NEEDS[command.program]
+    if command.program in ENVIRONMENT or words[1:3] in (("-m", "venv"), ("-m", "pytest")):
+        return "the user's shell (or the suite itself)"
+    script = next((w for w in words[1:] if w.startswith("scripts/")), None)
+    if script:
+        return SCRIPT_NEEDS.get(script, "minutes of CPU (a benchmark)")
+    if command.program == "dllm":
+        model = words[words.index("--model") + 1] if "--model" in words else ""
+        if "cuda" in words or ("/" in model and not model.startswith(("builtin:", "random:", "."))):
+            return "a GPU or the Hugging Face Hub"
+        return DLLM_NEEDS.get(words[1], "minutes of CPU (README's own run in tests/test_readme_runs.py)")
+    return "a gateway's environment" if words[1:3] == ("-m", "gateway") else None
 
 
 def _ours(name: str) -> bool:
@@ -208,6 +247,7 @@ def test_the_documents_show_commands():
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.label[:100])
 def test_every_documented_command_is_what_its_program_accepts(command):
     assert command.program in CHECKS, f"{command.label}: no checker for {command.program!r}; add one"
+    assert needs(command), f"{command.label}: say why it is not run (NEEDS), or run it in a test"
     for name in command.env:
         if name.startswith("DLLM_"):
             assert _ours(name), f"{command.label}: nothing reads {name}"
