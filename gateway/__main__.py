@@ -9,11 +9,14 @@ import sys
 
 import uvicorn
 
+from gateway.api_keys import exposure_warning, keys_state
 from gateway.app import build_app
 from gateway.http_protocol import protocol_for
-from gateway.processes import CHILD_FLAG, port_is_free, run_processes, shared_socket
+from gateway.processes import CHILD_FLAG, SUPERVISED_FLAG, port_is_free, run_processes, shared_socket
 from gateway.settings import GatewaySettings, SettingsError
 from gateway.tokenizer import TokenizerError
+
+logger = logging.getLogger("gateway")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,13 +31,18 @@ def main(argv: list[str] | None = None) -> int:
         "--log-level", choices=("debug", "info", "warning", "error"), default="info", help="(default: info)"
     )
     parser.add_argument(CHILD_FLAG, type=int, default=None, help=argparse.SUPPRESS)
+    # started by dllm serve, which has said whether keys are on (and warned) on its own terminal line
+    parser.add_argument(SUPERVISED_FLAG, action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     child = args.process_index
     level = args.log_level.upper()
     tag = "" if child is None else f"[{child}] "  # which of several processes says it
     logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s {tag}%(name)s: %(message)s")
+    logging.getLogger("gateway.api_keys").setLevel(logging.INFO)  # key reloads are said at every level
     try:
         settings = GatewaySettings.from_env()
+        if child is None and not args.supervised:
+            _say_keys(settings, args.host)
         if child is None and settings.processes > 1:
             return _supervise(settings.processes, args, argv)
         app = build_app(settings, metrics_server=not child)
@@ -51,6 +59,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     _server(app, settings, args, tag).run()
     return 0
+
+
+def _say_keys(settings: GatewaySettings, host: str) -> None:
+    """Whether keys are on, and a warning when the API is open to other machines."""
+    logger.info("%s", keys_state(settings))
+    warning = exposure_warning(host, settings)
+    if warning:
+        logger.warning(warning)
 
 
 def _supervise(count: int, args: argparse.Namespace, argv: list[str] | None) -> int:

@@ -54,6 +54,16 @@ def shutting_down(retry_after_s: int) -> ApiError:
     )
 
 
+def model_not_found(model: str, served: str) -> ApiError:
+    """404 for a model this service does not serve (a request's ``model``, or ``GET /v1/models/{id}``)."""
+    return ApiError(
+        404,
+        f"the model {model!r} does not exist; this service serves {served!r}",
+        param="model",
+        code="model_not_found",
+    )
+
+
 def server_error() -> ApiError:
     """500 as OpenAI answers a bug on its side (the bug itself is logged where it was caught)."""
     return ApiError(500, "the server had an error", "server_error")

@@ -21,6 +21,7 @@ import time
 PR_SET_PDEATHSIG = 1  # prctl(2)
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 CHILD_FLAG = "--process-index"  # marks a child and its number (0 serves the metrics port, if any)
+SUPERVISED_FLAG = "--supervised"  # under dllm serve: the keys line and the warning are its own
 logger = logging.getLogger(__name__)
 
 

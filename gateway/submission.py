@@ -10,7 +10,7 @@ import time
 from engine_pod.queue.keys import new_request_id
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.resilience import REDIS_ERRORS, TRANSIENT_ERRORS, Backoff
-from gateway.errors import ApiError, queue_unreachable, shutting_down
+from gateway.errors import ApiError, model_not_found, queue_unreachable, shutting_down
 from gateway.openai_fields import unknown_fields
 from gateway.schemas import CommonFields
 from gateway.state import GatewayState
@@ -21,12 +21,14 @@ logger = logging.getLogger(__name__)
 
 def max_tokens_of(body: CommonFields, state: GatewayState) -> int:
     settings = state.settings
+    field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     value = body.max_completion_tokens or body.max_tokens or settings.default_max_tokens
     if value > settings.max_tokens_limit:
         raise ApiError(
             400,
-            f"max_tokens {value} is above this service's limit of {settings.max_tokens_limit}",
-            param="max_tokens",
+            f"{field} {value} is above this service's limit of {settings.max_tokens_limit}",
+            param=field,
+            code="integer_above_max_value",
         )
     return value
 
@@ -37,12 +39,7 @@ def check_request(body: CommonFields, state: GatewayState) -> None:
     service's."""
     settings = state.settings
     if body.model != settings.served_model:
-        raise ApiError(
-            404,
-            f"the model {body.model!r} does not exist; this service serves {settings.served_model!r}",
-            param="model",
-            code="model_not_found",
-        )
+        raise model_not_found(body.model, settings.served_model)
     unknown = unknown_fields(body) if settings.unknown_fields == "reject" else []
     if unknown:
         raise ApiError(400, f"unknown parameter: {unknown[0]!r}", param=unknown[0], code="unknown_parameter")
@@ -64,12 +61,14 @@ def _check_decoding_fields(body: CommonFields, settings) -> None:
             400,
             f"block_length {body.block_length}: this service decodes with block_length {settings.block_length}",
             param="block_length",
+            code="invalid_value",
         )
     if body.steps is not None and body.steps != settings.steps_per_block:
         raise ApiError(
             400,
             f"steps {body.steps}: this service decodes with {settings.steps_per_block} steps per block",
             param="steps",
+            code="invalid_value",
         )
 
 
@@ -97,12 +96,12 @@ def check_prompt_text(texts: list[str], state: GatewayState, param: str = "promp
 def check_prompt(prompt_ids: list[int], state: GatewayState, param: str = "prompt") -> None:
     limit = state.settings.max_prompt_tokens
     if not prompt_ids:
-        raise ApiError(400, "the prompt is empty", param=param)
+        raise ApiError(400, "the prompt is empty", param=param, code="invalid_value")
     if len(prompt_ids) > limit:
         raise too_long(len(prompt_ids), state, param)
     vocab = state.tokenizer.tokenizer.get_vocab_size()
     if any(not 0 <= t < vocab for t in prompt_ids):
-        raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param=param)
+        raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param=param, code="invalid_value")
 
 
 def sampling_of(body: CommonFields, seed: int | None) -> dict | None:

@@ -17,9 +17,19 @@ SSE_DONE = b"[DONE]"
 
 
 class HttpError(RuntimeError):
+    """A reply other than 200: its status and the server's own message (OpenAI's error JSON, if it is)."""
+
     def __init__(self, status: int, body: bytes) -> None:
-        super().__init__(f"HTTP {status}: {body[:300].decode(errors='replace')}")
+        super().__init__(f"HTTP {status}: {_message(body)}")
         self.status = status
+
+
+def _message(body: bytes) -> str:
+    try:
+        error = json.loads(body)["error"]
+        return f"{error['message']}" + (f" (code {error['code']})" if error.get("code") else "")
+    except (ValueError, KeyError, TypeError):
+        return body[:300].decode(errors="replace").strip() or "no body"
 
 
 class LoadClient:
@@ -32,6 +42,13 @@ class LoadClient:
 
     async def post_json(self, path: str, body: dict) -> dict:
         """POST ``body``; the JSON reply (HttpError for a status other than 200)."""
+        return await self._json(path, body)
+
+    async def get_json(self, path: str) -> dict:
+        """GET ``path``; the JSON reply (HttpError for a status other than 200)."""
+        return await self._json(path, None)
+
+    async def _json(self, path: str, body: dict | None) -> dict:
         reader, writer = await self._send(path, body)
         try:
             status, headers = await _read_head(reader)
@@ -63,11 +80,12 @@ class LoadClient:
         finally:
             writer.close()
 
-    async def _send(self, path: str, body: dict) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        payload = json.dumps(body, separators=(",", ":")).encode()
+    async def _send(self, path: str, body: dict | None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A POST of ``body``, or a GET when it is None."""
+        payload = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
         reader, writer = await asyncio.open_connection(self.host, self.port)
         head = [
-            f"POST {path} HTTP/1.1",
+            f"{'GET' if body is None else 'POST'} {path} HTTP/1.1",
             f"Host: {self.host}:{self.port}",
             "Content-Type: application/json",
             f"Content-Length: {len(payload)}",

@@ -6,11 +6,32 @@ from __future__ import annotations
 import asyncio
 import time
 
-from engine_pod.bench.http_client import LoadClient
+from engine_pod.bench.http_client import HttpError, LoadClient
 from engine_pod.bench.online import Load, Observed, OnlineRequest
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
+
+
+class ServerError(ValueError):
+    """The server at --url cannot be loaded: unreachable, or it refused (one line for the user)."""
+
+
+def served_model(url: str, api_key: str | None, model: str | None) -> str:
+    """The model to ask ``url`` for: ``model`` if it serves it, else the one it serves (``/v1/models``)."""
+    try:
+        listed = asyncio.run(LoadClient(url, api_key).get_json("/v1/models"))
+    except HttpError as exc:
+        raise ServerError(f"{url}/v1/models: {exc}") from None
+    except OSError as exc:
+        raise ServerError(f"cannot reach {url}: {exc.strerror or exc}") from None
+    ids = [entry["id"] for entry in listed.get("data", [])]
+    if model is None and len(ids) == 1:
+        return ids[0]
+    if model is None or model not in ids:
+        wanted = f"does not serve {model!r}" if model else "serves several models"
+        raise ServerError(f"{url} {wanted}; it serves {', '.join(ids) or 'none'} (--served-model-name)")
+    return model
 
 
 def _body(item: OnlineRequest, model: str, chat: bool) -> dict:

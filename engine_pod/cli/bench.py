@@ -71,7 +71,11 @@ def register(subparsers) -> None:
         "1/vocabulary); the threshold used is reported",
     )
     parser.add_argument(
-        "--json", dest="json_out", required=True, help="write the report here (rewritten after each policy)"
+        "--json",
+        dest="json_out",
+        metavar="PATH",
+        help="also write the full report here as JSON (rewritten after each policy, so a run cut short keeps "
+        "what it measured); the summary table goes to the terminal either way",
     )
     parser.add_argument("--plot", help="write throughput, latency CDF and timeline plots to this PNG")
     online = parser.add_argument_group(
@@ -92,8 +96,11 @@ def register(subparsers) -> None:
         help="load this running server (e.g. `dllm serve`) with chat requests instead of the policies",
     )
     online.add_argument("--api-key", help="bearer key for --url")
-    online.add_argument("--served-model-name", default="bench", help="model name sent to --url")
-    add_decoding_args(parser, canvas_default="block")
+    online.add_argument(
+        "--served-model-name",
+        help="model name sent to --url (default: the one the server lists at /v1/models)",
+    )
+    add_decoding_args(parser)
     parser.set_defaults(handler=run)
 
 
@@ -123,24 +130,31 @@ def _run_settings(args: argparse.Namespace, policies: tuple[str, ...]) -> dict:
 
 
 def _run_online(args: argparse.Namespace, policies: tuple[str, ...]) -> int:
+    from engine_pod.bench.http_client import HttpError
     from engine_pod.bench.online_bench import OnlineConfig, online_summary, run_online_benchmark
+    from engine_pod.bench.online_http import served_model
 
     if args.requests is not None and args.requests < 1:
         raise CliError("--requests must be positive")
+    model = served_model(args.url, args.api_key, args.served_model_name) if args.url else "bench"
     config = OnlineConfig(
         **_run_settings(args, policies),
         loads=_loads(args),
         requests=args.requests,
         url=args.url,
         api_key=args.api_key,
-        served_model=args.served_model_name,
+        served_model=model,
     )
-    out = Path(args.json_out)
+    out = Path(args.json_out) if args.json_out else None
 
     def write(report: dict) -> None:
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        if out:
+            out.write_text(json.dumps(report, indent=2) + "\n")
 
-    report = run_online_benchmark(config, on_run=write)
+    try:
+        report = run_online_benchmark(config, on_run=write)
+    except HttpError as exc:  # the server refused a request of the load
+        raise CliError(f"{args.url or 'the gateway'}: {exc}") from None
     if args.plot:
         from engine_pod.bench.plots import plot_online
 
@@ -184,12 +198,13 @@ def run(args: argparse.Namespace) -> int:
         pin=args.pin,
     )
     usable = read_profile(args.profile).usable_memory_bytes if args.profile else None
-    out = Path(args.json_out)
+    out = Path(args.json_out) if args.json_out else None
 
     def write(report: dict) -> None:  # after every policy, so a run cut short keeps what it measured
         report["usable_memory_bytes"] = usable
-        out.write_text(json.dumps(report, indent=2) + "\n")
-        logger.info("wrote %s (%s)", out, ", ".join(report["policies"]))
+        if out:
+            out.write_text(json.dumps(report, indent=2) + "\n")
+            logger.info("wrote %s (%s)", out, ", ".join(report["policies"]))
 
     report = run_benchmark(config, on_policy=write)
     if args.plot:

@@ -37,7 +37,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_decoding_args(parser: argparse.ArgumentParser, canvas_default: str = "block") -> None:
+def add_decoding_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("decoding")
     group.add_argument(
         "--block-length", type=int, default=DEFAULT_BLOCK_LENGTH, help="tokens per block L (default: 32)"
@@ -58,9 +58,9 @@ def add_decoding_args(parser: argparse.ArgumentParser, canvas_default: str = "bl
     group.add_argument(
         "--canvas",
         choices=CANVAS_MODES,
-        default=canvas_default,
-        help="block: prompt + blocks so far (BlockServe); full: also the masked suffix (LLaDA/Fast-dLLM) "
-        f"(default: {canvas_default})",
+        default="block",
+        help="block: prompt + blocks so far (BlockServe, dllm serve); full: also the masked suffix, as "
+        "LLaDA's and Fast-dLLM's reference code (default: block)",
     )
     group.add_argument(
         "--ignore-eos", action="store_true", help="do not stop after a block that contains EOS"

@@ -14,8 +14,9 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "generate",
         help="complete one prompt",
-        description="Complete one prompt with block-wise diffusion decoding. The defaults reproduce "
-        "LLaDA/Fast-dLLM semantics (the masked suffix is part of the canvas).",
+        description="Complete one prompt with block-wise diffusion decoding, on the block canvas that "
+        "`dllm serve` and the benchmarks use (the prompt and the blocks so far); `--canvas full` adds the "
+        "masked suffix, as LLaDA's and Fast-dLLM's reference code do.",
     )
     add_model_args(parser)
     source = parser.add_mutually_exclusive_group(required=True)
@@ -37,7 +38,7 @@ def register(subparsers) -> None:
         help="denoising steps of each block, any gen length (whole blocks, cut to it, as the API answers); "
         "LLaDA2.0 caps them at the gen length as its reference does",
     )
-    add_decoding_args(parser, canvas_default="full")
+    add_decoding_args(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     parser.set_defaults(handler=run)
 

@@ -54,7 +54,13 @@ def register(subparsers) -> None:
         default=DEFAULT_LAYOUT,
         help=f"the batch layout the engine will run (default: {DEFAULT_LAYOUT}); see `dllm worker --help`",
     )
-    parser.add_argument("--json", dest="json_out", required=True, help="write the full result here")
+    parser.add_argument(
+        "--json",
+        dest="json_out",
+        metavar="PATH",
+        help="also write the full result here (the grid, the fit, the budget): what `dllm bench --profile` "
+        "and `dllm worker --profile` read; the budget is printed either way",
+    )
     parser.add_argument(
         "--termination-log", help="also write a compact result here (Kubernetes termination message)"
     )
@@ -100,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
         if args.termination_log:  # the operator reads why from the pod status
             Path(args.termination_log).write_text(_error_message(exc))
         raise
-    Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
     if args.termination_log:  # the operator reads the summary from the pod status
         Path(args.termination_log).write_text(ProfileSummary.from_result(result).termination_message())
     fit = result["fit"]

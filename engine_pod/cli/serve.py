@@ -24,7 +24,7 @@ from engine_pod.cli.worker import add_worker_args
 
 logger = logging.getLogger(__name__)
 
-DRAIN_S = 10.0  # the gateway's drain after SIGTERM under dllm serve
+GATEWAY_STOP_MARGIN_S = 5.0  # after the gateway's drain (DLLM_DRAIN_TIMEOUT_S), the time it has to exit
 
 
 def default_data_dir(service: str) -> Path:
@@ -41,7 +41,9 @@ def register(subparsers) -> None:
         epilog="Every gateway setting is read from the same DLLM_* environment variables as `python -m "
         "gateway` reads (DLLM_API_KEYS, DLLM_API_KEYS_FILE, DLLM_MAX_QUEUED, DLLM_MAX_BODY_BYTES, "
         "DLLM_UNKNOWN_FIELDS, DLLM_REQUEST_TIMEOUT_S, ...: docs/api.md lists them); the flags above override "
-        "them. SIGHUP makes the gateway re-read its API keys file.",
+        "them. Ctrl-C or SIGTERM drains: the gateway gives open requests $DLLM_DRAIN_TIMEOUT_S (default 30 s), "
+        "the worker finishes its work within --drain-timeout. SIGHUP makes the gateway re-read its API keys "
+        "file. Serving beyond loopback (--host 0.0.0.0) without keys is warned about.",
     )
     add_model_args(parser)
     parser.add_argument("--host", default="127.0.0.1", help="gateway address (default: 127.0.0.1)")
@@ -120,7 +122,6 @@ def _gateway_settings(args: argparse.Namespace, model_dir: Path):
     }
     values = env_values() | {name: value for name, value in flags.items() if value is not None}
     values.setdefault("model_name", model_dir.name)
-    values.setdefault("drain_timeout_s", DRAIN_S)
     values.setdefault("access_log", False)  # a line per request would bury the terminal's own lines
     limit = values.get("max_tokens_limit", GatewaySettings.max_tokens_limit)
     values.setdefault("default_max_tokens", min(GatewaySettings.default_max_tokens, limit))
@@ -194,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
     from engine_pod.serve.stopping import Stopping
     from engine_pod.serve.supervisor import ChildCannotStart, Supervised, Supervisor, child_popen_options
     from engine_pod.serve.worker_process import WorkerProcess
+    from gateway.api_keys import keys_state
 
     _quiet_terminal()
     queue_settings(args)
@@ -201,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
     if not (model_dir / "tokenizer.json").is_file():
         raise CliError(f"{model_dir} has no tokenizer.json; the gateway needs one")
     gateway_settings = _gateway_settings(args, model_dir)
+    _warn_if_exposed(args.host, gateway_settings)
     try:
         redis, redis_url, where = _redis(args)
     except PreflightError as exc:
@@ -216,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
         model=f"{gateway_settings.served_model} on {args.device}, {args.dtype}",
     )
     gateway_env = replace(gateway_settings, redis_url=redis_url).to_env()
-    stop_s = gateway_settings.drain_timeout_s + 5
+    stop_s = gateway_settings.drain_timeout_s + GATEWAY_STOP_MARGIN_S
     log_level = "info" if gateway_settings.access_log else "warning"  # the access log is uvicorn's info
     gateway = GatewayProcess(args.host, args.port, gateway_env, options, stop_s=stop_s, log_level=log_level)
     children += [Supervised("worker", worker, drains=True), Supervised("gateway", gateway, drains=True)]
@@ -231,7 +234,8 @@ def run(args: argparse.Namespace) -> int:
     if not supervisor.stopping.is_set():
         name = gateway_settings.served_model
         sys.stdout.write(
-            f"dllm serve: OpenAI-compatible API at {gateway.url}/v1 (model {name}); Ctrl-C stops\n"
+            f"dllm serve: OpenAI-compatible API at {gateway.url}/v1 (model {name}, "
+            f"{keys_state(gateway_settings)}); Ctrl-C stops\n"
         )
         sys.stdout.flush()
     try:
@@ -239,6 +243,14 @@ def run(args: argparse.Namespace) -> int:
     finally:
         supervisor.stop_all(stopping.waiting)
     return stopping.farewell()
+
+
+def _warn_if_exposed(host: str, settings) -> None:
+    from gateway.api_keys import exposure_warning
+
+    warning = exposure_warning(host, settings)
+    if warning:
+        logger.warning("warning: %s", warning)
 
 
 def _redis(args: argparse.Namespace):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from engine_pod.serve.child_process import ProbedProcess
+from gateway.processes import SUPERVISED_FLAG
 
 
 class GatewayProcess(ProbedProcess):
@@ -22,7 +23,7 @@ class GatewayProcess(ProbedProcess):
     ) -> None:
         self.host, self.port = host, port
         argv = [sys.executable, "-m", "gateway", "--host", host, "--port", str(port)]
-        argv += ["--log-level", log_level]
+        argv += ["--log-level", log_level, SUPERVISED_FLAG]
         super().__init__(argv, f"{self.url}/healthz", env, popen_options, stop_s)
 
     @property

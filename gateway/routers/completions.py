@@ -61,10 +61,13 @@ def _prompts(body: CompletionRequest, state) -> list[list[int]]:
         return [list(prompt)]
     limit = state.settings.max_prompts_per_request
     if not prompt:
-        raise ApiError(400, "prompt is an empty list", param="prompt")
+        raise ApiError(400, "prompt is an empty list", param="prompt", code="array_below_min_length")
     if len(prompt) > limit:
         raise ApiError(
-            400, f"{len(prompt)} prompts in one request; this service takes at most {limit}", param="prompt"
+            400,
+            f"{len(prompt)} prompts in one request; this service takes at most {limit}",
+            param="prompt",
+            code="array_above_max_length",
         )
     if isinstance(prompt[0], list):
         return [list(ids) for ids in prompt]
@@ -163,7 +166,7 @@ def chat_prompt(body: ChatCompletionRequest, state) -> list[int]:
     try:
         return state.tokenizer.encode_chat(messages)
     except TokenizerError as exc:
-        raise ApiError(400, str(exc), param="messages") from exc
+        raise ApiError(400, str(exc), param="messages", code="invalid_value") from exc
 
 
 def _observe(state, endpoint: str, started: float) -> None:

@@ -40,10 +40,12 @@ async def upload_file(
     purpose: Annotated[str, Form(json_schema_extra={"enum": ["batch"]})],
 ) -> FileObject:
     if purpose != "batch":
-        raise ApiError(400, f"purpose {purpose!r} is not supported; use 'batch'", param="purpose")
+        raise ApiError(
+            400, f"purpose {purpose!r} is not supported; use 'batch'", param="purpose", code="invalid_value"
+        )
     content = await file.read()
     if not content.strip():
-        raise ApiError(400, "the file is empty", param="file")
+        raise ApiError(400, "the file is empty", param="file", code="invalid_value")
     return await store_file(state, tenant, file.filename or "upload.jsonl", purpose, content)
 
 

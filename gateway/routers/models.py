@@ -6,7 +6,7 @@ import time
 
 from fastapi import APIRouter, Depends
 
-from gateway.errors import ApiError
+from gateway.errors import model_not_found
 from gateway.schemas import ModelCard, ModelList
 from gateway.state import State, require_api_key
 
@@ -36,7 +36,5 @@ async def list_models(state: State) -> ModelList:
 async def get_model(model_id: str, state: State) -> ModelCard:
     card = _card(state)
     if model_id != card.id:
-        raise ApiError(
-            404, f"the model {model_id!r} does not exist; this service serves {card.id!r}", param="model"
-        )
+        raise model_not_found(model_id, card.id)
     return card

@@ -90,6 +90,8 @@ def reference_options(family: str, run: dict) -> list[str]:
         *remasking,
         "--cache",
         cache,
+        "--canvas",
+        "full",  # the reference code keeps the masked suffix on the canvas
     ]
 
 

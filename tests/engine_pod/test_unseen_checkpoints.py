@@ -117,6 +117,8 @@ def test_dream_unseen(tmp_path, case_index):
         str(steps),
         "--cache",
         cache,
+        "--canvas",
+        "full",
         "--remasking",
         remasking,
     ]

@@ -553,11 +553,30 @@ def test_each_choice_asks_the_worker_for_its_sampling_seed_threshold_and_logprob
             400,
             "block_length",
             f"block_length 4: this service decodes with block_length {BLOCK}",
-            None,
+            "invalid_value",
         ),
-        ({"steps": 3}, 400, "steps", f"steps 3: this service decodes with {BLOCK} steps per block", None),
-        ({"max_tokens": 65}, 400, "max_tokens", "max_tokens 65 is above this service's limit of 64", None),
-        ({"prompt": ""}, 400, "prompt", "the prompt is empty", None),
+        (
+            {"steps": 3},
+            400,
+            "steps",
+            f"steps 3: this service decodes with {BLOCK} steps per block",
+            "invalid_value",
+        ),
+        (
+            {"max_tokens": 65},
+            400,
+            "max_tokens",
+            "max_tokens 65 is above this service's limit of 64",
+            "integer_above_max_value",
+        ),
+        (
+            {"max_completion_tokens": 65},
+            400,
+            "max_completion_tokens",
+            "max_completion_tokens 65 is above this service's limit of 64",
+            "integer_above_max_value",
+        ),
+        ({"prompt": ""}, 400, "prompt", "the prompt is empty", "invalid_value"),
         (
             {"prompt": [3] * 9},
             400,
@@ -565,7 +584,7 @@ def test_each_choice_asks_the_worker_for_its_sampling_seed_threshold_and_logprob
             "the prompt has 9 tokens; this service accepts at most 8",
             "context_length_exceeded",
         ),
-        ({"prompt": [3, 8]}, 400, "prompt", "prompt token ids must be in [0, {vocab})", None),
+        ({"prompt": [3, 8]}, 400, "prompt", "prompt token ids must be in [0, {vocab})", "invalid_value"),
     ],
 )
 def test_a_request_the_service_cannot_run_is_refused_naming_its_field(

@@ -212,6 +212,28 @@ def test_every_logprob_token_is_the_piece_of_text_it_describes_and_lists_itself_
             "invalid_type",
         ),
         (lambda c: c.completions.create(model=SERVED, prompt=ASK, n=0), 400, "n", "integer_below_min_value"),
+        (lambda c: c.models.retrieve("gpt-4o"), 404, "model", "model_not_found"),
+        (
+            lambda c: c.completions.create(model=SERVED, prompt=ASK, max_tokens=513),
+            400,
+            "max_tokens",
+            "integer_above_max_value",
+        ),
+        (
+            lambda c: c.chat.completions.create(
+                model=SERVED, messages=[{"role": "user", "content": ASK}], max_completion_tokens=513
+            ),
+            400,
+            "max_completion_tokens",
+            "integer_above_max_value",
+        ),
+        (lambda c: c.completions.create(model=SERVED, prompt=""), 400, "prompt", "invalid_value"),
+        (
+            lambda c: c.completions.create(model=SERVED, prompt=[[1], [2]] * 33),
+            400,
+            "prompt",
+            "array_above_max_length",
+        ),
         (
             lambda c: c.completions.create(model=SERVED, prompt=ASK, temperature=3),
             400,

@@ -239,15 +239,22 @@ def test_under_load_a_fault_in_dllm_serve_loses_nothing(tmp_path, fault):
 
 def test_the_online_benchmark_loads_dllm_serve_with_chat_requests(serve, tmp_path):
     """``dllm bench --url``: the load generator against what users run (the shipped model, its chat
-    template), in a closed loop of 4 clients."""
+    template, the model's name from /v1/models), in a closed loop of 4 clients."""
     out = tmp_path / "load.json"
     argv = [sys.executable, "-m", "engine_pod.cli.main", "bench", "--url", serve.url, "--concurrency", "4"]
-    argv += ["--requests", "12", "--served-model-name", "tiny-llada", "--json", str(out)]
+    argv += ["--requests", "12", "--json", str(out)]
     subprocess.run(argv, check=True, timeout=300)
     run = json.loads(out.read_text())["runs"]["server"]["concurrency 4"]
     assert run["requests"] == 12 and run["generated_tokens"] > 0
     assert set(run["latency_by_family_s"]) == {"count", "needle", "countdown", "letters"}
     assert 0 < run["first_block_s"]["p50"] <= run["latency_s"]["max"]
+    wrong = subprocess.run(
+        [*argv, "--served-model-name", "bench"], capture_output=True, text=True, timeout=300
+    )
+    assert wrong.returncode == 2, wrong.stderr
+    assert wrong.stderr.strip().splitlines() == [
+        f"dllm bench: error: {serve.url} does not serve 'bench'; it serves tiny-llada (--served-model-name)"
+    ]
 
 
 @pytest.mark.parametrize("family", ["dream", "llada2"])

@@ -9,11 +9,16 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from engine_pod.cli.main import build_parser
+from engine_pod.cli.serve import _gateway_settings, queue_settings
+from engine_pod.defaults import DEFAULT_MODEL
+from gateway.settings import GatewaySettings
 from tests.serving.conftest import SERVED
 from tests.serving.serve_process import openai_client, running
 from tests.serving_utils import WAIT_S, wait_for
@@ -56,14 +61,30 @@ def test_keys_come_from_the_file_and_sighup_reloads_it(serve, keys_file):
         serve.process.send_signal(signal.SIGHUP)
         wait_for(lambda: _status(serve, SECOND) == 200, interval_s=0.1, what="the new key to be accepted")
         assert _status(serve, FIRST) == 401
+        reloaded = f"API keys reloaded from {keys_file}: 1 keys (were 1)"
+        wait_for(lambda: reloaded in serve.log.read_text(), interval_s=0.1, what="the reload to be logged")
         keys_file.write_text("\n")  # no key at all: every request is refused, the API never opens
         serve.process.send_signal(signal.SIGHUP)
         wait_for(lambda: _status(serve, SECOND) == 401, interval_s=0.1, what="the emptied file to be read")
         assert _status(serve, None) == 401
+        wait_for(
+            lambda: ": 0 keys (were 1)" in serve.log.read_text(), interval_s=0.1, what="the reload logged"
+        )
+        log = serve.log.read_text()
+        assert "API keys on); Ctrl-C stops" in log  # the startup line
+        assert FIRST not in log and SECOND not in log  # how many keys, never which
     finally:
         keys_file.write_text(f"{FIRST}\n")
         serve.process.send_signal(signal.SIGHUP)
         wait_for(lambda: _status(serve, FIRST) == 200, interval_s=0.1, what="the first key back")
+
+
+def test_dllm_bench_without_the_key_is_one_line_with_the_401(serve):
+    argv = [sys.executable, "-m", "engine_pod.cli.main", "bench", "--url", serve.url, "--concurrency", "1"]
+    done = subprocess.run([*argv, "--requests", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"dllm bench: error: {serve.url}/v1/models: HTTP 401: ")
 
 
 def test_flags_override_the_environment_and_unknown_fields_can_be_ignored(serve):
@@ -135,3 +156,16 @@ def test_a_keys_file_that_cannot_be_read_ends_serve_with_one_line(tmp_path):
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("dllm serve: error: cannot read the API keys file")
+
+
+@pytest.mark.parametrize(
+    "env, drain_s", [({}, GatewaySettings.drain_timeout_s), ({"DLLM_DRAIN_TIMEOUT_S": "7"}, 7)]
+)
+def test_the_gateways_drain_under_dllm_serve_is_the_gateways_own_setting(monkeypatch, env, drain_s):
+    """One default (GatewaySettings, 30 s, as docs/api.md says), and DLLM_DRAIN_TIMEOUT_S over it."""
+    monkeypatch.delenv("DLLM_DRAIN_TIMEOUT_S", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(["serve"])
+    queue_settings(args)
+    assert _gateway_settings(args, Path(DEFAULT_MODEL)).drain_timeout_s == drain_s == (30 if not env else 7)
