@@ -10,7 +10,6 @@ import sys
 import uvicorn
 
 from gateway.app import build_app
-from gateway.http_protocol import protocol_for
 from gateway.processes import CHILD_FLAG, port_is_free, run_processes, shared_socket
 from gateway.settings import GatewaySettings, SettingsError
 from gateway.tokenizer import TokenizerError
@@ -75,8 +74,8 @@ def _server(app, settings: GatewaySettings, args: argparse.Namespace, tag: str) 
 def gateway_server(
     app, settings: GatewaySettings, host: str, port: int, log_level: str = "info", tag: str = ""
 ) -> DrainingServer:
-    """Uvicorn serving the gateway's ``app`` as ``python -m gateway`` does: the gateway's own HTTP
-    protocol (gateway/http_protocol.py), its logging, a drain as long as the settings say."""
+    """Uvicorn serving the gateway's ``app`` as ``python -m gateway`` does: stock uvicorn (its httptools
+    protocol), the gateway's logging, a drain as long as the settings say."""
     config = uvicorn.Config(
         app,
         log_config=_log_config(tag),
@@ -85,7 +84,6 @@ def gateway_server(
         log_level=log_level,
         access_log=settings.access_log,
         timeout_graceful_shutdown=max(int(settings.drain_timeout_s), 1),
-        http=protocol_for(app),
     )
     return DrainingServer(config, app)
 

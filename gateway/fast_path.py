@@ -8,6 +8,7 @@ endpoints in the OpenAPI document.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -17,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from engine_pod.queue.resilience import TRANSIENT_ERRORS
-from gateway.errors import ApiError, queue_unreachable, server_error, validation_error
+from gateway.errors import ApiError, queue_unreachable, server_error, shutting_down, validation_error
 from gateway.routers.completions import chat, complete
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.state import check_api_key
@@ -36,16 +37,28 @@ def is_hot(scope) -> bool:
 
 class FastPath:
     """Pure ASGI application answering the two endpoints (``is_hot`` requests only; the gateway's
-    ``HotPath`` sends it nothing else). ``python -m gateway`` answers most of them before ASGI (see
-    ``gateway.http_protocol``); what comes here is what that leaves to ASGI."""
+    ``HotPath`` sends it nothing else): the one door those requests come in by."""
 
     async def __call__(self, scope, receive, send) -> None:
         scope["route"] = _RouteLabel(scope["path"])  # what the request counter labels its series with
         request = Request(scope, receive)
         authorization = request.headers.get("authorization", "")
         state = request.app.state.gateway
-        response = await respond(state, scope["path"], authorization, request.body, request.is_disconnected)
+        try:
+            response = await respond(
+                state, scope["path"], authorization, request.body, request.is_disconnected
+            )
+        except asyncio.CancelledError:  # the server's drain ran out: the client is told to retry
+            _uncancel()
+            response = shutting_down(state.settings.retry_after_s).response()
         await response(scope, receive, send)
+
+
+def _uncancel() -> None:
+    """The current task's cancellation handled (Python 3.11+ counts them)."""
+    uncancel = getattr(asyncio.current_task(), "uncancel", None)
+    if uncancel is not None:
+        uncancel()
 
 
 class _RouteLabel:

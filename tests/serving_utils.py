@@ -53,7 +53,7 @@ def write_served_model(directory: Path, seed: int = 0, family: str = "llada") ->
 
 class GatewayServer:
     """The real gateway served on 127.0.0.1 in a background thread, as ``python -m gateway`` serves it
-    (its server, with the gateway's HTTP protocol; a thread gets no signals: ``terminate`` calls the
+    (its uvicorn server and settings; a thread gets no signals: ``terminate`` calls the
     handler a SIGTERM would)."""
 
     def __init__(self, settings: GatewaySettings) -> None:

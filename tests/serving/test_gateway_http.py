@@ -1,5 +1,5 @@
-"""The gateway's HTTP protocol (gateway/http_protocol.py) on a real socket: the two completion endpoints
-answered outside ASGI, everything else through it, on the same connections, as HTTP/1.1 says."""
+"""The gateway's HTTP on a real socket, as ``python -m gateway`` serves it: the two completion endpoints
+(the fast path) and everything else (the FastAPI application) on the same connections, as HTTP/1.1 says."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ TOKENS = 32  # what the instant peer answers (one block of its 32)
 def stack(served_model):
     """A gateway (as ``python -m gateway`` serves it) whose requests an instant peer answers."""
     server = RedisServer().start()
-    peer = InstantPeer(server.url, TOKENS, "protocol")
+    peer = InstantPeer(server.url, TOKENS, "http")
     peer.start()
     try:
-        settings = gateway_settings(served_model, server.url, "protocol", max_tokens_limit=TOKENS)
+        settings = gateway_settings(served_model, server.url, "http", max_tokens_limit=TOKENS)
         with GatewayServer(settings) as gateway:
             yield gateway
     finally:
@@ -119,9 +119,9 @@ def test_pipelined_requests_of_both_kinds_are_answered_in_order_on_one_connectio
     assert all(headers.get("connection") != "close" for _, headers, _ in answers)
 
 
-def test_a_chunked_body_goes_through_the_asgi_application_with_the_same_answer(stack):
-    """No Content-Length: the body is counted as it arrives (the ASGI path's body limit); the answer is
-    the one a declared body gets."""
+def test_a_chunked_body_gets_the_answer_a_declared_one_gets(stack):
+    """No Content-Length: the body is counted as it arrives (the body limit); the answer is the one a
+    declared body gets."""
     body = _completion()
     with httpx.Client(base_url=stack.url, timeout=WAIT_S) as client:
         declared = client.post("/v1/completions", content=body).json()
@@ -159,7 +159,7 @@ def test_a_request_still_being_enqueued_when_the_drain_runs_out_is_told_to_retry
     settings = gateway_settings(
         served_model,
         f"redis://127.0.0.1:{free_port()}/0",  # nothing listens there
-        "protocol",
+        "http",
         enqueue_timeout_s=60,
         drain_timeout_s=0,
         retry_after_s=7,
