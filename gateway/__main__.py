@@ -11,7 +11,7 @@ import uvicorn
 
 from gateway.api_keys import exposure_warning, keys_state
 from gateway.app import build_app
-from gateway.http_protocol import protocol_for
+from gateway.head_limits import guarded
 from gateway.processes import CHILD_FLAG, SUPERVISED_FLAG, port_is_free, run_processes, shared_socket
 from gateway.settings import GatewaySettings, SettingsError
 from gateway.tokenizer import TokenizerError
@@ -91,8 +91,9 @@ def _server(app, settings: GatewaySettings, args: argparse.Namespace, tag: str) 
 def gateway_server(
     app, settings: GatewaySettings, host: str, port: int, log_level: str = "info", tag: str = ""
 ) -> DrainingServer:
-    """Uvicorn serving the gateway's ``app`` as ``python -m gateway`` does: the gateway's own HTTP
-    protocol (gateway/http_protocol.py), its logging, a drain as long as the settings say."""
+    """Uvicorn serving the gateway's ``app`` as ``python -m gateway`` does: stock uvicorn (its httptools
+    protocol) under the gateway's limits on a request's head, the client's address from trusted proxies,
+    the gateway's logging, a drain as long as the settings say."""
     config = uvicorn.Config(
         app,
         log_config=_log_config(tag),
@@ -101,8 +102,11 @@ def gateway_server(
         log_level=log_level,
         access_log=settings.access_log,
         timeout_graceful_shutdown=max(int(settings.drain_timeout_s), 1),
-        http=protocol_for(app),
+        proxy_headers=True,
+        forwarded_allow_ips=list(settings.forwarded_allow_ips),
     )
+    config.load()  # uvicorn's choice of protocol, then wrapped in the head limits
+    config.http_protocol_class = guarded(config.http_protocol_class, settings, app)
     return DrainingServer(config, app)
 
 

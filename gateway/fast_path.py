@@ -8,21 +8,23 @@ endpoints in the OpenAPI document.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from engine_pod.queue.resilience import TRANSIENT_ERRORS
-from gateway.errors import ApiError, queue_unreachable, server_error, validation_error
+from gateway.errors import ApiError, queue_unreachable, server_error, shutting_down, validation_error
 from gateway.routers.completions import chat, complete
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
-from gateway.state import check_api_key
+from gateway.state import authorization_of, check_api_key
 
 logger = logging.getLogger(__name__)
+CLIENT_LEFT = 499  # the status a request whose client left before its answer is counted with (nginx's)
 ROUTES = {
     "/v1/completions": (CompletionRequest, complete),
     "/v1/chat/completions": (ChatCompletionRequest, chat),
@@ -36,16 +38,30 @@ def is_hot(scope) -> bool:
 
 class FastPath:
     """Pure ASGI application answering the two endpoints (``is_hot`` requests only; the gateway's
-    ``HotPath`` sends it nothing else). ``python -m gateway`` answers most of them before ASGI (see
-    ``gateway.http_protocol``); what comes here is what that leaves to ASGI."""
+    ``HotPath`` sends it nothing else): the one door those requests come in by."""
 
     async def __call__(self, scope, receive, send) -> None:
         scope["route"] = _RouteLabel(scope["path"])  # what the request counter labels its series with
         request = Request(scope, receive)
-        authorization = request.headers.get("authorization", "")
         state = request.app.state.gateway
-        response = await respond(state, scope["path"], authorization, request.body, request.is_disconnected)
+        try:
+            response = await respond(
+                state, scope["path"], scope["headers"], request.body, request.is_disconnected
+            )
+        except ClientDisconnect:  # it left before its answer (in the middle of its body, say): no one to tell
+            state.metrics.count_request(scope["path"], CLIENT_LEFT)
+            return
+        except asyncio.CancelledError:  # the server's drain ran out: the client is told to retry
+            _uncancel()
+            response = shutting_down(state.settings.retry_after_s).response()
         await response(scope, receive, send)
+
+
+def _uncancel() -> None:
+    """The current task's cancellation handled (Python 3.11+ counts them)."""
+    uncancel = getattr(asyncio.current_task(), "uncancel", None)
+    if uncancel is not None:
+        uncancel()
 
 
 class _RouteLabel:
@@ -53,21 +69,24 @@ class _RouteLabel:
         self.path = path
 
 
-async def respond(state, path: str, authorization: str, read_body, is_disconnected) -> Response:
+async def respond(state, path: str, headers, read_body, is_disconnected) -> Response:
     """The answer to a request for one of the two endpoints: a whole JSON response, or a stream of events
-    (a ``StreamingResponse``). ``read_body``: awaited for the body, after the key is checked. A bug is
-    answered as OpenAI answers one (500, ``server_error``), and logged."""
+    (a ``StreamingResponse``). ``headers``: the request's (ASGI's list of pairs); ``read_body``: awaited
+    for the body, after the key is checked. A bug is answered as OpenAI answers one (500,
+    ``server_error``), and logged; a client that left raises ``ClientDisconnect``."""
     try:
-        return await _answer(state, path, authorization, read_body, is_disconnected)
+        return await _answer(state, path, headers, read_body, is_disconnected)
+    except ClientDisconnect:
+        raise
     except Exception:  # noqa: BLE001
         logger.exception("%s failed", path)
         return server_error().response()
 
 
-async def _answer(state, path: str, authorization: str, read_body, is_disconnected) -> Response:
+async def _answer(state, path: str, headers, read_body, is_disconnected) -> Response:
     model, handler = ROUTES[path]
     try:
-        check_api_key(state, authorization)
+        check_api_key(state, authorization_of(headers))
         body = _parsed(model, await read_body())
         result = await handler(body, state, is_disconnected)
     except ApiError as exc:

@@ -44,6 +44,11 @@ class GatewaySettings:
     batch_window_s: int = 24 * 3600  # a batch's completion window: lines not started by then expire
     docs: bool = True  # serve /docs, /redoc and /openapi.json (off: the API is not described publicly)
     access_log: bool = True  # one log line per HTTP request (uvicorn's access log)
+    # proxies (addresses, networks, or "*") whose X-Forwarded-For and X-Forwarded-Proto are believed: a
+    # request through one has its client's address in the access log, not the proxy's
+    forwarded_allow_ips: tuple[str, ...] = ("127.0.0.1", "::1")
+    max_header_bytes: int = 64 * 1024  # a request line and headers larger than this: 431, connection closed
+    header_timeout_s: float = 10.0  # a request's head not in by then (from its first byte): connection closed
     # > 0: /metrics is served on this port, without a key (for a scraper inside the cluster), and not on
     # the API port; 0: /metrics on the API port, behind the API key when there are keys
     metrics_port: int = 0
@@ -85,6 +90,8 @@ class GatewaySettings:
             ),
             (self.batch_window_s >= 1, "batch_window_s must be positive"),
             (1 <= self.processes <= 256, "processes must be in 1..256"),
+            (self.max_header_bytes >= 1024, "max_header_bytes must be at least 1024"),
+            (self.header_timeout_s > 0, "header_timeout_s must be positive"),
         ]
         for ok, message in checks:
             if not ok:
@@ -145,6 +152,9 @@ ENV_NAMES = {  # field -> environment variable: the one place a gateway setting'
     "batch_window_s": "DLLM_BATCH_WINDOW_S",
     "docs": "DLLM_DOCS",
     "access_log": "DLLM_ACCESS_LOG",
+    "forwarded_allow_ips": "DLLM_FORWARDED_ALLOW_IPS",
+    "max_header_bytes": "DLLM_MAX_HEADER_BYTES",
+    "header_timeout_s": "DLLM_HEADER_TIMEOUT_S",
     "metrics_port": "DLLM_METRICS_PORT",
     "metrics_host": "DLLM_METRICS_HOST",
     "processes": "DLLM_GATEWAY_PROCESSES",

@@ -60,7 +60,20 @@ State = Annotated[GatewayState, Depends(get_state)]
 
 async def require_api_key(request: Request, state: State) -> None:
     """Bearer API keys, when the service has any configured (see ``gateway.api_keys``)."""
-    check_api_key(state, request.headers.get("authorization", ""))
+    check_api_key(state, authorization_of(request.scope["headers"]))
+
+
+def authorization_of(headers: list[tuple[bytes, bytes]]) -> str:
+    """The request's Authorization header ("" when it has none). More than one is a 400: which of them
+    holds the key is ambiguous (proxies and servers disagree on the first or the last)."""
+    found = [value for name, value in headers if name == b"authorization"]
+    if len(found) > 1:
+        raise ApiError(
+            400,
+            f"the request has {len(found)} Authorization headers; send one (Authorization: Bearer <key>)",
+            "invalid_request_error",
+        )
+    return found[0].decode("latin-1") if found else ""
 
 
 def check_api_key(state: GatewayState, authorization: str) -> None:

@@ -7,6 +7,8 @@ import logging
 import secrets
 import time
 
+from starlette.requests import ClientDisconnect
+
 from engine_pod.queue.keys import new_request_id
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from engine_pod.queue.resilience import REDIS_ERRORS, TRANSIENT_ERRORS, Backoff
@@ -205,8 +207,8 @@ async def events(request: QueuedRequest, state: GatewayState, is_disconnected=No
             if event is not None:
                 yield event
             elif is_disconnected is not None and await is_disconnected():
-                raise asyncio.CancelledError
-    except (asyncio.CancelledError, GeneratorExit, ApiError):
+                raise ClientDisconnect
+    except (asyncio.CancelledError, GeneratorExit, ApiError, ClientDisconnect):
         if not delivered:
             await cancel_quietly(request, state)
         raise

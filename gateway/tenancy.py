@@ -15,7 +15,7 @@ from fastapi import Depends, Request
 
 from engine_pod.queue.ops import as_text, text_of
 from gateway.errors import ApiError
-from gateway.state import State
+from gateway.state import State, authorization_of
 
 ANONYMOUS = "anonymous"
 TENANT_FIELD = "tenant"  # the field of a file's or a batch's hash that names its owner
@@ -29,7 +29,7 @@ async def current_tenant(request: Request, state: State) -> str:
     """The caller's tenant (its key was already checked by ``require_api_key``)."""
     if not state.api_keys.required:
         return ANONYMOUS
-    return tenant_of_key(request.headers.get("authorization", "").partition(" ")[2])
+    return tenant_of_key(authorization_of(request.scope["headers"]).partition(" ")[2])
 
 
 Tenant = Annotated[str, Depends(current_tenant)]

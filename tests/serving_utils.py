@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -53,7 +54,7 @@ def write_served_model(directory: Path, seed: int = 0, family: str = "llada") ->
 
 class GatewayServer:
     """The real gateway served on 127.0.0.1 in a background thread, as ``python -m gateway`` serves it
-    (its server, with the gateway's HTTP protocol; a thread gets no signals: ``terminate`` calls the
+    (its uvicorn server and settings; a thread gets no signals: ``terminate`` calls the
     handler a SIGTERM would)."""
 
     def __init__(self, settings: GatewaySettings) -> None:
@@ -169,3 +170,48 @@ def logging_gateway(env: dict[str, str], sink) -> GatewayProcess:
     access log) written to ``sink``; not started."""
     options = {"stdout": sink, "stderr": subprocess.STDOUT}
     return GatewayProcess("127.0.0.1", free_port(), env, popen_options=options, log_level="info")
+
+
+class RawReplies:
+    """HTTP/1.1 answers read off a raw socket, one at a time (Content-Length or chunked bodies)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buffer = sock, b""
+
+    def _fill(self) -> bool:
+        data = self.sock.recv(65536)
+        self.buffer += data
+        return bool(data)
+
+    def _take(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            if not self._fill():
+                raise AssertionError(f"the connection closed {size - len(self.buffer)} bytes short")
+        taken, self.buffer = self.buffer[:size], self.buffer[size:]
+        return taken
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self.buffer:
+            if not self._fill():
+                raise AssertionError(f"the connection closed inside a line: {self.buffer!r}")
+        line, self.buffer = self.buffer.split(b"\r\n", 1)
+        return line
+
+    def next(self) -> tuple[int, dict[str, str], bytes]:
+        status = int(self._line().split()[1])
+        headers = {}
+        while line := self._line():
+            name, _, value = line.decode().partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while size := int(self._line(), 16):
+                body += self._take(size)
+                self._line()
+            self._line()
+            return status, headers, body
+        return status, headers, self._take(int(headers.get("content-length", 0)))
+
+    def closed(self) -> bool:
+        """Whether the server closed the connection (nothing more arrives)."""
+        return not self.buffer and not self._fill()

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from engine_pod.bench.http_client import LoadClient
+from engine_pod.defaults import ASSETS_DIR
 from engine_pod.queue.connect import sync_client
 from engine_pod.queue.messages import BlockEvent, DoneEvent
 from engine_pod.queue.ops import BlockCommit, QueueOps
@@ -34,7 +35,7 @@ from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import RedisServer, free_port
 from gateway.settings import GatewaySettings
 
-MODEL = Path(__file__).resolve().parent.parent / "assets" / "tiny-llada"
+MODEL = ASSETS_DIR / "tiny-llada"
 SERVICE = "cost"
 BLOCK = 32
 logger = logging.getLogger("gateway_cost")

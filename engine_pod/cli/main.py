@@ -60,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, OSError) as exc:
         sys.stderr.write(f"dllm {args.command}: error: {exc}\n")
         return 2
-    except ImportError as exc:  # a bare device has the engine's libraries, not the serving stack
+    except ImportError as exc:  # the engine installed alone: no serving stack
         sys.stderr.write(
-            f"dllm {args.command}: error: {exc}; this command needs the full install (pip install -e .)\n"
+            f"dllm {args.command}: error: {exc}; this command needs the serving stack "
+            "(pip install 'dllm-serve[serve]')\n"
         )
         return 2
     except KeyboardInterrupt:

@@ -97,17 +97,3 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
     if problems:
         raise CliError("; ".join(f"{FLAGS[name]} {message}" for name, message in problems.items()))
     return SchedulerConfig(**settings)
-
-
-def admission_flags(config: SchedulerConfig) -> list[str]:
-    """The command line that asks another ``dllm`` command for ``config``'s admission (not its budget)."""
-    return [
-        *("--max-rows", str(config.max_rows), "--admission", config.admission),
-        *(
-            "--min-padding-efficiency",
-            str(config.min_padding_efficiency),
-            "--max-wait",
-            str(config.max_wait_s),
-        ),
-        *("--layout", config.layout, "--batch-window", str(config.batch_window_s)),
-    ]

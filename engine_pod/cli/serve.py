@@ -19,8 +19,9 @@ from pathlib import Path
 
 from engine_pod.cli.budget import resolve_budget
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args
-from engine_pod.cli.scheduling import admission_flags, scheduler_config
+from engine_pod.cli.scheduling import scheduler_config
 from engine_pod.cli.worker import add_worker_args
+from engine_pod.scheduler.config import admission_flags
 
 logger = logging.getLogger(__name__)
 

@@ -9,6 +9,7 @@ import re
 import time
 from dataclasses import dataclass
 
+RESULT_TTL_S = 3600  # how long a finished request's record and result stay (here: no orjson, for the CLI)
 _SERVICE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 

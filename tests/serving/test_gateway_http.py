@@ -1,5 +1,5 @@
-"""The gateway's HTTP protocol (gateway/http_protocol.py) on a real socket: the two completion endpoints
-answered outside ASGI, everything else through it, on the same connections, as HTTP/1.1 says."""
+"""The gateway's HTTP on a real socket, as ``python -m gateway`` serves it: the two completion endpoints
+(the fast path) and everything else (the FastAPI application) on the same connections, as HTTP/1.1 says."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from engine_pod.bench.gateway_cost import InstantPeer
 from engine_pod.serve.redis_server import RedisServer, free_port
-from tests.serving_utils import WAIT_S, GatewayServer, gateway_settings, wait_for
+from tests.serving_utils import WAIT_S, GatewayServer, RawReplies, gateway_settings, wait_for
 
 TOKENS = 32  # what the instant peer answers (one block of its 32)
 
@@ -21,10 +21,10 @@ TOKENS = 32  # what the instant peer answers (one block of its 32)
 def stack(served_model):
     """A gateway (as ``python -m gateway`` serves it) whose requests an instant peer answers."""
     server = RedisServer().start()
-    peer = InstantPeer(server.url, TOKENS, "protocol")
+    peer = InstantPeer(server.url, TOKENS, "http")
     peer.start()
     try:
-        settings = gateway_settings(served_model, server.url, "protocol", max_tokens_limit=TOKENS)
+        settings = gateway_settings(served_model, server.url, "http", max_tokens_limit=TOKENS)
         with GatewayServer(settings) as gateway:
             yield gateway
     finally:
@@ -47,51 +47,6 @@ def _completion(max_tokens: int = TOKENS, **fields) -> bytes:
     ).encode()
 
 
-class _Replies:
-    """HTTP/1.1 answers read off a raw socket, one at a time (Content-Length or chunked bodies)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.buffer = sock, b""
-
-    def _fill(self) -> bool:
-        data = self.sock.recv(65536)
-        self.buffer += data
-        return bool(data)
-
-    def _take(self, size: int) -> bytes:
-        while len(self.buffer) < size:
-            if not self._fill():
-                raise AssertionError(f"the connection closed {size - len(self.buffer)} bytes short")
-        taken, self.buffer = self.buffer[:size], self.buffer[size:]
-        return taken
-
-    def _line(self) -> bytes:
-        while b"\r\n" not in self.buffer:
-            if not self._fill():
-                raise AssertionError(f"the connection closed inside a line: {self.buffer!r}")
-        line, self.buffer = self.buffer.split(b"\r\n", 1)
-        return line
-
-    def next(self) -> tuple[int, dict[str, str], bytes]:
-        status = int(self._line().split()[1])
-        headers = {}
-        while line := self._line():
-            name, _, value = line.decode().partition(":")
-            headers[name.strip().lower()] = value.strip()
-        if headers.get("transfer-encoding") == "chunked":
-            body = b""
-            while size := int(self._line(), 16):
-                body += self._take(size)
-                self._line()
-            self._line()
-            return status, headers, body
-        return status, headers, self._take(int(headers.get("content-length", 0)))
-
-    def closed(self) -> bool:
-        """Whether the server closed the connection (nothing more arrives)."""
-        return not self.buffer and not self._fill()
-
-
 def _connect(gateway: GatewayServer) -> socket.socket:
     return socket.create_connection(("127.0.0.1", gateway.port), timeout=WAIT_S)
 
@@ -107,7 +62,7 @@ def test_pipelined_requests_of_both_kinds_are_answered_in_order_on_one_connectio
             + _request("/v1/chat/completions", chat.encode())
             + _request("/v1/completions", _completion(TOKENS, echo=True))
         )
-        replies = _Replies(sock)
+        replies = RawReplies(sock)
         answers = [replies.next() for _ in range(4)]
     assert [status for status, _, _ in answers] == [200] * 4
     first, models, streamed, last = (body for _, _, body in answers)
@@ -119,9 +74,9 @@ def test_pipelined_requests_of_both_kinds_are_answered_in_order_on_one_connectio
     assert all(headers.get("connection") != "close" for _, headers, _ in answers)
 
 
-def test_a_chunked_body_goes_through_the_asgi_application_with_the_same_answer(stack):
-    """No Content-Length: the body is counted as it arrives (the ASGI path's body limit); the answer is
-    the one a declared body gets."""
+def test_a_chunked_body_gets_the_answer_a_declared_one_gets(stack):
+    """No Content-Length: the body is counted as it arrives (the body limit); the answer is the one a
+    declared body gets."""
     body = _completion()
     with httpx.Client(base_url=stack.url, timeout=WAIT_S) as client:
         declared = client.post("/v1/completions", content=body).json()
@@ -137,7 +92,7 @@ def test_a_client_that_asks_for_it_gets_its_connection_closed_after_the_answer(s
     version, extra = ("1.0", "") if ending == "HTTP/1.0" else ("1.1", "Connection: close\r\n")
     with _connect(stack) as sock:
         sock.sendall(_request("/v1/completions", _completion(), version=version, extra=extra))
-        replies = _Replies(sock)
+        replies = RawReplies(sock)
         status, headers, body = replies.next()
         assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == TOKENS
         assert headers["connection"] == "close"
@@ -159,7 +114,7 @@ def test_a_request_still_being_enqueued_when_the_drain_runs_out_is_told_to_retry
     settings = gateway_settings(
         served_model,
         f"redis://127.0.0.1:{free_port()}/0",  # nothing listens there
-        "protocol",
+        "http",
         enqueue_timeout_s=60,
         drain_timeout_s=0,
         retry_after_s=7,
