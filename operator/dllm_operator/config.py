@@ -1,9 +1,23 @@
-"""Operator settings: images and intervals, read from the environment only here."""
+"""Operator settings: images, intervals and what every pod it creates runs with, read from the
+environment only here."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+# the variables the chart sets (templates/deployment.yaml) for the pods the operator creates
+IMAGE_PULL_SECRETS_ENV = "DLLM_IMAGE_PULL_SECRETS"  # Secret names, comma-separated
+WORKLOAD_SERVICE_ACCOUNT_ENV = "DLLM_WORKLOAD_SERVICE_ACCOUNT"
+
+
+def _names(env: Mapping[str, str], variable: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    """A comma-separated list of names (blanks dropped)."""
+    value = env.get(variable)
+    if value is None:
+        return default
+    return tuple(name.strip() for name in value.split(",") if name.strip())
 
 
 @dataclass(frozen=True)
@@ -17,25 +31,27 @@ class OperatorSettings:
         None  # talk to this API server (tests: the kmock emulator); else in-cluster/kubeconfig
     )
     image_pull_policy: str = "IfNotPresent"
+    # every pod the operator creates (engine, gateway, profiling Job, managed Redis) pulls its image with
+    # these Secrets and runs as this ServiceAccount ("": its namespace's default); both must exist in the
+    # DLLMService's namespace
+    image_pull_secrets: tuple[str, ...] = ()
+    workload_service_account: str = ""
     operator_namespace: str = ""  # where the operator runs (managed Redis admits its pods)
     operator_app: str = "dllm-operator"  # the operator pods' app.kubernetes.io/name
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
         env = os.environ
-        families = tuple(
-            f.strip()
-            for f in env.get("DLLM_SUPPORTED_FAMILIES", ",".join(cls.supported_families)).split(",")
-            if f.strip()
-        )
         return cls(
             engine_image=env.get("DLLM_ENGINE_IMAGE", cls.engine_image),
             gateway_image=env.get("DLLM_GATEWAY_IMAGE", cls.gateway_image),
             redis_image=env.get("DLLM_REDIS_IMAGE", cls.redis_image),
-            supported_families=families,
+            supported_families=_names(env, "DLLM_SUPPORTED_FAMILIES", cls.supported_families),
             resync_seconds=float(env.get("DLLM_OPERATOR_RESYNC_S", cls.resync_seconds)),
             api_url=env.get("DLLM_K8S_API_URL") or None,
             image_pull_policy=env.get("DLLM_IMAGE_PULL_POLICY", cls.image_pull_policy),
+            image_pull_secrets=_names(env, IMAGE_PULL_SECRETS_ENV, cls.image_pull_secrets),
+            workload_service_account=env.get(WORKLOAD_SERVICE_ACCOUNT_ENV, cls.workload_service_account),
             operator_namespace=env.get("DLLM_OPERATOR_NAMESPACE", cls.operator_namespace),
             operator_app=env.get("DLLM_OPERATOR_APP", cls.operator_app),
         )

@@ -81,8 +81,9 @@ def _stored_summary(stored: dict[str, Any], profile_hash: str) -> ProfileSummary
 
 def _configmap_summary(client: KubeClient, spec: ServiceSpec, profile_hash: str) -> ProfileSummary | None:
     """The summary the profile ConfigMap holds for this hash. A reconcile may work from a view of the
-    service older than the status patch that stored its profile (an event delivered before it): before
-    it profiles again, it asks the other stored copy, read fresh from the API."""
+    service older than the status patch that stored its profile (a watch lagging behind on a loaded
+    API server): before it looks at the Job (which may be gone, or finished with its pod and termination
+    message gone) it asks the other stored copy, read fresh from the API and written before the status."""
     path = f"{collection_path('v1', 'ConfigMap', spec.namespace)}/{name_of(spec, 'profile')}"
     configmap = client.get(path) or {}
     annotations = (configmap.get("metadata") or {}).get("annotations") or {}
@@ -105,13 +106,11 @@ def ensure_profile(
     profile_hash = spec.profile_hash(settings.engine_image)
     if spec.token_budget is not None:
         return ProfileState("ready", profile_hash, ProfileSummary.from_spec(spec.token_budget))
-    summary = _stored_summary(stored or {}, profile_hash)
-    if summary is not None:
+    summary = _stored_summary(stored or {}, profile_hash) or _configmap_summary(client, spec, profile_hash)
+    if summary is not None:  # a stored fact: never read from the Job again, whatever became of it
         return ProfileState("ready", profile_hash, summary)
     name = job_name(spec, profile_hash)
     job = client.get(f"{collection_path('batch/v1', 'Job', spec.namespace)}/{name}")
-    if job is None and (summary := _configmap_summary(client, spec, profile_hash)) is not None:
-        return ProfileState("ready", profile_hash, summary)
     if job is None:
         # created once, never patched: a Job's pod template cannot change (two reconciles racing here
         # both find no Job; the second create is a conflict, and the first one's Job stands)

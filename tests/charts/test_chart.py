@@ -44,7 +44,12 @@ def test_lint_strict_passes():
 
 
 @pytest.mark.parametrize(
-    "sets", [(), ("example.enabled=true", "watchNamespace=serving", "serviceAccount.name=ops")]
+    "sets",
+    [
+        (),
+        ("example.enabled=true", "watchNamespace=serving", "serviceAccount.name=ops"),
+        ("imagePullSecrets[0].name=regcred", "workloadServiceAccount=dllm-workload"),
+    ],
 )
 def test_every_rendered_manifest_is_valid(sets):
     documents = render(*sets)
@@ -88,7 +93,15 @@ def test_rbac_is_least_privilege():
 
 
 @pytest.mark.parametrize(
-    "bad", ["image.pullPolicy=Sometimes", "resyncSeconds=0", "supportedFamilies={gpt2}", "unknownKey=1"]
+    "bad",
+    [
+        "image.pullPolicy=Sometimes",
+        "resyncSeconds=0",
+        "supportedFamilies={gpt2}",
+        "unknownKey=1",
+        "imagePullSecrets[0].secret=regcred",  # a LocalObjectReference has a name only
+        "workloadServiceAccount=Not_A_Name",
+    ],
 )
 def test_values_schema_rejects_bad_values(bad):
     result = helm("template", "dllm", str(CHART), "--set", bad)

@@ -16,6 +16,7 @@ CRD_VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
 TEST_AGENT = "dllm-tests"  # the User-Agent of the tests' own client: its calls are not the operator's
 # (API group, resource[/subresource], RBAC verb) of every call anything but the tests made: the operator's
 OPERATOR_CALLS: set[tuple[str, str, str]] = set()
+HELD_POLL_S = 0.05  # how often a held watch looks whether it may go on
 
 
 def rbac_verb(request) -> str:
@@ -34,14 +35,24 @@ class Emulator(kmock.KubernetesEmulator):
 
     For tests: ``deletes`` records every DELETE (path and body, to check propagation policies), and
     ``reject`` (a function of the request returning a message or None) plays an admission webhook or a
-    quota that refuses an object with 422."""
+    quota that refuses an object with 422. ``held`` (resource plurals) holds back their watch events
+    until the plural leaves it: a watcher keeps working from an older view, as a loaded API server or
+    a slow watch leaves it."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.deletes: list[tuple[str, Any]] = []
         self.lists: list[tuple[str, dict[str, str]]] = []  # (path, query) of every list of a collection
         self.patches: list[str] = []  # the path of every PATCH (each resync patches its service's status)
+        self.patch_bodies: list[tuple[str, Any]] = []  # (path, body) of every PATCH
         self.reject: Callable[[Any], str | None] | None = None
+        self.held: set[str] = set()
+
+    async def _serve_watch(self, request):
+        async for event in super()._serve_watch(request):
+            while event and request.resource.plural in self.held:  # set and cleared by the test's thread
+                await asyncio.sleep(HELD_POLL_S)
+            yield event
 
     async def _handle(self, request):
         known = request.resource is not None and request.resource.plural and request.action is not None
@@ -52,6 +63,7 @@ class Emulator(kmock.KubernetesEmulator):
             self.deletes.append((request.url.path, request.data))
         if request.method == kmock.method.PATCH:
             self.patches.append(request.url.path)
+            self.patch_bodies.append((request.url.path, request.data))
         if request.action == kmock.action.LIST:
             self.lists.append((request.url.path, dict(request.url.query)))
         refusal = self.reject(request) if self.reject and request.method != kmock.method.GET else None

@@ -36,3 +36,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The names of .Values.imagePullSecrets, comma-separated: what the operator gives every pod it creates */}}
+{{- define "dllm-operator.pullSecretNames" -}}
+{{- range $i, $secret := .Values.imagePullSecrets -}}
+{{- if $i }},{{ end }}{{ $secret.name }}
+{{- end -}}
+{{- end -}}

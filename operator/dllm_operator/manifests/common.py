@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dllm_operator import names
-from dllm_operator.config import GROUP, KIND, VERSION
+from dllm_operator.config import GROUP, KIND, VERSION, OperatorSettings
 from dllm_operator.spec import SecretRef, ServiceSpec
 
 APP = "dllm"
@@ -82,6 +82,17 @@ def pod_security() -> dict[str, Any]:
         "fsGroup": 10001,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+
+
+def pod_identity(settings: OperatorSettings) -> dict[str, Any]:
+    """What every pod the operator creates takes from the operator's settings (the chart's values): the
+    Secrets its images are pulled with and the ServiceAccount it runs as."""
+    identity: dict[str, Any] = {}
+    if settings.image_pull_secrets:
+        identity["imagePullSecrets"] = [{"name": name} for name in settings.image_pull_secrets]
+    if settings.workload_service_account:
+        identity["serviceAccountName"] = settings.workload_service_account
+    return identity
 
 
 def model_args(spec: ServiceSpec) -> list[str]:

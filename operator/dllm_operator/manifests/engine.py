@@ -122,6 +122,7 @@ def engine_deployment(
                 "spec": {
                     "terminationGracePeriodSeconds": 90,
                     "securityContext": common.pod_security(),
+                    **common.pod_identity(settings),
                     "containers": [container],
                     "volumes": vols,
                     **_placement(spec, gpu_product),

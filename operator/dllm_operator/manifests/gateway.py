@@ -105,6 +105,7 @@ def gateway_deployment(
                 "metadata": {"labels": common.labels(spec, "gateway")},
                 "spec": {
                     "securityContext": common.pod_security(),
+                    **common.pod_identity(settings),
                     "initContainers": [_tokenizer_init(spec, image, settings, mounts)],
                     "containers": [container],
                     "volumes": vols,

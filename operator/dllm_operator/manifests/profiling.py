@@ -59,6 +59,7 @@ def profiling_job(
                 "spec": {
                     "restartPolicy": "Never",
                     "securityContext": common.pod_security(),
+                    **common.pod_identity(settings),
                     "containers": [container],
                     "volumes": vols,
                     **common.scheduling(spec),

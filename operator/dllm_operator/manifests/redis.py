@@ -98,6 +98,7 @@ def redis_deployment(spec: ServiceSpec, owner: dict, settings: OperatorSettings)
                         "fsGroup": 999,
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
+                    **common.pod_identity(settings),
                     "containers": [container],
                     "volumes": [{"name": "data", "persistentVolumeClaim": claim}],
                 },
