@@ -28,6 +28,7 @@ HELM = ROOT / ".tools" / "helm"
 SOURCES = ("engine_pod", "gateway", "operator", "scripts")
 KUBECTL_VERBS = {"get", "apply", "create", "delete", "patch", "port-forward", "rollout", "logs", "describe"}
 HELM_UNCHECKED = {"uninstall", "repo", "list", "status"}  # need a cluster; nothing to render
+HELM_UPGRADE_ONLY = {"--reuse-values", "--reset-values", "--install"}  # helm template has no such flags
 ENVIRONMENT = {"cd", ".", "source", "git"}  # set up the user's shell or clone; nothing of ours to check
 # the parse stops after checking the arguments: the script itself never runs
 PARSE_ONLY = """
@@ -135,6 +136,7 @@ def check_helm(command: Command) -> None:
     assert action in {"install", "upgrade", "template"}, f"{command.label}: no checker for helm {action}"
     if not HELM.is_file():
         pytest.skip(f"no helm at {HELM} (bash .ci/get-helm.sh .tools)")
+    args = [arg for arg in args if arg not in HELM_UPGRADE_ONLY]
     rendered = subprocess.run(
         [str(HELM), "template", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
@@ -173,6 +175,18 @@ def check_ruff(command: Command) -> None:
     assert shutil.which("ruff"), "ruff is not installed ([dev] brings it)"
 
 
+def check_docker(command: Command) -> None:
+    """Needs docker and a registry: only a login to a named registry is documented."""
+    assert command.argv[1:2] == ("login",) and len(command.argv) == 3, command.label
+
+
+def check_kind(command: Command) -> None:
+    """Needs docker: a cluster of kind is created or deleted by name."""
+    args = list(command.argv[1:])
+    assert args[:2] in (["create", "cluster"], ["delete", "cluster"]), command.label
+    assert "--name" in args, f"{command.label}: name the cluster, as the scripts do"
+
+
 def check_environment(command: Command) -> None:
     """The user's own shell (cd, activate, git): nothing of ours to check."""
 
@@ -186,6 +200,8 @@ CHECKS: dict[str, Callable[[Command], None]] = {
     "kubectl": check_kubectl,
     "curl": check_curl,
     "ruff": check_ruff,
+    "docker": check_docker,
+    "kind": check_kind,
 } | dict.fromkeys(ENVIRONMENT, check_environment)
 
 COMMANDS = all_commands()
@@ -197,6 +213,8 @@ NEEDS = {
     "helm": "a Kubernetes cluster",
     "curl": "a running service (README's own runs in tests/test_readme_runs.py)",
     "ruff": "nothing (CI's style check runs it)",
+    "docker": "docker and a registry",
+    "kind": "docker",
 }
 SCRIPT_NEEDS = {
     "scripts/build-images.sh": "docker and a registry",
