@@ -25,6 +25,7 @@ from engine_pod.cli.worker import add_worker_args
 logger = logging.getLogger(__name__)
 
 DRAIN_S = 10.0  # the gateway's drain after SIGTERM under dllm serve
+_HELD: list = []  # the data directory's lock file, open for the life of this process
 
 
 def default_data_dir(service: str) -> Path:
@@ -235,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
 def _redis(args: argparse.Namespace):
     """The private Redis to start (None when ``--redis-url`` names one), its URL, and where accepted work
     is kept. Every port and the data directory are checked here, before anything starts."""
-    from engine_pod.serve.preflight import check_data_dir, check_port_free
+    from engine_pod.serve.preflight import check_data_dir, check_port_free, hold_data_dir
     from engine_pod.serve.redis_server import RedisServer
     from engine_pod.serve.supervisor import child_popen_options
 
@@ -247,6 +248,7 @@ def _redis(args: argparse.Namespace):
     data_dir = check_data_dir(
         Path(args.data_dir).expanduser() if args.data_dir else default_data_dir(args.service)
     )
+    _HELD.append(hold_data_dir(data_dir))  # kept until this process ends
     redis = RedisServer(data_dir=str(data_dir), appendonly=True, popen_options=child_popen_options())
     return redis, redis.url, str(data_dir)
 
