@@ -56,6 +56,13 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
         f"width (default: {DEFAULTS.max_wait_s}; 0: no fairness bound)",
     )
     group.add_argument(
+        "--batch-max-wait",
+        type=float,
+        default=DEFAULTS.batch_max_wait_s,
+        help="batch lines run in the capacity interactive requests leave; one queued longer than this many "
+        f"seconds is admitted as an aged request (default: {DEFAULTS.batch_max_wait_s}; 0: never)",
+    )
+    group.add_argument(
         "--batch-window",
         type=float,
         default=DEFAULTS.batch_window_s,
@@ -71,6 +78,7 @@ FLAGS = {
     "admission": "--admission",
     "min_padding_efficiency": "--min-padding-efficiency",
     "max_wait_s": "--max-wait",
+    "batch_max_wait_s": "--batch-max-wait",
     "layout": "--layout",
     "batch_window_s": "--batch-window",
 }  # SchedulerConfig's field -> the flag that sets it
@@ -90,6 +98,7 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
         admission=args.admission,
         min_padding_efficiency=args.min_padding_efficiency,
         max_wait_s=args.max_wait,
+        batch_max_wait_s=args.batch_max_wait,
         layout=args.layout,
         batch_window_s=args.batch_window,
     )
@@ -109,5 +118,6 @@ def admission_flags(config: SchedulerConfig) -> list[str]:
             "--max-wait",
             str(config.max_wait_s),
         ),
+        *("--batch-max-wait", str(config.batch_max_wait_s)),
         *("--layout", config.layout, "--batch-window", str(config.batch_window_s)),
     ]

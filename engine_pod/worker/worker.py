@@ -231,11 +231,16 @@ class Worker:
             plan = self.scheduler.claim_plan()
             if plan is None:
                 return
+            scheduling = self.config.scheduling
             if plan.oldest_first:
                 read = self.queue.candidates(0, 0, ANY_WAIT, plan.count)
             else:
                 read = self.queue.candidates(
-                    plan.max_prefix, plan.count, self.config.scheduling.max_wait_s, AGED_READ
+                    plan.max_prefix,
+                    plan.count,
+                    scheduling.max_wait_s,
+                    AGED_READ,
+                    scheduling.batch_max_wait_s,
                 )
             candidates = {c.id: c for c in [*read.aged, *read.shortest]}
             shapes = {c.id: self._shape(c) for c in candidates.values()}
