@@ -41,7 +41,8 @@ class Candidate:
     prefix: int  # prompt plus committed tokens: its score in the pending set
     prompt_tokens: int
     max_tokens: int
-    waited_s: float  # since it was first enqueued (Redis's clock)
+    waited_s: float  # since it was first enqueued (Redis's clock); 0 for a batch line
+    batch: bool = False  # a line of a batch (the batch lane)
 
 
 @dataclass(frozen=True)
@@ -267,13 +268,14 @@ def _request_args(requests: list[QueuedRequest]) -> list:
 
 
 def _candidates(flat: list[str], now: int) -> list[Candidate]:
-    """Candidates from CANDIDATES' flat (id, prefix, sizes) triples. A request enqueued without sizes
-    (by a gateway older than them) is read as its prefix alone, not yet waiting."""
+    """Candidates from CANDIDATES' flat (id, prefix, sizes, lane) quadruples. A request enqueued without
+    sizes (by a gateway older than them) is read as its prefix alone, not yet waiting. A batch line is read
+    as not waiting: it fills the room interactive requests leave and never takes their turn (its aging is
+    the queue's: it is offered among the aged once it waited past the batch bound)."""
     out = []
-    for i in range(0, len(flat), 3):
+    for i in range(0, len(flat), 4):
         request_id, prefix = flat[i], int(float(flat[i + 1] or 0))
         prompt, tokens, enqueued = (flat[i + 2] or f"{prefix} 1 {now}").split()
-        out.append(
-            Candidate(request_id, prefix, int(prompt), int(tokens), max(0, now - int(enqueued)) / 1000)
-        )
+        waited_s = 0.0 if flat[i + 3] else max(0, now - int(enqueued)) / 1000
+        out.append(Candidate(request_id, prefix, int(prompt), int(tokens), waited_s, bool(flat[i + 3])))
     return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 # (at most the room) only where the interactive lane leaves part of the count; and the ``aged count`` that
 # have waited longest, if they waited past the maximum (any wait, with no bound: the oldest pending),
 # interactive ones first, then batch lines that waited past the batch bound (aging: a batch always
-# progresses). Each as id, prefix, sizes ("<prompt> <max tokens> <enqueued>").
+# progresses). Each as id, prefix, sizes ("<prompt> <max tokens> <enqueued>"), lane ('batch' or '').
 CANDIDATES = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -25,6 +25,7 @@ local function describe(ids, out, lane)
     table.insert(out, id)
     table.insert(out, redis.call('ZSCORE', KEYS[lane], id) or '')
     table.insert(out, redis.call('HGET', KEYS[3], id) or '')
+    table.insert(out, lane == 4 and 'batch' or '')
   end
   return out
 end
@@ -33,7 +34,7 @@ local function since(wait)
   return now - wait
 end
 local shortest = describe(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, count), {}, 1)
-local fill = math.min(room, count - #shortest / 3)
+local fill = math.min(room, count - #shortest / 4)
 if fill > 0 then
   describe(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', ARGV[1], 'LIMIT', 0, fill), shortest, 4)
 end
@@ -42,7 +43,7 @@ if tonumber(ARGV[3]) ~= 0 then
   describe(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', since(tonumber(ARGV[3])), 'LIMIT', 0, aged_count), aged, 1)
 end
 local batch_wait = tonumber(ARGV[3]) < 0 and -1 or tonumber(ARGV[5])
-local left = math.min(room, aged_count - #aged / 3)
+local left = math.min(room, aged_count - #aged / 4)
 if batch_wait ~= 0 and left > 0 then
   describe(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', since(batch_wait), 'LIMIT', 0, left), aged, 4)
 end

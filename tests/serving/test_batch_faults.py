@@ -1,0 +1,138 @@
+"""Batches through faults, as users run them: ``dllm serve`` and the official client, a batch created and
+then its ingestion interrupted at a random point (Ctrl-C and a restart, kill -9 of the gateway child that
+the supervisor restarts, kill -9 of the one of two gateway processes that holds the batch). Every batch
+must end ``completed`` with each input line in its output file exactly once and counts equal to it.
+
+The fast versions run in CI on a small batch; the 20,000-line trials are ``slow``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from engine_pod.queue.keys import ServiceKeys
+from tests.serving.serve_process import Serve, openai_client
+from tests.serving_utils import wait_for
+
+KEYS = ServiceKeys("default")
+LINE_BODY = {
+    "model": "tiny-llada",
+    "messages": [{"role": "user", "content": "count to 5 ."}],
+    "max_tokens": 4,
+}
+FAULTS = ("ctrl-c and restart", "kill -9 gateway", "kill -9 the ingesting one of two gateways")
+
+
+def _input(lines: int) -> bytes:
+    rows = (
+        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": LINE_BODY}
+        for i in range(lines)
+    )
+    return "".join(json.dumps(row) + "\n" for row in rows).encode()
+
+
+def _cursor(server: Serve, batch_id: str) -> int:
+    return int(redis.Redis(port=server.redis_port()).hget(KEYS.batch(batch_id), "cursor") or 0)
+
+
+def _owner_pid(server: Serve, batch_id: str) -> int:
+    """The gateway process holding the batch's lease (its owner id names its pid)."""
+    owner = redis.Redis(port=server.redis_port()).hget(KEYS.batch(batch_id), "owner").decode()
+    return int(owner.rsplit("-", 2)[1])
+
+
+def _inject(server: Serve, fault: str, batch_id: str, tmp: Path, extra: tuple, env: dict) -> Serve:
+    """The fault, then the ``dllm serve`` that carries on (the same one, or a new one on its data)."""
+    if fault == "ctrl-c and restart":
+        assert server.stop() == 0
+        again = Serve(tmp / "again", *extra, env=env)
+        again.wait_ready()
+        return again
+    os.kill(_owner_pid(server, batch_id), signal.SIGKILL)
+    return server
+
+
+def run_trial(tmp: Path, fault: str, lines: int, at: float, chunk: int = 200) -> dict:
+    """One batch of ``lines`` lines with ``fault`` once ingestion passed ``at`` of its lines (queued
+    ``chunk`` at a time); the batch's final record and its output file's custom_ids."""
+    env = os.environ | {"DLLM_BATCH_CHUNK": str(chunk)}
+    (tmp / "again").mkdir(parents=True, exist_ok=True)
+    extra = ("--gateway-processes", "2") if "two gateways" in fault else ()
+    extra += ("--data-dir", str(tmp / "data"))
+    server = Serve(tmp, *extra, env=env)
+    try:
+        server.wait_ready()
+        client = openai_client(server)
+        source = client.files.create(file=("in.jsonl", _input(lines)), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        mark = int(lines * at)
+        reached = wait_for(lambda: _cursor(server, batch.id) >= mark and _cursor(server, batch.id), 300, 0.01)
+        server = _inject(server, fault, batch.id, tmp, extra, env)
+        client = openai_client(server)
+        began = time.monotonic()
+        done = wait_for(
+            lambda: (b := _retrieve(client, batch.id)) is not None and b.status == "completed" and b,
+            lines / 10 + 120,
+            0.5,
+            what="the batch to complete",
+        )
+        output = client.files.content(done.output_file_id).text.splitlines() if done.output_file_id else []
+    finally:
+        server.stop()
+    ids = [json.loads(line)["custom_id"] for line in output]
+    took = time.monotonic() - began
+    return {"batch": done, "ids": ids, "cursor_at_fault": reached, "after_fault_s": took}
+
+
+def _retrieve(client, batch_id: str):
+    """The batch, or None while the gateway restarts (connection refused, or 503 during a drain)."""
+    try:
+        return client.batches.retrieve(batch_id)
+    except Exception:  # noqa: BLE001 (openai's connection and status errors alike: try again)
+        return None
+
+
+def check(result: dict, lines: int) -> None:
+    batch, ids = result["batch"], result["ids"]
+    counts = batch.request_counts
+    assert batch.status == "completed"
+    assert len(ids) == lines and len(set(ids)) == lines  # every line once, no duplicate
+    assert set(ids) == {f"c{i}" for i in range(lines)}
+    assert (counts.total, counts.completed, counts.failed) == (lines, lines, 0)
+    assert batch.error_file_id is None
+    assert result["cursor_at_fault"] < lines, "the fault came after ingestion"
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_batch_interrupted_during_ingestion_completes_every_line_once(tmp_path, fault):
+    lines = 600
+    result = run_trial(tmp_path, fault, lines, at=0.3, chunk=10)  # 60 steps: the fault lands mid-way
+    check(result, lines)
+    print(f"{fault}: fault at cursor {result['cursor_at_fault']}, done {result['after_fault_s']:.1f} s later")
+
+
+@pytest.mark.slow
+def test_20000_line_batches_survive_faults_at_random_points(tmp_path):
+    """At least 10 trials over the three faults, each at a random point of ingestion."""
+    trials = int(os.environ.get("DLLM_BATCH_FAULT_TRIALS", "12"))
+    lines = 20_000
+    rng = random.Random(int(os.environ.get("DLLM_BATCH_FAULT_SEED", "42")))
+    for trial in range(trials):
+        fault, at = FAULTS[trial % len(FAULTS)], rng.uniform(0.05, 0.9)
+        result = run_trial(tmp_path / f"t{trial}", fault, lines, at)
+        check(result, lines)
+        print(
+            f"trial {trial}: {fault} at cursor {result['cursor_at_fault']} ({at:.2f}): completed "
+            f"{len(result['ids'])} lines, {len(set(result['ids']))} distinct, "
+            f"{result['after_fault_s']:.1f} s after the fault"
+        )
