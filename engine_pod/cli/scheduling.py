@@ -63,6 +63,13 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
         f"seconds is admitted as an aged request (default: {DEFAULTS.batch_max_wait_s}; 0: never)",
     )
     group.add_argument(
+        "--batch-max-rows",
+        type=int,
+        default=DEFAULTS.batch_max_rows,
+        help="batch lines a worker runs at a time at most, beside interactive requests "
+        f"(default: {DEFAULTS.batch_max_rows}; 0: as many as the budget holds)",
+    )
+    group.add_argument(
         "--batch-window",
         type=float,
         default=DEFAULTS.batch_window_s,
@@ -79,6 +86,7 @@ FLAGS = {
     "min_padding_efficiency": "--min-padding-efficiency",
     "max_wait_s": "--max-wait",
     "batch_max_wait_s": "--batch-max-wait",
+    "batch_max_rows": "--batch-max-rows",
     "layout": "--layout",
     "batch_window_s": "--batch-window",
 }  # SchedulerConfig's field -> the flag that sets it
@@ -99,6 +107,7 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
         min_padding_efficiency=args.min_padding_efficiency,
         max_wait_s=args.max_wait,
         batch_max_wait_s=args.batch_max_wait,
+        batch_max_rows=args.batch_max_rows,
         layout=args.layout,
         batch_window_s=args.batch_window,
     )
@@ -118,6 +127,6 @@ def admission_flags(config: SchedulerConfig) -> list[str]:
             "--max-wait",
             str(config.max_wait_s),
         ),
-        *("--batch-max-wait", str(config.batch_max_wait_s)),
+        *("--batch-max-wait", str(config.batch_max_wait_s), "--batch-max-rows", str(config.batch_max_rows)),
         *("--layout", config.layout, "--batch-window", str(config.batch_window_s)),
     ]

@@ -54,6 +54,9 @@ class SchedulerConfig:
     # a batch line queued longer than this is claimed as an aged request (aging: a batch progresses
     # however busy the interactive lane is). 0: batch lines only fill the room interactive traffic leaves.
     batch_max_wait_s: float = 30.0
+    # Batch lines one worker runs at a time at most (0: no bound but the budget): on a device whose block
+    # cycle slows with every row, a full box of batch lines would slow the interactive requests beside it.
+    batch_max_rows: int = 16
     # how a batch is laid out, and so what it costs: packed (the sum of row widths) or dense (|A| x the
     # widest row; min_padding_efficiency applies to dense batches only: a packed one has no padding)
     layout: str = DEFAULT_LAYOUT
@@ -83,6 +86,7 @@ def problems_of(settings: dict, block_length: int | None = None) -> dict[str, st
     efficiency, wait = settings["min_padding_efficiency"], settings["max_wait_s"]
     layout = settings.get("layout", DEFAULT_LAYOUT)
     batch_wait = settings.get("batch_max_wait_s", 0.0)
+    batch_rows = settings.get("batch_max_rows", 0)
     window = settings.get("batch_window_s", BATCH_WINDOW_S)
     checks = {
         "token_budget": (budget < 1, f"must be positive, got {budget}"),
@@ -94,6 +98,7 @@ def problems_of(settings: dict, block_length: int | None = None) -> dict[str, st
         "min_padding_efficiency": (not 0.0 <= efficiency <= 1.0, f"must be in [0, 1], got {efficiency}"),
         "max_wait_s": (not wait >= 0.0, f"must be at least 0 seconds, got {wait}"),
         "batch_max_wait_s": (not batch_wait >= 0.0, f"must be at least 0 seconds, got {batch_wait}"),
+        "batch_max_rows": (batch_rows < 0, f"must be at least 0, got {batch_rows}"),
         "layout": (layout not in LAYOUTS, f"must be one of {', '.join(LAYOUTS)}, got {layout!r}"),
         "batch_window_s": (
             not 0.0 <= window <= MAX_BATCH_WINDOW_S,
