@@ -1,6 +1,6 @@
 """Batch ingestion: a batch's input lines queued in the batch lane a chunk at a time, from the cursor its
 record keeps (tokenised off the event loop). Each chunk is queued and the cursor moved in one atomic step,
-only while this gateway holds the batch's lease (``scripts.INGEST``), so an ingestion that stops anywhere
+only while this gateway holds the batch's lease (``batch_scripts.INGEST``), so an ingestion that stops anywhere
 is resumed by whichever gateway takes the batch over, and no line is skipped or queued twice."""
 
 from __future__ import annotations
@@ -107,13 +107,12 @@ async def ingest_batch(batch_id: str, gateway: str, state) -> None:
     becomes a line of the error file); a cancel or the end of the completion window stops it, the lines
     left then reported as such. Raises ``LeaseLost`` when another gateway holds the batch now."""
     keys = state.queue.ops.keys
-    record = await state.redis.hmget(keys.batch(batch_id), ["endpoint", "input_file_id", "cursor"])
-    endpoint, input_file, cursor = (text_of(value) for value in record)
+    fields = ["endpoint", "input_file_id", "cursor", "total"]
+    endpoint, input_file, cursor, total = map(text_of, await state.redis.hmget(keys.batch(batch_id), fields))
     if endpoint is None:
         return  # the batch is gone (past its retention)
-    content = await state.redis.hget(keys.file(input_file), "content")
-    lines = input_lines(content or b"")
     start, chunk, stopped = int(cursor or 0), state.settings.batch_chunk, None
+    lines = await _input_of(input_file, state) if start < int(total) else []
     while start < len(lines):
         stopped = await stop_reason(batch_id, state)
         part = lines[start : start + chunk]
@@ -135,6 +134,13 @@ async def ingest_batch(batch_id: str, gateway: str, state) -> None:
     stopped = stopped or await stop_reason(batch_id, state)
     if stopped is not None:  # lines queued while the cancel (or the window's end) was being read
         await cancel_members(batch_id, state, expire=stopped == "expired")
+
+
+async def _input_of(input_file: str, state) -> list[str]:
+    content = await state.redis.hget(state.queue.ops.keys.file(input_file), "content")
+    if content is None:
+        raise ValueError(f"the input file {input_file} was deleted before its lines were queued")
+    return input_lines(content)
 
 
 async def _queue_chunk(batch_id: str, empty: IngestChunk, items: list, state) -> int:

@@ -94,8 +94,8 @@ class ServiceKeys:
 
     @property
     def live(self) -> str:
-        """Set of every accepted request not yet done (pending or in flight). Its size is the queue
-        depth: the one number the gateway's limit, the operator's autoscaler and KEDA all read."""
+        """Set of every accepted request not yet done (pending in either lane, or in flight). Its size is
+        the queue depth, batch backlog included: the number the operator's autoscaler and KEDA read."""
         return self._key("live")
 
     @property

@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from engine_pod.queue import scripts
+from engine_pod.queue import batch_scripts, scripts
 from engine_pod.queue.keys import ServiceKeys
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest, encode_event
 
@@ -120,7 +120,7 @@ class QueueOps:
     def ingest(self, batch_id: str, chunk: IngestChunk, ttl_s: int) -> ScriptCall:
         """One chunk of a batch's input: its lines queued in the batch lane, its error lines recorded, the
         batch's cursor moved on, only if ``chunk.gateway`` holds the batch and the cursor is at
-        ``chunk.start`` (see ``scripts.INGEST``)."""
+        ``chunk.start`` (see ``batch_scripts.INGEST``)."""
         k = self.keys
         pending, arrivals = k.lane(batch_id)
         keys = [pending, k.live, k.wakeup, arrivals, k.sizes]
@@ -254,9 +254,11 @@ class QueueOps:
 
 
 def script_sources() -> dict[str, str]:
-    names = ("CANDIDATES", "CLAIM", "RENEW", "REAP", "COMMIT", "RELEASE", "CANCEL", "ENQUEUE", "BATCH_STATUS")
-    names += ("INGEST", "BATCH_LEASE")
-    return {name: getattr(scripts, name) for name in names}
+    names = ("CANDIDATES", "CLAIM", "RENEW", "REAP", "COMMIT", "RELEASE", "CANCEL", "ENQUEUE")
+    sources = {name: getattr(scripts, name) for name in names}
+    return sources | {
+        name: getattr(batch_scripts, name) for name in ("INGEST", "BATCH_LEASE", "BATCH_STATUS")
+    }
 
 
 def _request_args(requests: list[QueuedRequest]) -> list:
