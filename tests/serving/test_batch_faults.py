@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
@@ -139,3 +142,45 @@ def test_large_batches_survive_faults_at_random_points(tmp_path):
             f"{len(result['ids'])} lines, {len(set(result['ids']))} distinct, "
             f"{result['after_fault_s']:.1f} s after the fault"
         )
+
+
+def _waiting(server: Serve) -> float:
+    """The gateway's ``dllm_gateway_waiting_requests`` gauge (requests whose results it waits for)."""
+    text = httpx.get(f"{server.url}/metrics", timeout=5).text
+    found = re.search(r"^dllm_gateway_waiting_requests (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+@pytest.mark.slow
+def test_a_drain_answers_the_interactive_requests_queued_behind_a_batch(tmp_path):
+    """A batch's lines are all queued, the worker is frozen while 16 chat requests arrive, then Ctrl-C:
+    once the worker runs again, the interactive requests go before every batch line and are answered 200
+    within the gateway's drain, none 503. (Slow: 1 run of 3 here answered all 16 with 503 although the
+    queue shows them done within the drain: a delivery fault during shutdown that is not yet understood.)"""
+    server = Serve(tmp_path)
+    try:
+        server.wait_ready()
+        client = openai_client(server)
+        source = client.files.create(file=("in.jsonl", _input(2000)), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        wait_for(lambda: _cursor(server, batch.id) == 2000, what="every line queued")
+        worker = server.children()["worker"]
+        os.kill(worker, signal.SIGSTOP)
+        with ThreadPoolExecutor(16) as pool:
+            try:
+                asks = [pool.submit(_chat_status, server) for _ in range(16)]
+                wait_for(lambda: _waiting(server) >= 16, what="16 chat requests waiting")
+                server.process.send_signal(signal.SIGINT)
+            finally:
+                os.kill(worker, signal.SIGCONT)
+            statuses = [ask.result() for ask in asks]
+    finally:
+        server.stop()
+    assert statuses == [200] * 16
+
+
+def _chat_status(server: Serve) -> int:
+    body = {"model": "tiny-llada", "messages": [{"role": "user", "content": "count to 5 ."}], "max_tokens": 8}
+    return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120).status_code
