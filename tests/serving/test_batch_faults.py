@@ -42,8 +42,8 @@ def _input(lines: int) -> bytes:
     return "".join(json.dumps(row) + "\n" for row in rows).encode()
 
 
-def _cursor(server: Serve, batch_id: str) -> int:
-    return int(redis.Redis(port=server.redis_port()).hget(KEYS.batch(batch_id), "cursor") or 0)
+def _cursor(queue: redis.Redis, batch_id: str) -> int:
+    return int(queue.hget(KEYS.batch(batch_id), "cursor") or 0)
 
 
 def _owner_pid(server: Serve, batch_id: str) -> int:
@@ -78,8 +78,8 @@ def run_trial(tmp: Path, fault: str, lines: int, at: float, chunk: int = 200) ->
         batch = client.batches.create(
             input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
-        mark = int(lines * at)
-        reached = wait_for(lambda: _cursor(server, batch.id) >= mark and _cursor(server, batch.id), 300, 0.01)
+        mark, queue = int(lines * at), redis.Redis(port=server.redis_port())
+        reached = wait_for(lambda: (c := _cursor(queue, batch.id)) >= mark and c, 300, 0.005)
         server = _inject(server, fault, batch.id, tmp, extra, env)
         client = openai_client(server)
         began = time.monotonic()
@@ -165,7 +165,8 @@ def test_a_drain_answers_the_interactive_requests_queued_behind_a_batch(tmp_path
         batch = client.batches.create(
             input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
-        wait_for(lambda: _cursor(server, batch.id) == 2000, what="every line queued")
+        queue = redis.Redis(port=server.redis_port())
+        wait_for(lambda: _cursor(queue, batch.id) == 2000, what="every line queued")
         worker = server.children()["worker"]
         os.kill(worker, signal.SIGSTOP)
         with ThreadPoolExecutor(16) as pool:
