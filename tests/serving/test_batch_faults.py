@@ -125,6 +125,7 @@ def test_a_batch_interrupted_during_ingestion_completes_every_line_once(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(12 * 3600)  # 12 trials of 20,000 lines: hours on 2 cores
 def test_large_batches_survive_faults_at_random_points(tmp_path):
     """At least 10 trials over the three faults, each at a random point of ingestion. The environment
     can ask for fewer faults, lines or a smaller chunk (so that the fault lands mid-ingestion)."""
