@@ -18,6 +18,7 @@ from engine_pod.queue.connect import async_client
 from engine_pod.queue.ops import QueueOps
 from engine_pod.queue.resilience import CLIENT_OPTIONS, TRANSIENT_ERRORS
 from gateway.api_keys import ApiKeys
+from gateway.batch_keeper import BatchKeeper, new_gateway_id
 from gateway.body_limit import BodyLimit
 from gateway.coalesced_calls import CoalescedCalls
 from gateway.delivered import DeliveredEvents
@@ -53,9 +54,11 @@ def build_app(settings: GatewaySettings, metrics_server: bool = True) -> HotPath
         metrics = GatewayMetrics()
         metrics.waiting.set_function(reader.waiting)
         state = GatewayState(settings, tokenizer, client, queue, metrics, calls, reader, delivered, api_keys)
+        state.batches = BatchKeeper(state, new_gateway_id())
         app.state.gateway = state
         _reload_keys_on_sighup(api_keys)
         background = [asyncio.create_task(reader.run()), asyncio.create_task(delivered.run())]
+        background.append(asyncio.create_task(state.batches.run()))
         for task in background:
             task.add_done_callback(_report_failure)
         freeze_loaded_objects()
@@ -77,6 +80,7 @@ def build_app(settings: GatewaySettings, metrics_server: bool = True) -> HotPath
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            await state.batches.release()
             if metrics_thread is not None:
                 metrics_thread.shutdown()
             await client.aclose()

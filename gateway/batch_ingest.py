@@ -1,5 +1,7 @@
-"""Batch ingestion in the background (chunked, tokenised off the event loop) and the lines of the output
-and error files."""
+"""Batch ingestion: a batch's input lines queued in the batch lane a chunk at a time, from the cursor its
+record keeps (tokenised off the event loop). Each chunk is queued and the cursor moved in one atomic step,
+only while this gateway holds the batch's lease (``batch_scripts.INGEST``), so an ingestion that stops anywhere
+is resumed by whichever gateway takes the batch over, and no line is skipped or queued twice."""
 
 from __future__ import annotations
 
@@ -10,27 +12,31 @@ import time
 
 from pydantic import ValidationError
 
-from engine_pod.queue.messages import BATCH_META, DoneEvent, decode_event
-from engine_pod.queue.ops import as_text, text_of
+from engine_pod.queue.messages import BATCH_META, QueuedRequest
+from engine_pod.queue.ops import IngestChunk, as_text, text_of
 from gateway.errors import ApiError
-from gateway.logprobs import chat_logprobs, completion_logprobs
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
-from gateway.submission import (
-    apply_stop,
-    build_request,
-    check_prompt_text,
-    check_request,
-    finish_reason,
-    tokens_shown,
-)
+from gateway.submission import build_request, check_prompt_text, check_request
 from gateway.tokenizer import TokenizerError
 
 logger = logging.getLogger(__name__)
 _BODY = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}
 STOP_META = "stop"  # the meta entry holding a line's stop strings (applied when its output is read)
+LINE_META = "line"  # the meta entry holding a line's index in the input file (orders the output)
 
 
-def _prepare(line_text: str, index: int, endpoint: str, state):
+class LeaseLost(Exception):
+    """Another gateway holds the batch now (this one's lease expired): it ingests from the cursor."""
+
+
+def input_lines(content: bytes | str) -> list[str]:
+    """The request lines of a batch input file (blank lines are not requests). Split at line ends only
+    (\\n, \\r\\n, \\r), never inside a JSON string: what the batch's ``total`` counts and its cursor indexes."""
+    raw = content.encode() if isinstance(content, str) else content
+    return [line.decode(errors="replace") for line in raw.splitlines() if line.strip()]
+
+
+def _prepare(line_text: str, index: int, endpoint: str, state) -> QueuedRequest | dict:
     """A queued request for one input line, or the error line to report instead."""
     custom_id = f"line-{index + 1}"
     try:
@@ -47,7 +53,7 @@ def _prepare(line_text: str, index: int, endpoint: str, state):
             raise ApiError(400, "echo is not supported in a batch line")
         check_request(body, state)
         ids = _prompt_ids(body, state)
-        meta = {"custom_id": custom_id, "model": body.model}
+        meta = {"custom_id": custom_id, "model": body.model, LINE_META: index}
         if body.stop_strings():
             meta[STOP_META] = body.stop_strings()
         return build_request(ids, body, state, meta=meta)
@@ -72,43 +78,85 @@ def _prompt_ids(body, state) -> list[int]:
 
 
 def _error_item(index: int, custom_id: str, code: str, message: str) -> dict:
-    """A line that was not queued, as its line of the error file."""
+    """A line that was not queued, as its line of the error file (with its index in the input file)."""
     line = {"id": f"batch_req_line{index + 1}", "custom_id": custom_id, "response": None}
-    return {"id": None, "line": line | {"error": {"code": code, "message": message}}}
+    return {"index": index, "line": line | {"error": {"code": code, "message": message}}}
 
 
-async def ingest_batch(batch_id: str, content: bytes, endpoint: str, state) -> None:
-    """Queue the input file's lines a chunk at a time (each line that cannot run becomes a line of the error
-    file); a cancel or the end of the completion window stops it, the lines left then reported as such."""
-    keys = state.queue.ops.keys
-    lines = [line for line in content.decode(errors="replace").splitlines() if line.strip()]
-    chunk = state.settings.batch_chunk
+SKIPPED = {  # why lines were never queued -> their error line's code and message
+    "cancelled": ("batch_cancelled", "the batch was cancelled before this line started"),
+    "expired": ("batch_expired", "this line could not start before the batch's completion window ended"),
+}
+
+
+def _skipped(text: str, index: int, reason: str) -> dict:
+    """A line a cancel or the window's end stopped before it was queued."""
+    code, message = SKIPPED[reason]
+    return _error_item(index, _custom_id(text, index), code, message)
+
+
+def _custom_id(text: str, index: int) -> str:
     try:
-        for start in range(0, len(lines), chunk):
-            stopped = await stop_reason(batch_id, state)
-            if stopped is not None:
-                await _skip(lines[start:], start, batch_id, stopped, state)
-                await cancel_members(batch_id, state, expire=stopped == "expired")
-                return
-            part = lines[start : start + chunk]
-            prepared = await asyncio.to_thread(
+        return str(json.loads(text).get("custom_id", f"line-{index + 1}"))
+    except (json.JSONDecodeError, AttributeError):
+        return f"line-{index + 1}"
+
+
+async def ingest_batch(batch_id: str, gateway: str, state) -> None:
+    """Queue the batch's input lines from its cursor on, a chunk at a time (each line that cannot run
+    becomes a line of the error file); a cancel or the end of the completion window stops it, the lines
+    left then reported as such. Raises ``LeaseLost`` when another gateway holds the batch now."""
+    keys = state.queue.ops.keys
+    fields = ["endpoint", "input_file_id", "cursor", "total"]
+    endpoint, input_file, cursor, total = map(text_of, await state.redis.hmget(keys.batch(batch_id), fields))
+    if endpoint is None:
+        return  # the batch is gone (past its retention)
+    start, chunk, stopped = int(cursor or 0), state.settings.batch_chunk, None
+    lines = await _input_of(input_file, state) if start < int(total) else []
+    while start < len(lines):
+        stopped = await stop_reason(batch_id, state)
+        part = lines[start : start + chunk]
+        if stopped is not None:
+            items = [_skipped(text, start + i, stopped) for i, text in enumerate(part)]
+        else:
+            items = await asyncio.to_thread(
                 lambda p=part, s=start: [_prepare(t, s + i, endpoint, state) for i, t in enumerate(p)]
             )
-            await asyncio.gather(*(_submit(item, batch_id, state) for item in prepared))
-            if start == 0:
-                await _started(batch_id, state)
-        stopped = await stop_reason(batch_id, state)
-        if stopped is not None:  # lines queued while the cancel (or the window's end) was being read
-            await cancel_members(batch_id, state, expire=stopped == "expired")
-    except Exception as exc:  # a broken ingestion marks the batch failed instead of leaving it validating
-        logger.exception("batch %s ingestion failed", batch_id)
-        failed = {"status": "failed", "failed_at": int(time.time()), "errors": json.dumps(_errors(str(exc)))}
-        await state.redis.hset(keys.batch(batch_id), mapping=failed)
+        where = IngestChunk(gateway, start, start + len(part), [], [])
+        reply = await _queue_chunk(batch_id, where, items, state)
+        if reply == 0:
+            raise LeaseLost(batch_id)
+        if reply == -1:
+            return
+        if reply == 1:  # (2: a cancel came first; the next round reports the chunk's lines cancelled)
+            start += len(part)
+            await _started(batch_id, state)
+    stopped = stopped or await stop_reason(batch_id, state)
+    if stopped is not None:  # lines queued while the cancel (or the window's end) was being read
+        await cancel_members(batch_id, state, expire=stopped == "expired")
 
 
-def _errors(message: str) -> dict:
-    """OpenAI's ``errors`` object of a batch that failed."""
-    return {"object": "list", "data": [{"code": "ingestion_failed", "message": message, "param": None}]}
+async def _input_of(input_file: str, state) -> list[str]:
+    content = await state.redis.hget(state.queue.ops.keys.file(input_file), "content")
+    if content is None:
+        raise ValueError(f"the input file {input_file} was deleted before its lines were queued")
+    return input_lines(content)
+
+
+async def _queue_chunk(batch_id: str, empty: IngestChunk, items: list, state) -> int:
+    """INGEST's reply for one chunk of prepared lines (requests and error lines)."""
+    requests = [item for item in items if isinstance(item, QueuedRequest)]
+    for request in requests:
+        request.meta[BATCH_META] = batch_id
+    errors = [(f"line:{item['index']}", json.dumps(item)) for item in items if isinstance(item, dict)]
+    chunk = IngestChunk(empty.gateway, empty.start, empty.end, requests, errors)
+    return int(await state.queue.run(state.queue.ops.ingest(batch_id, chunk, state.settings.batch_ttl_s)))
+
+
+def mark_failed(message: str) -> dict:
+    """The fields of a batch whose ingestion broke (OpenAI's ``errors`` object)."""
+    errors = {"object": "list", "data": [{"code": "ingestion_failed", "message": message, "param": None}]}
+    return {"status": "failed", "failed_at": int(time.time()), "errors": json.dumps(errors)}
 
 
 async def _started(batch_id: str, state) -> None:
@@ -128,26 +176,6 @@ async def stop_reason(batch_id: str, state) -> str | None:
     return None
 
 
-SKIPPED = {  # why lines were never queued -> their error line's code and message
-    "cancelled": ("batch_cancelled", "the batch was cancelled before this line started"),
-    "expired": ("batch_expired", "this line could not start before the batch's completion window ended"),
-}
-
-
-async def _skip(lines: list[str], start: int, batch_id: str, reason: str, state) -> None:
-    """Lines a cancel or the window's end stopped before they were queued: each a line of the error file."""
-    code, message = SKIPPED[reason]
-    for index, text in enumerate(lines, start):
-        await _submit(_error_item(index, _custom_id(text, index), code, message), batch_id, state)
-
-
-def _custom_id(text: str, index: int) -> str:
-    try:
-        return str(json.loads(text).get("custom_id", f"line-{index + 1}"))
-    except (json.JSONDecodeError, AttributeError):
-        return f"line-{index + 1}"
-
-
 async def cancel_members(batch_id: str, state, expire: bool = False) -> None:
     """Cancel every queued line of the batch: a pending one ends at once (counted failed), a running one
     at its worker's next block boundary. ``expire``: end the pending ones only, as expired. Idempotent."""
@@ -155,80 +183,3 @@ async def cancel_members(batch_id: str, state, expire: bool = False) -> None:
     members = await state.redis.lrange(keys.batch_members(batch_id), 0, -1)
     for request_id in as_text(members):
         await state.queue.run(state.queue.ops.cancel(request_id, 0, batch_id, expire=expire))
-
-
-async def _submit(item, batch_id: str, state) -> None:
-    keys = state.queue.ops.keys
-    if isinstance(item, dict):
-        results = keys.batch_results(batch_id)
-        async with state.redis.pipeline(transaction=True) as pipe:
-            pipe.rpush(results, json.dumps(item))
-            pipe.expire(results, state.settings.batch_ttl_s)
-            pipe.hincrby(keys.batch(batch_id), "failed", 1)
-            await pipe.execute()
-        return
-    item.meta[BATCH_META] = batch_id
-    members = keys.batch_members(batch_id)
-    async with state.redis.pipeline(transaction=True) as pipe:  # recorded first: a cancel then finds it
-        pipe.rpush(members, item.id)
-        pipe.expire(members, state.settings.batch_ttl_s)
-        await pipe.execute()
-    await state.queue.enqueue(item, max_queued=0)
-
-
-def _response_body(done: DoneEvent, request_id: str, endpoint: str, state) -> dict:
-    """The line's response as the endpoint answers it: text cut at the line's stop strings (its
-    finish_reason then ``stop``), log probabilities where the line asked."""
-    text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), done.meta.get(STOP_META) or [])
-    reason = finish_reason(done, stopped)  # error lines never get here (see output_lines)
-    shown = tokens_shown(done, state.tokenizer, text, stopped)
-    usage = {
-        "prompt_tokens": done.prompt_tokens,
-        "completion_tokens": shown,
-        "total_tokens": done.prompt_tokens + shown,
-    }
-    model = done.meta.get("model", state.settings.served_model)
-    asked, cut = done.logprobs is not None, len(text) if stopped else None
-    if endpoint == "/v1/chat/completions":
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": reason,
-            "logprobs": chat_logprobs(done, state.tokenizer, cut) if asked else None,
-        }
-        kind = "chat.completion"
-    else:
-        logprobs = completion_logprobs(done, state.tokenizer, text_len=cut) if asked else None
-        choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
-        kind = "text_completion"
-    return {"id": request_id, "object": kind, "model": model, "choices": [choice], "usage": usage}
-
-
-ENDED_EARLY = {  # a line's finish reason when it did not run to its end -> its error line's code, message
-    "cancelled": ("batch_cancelled", "the batch was cancelled before this line finished"),
-    "expired": SKIPPED["expired"],
-    "error": ("invalid_request", "the request could not run"),
-}
-
-
-def result_lines(entries: list, endpoint: str, state) -> tuple[list[dict], list[dict]]:
-    """The batch's results as the lines of its output file (answered lines) and of its error file (lines
-    that could not run, were cancelled or expired), each keeping its ``custom_id``."""
-    output, errors = [], []
-    for raw in entries:
-        entry = json.loads(raw)
-        if entry.get("line") is not None:
-            errors.append(entry["line"])
-            continue
-        done = decode_event(entry["done"])
-        line = {"id": f"batch_req_{entry['id']}", "custom_id": done.meta.get("custom_id")}
-        if done.error or done.finish_reason in ENDED_EARLY:
-            code, message = ENDED_EARLY.get(done.finish_reason, ENDED_EARLY["error"])
-            errors.append(
-                line | {"response": None, "error": {"code": code, "message": done.error or message}}
-            )
-            continue
-        body = _response_body(done, entry["id"], endpoint, state)
-        response = {"status_code": 200, "request_id": entry["id"], "body": body}
-        output.append(line | {"response": response, "error": None})
-    return output, errors

@@ -1,8 +1,8 @@
 """A batch from its queued lines to its end: expiry when its completion window closes, and finalization
 (its output and error files written as files of its tenant) once every line is accounted for.
 
-Whichever gateway reads a batch moves it on (``advance``), and the gateway that created it watches it
-until it ends, so a batch ends whether or not anyone polls it. Finalizing is done by one gateway at a time
+Whichever gateway reads a batch moves it on (``advance``), and the gateway holding the batch's lease
+(``gateway.batch_keeper``) watches it until it ends, so a batch ends whether or not anyone polls it. Finalizing is done by one gateway at a time
 (a lock with an expiry: a gateway that dies while writing is taken over) and writes files whose ids are
 derived from the batch's, so doing it again changes nothing.
 """
@@ -17,7 +17,8 @@ import time
 
 from engine_pod.queue.ops import text_of
 from engine_pod.queue.resilience import REDIS_ERRORS
-from gateway.batch_ingest import cancel_members, result_lines
+from gateway.batch_ingest import cancel_members
+from gateway.batch_results import result_lines
 from gateway.stored_files import store_file
 from gateway.tenancy import TENANT_FIELD
 
@@ -94,15 +95,17 @@ async def _finalize(state, batch_id: str, record: dict[str, str]) -> dict[str, s
     ):
         await state.redis.delete(keys.batch_finalizing(batch_id))
         return await read_record(state, batch_id) or record
-    entries = await state.redis.lrange(keys.batch_results(batch_id), 0, -1)
+    entries = await state.redis.hvals(keys.batch_results(batch_id))
     output, errors = await asyncio.to_thread(result_lines, entries, record["endpoint"], state)
     final = {"status": ending, f"{ending}_at": int(time.time())}
+    final |= {"completed": len(output), "failed": len(errors)}  # its counts are its files' lines
     for field, kind, lines in (("output_file_id", "output", output), ("error_file_id", "error", errors)):
         if lines:
             final[field] = await _write(state, record[TENANT_FIELD], batch_id, kind, lines)
     async with state.redis.pipeline(transaction=True) as pipe:
         pipe.hset(key, mapping=final)
         pipe.delete(keys.batch_results(batch_id), keys.batch_finalizing(batch_id))
+        pipe.zrem(keys.batch_leases, batch_id)
         await pipe.execute()
     return await read_record(state, batch_id) or record
 

@@ -21,6 +21,12 @@ class GatewayMetrics:
         self.queue_depth = Gauge(
             "dllm_queue_depth", "Requests in the service queue", ["state"], registry=self.registry
         )
+        self.lane_pending = Gauge(
+            "dllm_queue_lane_pending",
+            "Pending requests per lane (interactive requests are claimed before batch lines)",
+            ["lane"],
+            registry=self.registry,
+        )
         self.waiting = Gauge(
             "dllm_gateway_waiting_requests",
             "Queued requests whose events this gateway is reading (each choice counts)",

@@ -33,7 +33,7 @@ class GatewaySettings:
     request_timeout_s: float = 600.0
     enqueue_timeout_s: float = 10.0  # how long a Redis fault may delay accepting a request before 503
     drain_timeout_s: float = 30.0  # after SIGTERM: time open requests get; streams then end with an error
-    batch_chunk: int = 200  # batch lines enqueued per event-loop turn
+    batch_chunk: int = 200  # batch lines queued (and the batch's cursor moved) in one step
     max_batch_lines: int = 50_000  # request lines in one batch input file (more: 400)
     result_ttl_s: int = RESULT_TTL_S  # how long a finished request's record and result stay in Redis
     file_ttl_s: int = 7 * 86400  # how long an uploaded file stays
@@ -64,6 +64,7 @@ class GatewaySettings:
             (self.max_prompt_tokens >= 1, "max_prompt_tokens must be positive"),
             (self.max_prompts_per_request >= 1, "max_prompts_per_request must be positive"),
             (self.max_batch_lines >= 1, "max_batch_lines must be positive"),
+            (self.batch_chunk >= 1, "batch_chunk must be positive"),
             (
                 min(self.result_ttl_s, self.file_ttl_s, self.batch_ttl_s) >= 1,
                 "retention times (result_ttl_s, file_ttl_s, batch_ttl_s) must be positive",
@@ -143,6 +144,7 @@ ENV_NAMES = {  # field -> environment variable: the one place a gateway setting'
     "enqueue_timeout_s": "DLLM_ENQUEUE_TIMEOUT_S",
     "drain_timeout_s": "DLLM_DRAIN_TIMEOUT_S",
     "max_batch_lines": "DLLM_MAX_BATCH_LINES",
+    "batch_chunk": "DLLM_BATCH_CHUNK",
     "result_ttl_s": "DLLM_RESULT_TTL_S",
     "file_ttl_s": "DLLM_FILE_TTL_S",
     "batch_ttl_s": "DLLM_BATCH_TTL_S",

@@ -6,7 +6,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import redis.asyncio as aioredis
 from fastapi import Depends, Request
@@ -20,6 +20,9 @@ from gateway.event_reader import EventReader
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
 from gateway.tokenizer import GatewayTokenizer
+
+if TYPE_CHECKING:
+    from gateway.batch_keeper import BatchKeeper
 
 SHUTDOWN_MARGIN_S = 3.0  # ends waits this long before the drain timeout (one poll of Redis and a reply)
 
@@ -35,7 +38,8 @@ class GatewayState:
     events: EventReader  # every waiting request's events, read together
     delivered: DeliveredEvents  # requests whose results were delivered: their events' retention is cut
     api_keys: ApiKeys
-    tasks: set[asyncio.Task] = field(default_factory=set)  # background batch ingestion
+    batches: BatchKeeper | None = None  # the batches this gateway process holds (set by the lifespan)
+    tasks: set[asyncio.Task] = field(default_factory=set)  # background work of this process
     stop_waiting_at: float = math.inf  # monotonic time at which waits end with a 503 (shutting down)
 
     def shutting_down(self) -> None:

@@ -56,6 +56,20 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
         f"width (default: {DEFAULTS.max_wait_s}; 0: no fairness bound)",
     )
     group.add_argument(
+        "--batch-max-wait",
+        type=float,
+        default=DEFAULTS.batch_max_wait_s,
+        help="batch lines run in the capacity interactive requests leave; one queued longer than this many "
+        f"seconds is admitted as an aged request (default: {DEFAULTS.batch_max_wait_s}; 0: never)",
+    )
+    group.add_argument(
+        "--batch-max-rows",
+        type=int,
+        default=DEFAULTS.batch_max_rows,
+        help="batch lines a worker runs at a time at most, beside interactive requests "
+        f"(default: {DEFAULTS.batch_max_rows}; 0: as many as the budget holds)",
+    )
+    group.add_argument(
         "--batch-window",
         type=float,
         default=DEFAULTS.batch_window_s,
@@ -71,6 +85,8 @@ FLAGS = {
     "admission": "--admission",
     "min_padding_efficiency": "--min-padding-efficiency",
     "max_wait_s": "--max-wait",
+    "batch_max_wait_s": "--batch-max-wait",
+    "batch_max_rows": "--batch-max-rows",
     "layout": "--layout",
     "batch_window_s": "--batch-window",
 }  # SchedulerConfig's field -> the flag that sets it
@@ -90,6 +106,8 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
         admission=args.admission,
         min_padding_efficiency=args.min_padding_efficiency,
         max_wait_s=args.max_wait,
+        batch_max_wait_s=args.batch_max_wait,
+        batch_max_rows=args.batch_max_rows,
         layout=args.layout,
         batch_window_s=args.batch_window,
     )

@@ -26,6 +26,7 @@ from engine_pod.scheduler.config import admission_flags
 logger = logging.getLogger(__name__)
 
 GATEWAY_STOP_MARGIN_S = 5.0  # after the gateway's drain (DLLM_DRAIN_TIMEOUT_S), the time it has to exit
+_HELD: list = []  # the data directory's lock file, open for the life of this process
 
 
 def default_data_dir(service: str) -> Path:
@@ -257,7 +258,7 @@ def _warn_if_exposed(host: str, settings) -> None:
 def _redis(args: argparse.Namespace):
     """The private Redis to start (None when ``--redis-url`` names one), its URL, and where accepted work
     is kept. Every port and the data directory are checked here, before anything starts."""
-    from engine_pod.serve.preflight import check_data_dir, check_port_free
+    from engine_pod.serve.preflight import check_data_dir, check_port_free, hold_data_dir
     from engine_pod.serve.redis_server import RedisServer
     from engine_pod.serve.supervisor import child_popen_options
 
@@ -269,6 +270,7 @@ def _redis(args: argparse.Namespace):
     data_dir = check_data_dir(
         Path(args.data_dir).expanduser() if args.data_dir else default_data_dir(args.service)
     )
+    _HELD.append(hold_data_dir(data_dir))  # kept until this process ends
     redis = RedisServer(data_dir=str(data_dir), appendonly=True, popen_options=child_popen_options())
     return redis, redis.url, str(data_dir)
 

@@ -107,11 +107,17 @@ class AsyncQueue:
             await pipe.execute()
 
     async def depth(self) -> tuple[int, int]:
+        """Pending (both lanes) and in flight."""
+        lanes, inflight = await self.lane_depth()
+        return sum(lanes.values()), inflight
+
+    async def lane_depth(self) -> tuple[dict[str, int], int]:
+        """Pending per lane ("interactive", "batch") and in flight."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zcard(self.ops.keys.pending)
-            pipe.zcard(self.ops.keys.inflight)
-            pending, inflight = await pipe.execute()
-        return int(pending), int(inflight)
+            for key in (self.ops.keys.pending, self.ops.keys.batch_pending, self.ops.keys.inflight):
+                pipe.zcard(key)
+            pending, batch_pending, inflight = await pipe.execute()
+        return {"interactive": int(pending), "batch": int(batch_pending)}, int(inflight)
 
 
 def _streams(reply) -> list:

@@ -62,6 +62,27 @@ class ServiceKeys:
         return self._key("arrivals")
 
     @property
+    def batch_pending(self) -> str:
+        """Sorted set: the batch lane's pending request id -> prompt tokens (as ``pending``). Batch lines
+        wait here, claimed after the interactive lane's requests (and when they have waited long)."""
+        return self._key("pending", "batch")
+
+    @property
+    def batch_arrivals(self) -> str:
+        """Sorted set: the batch lane's pending request id -> when it was first enqueued (as ``arrivals``)."""
+        return self._key("arrivals", "batch")
+
+    def lane(self, batch_id: str) -> tuple[str, str]:
+        """The pending and arrivals sets a request waits in: the batch lane for a batch's line."""
+        return (self.batch_pending, self.batch_arrivals) if batch_id else (self.pending, self.arrivals)
+
+    @property
+    def batch_leases(self) -> str:
+        """Sorted set: batch id -> its lease deadline (ms), for every batch not yet ended. A gateway holds
+        a batch's lease while it ingests and finalizes it; any gateway takes over one whose lease expired."""
+        return self._key("batches", "leases")
+
+    @property
     def sizes(self) -> str:
         """Hash: live request id -> "<prompt tokens> <max tokens> <enqueued ms>", what a worker needs to
         decide whether a candidate is admissible before it claims it."""
@@ -74,8 +95,8 @@ class ServiceKeys:
 
     @property
     def live(self) -> str:
-        """Set of every accepted request not yet done (pending or in flight). Its size is the queue
-        depth: the one number the gateway's limit, the operator's autoscaler and KEDA all read."""
+        """Set of every accepted request not yet done (pending in either lane, or in flight). Its size is
+        the queue depth, batch backlog included: the number the operator's autoscaler and KEDA read."""
         return self._key("live")
 
     @property
@@ -112,7 +133,8 @@ class ServiceKeys:
         return self._key("batch", batch_id)
 
     def batch_results(self, batch_id: str) -> str:
-        """List of {"id", "done"} JSON objects, one per finished member of the batch (Lua writes it)."""
+        """Hash: request id (or ``line:<n>`` for a line that never ran) -> {"id", "done"} or {"line"} JSON,
+        one per finished line of the batch, set once (a line's result is recorded and counted once)."""
         return self._key("batch", batch_id, "results")
 
     def batch_members(self, batch_id: str) -> str:

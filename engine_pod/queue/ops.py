@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from engine_pod.queue import scripts
+from engine_pod.queue import batch_scripts, scripts
 from engine_pod.queue.keys import RESULT_TTL_S, ServiceKeys
 from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest, encode_event
 
@@ -40,7 +40,8 @@ class Candidate:
     prefix: int  # prompt plus committed tokens: its score in the pending set
     prompt_tokens: int
     max_tokens: int
-    waited_s: float  # since it was first enqueued (Redis's clock)
+    waited_s: float  # since it was first enqueued (Redis's clock); 0 for a batch line
+    batch: bool = False  # a line of a batch (the batch lane)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,17 @@ class BlockCommit:
     score: int  # its prefix, should it go back to the pending set
     index: int = 0  # the block's number within the generation
     logprobs: list | None = None  # per token of the block, for a request that asked (kept for a hand-over)
+
+
+@dataclass(frozen=True)
+class IngestChunk:
+    """One chunk of a batch's input lines, as the gateway holding the batch queues it."""
+
+    gateway: str  # the gateway holding the batch's lease
+    start: int  # the batch's cursor before the chunk (lines of the input file already taken in)
+    end: int  # its cursor after the chunk
+    requests: list[QueuedRequest]  # the chunk's lines that run
+    errors: list[tuple[str, str]]  # the chunk's lines that cannot run: (results field, error line json)
 
 
 @dataclass(frozen=True)
@@ -98,19 +110,49 @@ class QueueOps:
         batches = {r.batch_id for r in requests}
         if len(batches) > 1:
             raise ValueError(f"one enqueue takes requests of one batch, got {sorted(batches)}")
-        k = self.keys
-        keys = [k.pending, k.live, k.wakeup, k.arrivals, k.sizes, *(k.request(r.id) for r in requests)]
-        args: list = [max_queued, batches.pop() if batches else ""]
-        for request in requests:
-            args += [len(request.prompt_ids), request.max_tokens, request.to_json()]
-        return ScriptCall("ENQUEUE", keys, args)
+        k, batch_id = self.keys, batches.pop() if batches else ""
+        pending, arrivals = k.lane(batch_id)
+        keys = [pending, k.live, k.wakeup, arrivals, k.sizes, k.inflight, k.pending]
+        args: list = [max_queued, batch_id, *_request_args(requests)]
+        return ScriptCall("ENQUEUE", [*keys, *(k.request(r.id) for r in requests)], args)
 
-    def candidates(self, max_prefix: int, count: int, max_wait_s: float, aged_count: int) -> ScriptCall:
+    def ingest(self, batch_id: str, chunk: IngestChunk, ttl_s: int) -> ScriptCall:
+        """One chunk of a batch's input: its lines queued in the batch lane, its error lines recorded, the
+        batch's cursor moved on, only if ``chunk.gateway`` holds the batch and the cursor is at
+        ``chunk.start`` (see ``batch_scripts.INGEST``)."""
+        k = self.keys
+        pending, arrivals = k.lane(batch_id)
+        keys = [pending, k.live, k.wakeup, arrivals, k.sizes]
+        keys += [k.batch(batch_id), k.batch_results(batch_id), k.batch_members(batch_id)]
+        args: list = [chunk.gateway, chunk.start, chunk.end, ttl_s, len(chunk.requests), len(chunk.errors)]
+        args += _request_args(chunk.requests)
+        for field_name, line in chunk.errors:
+            args += [field_name, line]
+        return ScriptCall("INGEST", [*keys, *(k.request(r.id) for r in chunk.requests)], args)
+
+    def batch_lease(self, batch_id: str, gateway: str, lease_ms: int, renew: bool) -> ScriptCall:
+        """Take (``renew=False``: only if no live gateway holds it) or renew a batch's lease."""
+        keys = [self.keys.batch_leases, self.keys.batch(batch_id)]
+        return ScriptCall("BATCH_LEASE", keys, [gateway, lease_ms, "1" if renew else "0"])
+
+    def candidates(
+        self,
+        max_prefix: int,
+        count: int,
+        max_wait_s: float,
+        aged_count: int,
+        batch_wait_s: float = 0.0,
+        batch_room: int | None = None,
+    ) -> ScriptCall:
         """Read what may be claimed: the ``count`` shortest pending with a prefix of at most
-        ``max_prefix``, and up to ``aged_count`` that waited more than ``max_wait_s`` (0: none;
-        ``ANY_WAIT``: the oldest pending, whatever their wait)."""
-        keys = [self.keys.pending, self.keys.arrivals, self.keys.sizes]
-        return ScriptCall("CANDIDATES", keys, [max_prefix, count, int(max_wait_s * 1000), aged_count])
+        ``max_prefix`` (interactive first, then up to ``batch_room`` batch lines: default ``count``), and up
+        to ``aged_count`` that waited more than ``max_wait_s`` (0: none; ``ANY_WAIT``: the oldest pending,
+        whatever their wait), then batch lines that waited more than ``batch_wait_s`` (0: none)."""
+        k = self.keys
+        keys = [k.pending, k.arrivals, k.sizes, k.batch_pending, k.batch_arrivals]
+        room = max(count, aged_count) if batch_room is None else batch_room
+        args = [max_prefix, count, int(max_wait_s * 1000), aged_count, int(batch_wait_s * 1000), room]
+        return ScriptCall("CANDIDATES", keys, args)
 
     @staticmethod
     def parse_candidates(reply: list) -> Candidates:
@@ -120,8 +162,9 @@ class QueueOps:
     def claim(self, worker: str, chosen: list[tuple[str, int]]) -> ScriptCall:
         """Claim each of ``chosen`` (id, prefix it was read with) that is still pending with that prefix."""
         deadline = now_ms() + self.lease_ms
-        keys = [self.keys.pending, self.keys.inflight, self.keys.arrivals]
-        keys += [self.keys.request(request_id) for request_id, _ in chosen]
+        k = self.keys
+        keys = [k.pending, k.inflight, k.arrivals, k.batch_pending, k.batch_arrivals]
+        keys += [k.request(request_id) for request_id, _ in chosen]
         args: list = [deadline, worker]
         for request_id, prefix in chosen:
             args += [request_id, prefix]
@@ -148,8 +191,9 @@ class QueueOps:
 
     def reap(self, candidates: list[str], now: int) -> ScriptCall:
         """Return to pending those of ``candidates`` (in-flight ids read as expired) still expired at ``now``."""
-        keys = [self.keys.inflight, self.keys.pending, self.keys.wakeup, self.keys.arrivals]
-        keys += [self.keys.request(request_id) for request_id in candidates]
+        k = self.keys
+        keys = [k.inflight, k.wakeup, k.pending, k.batch_pending, k.arrivals, k.batch_arrivals]
+        keys += [k.request(request_id) for request_id in candidates]
         return ScriptCall("REAP", keys, [now, *candidates])
 
     def _batch_keys(self, batch_id: str) -> list[str]:
@@ -185,13 +229,9 @@ class QueueOps:
         )
 
     def release(self, worker: str, request_id: str, generated: list[int], score: int) -> ScriptCall:
-        keys = [
-            self.keys.inflight,
-            self.keys.pending,
-            self.keys.request(request_id),
-            self.keys.wakeup,
-            self.keys.arrivals,
-        ]
+        k = self.keys
+        keys = [k.inflight, k.request(request_id), k.wakeup, k.pending, k.batch_pending]
+        keys += [k.arrivals, k.batch_arrivals]
         return ScriptCall("RELEASE", keys, [worker, json.dumps(generated), score])
 
     def cancel(
@@ -201,16 +241,10 @@ class QueueOps:
         not started (a batch line past its completion window), with finish reason ``expired``."""
         reason = "expired" if expire else "cancelled"
         done = DoneEvent(token_ids=[], finish_reason=reason, prompt_tokens=prompt_tokens, completion_tokens=0)
-        keys = [
-            self.keys.pending,
-            self.keys.request(request_id),
-            self.keys.events(request_id),
-            self.keys.cancelled,
-            self.keys.live,
-            self.keys.arrivals,
-            self.keys.sizes,
-            *self._batch_keys(batch_id),
-        ]
+        k = self.keys
+        pending, arrivals = k.lane(batch_id)
+        keys = [pending, k.request(request_id), k.events(request_id), k.cancelled, k.live, arrivals, k.sizes]
+        keys += self._batch_keys(batch_id)
         return ScriptCall("CANCEL", keys, [encode_event(done), self.result_ttl_s, "1" if expire else "0"])
 
     def batch_status(self, batch_id: str, to: str, since: tuple[str, ...], stamp: str = "") -> ScriptCall:
@@ -219,18 +253,30 @@ class QueueOps:
 
 
 def script_sources() -> dict[str, str]:
-    names = ("CANDIDATES", "CLAIM", "RENEW", "REAP", "COMMIT", "RELEASE", "CANCEL", "ENQUEUE", "BATCH_STATUS")
-    return {name: getattr(scripts, name) for name in names}
+    names = ("CANDIDATES", "CLAIM", "RENEW", "REAP", "COMMIT", "RELEASE", "CANCEL", "ENQUEUE")
+    sources = {name: getattr(scripts, name) for name in names}
+    return sources | {
+        name: getattr(batch_scripts, name) for name in ("INGEST", "BATCH_LEASE", "BATCH_STATUS")
+    }
+
+
+def _request_args(requests: list[QueuedRequest]) -> list:
+    """ENQUEUE's and INGEST's arguments per request: its score (prompt length), max tokens and payload."""
+    args: list = []
+    for request in requests:
+        args += [len(request.prompt_ids), request.max_tokens, request.to_json()]
+    return args
 
 
 def _candidates(flat: list[str], now: int) -> list[Candidate]:
-    """Candidates from CANDIDATES' flat (id, prefix, sizes) triples. A request enqueued without sizes
-    (by a gateway older than them) is read as its prefix alone, not yet waiting."""
+    """Candidates from CANDIDATES' flat (id, prefix, sizes, lane) quadruples. A request enqueued without
+    sizes (by a gateway older than them) is read as its prefix alone, not yet waiting. A batch line is read
+    as not waiting: it fills the room interactive requests leave and never takes their turn (its aging is
+    the queue's: it is offered among the aged once it waited past the batch bound)."""
     out = []
-    for i in range(0, len(flat), 3):
+    for i in range(0, len(flat), 4):
         request_id, prefix = flat[i], int(float(flat[i + 1] or 0))
         prompt, tokens, enqueued = (flat[i + 2] or f"{prefix} 1 {now}").split()
-        out.append(
-            Candidate(request_id, prefix, int(prompt), int(tokens), max(0, now - int(enqueued)) / 1000)
-        )
+        waited_s = 0.0 if flat[i + 3] else max(0, now - int(enqueued)) / 1000
+        out.append(Candidate(request_id, prefix, int(prompt), int(tokens), waited_s, bool(flat[i + 3])))
     return out

@@ -7,31 +7,47 @@ from __future__ import annotations
 # the script runs (claiming, reaping), the caller reads candidate ids first and the script re-checks
 # each one, so a candidate another worker took meanwhile is skipped, never taken twice.
 
-# KEYS: pending, arrivals, sizes; ARGV: max prefix, count, max wait (ms; 0: none; negative: no bound),
-# aged count
+# KEYS: pending, arrivals, sizes, batch pending, batch arrivals
+# ARGV: max prefix, count, max wait (ms; 0: none; negative: no bound), aged count, batch max wait (ms; 0:
+#   none), batch room (how many batch lines may be offered)
 # Read only: what a worker may claim. Returns {now (ms, Redis's clock), shortest, aged}: the ``count``
-# shortest pending requests with a prefix of at most the maximum, and the ``aged count`` that have waited
-# longest, if they waited past the maximum (any wait, with no bound: the oldest pending); each as id,
-# prefix, sizes ("<prompt> <max tokens> <enqueued>").
+# shortest pending requests with a prefix of at most the maximum, interactive ones first and batch lines
+# (at most the room) only where the interactive lane leaves part of the count; and the ``aged count`` that
+# have waited longest, if they waited past the maximum (any wait, with no bound: the oldest pending),
+# interactive ones first, then batch lines that waited past the batch bound (aging: a batch always
+# progresses). Each as id, prefix, sizes ("<prompt> <max tokens> <enqueued>"), lane ('batch' or '').
 CANDIDATES = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local function describe(ids)
-  local out = {}
+local count, aged_count, room = tonumber(ARGV[2]), tonumber(ARGV[4]), tonumber(ARGV[6])
+local function describe(ids, out, lane)
   for _, id in ipairs(ids) do
     table.insert(out, id)
-    table.insert(out, redis.call('ZSCORE', KEYS[1], id) or '')
+    table.insert(out, redis.call('ZSCORE', KEYS[lane], id) or '')
     table.insert(out, redis.call('HGET', KEYS[3], id) or '')
+    table.insert(out, lane == 4 and 'batch' or '')
   end
   return out
 end
-local shortest = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+local function since(wait)
+  if wait < 0 then return '+inf' end
+  return now - wait
+end
+local shortest = describe(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, count), {}, 1)
+local fill = math.min(room, count - #shortest / 4)
+if fill > 0 then
+  describe(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', ARGV[1], 'LIMIT', 0, fill), shortest, 4)
+end
 local aged = {}
 if tonumber(ARGV[3]) ~= 0 then
-  local since = tonumber(ARGV[3]) > 0 and now - tonumber(ARGV[3]) or '+inf'
-  aged = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', since, 'LIMIT', 0, tonumber(ARGV[4]))
+  describe(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', since(tonumber(ARGV[3])), 'LIMIT', 0, aged_count), aged, 1)
 end
-return {now, describe(shortest), describe(aged)}
+local batch_wait = tonumber(ARGV[3]) < 0 and -1 or tonumber(ARGV[5])
+local left = math.min(room, aged_count - #aged / 4)
+if batch_wait ~= 0 and left > 0 then
+  describe(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', since(batch_wait), 'LIMIT', 0, left), aged, 4)
+end
+return {now, shortest, aged}
 """
 
 # A request that asked for log probabilities keeps each committed block's in its hash, fields lp:0, lp:1,
@@ -48,22 +64,27 @@ local function block_logprobs(request)
 end
 """
 
-# KEYS: pending, inflight, arrivals, then one request hash per chosen request
+# KEYS: pending, inflight, arrivals, batch pending, batch arrivals, then one request hash per chosen request
 # ARGV: lease deadline (ms), worker id, then per chosen request its id and the prefix it was read with
-# Claims each chosen request that is still pending with that prefix (another worker may have taken it,
-# or it may have come back with more committed blocks: then the choice was not made for it). Returns
-# per claimed request its id, payload, generated tokens and its blocks' log probabilities (a JSON list
-# of per-block lists; empty where none were recorded).
+# Claims each chosen request that is still pending (in either lane) with that prefix (another worker may
+# have taken it, or it may have come back with more committed blocks: then the choice was not made for
+# it). Returns per claimed request its id, payload, generated tokens and its blocks' log probabilities (a
+# JSON list of per-block lists; empty where none were recorded).
 CLAIM = (
     _BLOCK_LOGPROBS
     + """
 local out = {}
-for i = 4, #KEYS do
-  local id, prefix = ARGV[2 * (i - 4) + 3], ARGV[2 * (i - 4) + 4]
+for i = 6, #KEYS do
+  local id, prefix = ARGV[2 * (i - 6) + 3], ARGV[2 * (i - 6) + 4]
+  local lane, waits = 1, 3
   local score = redis.call('ZSCORE', KEYS[1], id)
+  if not score then
+    lane, waits = 4, 5
+    score = redis.call('ZSCORE', KEYS[4], id)
+  end
   if score and tonumber(score) == tonumber(prefix) then
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('ZREM', KEYS[3], id)
+    redis.call('ZREM', KEYS[lane], id)
+    redis.call('ZREM', KEYS[waits], id)
     redis.call('ZADD', KEYS[2], tonumber(ARGV[1]), id)
     redis.call('HSET', KEYS[i], 'state', 'running', 'worker', ARGV[2])
     redis.call('HINCRBY', KEYS[i], 'attempts', 1)
@@ -94,33 +115,47 @@ end
 return lost
 """
 
-# KEYS: inflight, pending, wakeup channel, arrivals, then one request hash per candidate
+# Shared by REAP and RELEASE: a request going back to pending waits in its lane (a batch's line in the batch
+# lane, given as the pending and arrivals keys that follow the interactive ones).
+_LANE = """
+local function back_to_pending(request, pending, arrivals, id, score)
+  local batch = redis.call('HGET', KEYS[request], 'batch')
+  if batch and batch ~= '' then pending, arrivals = pending + 1, arrivals + 1 end
+  redis.call('ZADD', KEYS[pending], tonumber(score), id)
+  redis.call('ZADD', KEYS[arrivals], tonumber(redis.call('HGET', KEYS[request], 'enqueued') or '0'), id)
+end
+"""
+
+# KEYS: inflight, wakeup channel, pending, batch pending, arrivals, batch arrivals, then one request hash
+#   per candidate
 # ARGV: now (ms), then the candidates' ids (leases read as expired)
-# Puts every candidate whose lease is still expired back into the pending set, scored by its prefix,
+# Puts every candidate whose lease is still expired back into its lane's pending set, scored by its prefix,
 # keeping the time it was first enqueued (its wait counts from then).
-REAP = """
+REAP = (
+    _LANE
+    + """
 local reaped = 0
-for i = 5, #KEYS do
-  local id = ARGV[i - 3]
+for i = 7, #KEYS do
+  local id = ARGV[i - 5]
   local deadline = redis.call('ZSCORE', KEYS[1], id)
   if deadline and tonumber(deadline) <= tonumber(ARGV[1]) then
     redis.call('ZREM', KEYS[1], id)
     redis.call('HSET', KEYS[i], 'state', 'pending', 'worker', '')
-    local fields = redis.call('HMGET', KEYS[i], 'score', 'enqueued')
-    redis.call('ZADD', KEYS[2], tonumber(fields[1] or '0'), id)
-    redis.call('ZADD', KEYS[4], tonumber(fields[2] or '0'), id)
+    back_to_pending(i, 3, 5, id, redis.call('HGET', KEYS[i], 'score') or '0')
     reaped = reaped + 1
   end
 end
-if reaped > 0 then redis.call('PUBLISH', KEYS[3], reaped) end
+if reaped > 0 then redis.call('PUBLISH', KEYS[2], reaped) end
 return reaped
 """
+)
 
 # Events go to a per-request stream (XADD), read with a cursor (XREAD): unlike a popped list, an event
 # whose reply is lost to a fault (a blocked reader that timed out) stays there to be read again.
 _EFFECTS = "if redis.replicate_commands then redis.replicate_commands() end\n"  # XADD '*' on Redis 6
 
-# Shared by COMMIT and CANCEL. A finished member of a batch is counted and its result kept; the batch's
+# Shared by COMMIT and CANCEL. A finished member of a batch is counted and its result kept, once per
+# request id (its field in the batch's results hash is set only once); the batch's
 # hash and results list follow the request's keys in KEYS (the caller knows the batch from the request's
 # payload). A batch member that came without them is refused before anything changes: a batch whose
 # member went uncounted would never finish.
@@ -145,13 +180,15 @@ local function finish(request, events, live, sizes, id, done_json, ttl, batch, f
   redis.call('EXPIRE', KEYS[request], ttl)
   redis.call('EXPIRE', KEYS[events], ttl)
   if batch == '' then return end
+  if redis.call('HSETNX', KEYS[first + 1], id, cjson.encode({id = id, done = done_json})) == 0 then
+    return  -- its result is recorded (and counted) already
+  end
   local reason = cjson.decode(done_json)['finish_reason']
   if reason == 'error' or reason == 'cancelled' or reason == 'expired' then
     redis.call('HINCRBY', KEYS[first], 'failed', 1)
   else
     redis.call('HINCRBY', KEYS[first], 'completed', 1)
   end
-  redis.call('RPUSH', KEYS[first + 1], cjson.encode({id = id, done = done_json}))
   local left = redis.call('TTL', KEYS[first])
   if left > 0 then redis.call('EXPIRE', KEYS[first + 1], left) end
 end
@@ -218,19 +255,22 @@ return {lost, completed, cancelled}
 """
 )
 
-# KEYS: inflight, pending, request hash, wakeup, arrivals; ARGV: worker id, generated json, score
+# KEYS: inflight, request hash, wakeup, pending, batch pending, arrivals, batch arrivals
+# ARGV: worker id, generated json, score
 # A worker hands an unfinished request back (draining, or a claim it cannot admit), keeping its
 # committed blocks and the time it was first enqueued.
-RELEASE = """
-local id = KEYS[3]:match('[^:]+$')
-if redis.call('HGET', KEYS[3], 'worker') ~= ARGV[1] or not redis.call('ZSCORE', KEYS[1], id) then return 0 end
+RELEASE = (
+    _LANE
+    + """
+local id = KEYS[2]:match('[^:]+$')
+if redis.call('HGET', KEYS[2], 'worker') ~= ARGV[1] or not redis.call('ZSCORE', KEYS[1], id) then return 0 end
 redis.call('ZREM', KEYS[1], id)
-redis.call('HSET', KEYS[3], 'state', 'pending', 'worker', '', 'generated', ARGV[2], 'score', ARGV[3])
-redis.call('ZADD', KEYS[2], tonumber(ARGV[3]), id)
-redis.call('ZADD', KEYS[5], tonumber(redis.call('HGET', KEYS[3], 'enqueued') or '0'), id)
-redis.call('PUBLISH', KEYS[4], 1)
+redis.call('HSET', KEYS[2], 'state', 'pending', 'worker', '', 'generated', ARGV[2], 'score', ARGV[3])
+back_to_pending(2, 4, 6, id, ARGV[3])
+redis.call('PUBLISH', KEYS[3], 1)
 return 1
 """
+)
 
 # KEYS: pending, request hash, events stream, cancelled set, live set, arrivals, sizes[, batch hash,
 #   batch results]
@@ -265,55 +305,53 @@ return 2
 """
 )
 
-# KEYS: pending, live set, wakeup, arrivals, sizes, then one request hash per request
+# Shared by ENQUEUE and INGEST: KEYS pending (the lane's), live set, wakeup, arrivals (the lane's), sizes;
+# the requests' hashes from KEYS[first] on, their score, max tokens and payload from ARGV[at] on.
+_ADD_PENDING = """
+local function fresh_requests(first)
+  local fresh = {}
+  for i = first, #KEYS do
+    if redis.call('EXISTS', KEYS[i]) == 0 then table.insert(fresh, i) end
+  end
+  return fresh
+end
+
+local function add_pending(fresh, first, at, batch)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  for _, i in ipairs(fresh) do
+    local a = 3 * (i - first) + at
+    local score, tokens, payload = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+    local id = KEYS[i]:match('[^:]+$')
+    redis.call('HSET', KEYS[i], 'payload', payload, 'state', 'pending', 'score', score, 'generated', '[]',
+      'attempts', 0, 'batch', batch, 'enqueued', now)
+    redis.call('ZADD', KEYS[1], tonumber(score), id)
+    redis.call('ZADD', KEYS[4], now, id)
+    redis.call('HSET', KEYS[5], id, score .. ' ' .. tokens .. ' ' .. now)
+    redis.call('SADD', KEYS[2], id)
+  end
+  if #fresh > 0 then redis.call('PUBLISH', KEYS[3], #fresh) end
+end
+"""
+
+# KEYS: pending (the lane's), live set, wakeup, arrivals (the lane's), sizes, inflight, interactive pending,
+#   then one request hash per request
 # ARGV: max queued (0: unlimited), batch id ('' for none), then per request its prompt length (its
 #   score), its max tokens and its payload json
-# Enqueues every request or none (returns 0 when the queue cannot take them all), stamped with Redis's
-# clock (a request's wait counts from then). Idempotent: a request id that exists already (a retry after
-# a reply lost to a Redis fault) is left as it is.
+# Enqueues every request or none (returns 0 when the queue cannot take them all: the interactive lane's
+# pending and every request in flight count against the limit, a batch's backlog does not), stamped with
+# Redis's clock (a request's wait counts from then). Idempotent: a request id that exists already (a retry
+# after a reply lost to a Redis fault) is left as it is.
 ENQUEUE = (
     _EFFECTS
+    + _ADD_PENDING
     + """
-local fresh = {}
-for i = 6, #KEYS do
-  if redis.call('EXISTS', KEYS[i]) == 0 then table.insert(fresh, i) end
-end
+local fresh = fresh_requests(8)
 local limit = tonumber(ARGV[1])
-if limit > 0 and #fresh > 0 and redis.call('SCARD', KEYS[2]) + #fresh > limit then
+if limit > 0 and #fresh > 0 and redis.call('ZCARD', KEYS[7]) + redis.call('ZCARD', KEYS[6]) + #fresh > limit then
   return 0
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for _, i in ipairs(fresh) do
-  local at = 3 * (i - 6) + 3
-  local score, tokens, payload = ARGV[at], ARGV[at + 1], ARGV[at + 2]
-  local id = KEYS[i]:match('[^:]+$')
-  redis.call('HSET', KEYS[i], 'payload', payload, 'state', 'pending', 'score', score, 'generated', '[]',
-    'attempts', 0, 'batch', ARGV[2], 'enqueued', now)
-  redis.call('ZADD', KEYS[1], tonumber(score), id)
-  redis.call('ZADD', KEYS[4], now, id)
-  redis.call('HSET', KEYS[5], id, score .. ' ' .. tokens .. ' ' .. now)
-  redis.call('SADD', KEYS[2], id)
-end
-if #fresh > 0 then redis.call('PUBLISH', KEYS[3], #fresh) end
+add_pending(fresh, 8, 3, ARGV[2])
 return 1
 """
 )
-
-# KEYS: batch hash
-# ARGV: the new status, a timestamp field to set if absent ('' for none), now (seconds), then the statuses
-#   it may move from
-# Moves a batch to a new status only from one of the given ones, so that transitions racing each other (a
-# cancel and the start of the batch's lines, a cancel and its finalizing) cannot undo one another.
-# Returns 1 when it moved, 0 when the batch was in another status.
-BATCH_STATUS = """
-local status = redis.call('HGET', KEYS[1], 'status')
-for i = 4, #ARGV do
-  if status == ARGV[i] then
-    redis.call('HSET', KEYS[1], 'status', ARGV[1])
-    if ARGV[2] ~= '' then redis.call('HSETNX', KEYS[1], ARGV[2], ARGV[3]) end
-    return 1
-  end
-end
-return 0
-"""

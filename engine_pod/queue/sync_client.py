@@ -46,11 +46,17 @@ class SyncQueue:
         return pipe.execute()
 
     def candidates(
-        self, max_prefix: int, count: int, max_wait_s: float = 0.0, aged_count: int = 0
+        self,
+        max_prefix: int,
+        count: int,
+        max_wait_s: float = 0.0,
+        aged_count: int = 0,
+        batch_wait_s: float = 0.0,
+        batch_room: int | None = None,
     ) -> Candidates:
-        return QueueOps.parse_candidates(
-            self.run(self.ops.candidates(max_prefix, count, max_wait_s, aged_count))
-        )
+        """What may be claimed (see ``QueueOps.candidates``: interactive first, batch lines after)."""
+        call = self.ops.candidates(max_prefix, count, max_wait_s, aged_count, batch_wait_s, batch_room)
+        return QueueOps.parse_candidates(self.run(call))
 
     def claim_chosen(self, worker: str, chosen: list[tuple[str, int]]) -> list[Claimed]:
         """Claim each (id, prefix read) of ``chosen`` still pending with that prefix; skips the others."""
@@ -114,8 +120,9 @@ class SyncQueue:
         return [decode_event(fields[EVENT_FIELD.encode()]) for _, fields in entries]
 
     def depth(self) -> tuple[int, int]:
+        """Pending (both lanes) and in flight."""
         pipe = self.redis.pipeline()
-        pipe.zcard(self.ops.keys.pending)
-        pipe.zcard(self.ops.keys.inflight)
-        pending, inflight = pipe.execute()
-        return int(pending), int(inflight)
+        for key in (self.ops.keys.pending, self.ops.keys.batch_pending, self.ops.keys.inflight):
+            pipe.zcard(key)
+        pending, batch_pending, inflight = pipe.execute()
+        return int(pending) + int(batch_pending), int(inflight)

@@ -50,6 +50,13 @@ class SchedulerConfig:
     # 2.2-2.6x the overall median at 0.8 s, 3.0-3.2x at 1 s, 6.3x at 2 s, 11x at 5 s; lower bounds
     # cost throughput (long prompts then widen dense boxes of short ones).
     max_wait_s: float = 0.8
+    # Batch lines (the queue's batch lane) are claimed after interactive requests, where these leave room;
+    # a batch line queued longer than this is claimed as an aged request (aging: a batch progresses
+    # however busy the interactive lane is). 0: batch lines only fill the room interactive traffic leaves.
+    batch_max_wait_s: float = 30.0
+    # Batch lines one worker runs at a time at most (0: no bound but the budget): on a device whose block
+    # cycle slows with every row, a full box of batch lines would slow the interactive requests beside it.
+    batch_max_rows: int = 16
     # how a batch is laid out, and so what it costs: packed (the sum of row widths) or dense (|A| x the
     # widest row; min_padding_efficiency applies to dense batches only: a packed one has no padding)
     layout: str = DEFAULT_LAYOUT
@@ -78,6 +85,8 @@ def problems_of(settings: dict, block_length: int | None = None) -> dict[str, st
     budget, rows, mode = settings["token_budget"], settings["max_rows"], settings["admission"]
     efficiency, wait = settings["min_padding_efficiency"], settings["max_wait_s"]
     layout = settings.get("layout", DEFAULT_LAYOUT)
+    batch_wait = settings.get("batch_max_wait_s", 0.0)
+    batch_rows = settings.get("batch_max_rows", 0)
     window = settings.get("batch_window_s", BATCH_WINDOW_S)
     checks = {
         "token_budget": (budget < 1, f"must be positive, got {budget}"),
@@ -88,6 +97,8 @@ def problems_of(settings: dict, block_length: int | None = None) -> dict[str, st
         ),
         "min_padding_efficiency": (not 0.0 <= efficiency <= 1.0, f"must be in [0, 1], got {efficiency}"),
         "max_wait_s": (not wait >= 0.0, f"must be at least 0 seconds, got {wait}"),
+        "batch_max_wait_s": (not batch_wait >= 0.0, f"must be at least 0 seconds, got {batch_wait}"),
+        "batch_max_rows": (batch_rows < 0, f"must be at least 0, got {batch_rows}"),
         "layout": (layout not in LAYOUTS, f"must be one of {', '.join(LAYOUTS)}, got {layout!r}"),
         "batch_window_s": (
             not 0.0 <= window <= MAX_BATCH_WINDOW_S,
@@ -112,5 +123,6 @@ def admission_flags(config: SchedulerConfig) -> list[str]:
             "--max-wait",
             str(config.max_wait_s),
         ),
+        *("--batch-max-wait", str(config.batch_max_wait_s), "--batch-max-rows", str(config.batch_max_rows)),
         *("--layout", config.layout, "--batch-window", str(config.batch_window_s)),
     ]

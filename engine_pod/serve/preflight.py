@@ -4,6 +4,7 @@ the model has loaded, each said in one line."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import socket
 from pathlib import Path
@@ -37,3 +38,28 @@ def check_data_dir(path: Path) -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise PreflightError(f"the data directory {path} is not writable; choose another with --data-dir")
     return path
+
+
+LOCK_FILE = "serve.lock"  # in the data directory: held by the dllm serve that uses it
+
+
+def hold_data_dir(path: Path):
+    """Lock the data directory for this process's life (the returned open file holds the lock; the
+    kernel lets it go when the process ends, however it ends). Another running ``dllm serve`` holding it
+    is an error: two Redis servers on one append-only file would corrupt it."""
+    lock = open(path / LOCK_FILE, "a+")  # noqa: SIM115 (held open until the process ends)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        lock.close()
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+            raise PreflightError(f"cannot lock the data directory {path}: {exc.strerror}") from None
+        raise PreflightError(
+            f"the data directory {path} is in use by another running dllm serve; stop it, or choose "
+            "another with --data-dir or --service"
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock

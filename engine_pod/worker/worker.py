@@ -30,7 +30,7 @@ import redis
 from engine_pod.decoding.sampling_params import SamplingError, SamplingParams
 from engine_pod.engine import Engine, StepResult
 from engine_pod.heap import freeze_loaded_objects
-from engine_pod.queue.messages import BlockEvent, DoneEvent
+from engine_pod.queue.messages import BATCH_META, BlockEvent, DoneEvent
 from engine_pod.queue.ops import ANY_WAIT, RESULT_TTL_S, BlockCommit, Candidate, Claimed
 from engine_pod.queue.resilience import TRANSIENT_ERRORS, Backoff
 from engine_pod.queue.sync_client import CLAIM_ROUNDS, SyncQueue
@@ -231,11 +231,17 @@ class Worker:
             plan = self.scheduler.claim_plan()
             if plan is None:
                 return
+            scheduling = self.config.scheduling
             if plan.oldest_first:
-                read = self.queue.candidates(0, 0, ANY_WAIT, plan.count)
+                read = self.queue.candidates(0, 0, ANY_WAIT, plan.count, batch_room=self._batch_room())
             else:
                 read = self.queue.candidates(
-                    plan.max_prefix, plan.count, self.config.scheduling.max_wait_s, AGED_READ
+                    plan.max_prefix,
+                    plan.count,
+                    scheduling.max_wait_s,
+                    AGED_READ,
+                    scheduling.batch_max_wait_s,
+                    self._batch_room(),
                 )
             candidates = {c.id: c for c in [*read.aged, *read.shortest]}
             shapes = {c.id: self._shape(c) for c in candidates.values()}
@@ -247,6 +253,13 @@ class Worker:
             self._hand_back_unadmittable({item.request.id for item in claimed})
             if not chosen or (len(claimed) == len(chosen) and len(read.shortest) < plan.count):
                 return  # nothing more is admissible, or the queue has nothing more to offer
+
+    def _batch_room(self) -> int | None:
+        """How many more batch lines this worker may take now (None: no bound but its budget)."""
+        cap = self.config.scheduling.batch_max_rows
+        if not cap:
+            return None
+        return max(0, cap - sum(1 for meta in self._meta.values() if meta.get(BATCH_META)))
 
     def _shape(self, candidate: Candidate) -> Request:
         """A candidate as the scheduler sees it: its sizes and its wait, not its tokens (not claimed yet)."""

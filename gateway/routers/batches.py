@@ -19,8 +19,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from engine_pod.queue.keys import is_request_id, new_request_id
-from gateway.batch_ingest import cancel_members, ingest_batch
-from gateway.batch_lifecycle import ENDED, advance, read_record, watch
+from engine_pod.queue.ops import now_ms
+from gateway.batch_ingest import cancel_members, input_lines
+from gateway.batch_keeper import LEASE_MS
+from gateway.batch_lifecycle import ENDED, advance, read_record
 from gateway.errors import ApiError
 from gateway.schemas import BatchCreate, BatchList, BatchObject, RequestCounts
 from gateway.state import State, require_api_key
@@ -30,12 +32,6 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 CREATE_BATCH = "createBatch"  # the operation id of POST /v1/batches (the files API links to it)
 TIMES = ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at")
 TIMES += ("cancelling_at", "cancelled_at")
-
-
-async def _run(batch_id: str, content: bytes, endpoint: str, state) -> None:
-    """The batch's life in the gateway that created it: its lines queued, then watched to its end."""
-    await ingest_batch(batch_id, content, endpoint, state)
-    await watch(state, batch_id)
 
 
 @router.post("/batches", response_model=BatchObject, operation_id=CREATE_BATCH)
@@ -50,8 +46,7 @@ async def create_batch(body: BatchCreate, state: State, tenant: Tenant) -> Batch
     if found[0] is None:
         raise ApiError(404, f"no file {input_file!r}", param="input_file_id")
     owned(found[1], tenant, "file", input_file, "input_file_id")
-    content = found[0]
-    lines = sum(1 for line in content.splitlines() if line.strip())
+    lines = len(input_lines(found[0]))
     if lines > state.settings.max_batch_lines:
         raise ApiError(
             400,
@@ -70,15 +65,18 @@ async def create_batch(body: BatchCreate, state: State, tenant: Tenant) -> Batch
         "failed": 0,
         "metadata": json.dumps(body.metadata or {}),
         TENANT_FIELD: tenant,
+        "cursor": 0,  # input lines taken in (queued, or recorded as error lines)
+        "owner": state.batches.gateway,  # the gateway holding its lease (see gateway.batch_keeper)
     }
     async with state.redis.pipeline(transaction=True) as pipe:
         pipe.hset(keys.batch(batch_id), mapping=record)
-        pipe.expire(keys.batch(batch_id), state.settings.batch_ttl_s)  # its results list inherits this
+        pipe.expire(keys.batch(batch_id), state.settings.batch_ttl_s)  # its results inherit this
+        pipe.zadd(keys.batch_leases, {batch_id: now_ms() + LEASE_MS})
         await pipe.execute()
     await add_to_index(
         state, keys.batches_of(tenant), batch_id, record["created_at"], state.settings.batch_ttl_s
     )
-    state.spawn(_run(batch_id, content, body.endpoint, state))
+    state.batches.adopt(batch_id)
     return await owned_batch(state, tenant, batch_id)
 
 

@@ -34,9 +34,11 @@ async def readyz(state: State) -> PlainTextResponse:
 
 async def refresh_queue_depth(state) -> None:
     try:
-        pending, inflight = await state.queue.depth()
-        state.metrics.queue_depth.labels("pending").set(pending)
+        lanes, inflight = await state.queue.lane_depth()
+        state.metrics.queue_depth.labels("pending").set(sum(lanes.values()))
         state.metrics.queue_depth.labels("inflight").set(inflight)
+        for lane, pending in lanes.items():
+            state.metrics.lane_pending.labels(lane).set(pending)
     except RedisError:
         pass
 

@@ -130,7 +130,7 @@ def test_cancelling_a_batch_member_records_its_result_in_the_batch(queue):
     _enqueue(queue, "r-1", 3, meta={BATCH_META: "batch-1"})
     assert queue.run(queue.ops.cancel("r-1", 3, "batch-1")) == 1
     assert queue.redis.hget(queue.ops.keys.batch("batch-1"), "failed") == b"1"  # cancelled: not completed
-    (line,) = queue.redis.lrange(queue.ops.keys.batch_results("batch-1"), 0, -1)
+    (line,) = queue.redis.hvals(queue.ops.keys.batch_results("batch-1"))
     assert decode_event(json.loads(line)["done"]).finish_reason == "cancelled"
 
 

@@ -120,6 +120,19 @@ def test_a_taken_port_ends_serve_before_anything_starts_with_the_cause_in_its_la
     print(f"a taken port: refused after {took_s:.2f} s")
 
 
+def test_a_second_serve_on_a_data_directory_in_use_exits_at_once_in_one_line(serve, tmp_path):
+    """The running ``serve`` holds its data directory (tmp_path/data): a second one on another port is
+    refused before it starts a second redis-server on the same append-only file."""
+    done, took_s = _serve_once("--port", str(free_port()), "--data-dir", str(tmp_path / "data"))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"dllm serve: error: the data directory {tmp_path / 'data'} is in use")
+    assert "--data-dir" in lines[0] and "--service" in lines[0]
+    assert serve.answers()  # the first one serves on
+    print(f"a data directory in use: refused after {took_s:.2f} s")
+
+
 def test_a_child_that_cannot_start_ends_serve_with_its_own_cause_and_status_2(tmp_path):
     """The gateway cannot start (the model's chat template does not parse): its own one-line cause ends
     dllm serve, and nothing is left running."""
