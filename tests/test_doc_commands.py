@@ -79,7 +79,7 @@ def _check_pytest(command: Command, args: list[str]) -> None:
         if arg.startswith("tests/"):
             assert (ROOT / arg.split("::")[0]).exists(), f"{command.label}: {arg} does not exist"
     options = [arg for arg in args if arg.startswith("-")]
-    known = {"-m", "-n", "-q", "-x", "-k", "-v", "--durations"}
+    known = {"-m", "-n", "-q", "-x", "-k", "-v", "-s", "--durations"}
     assert set(options) <= known, f"{command.label}: options {set(options) - known} unchecked"
 
 
