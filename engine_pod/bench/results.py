@@ -18,8 +18,14 @@ class ModelSpec:
 @dataclass
 class PreparedRequest:
     request_id: str
-    prompt_ids: list[int]
+    prompt_ids: list[int]  # a follow-up's: its new message alone (the history goes before it when sent)
     max_tokens: int
+    follows: str | None = None  # a chat's next turn: sent when this request is answered, behind its history
+    history_tokens: int = 0  # at most this many tokens of history go before a follow-up's prompt
+
+    @property
+    def longest_prompt(self) -> int:
+        return self.history_tokens + len(self.prompt_ids)
 
 
 @dataclass

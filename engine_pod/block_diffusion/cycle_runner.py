@@ -97,6 +97,12 @@ class BlockDiffusionCycleRunner:
         state.active = row.active
         return state
 
+    def forget(self) -> None:
+        """Let go of every row and empty the prefix cache (a benchmark's warm-up leaves nothing behind)."""
+        self._forget_all_but(set())
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
     def _share(self, states: list[BlockRow], entering: list[bool]) -> None:
         """Rows entering the batch take their cached blocks; every row's blocks before its active block go
         to the cache (rows already in the batch first)."""

@@ -118,6 +118,11 @@ class BlockPrefixCache:
                 heapq.heappush(heap, (parent.last_used, id(parent), parent))
         return freed
 
+    def clear(self) -> None:
+        """Evict every block no row uses and start the totals afresh."""
+        self.evict(self.stats.cached_tokens // self.block_length)
+        self.stats = PrefixCacheStats(cached_tokens=self.stats.cached_tokens)
+
     def _use(self, owner: str, nodes: list[_Node]) -> None:
         now = next(self._clock)
         for node in nodes:
