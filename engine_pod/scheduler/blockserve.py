@@ -120,7 +120,7 @@ class BlockServeScheduler(Scheduler):
             rows=rows,
             gather_rows=True,
             box_width=max(widths, default=0),
-            row_total=sum(widths) - self._shared_in(self.active),
+            row_total=sum(self.row_width(r) for r in self.active) - self._shared_in(self.active),
             packed=self.packed,
             admitted=[r.request_id for r in admitted],
             preempted=[r.request_id for r in preempted],
