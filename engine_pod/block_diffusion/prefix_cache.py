@@ -119,9 +119,8 @@ class BlockPrefixCache:
         return freed
 
     def clear(self) -> None:
-        """Evict every block no row uses and start the totals afresh."""
+        """Evict every block no row uses."""
         self.evict(self.stats.cached_tokens // self.block_length)
-        self.stats = PrefixCacheStats(cached_tokens=self.stats.cached_tokens)
 
     def _use(self, owner: str, nodes: list[_Node]) -> None:
         now = next(self._clock)
