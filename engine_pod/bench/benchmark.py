@@ -111,6 +111,9 @@ def run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None = N
             runs = {n: _median_run(r) for n, r in all_runs.items() if r}
             report = _report(cfg, runs, requests, widths, batch, config.eos_token_ids, calibration)
             report["wall_s_per_run"] = {n: [round(x.wall_s, 4) for x in r] for n, r in all_runs.items() if r}
+            report["cpu_s_per_run"] = {
+                n: [round(x.cpu_s, 3) for x in r if x.cpu_s] for n, r in all_runs.items() if r
+            }
             if on_policy is not None:
                 on_policy(report)
     return report
@@ -147,6 +150,9 @@ def _report(
         without = policies.get(name.replace(CACHE_SUFFIX[True], CACHE_SUFFIX[False]))
         if name.endswith(CACHE_SUFFIX[True]) and without and without["tokens_per_s"]:
             metrics["vs_prefix_cache_off"] = round(metrics["tokens_per_s"] / without["tokens_per_s"], 3)
+            if metrics.get("tokens_per_cpu_s") and without.get("tokens_per_cpu_s"):
+                ratio = metrics["tokens_per_cpu_s"] / without["tokens_per_cpu_s"]
+                metrics["cpu_vs_prefix_cache_off"] = round(ratio, 3)
         engine = policies.get(PolicySpec(cfg.run_setup(name)[0], cfg.scheduling, batch).served_policy)
         if name.startswith("gateway") and engine and engine["tokens_per_s"]:  # against its engine alone
             metrics["throughput_vs_engine"] = round(metrics["tokens_per_s"] / engine["tokens_per_s"], 3)

@@ -93,7 +93,7 @@ def run_policy(
     reset_peak(loaded.device)
     outcomes: dict[str, RequestOutcome] = {}
     bar = tqdm(total=len(requests), desc=spec.name, unit="req", disable=not progress, leave=False)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
 
     def finished(request: Request) -> None:
         reason = request.finish_reason.value if request.finish_reason else "length"
@@ -106,13 +106,15 @@ def run_policy(
     engine.run(finished)
     if loaded.device.type == "cuda":
         torch.cuda.synchronize(loaded.device)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     bar.close()
     for request_id, margins in engine.margins.items():
         if request_id in outcomes:
             outcomes[request_id].margins = margins
     cores = {"engine": sorted(os.sched_getaffinity(0))} if pinning else None
-    return PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, list(engine.records), cores)
+    run = PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, list(engine.records), cores)
+    run.cpu_s = cpu
+    return run
 
 
 def _run_in_this_process(

@@ -44,3 +44,6 @@ class PolicyRun:
     outcomes: dict[str, RequestOutcome]
     cycles: list[CycleRecord]
     cores: dict[str, list[int]] | None = None  # pinned runs: the cores each part ran on, as observed
+    # the engine's process CPU time (engine alone): on a host whose cores other work shares, throughput per
+    # CPU second compares runs that wall time cannot
+    cpu_s: float | None = None
