@@ -54,6 +54,7 @@ class Engine:
         self.runner = runner
         self.scheduler = scheduler
         scheduler.grid_aligned = getattr(runner, "grid_aligned", False)  # block-diffusion models
+        scheduler.shares_blocks = getattr(runner, "prefix_cache", None) is not None  # and their prefix cache
         self.clock = clock
         # the last ``record_window`` cycles (all of them when None: a benchmark's run is finite)
         self.records: deque[CycleRecord] = deque(maxlen=record_window)

@@ -25,7 +25,13 @@ from engine_pod.cli.main import build_parser
 from tests.doc_commands import ROOT, Command, all_commands, all_fragments
 
 HELM = ROOT / ".tools" / "helm"
-SOURCES = ("engine_pod", "gateway", "operator", "scripts", "tests")  # tests: the knobs docs/development.md names
+SOURCES = (
+    "engine_pod",
+    "gateway",
+    "operator",
+    "scripts",
+    "tests",
+)  # tests: the knobs docs/development.md names
 KUBECTL_VERBS = {"get", "apply", "create", "delete", "patch", "port-forward", "rollout", "logs", "describe"}
 HELM_UNCHECKED = {"uninstall", "repo", "list", "status"}  # need a cluster; nothing to render
 HELM_UPGRADE_ONLY = {"--reuse-values", "--reset-values", "--install"}  # helm template has no such flags

@@ -41,6 +41,26 @@ class BenchConfig:
     # run (a shared, noisy machine moves single runs by a third)
     repeat: int = 1
     pin: bool = False  # the engine on one core, the serving path on the others (see bench/pinning.py)
+    # run every policy with the block prefix cache on, off, or both ways (its runs then named
+    # ``policy/prefix-cache-on`` and ``policy/prefix-cache-off``)
+    prefix_cache: tuple[bool, ...] = (True,)
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """What each round runs: the policies, or each policy both ways when the prefix cache is compared."""
+        if len(self.prefix_cache) == 1:
+            return self.policies
+        return tuple(f"{p}{CACHE_SUFFIX[on]}" for p in self.policies for on in self.prefix_cache)
+
+    def run_setup(self, name: str) -> tuple[str, DecodingConfig]:
+        """The policy a run of ``runs`` is, and its decoding (its prefix cache on or off)."""
+        for on, suffix in CACHE_SUFFIX.items():
+            if len(self.prefix_cache) > 1 and name.endswith(suffix):
+                return name.removesuffix(suffix), replace(self.decoding, prefix_cache=on)
+        return name, replace(self.decoding, prefix_cache=self.prefix_cache[0])
+
+
+CACHE_SUFFIX = {True: "/prefix-cache-on", False: "/prefix-cache-off"}
 
 
 def _calibrate(loaded: LoadedModel | None, cfg: BenchConfig, prompts: list[list[int]]) -> dict:
@@ -74,21 +94,26 @@ def run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None = N
         )
         cfg = replace(cfg, decoding=replace(cfg.decoding, threshold=calibration["threshold"]))
     pinning = Pinning.for_this_machine() if cfg.pin else None
-    all_runs: dict[str, list[PolicyRun]] = {name: [] for name in cfg.policies}
+    all_runs: dict[str, list[PolicyRun]] = {name: [] for name in cfg.runs}
     for round_number in range(cfg.repeat):
-        for name in _round_order(cfg.policies, round_number):
-            spec = PolicySpec(name, cfg.scheduling, batch)
+        for name in _round_order(cfg.runs, round_number):
+            policy, decoding = cfg.run_setup(name)
+            spec = PolicySpec(policy, cfg.scheduling, batch)
             logger.info("running policy %s on %d requests (run %d)", name, len(requests), round_number + 1)
             if loaded is None:
                 run = run_policy_isolated(
-                    cfg.model, cfg.decoding, spec, requests, cfg.record_margins, cfg.seed, pinning
+                    cfg.model, decoding, spec, requests, cfg.record_margins, cfg.seed, pinning
                 )
             else:
-                run = run_policy(loaded, cfg.decoding, spec, requests, cfg.record_margins, pinning=pinning)
+                run = run_policy(loaded, decoding, spec, requests, cfg.record_margins, pinning=pinning)
+            run.policy = name
             all_runs[name].append(run)
             runs = {n: _median_run(r) for n, r in all_runs.items() if r}
             report = _report(cfg, runs, requests, widths, batch, config.eos_token_ids, calibration)
             report["wall_s_per_run"] = {n: [round(x.wall_s, 4) for x in r] for n, r in all_runs.items() if r}
+            report["cpu_s_per_run"] = {
+                n: [round(x.cpu_s, 3) for x in r if x.cpu_s] for n, r in all_runs.items() if r
+            }
             if on_policy is not None:
                 on_policy(report)
     return report
@@ -122,7 +147,13 @@ def _report(
     for name, metrics in policies.items():
         if name.startswith("blockserve") and static and static["tokens_per_s"]:
             metrics["speedup_vs_static"] = round(metrics["tokens_per_s"] / static["tokens_per_s"], 3)
-        engine = policies.get(PolicySpec(name, cfg.scheduling, batch).served_policy)
+        without = policies.get(name.replace(CACHE_SUFFIX[True], CACHE_SUFFIX[False]))
+        if name.endswith(CACHE_SUFFIX[True]) and without and without["tokens_per_s"]:
+            metrics["vs_prefix_cache_off"] = round(metrics["tokens_per_s"] / without["tokens_per_s"], 3)
+            if metrics.get("tokens_per_cpu_s") and without.get("tokens_per_cpu_s"):
+                ratio = metrics["tokens_per_cpu_s"] / without["tokens_per_cpu_s"]
+                metrics["cpu_vs_prefix_cache_off"] = round(ratio, 3)
+        engine = policies.get(PolicySpec(cfg.run_setup(name)[0], cfg.scheduling, batch).served_policy)
         if name.startswith("gateway") and engine and engine["tokens_per_s"]:  # against its engine alone
             metrics["throughput_vs_engine"] = round(metrics["tokens_per_s"] / engine["tokens_per_s"], 3)
     comparison = compare_outputs(runs, requests, cfg.decoding.block_length)
@@ -144,6 +175,7 @@ def _report(
         "min_padding_efficiency": cfg.scheduling.min_padding_efficiency,
         "scheduling": asdict(cfg.scheduling),
         "static_batch_size": batch,
+        "prefix_cache": ["on" if on else "off" for on in cfg.prefix_cache],
         "pinned": cfg.pin,  # the engine on one core (one torch thread), the serving path on the others
         "static_max_box_tokens": max(
             len(widths[i : i + batch]) * max(widths[i : i + batch]) for i in range(0, len(widths), batch)

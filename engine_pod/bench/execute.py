@@ -24,12 +24,42 @@ from engine_pod.profiling.memory import peak_bytes, reset_peak
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.request import Request
+from engine_pod.text import cut_at_eos
 
 
 def warm_up(runner, requests: list[PreparedRequest]) -> None:
-    """One untimed block cycle, so that one-off kernel and allocator set-up is not charged to a policy."""
+    """One untimed block cycle, so that one-off kernel and allocator set-up is not charged to a policy
+    (and nothing it computed is left cached for the timed run)."""
     if requests:
         runner.run([CycleRow(tuple(requests[0].prompt_ids))])
+        if hasattr(runner, "forget"):
+            runner.forget()
+
+
+class FollowUps:
+    """A chat's next turns: each sent when the turn before it is answered, its history before it."""
+
+    def __init__(self, requests: list[PreparedRequest], block_length: int) -> None:
+        self.block_length = block_length
+        self.waiting: dict[str, list[PreparedRequest]] = {}
+        for item in requests:
+            if item.follows is not None:
+                self.waiting.setdefault(item.follows, []).append(item)
+        self.first = [item for item in requests if item.follows is None]
+        self.prompts = {item.request_id: list(item.prompt_ids) for item in self.first}
+
+    def request(self, item: PreparedRequest) -> Request:
+        prompt = self.prompts[item.request_id]
+        return Request.from_tokens(item.request_id, prompt, item.max_tokens, self.block_length)
+
+    def after(self, request_id: str, answer: list[int]) -> list[Request]:
+        """The turns that follow ``request_id``, now that its answer is known."""
+        history = self.prompts.pop(request_id) + answer
+        nexts = []
+        for item in self.waiting.pop(request_id, []):
+            self.prompts[item.request_id] = history + list(item.prompt_ids)
+            nexts.append(self.request(item))
+        return nexts
 
 
 def run_policy(
@@ -47,38 +77,44 @@ def run_policy(
     if spec.through_gateway:
         from engine_pod.bench.through_gateway import run_through_gateway
 
+        if any(item.follows is not None for item in requests):
+            raise ValueError("a multi-turn workload runs on the engine alone (not the gateway policies)")
+
         return run_through_gateway(loaded, decoding, spec, requests, pinning)
     eos = loaded.config.eos_token_ids
     scheduler = build_scheduler(spec, decoding.block_length, eos, decoding.ignore_eos, decoding.canvas)
     runner = make_runner(loaded, decoding, spec.token_budget, record_margins=record_margins)
     engine = Engine(runner, scheduler)
-    for item in requests:
-        engine.add_request(
-            Request.from_tokens(item.request_id, item.prompt_ids, item.max_tokens, decoding.block_length)
-        )
+    turns = FollowUps(requests, decoding.block_length)
+    for item in turns.first:
+        engine.add_request(turns.request(item))
     warm_up(engine.runner, requests)
     freeze_loaded_objects()  # as a worker does when it starts serving
     reset_peak(loaded.device)
     outcomes: dict[str, RequestOutcome] = {}
     bar = tqdm(total=len(requests), desc=spec.name, unit="req", disable=not progress, leave=False)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
 
     def finished(request: Request) -> None:
         reason = request.finish_reason.value if request.finish_reason else "length"
         answer = request.generated[: request.max_tokens]  # what a client gets: whole blocks overshoot
         outcomes[request.request_id] = RequestOutcome(list(answer), reason, time.perf_counter() - start)
         bar.update(1)
+        for follow_up in turns.after(request.request_id, cut_at_eos(answer, eos)):
+            engine.add_request(follow_up)
 
     engine.run(finished)
     if loaded.device.type == "cuda":
         torch.cuda.synchronize(loaded.device)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     bar.close()
     for request_id, margins in engine.margins.items():
         if request_id in outcomes:
             outcomes[request_id].margins = margins
     cores = {"engine": sorted(os.sched_getaffinity(0))} if pinning else None
-    return PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, list(engine.records), cores)
+    run = PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, list(engine.records), cores)
+    run.cpu_s = cpu
+    return run
 
 
 def _run_in_this_process(

@@ -76,7 +76,7 @@ def build_scheduler(spec: PolicySpec, block_length: int, eos_ids, ignore_eos: bo
 
 def static_widths(requests, block_length: int) -> list[int]:
     """Each request's static row: its prompt and its whole generation budget, in whole blocks."""
-    return [len(r.prompt_ids) + math.ceil(r.max_tokens / block_length) * block_length for r in requests]
+    return [r.longest_prompt + math.ceil(r.max_tokens / block_length) * block_length for r in requests]
 
 
 def static_batch_size_for(widths_in_arrival_order: list[int], token_budget: int) -> int:

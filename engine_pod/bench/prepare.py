@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 from engine_pod.bench.results import PreparedRequest
-from engine_pod.bench.workloads import WorkloadItem
+from engine_pod.bench.workloads import WorkloadError, WorkloadItem
 from engine_pod.models.config import ModelConfig
 from engine_pod.prompts import encode_prompt
 
@@ -26,11 +26,23 @@ def prepare_requests(
 ) -> list[PreparedRequest]:
     """Chat-formatted prompts when the model has a tokenizer; random ids of the same length otherwise."""
     rng = random.Random(seed)
-    prepared = []
+    prepared: dict[str, PreparedRequest] = {}
+    shared: dict[int, list[int]] = {}  # one common run of tokens per length
     for item in items:
         if item.prompt is not None and tokenizer is not None and getattr(tokenizer, "chat_template", None):
             ids = encode_prompt(tokenizer, item.prompt, chat=True)
         else:
             ids = _random_ids(rng, max(1, item.prompt_tokens), config)
-        prepared.append(PreparedRequest(item.request_id, ids, item.max_tokens))
-    return prepared
+        if item.shared_prefix_tokens:
+            length = item.shared_prefix_tokens
+            ids = shared.setdefault(length, _random_ids(random.Random(seed + length), length, config)) + ids
+        request = PreparedRequest(item.request_id, ids, item.max_tokens, item.follows)
+        if item.follows is not None:
+            before = prepared.get(item.follows)
+            if before is None:
+                raise WorkloadError(
+                    f"request {item.request_id} follows {item.follows!r}, not an earlier request"
+                )
+            request.history_tokens = before.longest_prompt + before.max_tokens
+        prepared[item.request_id] = request
+    return list(prepared.values())

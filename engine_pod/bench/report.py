@@ -24,22 +24,33 @@ def policy_metrics(run: PolicyRun, eos_ids) -> dict:
     latencies = [o.latency_s for o in run.outcomes.values()]
     computed = sum(c.computed_positions for c in run.cycles)
     useful = sum(c.useful_positions for c in run.cycles)
-    return {
-        "requests": len(run.outcomes),
-        "generated_tokens": generated,
-        "wall_s": round(run.wall_s, 4),
-        "tokens_per_s": round(generated / run.wall_s, 3) if run.wall_s else 0.0,
-        "requests_per_s": round(len(run.outcomes) / run.wall_s, 4) if run.wall_s else 0.0,
-        "latency_p50_s": round(_percentile(latencies, 0.5), 4),
-        "latency_p99_s": round(_percentile(latencies, 0.99), 4),
-        "padding_efficiency": round(useful / computed, 4) if computed else 0.0,
-        "num_forward_passes": sum(c.forwards for c in run.cycles),
-        "block_cycles": len(run.cycles),
-        "max_rows": max((c.rows for c in run.cycles), default=0),
-        "max_cost_tokens": max((c.cost for c in run.cycles), default=0),
-        "preemptions": sum(c.preempted for c in run.cycles),
-        "peak_memory_bytes": run.peak_memory_bytes,
-    } | ({"cores": run.cores} if run.cores else {})
+    return (
+        {
+            "requests": len(run.outcomes),
+            "generated_tokens": generated,
+            "wall_s": round(run.wall_s, 4),
+            "tokens_per_s": round(generated / run.wall_s, 3) if run.wall_s else 0.0,
+            "requests_per_s": round(len(run.outcomes) / run.wall_s, 4) if run.wall_s else 0.0,
+            "latency_p50_s": round(_percentile(latencies, 0.5), 4),
+            "latency_p99_s": round(_percentile(latencies, 0.99), 4),
+            "padding_efficiency": round(useful / computed, 4) if computed else 0.0,
+            "num_forward_passes": sum(c.forwards for c in run.cycles),
+            "block_cycles": len(run.cycles),
+            "max_rows": max((c.rows for c in run.cycles), default=0),
+            "max_cost_tokens": max((c.cost for c in run.cycles), default=0),
+            "preemptions": sum(c.preempted for c in run.cycles),
+            "peak_memory_bytes": run.peak_memory_bytes,
+            "computed_positions": computed,
+        }
+        | ({"cores": run.cores} if run.cores else {})
+        | _cpu_metrics(run, generated)
+    )
+
+
+def _cpu_metrics(run: PolicyRun, generated: int) -> dict:
+    if not run.cpu_s:
+        return {}
+    return {"engine_cpu_s": round(run.cpu_s, 3), "tokens_per_cpu_s": round(generated / run.cpu_s, 3)}
 
 
 def timeline(run: PolicyRun) -> list[dict]:

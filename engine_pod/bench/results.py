@@ -18,8 +18,14 @@ class ModelSpec:
 @dataclass
 class PreparedRequest:
     request_id: str
-    prompt_ids: list[int]
+    prompt_ids: list[int]  # a follow-up's: its new message alone (the history goes before it when sent)
     max_tokens: int
+    follows: str | None = None  # a chat's next turn: sent when this request is answered, behind its history
+    history_tokens: int = 0  # at most this many tokens of history go before a follow-up's prompt
+
+    @property
+    def longest_prompt(self) -> int:
+        return self.history_tokens + len(self.prompt_ids)
 
 
 @dataclass
@@ -38,3 +44,6 @@ class PolicyRun:
     outcomes: dict[str, RequestOutcome]
     cycles: list[CycleRecord]
     cores: dict[str, list[int]] | None = None  # pinned runs: the cores each part ran on, as observed
+    # the engine's process CPU time (engine alone): on a host whose cores other work shares, throughput per
+    # CPU second compares runs that wall time cannot
+    cpu_s: float | None = None

@@ -32,6 +32,8 @@ class WorkloadItem:
     max_tokens: int  # generation budget
     task: str | None = None
     answer: str | None = None  # the exact reference answer, when known
+    shared_prefix_tokens: int = 0  # a run of tokens common to every item that has one, before its prompt
+    follows: str | None = None  # a chat's next turn: sent after this request, behind its prompt and answer
 
 
 def named_workloads() -> list[str]:
@@ -76,7 +78,7 @@ def load_jsonl(path: Path) -> list[WorkloadItem]:
     return items
 
 
-def _range(text: str, name: str) -> tuple[int, int]:
+def parse_range(text: str, name: str) -> tuple[int, int]:
     try:
         low, _, high = text.partition("-")
         return int(low), int(high or low)
@@ -93,7 +95,7 @@ def synthetic(params: str | None) -> list[WorkloadItem]:
             raise WorkloadError(f"synthetic workload: unknown option {key!r} (use n, prompt, gen, seed)")
         options[key] = value
     rng = random.Random(int(options["seed"]))
-    (plo, phi), (glo, ghi) = _range(options["prompt"], "prompt"), _range(options["gen"], "gen")
+    (plo, phi), (glo, ghi) = parse_range(options["prompt"], "prompt"), parse_range(options["gen"], "gen")
     return [
         WorkloadItem(f"syn-{i}", None, rng.randint(plo, phi), rng.randint(glo, ghi))
         for i in range(int(options["n"]))
@@ -104,11 +106,17 @@ def load_workload(name_or_path: str) -> list[WorkloadItem]:
     match = _SYNTHETIC.match(name_or_path)
     if match:
         return synthetic(match.group("params"))
+    from engine_pod.bench.shared_workloads import generated_workload
+
+    generated = generated_workload(name_or_path)
+    if generated is not None:
+        return generated
     path = Path(name_or_path)
     if path.suffix == ".jsonl" or path.exists():
         return load_jsonl(path)
     if (WORKLOAD_DIR / f"{name_or_path}.jsonl").is_file():
         return load_jsonl(WORKLOAD_DIR / f"{name_or_path}.jsonl")
     raise WorkloadError(
-        f"unknown workload {name_or_path!r}: use one of {named_workloads()}, synthetic[:...], or a .jsonl file"
+        f"unknown workload {name_or_path!r}: use one of {named_workloads()}, synthetic[:...], "
+        "shared-prefix[:...], multi-turn[:...], or a .jsonl file"
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache
 from engine_pod.block_diffusion.runner import BlockDiffusionRunner, BlockRow
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.models.loader import LoadedModel
@@ -52,6 +53,9 @@ class BlockDiffusionCycleRunner:
             loaded.model, self.pool, L, decoding.steps_per_block, exact_cache=decoding.cache != "none"
         )
         self.states: dict[str, BlockRow] = {}
+        shares = decoding.prefix_cache and decoding.uses_cache  # shared keys must never be recomputed
+        self.prefix_cache = BlockPrefixCache(self.pool, L) if shares else None
+        self.hits: dict[str, int] = {}  # rows that entered the batch in the last cycle: tokens found cached
         self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)
 
     def run(self, rows: list[CycleRow], gather_rows: bool = True, packed: bool = False) -> CycleOutput:
@@ -59,7 +63,13 @@ class BlockDiffusionCycleRunner:
             raise ValueError("a block cycle needs at least one row")
         owners = [row.owner or f"row-{i}" for i, row in enumerate(rows)]
         self._forget_all_but(set(owners))
+        entering = [
+            owner not in self.states or self.states[owner].tokens != list(row.prefix_ids)
+            for owner, row in zip(owners, rows)
+        ]
         states = [self._state(owner, row) for owner, row in zip(owners, rows)]
+        if self.prefix_cache is not None:
+            self._share(states, entering)
         heads = [len(state.tokens) % self.decoding.block_length for state in states]
         forwards_before = [state.forwards for state in states]
         sampling = RowSampling.of(rows, self.loaded.device, self.score_dtype)
@@ -85,7 +95,7 @@ class BlockDiffusionCycleRunner:
         prefix = list(row.prefix_ids)
         state = self.states.get(owner)
         if state is None or state.tokens != prefix:
-            self.pool.release(owner)
+            self._leave(owner)
             threshold = self.threshold if row.threshold is None else row.threshold
             state = self.states[owner] = BlockRow(owner, prefix, threshold=threshold)
         state.active = row.active
@@ -99,7 +109,30 @@ class BlockDiffusionCycleRunner:
             return steps
         return max(1, min(steps, row.max_tokens // MINIMAL_TOPK))
 
+    def forget(self) -> None:
+        """Let go of every row and empty the prefix cache (a benchmark's warm-up leaves nothing behind)."""
+        self._forget_all_but(set())
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
+    def _share(self, states: list[BlockRow], entering: list[bool]) -> None:
+        """Rows entering the batch take their cached blocks; every row's blocks before its active block go
+        to the cache (rows already in the batch first)."""
+        L, cache = self.decoding.block_length, self.prefix_cache
+        self.hits = {}
+        for state, new in sorted(zip(states, entering), key=lambda pair: pair[1]):
+            if new:
+                state.cached = self.hits[state.owner] = cache.attach(state.owner, state.tokens)
+            start = state.block_start(L)
+            self.pool.reserve(state.owner, start + L)
+            cache.extend(state.owner, state.tokens, start)
+
+    def _leave(self, owner: str) -> None:
+        self.pool.release(owner)
+        if self.prefix_cache is not None:
+            self.prefix_cache.detach(owner)
+
     def _forget_all_but(self, owners: set[str]) -> None:
         for owner in [o for o in self.states if o not in owners]:
-            self.pool.release(owner)
+            self._leave(owner)
             del self.states[owner]

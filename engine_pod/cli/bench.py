@@ -24,7 +24,9 @@ def register(subparsers) -> None:
         description="Run a workload under each policy in the same run and report throughput, latency, "
         "padding efficiency, memory, and whether every request's output is identical across policies. "
         f"Named workloads: {', '.join(named_workloads())}; or synthetic:n=64,prompt=4-300,gen=32-128,seed=0; "
-        "or a JSONL trace with prompt/prompt_tokens and max_tokens per line.",
+        "shared-prefix:n=64,prefix=1024,question=16-64,gen=32-64,seed=0 (one long prefix before every "
+        "question); multi-turn:conversations=16,turns=4,message=32-128,gen=32-64,seed=0 (chats whose every "
+        "turn resends the history); or a JSONL trace with prompt/prompt_tokens and max_tokens per line.",
     )
     add_model_args(parser)
     parser.add_argument(
@@ -100,7 +102,7 @@ def register(subparsers) -> None:
         "--served-model-name",
         help="model name sent to --url (default: the one the server lists at /v1/models)",
     )
-    add_decoding_args(parser)
+    add_decoding_args(parser, compare_prefix_cache=True)
     parser.set_defaults(handler=run)
 
 
@@ -136,6 +138,8 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...]) -> int:
 
     if args.requests is not None and args.requests < 1:
         raise CliError("--requests must be positive")
+    if len(args.prefix_cache) > 1:
+        raise CliError("--prefix-cache on,off compares the policies offline; an online load takes on or off")
     model = served_model(args.url, args.api_key, args.served_model_name) if args.url else "bench"
     config = OnlineConfig(
         **_run_settings(args, policies),
@@ -196,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
         calibrate_fraction=calibrate,
         repeat=args.repeat,
         pin=args.pin,
+        prefix_cache=args.prefix_cache,
     )
     usable = read_profile(args.profile).usable_memory_bytes if args.profile else None
     out = Path(args.json_out) if args.json_out else None

@@ -37,8 +37,38 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_decoding_args(parser: argparse.ArgumentParser) -> None:
+PREFIX_CACHE = {"on": True, "off": False}
+
+
+def prefix_cache_settings(text: str) -> tuple[bool, ...]:
+    """``on``, ``off`` or both (``on,off``: a benchmark runs each policy with and without)."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names or any(name not in PREFIX_CACHE for name in names) or len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"expected on, off or on,off; got {text!r}")
+    return tuple(PREFIX_CACHE[name] for name in names)
+
+
+def _one_prefix_cache_setting(text: str) -> tuple[bool, ...]:
+    settings = prefix_cache_settings(text)
+    if len(settings) > 1:
+        raise argparse.ArgumentTypeError(f"expected on or off; got {text!r}")
+    return settings
+
+
+def add_decoding_args(parser: argparse.ArgumentParser, compare_prefix_cache: bool = False) -> None:
     group = parser.add_argument_group("decoding")
+    default = "on" if DecodingConfig.prefix_cache else "off"
+    group.add_argument(
+        "--prefix-cache",
+        type=prefix_cache_settings if compare_prefix_cache else _one_prefix_cache_setting,
+        default=prefix_cache_settings(default),
+        metavar="on|off" + ("|on,off" if compare_prefix_cache else ""),
+        help="block-diffusion models (LLaDA2.0, SDAR): share the KV cache of whole blocks between requests "
+        "that begin alike and keep finished requests' blocks for follow-ups (exact; LLaDA and Dream never "
+        "share)"
+        + ("; on,off runs every policy both ways" if compare_prefix_cache else "")
+        + f" (default: {default})",
+    )
     group.add_argument(
         "--block-length", type=int, default=DEFAULT_BLOCK_LENGTH, help="tokens per block L (default: 32)"
     )
@@ -76,6 +106,7 @@ def decoding_config(args: argparse.Namespace, steps_per_block: int) -> DecodingC
         cache=args.cache,
         canvas=args.canvas,
         ignore_eos=args.ignore_eos,
+        prefix_cache=args.prefix_cache[0],
     )
 
 

@@ -166,6 +166,7 @@ def _worker_args(args: argparse.Namespace, redis_url: str) -> list[str]:
         *("--block-length", str(args.block_length), "--remasking", args.remasking),
         *("--threshold", str(args.threshold), "--cache", args.cache, "--canvas", args.canvas),
         *(["--ignore-eos"] if args.ignore_eos else []),
+        *("--prefix-cache", "on" if args.prefix_cache[0] else "off"),
     ]
     return [
         *("--model", args.model, "--device", args.device, "--dtype", args.dtype),

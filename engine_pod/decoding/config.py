@@ -25,6 +25,10 @@ class DecodingConfig:
     canvas: str = "block"  # block: prompt + blocks so far (BlockServe); full: + masked suffix (Fast-dLLM)
     ignore_eos: bool = False  # keep generating after a block that contains EOS
     eps: float = 1e-3  # Dream's final timestep, used by the timestep schedule of quota policies
+    # block-diffusion models (LLaDA2.0, SDAR): share the keys and values of whole blocks between requests
+    # with the same leading tokens and keep a finished request's blocks (docs/design.md); exact, so on by
+    # default. LLaDA and Dream attend both ways: nothing is shared whatever this says.
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.block_length < 1:

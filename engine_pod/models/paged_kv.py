@@ -5,9 +5,16 @@ written once and kept across block cycles. Each request holds the pages covering
 tokens plus its active block; the active block's entries are rewritten at every step until the block
 is committed. Slots are flat (page x page_size + offset); the last slot is a scratch slot that padded
 queries write to and padded keys read from, never attended.
+
+Pages are reference-counted: a request's table holds one reference to each of its pages, and the block
+prefix cache (block_diffusion/prefix_cache.py) one to each page it keeps, so that requests can share a
+committed block's page and a finished request's blocks can outlive it. A page returns to the free list
+when its last holder lets it go; when too few are free, ``reclaim`` (the cache's eviction) is asked first.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -38,7 +45,9 @@ class PagedKVPool:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.device = device
         self._free = list(range(num_pages - 1, -1, -1))
+        self._refs = [0] * num_pages
         self._tables: dict[str, list[int]] = {}
+        self.reclaim: Callable[[int], None] | None = None  # frees at least n pages if it can
 
     @property
     def free_pages(self) -> int:
@@ -51,14 +60,46 @@ class PagedKVPool:
         """Make ``owner``'s pages cover positions ``[0, tokens)``."""
         table = self._tables.setdefault(owner, [])
         needed = self.pages_for(tokens) - len(table)
+        if needed > len(self._free) and self.reclaim is not None:
+            self.reclaim(needed - len(self._free))
         if needed > len(self._free):
             raise PoolExhausted(f"{owner} needs {needed} more KV pages; {len(self._free)} are free")
         for _ in range(max(0, needed)):
-            table.append(self._free.pop())
+            page = self._free.pop()
+            self._refs[page] = 1
+            table.append(page)
+
+    def share(self, owner: str, pages: list[int]) -> None:
+        """Start ``owner``'s table (empty until now) with ``pages`` held by others (a cached prefix)."""
+        if self._tables.get(owner):
+            raise ValueError(f"{owner} already holds pages; shared pages go first")
+        for page in pages:
+            self.retain(page)
+        self._tables[owner] = list(pages)
+
+    def table(self, owner: str) -> list[int]:
+        """``owner``'s pages, position order (empty when it holds none)."""
+        return self._tables.get(owner, [])
+
+    def retain(self, page: int) -> None:
+        """One more holder of ``page`` (which must be held already)."""
+        if self._refs[page] < 1:
+            raise ValueError(f"page {page} is free; only a held page can be shared")
+        self._refs[page] += 1
+
+    def drop(self, page: int) -> None:
+        """One holder fewer; the last one frees the page."""
+        self._refs[page] -= 1
+        if self._refs[page] == 0:
+            self._free.append(page)
+
+    def holders(self, page: int) -> int:
+        return self._refs[page]
 
     def release(self, owner: str) -> None:
-        """Give ``owner``'s pages back (finished, cancelled or preempted)."""
-        self._free.extend(reversed(self._tables.pop(owner, [])))
+        """Let go of ``owner``'s pages (finished, cancelled or preempted); pages no one else holds are free."""
+        for page in reversed(self._tables.pop(owner, [])):
+            self.drop(page)
 
     def slots(self, owner: str, start: int, end: int) -> torch.Tensor:
         """Flat slots of positions ``[start, end)`` of ``owner`` (reserved beforehand)."""

@@ -43,6 +43,7 @@ class Scheduler:
         self.clock = clock
         self.requests: dict[str, Request] = {}
         self.grid_aligned = False  # blocks on the absolute grid (block-diffusion models; set by the engine)
+        self.shares_blocks = False  # the runner shares rows' common whole blocks (set by the engine)
 
     def row_width_of(self, row: CycleRow) -> int:
         """Tokens a row of the next cycle holds: its prefix, the active block and any suffix."""

@@ -11,7 +11,9 @@ Fairness: a request that has waited longer than ``max_wait_s`` since it was enqu
 whatever its width, and nothing else is admitted before it (the rows running drain until it fits).
 
 Cost(A) is what the batch's layout holds: packed (the default), the sum of its rows' widths
-sum_i(p_i + (b_i + 1) L); dense, |A| x max_i(p_i + (b_i + 1) L). Two ways to keep it within the budget
+sum_i(p_i + (b_i + 1) L); dense, |A| x max_i(p_i + (b_i + 1) L). When the runner shares whole blocks
+between rows (a block-diffusion model's prefix cache), a packed batch counts each block its rows hold in
+common once: a row costs only what it holds beyond the blocks the batch has already. Two ways to keep it within the budget
 at every cycle:
 - ``projected``: admit against each row's peak width p_i + K_i L, so growth can never overflow;
 - ``preempt``: admit against the next cycle's widths and, when rows have grown past the budget,
@@ -31,6 +33,7 @@ from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.pending_queue import PendingQueue
 from engine_pod.scheduler.request import Request, RequestError, RequestState
+from engine_pod.scheduler.shared_blocks import block_keys, shared_tokens
 
 
 class BlockServeScheduler(Scheduler):
@@ -64,8 +67,32 @@ class BlockServeScheduler(Scheduler):
     def _box_of(self, requests: list[Request]) -> BatchBox:
         box = BatchBox(packed=self.packed)
         for request in requests:
-            box.add(self.admission_width(request), self.row_width(request))
+            self._add(box, request)
         return box
+
+    def _held_width(self, request: Request, box: BatchBox) -> int:
+        """What admitting ``request`` adds to the batch's cost: its admission width, less the whole blocks
+        the batch's rows hold already (when the runner shares them and the layout does not pad)."""
+        if not (self.shares_blocks and self.packed):
+            return self.admission_width(request)
+        keys = block_keys(request, self.block_length)
+        return self.admission_width(request) - shared_tokens(keys, box.held_blocks, self.block_length)
+
+    def _shared_in(self, requests: list[Request]) -> int:
+        """Tokens of whole blocks the rows hold in common (each counted once): 0 unless shared."""
+        if not (self.shares_blocks and self.packed):
+            return 0
+        held, shared = set(), 0
+        for request in requests:
+            keys = block_keys(request, self.block_length)
+            shared += shared_tokens(keys, held, self.block_length)
+            held.update(keys)
+        return shared
+
+    def _add(self, box: BatchBox, request: Request) -> None:
+        box.add(self._held_width(request, box), self.row_width(request))
+        if self.shares_blocks and self.packed:
+            box.held_blocks.update(block_keys(request, self.block_length))
 
     def fits(self, request: Request) -> bool:
         """Whether the request can ever run here: its widest row, alone, within the budget."""
@@ -93,7 +120,7 @@ class BlockServeScheduler(Scheduler):
             rows=rows,
             gather_rows=True,
             box_width=max(widths, default=0),
-            row_total=sum(widths),
+            row_total=sum(self.row_width(r) for r in self.active) - self._shared_in(self.active),
             packed=self.packed,
             admitted=[r.request_id for r in admitted],
             preempted=[r.request_id for r in preempted],
@@ -128,12 +155,12 @@ class BlockServeScheduler(Scheduler):
         now, chosen = self.clock(), []
         while box.rows < self.config.max_rows:
             candidate = self._candidate(pending, box, now)
-            if candidate is None or box.cost_with(self.admission_width(candidate)) > self.token_budget:
+            if candidate is None or box.cost_with(self._held_width(candidate, box)) > self.token_budget:
                 break  # an aged candidate that does not fit yet keeps its place: nobody overtakes it
             if not self._aged(candidate, now) and not self._dense_enough(candidate, box):
                 break  # wider prompts wait for a batch of their own width (the queue is sorted)
             pending.remove(candidate)
-            box.add(self.admission_width(candidate), self.row_width(candidate))
+            self._add(box, candidate)
             chosen.append(candidate)
         return chosen
 

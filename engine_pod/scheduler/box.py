@@ -3,7 +3,7 @@ that trying n candidates costs O(n), not O(n^2) (no torch)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -14,6 +14,7 @@ class BatchBox:
     admission_total: int = 0  # sum of admission widths
     widest_row: int = 0  # widest row width: the dense box the next cycle materialises
     row_total: int = 0  # sum of row widths: the positions that are not padding
+    held_blocks: set[int] = field(default_factory=set)  # keys of the whole blocks its rows share
 
     @property
     def cost(self) -> int:

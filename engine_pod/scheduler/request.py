@@ -47,6 +47,8 @@ class Request:
     # block-diffusion models put blocks on the absolute grid: the prompt's last grid_head tokens share the
     # first block with the first generated tokens (align_to_grid sets it; 0 for LLaDA and Dream)
     grid_head: int = 0
+    # keys of its whole blocks, for admission under a block prefix cache (scheduler/shared_blocks.py)
+    block_keys: list[int] = field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
@@ -31,8 +33,31 @@ class WorkerMetrics:
         self.preemptions = Counter(
             "dllm_preemptions", "Rows sent back to the local queue by the budget", registry=r
         )
+        self.prefix_cached_tokens = Gauge(
+            "dllm_prefix_cache_tokens", "Tokens whose KV the block prefix cache holds", registry=r
+        )
+        self.prefix_lookup_tokens = Counter(
+            "dllm_prefix_cache_lookup_tokens",
+            "Whole-block tokens of rows entering the batch, looked up in the prefix cache",
+            registry=r,
+        )
+        self.prefix_hit_tokens = Counter(
+            "dllm_prefix_cache_hit_tokens",
+            "Of those, found cached (hit rate: hit / lookup tokens)",
+            registry=r,
+        )
+        self.prefix_hits = Histogram(
+            "dllm_prefix_cache_hit_tokens_per_request",
+            "Tokens found cached when a request's row entered the batch",
+            buckets=(0, 32, 128, 512, 1024, 2048, 4096, 8192, 16384),
+            registry=r,
+        )
+        self.prefix_evicted_tokens = Counter(
+            "dllm_prefix_cache_evicted_tokens", "Tokens evicted from the prefix cache", registry=r
+        )
         self._useful = 0
         self._computed = 0
+        self._seen = None  # the prefix cache's totals at the last scrape of them
 
     def record_cycle(
         self, rows: int, box_width: int, seconds: float, useful: int, computed: int, preempted: int
@@ -45,3 +70,14 @@ class WorkerMetrics:
         self._computed += computed
         if self._computed:
             self.padding_efficiency.set(self._useful / self._computed)
+
+    def record_prefix_cache(self, stats, hits: dict[str, int]) -> None:
+        """The prefix cache's totals (PrefixCacheStats) and the last cycle's hits, per entering row."""
+        seen = self._seen
+        self.prefix_cached_tokens.set(stats.cached_tokens)
+        self.prefix_lookup_tokens.inc(stats.looked_up_tokens - (seen.looked_up_tokens if seen else 0))
+        self.prefix_hit_tokens.inc(stats.hit_tokens - (seen.hit_tokens if seen else 0))
+        self.prefix_evicted_tokens.inc(stats.evicted_tokens - (seen.evicted_tokens if seen else 0))
+        for tokens in hits.values():
+            self.prefix_hits.observe(tokens)
+        self._seen = replace(stats)

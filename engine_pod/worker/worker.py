@@ -367,6 +367,9 @@ class Worker:
             record.computed_positions,
             record.preempted,
         )
+        cache = getattr(self.engine.runner, "prefix_cache", None)
+        if cache is not None:
+            self.metrics.record_prefix_cache(cache.stats, self.engine.runner.hits)
 
     def _committed_blocks(self, result: StepResult) -> list[BlockCommit]:
         """What this cycle committed, per active row: its progress, its block event for a streaming client

@@ -1,0 +1,26 @@
+"""What rows of one batch hold in common when the runner shares whole blocks between them (no torch).
+
+With a block prefix cache (block-diffusion models), rows whose tokens agree on their first whole blocks
+hold one page for each of those blocks, not one each. A block is known by a key that chains its tokens
+to the keys of the blocks before it, so two rows' blocks share a key only when everything up to their end
+agrees. Admission counts a row's blocks whose keys the batch holds already as free.
+"""
+
+from __future__ import annotations
+
+from engine_pod.scheduler.request import Request
+
+
+def block_keys(request: Request, block_length: int) -> list[int]:
+    """Keys of ``request``'s whole blocks before its next active block (extended as it commits blocks)."""
+    keys = request.block_keys
+    tokens = request.prompt_ids + tuple(request.generated)
+    whole = (request.prompt_len - request.grid_head) // block_length + request.blocks_done(block_length)
+    for b in range(len(keys), whole):
+        keys.append(hash((keys[-1] if keys else 0, tokens[b * block_length : (b + 1) * block_length])))
+    return keys[:whole]
+
+
+def shared_tokens(keys: list[int], held: set[int], block_length: int) -> int:
+    """Tokens of the blocks ``keys`` names that the batch holds already (``held``)."""
+    return block_length * sum(1 for key in keys if key in held)
