@@ -13,6 +13,7 @@ ENV PATH=/opt/venv/bin:$PATH
 RUN pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
 WORKDIR /src
 COPY constraints.txt pyproject.toml README.md ./
+COPY dllm_contracts ./dllm_contracts
 COPY engine_pod ./engine_pod
 COPY gateway ./gateway
 COPY operator ./operator

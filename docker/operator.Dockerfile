@@ -10,6 +10,7 @@ WORKDIR /src
 COPY constraints.txt docker/operator-requirements.txt ./
 RUN pip install -c constraints.txt -r operator-requirements.txt
 COPY pyproject.toml README.md ./
+COPY dllm_contracts ./dllm_contracts
 COPY engine_pod ./engine_pod
 COPY gateway ./gateway
 COPY operator ./operator

@@ -7,14 +7,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from dllm_contracts.scheduler_config import SchedulerConfig
+from dllm_contracts.text import cut_at_eos
 from engine_pod.bench.execute import run_policy
 from engine_pod.bench.policies import PolicySpec, static_batch_size_for
 from engine_pod.bench.results import PreparedRequest
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import LoadedModel
 from engine_pod.prompts import encode_prompt
-from engine_pod.scheduler.config import SchedulerConfig
-from engine_pod.text import cut_at_eos
 from engine_pod.training.tasks import Example, eval_set
 
 

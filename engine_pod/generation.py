@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from dllm_contracts.text import completion_tokens, decode_completion, within_limit
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.request import Request
 from engine_pod.scheduler.static import sequential_scheduler
-from engine_pod.text import completion_tokens, decode_completion, within_limit
 
 
 @dataclass

@@ -12,11 +12,11 @@ from fastapi import FastAPI
 from prometheus_client import start_http_server
 from redis.exceptions import RedisClusterException
 
-from engine_pod.heap import collect_young_less_often, freeze_loaded_objects
-from engine_pod.queue.async_client import AsyncQueue
-from engine_pod.queue.connect import async_client
-from engine_pod.queue.ops import QueueOps
-from engine_pod.queue.resilience import CLIENT_OPTIONS, TRANSIENT_ERRORS
+from dllm_contracts.heap import collect_young_less_often, freeze_loaded_objects
+from dllm_contracts.queue.async_client import AsyncQueue
+from dllm_contracts.queue.connect import async_client
+from dllm_contracts.queue.ops import QueueOps
+from dllm_contracts.queue.resilience import CLIENT_OPTIONS, TRANSIENT_ERRORS
 from gateway.api_keys import ApiKeys
 from gateway.batch_keeper import BatchKeeper, new_gateway_id
 from gateway.body_limit import BodyLimit

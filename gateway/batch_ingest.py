@@ -12,8 +12,8 @@ import time
 
 from pydantic import ValidationError
 
-from engine_pod.queue.messages import BATCH_META, QueuedRequest
-from engine_pod.queue.ops import IngestChunk, as_text, text_of
+from dllm_contracts.queue.messages import BATCH_META, QueuedRequest
+from dllm_contracts.queue.ops import IngestChunk, as_text, text_of
 from gateway.errors import ApiError
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.submission import build_request, check_prompt_text, check_request

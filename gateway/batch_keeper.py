@@ -13,8 +13,8 @@ import os
 import secrets
 import socket
 
-from engine_pod.queue.ops import as_text, now_ms
-from engine_pod.queue.resilience import REDIS_ERRORS
+from dllm_contracts.queue.ops import as_text, now_ms
+from dllm_contracts.queue.resilience import REDIS_ERRORS
 from gateway.batch_ingest import LeaseLost, ingest_batch, mark_failed
 from gateway.batch_lifecycle import watch
 

@@ -15,8 +15,8 @@ import json
 import logging
 import time
 
-from engine_pod.queue.ops import text_of
-from engine_pod.queue.resilience import REDIS_ERRORS
+from dllm_contracts.queue.ops import text_of
+from dllm_contracts.queue.resilience import REDIS_ERRORS
 from gateway.batch_ingest import cancel_members
 from gateway.batch_results import result_lines
 from gateway.stored_files import store_file

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from engine_pod.queue.messages import DoneEvent, decode_event
+from dllm_contracts.queue.messages import DoneEvent, decode_event
 from gateway.batch_ingest import LINE_META, SKIPPED, STOP_META
 from gateway.logprobs import chat_logprobs, completion_logprobs
 from gateway.submission import apply_stop, finish_reason, tokens_shown

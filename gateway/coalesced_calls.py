@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from engine_pod.queue.async_client import AsyncQueue
-from engine_pod.queue.ops import ScriptCall
+from dllm_contracts.queue.async_client import AsyncQueue
+from dllm_contracts.queue.ops import ScriptCall
 
 
 class CoalescedCalls:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from engine_pod.queue.async_client import AsyncQueue
-from engine_pod.queue.resilience import REDIS_ERRORS
+from dllm_contracts.queue.async_client import AsyncQueue
+from dllm_contracts.queue.resilience import REDIS_ERRORS
 
 DELIVERED_EVENTS_TTL_S = 60  # a delivered request's events stay this long (else: the result retention)
 FLUSH_S = 0.05  # how often collected ids are expired

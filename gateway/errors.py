@@ -7,7 +7,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine_pod.queue.resilience import TRANSIENT_ERRORS
+from dllm_contracts.queue.resilience import TRANSIENT_ERRORS
 
 
 class ApiError(Exception):

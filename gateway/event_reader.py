@@ -15,8 +15,8 @@ import logging
 import secrets
 from collections import deque
 
-from engine_pod.queue.async_client import START, AsyncQueue, Event
-from engine_pod.queue.resilience import REDIS_ERRORS, Backoff
+from dllm_contracts.queue.async_client import START, AsyncQueue, Event
+from dllm_contracts.queue.resilience import REDIS_ERRORS, Backoff
 
 READ_BLOCK_S = 2.0  # longest single blocking read (a waiter's own timeout is its own)
 DOORBELL_KEEP_S = 3600  # a doorbell outlives its gateway by this much at most

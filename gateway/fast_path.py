@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from engine_pod.queue.resilience import TRANSIENT_ERRORS
+from dllm_contracts.queue.resilience import TRANSIENT_ERRORS
 from gateway.errors import ApiError, queue_unreachable, server_error, shutting_down, validation_error
 from gateway.routers.completions import chat, complete
 from gateway.schemas import ChatCompletionRequest, CompletionRequest

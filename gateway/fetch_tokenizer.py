@@ -20,7 +20,7 @@ def fetch(source: str, dest: str) -> Path:
     target = Path(dest)
     target.mkdir(parents=True, exist_ok=True)
     if source.startswith("builtin:"):
-        from engine_pod.defaults import ASSETS_DIR  # torch-free: only paths
+        from dllm_contracts.defaults import ASSETS_DIR  # torch-free: only paths
 
         source = str(ASSETS_DIR / source.split(":", 1)[1])
     local = Path(source)
@@ -29,7 +29,7 @@ def fetch(source: str, dest: str) -> Path:
             if (local / name).is_file():
                 shutil.copy2(local / name, target / name)
     else:  # a Hub repo (REPO@REVISION pins one), through the shared cache when it is mounted
-        from engine_pod.models.locate import download, split_revision
+        from dllm_contracts.model_source import download, split_revision
 
         snapshot = download(*split_revision(source), patterns=PATTERNS)
         for name in PATTERNS:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine_pod.queue.messages import DoneEvent
+from dllm_contracts.queue.messages import DoneEvent
 
 Entry = list | tuple | None  # [log p, [[alternative id, log p], ...]] or None
 INCOMPLETE = "\ufffd"  # how a decoder shows the bytes of a character that has not all come

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine_pod.queue.ops import RESULT_TTL_S
+from dllm_contracts.queue.ops import RESULT_TTL_S
 
 
 class SettingsError(ValueError):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import redis.asyncio as aioredis
 from fastapi import Depends, Request
 
-from engine_pod.queue.async_client import AsyncQueue
+from dllm_contracts.queue.async_client import AsyncQueue
 from gateway.api_keys import ApiKeys
 from gateway.coalesced_calls import CoalescedCalls
 from gateway.delivered import DeliveredEvents

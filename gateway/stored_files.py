@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from engine_pod.queue.keys import new_request_id
+from dllm_contracts.queue.keys import new_request_id
 from gateway.schemas import FileObject
 from gateway.tenancy import TENANT_FIELD, add_to_index
 

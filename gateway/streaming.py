@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
-from engine_pod.queue.resilience import REDIS_ERRORS
+from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest
+from dllm_contracts.queue.resilience import REDIS_ERRORS
 from gateway.errors import ApiError, error_body
 from gateway.event_stream import EventStream
 from gateway.logprobs import StreamedLogprobs, held_back, visible_tokens

@@ -9,9 +9,9 @@ import time
 
 from starlette.requests import ClientDisconnect
 
-from engine_pod.queue.keys import new_request_id
-from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
-from engine_pod.queue.resilience import REDIS_ERRORS, TRANSIENT_ERRORS, Backoff
+from dllm_contracts.queue.keys import new_request_id
+from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest
+from dllm_contracts.queue.resilience import REDIS_ERRORS, TRANSIENT_ERRORS, Backoff
 from gateway.errors import ApiError, model_not_found, queue_unreachable, shutting_down
 from gateway.openai_fields import unknown_fields
 from gateway.schemas import CommonFields

@@ -13,7 +13,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from engine_pod.queue.ops import as_text, text_of
+from dllm_contracts.queue.ops import as_text, text_of
 from gateway.errors import ApiError
 from gateway.state import State, authorization_of
 

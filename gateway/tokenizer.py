@@ -9,7 +9,7 @@ from jinja2 import TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from engine_pod.text import cut_at_eos
+from dllm_contracts.text import cut_at_eos
 
 
 class TokenizerError(ValueError):

@@ -20,6 +20,10 @@ import time
 
 import redis
 
+from dllm_contracts.defaults import DEFAULT_MODEL
+from dllm_contracts.heap import freeze_loaded_objects
+from dllm_contracts.queue.keys import ServiceKeys
+from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod import engine as engine_module
 from engine_pod.allocators import tune_cpu_allocator
 from engine_pod.bench import through_gateway
@@ -27,11 +31,7 @@ from engine_pod.bench.policies import PolicySpec
 from engine_pod.bench.prepare import prepare_requests
 from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.defaults import DEFAULT_MODEL
-from engine_pod.heap import freeze_loaded_objects
 from engine_pod.models.loader import load_metadata, load_model
-from engine_pod.queue.keys import ServiceKeys
-from engine_pod.scheduler.config import SchedulerConfig
 
 
 class Recorder:

@@ -18,9 +18,9 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from dllm_contracts.defaults import DEFAULT_MODEL
 from engine_pod.allocators import tune_cpu_allocator
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.defaults import DEFAULT_MODEL
 from engine_pod.models.loader import load_model
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.scheduler.cycle_row import CycleRow

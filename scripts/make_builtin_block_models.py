@@ -3,7 +3,7 @@
 so that ``dllm serve --model builtin:tiny-llada2-random`` (or ``builtin:tiny-sdar-random``) serves the
 block-diffusion path out of the box.
 
-    python scripts/make_builtin_block_models.py            # rewrites engine_pod/assets/tiny-*-random
+    python scripts/make_builtin_block_models.py            # rewrites dllm_contracts/assets/tiny-*-random
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from engine_pod.defaults import ASSETS_DIR
+from dllm_contracts.defaults import ASSETS_DIR
 from engine_pod.models.config import config_from_dict
 from engine_pod.models.loader import _random_init, build_model
 from engine_pod.models.weights import save_checkpoint

@@ -41,7 +41,11 @@ SCOPES = {
     # the Lua scripts are not Python (mutmut leaves them alone); the single-node half of the protocol
     # tests runs every script, the cluster half repeats it on three masters at ten times the cost
     "queue": Scope(
-        ["engine_pod/queue/ops.py", "engine_pod/queue/messages.py", "engine_pod/queue/sync_client.py"],
+        [
+            "dllm_contracts/queue/ops.py",
+            "dllm_contracts/queue/messages.py",
+            "dllm_contracts/queue/sync_client.py",
+        ],
         ["tests/serving/test_queue_protocol.py", "tests/serving/test_queue_replies.py", "-k", "not cluster"],
     ),
     "worker": Scope(
@@ -61,7 +65,7 @@ def mutmut_section(scope: Scope) -> str:
 
     return (
         "[tool.mutmut]\n"
-        'source_paths = ["engine_pod/", "gateway/"]\n'
+        'source_paths = ["dllm_contracts/", "engine_pod/", "gateway/"]\n'
         f"only_mutate = {toml_list(scope.mutate)}\n"
         f"pytest_add_cli_args_test_selection = {toml_list(scope.tests)}\n"
         # a mutant that hangs the worker's loop or a wait fails its test at this bound instead of

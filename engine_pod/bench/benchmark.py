@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.bench.calibrate import calibrate_threshold
 from engine_pod.bench.execute import run_policy, run_policy_isolated
 from engine_pod.bench.pinning import Pinning
@@ -19,7 +20,6 @@ from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.isolation import run_in_child
 from engine_pod.models.loader import LoadedModel, load_metadata, load_model
-from engine_pod.scheduler.config import SchedulerConfig
 
 logger = logging.getLogger(__name__)
 

@@ -12,19 +12,19 @@ import time
 import torch
 from tqdm import tqdm
 
+from dllm_contracts.heap import freeze_loaded_objects
+from dllm_contracts.text import cut_at_eos
 from engine_pod.bench.pinning import Pinning
 from engine_pod.bench.policies import PolicySpec, build_scheduler
 from engine_pod.bench.results import ModelSpec, PolicyRun, PreparedRequest, RequestOutcome
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
-from engine_pod.heap import freeze_loaded_objects
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.models.loader import LoadedModel, load_model
 from engine_pod.profiling.memory import peak_bytes, reset_peak
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.request import Request
-from engine_pod.text import cut_at_eos
 
 
 def warm_up(runner, requests: list[PreparedRequest]) -> None:

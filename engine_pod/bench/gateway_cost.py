@@ -25,12 +25,12 @@ import threading
 import time
 from pathlib import Path
 
+from dllm_contracts.defaults import ASSETS_DIR
+from dllm_contracts.queue.connect import sync_client
+from dllm_contracts.queue.messages import BlockEvent, DoneEvent
+from dllm_contracts.queue.ops import BlockCommit, QueueOps
+from dllm_contracts.queue.sync_client import SyncQueue
 from engine_pod.bench.http_client import LoadClient
-from engine_pod.defaults import ASSETS_DIR
-from engine_pod.queue.connect import sync_client
-from engine_pod.queue.messages import BlockEvent, DoneEvent
-from engine_pod.queue.ops import BlockCommit, QueueOps
-from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import RedisServer, free_port
 from gateway.settings import GatewaySettings

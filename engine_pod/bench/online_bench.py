@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.bench.online import Load, OnlineRequest, online_metrics, repeat_to
 from engine_pod.bench.online_engine import run_engine_online
 from engine_pod.bench.online_http import drive
@@ -17,7 +18,6 @@ from engine_pod.bench.results import ModelSpec
 from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import load_metadata, load_model
-from engine_pod.scheduler.config import SchedulerConfig
 
 logger = logging.getLogger(__name__)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from dllm_contracts.text import completion_tokens
 from engine_pod.bench.execute import warm_up
 from engine_pod.bench.online import Load, Observed, OnlineRequest
 from engine_pod.bench.policies import PolicySpec, build_scheduler
@@ -13,7 +14,6 @@ from engine_pod.engine import Engine, StepResult
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.request import Request
-from engine_pod.text import completion_tokens
 
 
 class _Run:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from dllm_contracts.scheduler_config import ADMISSION_MODES, SchedulerConfig
 from engine_pod.scheduler.base import Scheduler
-from engine_pod.scheduler.config import ADMISSION_MODES, SchedulerConfig
 from engine_pod.scheduler.serving import SERVING_POLICIES, serving_scheduler
 
 POLICIES = (

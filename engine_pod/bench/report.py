@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict
 
+from dllm_contracts.text import completion_tokens
 from engine_pod.bench.results import PolicyRun, PreparedRequest
-from engine_pod.text import completion_tokens
 
 NEAR_TIE = 1e-4  # a divergence must start where the top-2 probability gap is below this
 

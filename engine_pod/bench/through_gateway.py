@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import redis
 
+from dllm_contracts.queue.keys import ServiceKeys
 from engine_pod.bench.http_client import LoadClient
 from engine_pod.bench.pinning import Pinning
 from engine_pod.bench.policies import PolicySpec
@@ -27,7 +28,6 @@ from engine_pod.bench.results import PolicyRun, PreparedRequest, RequestOutcome
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import LoadedModel
 from engine_pod.profiling.memory import peak_bytes
-from engine_pod.queue.keys import ServiceKeys
 from engine_pod.runner.factory import make_runner
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import RedisServer, free_port

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from dllm_contracts.defaults import DEFAULT_TOKEN_BUDGET
+from dllm_contracts.profile_summary import ProfileFormatError, ProfileSummary, read_profile_file
 from engine_pod.cli.common import CliError
-from engine_pod.defaults import DEFAULT_TOKEN_BUDGET
-from engine_pod.profiling.summary import ProfileFormatError, ProfileSummary, read_profile_file
 
 
 def add_budget_args(parser: argparse.ArgumentParser) -> None:

@@ -8,9 +8,9 @@ import re
 import sys
 from pathlib import Path
 
+from dllm_contracts.profile_summary import ProfileSummary, failure_message
+from dllm_contracts.scheduler_config import DEFAULT_LAYOUT, LAYOUTS
 from engine_pod.cli.common import CliError, add_model_args
-from engine_pod.profiling.summary import ProfileSummary, failure_message
-from engine_pod.scheduler.config import DEFAULT_LAYOUT, LAYOUTS
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 

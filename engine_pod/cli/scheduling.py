@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine_pod.cli.budget import add_budget_args, read_profile, resolve_budget
-from engine_pod.cli.common import CliError
-from engine_pod.scheduler.config import (
+from dllm_contracts.scheduler_config import (
     ADMISSION_MODES,
     BURST_QUIET_S,
     DEFAULTS,
@@ -15,6 +13,8 @@ from engine_pod.scheduler.config import (
     SchedulerConfig,
     problems_of,
 )
+from engine_pod.cli.budget import add_budget_args, read_profile, resolve_budget
+from engine_pod.cli.common import CliError
 
 
 def add_scheduler_args(parser: argparse.ArgumentParser) -> None:

@@ -17,11 +17,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from dllm_contracts.scheduler_config import admission_flags
 from engine_pod.cli.budget import resolve_budget
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args
 from engine_pod.cli.scheduling import scheduler_config
 from engine_pod.cli.worker import add_worker_args
-from engine_pod.scheduler.config import admission_flags
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ def _worker_args(args: argparse.Namespace, redis_url: str) -> list[str]:
 def _served_model_dir(args: argparse.Namespace) -> Path:
     """The directory the gateway reads the tokenizer (and EOS ids) from: the model's own, or for a random
     model its preset's config beside the shipped tokenizer (under the data directory)."""
-    from engine_pod.models.locate import resolve_model_dir
+    from dllm_contracts.model_source import resolve_model_dir
     from engine_pod.serve.random_model import random_model_dir
 
     if not args.model.startswith("random:"):

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = trainer.run()
     logger.info("checkpoint written to %s", checkpoint)
     if args.install:
-        from engine_pod.defaults import DEFAULT_MODEL
+        from dllm_contracts.defaults import DEFAULT_MODEL
 
         target = Path(DEFAULT_MODEL)
         shutil.rmtree(target, ignore_errors=True)

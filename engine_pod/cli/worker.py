@@ -10,9 +10,9 @@ import argparse
 import logging
 from typing import TYPE_CHECKING
 
+from dllm_contracts.queue.keys import RESULT_TTL_S
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config
 from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
-from engine_pod.queue.keys import RESULT_TTL_S
 from engine_pod.scheduler.serving import SERVING_POLICIES
 
 if TYPE_CHECKING:

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
+from dllm_contracts.model_source import ModelLoadError, resolve_model_dir
 from engine_pod.models.block_transformer import BlockDiffusionTransformer
 from engine_pod.models.config import ModelConfig, config_from_dict, load_config
-from engine_pod.models.locate import ModelLoadError, resolve_model_dir
 from engine_pod.models.presets import preset
 from engine_pod.models.transformer import DiffusionTransformer
 from engine_pod.models.weights import load_state_dict

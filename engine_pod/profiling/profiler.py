@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
+from dllm_contracts.scheduler_config import DEFAULT_LAYOUT
 from engine_pod.allocators import CUDA_ALLOC_CONF
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.isolation import ChildDied, run_in_child
@@ -40,7 +41,6 @@ from engine_pod.profiling.memory import (
     total_memory,
 )
 from engine_pod.runner.factory import make_runner
-from engine_pod.scheduler.config import DEFAULT_LAYOUT
 from engine_pod.scheduler.cycle_row import CycleRow
 
 logger = logging.getLogger(__name__)

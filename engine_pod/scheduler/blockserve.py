@@ -26,9 +26,9 @@ request is one this scheduler admits.
 
 from __future__ import annotations
 
+from dllm_contracts.scheduler_config import SchedulerConfig, raise_problems
 from engine_pod.scheduler.base import ClaimPlan, Scheduler
 from engine_pod.scheduler.box import BatchBox
-from engine_pod.scheduler.config import SchedulerConfig, raise_problems
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.pending_queue import PendingQueue

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.scheduler.base import Scheduler
 from engine_pod.scheduler.blockserve import BlockServeScheduler
-from engine_pod.scheduler.config import SchedulerConfig
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
 
 SERVING_POLICIES = ("blockserve", "static", "sequential")

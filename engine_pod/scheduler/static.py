@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from dllm_contracts.scheduler_config import LAYOUTS
 from engine_pod.scheduler.base import ClaimPlan, Scheduler
-from engine_pod.scheduler.config import LAYOUTS
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.request import Request

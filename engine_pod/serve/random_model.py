@@ -11,7 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
-from engine_pod.defaults import ASSETS_DIR
+from dllm_contracts.defaults import ASSETS_DIR
 from engine_pod.models.presets import preset
 
 SHIPPED_TOKENIZER = ASSETS_DIR / "tiny-llada"

@@ -13,8 +13,8 @@ logger = logging.getLogger(__name__)
 
 def queue_depth(redis_url: str, service: str) -> int | None:
     """Accepted requests not yet done (pending or in flight), or None when Redis does not answer."""
-    from engine_pod.queue.connect import sync_client
-    from engine_pod.queue.keys import ServiceKeys
+    from dllm_contracts.queue.connect import sync_client
+    from dllm_contracts.queue.keys import ServiceKeys
 
     try:
         client = sync_client(redis_url, socket_timeout=1, socket_connect_timeout=1)

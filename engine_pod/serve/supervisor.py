@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine_pod.queue.resilience import Backoff
+from dllm_contracts.queue.resilience import Backoff
 
 logger = logging.getLogger(__name__)
 

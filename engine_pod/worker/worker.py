@@ -27,18 +27,18 @@ from dataclasses import dataclass
 
 import redis
 
+from dllm_contracts.heap import freeze_loaded_objects
+from dllm_contracts.queue.messages import BATCH_META, BlockEvent, DoneEvent
+from dllm_contracts.queue.ops import ANY_WAIT, RESULT_TTL_S, BlockCommit, Candidate, Claimed
+from dllm_contracts.queue.resilience import TRANSIENT_ERRORS, Backoff
+from dllm_contracts.queue.sync_client import CLAIM_ROUNDS, SyncQueue
+from dllm_contracts.scheduler_config import BURST_QUIET_S, SchedulerConfig
+from dllm_contracts.text import completion_tokens, within_limit
 from engine_pod.decoding.sampling_params import SamplingError, SamplingParams
 from engine_pod.engine import Engine, StepResult
-from engine_pod.heap import freeze_loaded_objects
-from engine_pod.queue.messages import BATCH_META, BlockEvent, DoneEvent
-from engine_pod.queue.ops import ANY_WAIT, RESULT_TTL_S, BlockCommit, Candidate, Claimed
-from engine_pod.queue.resilience import TRANSIENT_ERRORS, Backoff
-from engine_pod.queue.sync_client import CLAIM_ROUNDS, SyncQueue
 from engine_pod.runner.block_cycle import BlockCycleRunner
-from engine_pod.scheduler.config import BURST_QUIET_S, SchedulerConfig
 from engine_pod.scheduler.request import Request, RequestError
 from engine_pod.scheduler.serving import SERVING_POLICIES, serving_scheduler
-from engine_pod.text import completion_tokens, within_limit
 from engine_pod.worker.metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from engine_pod.queue.keys import is_request_id, new_request_id
-from engine_pod.queue.ops import now_ms
+from dllm_contracts.queue.keys import is_request_id, new_request_id
+from dllm_contracts.queue.ops import now_ms
 from gateway.batch_ingest import cancel_members, input_lines
 from gateway.batch_keeper import LEASE_MS
 from gateway.batch_lifecycle import ENDED, advance, read_record

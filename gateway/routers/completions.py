@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
-from engine_pod.queue.messages import DoneEvent, QueuedRequest
+from dllm_contracts.queue.messages import DoneEvent, QueuedRequest
 from gateway.errors import ApiError
 from gateway.logprobs import chat_logprobs, completion_logprobs
 from gateway.schemas import (

@@ -11,8 +11,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
 from fastapi.responses import Response
 
-from engine_pod.queue.keys import is_request_id
-from engine_pod.queue.ops import text_of
+from dllm_contracts.queue.keys import is_request_id
+from dllm_contracts.queue.ops import text_of
 from gateway.errors import ApiError
 from gateway.routers.batches import CREATE_BATCH
 from gateway.schemas import FileDeleted, FileList, FileObject

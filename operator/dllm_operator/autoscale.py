@@ -6,8 +6,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from engine_pod.queue.connect import sync_client
-from engine_pod.queue.keys import ServiceKeys
+from dllm_contracts.queue.connect import sync_client
+from dllm_contracts.queue.keys import ServiceKeys
 
 
 @dataclass(frozen=True)

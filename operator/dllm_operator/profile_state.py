@@ -12,18 +12,18 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from dllm_contracts.profile_summary import (
+    ProfileFailed,
+    ProfileFormatError,
+    ProfileSummary,
+    read_termination_message,
+)
 from dllm_operator.config import OperatorSettings
 from dllm_operator.k8s import KubeClient, collection_path
 from dllm_operator.manifests.common import name_of
 from dllm_operator.manifests.profiling import job_name, profiling_job
 from dllm_operator.pod_health import stuck_reason
 from dllm_operator.spec import ServiceSpec
-from engine_pod.profiling.summary import (
-    ProfileFailed,
-    ProfileFormatError,
-    ProfileSummary,
-    read_termination_message,
-)
 
 
 @dataclass(frozen=True)

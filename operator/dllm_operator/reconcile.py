@@ -11,6 +11,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from dllm_contracts.profile_summary import ProfileSummary
 from dllm_operator import names
 from dllm_operator.conditions import condition, set_condition
 from dllm_operator.config import OperatorSettings
@@ -37,7 +38,6 @@ from dllm_operator.pod_health import stuck_reason
 from dllm_operator.profile_state import ProfileState, ensure_profile
 from dllm_operator.scaling import autoscale_engine
 from dllm_operator.spec import ServiceSpec, SpecError, parse_spec
-from engine_pod.profiling.summary import ProfileSummary
 
 logger = logging.getLogger(__name__)
 MANAGED_REDIS_KINDS = [

@@ -8,8 +8,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dllm_contracts.scheduler_config import DEFAULTS, SchedulerConfig, problems_of
 from dllm_operator import names
-from engine_pod.scheduler.config import DEFAULTS, SchedulerConfig, problems_of
 
 LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"

@@ -7,11 +7,11 @@ import os
 
 import pytest
 
+from dllm_contracts.profile_summary import ProfileSummary
 from engine_pod.bench import benchmark
 from engine_pod.bench.policies import static_batch_size_for
 from engine_pod.bench.workloads import WorkloadError, load_workload, named_workloads
 from engine_pod.cli.main import main
-from engine_pod.profiling.summary import ProfileSummary
 from tests.serving_utils import write_served_model
 
 FIELDS = {

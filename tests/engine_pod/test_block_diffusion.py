@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
+from dllm_contracts.scheduler_config import LAYOUTS, SchedulerConfig
 from engine_pod.cli.main import main
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
@@ -24,7 +25,6 @@ from engine_pod.models.config import ModelConfigError, config_from_dict
 from engine_pod.models.loader import load_model
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
-from engine_pod.scheduler.config import LAYOUTS, SchedulerConfig
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.request import Request
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler

@@ -11,11 +11,11 @@ from contextlib import redirect_stdout
 
 import pytest
 
+from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.cli.main import main
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import load_model
 from engine_pod.scheduler.blockserve import BlockServeScheduler
-from engine_pod.scheduler.config import SchedulerConfig
 from tests.engine_pod.test_block_diffusion import ReferenceRun, _reference_runs
 from tests.engine_utils import run_workload
 from tests.factories import BLOCK_REFERENCE_DIR

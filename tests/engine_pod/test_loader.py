@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from dllm_contracts.model_source import builtin_model_dir
 from engine_pod.models.loader import (
     _END_TOKENS,
     LazyTokenizer,
@@ -15,7 +16,6 @@ from engine_pod.models.loader import (
     _load_tokenizer,
     load_model,
 )
-from engine_pod.models.locate import builtin_model_dir
 
 
 def _by_transformers(model_dir) -> list[int]:

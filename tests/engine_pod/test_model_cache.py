@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_pod.models.locate import builtin_model_dir
+from dllm_contracts.model_source import builtin_model_dir
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 

@@ -12,6 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dllm_contracts.scheduler_config import LAYOUTS, SchedulerConfig
 from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling_params import SamplingParams
@@ -20,7 +21,6 @@ from engine_pod.models.loader import load_model
 from engine_pod.models.paged_kv import PagedKVPool
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
-from engine_pod.scheduler.config import LAYOUTS, SchedulerConfig
 from engine_pod.scheduler.request import Request
 from engine_pod.scheduler.static import sequential_scheduler
 from tests.factories import BLOCK_REFERENCE_DIR

@@ -8,15 +8,15 @@ import json
 import pytest
 import torch
 
+from dllm_contracts.defaults import DEFAULT_MODEL
+from dllm_contracts.profile_summary import ProfileSummary, read_termination_message
+from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.bench.benchmark import BenchConfig, run_benchmark
 from engine_pod.bench.results import ModelSpec
 from engine_pod.cli.main import main
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.defaults import DEFAULT_MODEL
 from engine_pod.profiling.fit import MemoryFit
 from engine_pod.profiling.profiler import CORRECTION_MARGIN, _corrected_budget
-from engine_pod.profiling.summary import ProfileSummary, read_termination_message
-from engine_pod.scheduler.config import SchedulerConfig
 
 MAX_TOKENS = 4096  # with a 1 GiB limit: a grid and a budget check small enough for CI's two cores
 

@@ -1,4 +1,4 @@
-"""The profile result's one schema (engine_pod/profiling/summary.py): what the CLI writes, the operator
+"""The profile result's one schema (dllm_contracts/profile_summary.py): what the CLI writes, the operator
 reads and stores, and `dllm worker --profile` reads back; malformed results are refused with the field
 named, never turned into a budget."""
 
@@ -8,9 +8,7 @@ import json
 
 import pytest
 
-from engine_pod.cli.budget import read_profile
-from engine_pod.cli.common import CliError
-from engine_pod.profiling.summary import (
+from dllm_contracts.profile_summary import (
     TERMINATION_LIMIT,
     ProfileFailed,
     ProfileFormatError,
@@ -18,6 +16,8 @@ from engine_pod.profiling.summary import (
     failure_message,
     read_termination_message,
 )
+from engine_pod.cli.budget import read_profile
+from engine_pod.cli.common import CliError
 
 FULL_RESULT = {  # the shape `dllm profile --json` writes (points and checks trimmed)
     "model": "GSAI-ML/LLaDA-8B-Instruct",

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dllm_contracts.scheduler_config import SchedulerConfig, SchedulerConfigError, problems_of
 from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.scheduler.blockserve import BlockServeScheduler, ClaimPlan
 from engine_pod.scheduler.box import BatchBox
-from engine_pod.scheduler.config import SchedulerConfig, SchedulerConfigError, problems_of
 from engine_pod.scheduler.pending_queue import PendingQueue
 from engine_pod.scheduler.request import Request, RequestError, RequestState
 from engine_pod.scheduler.static import StaticScheduler

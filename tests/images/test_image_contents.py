@@ -17,6 +17,7 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 OURS = {
+    "dllm_contracts": ROOT / "dllm_contracts",
     "engine_pod": ROOT / "engine_pod",
     "gateway": ROOT / "gateway",
     "dllm_operator": ROOT / "operator" / "dllm_operator",

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from dllm_operator.spec import SCHEDULING_FIELDS
 
-from engine_pod.scheduler.config import ADMISSION_MODES, DEFAULTS
+from dllm_contracts.scheduler_config import ADMISSION_MODES, DEFAULTS
 from tests.operator.crd_utils import EXAMPLE_PATH, admit, apply_defaults, load_crd, spec_schema
 
 K8S_VERSION = "1.33.0"

@@ -18,11 +18,11 @@ import redis
 import yaml
 from dllm_operator.handlers import WATCH_TIMEOUT_S
 
+from dllm_contracts.profile_summary import ProfileSummary, read_profile_file
+from dllm_contracts.queue.messages import DoneEvent, QueuedRequest
+from dllm_contracts.queue.ops import QueueOps
+from dllm_contracts.queue.sync_client import SyncQueue
 from engine_pod.cli.budget import read_profile
-from engine_pod.profiling.summary import ProfileSummary, read_profile_file
-from engine_pod.queue.messages import DoneEvent, QueuedRequest
-from engine_pod.queue.ops import QueueOps
-from engine_pod.queue.sync_client import SyncQueue
 from engine_pod.serve.redis_server import RedisServer
 from tests.charts.test_chart import CHART, helm
 from tests.operator.cluster import OPERATOR_CALLS, EmulatedCluster, Kube

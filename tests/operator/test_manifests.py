@@ -27,8 +27,8 @@ from dllm_operator.manifests.redis import (
 )
 from dllm_operator.spec import SpecError, parse_spec
 
+from dllm_contracts.scheduler_config import DEFAULTS
 from engine_pod.cli.main import build_parser
-from engine_pod.scheduler.config import DEFAULTS
 from tests.operator.crd_utils import EXAMPLE_PATH
 
 K8S_VERSION = "1.33.0"

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from dllm_operator.spec import parse_spec
 
-from engine_pod.queue.keys import ServiceKeys
+from dllm_contracts.queue.keys import ServiceKeys
 from tests.operator.crd_utils import EXAMPLE_PATH
 from tests.operator.test_manifests import all_manifests, validate
 

@@ -7,10 +7,10 @@ import uuid
 
 import pytest
 
+from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import load_model
 from engine_pod.runner.block_cycle import BlockCycleRunner
-from engine_pod.scheduler.config import SchedulerConfig
 from engine_pod.serve.redis_server import RedisServer
 from engine_pod.worker.worker import Worker, WorkerConfig
 from tests.redis_cluster import LocalRedisCluster

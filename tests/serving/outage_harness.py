@@ -15,12 +15,12 @@ from pathlib import Path
 import httpx
 import redis
 
+from dllm_contracts.queue.connect import sync_client
+from dllm_contracts.queue.keys import ServiceKeys
+from dllm_contracts.queue.messages import EVENT_FIELD, decode_event
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.generation import generate_one
 from engine_pod.models.loader import load_model
-from engine_pod.queue.connect import sync_client
-from engine_pod.queue.keys import ServiceKeys
-from engine_pod.queue.messages import EVENT_FIELD, decode_event
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import RedisServer, free_port
 from tests.redis_cluster import LocalRedisCluster

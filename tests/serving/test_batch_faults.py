@@ -21,7 +21,7 @@ import httpx
 import pytest
 import redis
 
-from engine_pod.queue.keys import ServiceKeys
+from dllm_contracts.queue.keys import ServiceKeys
 from tests.serving.serve_process import Serve, openai_client
 from tests.serving_utils import wait_for
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 import redis
 
-from engine_pod.queue.keys import ServiceKeys
+from dllm_contracts.queue.keys import ServiceKeys
 from tests.serving_utils import WAIT_S, GatewayServer, gateway_settings, wait_for
 
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from engine_pod.defaults import DEFAULT_MODEL
+from dllm_contracts.defaults import DEFAULT_MODEL
 from gateway.api_keys import exposure_warning, keys_state
 from gateway.settings import GatewaySettings
 

@@ -9,7 +9,7 @@ import signal
 import httpx
 import redis
 
-from engine_pod.queue.keys import ServiceKeys
+from dllm_contracts.queue.keys import ServiceKeys
 from engine_pod.serve.redis_server import RedisServer
 from tests.serving.outage_harness import reference_texts, results_published_twice
 from tests.serving_utils import BLOCK, GatewayServer, gateway_settings, start_worker_process, wait_for

@@ -22,13 +22,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine_pod.queue.connect import sync_client
-from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
-from engine_pod.queue.ops import BlockCommit, QueueOps
-from engine_pod.queue.resilience import REDIS_ERRORS
-from engine_pod.queue.sync_client import SyncQueue
+from dllm_contracts.queue.connect import sync_client
+from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest
+from dllm_contracts.queue.ops import BlockCommit, QueueOps
+from dllm_contracts.queue.resilience import REDIS_ERRORS
+from dllm_contracts.queue.sync_client import SyncQueue
+from dllm_contracts.text import completion_tokens, within_limit
 from engine_pod.serve.redis_server import RedisServer
-from engine_pod.text import completion_tokens, within_limit
 from gateway.tokenizer import GatewayTokenizer
 from tests.serving_utils import BLOCK, GatewayServer, gateway_settings, wait_for
 

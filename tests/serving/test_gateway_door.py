@@ -11,9 +11,9 @@ import httpx
 import pytest
 import redis
 
-from engine_pod.queue.messages import DoneEvent
-from engine_pod.queue.ops import QueueOps
-from engine_pod.queue.sync_client import SyncQueue
+from dllm_contracts.queue.messages import DoneEvent
+from dllm_contracts.queue.ops import QueueOps
+from dllm_contracts.queue.sync_client import SyncQueue
 from engine_pod.serve.redis_server import RedisServer
 from tests.serving_utils import BLOCK, WAIT_S, RawReplies, logging_gateway, start_worker_process, wait_for
 

@@ -12,10 +12,10 @@ import openai
 import pytest
 import redis
 
-from engine_pod.queue.keys import ServiceKeys
-from engine_pod.queue.messages import QueuedRequest
-from engine_pod.queue.ops import QueueOps
-from engine_pod.queue.sync_client import SyncQueue
+from dllm_contracts.queue.keys import ServiceKeys
+from dllm_contracts.queue.messages import QueuedRequest
+from dllm_contracts.queue.ops import QueueOps
+from dllm_contracts.queue.sync_client import SyncQueue
 from engine_pod.serve.redis_server import free_port
 from gateway.settings import GatewaySettings, SettingsError
 from tests.serving_utils import BLOCK, GatewayServer, completion, gateway_settings

@@ -13,11 +13,11 @@ import httpx
 import redis
 from redis.cluster import RedisCluster
 
+from dllm_contracts.queue.async_client import AsyncQueue
+from dllm_contracts.queue.connect import async_client, sync_client
+from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest, encode_event
+from dllm_contracts.queue.ops import QueueOps
 from engine_pod.bench.gateway_cost import InstantPeer
-from engine_pod.queue.async_client import AsyncQueue
-from engine_pod.queue.connect import async_client, sync_client
-from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest, encode_event
-from engine_pod.queue.ops import QueueOps
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import free_port
 from gateway import event_reader

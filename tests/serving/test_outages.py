@@ -14,8 +14,8 @@ import time
 
 import redis
 
-from engine_pod.queue.connect import sync_client
-from engine_pod.queue.keys import ServiceKeys
+from dllm_contracts.queue.connect import sync_client
+from dllm_contracts.queue.keys import ServiceKeys
 from tests.redis_cluster import LocalRedisCluster
 from tests.serving.outage_harness import Stack, Tally, reference_texts, start_load
 from tests.serving_utils import BLOCK, WAIT_S, wait_for

@@ -12,10 +12,10 @@ import time
 import pytest
 from dllm_operator.autoscale import queue_depth
 
-from engine_pod.queue.connect import sync_client
-from engine_pod.queue.messages import BATCH_META, DoneEvent, QueuedRequest
-from engine_pod.queue.ops import IngestChunk, QueueOps
-from engine_pod.queue.sync_client import SyncQueue
+from dllm_contracts.queue.connect import sync_client
+from dllm_contracts.queue.messages import BATCH_META, DoneEvent, QueuedRequest
+from dllm_contracts.queue.ops import IngestChunk, QueueOps
+from dllm_contracts.queue.sync_client import SyncQueue
 from engine_pod.serve.redis_server import RedisServer
 
 

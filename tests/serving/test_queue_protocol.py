@@ -10,11 +10,11 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from engine_pod.queue.connect import sync_client
-from engine_pod.queue.keys import ServiceKeys
-from engine_pod.queue.messages import BATCH_META, BlockEvent, DoneEvent, QueuedRequest
-from engine_pod.queue.ops import BlockCommit, QueueOps, script_sources
-from engine_pod.queue.sync_client import SyncQueue
+from dllm_contracts.queue.connect import sync_client
+from dllm_contracts.queue.keys import ServiceKeys
+from dllm_contracts.queue.messages import BATCH_META, BlockEvent, DoneEvent, QueuedRequest
+from dllm_contracts.queue.ops import BlockCommit, QueueOps, script_sources
+from dllm_contracts.queue.sync_client import SyncQueue
 from engine_pod.serve.redis_server import RedisServer, bundled_redis_server
 from tests.redis_cluster import LocalRedisCluster
 

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from engine_pod.queue.connect import sync_client
-from engine_pod.queue.messages import BATCH_META, BlockEvent, DoneEvent, QueuedRequest, decode_event
-from engine_pod.queue.ops import ANY_WAIT, BlockCommit, CommitReply, QueueOps, now_ms
-from engine_pod.queue.sync_client import SyncQueue
+from dllm_contracts.queue.connect import sync_client
+from dllm_contracts.queue.messages import BATCH_META, BlockEvent, DoneEvent, QueuedRequest, decode_event
+from dllm_contracts.queue.ops import ANY_WAIT, BlockCommit, CommitReply, QueueOps, now_ms
+from dllm_contracts.queue.sync_client import SyncQueue
 from engine_pod.serve.redis_server import RedisServer
 
 LEASE_MS = 60_000

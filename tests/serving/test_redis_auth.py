@@ -9,7 +9,7 @@ import httpx
 import pytest
 import redis
 
-from engine_pod.queue.connect import REDIS_PASSWORD_ENV, sync_client
+from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV, sync_client
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import RedisServer, free_port
 from tests.serving_utils import BLOCK, completion, start_worker_process, wait_for

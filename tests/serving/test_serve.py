@@ -21,7 +21,7 @@ import openai
 import pytest
 import redis
 
-from engine_pod.queue.keys import ServiceKeys
+from dllm_contracts.queue.keys import ServiceKeys
 from engine_pod.serve.redis_server import free_port
 from tests.serving.outage_harness import Tally, results_published_twice, start_load
 from tests.serving.serve_process import Serve, openai_client, running

@@ -15,9 +15,9 @@ import httpx
 import openai
 import pytest
 
+from dllm_contracts.defaults import DEFAULT_MODEL
 from engine_pod.cli.main import build_parser
 from engine_pod.cli.serve import _gateway_settings, queue_settings
-from engine_pod.defaults import DEFAULT_MODEL
 from gateway.settings import GatewaySettings
 from tests.serving.conftest import SERVED
 from tests.serving.serve_process import openai_client, running

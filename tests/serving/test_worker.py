@@ -17,18 +17,18 @@ import httpx
 import pytest
 import redis
 
+from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest
+from dllm_contracts.queue.ops import Candidate, QueueOps
+from dllm_contracts.queue.sync_client import SyncQueue
+from dllm_contracts.scheduler_config import SchedulerConfig
+from dllm_contracts.text import completion_tokens
 from engine_pod.cli.main import build_parser, main
 from engine_pod.cli.worker import build_worker
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.generation import generate_one
 from engine_pod.models.loader import load_model
-from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest
-from engine_pod.queue.ops import Candidate, QueueOps
-from engine_pod.queue.sync_client import SyncQueue
-from engine_pod.scheduler.config import SchedulerConfig
 from engine_pod.scheduler.request import Request
 from engine_pod.serve.redis_server import RedisServer, free_port
-from engine_pod.text import completion_tokens
 from engine_pod.worker.http import ProbeSource, serve_probes
 from engine_pod.worker.worker import RECORD_WINDOW, WorkerConfig
 from tests.serving_utils import BLOCK, WAIT_S, wait_for, worker_command
@@ -718,10 +718,10 @@ def test_a_request_outliving_many_leases_keeps_its_one_lease_renewed(redis_serve
 
 def test_drain_hands_unfinished_work_back_with_its_blocks(redis_server, service, served_model):
     """SIGTERM with a short drain timeout: the request returns to the queue at once, blocks kept."""
+    from dllm_contracts.scheduler_config import SchedulerConfig
     from engine_pod.decoding.config import DecodingConfig
     from engine_pod.models.loader import load_model
     from engine_pod.runner.block_cycle import BlockCycleRunner
-    from engine_pod.scheduler.config import SchedulerConfig
     from engine_pod.worker.worker import Worker, WorkerConfig
     from tests.serving.conftest import WorkerThread
     from tests.serving_utils import BLOCK

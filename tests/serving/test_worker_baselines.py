@@ -9,15 +9,15 @@ import time
 import pytest
 import redis
 
+from dllm_contracts.queue.messages import EVENT_FIELD, DoneEvent, QueuedRequest, decode_event
+from dllm_contracts.queue.ops import QueueOps
+from dllm_contracts.queue.sync_client import SyncQueue
+from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.bench.execute import run_policy
 from engine_pod.bench.policies import PolicySpec
 from engine_pod.bench.results import PreparedRequest
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import load_model
-from engine_pod.queue.messages import EVENT_FIELD, DoneEvent, QueuedRequest, decode_event
-from engine_pod.queue.ops import QueueOps
-from engine_pod.queue.sync_client import SyncQueue
-from engine_pod.scheduler.config import SchedulerConfig
 from tests.serving_utils import BLOCK, wait_for
 
 PROMPT_LENGTHS = [20, 16, 12, 8, 4]  # later requests are shorter: arrival order is not length order

@@ -10,8 +10,8 @@ import json
 from contextlib import redirect_stdout
 from pathlib import Path
 
+from dllm_contracts.defaults import DEFAULT_MODEL
 from engine_pod.cli.main import main
-from engine_pod.defaults import DEFAULT_MODEL
 from engine_pod.training.tasks import TASKS
 
 # The goal is exact match 0.5 and length accuracy 0.95 (README.md has the full evaluation: 0.967 and

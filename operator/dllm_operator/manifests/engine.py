@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV
+from dllm_contracts.scheduler_config import admission_flags
 from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests import common
 from dllm_operator.manifests.redis import password_ref
 from dllm_operator.profile_state import GPU_PRODUCT_LABEL
 from dllm_operator.spec import ServiceSpec, scheduler_settings
-from engine_pod.queue.connect import REDIS_PASSWORD_ENV
-from engine_pod.scheduler.config import admission_flags
 
 PROFILE_MOUNT = "/etc/dllm/profile"
 METRICS_PORT = 9090

@@ -8,11 +8,11 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlparse
 
+from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV, is_cluster_url
+from dllm_contracts.queue.keys import ServiceKeys
 from dllm_operator.manifests import common
 from dllm_operator.manifests.redis import password_ref
 from dllm_operator.spec import ServiceSpec
-from engine_pod.queue.connect import REDIS_PASSWORD_ENV, is_cluster_url
-from engine_pod.queue.keys import ServiceKeys
 
 
 def _trigger(spec: ServiceSpec, redis_url: str, key: str) -> dict[str, Any]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV
 from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests import common
 from dllm_operator.spec import SecretRef, ServiceSpec
-from engine_pod.queue.connect import REDIS_PASSWORD_ENV
 
 PORT = 6379
 MEMORY_LIMIT_MIB = 2048

@@ -9,8 +9,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-from engine_pod.queue.messages import EVENT_FIELD, BlockEvent, DoneEvent, QueuedRequest, decode_event
-from engine_pod.queue.ops import QueueOps, ScriptCall, script_sources, text_of
+from dllm_contracts.queue.messages import EVENT_FIELD, BlockEvent, DoneEvent, QueuedRequest, decode_event
+from dllm_contracts.queue.ops import QueueOps, ScriptCall, script_sources, text_of
 
 START = "0-0"  # cursor before a stream's first event
 Event = BlockEvent | DoneEvent

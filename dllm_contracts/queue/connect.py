@@ -66,6 +66,6 @@ def async_client(url: str, **options: Any):
     options = _options(url, options)
     if is_cluster_url(url):
         return RedisCluster.from_url(node_url(url), **options)
-    from engine_pod.queue.packing import connection_class
+    from dllm_contracts.queue.packing import connection_class
 
     return aioredis.Redis.from_url(url, connection_class=connection_class(url), **options)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from engine_pod.defaults import DEFAULT_TOKEN_BUDGET
+from dllm_contracts.defaults import DEFAULT_TOKEN_BUDGET
 
 ADMISSION_MODES = ("preempt", "projected")
 # packed: rows concatenated with no padding, a batch costs the sum of its rows' widths;

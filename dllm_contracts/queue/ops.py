@@ -10,9 +10,9 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from engine_pod.queue import batch_scripts, scripts
-from engine_pod.queue.keys import RESULT_TTL_S, ServiceKeys
-from engine_pod.queue.messages import BlockEvent, DoneEvent, QueuedRequest, encode_event
+from dllm_contracts.queue import batch_scripts, scripts
+from dllm_contracts.queue.keys import RESULT_TTL_S, ServiceKeys
+from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest, encode_event
 
 DEFAULT_LEASE_MS = 30_000
 ANY_WAIT = -1.0  # a candidates read's wait bound that every pending request passes: the oldest first
@@ -20,7 +20,7 @@ ANY_WAIT = -1.0  # a candidates read's wait bound that every pending request pas
 
 @dataclass(frozen=True)
 class ScriptCall:
-    script: str  # name of a script in engine_pod.queue.scripts
+    script: str  # name of a script in dllm_contracts.queue.scripts
     keys: list[str]
     args: list[str | int | float]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import redis
 
-from engine_pod.queue.connect import sync_client
-from engine_pod.queue.messages import EVENT_FIELD, BlockEvent, DoneEvent, decode_event
-from engine_pod.queue.ops import (
+from dllm_contracts.queue.connect import sync_client
+from dllm_contracts.queue.messages import EVENT_FIELD, BlockEvent, DoneEvent, decode_event
+from dllm_contracts.queue.ops import (
     RESULT_TTL_S,
     BlockCommit,
     Candidates,
@@ -18,7 +18,7 @@ from engine_pod.queue.ops import (
     now_ms,
     script_sources,
 )
-from engine_pod.queue.resilience import CLIENT_OPTIONS
+from dllm_contracts.queue.resilience import CLIENT_OPTIONS
 
 CLAIM_ROUNDS = 4  # reads of candidates per claim, when other workers took some of the ones read
 REAP_BATCH = 256  # expired leases returned per reap call (the next call takes the rest)

@@ -13,7 +13,7 @@ class ModelLoadError(ValueError):
 
 def builtin_model_dir(name: str) -> Path:
     """A model shipped inside the package (same name in every image, whatever its site-packages path)."""
-    from engine_pod.defaults import ASSETS_DIR
+    from dllm_contracts.defaults import ASSETS_DIR
 
     path = ASSETS_DIR / name
     if not (path / "config.json").is_file():
