@@ -68,7 +68,10 @@ def test_dllm_eval_reports_exact_match():
 
 def _serve_commands() -> dict[str, Command]:
     commands = [c for c in fenced_commands(README) if c.program in {"dllm", "curl"} and not c.env]
-    return {c.argv[1] if c.program == "dllm" else "curl": c for c in commands}
+    first: dict[str, Command] = {}
+    for command in commands:  # README's first serve and curl lines (later ones serve other models)
+        first.setdefault(command.argv[1] if command.program == "dllm" else "curl", command)
+    return first
 
 
 def _python_example() -> tuple[str, str]:

@@ -103,6 +103,7 @@ def rehearsal(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     return result, out
 
 
+@pytest.mark.slow  # the whole GPU script on one CPU thread: over CI's time for one test
 def test_gpu_bench_script_rehearsed_on_the_cpu_writes_every_result(rehearsal):
     result, out = rehearsal
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
@@ -129,6 +130,7 @@ def test_gpu_bench_script_rehearsed_on_the_cpu_writes_every_result(rehearsal):
     ]
 
 
+@pytest.mark.slow  # the whole GPU script on one CPU thread: over CI's time for one test
 def test_the_rehearsed_profile_checked_its_budget_under_the_limit(rehearsal):
     _, out = rehearsal
     profile = json.loads((out / "profile.json").read_text())
@@ -140,6 +142,7 @@ def test_the_rehearsed_profile_checked_its_budget_under_the_limit(rehearsal):
     )
 
 
+@pytest.mark.slow  # the whole GPU script on one CPU thread: over CI's time for one test
 def test_with_a_calibrated_threshold_random_weights_finish_blocks_early(rehearsal):
     _, out = rehearsal
     bench = json.loads((out / "bench.json").read_text())
