@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SettingsError, TokenizerError, ValueError) as exc:
         sys.stderr.write(f"gateway: error: {exc}\n")
         return 2
-    if child is not None:  # one of several on the port
+    if child is not None or args.supervised:  # one of several on the port, or on dllm serve's held port
         try:
             sock = shared_socket(args.host, args.port)
         except OSError as exc:
@@ -70,7 +70,7 @@ def _say_keys(settings: GatewaySettings, host: str) -> None:
 
 
 def _supervise(count: int, args: argparse.Namespace, argv: list[str] | None) -> int:
-    if not port_is_free(args.host, args.port):
+    if not args.supervised and not port_is_free(args.host, args.port):  # dllm serve holds its port for us
         sys.stderr.write(f"gateway: error: port {args.port} is in use\n")
         return 2
     return run_processes(count, list(sys.argv[1:] if argv is None else argv))

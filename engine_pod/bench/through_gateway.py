@@ -30,7 +30,8 @@ from engine_pod.models.loader import LoadedModel
 from engine_pod.profiling.memory import peak_bytes
 from engine_pod.runner.factory import make_runner
 from engine_pod.serve.gateway_process import GatewayProcess
-from engine_pod.serve.redis_server import RedisServer, free_port
+from engine_pod.serve.preflight import reserve_port
+from engine_pod.serve.redis_server import RedisServer
 from engine_pod.worker.worker import Worker, WorkerConfig
 from gateway.settings import GatewaySettings
 
@@ -132,7 +133,12 @@ def serving_stack(
         )
         worker = Worker(make_runner(loaded, decoding, spec.token_budget), config)
         env = _gateway_env(loaded, server.url, decoding, requests)
-        gateway = GatewayProcess("127.0.0.1", free_port(), env, options).start()
+        held = reserve_port("127.0.0.1", 0, "the gateway", "--port")  # no other process takes it meanwhile
+        try:
+            gateway = GatewayProcess("127.0.0.1", held.getsockname()[1], env, options).start()
+        except BaseException:
+            held.close()
+            raise
         try:
             stack = Stack(gateway.url, server.url, worker, pinning)
             if pinning is not None:  # as observed: the kernel's record of where each may run
@@ -144,6 +150,7 @@ def serving_stack(
             yield stack
         finally:
             gateway.stop()
+            held.close()
 
 
 def run_through_gateway(

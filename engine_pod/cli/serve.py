@@ -49,7 +49,12 @@ def register(subparsers) -> None:
     )
     add_model_args(parser)
     parser.add_argument("--host", default="127.0.0.1", help="gateway address (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="gateway port (default: 8000)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="gateway port (default: 8000; 0: a free port, named in the line that says the API is up)",
+    )
     parser.add_argument("--service", help="queue name (default: $DLLM_SERVICE, or default)")
     parser.add_argument(
         "--model-name",
@@ -259,11 +264,13 @@ def _warn_if_exposed(host: str, settings) -> None:
 def _redis(args: argparse.Namespace):
     """The private Redis to start (None when ``--redis-url`` names one), its URL, and where accepted work
     is kept. Every port and the data directory are checked here, before anything starts."""
-    from engine_pod.serve.preflight import check_data_dir, check_port_free, hold_data_dir
+    from engine_pod.serve.preflight import check_data_dir, check_port_free, hold_data_dir, reserve_port
     from engine_pod.serve.redis_server import RedisServer
     from engine_pod.serve.supervisor import child_popen_options
 
-    check_port_free(args.host, args.port, "the gateway", "--port")
+    reserved = reserve_port(args.host, args.port, "the gateway", "--port")
+    _HELD.append(reserved)  # the gateway's port, held from here until this process ends
+    args.port = reserved.getsockname()[1]  # --port 0: the free port the kernel chose
     if args.metrics_port:
         check_port_free("127.0.0.1", args.metrics_port, "the worker's probe server", "--metrics-port")
     if args.redis_url:

@@ -29,6 +29,25 @@ def check_port_free(host: str, port: int, what: str, flag: str) -> None:
             raise PreflightError(f"{what} cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
+def reserve_port(host: str, port: int, what: str, flag: str) -> socket.socket:
+    """Bind ``host:port`` (0: any free port) and keep it bound, not listening, for the caller's life:
+    nothing else takes the port while the model loads, and only a socket that also sets SO_REUSEPORT (the
+    gateway that ``dllm serve`` starts on it) can join it. The port is ``sock.getsockname()[1]``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PreflightError(
+                f"port {port} is in use: {what} cannot listen on it; choose another with {flag}"
+            ) from None
+        raise PreflightError(f"{what} cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
 def check_data_dir(path: Path) -> Path:
     """Create the data directory if need be; it must be writable (Redis keeps its append-only file there)."""
     try:

@@ -1,9 +1,12 @@
-"""``dllm serve`` as a subprocess on a free port, for tests that drive what users run."""
+"""``dllm serve`` as a subprocess on a free port (``--port 0``: the port it holds, read from its "API at"
+line, so no other process can take it between the choice and the bind), for tests that drive what users
+run."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,15 +16,14 @@ from pathlib import Path
 import httpx
 import openai
 
-from engine_pod.serve.redis_server import free_port
 from tests.serving_utils import wait_for
 
 
 class Serve:
     def __init__(self, tmp: Path, *extra: str, env: dict | None = None) -> None:
-        self.port = free_port()
+        self.port = 0  # known once it is ready
         self.log = tmp / "serve.log"
-        argv = [sys.executable, "-m", "engine_pod.cli.main", "serve", "--port", str(self.port)]
+        argv = [sys.executable, "-m", "engine_pod.cli.main", "serve", "--port", "0"]
         argv += ["--data-dir", str(tmp / "data"), "--drain-timeout", "5", *extra]
         self.out = open(self.log, "w")  # noqa: SIM115 (closed in stop)
         self.process = subprocess.Popen(argv, stdout=self.out, stderr=subprocess.STDOUT, env=env)
@@ -33,6 +35,7 @@ class Serve:
     def wait_ready(self) -> None:
         wait_for(lambda: "API at" in self.log.read_text() or self.process.poll() is not None, 120, 0.1)
         assert self.process.poll() is None, self.log.read_text()[-2000:]
+        self.port = int(re.search(r"API at http://[^ ]+:(\d+)/v1", self.log.read_text()).group(1))
 
     def children(self) -> dict[str, int]:
         """The supervisor's children by role, read from /proc (``ps`` cuts long command lines)."""

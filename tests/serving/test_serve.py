@@ -22,7 +22,6 @@ import pytest
 import redis
 
 from dllm_contracts.queue.keys import ServiceKeys
-from engine_pod.serve.redis_server import free_port
 from tests.serving.outage_harness import Tally, results_published_twice, start_load
 from tests.serving.serve_process import Serve, openai_client, running
 from tests.serving_utils import WAIT_S, wait_for, write_served_model
@@ -123,7 +122,7 @@ def test_a_taken_port_ends_serve_before_anything_starts_with_the_cause_in_its_la
 def test_a_second_serve_on_a_data_directory_in_use_exits_at_once_in_one_line(serve, tmp_path):
     """The running ``serve`` holds its data directory (tmp_path/data): a second one on another port is
     refused before it starts a second redis-server on the same append-only file."""
-    done, took_s = _serve_once("--port", str(free_port()), "--data-dir", str(tmp_path / "data"))
+    done, took_s = _serve_once("--port", "0", "--data-dir", str(tmp_path / "data"))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -138,9 +137,7 @@ def test_a_child_that_cannot_start_ends_serve_with_its_own_cause_and_status_2(tm
     dllm serve, and nothing is left running."""
     model = write_served_model(tmp_path / "broken-template")
     (model / "chat_template.jinja").write_text("{% if %}")
-    done, _ = _serve_once(
-        "--model", str(model), "--port", str(free_port()), "--data-dir", str(tmp_path / "d")
-    )
+    done, _ = _serve_once("--model", str(model), "--port", "0", "--data-dir", str(tmp_path / "d"))
     assert done.returncode == 2
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(
