@@ -79,6 +79,42 @@ def test_serving_commands_say_what_is_missing_in_one_line():
     assert "blocked" in last and "dllm-serve[serve]" in last
 
 
+def test_gpu_bench_script_runs_every_step_in_the_bare_environment_at_a_small_size(tmp_path):
+    """CI's rehearsal of the GPU script: every step (device, profile, bench of the four policies, the
+    block model's profile and bench), at a size one CPU thread runs in about a minute. The full-size
+    rehearsal below is behind the slow marker."""
+    result = _run(
+        ["bash", "scripts/gpu-bench.sh", str(tmp_path)],
+        timeout=900,
+        PROFILE_TIMEOUT="800",
+        BENCH_TIMEOUT="800",
+        PYTHON=sys.executable,
+        DEVICE="cpu",
+        MODEL="random:llada-tiny",
+        DTYPE="float32",
+        MEMORY_LIMIT="600M",
+        MAX_TOKENS="512",
+        WORKLOAD="synthetic:n=4,prompt=8-40,gen=32-32,seed=0",
+        BLOCK_MODEL="random:llada2-tiny",
+        BLOCK_MAX_TOKENS="512",
+        BLOCK_WORKLOAD="synthetic:n=3,prompt=8-30,gen=32-32,seed=0",
+    )
+    assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+    for name in ("device.txt", "profile.json", "bench.json", "summary.txt", "bench.png"):
+        assert (tmp_path / name).is_file(), name
+    assert set(json.loads((tmp_path / "bench.json").read_text())["policies"]) == {
+        "blockserve",
+        "blockserve-dense",
+        "static",
+        "sequential",
+    }
+    assert set(json.loads((tmp_path / "llada2" / "bench.json").read_text())["policies"]) == {
+        "blockserve",
+        "static",
+    }
+    assert "bench: policies measured" in result.stdout
+
+
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path_factory.mktemp("gpu-bench")

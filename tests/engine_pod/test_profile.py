@@ -18,20 +18,19 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.profiling.fit import MemoryFit
 from engine_pod.profiling.profiler import CORRECTION_MARGIN, _corrected_budget
 
-MAX_TOKENS = 4096  # with a 1 GiB limit: a grid and a budget check small enough for CI's two cores
+MAX_TOKENS = 4096  # with a 1 GiB limit: a grid wide enough for a fit that predicts held-out shapes
+SMALL_MAX_TOKENS = 1024  # CI's profile: eight shapes, a budget measured once, the summary written
 
 
-@pytest.fixture(scope="module")
-def profile(tmp_path_factory):
-    out = tmp_path_factory.mktemp("profile")
+def _profile(out, max_tokens: int, memory_limit: str) -> tuple[dict, str]:
     argv = [
         "profile",
         "--model",
         DEFAULT_MODEL,
         "--memory-limit",
-        "1G",
+        memory_limit,
         "--max-tokens",
-        str(MAX_TOKENS),
+        str(max_tokens),
         "--json",
         str(out / "p.json"),
         "--termination-log",
@@ -41,6 +40,19 @@ def profile(tmp_path_factory):
     return json.loads((out / "p.json").read_text()), (out / "term").read_text()
 
 
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory):
+    """The profile the fit is judged on (slow: about three minutes of CI's two cores)."""
+    return _profile(tmp_path_factory.mktemp("profile"), MAX_TOKENS, "1G")
+
+
+@pytest.fixture(scope="module")
+def small_profile(tmp_path_factory):
+    """A smaller limit too: the budget measured at its own size stays small."""
+    return _profile(tmp_path_factory.mktemp("small-profile"), SMALL_MAX_TOKENS, "600M")
+
+
+@pytest.mark.slow
 def test_profile_measures_a_grid_and_fits_it(profile):
     result, _ = profile
     fitted = [p for p in result["points"] if not p["held_out"]]
@@ -52,6 +64,7 @@ def test_profile_measures_a_grid_and_fits_it(profile):
     assert usable == int(2**30 * 0.9) and result["memory_limit_bytes"] == 2**30
 
 
+@pytest.mark.slow
 def test_fit_predicts_held_out_shapes_within_ten_percent(profile):
     result, _ = profile
     assert result["held_out"], "the profile must measure shapes it did not fit"
@@ -59,8 +72,8 @@ def test_fit_predicts_held_out_shapes_within_ten_percent(profile):
         assert point["relative_error"] <= 0.10, point
 
 
-def test_the_termination_message_is_the_summary_the_operator_reads(profile):
-    result, message = profile
+def test_the_termination_message_is_the_summary_the_operator_reads(small_profile):
+    result, message = small_profile
     assert len(message) < 4096
     summary = read_termination_message(message)  # what the operator does with it
     assert summary == ProfileSummary.from_result(result)
@@ -68,6 +81,7 @@ def test_the_termination_message_is_the_summary_the_operator_reads(profile):
     assert summary.device == "cpu" and summary.usable_memory_bytes == result["usable_memory_bytes"]
 
 
+@pytest.mark.slow
 def test_blockserve_at_the_profiled_budget_stays_under_the_limit(profile):
     result, _ = profile
     fit = result["fit"]
@@ -94,7 +108,7 @@ def test_blockserve_at_the_profiled_budget_stays_under_the_limit(profile):
     "extra, message",
     [
         (["--memory-limit", "1M"], "not more than the model's weights"),
-        (["--memory-limit", "250M", "--max-tokens", "1024"], "cannot run one block"),
+        (["--memory-limit", "250M", "--max-tokens", "512"], "cannot run one block"),
         (["--device", "cuda:3"], "CUDA is not available"),
         (["--max-tokens", "10"], "--max-tokens must be at least"),
         (["--utilization", "1.5"], "--utilization"),
@@ -108,13 +122,13 @@ def test_bad_input_fails_with_one_line(capsys, tmp_path, extra, message):
     assert len(err) == 1 and message in err[0], lines
 
 
-def test_every_profile_measures_its_budget_once_and_it_fits(profile):
-    result, _ = profile
+def test_every_profile_measures_its_budget_once_and_it_fits(small_profile):
+    result, _ = small_profile
     check = result["budget_checks"][-1]
     assert check["budget"] == result["token_budget"] and check["under_limit"]
     assert 0.9 * result["token_budget"] <= check["tokens"] <= result["token_budget"]
     assert check["measured_bytes"] <= result["usable_memory_bytes"]
-    assert result["extrapolation"] == round(result["token_budget"] / MAX_TOKENS, 2)
+    assert result["extrapolation"] == round(result["token_budget"] / SMALL_MAX_TOKENS, 2)
 
 
 def test_a_correction_after_an_overshoot_aims_under_the_limit_not_at_it():

@@ -118,8 +118,8 @@ def check(result: dict, lines: int) -> None:
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_a_batch_interrupted_during_ingestion_completes_every_line_once(tmp_path, fault):
-    lines = 300
-    result = run_trial(tmp_path, fault, lines, at=0.3, chunk=5)  # 60 steps: the fault lands mid-way
+    lines = 150
+    result = run_trial(tmp_path, fault, lines, at=0.3, chunk=3)  # 50 steps: the fault lands mid-way
     check(result, lines)
     print(f"{fault}: fault at cursor {result['cursor_at_fault']}, done {result['after_fault_s']:.1f} s later")
 

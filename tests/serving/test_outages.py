@@ -3,6 +3,10 @@ redis-server with its append-only file, a few hundred requests (every fourth one
 
 Each case counts sent, completed, lost, duplicated and 5xx (README "Faults" shows the table), and
 checks every completed text against the request's greedy output generated alone.
+
+CI runs the Redis Cluster case and the stream drain here; the single-Redis cases (a worker killed, Redis
+killed, Redis frozen) run in CI through ``dllm serve`` (``tests/serving/test_serve.py``) and here under
+the slow marker (``scripts/fault-table.sh`` runs them all).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import os
 import signal
 import time
 
+import pytest
 import redis
 
 from dllm_contracts.queue.connect import sync_client
@@ -70,6 +75,7 @@ def _assert_nothing_lost(tally: Tally, served_model) -> None:
     assert not wrong, wrong
 
 
+@pytest.mark.slow  # through `dllm serve` in CI: tests/serving/test_serve.py
 def test_no_fault(served_model, service, tmp_path):
     def no_fault(stack: Stack) -> None:
         """(e) no fault"""
@@ -78,6 +84,7 @@ def test_no_fault(served_model, service, tmp_path):
     _assert_nothing_lost(tally, served_model)
 
 
+@pytest.mark.slow  # through `dllm serve` in CI: tests/serving/test_serve.py
 def test_redis_frozen_for_five_seconds(served_model, service, tmp_path):
     def freeze(stack: Stack) -> None:
         """(c) Redis frozen 5 s (SIGSTOP, SIGCONT)"""
@@ -87,6 +94,7 @@ def test_redis_frozen_for_five_seconds(served_model, service, tmp_path):
     _assert_nothing_lost(tally, served_model)
 
 
+@pytest.mark.slow  # through `dllm serve` in CI: tests/serving/test_serve.py
 def test_redis_killed_and_restarted_from_its_append_only_file(served_model, service, tmp_path):
     def crash(stack: Stack) -> None:
         """(b) Redis killed (SIGKILL) and restarted on its append-only file"""
@@ -107,6 +115,7 @@ def _kill_twice(stack: Stack) -> None:
         time.sleep(2.0)
 
 
+@pytest.mark.slow  # through `dllm serve` in CI: tests/serving/test_serve.py
 def test_a_worker_killed_repeatedly(served_model, service, tmp_path):
     tally = _run_case(served_model, service, tmp_path, _kill_twice)
     _assert_nothing_lost(tally, served_model)

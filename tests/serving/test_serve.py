@@ -61,7 +61,14 @@ def test_the_readme_quick_start_works_where_no_redis_server_is_installed(tmp_pat
         assert server.stop() == 0
 
 
-@pytest.mark.parametrize("child", ["gateway", "worker", "redis"])
+@pytest.mark.parametrize(  # the worker and Redis are also killed under load below, in CI
+    "child",
+    [
+        "gateway",
+        pytest.param("worker", marks=pytest.mark.slow),
+        pytest.param("redis", marks=pytest.mark.slow),
+    ],
+)
 def test_serving_resumes_after_kill_9_of_any_child(serve, child):
     assert serve.answers()
     victim = serve.children()[child]
