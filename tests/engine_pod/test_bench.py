@@ -169,6 +169,7 @@ def test_bench_rejects_unknown_policies(capsys):
     assert "unknown policies" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # CI runs the gateway policy in the online benchmark below
 def test_gateway_policy_runs_the_same_workload_through_the_serving_path(model, tmp_path):
     out = tmp_path / "g.json"
     argv = heterogeneous_float64_bench(model, out, 10, "blockserve,gateway")

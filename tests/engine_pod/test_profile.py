@@ -108,7 +108,7 @@ def test_blockserve_at_the_profiled_budget_stays_under_the_limit(profile):
     "extra, message",
     [
         (["--memory-limit", "1M"], "not more than the model's weights"),
-        (["--memory-limit", "250M", "--max-tokens", "512"], "cannot run one block"),
+        (["--memory-limit", "250M", "--max-tokens", "384"], "cannot run one block"),
         (["--device", "cuda:3"], "CUDA is not available"),
         (["--max-tokens", "10"], "--max-tokens must be at least"),
         (["--utilization", "1.5"], "--utilization"),

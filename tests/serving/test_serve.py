@@ -274,7 +274,9 @@ def test_the_online_benchmark_loads_dllm_serve_with_chat_requests(serve, tmp_pat
     ]
 
 
-@pytest.mark.parametrize("family", ["dream", "llada2"])
+@pytest.mark.parametrize(  # LLaDA2.0 through dllm serve against dllm generate in CI: test_block_streaming.py
+    "family", ["dream", pytest.param("llada2", marks=pytest.mark.slow)]
+)
 def test_dllm_serve_serves_a_checkpoint_as_dllm_generate_decodes_it(tmp_path, family):
     """Dream and LLaDA2.0 (block diffusion, exact KV cache) through the whole serving path (supervisor,
     worker, gateway, the official client): the answers equal ``dllm generate``'s with the serving defaults
