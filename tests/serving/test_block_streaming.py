@@ -21,9 +21,7 @@ README_MESSAGE = [{"role": "user", "content": "letters from t to z ."}]
 WORDS = ["count", "from", "one", "to", "nine", "and", "then", "letters", "a", "b", "c"]
 
 
-@pytest.mark.parametrize(  # SDAR shares LLaDA2.0's block engine and stream: CI runs one of the two
-    "model", ["tiny-llada2-random", pytest.param("tiny-sdar-random", marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("model", ["tiny-llada2-random", "tiny-sdar-random"])
 def test_a_block_model_streams_one_chunk_per_committed_block_on_and_off_the_grid(tmp_path, model):
     flags = ("--model", f"builtin:{model}", "--block-length", str(BLOCK), "--steps-per-block", str(BLOCK))
     heads = set()
