@@ -50,6 +50,8 @@ class ServiceSpec:
     max_rows: int = DEFAULTS.max_rows
     max_wait_s: float = DEFAULTS.max_wait_s
     batch_window_s: float = DEFAULTS.batch_window_s
+    batch_max_wait_s: float = DEFAULTS.batch_max_wait_s
+    batch_max_rows: int = DEFAULTS.batch_max_rows
     image: str | None = None
     gpus: int = 1
     gpu_resource: str = "nvidia.com/gpu"
@@ -147,6 +149,8 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         max_rows=int(scheduling.get("maxRows", DEFAULTS.max_rows)),
         max_wait_s=float(scheduling.get("maxWaitSeconds", DEFAULTS.max_wait_s)),
         batch_window_s=float(scheduling.get("batchWindowSeconds", DEFAULTS.batch_window_s)),
+        batch_max_wait_s=float(scheduling.get("batchMaxWaitSeconds", DEFAULTS.batch_max_wait_s)),
+        batch_max_rows=int(scheduling.get("batchMaxRows", DEFAULTS.batch_max_rows)),
         image=resources.get("image"),
         gpus=int(resources.get("gpus", 1)),
         gpu_resource=resources.get("gpuResourceName", "nvidia.com/gpu"),
@@ -188,6 +192,8 @@ SCHEDULING_FIELDS = {
     "max_rows": "maxRows",
     "max_wait_s": "maxWaitSeconds",
     "batch_window_s": "batchWindowSeconds",
+    "batch_max_wait_s": "batchMaxWaitSeconds",
+    "batch_max_rows": "batchMaxRows",
 }  # SchedulerConfig's field -> its name under spec.scheduling
 
 

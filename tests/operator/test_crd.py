@@ -136,6 +136,9 @@ INVALID = [
     ("scheduling.batchWindowSeconds", 2),
     ("scheduling.maxRows", 0),
     ("scheduling.maxWait", 2),
+    ("scheduling.batchMaxRows", -1),
+    ("scheduling.batchMaxWaitSeconds", -5),
+    ("scheduling.batchMaxLines", 4),
 ]
 
 
@@ -161,6 +164,8 @@ VALID = [
     ("scheduling.maxWaitSeconds", 2.5),
     ("scheduling.batchWindowSeconds", 0),
     ("scheduling.maxRows", 64),
+    ("scheduling.batchMaxRows", 0),
+    ("scheduling.batchMaxWaitSeconds", 600),
 ]
 
 

@@ -133,10 +133,13 @@ def test_engine_command_is_what_dllm_worker_accepts_with_the_scheduling_fields()
             scheduling__maxRows=64,
             scheduling__maxWaitSeconds=2.5,
             scheduling__batchWindowSeconds=0.0,
+            scheduling__batchMaxWaitSeconds=120,
+            scheduling__batchMaxRows=4,
         )
     )
     assert (args.admission, args.min_padding_efficiency, args.threshold) == ("projected", 0.5, 0.9)
     assert (args.max_rows, args.max_wait, args.batch_window) == (64, 2.5, 0.0)
+    assert (args.batch_max_wait, args.batch_max_rows) == (120.0, 4)
     defaults = worker_args(example())
     settings = (
         defaults.admission,
@@ -144,6 +147,8 @@ def test_engine_command_is_what_dllm_worker_accepts_with_the_scheduling_fields()
         defaults.max_rows,
         defaults.max_wait,
         defaults.batch_window,
+        defaults.batch_max_wait,
+        defaults.batch_max_rows,
     )
     assert settings == (
         DEFAULTS.admission,
@@ -151,6 +156,8 @@ def test_engine_command_is_what_dllm_worker_accepts_with_the_scheduling_fields()
         DEFAULTS.max_rows,
         DEFAULTS.max_wait_s,
         DEFAULTS.batch_window_s,
+        DEFAULTS.batch_max_wait_s,
+        DEFAULTS.batch_max_rows,
     )
 
 
@@ -229,6 +236,8 @@ def test_operator_rechecks_what_cel_would_reject():
         example(scheduling__maxWaitSeconds=-0.5)
     with pytest.raises(SpecError, match=r"scheduling.batchWindowSeconds must be in \[0, 1.0\]"):
         example(scheduling__batchWindowSeconds=5)
+    with pytest.raises(SpecError, match="scheduling.batchMaxRows must be at least 0"):
+        example(scheduling__batchMaxRows=-1)
     with pytest.raises(SpecError, match="resources.nodeSelector key 'bad key' is not a label key"):
         example(resources__nodeSelector={"bad key": "x"})
     assert example(resources__nodeSelector={"nvidia.com/gpu.product": "H100", "pool": "a"}).node_selector
