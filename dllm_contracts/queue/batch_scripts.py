@@ -3,7 +3,8 @@ lease, and its status transitions. Each names every key it touches in KEYS (see 
 
 from __future__ import annotations
 
-from dllm_contracts.queue.scripts import _ADD_PENDING, _EFFECTS
+from dllm_contracts.queue.request_scripts import _ADD_PENDING
+from dllm_contracts.queue.scripts import _EFFECTS
 
 # KEYS: batch pending, live set, wakeup, batch arrivals, sizes, batch hash, batch results, batch members,
 #   then one request hash per line queued

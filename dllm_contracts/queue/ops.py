@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from dllm_contracts.queue import batch_scripts, scripts
+from dllm_contracts.queue import batch_scripts, request_scripts, scripts
 from dllm_contracts.queue.keys import RESULT_TTL_S, ServiceKeys
 from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest, encode_event
 
@@ -20,7 +20,7 @@ ANY_WAIT = -1.0  # a candidates read's wait bound that every pending request pas
 
 @dataclass(frozen=True)
 class ScriptCall:
-    script: str  # name of a script in dllm_contracts.queue.scripts
+    script: str  # name of a script in dllm_contracts.queue (scripts, request_scripts, batch_scripts)
     keys: list[str]
     args: list[str | int | float]
 
@@ -253,11 +253,12 @@ class QueueOps:
 
 
 def script_sources() -> dict[str, str]:
-    names = ("CANDIDATES", "CLAIM", "RENEW", "REAP", "COMMIT", "RELEASE", "CANCEL", "ENQUEUE")
-    sources = {name: getattr(scripts, name) for name in names}
-    return sources | {
-        name: getattr(batch_scripts, name) for name in ("INGEST", "BATCH_LEASE", "BATCH_STATUS")
+    by_module = {
+        scripts: ("CANDIDATES", "CLAIM", "RENEW", "REAP", "COMMIT", "RELEASE"),
+        request_scripts: ("CANCEL", "ENQUEUE"),
+        batch_scripts: ("INGEST", "BATCH_LEASE", "BATCH_STATUS"),
     }
+    return {name: getattr(module, name) for module, names in by_module.items() for name in names}
 
 
 def _request_args(requests: list[QueuedRequest]) -> list:
