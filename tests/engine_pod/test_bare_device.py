@@ -94,10 +94,10 @@ def test_gpu_bench_script_runs_every_step_in_the_bare_environment_at_a_small_siz
         DTYPE="float32",
         MEMORY_LIMIT="600M",
         POLICY="blockserve,static",  # one process per policy: two here, all four in the full rehearsal
-        MAX_TOKENS="512",
+        MAX_TOKENS="384",  # the smallest grid with two token counts to fit: four shapes
         WORKLOAD="synthetic:n=4,prompt=8-40,gen=32-32,seed=0",
         BLOCK_MODEL="random:llada2-tiny",
-        BLOCK_MAX_TOKENS="512",
+        BLOCK_MAX_TOKENS="384",
         BLOCK_WORKLOAD="synthetic:n=3,prompt=8-30,gen=32-32,seed=0",
     )
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
