@@ -14,8 +14,8 @@ from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache
 from engine_pod.block_diffusion.runner import BlockDiffusionRunner, BlockRow
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.models.loader import LoadedModel
-from engine_pod.runner.block_cycle import CycleOutput, CycleStats
 from engine_pod.runner.canvas import RowSampling
+from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.scheduler.cycle_row import CycleRow
 
 # what the remasking names mean for a block-diffusion model: its reference rule, with or without threshold
@@ -39,7 +39,7 @@ def block_threshold(decoding: DecodingConfig) -> float:
 
 
 class BlockDiffusionCycleRunner:
-    """``run(rows) -> CycleOutput`` as BlockCycleRunner, for a model with an exact, persistent cache."""
+    """The Runner contract for a model with an exact, persistent cache."""
 
     grid_aligned = True  # the scheduler puts blocks on the absolute grid
 
@@ -57,6 +57,10 @@ class BlockDiffusionCycleRunner:
         self.prefix_cache = BlockPrefixCache(self.pool, L) if shares else None
         self.hits: dict[str, int] = {}  # rows that entered the batch in the last cycle: tokens found cached
         self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)
+
+    @property
+    def shares_blocks(self) -> bool:
+        return self.prefix_cache is not None
 
     def run(self, rows: list[CycleRow], gather_rows: bool = True, packed: bool = False) -> CycleOutput:
         if not rows:

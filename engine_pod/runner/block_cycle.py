@@ -20,27 +20,9 @@ from engine_pod.decoding.scoring import top_two_gap
 from engine_pod.models.adapter import adapter_for
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.canvas import Canvas, build_canvas
+from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.runner.packing import refresh_inputs, window_inputs
 from engine_pod.scheduler.cycle_row import CycleRow
-
-
-@dataclass
-class CycleStats:
-    forwards: int = 0  # model forward calls
-    computed_positions: int = 0  # query token positions pushed through the model
-    useful_positions: int = 0  # of those, positions of live requests' prompts and blocks
-
-
-@dataclass
-class CycleOutput:
-    blocks: list[list[int]]  # per row: the block's tokens as committed (mask id where left masked)
-    steps: list[int]  # per row: forwards the row's block took
-    stats: CycleStats
-    margins: list[list[float]] | None = None  # per row and block position: top-1 minus top-2 probability
-    # when the position was committed (inf if never), recorded on request to locate near-ties
-    # per row asking for them (None for the others), per block position: (log p of the committed token,
-    # [(alternative id, its log p), ...]) under the distribution of the step that committed it
-    logprobs: list[list[tuple] | None] | None = None
 
 
 @dataclass
@@ -54,7 +36,10 @@ class _StepRows:
 
 
 class BlockCycleRunner:
-    """Runs block cycles of one model with one decoding config."""
+    """Runs block cycles of one model with one decoding config (the Runner contract)."""
+
+    grid_aligned = False  # blocks follow each request's prompt, wherever it ends
+    shares_blocks = False
 
     def __init__(
         self,
@@ -113,6 +98,9 @@ class BlockCycleRunner:
         if self.record_margins:
             output.margins = margins.tolist()
         return output
+
+    def forget(self) -> None:
+        """Nothing to let go of: every cycle starts from the scheduler's rows."""
 
     def _check_runaway(self, step: int) -> None:
         limit = self.decoding.block_length + self.decoding.steps_per_block + 1
