@@ -13,8 +13,8 @@ import torch
 from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache
 from engine_pod.block_diffusion.runner import BlockDiffusionRunner, BlockRow
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
+from engine_pod.decoding.row_sampling import RowSampling
 from engine_pod.models.loader import LoadedModel
-from engine_pod.runner.canvas import RowSampling
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.scheduler.cycle_row import CycleRow
 
@@ -76,7 +76,7 @@ class BlockDiffusionCycleRunner:
             self._share(states, entering)
         heads = [len(state.tokens) % self.decoding.block_length for state in states]
         forwards_before = [state.forwards for state in states]
-        sampling = RowSampling.of(rows, self.loaded.device, self.score_dtype)
+        sampling = RowSampling.of([row.sampling for row in rows], self.loaded.device, self.score_dtype)
         counts = [row.logprobs for row in rows]
         blocks = self.runner.run_cycle(states, sampling, gather_rows, packed, counts)
         steps = [state.forwards - before for state, before in zip(states, forwards_before)]
