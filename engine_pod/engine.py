@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.runner.contract import Runner
 from engine_pod.scheduler.base import Scheduler
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.request import Request
@@ -42,19 +42,19 @@ class StepResult:
 
 
 class Engine:
-    """Drives one scheduler and one block-cycle runner until every request is finished."""
+    """Drives one scheduler and one runner until every request is finished."""
 
     def __init__(
         self,
-        runner: BlockCycleRunner,
+        runner: Runner,
         scheduler: Scheduler,
         clock: Callable[[], float] = time.perf_counter,
         record_window: int | None = None,
     ) -> None:
         self.runner = runner
         self.scheduler = scheduler
-        scheduler.grid_aligned = getattr(runner, "grid_aligned", False)  # block-diffusion models
-        scheduler.shares_blocks = getattr(runner, "prefix_cache", None) is not None  # and their prefix cache
+        scheduler.grid_aligned = runner.grid_aligned  # block-diffusion models
+        scheduler.shares_blocks = runner.shares_blocks  # and their prefix cache
         self.clock = clock
         # the last ``record_window`` cycles (all of them when None: a benchmark's run is finite)
         self.records: deque[CycleRecord] = deque(maxlen=record_window)

@@ -53,5 +53,5 @@ def generate_one(
         finish_reason=reason,
         num_forward_passes=sum(r.forwards for r in engine.records),
         elapsed_s=elapsed,
-        trace=list(getattr(runner, "trace", [])),
+        trace=list(runner.trace) if trace else [],
     )

@@ -22,18 +22,18 @@ from engine_pod.engine import Engine
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.models.loader import LoadedModel, load_model
 from engine_pod.profiling.memory import peak_bytes, reset_peak
+from engine_pod.runner.contract import Runner
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.request import Request
 
 
-def warm_up(runner, requests: list[PreparedRequest]) -> None:
+def warm_up(runner: Runner, requests: list[PreparedRequest]) -> None:
     """One untimed block cycle, so that one-off kernel and allocator set-up is not charged to a policy
     (and nothing it computed is left cached for the timed run)."""
     if requests:
         runner.run([CycleRow(tuple(requests[0].prompt_ids))])
-        if hasattr(runner, "forget"):
-            runner.forget()
+        runner.forget()
 
 
 class FollowUps:
@@ -83,7 +83,8 @@ def run_policy(
         return run_through_gateway(loaded, decoding, spec, requests, pinning)
     eos = loaded.config.eos_token_ids
     scheduler = build_scheduler(spec, decoding.block_length, eos, decoding.ignore_eos, decoding.canvas)
-    runner = make_runner(loaded, decoding, spec.token_budget, record_margins=record_margins)
+    margins = record_margins and not loaded.config.block_diffusion  # LLaDA and Dream's runner records them
+    runner = make_runner(loaded, decoding, spec.token_budget, record_margins=margins)
     engine = Engine(runner, scheduler)
     turns = FollowUps(requests, decoding.block_length)
     for item in turns.first:

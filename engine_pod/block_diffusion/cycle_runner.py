@@ -13,9 +13,9 @@ import torch
 from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache
 from engine_pod.block_diffusion.runner import BlockDiffusionRunner, BlockRow
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
+from engine_pod.decoding.row_sampling import RowSampling
 from engine_pod.models.loader import LoadedModel
-from engine_pod.runner.block_cycle import CycleOutput, CycleStats
-from engine_pod.runner.canvas import RowSampling
+from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.scheduler.cycle_row import CycleRow
 
 # what the remasking names mean for a block-diffusion model: its reference rule, with or without threshold
@@ -39,7 +39,7 @@ def block_threshold(decoding: DecodingConfig) -> float:
 
 
 class BlockDiffusionCycleRunner:
-    """``run(rows) -> CycleOutput`` as BlockCycleRunner, for a model with an exact, persistent cache."""
+    """The Runner contract for a model with an exact, persistent cache."""
 
     grid_aligned = True  # the scheduler puts blocks on the absolute grid
 
@@ -58,6 +58,10 @@ class BlockDiffusionCycleRunner:
         self.hits: dict[str, int] = {}  # rows that entered the batch in the last cycle: tokens found cached
         self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)
 
+    @property
+    def shares_blocks(self) -> bool:
+        return self.prefix_cache is not None
+
     def run(self, rows: list[CycleRow], gather_rows: bool = True, packed: bool = False) -> CycleOutput:
         if not rows:
             raise ValueError("a block cycle needs at least one row")
@@ -72,7 +76,7 @@ class BlockDiffusionCycleRunner:
             self._share(states, entering)
         heads = [len(state.tokens) % self.decoding.block_length for state in states]
         forwards_before = [state.forwards for state in states]
-        sampling = RowSampling.of(rows, self.loaded.device, self.score_dtype)
+        sampling = RowSampling.of([row.sampling for row in rows], self.loaded.device, self.score_dtype)
         counts = [row.logprobs for row in rows]
         blocks = self.runner.run_cycle(states, sampling, gather_rows, packed, counts)
         steps = [state.forwards - before for state, before in zip(states, forwards_before)]

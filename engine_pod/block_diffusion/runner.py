@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_pod.block_diffusion.batches import StepQueries, dense_forward, packed_forward
-from engine_pod.decoding.candidates import score_candidates
-from engine_pod.decoding.logprobs import asked_and_committed, committed_logprobs
+from engine_pod.decoding.denoise_step import Candidates, DenoiseStep, LogprobRequests
 from engine_pod.decoding.policies import StepContext
 from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
 from engine_pod.models.block_transformer import BlockDiffusionTransformer
@@ -72,6 +71,7 @@ class BlockDiffusionRunner:
         self.policy = ScheduledThresholdPolicy()
         self.device = model.lm_head.weight.device
         self.score_dtype = torch.promote_types(model.lm_head.weight.dtype, torch.float32)
+        self.denoise = DenoiseStep(self.policy, self.score_dtype)
         self.sampling = None
         self.computed_positions = 0  # query positions pushed through the model in the last cycle
         self.useful_positions = 0  # of those, the active rows' (no padding, no finished rows)
@@ -162,43 +162,23 @@ class BlockDiffusionRunner:
         hidden = self.model.forward_blocks(batch, select)
         self.computed_positions += batch.tokens.numel()
         self.useful_positions += sum(w for w, i in zip(queries.widths, live) if cycle.rows[i].active)
-        candidates = queries.blocks == self.mask_id
-        pick_r, pick_k = candidates.nonzero(as_tuple=True)
-        rows_of = torch.tensor(live, device=self.device)[pick_r]
+        mask = queries.blocks == self.mask_id
+        candidates = Candidates.of(mask, torch.tensor(live, device=self.device))
         positions = batch.positions[select[0], select[1]]
-        proposal, confidence = score_candidates(
-            hidden, self.policy.scorer, self.sampling, rows_of, positions, index, self.score_dtype
-        )
-        scores = torch.full(candidates.shape, float("-inf"), dtype=confidence.dtype, device=self.device)
-        scores[pick_r, pick_k] = confidence
-        proposals = queries.blocks.clone()
-        proposals[pick_r, pick_k] = proposal
-        thresholds = torch.tensor(
-            [cycle.rows[i].threshold for i in live], dtype=torch.float64, device=self.device
-        )
         context = StepContext(
             step=index,
             steps_per_block=cycle.steps[live],
-            masks_at_block_start=candidates.sum(1),
-            masks_now=candidates.sum(1),
-            threshold=thresholds,
+            masks_at_block_start=mask.sum(1),
+            masks_now=mask.sum(1),
+            threshold=torch.tensor(
+                [cycle.rows[i].threshold for i in live], dtype=torch.float64, device=self.device
+            ),
             eps=0.0,
         )
-        transfer = self.policy.select(scores, candidates, context)
-        cycle.blocks[live] = torch.where(transfer, proposals, queries.blocks)
-        if self.logprobs is not None:
-            self._record_logprobs(hidden, rows_of, pick_k, transfer[pick_r, pick_k], proposal)
+        logprobs = None if self.logprobs is None else LogprobRequests(self.logprob_counts, self.logprobs)
+        commit = self.denoise(
+            hidden, candidates, queries.blocks, positions, index, self.sampling, context, logprobs
+        )
+        cycle.blocks[live] = commit.blocks
         for i in live:
             cycle.rows[i].forwards += 1
-
-    def _record_logprobs(self, hidden, rows_of, pick_k, committed, proposal) -> None:
-        counts = self.logprob_counts
-        chosen = asked_and_committed(rows_of, committed, counts)
-        if chosen.numel() == 0:
-            return
-        owners = rows_of[chosen]
-        values = committed_logprobs(
-            hidden, chosen, proposal[chosen], owners, counts, self.sampling, self.score_dtype
-        )
-        for value, r, k in zip(values, owners.tolist(), pick_k[chosen].tolist()):
-            self.logprobs[r][k] = value

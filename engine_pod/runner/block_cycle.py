@@ -12,35 +12,16 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_pod.decoding.candidates import score_candidates
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.decoding.logprobs import asked_and_committed, committed_logprobs
+from engine_pod.decoding.denoise_step import Candidates, DenoiseStep, LogprobRequests
 from engine_pod.decoding.policies import StepContext, make_policy
 from engine_pod.decoding.scoring import top_two_gap
 from engine_pod.models.adapter import adapter_for
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.canvas import Canvas, build_canvas
+from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.runner.packing import refresh_inputs, window_inputs
 from engine_pod.scheduler.cycle_row import CycleRow
-
-
-@dataclass
-class CycleStats:
-    forwards: int = 0  # model forward calls
-    computed_positions: int = 0  # query token positions pushed through the model
-    useful_positions: int = 0  # of those, positions of live requests' prompts and blocks
-
-
-@dataclass
-class CycleOutput:
-    blocks: list[list[int]]  # per row: the block's tokens as committed (mask id where left masked)
-    steps: list[int]  # per row: forwards the row's block took
-    stats: CycleStats
-    margins: list[list[float]] | None = None  # per row and block position: top-1 minus top-2 probability
-    # when the position was committed (inf if never), recorded on request to locate near-ties
-    # per row asking for them (None for the others), per block position: (log p of the committed token,
-    # [(alternative id, its log p), ...]) under the distribution of the step that committed it
-    logprobs: list[list[tuple] | None] | None = None
 
 
 @dataclass
@@ -54,7 +35,10 @@ class _StepRows:
 
 
 class BlockCycleRunner:
-    """Runs block cycles of one model with one decoding config."""
+    """Runs block cycles of one model with one decoding config (the Runner contract)."""
+
+    grid_aligned = False  # blocks follow each request's prompt, wherever it ends
+    shares_blocks = False
 
     def __init__(
         self,
@@ -78,6 +62,7 @@ class BlockCycleRunner:
         )
         self.exact_steps = self.policy.quota_schedule and not decoding.uses_cache
         self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)  # what scores are computed in
+        self.denoise = DenoiseStep(self.policy, self.score_dtype)
 
     @torch.no_grad()
     def run(self, rows: list[CycleRow], gather_rows: bool = True, packed: bool = False) -> CycleOutput:
@@ -114,6 +99,9 @@ class BlockCycleRunner:
             output.margins = margins.tolist()
         return output
 
+    def forget(self) -> None:
+        """Nothing to let go of: every cycle starts from the scheduler's rows."""
+
     def _check_runaway(self, step: int) -> None:
         limit = self.decoding.block_length + self.decoding.steps_per_block + 1
         if step > limit:
@@ -146,59 +134,26 @@ class BlockCycleRunner:
         margins: torch.Tensor,
     ) -> None:
         refresh = step == 0 or cache is None
-        candidates = rows.candidates
+        mask = rows.candidates
         forced_start = refresh and cache is not None and self.adapter.commits_block_start_on_refresh
         if forced_start:
-            candidates = candidates.clone()
-            candidates[:, 1:] = False
-        pick_r, pick_k = candidates.nonzero(as_tuple=True)
-        if refresh:
-            logits = self._full_forward(canvas, cache, rows, pick_r, pick_k, out.stats)
-        else:
-            logits = self._window_forward(canvas, cache, rows, pick_r, pick_k, out.stats)
-        proposal, confidence = self._score(logits, canvas, rows, pick_r, pick_k, step)
-        block = rows.block
-        proposals = block.clone()
-        proposals[pick_r, pick_k] = proposal
-        if forced_start:
-            transfer = candidates
-        else:
-            scores = torch.full(block.shape, float("-inf"), dtype=confidence.dtype, device=block.device)
-            scores[pick_r, pick_k] = confidence
-            transfer = self.policy.select(
-                scores, candidates, self._context(canvas, step, rows, masks_at_start)
-            )
-        canvas.write_block(rows.index, torch.where(transfer, proposals, block))
-        if out.logprobs is not None:
-            self._record_logprobs(logits, canvas, rows, pick_r, pick_k, transfer, proposal, out)
+            mask = mask.clone()
+            mask[:, 1:] = False
+        candidates = Candidates.of(mask, rows.index)
+        forward = self._full_forward if refresh else self._window_forward
+        logits = forward(canvas, cache, rows, candidates.r, candidates.k, out.stats)
+        positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
+        context = None if forced_start else self._context(canvas, step, rows, masks_at_start)
+        logprobs = None if out.logprobs is None else LogprobRequests(canvas.logprobs, out.logprobs)
+        commit = self.denoise(
+            logits, candidates, rows.block, positions, step, canvas.sampling, context, logprobs
+        )
+        canvas.write_block(rows.index, commit.blocks)
         if self.record_margins:
-            self._record_margins(logits, pick_r, pick_k, transfer, rows.index, margins)
+            self._record_margins(logits, candidates.r, candidates.k, commit.transfer, rows.index, margins)
         out.stats.forwards += 1
         if self.record_trace:
-            self._trace(canvas, rows, refresh, transfer, proposals)
-
-    def _score(self, logits, canvas: Canvas, rows: _StepRows, pick_r, pick_k, step: int):
-        """Each candidate's proposal and confidence (decoding/candidates.py)."""
-        row = rows.index[pick_r]
-        positions = canvas.position_ids.gather(1, canvas.block_slots)[row, pick_k]
-        return score_candidates(
-            logits, self.policy.scorer, canvas.sampling, row, positions, step, self.score_dtype
-        )
-
-    def _record_logprobs(
-        self, logits, canvas: Canvas, rows: _StepRows, pick_r, pick_k, transfer, proposal, out
-    ):
-        """Log probabilities of the tokens committed in this step, for the rows that asked."""
-        row = rows.index[pick_r]
-        chosen = asked_and_committed(row, transfer[pick_r, pick_k], canvas.logprobs)
-        if chosen.numel() == 0:
-            return
-        owners = row[chosen]
-        values = committed_logprobs(
-            logits, chosen, proposal[chosen], owners, canvas.logprobs, canvas.sampling, self.score_dtype
-        )
-        for value, r, k in zip(values, owners.tolist(), pick_k[chosen].tolist()):
-            out.logprobs[r][k] = value
+            self._trace(canvas, rows, refresh, commit.transfer, commit.proposals)
 
     @staticmethod
     def _record_margins(logits, pick_r, pick_k, transfer, index, margins: torch.Tensor) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine_pod.decoding.row_sampling import RowSampling
 from engine_pod.scheduler.cycle_row import CycleRow
 
 
@@ -52,37 +53,6 @@ class Canvas:
         slots = starts[:, None] + offsets[None, :]
         valid = offsets[None, :] < lengths[:, None]
         return torch.where(valid, slots, torch.full_like(slots, self.width)), valid
-
-
-@dataclass
-class RowSampling:
-    """Per-row sampling settings on the device (a greedy row has temperature 0 and is not drawn)."""
-
-    sampled: torch.Tensor  # [R] bool
-    temperature: torch.Tensor  # [R] scores' dtype (1 for greedy rows: never used)
-    top_k: torch.Tensor  # [R] int64
-    top_p: torch.Tensor  # [R] scores' dtype
-    seeds: torch.Tensor  # [R] int64
-
-    @classmethod
-    def of(cls, rows: list[CycleRow], device: torch.device, dtype: torch.dtype) -> RowSampling | None:
-        params = [row.sampling for row in rows]
-        if all(p is None or p.greedy for p in params):
-            return None
-        drawn = [p is not None and not p.greedy for p in params]
-        return cls(
-            sampled=torch.tensor(drawn, device=device),
-            temperature=torch.tensor(
-                [p.temperature if d else 1.0 for p, d in zip(params, drawn)], dtype=dtype, device=device
-            ),
-            top_k=torch.tensor([p.top_k if d else 0 for p, d in zip(params, drawn)], device=device),
-            top_p=torch.tensor(
-                [p.top_p if d else 1.0 for p, d in zip(params, drawn)], dtype=dtype, device=device
-            ),
-            seeds=torch.tensor(
-                [p.seed if d else 0 for p, d in zip(params, drawn)], dtype=torch.int64, device=device
-            ),
-        )
 
 
 def _row_tokens(row: CycleRow, block_length: int, mask_id: int) -> list[int]:
@@ -140,6 +110,6 @@ def build_canvas(
         active=active.bool(),
         thresholds=bits.contiguous().view(torch.float64).to(score_dtype),
         block_length=block_length,
-        sampling=RowSampling.of(rows, device, score_dtype),
+        sampling=RowSampling.of([row.sampling for row in rows], device, score_dtype),
         logprobs=[row.logprobs for row in rows] if any(row.logprobs is not None for row in rows) else None,
     )

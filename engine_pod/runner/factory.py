@@ -1,18 +1,32 @@
-"""The block-cycle runner for a loaded model: the dual-cache runner for LLaDA and Dream, the exact-cache
-runner for block-diffusion models (LLaDA2.0)."""
+"""The runner for a loaded model, above every family's runner: the dual-cache runner for LLaDA and Dream,
+the exact-cache runner for block-diffusion models (LLaDA2.0, SDAR)."""
 
 from __future__ import annotations
 
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.runner.contract import Runner
 
 
-def make_runner(loaded: LoadedModel, decoding: DecodingConfig, pool_tokens: int | None = None, **options):
-    """``options`` go to BlockCycleRunner (trace and margin recording); ``pool_tokens`` sizes a
-    block-diffusion model's KV pool (the token budget)."""
+def make_runner(
+    loaded: LoadedModel,
+    decoding: DecodingConfig,
+    pool_tokens: int | None = None,
+    record_trace: bool = False,
+    record_margins: bool = False,
+) -> Runner:
+    """``pool_tokens`` sizes a block-diffusion model's KV pool (the token budget; LLaDA and Dream build
+    their cache per cycle); ``record_trace`` (row 0's forwards and commits) and ``record_margins`` (each
+    committed position's top-two gap) are recorded by the LLaDA/Dream runner and refused for a
+    block-diffusion model, which records neither."""
     if loaded.config.block_diffusion:
         from engine_pod.block_diffusion.cycle_runner import BlockDiffusionCycleRunner
 
+        for name, asked in (("record_trace", record_trace), ("record_margins", record_margins)):
+            if asked:
+                raise ValueError(
+                    f"{name} is not supported for block-diffusion models ({loaded.config.family})"
+                )
         return BlockDiffusionCycleRunner(loaded, decoding, pool_tokens)
-    return BlockCycleRunner(loaded, decoding, **options)
+    return BlockCycleRunner(loaded, decoding, record_trace=record_trace, record_margins=record_margins)

@@ -36,7 +36,7 @@ from dllm_contracts.scheduler_config import BURST_QUIET_S, SchedulerConfig
 from dllm_contracts.text import completion_tokens, within_limit
 from engine_pod.decoding.sampling_params import SamplingError, SamplingParams
 from engine_pod.engine import Engine, StepResult
-from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.runner.contract import Runner
 from engine_pod.scheduler.request import Request, RequestError
 from engine_pod.scheduler.serving import SERVING_POLICIES, serving_scheduler
 from engine_pod.worker.metrics import WorkerMetrics
@@ -74,9 +74,7 @@ class WorkerConfig:
 
 
 class Worker:
-    def __init__(
-        self, runner: BlockCycleRunner, config: WorkerConfig, queue: SyncQueue | None = None
-    ) -> None:
+    def __init__(self, runner: Runner, config: WorkerConfig, queue: SyncQueue | None = None) -> None:
         self.config = config
         self.worker_id = config.resolved_id()
         self.queue = queue or SyncQueue.connect(

@@ -345,3 +345,12 @@ def test_a_cycles_padding_is_counted_as_computed_not_useful(loaded, layout):
         assert stats.computed_positions == useful + first_widths["finished"] + (stats.forwards - 1) * 4
     else:
         assert stats.computed_positions == 3 * 20 + (stats.forwards - 1) * 3 * 4
+
+
+@pytest.mark.parametrize("option", ["record_trace", "record_margins"])
+def test_a_runner_option_the_family_does_not_record_is_refused_by_name(loaded, option):
+    decoding = DecodingConfig(block_length=4, steps_per_block=2, remasking="scheduled_threshold")
+    with pytest.raises(ValueError, match=option):
+        make_runner(loaded, decoding, 256, **{option: True})
+    runner = make_runner(loaded, decoding, 256, **{option: False})
+    assert runner.grid_aligned

@@ -1,8 +1,10 @@
-"""The block-cycle runner: per-row thresholds, canvas layout, padding accounting."""
+"""The block-cycle runner: per-row thresholds, canvas layout, padding accounting; the runner contract."""
 
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -56,3 +58,10 @@ def test_padding_efficiency_counts_only_live_prompt_and_block_positions(loaded):
     window_computed = (out.stats.forwards - 1) * 2 * 8
     assert out.stats.computed_positions == refresh_computed + window_computed
     assert out.stats.useful_positions == (28 + 9) + window_computed
+
+
+def test_the_runner_contract_does_not_import_torch():
+    code = (
+        "import sys; import engine_pod.runner.contract; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,97 @@
+"""One denoising step, the same for every model family: score the masked candidates of one forward
+(decoding/candidates.py), let the remasking policy select which to commit, write the commits into the
+blocks and record the committed tokens' log probabilities for the rows that asked (decoding/logprobs.py).
+A family's runner owns the rest: the forward that gives the candidates' logits and its cache layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine_pod.decoding.candidates import score_candidates
+from engine_pod.decoding.logprobs import TokenLogprob, asked_and_committed, committed_logprobs
+from engine_pod.decoding.policies import RemaskingPolicy, StepContext
+
+
+@dataclass
+class Candidates:
+    """The masked positions one forward scores, in the order the forward selects them."""
+
+    mask: torch.Tensor  # [R', L] the candidates over the stepping rows' blocks
+    r: torch.Tensor  # [n] each candidate's row among the stepping rows
+    k: torch.Tensor  # [n] its position in the block
+    owner: torch.Tensor  # [n] its row in the cycle's batch: its sampling and its log-probability request
+
+    @classmethod
+    def of(cls, mask: torch.Tensor, rows: torch.Tensor) -> Candidates:
+        """``rows`` [R']: each stepping row's row in the batch."""
+        r, k = mask.nonzero(as_tuple=True)
+        return cls(mask, r, k, rows[r])
+
+
+@dataclass
+class LogprobRequests:
+    """The batch's asks for log probabilities and what the cycle recorded so far."""
+
+    counts: list[int | None]  # per batch row: alternatives asked (None: none)
+    values: list[list[TokenLogprob | None] | None]  # per batch row asking, per block position
+
+
+@dataclass
+class Commit:
+    """What one step committed."""
+
+    blocks: torch.Tensor  # [R', L] the stepping rows' blocks after the step
+    transfer: torch.Tensor  # [R', L] positions committed in this step
+    proposals: torch.Tensor  # [R', L] each candidate's proposed token (the block's own elsewhere)
+
+
+@dataclass
+class DenoiseStep:
+    """Scores, selects and writes one forward's candidates with one policy."""
+
+    policy: RemaskingPolicy
+    score_dtype: torch.dtype  # what scores are computed in
+
+    def __call__(
+        self,
+        logits,
+        candidates: Candidates,
+        block: torch.Tensor,
+        positions: torch.Tensor,
+        step: int,
+        sampling,
+        context: StepContext | None,
+        logprobs: LogprobRequests | None = None,
+    ) -> Commit:
+        """``logits``: the candidates' SelectedHidden; ``block`` [R', L]: the stepping rows' blocks;
+        ``positions`` [n]: the candidates' absolute positions; ``sampling``: a RowSampling over the batch
+        (None: all greedy); ``context`` None commits every candidate (a forced commit)."""
+        proposal, confidence = score_candidates(
+            logits, self.policy.scorer, sampling, candidates.owner, positions, step, self.score_dtype
+        )
+        proposals = block.clone()
+        proposals[candidates.r, candidates.k] = proposal
+        if context is None:
+            transfer = candidates.mask
+        else:
+            scores = torch.full(block.shape, float("-inf"), dtype=confidence.dtype, device=block.device)
+            scores[candidates.r, candidates.k] = confidence
+            transfer = self.policy.select(scores, candidates.mask, context)
+        if logprobs is not None:
+            self._record_logprobs(logits, candidates, transfer, proposal, sampling, logprobs)
+        return Commit(torch.where(transfer, proposals, block), transfer, proposals)
+
+    def _record_logprobs(self, logits, candidates: Candidates, transfer, proposal, sampling, into) -> None:
+        """Log probabilities of the tokens committed in this step, for the rows that asked."""
+        committed = transfer[candidates.r, candidates.k]
+        chosen = asked_and_committed(candidates.owner, committed, into.counts)
+        if chosen.numel() == 0:
+            return
+        owners = candidates.owner[chosen]
+        values = committed_logprobs(
+            logits, chosen, proposal[chosen], owners, into.counts, sampling, self.score_dtype
+        )
+        for value, r, k in zip(values, owners.tolist(), candidates.k[chosen].tolist()):
+            into.values[r][k] = value

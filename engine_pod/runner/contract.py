@@ -1,0 +1,51 @@
+"""The runner contract every model family's runner keeps: the scheduler's rows in, one block cycle's
+committed tokens and costs out. Torch-free, so the engine, the worker and the scheduler's side can
+name it without loading a model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.scheduler.cycle_row import CycleRow
+
+if TYPE_CHECKING:  # the loaded model holds tensors: named here, never imported at run time
+    from engine_pod.models.loader import LoadedModel
+
+
+@dataclass
+class CycleStats:
+    forwards: int = 0  # model forward calls
+    computed_positions: int = 0  # query token positions pushed through the model
+    useful_positions: int = 0  # of those, positions of live requests' prompts and blocks
+
+
+@dataclass
+class CycleOutput:
+    blocks: list[list[int]]  # per row: the block's tokens as committed (mask id where left masked)
+    steps: list[int]  # per row: forwards the row's block took
+    stats: CycleStats
+    margins: list[list[float]] | None = None  # per row and block position: top-1 minus top-2 probability
+    # when the position was committed (inf if never), recorded on request to locate near-ties
+    # per row asking for them (None for the others), per block position: (log p of the committed token,
+    # [(alternative id, its log p), ...]) under the distribution of the step that committed it
+    logprobs: list[list[tuple] | None] | None = None
+
+
+class Runner(Protocol):
+    """Runs block cycles of one model with one decoding config."""
+
+    loaded: LoadedModel  # the model, its config (EOS ids) and tokenizer
+    decoding: DecodingConfig
+    grid_aligned: bool  # the model's blocks sit on the absolute grid of the block length
+    shares_blocks: bool  # the runner shares rows' common whole blocks (a prefix cache)
+
+    def run(self, rows: list[CycleRow], gather_rows: bool = True, packed: bool = False) -> CycleOutput:
+        """One block cycle over ``rows``: ``gather_rows`` drops rows whose block is complete from later
+        forwards; ``packed`` computes only the positions that exist (else the dense box)."""
+        ...
+
+    def forget(self) -> None:
+        """Let go of every request's state kept across cycles (a benchmark's warm-up leaves nothing)."""
+        ...
