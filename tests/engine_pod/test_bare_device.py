@@ -79,24 +79,37 @@ def test_serving_commands_say_what_is_missing_in_one_line():
     assert "blocked" in last and "dllm-serve[serve]" in last
 
 
-def test_gpu_bench_script_runs_every_step_in_the_bare_environment_at_a_small_size(tmp_path):
-    """CI's rehearsal of the GPU script: every step (device, profile, bench, summary and plot, the block
-    model's profile and bench), at a size one CPU thread runs in about a minute, with two of the four
-    policies. The full-size rehearsal below, every policy, is behind the slow marker."""
-    result = _run(
-        ["bash", "scripts/gpu-bench.sh", str(tmp_path)],
-        timeout=900,
-        PROFILE_TIMEOUT="800",
-        BENCH_TIMEOUT="800",
+def _rehearse(out: Path, timeout: int, step_timeout: int, **sizes: str) -> subprocess.CompletedProcess:
+    """``scripts/gpu-bench.sh`` on the CPU in the bare environment: the random models of the real shapes in
+    float32 under a 600 MiB limit, at the ``sizes`` given. The script's own step limits fit a GPU lease; on a
+    loaded CPU the rehearsal waits for its steps up to ``step_timeout`` (``timeout`` only ends a hang)."""
+    steps = str(step_timeout)
+    return _run(
+        ["bash", "scripts/gpu-bench.sh", str(out)],
+        timeout=timeout,
+        PROFILE_TIMEOUT=steps,
+        BENCH_TIMEOUT=steps,
         PYTHON=sys.executable,
         DEVICE="cpu",
         MODEL="random:llada-tiny",
         DTYPE="float32",
         MEMORY_LIMIT="600M",
+        BLOCK_MODEL="random:llada2-tiny",
+        **sizes,
+    )
+
+
+def test_gpu_bench_script_runs_every_step_in_the_bare_environment_at_a_small_size(tmp_path):
+    """CI's rehearsal of the GPU script: every step (device, profile, bench, summary and plot, the block
+    model's profile and bench), at a size one CPU thread runs in about a minute, with two of the four
+    policies. The full-size rehearsal below, every policy, is behind the slow marker."""
+    result = _rehearse(
+        tmp_path,
+        900,
+        800,
         POLICY="blockserve,static",  # one process per policy: two here, all four in the full rehearsal
         MAX_TOKENS="384",  # the smallest grid with two token counts to fit: four shapes
         WORKLOAD="synthetic:n=4,prompt=8-40,gen=32-32,seed=0",
-        BLOCK_MODEL="random:llada2-tiny",
         BLOCK_MAX_TOKENS="384",
         BLOCK_WORKLOAD="synthetic:n=3,prompt=8-30,gen=32-32,seed=0",
     )
@@ -114,21 +127,12 @@ def test_gpu_bench_script_runs_every_step_in_the_bare_environment_at_a_small_siz
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path_factory.mktemp("gpu-bench")
-    # the script's own step limits fit a GPU lease; on a loaded CPU the rehearsal waits for its steps
-    # (the outer limit only ends a hang)
-    result = _run(
-        ["bash", "scripts/gpu-bench.sh", str(out)],
-        timeout=3600,
-        PROFILE_TIMEOUT="3000",
-        BENCH_TIMEOUT="3000",
-        PYTHON=sys.executable,
-        DEVICE="cpu",
-        MODEL="random:llada-tiny",
-        DTYPE="float32",
-        MEMORY_LIMIT="600M",
+    result = _rehearse(
+        out,
+        3600,
+        3000,
         MAX_TOKENS="2048",
         WORKLOAD="synthetic:n=12,prompt=8-100,gen=32-96,seed=0",
-        BLOCK_MODEL="random:llada2-tiny",
         BLOCK_MAX_TOKENS="1024",
         BLOCK_WORKLOAD="synthetic:n=6,prompt=8-60,gen=32-64,seed=0",
     )
