@@ -6,12 +6,14 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from engine_pod.runner.contract import Runner
+from dllm_contracts.scheduler_config import SchedulerConfig
+from engine_pod.runner.contract import CycleStats, Runner, scheduling_facts
 from engine_pod.scheduler.base import Scheduler
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.request import Request
+from engine_pod.scheduler.serving import serving_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,7 @@ class StepResult:
     blocks: list[list[int]]  # each row's block as committed (inactive rows included)
     finished: list[Request]  # requests that finished at this block boundary
     logprobs: list | None = None  # per row, when some row asked: see CycleOutput.logprobs
+    stats: CycleStats = field(default_factory=CycleStats)  # what the cycle computed
 
 
 class Engine:
@@ -51,10 +54,14 @@ class Engine:
         clock: Callable[[], float] = time.perf_counter,
         record_window: int | None = None,
     ) -> None:
+        for fact in ("grid_aligned", "shares_blocks"):
+            if getattr(scheduler, fact) != getattr(runner, fact):
+                raise ValueError(
+                    f"the scheduler was built with {fact}={getattr(scheduler, fact)} and the runner's model "
+                    f"has {getattr(runner, fact)}: build it with scheduling_facts(runner)"
+                )
         self.runner = runner
         self.scheduler = scheduler
-        scheduler.grid_aligned = runner.grid_aligned  # block-diffusion models
-        scheduler.shares_blocks = runner.shares_blocks  # and their prefix cache
         self.clock = clock
         # the last ``record_window`` cycles (all of them when None: a benchmark's run is finite)
         self.records: deque[CycleRecord] = deque(maxlen=record_window)
@@ -84,7 +91,7 @@ class Engine:
             self._start, self._reset = None, False
         if self._start is None:
             self._start = begin
-        cycle = self.runner.run(output.rows, gather_rows=output.gather_rows, packed=output.packed)
+        cycle = self.runner.run(output)
         self._keep_margins(output, cycle.margins)
         finished = self.scheduler.update_from_output(output, cycle.blocks)
         self.records.append(
@@ -102,7 +109,7 @@ class Engine:
                 finished=len(finished),
             )
         )
-        return StepResult(output, cycle.blocks, finished, cycle.logprobs)
+        return StepResult(output, cycle.blocks, finished, cycle.logprobs, cycle.stats)
 
     def _keep_margins(self, output, margins: list[list[float]] | None) -> None:
         if margins is None:
@@ -117,3 +124,22 @@ class Engine:
             for request in self.step().finished:
                 if on_finished is not None:
                     on_finished(request)
+
+
+def scheduler_for(
+    runner: Runner, policy: str, scheduling: SchedulerConfig, batch_size: int = 1, **options
+) -> Scheduler:
+    """``policy``'s scheduler (one of SERVING_POLICIES) for ``runner``'s model and decoding: its block
+    length, EOS ids and canvas, and the scheduling facts of its model (``options``: the clock)."""
+    decoding = runner.decoding
+    return serving_scheduler(
+        policy,
+        decoding.block_length,
+        runner.loaded.config.eos_token_ids,
+        scheduling,
+        batch_size,
+        ignore_eos=decoding.ignore_eos,
+        canvas=decoding.canvas,
+        **scheduling_facts(runner),
+        **options,
+    )

@@ -9,8 +9,8 @@ from dllm_contracts.text import completion_tokens, decode_completion, within_lim
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
 from engine_pod.models.loader import LoadedModel
+from engine_pod.runner.contract import scheduling_facts
 from engine_pod.runner.factory import make_runner
-from engine_pod.scheduler.request import Request
 from engine_pod.scheduler.static import sequential_scheduler
 
 
@@ -33,10 +33,14 @@ def generate_one(
     pool_tokens = len(prompt_ids) + gen_length + 2 * decoding.block_length  # one request's exact cache
     runner = make_runner(loaded, decoding, pool_tokens, record_trace=trace)
     scheduler = sequential_scheduler(
-        decoding.block_length, eos, ignore_eos=decoding.ignore_eos, canvas=decoding.canvas
+        decoding.block_length,
+        eos,
+        ignore_eos=decoding.ignore_eos,
+        canvas=decoding.canvas,
+        **scheduling_facts(runner),
     )
     engine = Engine(runner, scheduler)
-    request = Request.from_tokens("generate", prompt_ids, gen_length, decoding.block_length)
+    request = scheduler.request_for("generate", prompt_ids, gen_length)
     engine.add_request(request)
     started = time.perf_counter()
     while engine.has_work():

@@ -99,8 +99,7 @@ class _Choice:
             new, self.sent = text[len(self.sent) :], text
         described = None
         if self.logprobs is not None:
-            limited = self.tokens[: self.queued.max_tokens]
-            visible = visible_tokens(limited, entries, self.spec.state.tokenizer)
+            visible = visible_tokens(self.tokens, entries, self.spec.state.tokenizer)
             described = self.logprobs.take(visible, len(self.sent))
         if not new and described is None:
             return None
@@ -109,7 +108,7 @@ class _Choice:
 
 async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
     """One choice's chunks: one per committed block carrying the new text; the last one says why
-    generation ended. Text never goes past ``max_tokens`` tokens (a block can). Block events are
+    generation ended. The worker cuts block events and the result to ``max_tokens``. Block events are
     numbered; after a gap (a block the worker could not publish during a Redis fault) no more block
     chunks go out, and the done event, which carries every token, sends the rest. A block's text goes
     where its event's offset says (the generated tokens before it), whatever the family's block layout."""
@@ -126,15 +125,14 @@ async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
                 continue
             choice.tokens.extend(event.token_ids)
             choice.entries.extend(event.logprobs or [None] * len(event.token_ids))
-            text, stopped = choice.text_of(choice.tokens[: queued.max_tokens])
+            text, stopped = choice.text_of(choice.tokens)
             chunk = choice.advance(text, choice.entries, final=stopped)
             if chunk is not None:
                 yield chunk
             if stopped:
                 await cancel_quietly(queued, spec.state)
                 yield spec.chunk(choice.index, "", "stop")
-                shown = choice.tokens[: queued.max_tokens]
-                usage.completion_tokens += count_covering(shown, spec.state.tokenizer, len(text))
+                usage.completion_tokens += count_covering(choice.tokens, spec.state.tokenizer, len(text))
                 return
         elif isinstance(event, DoneEvent):
             choice.tokens = list(event.token_ids)

@@ -10,22 +10,32 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
 from engine_pod.models.block_batch import DenseBlockForward
 from engine_pod.models.loader import LoadedModel
+from engine_pod.runner.contract import scheduling_facts
 from engine_pod.runner.factory import make_runner
-from engine_pod.scheduler.request import Request
+from engine_pod.scheduler.base import Scheduler
 
 
 def run_workload(
     loaded: LoadedModel, scheduler, decoding: DecodingConfig, workload, order=None
 ) -> dict[str, list[int]]:
-    """Generated tokens per request id, submitting the workload in ``order`` (default: as given)."""
+    """Generated tokens per request id, submitting the workload in ``order`` (default: as given).
+    ``scheduler``: a scheduler, or a callable that builds one from the runner's scheduling facts."""
     pool_tokens = sum(len(prompt) + budget + 2 * decoding.block_length for _, prompt, budget in workload)
-    engine = Engine(make_runner(loaded, decoding, pool_tokens), scheduler)
+    runner = make_runner(loaded, decoding, pool_tokens)
+    scheduler = built_for(scheduler, runner)
+    engine = Engine(runner, scheduler)
     items = workload if order is None else [workload[i] for i in order]
     for request_id, prompt, budget in items:
-        engine.add_request(Request.from_tokens(request_id, prompt, budget, decoding.block_length))
+        engine.add_request(scheduler.request_for(request_id, prompt, budget))
     outputs: dict[str, list[int]] = {}
     engine.run(lambda r: outputs.__setitem__(r.request_id, list(r.generated)))
     return outputs
+
+
+def built_for(scheduler, runner) -> Scheduler:
+    """``scheduler``, or what a callable (a scheduler class or ``functools.partial`` of one) builds with
+    the runner's scheduling facts (a block-diffusion model's grid, its prefix cache)."""
+    return scheduler if isinstance(scheduler, Scheduler) else scheduler(**scheduling_facts(runner))
 
 
 def common_token(outputs: dict[str, list[int]], rank: int = 2) -> int:

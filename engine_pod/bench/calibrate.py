@@ -13,11 +13,8 @@ from __future__ import annotations
 import torch
 
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.decoding.policies import make_policy
-from engine_pod.models.adapter import adapter_for
 from engine_pod.models.loader import LoadedModel
-from engine_pod.runner.canvas import build_canvas
-from engine_pod.scheduler.cycle_row import CycleRow
+from engine_pod.runner.factory import make_runner
 
 SAMPLE_ROWS = 8  # prompts whose first block's confidences are sampled
 
@@ -31,10 +28,9 @@ def calibrate_threshold(
         raise ValueError(f"the share of positions to commit per step must be in (0, 1), got {fraction}")
     if not prompts:
         raise ValueError("calibrating a threshold needs at least one prompt")
-    if loaded.config.block_diffusion:
-        confidence = _block_diffusion_confidences(loaded, decoding, prompts[:SAMPLE_ROWS])
-    else:
-        confidence = _confidences(loaded, decoding, prompts[:SAMPLE_ROWS])
+    sample = prompts[:SAMPLE_ROWS]
+    pool = sum(len(p) + 2 * decoding.block_length for p in sample)  # a block-diffusion model's KV pages
+    confidence = make_runner(loaded, decoding, pool).first_block_confidences(sample)
     threshold = float(torch.quantile(confidence.double().cpu(), 1.0 - fraction))
     return {
         "fraction": fraction,
@@ -42,26 +38,3 @@ def calibrate_threshold(
         "sampled_positions": int(confidence.numel()),
         "confidence_max": float(confidence.max()),
     }
-
-
-def _block_diffusion_confidences(loaded: LoadedModel, decoding: DecodingConfig, prompts: list[list[int]]):
-    from engine_pod.block_diffusion.runner import BlockDiffusionRunner, BlockRow
-
-    L = decoding.block_length
-    pool = loaded.model.new_pool(sum(len(p) // L + 2 for p in prompts), L, loaded.device)
-    runner = BlockDiffusionRunner(loaded.model, pool, L, decoding.steps_per_block)
-    return runner.first_step_confidences([BlockRow(f"p{i}", list(p)) for i, p in enumerate(prompts)])
-
-
-def _confidences(loaded: LoadedModel, decoding: DecodingConfig, prompts: list[list[int]]) -> torch.Tensor:
-    rows = [CycleRow(tuple(ids)) for ids in prompts]
-    L, config = decoding.block_length, loaded.config
-    pad = config.pad_token_id if config.pad_token_id is not None else 0
-    canvas = build_canvas(rows, L, config.mask_token_id, pad, loaded.device)
-    pick_r = torch.arange(len(rows), device=loaded.device).repeat_interleave(L)
-    source = canvas.block_slots.reshape(-1) - adapter_for(config).logit_shift
-    hidden = loaded.model.forward_full(
-        canvas.tokens, canvas.position_ids, canvas.key_mask, None, (pick_r, source)
-    )
-    _, confidence = hidden.map_logits(make_policy(decoding.remasking).scorer)
-    return confidence

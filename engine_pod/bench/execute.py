@@ -24,7 +24,9 @@ from engine_pod.models.loader import LoadedModel, load_model
 from engine_pod.profiling.memory import peak_bytes, reset_peak
 from engine_pod.runner.contract import Runner
 from engine_pod.runner.factory import make_runner
+from engine_pod.scheduler.base import Scheduler
 from engine_pod.scheduler.cycle_row import CycleRow
+from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.request import Request
 
 
@@ -32,15 +34,15 @@ def warm_up(runner: Runner, requests: list[PreparedRequest]) -> None:
     """One untimed block cycle, so that one-off kernel and allocator set-up is not charged to a policy
     (and nothing it computed is left cached for the timed run)."""
     if requests:
-        runner.run([CycleRow(tuple(requests[0].prompt_ids))])
+        runner.run(SchedulerOutput.of_rows([CycleRow(tuple(requests[0].prompt_ids))]))
         runner.forget()
 
 
 class FollowUps:
     """A chat's next turns: each sent when the turn before it is answered, its history before it."""
 
-    def __init__(self, requests: list[PreparedRequest], block_length: int) -> None:
-        self.block_length = block_length
+    def __init__(self, requests: list[PreparedRequest], scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
         self.waiting: dict[str, list[PreparedRequest]] = {}
         for item in requests:
             if item.follows is not None:
@@ -50,7 +52,7 @@ class FollowUps:
 
     def request(self, item: PreparedRequest) -> Request:
         prompt = self.prompts[item.request_id]
-        return Request.from_tokens(item.request_id, prompt, item.max_tokens, self.block_length)
+        return self.scheduler.request_for(item.request_id, prompt, item.max_tokens)
 
     def after(self, request_id: str, answer: list[int]) -> list[Request]:
         """The turns that follow ``request_id``, now that its answer is known."""
@@ -82,11 +84,10 @@ def run_policy(
 
         return run_through_gateway(loaded, decoding, spec, requests, pinning)
     eos = loaded.config.eos_token_ids
-    scheduler = build_scheduler(spec, decoding.block_length, eos, decoding.ignore_eos, decoding.canvas)
     margins = record_margins and not loaded.config.block_diffusion  # LLaDA and Dream's runner records them
     runner = make_runner(loaded, decoding, spec.token_budget, record_margins=margins)
-    engine = Engine(runner, scheduler)
-    turns = FollowUps(requests, decoding.block_length)
+    engine = Engine(runner, build_scheduler(spec, runner))
+    turns = FollowUps(requests, engine.scheduler)
     for item in turns.first:
         engine.add_request(turns.request(item))
     warm_up(engine.runner, requests)

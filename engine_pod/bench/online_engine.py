@@ -31,12 +31,8 @@ class _Run:
 
     def send(self, item: OnlineRequest) -> None:
         prepared = item.request
-        request = Request.from_tokens(
-            prepared.request_id,
-            prepared.prompt_ids,
-            prepared.max_tokens,
-            self.decoding.block_length,
-            arrival_time=time.perf_counter(),
+        request = self.engine.scheduler.request_for(
+            prepared.request_id, prepared.prompt_ids, prepared.max_tokens, arrival_time=time.perf_counter()
         )
         self.sent[prepared.request_id] = self.now()
         self.engine.add_request(request)
@@ -65,9 +61,8 @@ class _Run:
 def run_engine_online(
     loaded: LoadedModel, decoding: DecodingConfig, spec: PolicySpec, requests: list[OnlineRequest], load: Load
 ) -> list[Observed]:
-    eos = loaded.config.eos_token_ids
-    scheduler = build_scheduler(spec, decoding.block_length, eos, decoding.ignore_eos, decoding.canvas)
-    engine = Engine(make_runner(loaded, decoding, spec.token_budget, record_margins=False), scheduler)
+    runner = make_runner(loaded, decoding, spec.token_budget, record_margins=False)
+    engine = Engine(runner, build_scheduler(spec, runner))
     warm_up(engine.runner, [r.request for r in requests])
     families = {r.request.request_id: r.family for r in requests}
     run = _Run(engine, decoding, requests)

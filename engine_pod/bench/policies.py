@@ -6,8 +6,10 @@ import math
 from dataclasses import dataclass, replace
 
 from dllm_contracts.scheduler_config import ADMISSION_MODES, SchedulerConfig
+from engine_pod.engine import scheduler_for
+from engine_pod.runner.contract import Runner
 from engine_pod.scheduler.base import Scheduler
-from engine_pod.scheduler.serving import SERVING_POLICIES, serving_scheduler
+from engine_pod.scheduler.serving import SERVING_POLICIES
 
 POLICIES = (
     "sequential",
@@ -60,18 +62,11 @@ class PolicySpec:
         return name if name in SERVING_POLICIES else "blockserve"
 
 
-def build_scheduler(spec: PolicySpec, block_length: int, eos_ids, ignore_eos: bool, canvas: str) -> Scheduler:
-    """The baselines run as their reference does (Fast-dLLM's static batch: a dense box in lockstep;
-    sequential: one row, which no layout pads); BlockServe in its configured layout."""
-    return serving_scheduler(
-        spec.served_policy,
-        block_length,
-        eos_ids,
-        spec.effective_scheduling,
-        spec.static_batch_size,
-        ignore_eos=ignore_eos,
-        canvas=canvas,
-    )
+def build_scheduler(spec: PolicySpec, runner: Runner) -> Scheduler:
+    """The scheduler ``spec`` names for ``runner``'s model and decoding. The baselines run as their
+    reference does (Fast-dLLM's static batch: a dense box in lockstep; sequential: one row, which no
+    layout pads); BlockServe in its configured layout."""
+    return scheduler_for(runner, spec.served_policy, spec.effective_scheduling, spec.static_batch_size)
 
 
 def static_widths(requests, block_length: int) -> list[int]:

@@ -32,7 +32,8 @@ from engine_pod.runner.factory import make_runner
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.preflight import reserve_port
 from engine_pod.serve.redis_server import RedisServer
-from engine_pod.worker.worker import Worker, WorkerConfig
+from engine_pod.worker.config import WorkerConfig
+from engine_pod.worker.worker import Worker
 from gateway.settings import GatewaySettings
 
 SERVICE = "bench"

@@ -80,7 +80,8 @@ def register(subparsers) -> None:
 def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Worker:
     from engine_pod.models.loader import load_model
     from engine_pod.runner.factory import make_runner
-    from engine_pod.worker.worker import Worker, WorkerConfig
+    from engine_pod.worker.config import WorkerConfig
+    from engine_pod.worker.worker import Worker
 
     decoding = decoding_config(args, args.steps_per_block)
     scheduling = scheduler_config(args)

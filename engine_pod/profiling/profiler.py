@@ -42,6 +42,7 @@ from engine_pod.profiling.memory import (
 )
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
+from engine_pod.scheduler.output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> Poin
     runner = make_runner(loaded, decoding, pool_tokens=point.tokens)  # block diffusion: KV for every token
     rows = _rows_for(point, loaded, cfg.block_length, cfg.seed)
     reset_peak(loaded.device)
-    runner.run(rows, gather_rows=False, packed=cfg.layout == "packed")
+    runner.run(SchedulerOutput.of_rows(rows, gather_rows=False, packed=cfg.layout == "packed"))
     peak, allocated = peak_bytes(loaded.device), peak_allocated_bytes(loaded.device)
     return Point(point.rows, point.width, peak, point.held_out, allocated)
 

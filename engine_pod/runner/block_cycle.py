@@ -22,6 +22,7 @@ from engine_pod.runner.canvas import Canvas, build_canvas
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.runner.packing import refresh_inputs, window_inputs
 from engine_pod.scheduler.cycle_row import CycleRow
+from engine_pod.scheduler.output import SchedulerOutput
 
 
 @dataclass
@@ -39,6 +40,7 @@ class BlockCycleRunner:
 
     grid_aligned = False  # blocks follow each request's prompt, wherever it ends
     shares_blocks = False
+    prefix_cache_stats = None  # no prefix cache: every cycle computes its rows' caches afresh
 
     def __init__(
         self,
@@ -65,9 +67,11 @@ class BlockCycleRunner:
         self.denoise = DenoiseStep(self.policy, self.score_dtype)
 
     @torch.no_grad()
-    def run(self, rows: list[CycleRow], gather_rows: bool = True, packed: bool = False) -> CycleOutput:
-        """One block cycle; ``packed``: compute only the positions that exist (no padding, no hidden
-        suffix), else the dense box."""
+    def run(self, cycle: SchedulerOutput) -> CycleOutput:
+        """One block cycle over the scheduler's rows; packed: compute only the positions that exist (no
+        padding, no hidden suffix), else the dense box. Nothing is kept across cycles, so the requests it
+        names as released have nothing to free."""
+        rows, gather_rows, packed = cycle.rows, cycle.gather_rows, cycle.packed
         if not rows:
             raise ValueError("a block cycle needs at least one row")
         L = self.decoding.block_length
@@ -101,6 +105,21 @@ class BlockCycleRunner:
 
     def forget(self) -> None:
         """Nothing to let go of: every cycle starts from the scheduler's rows."""
+
+    @torch.no_grad()
+    def first_block_confidences(self, prompts: list[list[int]]) -> torch.Tensor:
+        """The policy's confidences over each prompt's first block, from one full forward (what a
+        threshold calibration samples)."""
+        rows = [CycleRow(tuple(ids)) for ids in prompts]
+        L = self.decoding.block_length
+        canvas = build_canvas(rows, L, self.mask_id, self.pad_id, self.loaded.device)
+        pick_r = torch.arange(len(rows), device=self.loaded.device).repeat_interleave(L)
+        source = canvas.block_slots.reshape(-1) - self.adapter.logit_shift
+        hidden = self.model.forward_full(
+            canvas.tokens, canvas.position_ids, canvas.key_mask, None, (pick_r, source)
+        )
+        _, confidence = hidden.map_logits(self.policy.scorer)
+        return confidence
 
     def _check_runaway(self, step: int) -> None:
         limit = self.decoding.block_length + self.decoding.steps_per_block + 1

@@ -1,16 +1,19 @@
-"""The runner contract every model family's runner keeps: the scheduler's rows in, one block cycle's
+"""The runner contract every model family's runner keeps: the scheduler's output in, one block cycle's
 committed tokens and costs out. Torch-free, so the engine, the worker and the scheduler's side can
 name it without loading a model."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.scheduler.cycle_row import CycleRow
+from engine_pod.scheduler.output import SchedulerOutput
 
 if TYPE_CHECKING:  # the loaded model holds tensors: named here, never imported at run time
+    from torch import Tensor
+
+    from engine_pod.block_diffusion.prefix_cache import PrefixCacheStats
     from engine_pod.models.loader import LoadedModel
 
 
@@ -19,6 +22,8 @@ class CycleStats:
     forwards: int = 0  # model forward calls
     computed_positions: int = 0  # query token positions pushed through the model
     useful_positions: int = 0  # of those, positions of live requests' prompts and blocks
+    # rows that entered the batch this cycle: their tokens found in a prefix cache (runners that have one)
+    cached_on_entry: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -40,12 +45,25 @@ class Runner(Protocol):
     decoding: DecodingConfig
     grid_aligned: bool  # the model's blocks sit on the absolute grid of the block length
     shares_blocks: bool  # the runner shares rows' common whole blocks (a prefix cache)
+    prefix_cache_stats: PrefixCacheStats | None  # its running totals (None: no prefix cache)
 
-    def run(self, rows: list[CycleRow], gather_rows: bool = True, packed: bool = False) -> CycleOutput:
-        """One block cycle over ``rows``: ``gather_rows`` drops rows whose block is complete from later
-        forwards; ``packed`` computes only the positions that exist (else the dense box)."""
+    def run(self, cycle: SchedulerOutput) -> CycleOutput:
+        """One block cycle over ``cycle.rows``: ``gather_rows`` drops rows whose block is complete from
+        later forwards; ``packed`` computes only the positions that exist (else the dense box). A runner
+        that keeps per-request state across cycles frees that of the requests ``cycle.released`` names."""
         ...
 
     def forget(self) -> None:
         """Let go of every request's state kept across cycles (a benchmark's warm-up leaves nothing)."""
         ...
+
+    def first_block_confidences(self, prompts: list[list[int]]) -> Tensor:
+        """The remasking policy's confidence at every masked position of each prompt's first block, from
+        its first forward (a threshold calibration samples them); nothing is kept."""
+        ...
+
+
+def scheduling_facts(runner: Runner) -> dict[str, bool]:
+    """What a scheduler is built knowing about the runner's model (keyword arguments of every scheduler):
+    whether its blocks sit on the absolute grid, whether the runner shares rows' common whole blocks."""
+    return {"grid_aligned": runner.grid_aligned, "shares_blocks": runner.shares_blocks}

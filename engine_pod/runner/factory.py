@@ -7,6 +7,7 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.runner.contract import Runner
+from engine_pod.runner.paged_cycle import BlockDiffusionCycleRunner
 
 
 def make_runner(
@@ -21,8 +22,6 @@ def make_runner(
     committed position's top-two gap) are recorded by the LLaDA/Dream runner and refused for a
     block-diffusion model, which records neither."""
     if loaded.config.block_diffusion:
-        from engine_pod.block_diffusion.cycle_runner import BlockDiffusionCycleRunner
-
         for name, asked in (("record_trace", record_trace), ("record_margins", record_margins)):
             if asked:
                 raise ValueError(

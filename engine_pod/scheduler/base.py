@@ -35,26 +35,44 @@ class Scheduler:
         ignore_eos: bool = False,
         canvas: str = "block",
         clock: Callable[[], float] = time.perf_counter,
+        grid_aligned: bool = False,
+        shares_blocks: bool = False,
     ) -> None:
+        """``grid_aligned``: the model's blocks sit on the absolute grid of ``block_length`` (block-diffusion
+        models); ``shares_blocks``: its runner shares rows' common whole blocks (a prefix cache). Both are
+        the runner's facts (``Runner.grid_aligned``, ``Runner.shares_blocks``): the engine checks them."""
         self.block_length = block_length
         self.eos_ids = frozenset(eos_ids)
         self.ignore_eos = ignore_eos
         self.canvas = canvas
         self.clock = clock
         self.requests: dict[str, Request] = {}
-        self.grid_aligned = False  # blocks on the absolute grid (block-diffusion models; set by the engine)
-        self.shares_blocks = False  # the runner shares rows' common whole blocks (set by the engine)
+        self.grid_aligned = grid_aligned
+        self.shares_blocks = shares_blocks
+        self._in_rows: set[str] = set()  # the requests behind the last cycle's rows
 
     def row_width_of(self, row: CycleRow) -> int:
         """Tokens a row of the next cycle holds: its prefix, the active block and any suffix."""
         return len(row.prefix_ids) + self.block_length * (1 + row.suffix_blocks)
 
     # -- intake -------------------------------------------------------------------------------
+    def request_for(
+        self, request_id: str, prompt_ids, max_tokens: int, arrival_time: float | None = None
+    ) -> Request:
+        """A request shaped for this scheduler's blocks (on the grid or not), ready for ``add``."""
+        return Request.from_tokens(
+            request_id, prompt_ids, max_tokens, self.block_length, arrival_time, self.grid_aligned
+        )
+
     def add(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise RequestError(f"request id {request.request_id!r} is already scheduled")
-        if self.grid_aligned:
-            request.align_to_grid(self.block_length)
+        if request.on_grid != self.grid_aligned:
+            where = "on" if self.grid_aligned else "off"
+            raise RequestError(
+                f"request {request.request_id} was shaped for another block layout; this model's blocks "
+                f"sit {where} the absolute grid: build it with request_for"
+            )
         self.check_fits(request)
         if request.arrival_time is None:
             request.arrival_time = self.clock()
@@ -72,7 +90,7 @@ class Scheduler:
         request = self.requests.pop(request_id, None)
         if request is not None and not request.is_finished:
             self._withdraw(request)
-            request.state = RequestState.CANCELLED
+            request.state, request.finish_reason = RequestState.CANCELLED, FinishReason.CANCELLED
             request.finish_time = self.clock()
         return request
 
@@ -81,7 +99,13 @@ class Scheduler:
 
     # -- the cycle ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        raise NotImplementedError
+        """The next cycle's rows, naming the requests whose rows have left since the last one."""
+        output = self._next_cycle()
+        if not output.is_empty:  # an empty cycle reaches no runner: what left is named at the next one
+            present = set(output.request_ids)
+            output.released = sorted(self._in_rows - present)
+            self._in_rows = present
+        return output
 
     def update_from_output(self, output: SchedulerOutput, blocks: list[list[int]]) -> list[Request]:
         """Commit each active row's block; return the requests that finished at this boundary."""
@@ -121,6 +145,9 @@ class Scheduler:
         request.state = RequestState.RUNNING
 
     # -- subclass hooks -----------------------------------------------------------------------
+    def _next_cycle(self) -> SchedulerOutput:
+        raise NotImplementedError
+
     def _enqueue(self, request: Request) -> None:
         raise NotImplementedError
 

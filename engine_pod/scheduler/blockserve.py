@@ -107,7 +107,7 @@ class BlockServeScheduler(Scheduler):
             )
 
     # -- scheduling -----------------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def _next_cycle(self) -> SchedulerOutput:
         preempted = self._preempt_overflow() if self.config.admission == "preempt" else []
         admitted = self._select(self.pending, self._box_of(self.active))
         for request in admitted:

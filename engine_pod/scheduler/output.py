@@ -15,8 +15,18 @@ class SchedulerOutput:
     box_width: int  # widest row, block included: a dense batch is len(rows) x box_width
     admitted: list[str] = field(default_factory=list)  # requests that joined at this block boundary
     preempted: list[str] = field(default_factory=list)  # requests sent back to the queue at it
+    # requests whose rows left the batch since the last cycle (finished, cancelled, preempted): a runner
+    # that keeps per-request state across cycles frees theirs
+    released: list[str] = field(default_factory=list)
     packed: bool = False  # run packed (rows concatenated, no padding) rather than as a dense box
     row_total: int = 0  # the rows' widths summed, blocks included: what a packed batch holds
+
+    @classmethod
+    def of_rows(cls, rows: list[CycleRow], gather_rows: bool = True, packed: bool = False) -> SchedulerOutput:
+        """A cycle over ``rows`` outside any scheduler (a profile's shape, a warm-up): each row's owner, or
+        its place, names it."""
+        ids = [row.owner or f"row-{i}" for i, row in enumerate(rows)]
+        return cls(ids, list(rows), gather_rows, box_width=0, packed=packed)
 
     @property
     def cost(self) -> int:

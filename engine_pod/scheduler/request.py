@@ -18,8 +18,17 @@ class RequestState(enum.Enum):
 
 
 class FinishReason(enum.Enum):
+    """Why a request ended: the status its done event carries, whoever ended it."""
+
     EOS = "stop"  # a committed block contained an end-of-sequence token
     LENGTH = "length"  # all K blocks were generated
+    CANCELLED = "cancelled"  # withdrawn: the client left, or the batch it belonged to was cancelled
+    ERROR = "error"  # refused: it can never run here, or its settings are invalid
+
+    @property
+    def ran_to_end(self) -> bool:
+        """Generation ran to its end (its answer is cut to ``max_tokens``), not withdrawn or refused."""
+        return self in (FinishReason.EOS, FinishReason.LENGTH)
 
 
 class RequestError(ValueError):
@@ -45,8 +54,9 @@ class Request:
     logprobs: int | None = None  # None: no log probabilities; k: the committed token's and k alternatives
     max_tokens: int | None = None  # the generation budget asked for (max_blocks derives from it)
     # block-diffusion models put blocks on the absolute grid: the prompt's last grid_head tokens share the
-    # first block with the first generated tokens (align_to_grid sets it; 0 for LLaDA and Dream)
+    # first block with the first generated tokens (from_tokens sets it; 0 for LLaDA and Dream)
     grid_head: int = 0
+    on_grid: bool = False  # shaped by from_tokens for a model whose blocks sit on the absolute grid
     # keys of its whole blocks, for admission under a block prefix cache (scheduler/shared_blocks.py)
     block_keys: list[int] = field(default_factory=list, repr=False, compare=False)
 
@@ -64,19 +74,19 @@ class Request:
         max_tokens: int,
         block_length: int,
         arrival_time: float | None = None,
+        grid_aligned: bool = False,
     ):
+        """The one place a token budget becomes blocks. Off the grid: ``ceil(max_tokens / L)`` blocks after
+        the prompt. On the absolute grid of ``L`` (block-diffusion models) the first block holds the
+        prompt's tail: ``ceil((prompt + max_tokens) / L) - floor(prompt / L)`` blocks."""
         if max_tokens < 1:
             raise RequestError(f"request {request_id}: max_tokens must be positive, got {max_tokens}")
-        request = cls(request_id, tuple(prompt_ids), math.ceil(max_tokens / block_length), arrival_time)
+        prompt = tuple(prompt_ids)
+        head = len(prompt) % block_length if grid_aligned else 0
+        blocks = math.ceil((head + max_tokens) / block_length)
+        request = cls(request_id, prompt, blocks, arrival_time, grid_head=head, on_grid=grid_aligned)
         request.max_tokens = max_tokens
         return request
-
-    def align_to_grid(self, block_length: int) -> None:
-        """Blocks on the absolute grid of ``block_length`` (block-diffusion models): the first block holds
-        the prompt's tail, and as many blocks as ``ceil((prompt + max_tokens) / L) - floor(prompt / L)``."""
-        self.grid_head = self.prompt_len % block_length
-        budget = self.max_tokens if self.max_tokens is not None else self.max_blocks * block_length
-        self.max_blocks = math.ceil((self.grid_head + budget) / block_length)
 
     @property
     def prompt_len(self) -> int:

@@ -44,7 +44,7 @@ class StaticScheduler(Scheduler):
         self.waiting: deque[Request] = deque()
         self.batch: list[Request] = []
 
-    def schedule(self) -> SchedulerOutput:
+    def _next_cycle(self) -> SchedulerOutput:
         admitted = []
         if all(r.is_finished for r in self.batch):
             self.batch = []

@@ -9,6 +9,7 @@ import json
 import random
 from contextlib import redirect_stdout
 from dataclasses import dataclass, replace
+from functools import partial
 
 import pytest
 import torch
@@ -23,10 +24,11 @@ from engine_pod.engine import Engine
 from engine_pod.generation import generate_one
 from engine_pod.models.config import ModelConfigError, config_from_dict
 from engine_pod.models.loader import load_model
+from engine_pod.runner.contract import scheduling_facts
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.cycle_row import CycleRow
-from engine_pod.scheduler.request import Request
+from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
 from tests.engine_utils import block_causal_logits, common_token, run_workload
 from tests.factories import BLOCK_REFERENCE_DIR, random_workload, sdar_config, write_checkpoint
@@ -166,8 +168,11 @@ def _whole_blocks(loaded, run: ReferenceRun, cache: str, layout: str = "dense") 
         cache=cache,
     )
     runner = make_runner(loaded, decoding, len(run.prompt_ids) + run.gen_length + 2 * run.block_length)
-    engine = Engine(runner, sequential_scheduler(run.block_length, [run.eos_id], layout=layout))
-    request = Request.from_tokens("run", run.prompt_ids, run.gen_length, run.block_length)
+    scheduler = sequential_scheduler(
+        run.block_length, [run.eos_id], layout=layout, **scheduling_facts(runner)
+    )
+    engine = Engine(runner, scheduler)
+    request = scheduler.request_for("run", run.prompt_ids, run.gen_length)
     engine.add_request(request)
     engine.run()
     return request.generated, sum(record.forwards for record in engine.records)
@@ -295,17 +300,19 @@ def test_a_block_diffusion_requests_output_is_independent_of_the_batch(float64_m
         threshold=case["threshold"],
         cache=case["cache"],
     )
-    free = run_workload(float64_model, sequential_scheduler(block, [], ignore_eos=True), decoding, workload)
+    free = run_workload(
+        float64_model, partial(sequential_scheduler, block, [], ignore_eos=True), decoding, workload
+    )
     eos = [common_token(free, case["eos_rank"])]
-    alone = run_workload(float64_model, sequential_scheduler(block, eos), decoding, workload)
+    alone = run_workload(float64_model, partial(sequential_scheduler, block, eos), decoding, workload)
     peak = max(len(p) + g + block for _, p, g in workload)
     scheduling = SchedulerConfig(
         token_budget=peak + case["budget_slack"], admission=case["admission"], layout=case["layout"]
     )
     order = list(range(len(workload)))
     rng.shuffle(order)
-    blockserve = BlockServeScheduler(block, eos, scheduling)
-    static = StaticScheduler(block, eos, batch_size=case["static_batch"], layout=case["layout"])
+    blockserve = partial(BlockServeScheduler, block, eos, scheduling)
+    static = partial(StaticScheduler, block, eos, batch_size=case["static_batch"], layout=case["layout"])
     assert run_workload(float64_model, blockserve, decoding, workload, order) == alone
     assert run_workload(float64_model, static, decoding, workload, order) == alone
 
@@ -336,7 +343,8 @@ def test_a_cycles_padding_is_counted_as_computed_not_useful(loaded, layout):
         CycleRow(tuple(range(3, 21)), owner="long"),
         CycleRow(tuple(range(3, 11)), active=False, owner="finished"),
     ]
-    stats = make_runner(loaded, decoding, 256).run(rows, gather_rows=False, packed=layout == "packed").stats
+    cycle = SchedulerOutput.of_rows(rows, gather_rows=False, packed=layout == "packed")
+    stats = make_runner(loaded, decoding, 256).run(cycle).stats
     first_widths = {"short": 4, "long": 20, "finished": 12}  # the prompt up to its block's end, then a block
     useful_first = first_widths["short"] + first_widths["long"]
     useful = useful_first + (stats.forwards - 1) * 2 * 4

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 from contextlib import redirect_stdout
+from functools import partial
 
 import pytest
 
@@ -85,7 +86,7 @@ def test_blockserve_gives_the_references_tokens_below_the_steps_per_block(models
         )
         workload = [(f"r{i}", run.prompt_ids, run.gen_length) for i, run in enumerate(pair)]
         scheduling = SchedulerConfig(token_budget=4096)
-        scheduler = BlockServeScheduler(short.block_length, [short.eos_id], scheduling)
+        scheduler = partial(BlockServeScheduler, short.block_length, [short.eos_id], scheduling)
         outputs = run_workload(models[family], scheduler, decoding, workload)
         for i, run in enumerate(pair):
             assert _expected(family, run, outputs[f"r{i}"]) == run.output_ids, run

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.request import Request
 from engine_pod.scheduler.static import sequential_scheduler
+from tests.engine_utils import built_for
 from tests.factories import BLOCK_REFERENCE_DIR
 
 VOCAB = 480
@@ -105,15 +107,14 @@ def _conversations(rng: random.Random, block: int, count: int, seeded: bool) -> 
 def _run(model, scheduler, decoding: DecodingConfig, turns: list[Turn], pool_tokens: int):
     """Every turn's tokens (a follow-up sent when the turn before it finishes), and the runner."""
     runner = make_runner(model, decoding, pool_tokens)
+    scheduler = built_for(scheduler, runner)
     engine = Engine(runner, scheduler)
     waiting = {t.follows: t for t in turns if t.follows is not None}
     prompts = {}
 
     def add(turn: Turn, history: list[int]) -> None:
         prompts[turn.request_id] = history + turn.prompt
-        request = Request.from_tokens(
-            turn.request_id, prompts[turn.request_id], turn.budget, decoding.block_length
-        )
+        request = scheduler.request_for(turn.request_id, prompts[turn.request_id], turn.budget)
         request.sampling = turn.sampling
         engine.add_request(request)
 
@@ -173,9 +174,11 @@ def test_the_prefix_cache_never_changes_a_requests_tokens(model, case):
     )
     off = DecodingConfig(**{**decoding.__dict__, "prefix_cache": False})
     budget = _peak(turns, block) + case["budget_slack"]
-    alone, _, _ = _run(model, sequential_scheduler(block, []), off, turns, budget)
+    alone, _, _ = _run(model, partial(sequential_scheduler, block, []), off, turns, budget)
     scheduling = SchedulerConfig(token_budget=budget, admission=case["admission"], layout=case["layout"])
-    shared, runner, _ = _run(model, BlockServeScheduler(block, [], scheduling), decoding, turns, budget)
+    shared, runner, _ = _run(
+        model, partial(BlockServeScheduler, block, [], scheduling), decoding, turns, budget
+    )
     assert shared == alone
     assert runner.prefix_cache is not None and runner.prefix_cache.stats.attached_rows >= len(turns)
 
@@ -191,8 +194,10 @@ def test_shared_blocks_are_hit_evicted_and_survive_preemption_with_the_same_toke
     off = DecodingConfig(**{**decoding.__dict__, "prefix_cache": False})
     budget = _peak(turns, block)
     scheduling = SchedulerConfig(token_budget=budget, admission="preempt")
-    without, _, _ = _run(model, BlockServeScheduler(block, [], scheduling), off, turns, budget)
-    shared, runner, engine = _run(model, BlockServeScheduler(block, [], scheduling), decoding, turns, budget)
+    without, _, _ = _run(model, partial(BlockServeScheduler, block, [], scheduling), off, turns, budget)
+    shared, runner, engine = _run(
+        model, partial(BlockServeScheduler, block, [], scheduling), decoding, turns, budget
+    )
     assert shared == without
     stats = runner.prefix_cache.stats
     assert stats.hit_tokens > 0 and stats.evicted_tokens > 0

@@ -56,7 +56,7 @@ def test_bench_compares_the_prefix_cache_on_and_off_with_identical_outputs(model
 
 
 def _request(request_id: str, prompt: list[int]) -> Request:
-    return Request.from_tokens(request_id, prompt, 8, 8)
+    return Request.from_tokens(request_id, prompt, 8, 8, grid_aligned=True)
 
 
 def test_admission_counts_the_blocks_a_batch_shares_once():
@@ -66,8 +66,8 @@ def test_admission_counts_the_blocks_a_batch_shares_once():
     requests = [_request(f"r{i}", prefix + [100 + i] * 4) for i in range(4)]
     admitted = {}
     for shares in (False, True):
-        scheduler = BlockServeScheduler(8, [], SchedulerConfig(token_budget=150, max_wait_s=0))
-        scheduler.grid_aligned, scheduler.shares_blocks = True, shares
+        scheduling = SchedulerConfig(token_budget=150, max_wait_s=0)
+        scheduler = BlockServeScheduler(8, [], scheduling, grid_aligned=True, shares_blocks=shares)
         for request in requests:
             scheduler.add(_request(request.request_id, list(request.prompt_ids)))
         output = scheduler.schedule()

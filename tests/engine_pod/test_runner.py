@@ -14,6 +14,7 @@ from engine_pod.models.loader import load_model
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.runner.canvas import build_canvas
 from engine_pod.scheduler.cycle_row import CycleRow
+from engine_pod.scheduler.output import SchedulerOutput
 from tests.factories import REFERENCE_DIR
 
 PROMPTS = [(5, 6, 7, 8), (11, 12), (40, 41, 42, 43, 44, 45, 46)]
@@ -28,11 +29,11 @@ def test_rows_with_their_own_thresholds_decode_as_they_would_alone(loaded):
     decoding = DecodingConfig(block_length=16, steps_per_block=16, threshold=0.9, cache="dual")
     thresholds = [0.99, 0.3, None]
     mixed = BlockCycleRunner(loaded, decoding).run(
-        [CycleRow(p, threshold=t) for p, t in zip(PROMPTS, thresholds)]
+        SchedulerOutput.of_rows([CycleRow(p, threshold=t) for p, t in zip(PROMPTS, thresholds)])
     )
     for index, (prompt, threshold) in enumerate(zip(PROMPTS, thresholds)):
         alone_config = dataclasses.replace(decoding, threshold=threshold if threshold is not None else 0.9)
-        alone = BlockCycleRunner(loaded, alone_config).run([CycleRow(prompt)])
+        alone = BlockCycleRunner(loaded, alone_config).run(SchedulerOutput.of_rows([CycleRow(prompt)]))
         assert mixed.blocks[index] == alone.blocks[0]
         assert mixed.steps[index] == alone.steps[0]
     assert mixed.steps[0] > mixed.steps[1]  # a stricter threshold needs more steps
@@ -53,7 +54,7 @@ def test_canvas_left_pads_and_positions_start_at_zero():
 def test_padding_efficiency_counts_only_live_prompt_and_block_positions(loaded):
     decoding = DecodingConfig(block_length=8, steps_per_block=8, remasking="low_confidence", cache="dual")
     rows = [CycleRow(tuple(range(1, 21))), CycleRow((5,))]
-    out = BlockCycleRunner(loaded, decoding).run(rows)
+    out = BlockCycleRunner(loaded, decoding).run(SchedulerOutput.of_rows(rows))
     refresh_computed = 2 * 28
     window_computed = (out.stats.forwards - 1) * 2 * 8
     assert out.stats.computed_positions == refresh_computed + window_computed

@@ -4,6 +4,7 @@ the batch it runs in or its row (float64 reference models, every scheduler)."""
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.request import Request
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
+from tests.engine_utils import built_for
 from tests.factories import BLOCK_REFERENCE_DIR, REFERENCE_DIR, random_workload
 
 BLOCK = 8
@@ -133,9 +135,11 @@ def test_sampling_settings_out_of_range_are_refused(values):
 
 
 def _run_with_logprobs(loaded, scheduler, decoding, workload, asked: dict, sampling: dict) -> dict:
-    engine = Engine(make_runner(loaded, decoding, 4096), scheduler)
+    runner = make_runner(loaded, decoding, 4096)
+    scheduler = built_for(scheduler, runner)
+    engine = Engine(runner, scheduler)
     for request_id, prompt, budget in workload:
-        request = Request.from_tokens(request_id, prompt, budget, BLOCK)
+        request = scheduler.request_for(request_id, prompt, budget)
         request.logprobs, request.sampling = asked.get(request_id), sampling.get(request_id)
         engine.add_request(request)
     kept: dict[str, list] = {}
@@ -167,14 +171,19 @@ def test_logprobs_are_those_of_the_committing_step_and_do_not_depend_on_the_batc
     sampling = {ids[2]: SamplingParams(1.0, top_k=5, seed=3)}
     alone = {
         request_id: _run_with_logprobs(
-            loaded, sequential_scheduler(BLOCK, [], ignore_eos=True), decoding, [item], asked, sampling
+            loaded,
+            partial(sequential_scheduler, BLOCK, [], ignore_eos=True),
+            decoding,
+            [item],
+            asked,
+            sampling,
         ).get(request_id)
         for item in workload
         for request_id in [item[0]]
     }
     batched = _run_with_logprobs(
         loaded,
-        BlockServeScheduler(BLOCK, [], SchedulerConfig(4096), ignore_eos=True),
+        partial(BlockServeScheduler, BLOCK, [], SchedulerConfig(4096), ignore_eos=True),
         decoding,
         workload,
         asked,

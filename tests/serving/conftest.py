@@ -12,7 +12,8 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import load_model
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.serve.redis_server import RedisServer
-from engine_pod.worker.worker import Worker, WorkerConfig
+from engine_pod.worker.config import WorkerConfig
+from engine_pod.worker.worker import Worker
 from tests.redis_cluster import LocalRedisCluster
 from tests.serving.serve_process import running
 from tests.serving_utils import BLOCK, write_served_model

@@ -115,7 +115,11 @@ class ScriptedPeer(threading.Thread):
             end = (index + 1) * BLOCK
             block = tokens[end - BLOCK : end]
             block_entries = entries[end - BLOCK : end] if entries else None
-            event = BlockEvent(index, block, block_entries, offset=end - BLOCK) if request.stream else None
+            shown = max(0, request.max_tokens - (end - BLOCK))  # as a worker does: events cut to max_tokens
+            event = None
+            if request.stream and shown:
+                shown_entries = block_entries[:shown] if block_entries else None
+                event = BlockEvent(index, block[:shown], shown_entries, offset=end - BLOCK)
             if index == self.script.skip_block:
                 event = None
             commit = BlockCommit(request.id, event, tokens[:end], prompt + end, index, block_entries)

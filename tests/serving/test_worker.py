@@ -29,8 +29,9 @@ from engine_pod.generation import generate_one
 from engine_pod.models.loader import load_model
 from engine_pod.scheduler.request import Request
 from engine_pod.serve.redis_server import RedisServer, free_port
+from engine_pod.worker.config import WorkerConfig
 from engine_pod.worker.http import ProbeSource, serve_probes
-from engine_pod.worker.worker import RECORD_WINDOW, WorkerConfig
+from engine_pod.worker.worker import RECORD_WINDOW
 from tests.serving_utils import BLOCK, WAIT_S, wait_for, worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,9 +63,8 @@ def _all_done(queue: SyncQueue, request_ids) -> dict[str, DoneEvent] | None:
 
 
 def _kept_about(worker, request_id: str) -> list[str]:
-    """The worker's per-request maps that still hold ``request_id`` (none, once it is dropped)."""
-    maps = {"meta": worker._meta, "streaming": worker._streaming, "max_tokens": worker._max_tokens}
-    maps |= {"logprobs": worker._logprobs, "outbox": worker._outbox}
+    """The worker's per-request records that still hold ``request_id`` (none, once it is dropped)."""
+    maps = {"served": worker._served, "outbox": worker._outbox}
     return [name for name, kept in maps.items() if request_id in kept]
 
 
@@ -451,8 +451,7 @@ def test_a_worker_keeps_nothing_of_the_requests_it_has_answered(redis_server, se
         queue.run(queue.ops.cancel("cancelled", 7))
         wait_for(lambda: all(_done(queue, r.id) for r in requests), what="every result")
         wait_for(lambda: not worker.engine.has_work() and not worker._outbox, what="acknowledgements")
-        per_request = [worker._meta, worker._streaming, worker._max_tokens, worker._logprobs]
-        assert per_request == [{}, set(), {}, {}] and not worker.scheduler.requests
+        assert worker._served == {} and not worker.scheduler.requests
     assert _done(queue, "cancelled").finish_reason == "cancelled"
 
 
@@ -478,7 +477,7 @@ def test_a_candidate_is_shaped_with_the_sizes_of_the_request_it_stands_for(
     committed), or a claim would pass over an admissible request or take one the budget cannot hold."""
     worker = make_worker(redis_server.url, service, token_budget=96).worker
     waited_s = 2.5
-    shape = worker._shape(Candidate("c", prompt + committed, prompt, max_tokens, waited_s))
+    shape = worker.claims.shape(Candidate("c", prompt + committed, prompt, max_tokens, waited_s))
     real = Request.from_tokens("c", [7] * prompt, max_tokens, BLOCK)
     real.generated = [7] * committed
 
@@ -722,7 +721,8 @@ def test_drain_hands_unfinished_work_back_with_its_blocks(redis_server, service,
     from engine_pod.decoding.config import DecodingConfig
     from engine_pod.models.loader import load_model
     from engine_pod.runner.block_cycle import BlockCycleRunner
-    from engine_pod.worker.worker import Worker, WorkerConfig
+    from engine_pod.worker.config import WorkerConfig
+    from engine_pod.worker.worker import Worker
     from tests.serving.conftest import WorkerThread
     from tests.serving_utils import BLOCK
 
@@ -748,7 +748,8 @@ def test_drain_hands_unfinished_work_back_with_its_blocks(redis_server, service,
 def _logprobs_worker(url: str, service: str, loaded, drain_timeout_s: float):
     from engine_pod.decoding.config import DecodingConfig
     from engine_pod.runner.block_cycle import BlockCycleRunner
-    from engine_pod.worker.worker import Worker, WorkerConfig
+    from engine_pod.worker.config import WorkerConfig
+    from engine_pod.worker.worker import Worker
     from tests.serving.conftest import WorkerThread
 
     decoding = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, ignore_eos=True)

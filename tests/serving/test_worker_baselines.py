@@ -90,7 +90,7 @@ def _burst(url: str, service: str, ids: list[str]) -> None:
 
 def _wait_idle(worker) -> None:
     """Until the worker listens for wakeups (it is idle: nothing was enqueued yet)."""
-    wait_for(lambda: worker._subscribed, 120, what="the worker to listen for wakeups")
+    wait_for(lambda: worker.wakeups.subscribed, 120, what="the worker to listen for wakeups")
 
 
 def test_an_idle_worker_lets_a_burst_in_before_its_first_cycle(redis_server, service, make_worker):
@@ -100,10 +100,10 @@ def test_an_idle_worker_lets_a_burst_in_before_its_first_cycle(redis_server, ser
     ids = [f"b-{i}" for i in range(24)]
     queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
     with make_worker(redis_server.url, service, scheduling={"batch_window_s": 1.0}) as worker:
-        worker.burst_quiet_s = 1.0
+        worker.wakeups.quiet_s = 1.0
         _wait_idle(worker)
         _burst(redis_server.url, service, ids[:1])
-        wait_for(lambda: worker.in_batch_window, 120, what="the worker to wait for more of the burst")
+        wait_for(lambda: worker.wakeups.in_batch_window, 120, what="the worker to wait for more of the burst")
         _burst(redis_server.url, service, ids[1:])
         wait_for(lambda: len(_results(queue, ids)) == len(ids), 120, what="the burst to finish")
         assert worker.engine.records[0].admitted == len(ids)

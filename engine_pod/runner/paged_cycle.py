@@ -1,22 +1,23 @@
-"""The engine's runner for block-diffusion models: the scheduler's CycleRows in, committed tokens out.
+"""The engine's runner for block-diffusion models: the scheduler's cycle in, committed tokens out.
 
 Keeps each request's place in the exact KV cache across block cycles, keyed by the row's owner: a row
-whose committed tokens are the ones cached last cycle reuses them; a request that left the batch
-(finished, cancelled, preempted) gives its pages back, and one that comes back recomputes its cache
-from its committed tokens at its next cycle. The pool holds the token budget's pages.
+whose committed tokens are the ones cached last cycle reuses them; a request the scheduler names as
+released (finished, cancelled, preempted) gives its pages back, and one that comes back recomputes its
+cache from its committed tokens at its next cycle. The pool holds the token budget's pages.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache
+from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache, PrefixCacheStats
 from engine_pod.block_diffusion.runner import BlockDiffusionRunner, BlockRow
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.decoding.row_sampling import RowSampling
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.scheduler.cycle_row import CycleRow
+from engine_pod.scheduler.output import SchedulerOutput
 
 # what the remasking names mean for a block-diffusion model: its reference rule, with or without threshold
 BLOCK_THRESHOLDS = {"threshold": None, "scheduled_threshold": None, "low_confidence": float("inf")}
@@ -55,25 +56,29 @@ class BlockDiffusionCycleRunner:
         self.states: dict[str, BlockRow] = {}
         shares = decoding.prefix_cache and decoding.uses_cache  # shared keys must never be recomputed
         self.prefix_cache = BlockPrefixCache(self.pool, L) if shares else None
-        self.hits: dict[str, int] = {}  # rows that entered the batch in the last cycle: tokens found cached
         self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)
 
     @property
     def shares_blocks(self) -> bool:
         return self.prefix_cache is not None
 
-    def run(self, rows: list[CycleRow], gather_rows: bool = True, packed: bool = False) -> CycleOutput:
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        return None if self.prefix_cache is None else self.prefix_cache.stats
+
+    def run(self, cycle: SchedulerOutput) -> CycleOutput:
+        rows, gather_rows, packed = cycle.rows, cycle.gather_rows, cycle.packed
         if not rows:
             raise ValueError("a block cycle needs at least one row")
-        owners = [row.owner or f"row-{i}" for i, row in enumerate(rows)]
-        self._forget_all_but(set(owners))
+        for owner in cycle.released:
+            self._forget(owner)
+        owners = cycle.request_ids
         entering = [
             owner not in self.states or self.states[owner].tokens != list(row.prefix_ids)
             for owner, row in zip(owners, rows)
         ]
         states = [self._state(owner, row) for owner, row in zip(owners, rows)]
-        if self.prefix_cache is not None:
-            self._share(states, entering)
+        hits = self._share(states, entering) if self.prefix_cache is not None else {}
         heads = [len(state.tokens) % self.decoding.block_length for state in states]
         forwards_before = [state.forwards for state in states]
         sampling = RowSampling.of([row.sampling for row in rows], self.loaded.device, self.score_dtype)
@@ -84,6 +89,7 @@ class BlockDiffusionCycleRunner:
             forwards=max(steps),
             computed_positions=self.runner.computed_positions,
             useful_positions=self.runner.useful_positions,
+            cached_on_entry=hits,
         )
         recorded = self.runner.logprobs
         return CycleOutput(
@@ -106,6 +112,16 @@ class BlockDiffusionCycleRunner:
         state.steps = self._steps(row)
         return state
 
+    def first_block_confidences(self, prompts: list[list[int]]) -> torch.Tensor:
+        """The scorer's confidences over each prompt's first block, from its first forward (what a
+        threshold calibration samples); their pages are given back."""
+        rows = [BlockRow(f"calibration-{i}", list(p)) for i, p in enumerate(prompts)]
+        try:
+            return self.runner.first_step_confidences(rows)
+        finally:
+            for row in rows:
+                self.pool.release(row.owner)
+
     def _steps(self, row: CycleRow) -> int:
         """The row's steps per block: the engine's, capped as the family's reference caps them."""
         steps = self.decoding.steps_per_block
@@ -115,28 +131,29 @@ class BlockDiffusionCycleRunner:
 
     def forget(self) -> None:
         """Let go of every row and empty the prefix cache (a benchmark's warm-up leaves nothing behind)."""
-        self._forget_all_but(set())
+        for owner in list(self.states):
+            self._forget(owner)
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
 
-    def _share(self, states: list[BlockRow], entering: list[bool]) -> None:
-        """Rows entering the batch take their cached blocks; every row's blocks before its active block go
-        to the cache (rows already in the batch first)."""
+    def _share(self, states: list[BlockRow], entering: list[bool]) -> dict[str, int]:
+        """Rows entering the batch take their cached blocks (returned: tokens found, per entering row);
+        every row's blocks before its active block go to the cache (rows already in the batch first)."""
         L, cache = self.decoding.block_length, self.prefix_cache
-        self.hits = {}
+        hits = {}
         for state, new in sorted(zip(states, entering), key=lambda pair: pair[1]):
             if new:
-                state.cached = self.hits[state.owner] = cache.attach(state.owner, state.tokens)
+                state.cached = hits[state.owner] = cache.attach(state.owner, state.tokens)
             start = state.block_start(L)
             self.pool.reserve(state.owner, start + L)
             cache.extend(state.owner, state.tokens, start)
+        return hits
 
     def _leave(self, owner: str) -> None:
         self.pool.release(owner)
         if self.prefix_cache is not None:
             self.prefix_cache.detach(owner)
 
-    def _forget_all_but(self, owners: set[str]) -> None:
-        for owner in [o for o in self.states if o not in owners]:
+    def _forget(self, owner: str) -> None:
+        if self.states.pop(owner, None) is not None:
             self._leave(owner)
-            del self.states[owner]
