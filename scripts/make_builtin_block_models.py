@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from dllm_contracts.defaults import ASSETS_DIR
-from engine_pod.models.config import config_from_dict
+from engine_pod.models.config_readers import config_from_dict
 from engine_pod.models.loader import _random_init, build_model
 from engine_pod.models.weights import save_checkpoint
 

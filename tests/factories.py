@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine_pod.models.config import config_from_dict
+from engine_pod.models.config_readers import config_from_dict
 from engine_pod.models.weights import PART, name_map, part_sizes
 
 VENDORED_REFERENCE = Path(__file__).resolve().parent / "data" / "reference"

@@ -18,10 +18,10 @@ from engine_pod.bench.pinning import Pinning
 from engine_pod.bench.policies import PolicySpec, build_scheduler
 from engine_pod.bench.results import ModelSpec, PolicyRun, PreparedRequest, RequestOutcome
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.device_memory import peak_bytes, reset_peak
 from engine_pod.engine import Engine
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.models.loader import LoadedModel, load_model
-from engine_pod.profiling.memory import peak_bytes, reset_peak
 from engine_pod.runner.contract import Runner
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.base import Scheduler

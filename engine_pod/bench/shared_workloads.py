@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import re
 
-from engine_pod.bench.workloads import WorkloadError, WorkloadItem, parse_range
+from engine_pod.bench.workload_item import WorkloadError, WorkloadItem, parse_range
 
 SHARED_PREFIX = re.compile(r"^shared-prefix(?::(?P<params>.*))?$")
 MULTI_TURN = re.compile(r"^multi-turn(?::(?P<params>.*))?$")

@@ -10,30 +10,14 @@ from __future__ import annotations
 import json
 import random
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine_pod.bench.shared_workloads import generated_workload
+from engine_pod.bench.workload_item import WorkloadError, WorkloadItem, parse_range
+
 WORKLOAD_DIR = Path(__file__).resolve().parents[1] / "workloads"
 _SYNTHETIC = re.compile(r"^synthetic(?::(?P<params>.*))?$")
-
-
-class WorkloadError(ValueError):
-    """A workload name, file or line that cannot be used."""
-
-
-@dataclass(frozen=True)
-class WorkloadItem:
-    request_id: str
-    prompt: str | None  # the user's message; None for synthetic token-only items
-    prompt_tokens: (
-        int  # its length with the shipped tokenizer's chat template (geometry for tokenizer-less models)
-    )
-    max_tokens: int  # generation budget
-    task: str | None = None
-    answer: str | None = None  # the exact reference answer, when known
-    shared_prefix_tokens: int = 0  # a run of tokens common to every item that has one, before its prompt
-    follows: str | None = None  # a chat's next turn: sent after this request, behind its prompt and answer
 
 
 def named_workloads() -> list[str]:
@@ -78,14 +62,6 @@ def load_jsonl(path: Path) -> list[WorkloadItem]:
     return items
 
 
-def parse_range(text: str, name: str) -> tuple[int, int]:
-    try:
-        low, _, high = text.partition("-")
-        return int(low), int(high or low)
-    except ValueError as exc:
-        raise WorkloadError(f"synthetic workload: {name} must be N or LOW-HIGH, got {text!r}") from exc
-
-
 def synthetic(params: str | None) -> list[WorkloadItem]:
     """``synthetic:n=64,prompt=4-300,gen=32-128,seed=0``: uniform prompt and budget lengths."""
     options = dict(n="64", prompt="4-300", gen="32-128", seed="0")
@@ -106,8 +82,6 @@ def load_workload(name_or_path: str) -> list[WorkloadItem]:
     match = _SYNTHETIC.match(name_or_path)
     if match:
         return synthetic(match.group("params"))
-    from engine_pod.bench.shared_workloads import generated_workload
-
     generated = generated_workload(name_or_path)
     if generated is not None:
         return generated

@@ -1,6 +1,6 @@
 """Start ``dllm`` with glibc's transparent huge pages for large allocations (imports nothing heavy).
 
-Every ``dllm`` command serves CPU tensors of 1 MiB and more from mmap (profiling/memory.py), so that peak
+Every ``dllm`` command serves CPU tensors of 1 MiB and more from mmap (device_memory.py), so that peak
 resident memory follows the batch shape the token budget is fitted to. Each such tensor then costs
 page faults on 4 KiB pages, which a batched forward pays for on every activation: measured on the
 shipped model, 64 rows of 74 tokens took 61 us per position against 40 us from the heap. With
@@ -12,10 +12,12 @@ starts, so the command starts itself once more with it (``DLLM_NO_HUGE_PAGES=1``
 from __future__ import annotations
 
 import os
+import runpy
 import sys
 
 TUNABLE = "glibc.malloc.hugetlb=1"
 OPT_OUT = "DLLM_NO_HUGE_PAGES"
+MAIN = ("-m", "engine_pod.cli.main")  # what the console script runs
 
 
 def restart_with_huge_pages(module_argv: list[str]) -> None:
@@ -31,8 +33,7 @@ def restart_with_huge_pages(module_argv: list[str]) -> None:
 
 
 def run() -> None:
-    """The ``dllm`` console script."""
-    restart_with_huge_pages(["-m", "engine_pod.cli.main", *sys.argv[1:]])
-    from engine_pod.cli.main import main
-
-    sys.exit(main())
+    """The ``dllm`` console script: ``python -m engine_pod.cli.main`` under the tunable, the module run as
+    the restart runs it (by name: this launcher imports nothing of the command)."""
+    restart_with_huge_pages([*MAIN, *sys.argv[1:]])
+    runpy.run_module(MAIN[1], run_name="__main__", alter_sys=True)

@@ -3,14 +3,12 @@
 LLaDA (``model_type: llada``) and Dream (``model_type: Dream``, Qwen2 field names) use different
 field names for the same architecture; this module owns the translation and its validation. The
 block-diffusion families (LLaDA2.0, ``model_type: llada2_moe``) add their fields in
-``block_config.py``.
+``block_config.py``; ``config_readers.py`` picks a family's reader by ``model_type``.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 FAMILIES = ("llada", "dream", "llada2", "sdar")
@@ -118,7 +116,7 @@ def _check_llada_supported(raw: dict[str, Any]) -> None:
             )
 
 
-def _llada_config(raw: dict[str, Any]) -> ModelConfig:
+def llada_config(raw: dict[str, Any]) -> ModelConfig:
     _check_llada_supported(raw)
     d_model = int(require(raw, "d_model"))
     n_heads = int(require(raw, "n_heads"))
@@ -159,7 +157,7 @@ def qwen_shape(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _dream_config(raw: dict[str, Any]) -> ModelConfig:
+def dream_config(raw: dict[str, Any]) -> ModelConfig:
     if raw.get("hidden_act", "silu") != "silu":
         raise ModelConfigError(
             f"Dream hidden_act={raw.get('hidden_act')!r} is not supported (expected 'silu')"
@@ -174,32 +172,3 @@ def _dream_config(raw: dict[str, Any]) -> ModelConfig:
         max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
         raw=raw,
     )
-
-
-def _parsers() -> dict:
-    from engine_pod.models.block_config import llada2_config, sdar_config
-
-    return {"llada": _llada_config, "dream": _dream_config, "llada2_moe": llada2_config, "sdar": sdar_config}
-
-
-def config_from_dict(raw: dict[str, Any]) -> ModelConfig:
-    """Build a ModelConfig from the fields of a real checkpoint's config.json."""
-    model_type = str(raw.get("model_type", "")).lower()
-    parsers = _parsers()
-    if model_type not in parsers:
-        raise ModelConfigError(
-            f"unknown model_type {raw.get('model_type')!r} in config.json; "
-            "supported: 'llada', 'Dream', 'llada2_moe', 'sdar'"
-        )
-    return parsers[model_type](raw)
-
-
-def load_config(model_dir: Path) -> ModelConfig:
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise ModelConfigError(f"no config.json in {model_dir}")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelConfigError(f"{path} is not valid JSON: {exc}") from exc
-    return config_from_dict(raw)

@@ -13,7 +13,8 @@ import torch
 
 from dllm_contracts.model_source import ModelLoadError, resolve_model_dir
 from engine_pod.models.block_transformer import BlockDiffusionTransformer
-from engine_pod.models.config import ModelConfig, config_from_dict, load_config
+from engine_pod.models.config import ModelConfig
+from engine_pod.models.config_readers import config_from_dict, load_config
 from engine_pod.models.presets import preset
 from engine_pod.models.transformer import DiffusionTransformer
 from engine_pod.models.weights import load_state_dict
@@ -206,7 +207,7 @@ def parameter_count(config: ModelConfig) -> int:
 def check_weights_fit(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
     """Refuse, in one line naming both sizes, weights larger than the memory the device has for them
     (before any is allocated: a model that cannot fit would otherwise be killed for memory much later)."""
-    from engine_pod.profiling.memory import available_memory
+    from engine_pod.device_memory import available_memory
 
     needed = parameter_count(config) * dtype.itemsize
     available = available_memory(device)

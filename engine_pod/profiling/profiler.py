@@ -23,6 +23,13 @@ from tqdm import tqdm
 from dllm_contracts.scheduler_config import DEFAULT_LAYOUT
 from engine_pod.allocators import CUDA_ALLOC_CONF
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.device_memory import (
+    available_memory,
+    peak_allocated_bytes,
+    peak_bytes,
+    reset_peak,
+    total_memory,
+)
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.models.loader import (
     LoadedModel,
@@ -33,13 +40,6 @@ from engine_pod.models.loader import (
     parse_dtype,
 )
 from engine_pod.profiling.fit import MemoryFit, fit_peak
-from engine_pod.profiling.memory import (
-    available_memory,
-    peak_allocated_bytes,
-    peak_bytes,
-    reset_peak,
-    total_memory,
-)
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from engine_pod.models.config import config_from_dict
+from engine_pod.models.config_readers import config_from_dict
 from engine_pod.models.loader import build_model
 from engine_pod.models.transformer import DiffusionTransformer
 from engine_pod.models.weights import save_checkpoint

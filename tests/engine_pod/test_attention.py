@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_pod.models import layers
-from engine_pod.models.config import config_from_dict
+from engine_pod.models.config_readers import config_from_dict
 from engine_pod.models.loader import build_model
 from tests.factories import dream_config
 

@@ -22,7 +22,8 @@ from engine_pod.cli.main import main
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
 from engine_pod.generation import generate_one
-from engine_pod.models.config import ModelConfigError, config_from_dict
+from engine_pod.models.config import ModelConfigError
+from engine_pod.models.config_readers import config_from_dict
 from engine_pod.models.loader import load_model
 from engine_pod.runner.contract import scheduling_facts
 from engine_pod.runner.factory import make_runner

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from engine_pod.cli.main import main
-from engine_pod.models.config import config_from_dict
+from engine_pod.device_memory import total_memory
+from engine_pod.models.config_readers import config_from_dict
 from engine_pod.models.loader import build_model, parameter_count
 from engine_pod.models.presets import preset
-from engine_pod.profiling.memory import total_memory
 
 
 @pytest.mark.parametrize("name", ["llada-tiny", "llada2-tiny"])
@@ -24,7 +24,7 @@ def test_the_count_is_the_built_models(name):
 
 
 def test_a_model_larger_than_the_device_is_refused_in_one_line(capsys, monkeypatch):
-    monkeypatch.setattr("engine_pod.profiling.memory.total_memory", lambda device: 2**30)
+    monkeypatch.setattr("engine_pod.device_memory.total_memory", lambda device: 2**30)
     argv = ["generate", "--model", "random:llada2-mini", "--prompt-ids", "1,2,3", "--gen-length", "32"]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
