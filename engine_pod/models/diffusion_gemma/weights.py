@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 DECODER, ENCODER = "model.decoder.", "model.encoder.language_model."
 _SCALAR = "layer_scalar"
-_UNUSED = (ENCODER + "norm.weight",)  # the encoder's final norm: its hidden states are never read
+_UNUSED = (ENCODER + "norm.weight",)
 
 
 def _layer_names(config: DiffusionGemmaConfig, index: int) -> list[str]:
@@ -77,7 +77,11 @@ def _scalar_slot(key: str) -> tuple[str, int] | None:
 
 
 def _skipped(config: DiffusionGemmaConfig, key: str) -> bool:
-    return is_vision_weight(key) or key in _UNUSED or (config.tie_word_embeddings and key == "lm_head.weight")
+    """The vision tower; untied, the encoder's final norm (its hidden states are never read); tied, an
+    LM head (it is the embeddings)."""
+    if config.tie_word_embeddings:
+        return is_vision_weight(key) or key == "lm_head.weight"
+    return is_vision_weight(key) or key in _UNUSED
 
 
 def load_state_dict(config: DiffusionGemmaConfig, model_dir: Path) -> dict[str, torch.Tensor]:
