@@ -58,9 +58,8 @@ class GemmaExperts(nn.Module):
         outputs, start = [], 0
         for expert, count in enumerate(counts):
             if count:
-                pairs = order[start : start + count]
-                weighted = self._expert(expert, x[pairs % tokens]) * slot_major[pairs, None]
-                outputs.append(weighted)
+                chosen = order[start : start + count]
+                outputs.append(self._expert(expert, x[chosen % tokens]) * slot_major[chosen, None])
                 start += count
         pairs = torch.empty(experts.numel(), x.shape[-1], dtype=x.dtype, device=x.device)
         pairs[order] = torch.cat(outputs).to(x.dtype)

@@ -104,7 +104,7 @@ def load_state_dict(config: DiffusionGemmaConfig, model_dir: Path) -> dict[str, 
                 state[name] = tensor
         else:
             raise CheckpointError(f"unexpected tensor {key!r} in a diffusion_gemma checkpoint")
-    missing = sorted(name for theirs, name in mapping.items() if name not in state)
+    missing = sorted(name for name in mapping.values() if name not in state)
     if missing:
         raise CheckpointError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[0]!r}")
     for name, values in scalars.items():
