@@ -1,0 +1,201 @@
+"""DiffusionGemma's entropy-bound sampler: one denoising step for rows that may each be at a different
+step of a different canvas, with adaptive stopping. It owns the per-row sampling state between steps.
+
+The reference (transformers 5.24.0, ``generation_diffusion_gemma.py``: ``EntropyBoundSampler``,
+``LinearTemperatureScheduleLogitsProcessor``, ``StableAndConfidentStoppingCriteria``, ``_denoising_step``).
+A canvas of L tokens starts uniformly random. At each step, with ``n`` the steps left of at most N
+(N, N-1, ..., 1):
+
+1. processed = logits / (t_min + (t_max - t_min) * n / N), in float32;
+2. a token per position is drawn from softmax(processed) (``torch.multinomial``), and the argmax taken;
+3. acceptance: the positions sorted by entropy of softmax(processed), ascending; the first k are
+   accepted where (cumulative entropy - the position's own entropy) <= entropy_bound, so always at
+   least one; accepted positions take the drawn token, the others keep the step's input token;
+4. renoising: every position not accepted this step gets a fresh uniform token. Nothing is frozen:
+   a position accepted at one step is renoised at the next if it is not accepted again;
+5. stop if stable (the argmax canvas equal at the last ``stability_threshold`` steps before, within
+   this canvas; always stable for 0) and confident (mean entropy < confidence_threshold); the
+   canvas committed is the step's argmax canvas, also after the last (N-th) step;
+6. the processed logits condition the next step (``DiffusionGemmaModel.soft_embeddings``).
+
+Random numbers come from one ``torch.Generator`` per row (per request), never from a global one, so
+a row's draws do not depend on its batch neighbours. Per row and canvas: ``randint(0, V, (1, L))``
+for the initial canvas; per step, ``multinomial`` of the row's [L, V] probabilities (one sample each)
+then ``randint(0, V, (1, L))`` for the renoising (drawn whether or not any position needs it). These
+are the reference's draws at batch 1 after ``torch.manual_seed(seed)``, in that order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# DiffusionGemmaGenerationConfig._get_default_generation_params()
+DEFAULT_MAX_DENOISING_STEPS = 48
+DEFAULT_ENTROPY_BOUND = 0.1
+DEFAULT_T_MIN, DEFAULT_T_MAX = 0.4, 0.8
+DEFAULT_STABILITY_THRESHOLD = 1
+DEFAULT_CONFIDENCE_THRESHOLD = 0.005
+
+
+@dataclass(frozen=True)
+class EntropyBoundParams:
+    """One request's sampler settings, validated as the reference's generation config validates them."""
+
+    max_denoising_steps: int = DEFAULT_MAX_DENOISING_STEPS
+    entropy_bound: float = DEFAULT_ENTROPY_BOUND
+    t_min: float = DEFAULT_T_MIN
+    t_max: float = DEFAULT_T_MAX
+    stability_threshold: int = DEFAULT_STABILITY_THRESHOLD
+    confidence_threshold: float = DEFAULT_CONFIDENCE_THRESHOLD
+
+    def __post_init__(self) -> None:
+        if self.max_denoising_steps <= 0:
+            raise ValueError(f"max_denoising_steps must be positive, got {self.max_denoising_steps}")
+        if not self.entropy_bound > 0:
+            raise ValueError(f"entropy_bound must be > 0, got {self.entropy_bound}")
+        if self.t_min < 0 or self.t_max <= self.t_min:
+            raise ValueError(f"need 0 <= t_min < t_max, got t_min={self.t_min}, t_max={self.t_max}")
+        if self.stability_threshold < 0:
+            raise ValueError(f"stability_threshold must be >= 0, got {self.stability_threshold}")
+        if not self.confidence_threshold > 0:
+            raise ValueError(f"confidence_threshold must be > 0, got {self.confidence_threshold}")
+
+    @classmethod
+    def from_generation_config(cls, raw: dict[str, Any]) -> EntropyBoundParams:
+        """A checkpoint's generation_config.json (absent or null fields: the reference's defaults)."""
+        sampler = raw.get("sampler_config") or {}
+        values = {
+            "max_denoising_steps": raw.get("max_denoising_steps"),
+            "entropy_bound": sampler.get("entropy_bound"),
+            "t_min": raw.get("t_min"),
+            "t_max": raw.get("t_max"),
+            "stability_threshold": raw.get("stability_threshold"),
+            "confidence_threshold": raw.get("confidence_threshold"),
+        }
+        return cls(**{key: value for key, value in values.items() if value is not None})
+
+
+@dataclass
+class CanvasRows:
+    """The sampling state of R rows between two steps, each row on its own canvas."""
+
+    canvas: torch.Tensor  # [R, L] int64: the next decoder input (noisy tokens)
+    steps_taken: torch.Tensor  # [R] int64: steps done on the current canvas
+    stable_run: torch.Tensor  # [R] int64: consecutive earlier steps whose argmax equals the latest one
+    argmax: torch.Tensor  # [R, L] int64: the latest step's argmax canvas (-1 before the first step)
+    params: list[EntropyBoundParams]
+    generators: list[torch.Generator]
+
+
+@dataclass
+class StepResult:
+    """What one step decided for each row."""
+
+    processed_logits: torch.Tensor  # [R, L, V] float32: the next step's self-conditioning input
+    argmax: torch.Tensor  # [R, L]: the canvas a row commits when it is done
+    done: torch.Tensor  # [R] bool: stopped adaptively or at its last step
+
+
+def uniform_tokens(
+    generators: list[torch.Generator], length: int, vocab_size: int, device: torch.device
+) -> torch.Tensor:
+    """[R, L] uniform tokens, row r drawn from generators[r] as ``randint(0, V, (1, L))``."""
+    rows = [torch.randint(0, vocab_size, (1, length), generator=g, device=device) for g in generators]
+    return torch.cat(rows)
+
+
+def start_canvas(
+    params: list[EntropyBoundParams],
+    generators: list[torch.Generator],
+    length: int,
+    vocab_size: int,
+    device: torch.device,
+) -> CanvasRows:
+    """Rows at the first step of a fresh canvas (the reference draws it after encoding the context)."""
+    rows = len(generators)
+    return CanvasRows(
+        canvas=uniform_tokens(generators, length, vocab_size, device),
+        steps_taken=torch.zeros(rows, dtype=torch.int64, device=device),
+        stable_run=torch.zeros(rows, dtype=torch.int64, device=device),
+        argmax=torch.full((rows, length), -1, dtype=torch.int64, device=device),
+        params=list(params),
+        generators=list(generators),
+    )
+
+
+def _column(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def temperatures(params: list[EntropyBoundParams], steps_left: torch.Tensor) -> torch.Tensor:
+    """[R] float32 ``t_min + (t_max - t_min) * (n / N)``, rounded as the reference's float32 ops round."""
+    device = steps_left.device
+    steps = _column([p.max_denoising_steps for p in params], torch.int32, device)
+    span = _column([p.t_max - p.t_min for p in params], torch.float32, device)
+    low = _column([p.t_min for p in params], torch.float32, device)
+    return low + span * (steps_left.to(torch.int32) / steps)
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) over the last dim (``torch.distributions.Categorical``'s arithmetic)."""
+    normalized = logits - logits.logsumexp(dim=-1, keepdim=True)
+    probabilities = torch.softmax(normalized, dim=-1)
+    clamped = torch.clamp(normalized, min=torch.finfo(normalized.dtype).min)
+    return -(clamped * probabilities).sum(-1)
+
+
+def accepted_positions(entropy: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """[R, L] bool: each row's lowest-entropy positions whose cumulative entropy, less the largest
+    (their own), stays within the row's bound [R]."""
+    ordered, order = torch.sort(entropy, dim=-1, descending=False)
+    within = torch.cumsum(ordered, dim=-1) - ordered <= bounds[:, None]
+    return torch.scatter(torch.zeros_like(within), dim=-1, index=order, src=within)
+
+
+def _draw(
+    rows: CanvasRows, probabilities: torch.Tensor, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, from its own generator: one token per position from its probabilities, then the
+    renoising tokens (both always drawn, in this order)."""
+    sampled, noise = [], []
+    length = probabilities.shape[1]
+    for row, generator in enumerate(rows.generators):
+        sampled.append(
+            torch.multinomial(probabilities[row], num_samples=1, generator=generator).view(1, length)
+        )
+        noise.append(
+            torch.randint(0, vocab_size, (1, length), generator=generator, device=probabilities.device)
+        )
+    return torch.cat(sampled), torch.cat(noise)
+
+
+def _stopped(rows: CanvasRows, argmax: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
+    """Stable-and-confident adaptive stopping; updates each row's stability run."""
+    device = argmax.device
+    same = (argmax == rows.argmax).all(dim=-1)
+    rows.stable_run = torch.where(same, rows.stable_run + 1, torch.zeros_like(rows.stable_run))
+    needed = _column([p.stability_threshold for p in rows.params], torch.int64, device)
+    confidence = _column([p.confidence_threshold for p in rows.params], torch.float32, device)
+    return (rows.stable_run >= needed) & (entropy.mean(dim=-1) < confidence)
+
+
+def denoise_step(rows: CanvasRows, logits: torch.Tensor) -> StepResult:
+    """One step for every row from the decoder's logits [R, L, V] on ``rows.canvas``: ``rows`` moves to
+    its next canvas input; a row whose result says ``done`` commits ``argmax`` instead."""
+    device, vocab_size = logits.device, logits.shape[-1]
+    limits = _column([p.max_denoising_steps for p in rows.params], torch.int64, device)
+    processed = logits / temperatures(rows.params, limits - rows.steps_taken)[:, None, None]
+    probabilities = torch.softmax(processed, dim=-1, dtype=torch.float32)
+    sampled, noise = _draw(rows, probabilities, vocab_size)
+    argmax = torch.argmax(processed, dim=-1)
+    entropy = token_entropy(processed)
+    bounds = _column([p.entropy_bound for p in rows.params], torch.float32, device)
+    accepted = accepted_positions(entropy, bounds)
+    rows.canvas = torch.where(accepted, sampled, noise)
+    stopped = _stopped(rows, argmax, entropy)
+    rows.argmax = argmax
+    rows.steps_taken = rows.steps_taken + 1
+    return StepResult(processed_logits=processed, argmax=argmax, done=stopped | (rows.steps_taken >= limits))

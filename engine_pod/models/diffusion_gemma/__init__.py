@@ -1,0 +1,9 @@
+"""DiffusionGemma (``model_type: diffusion_gemma``), the uniform-noise block-diffusion family: a causal
+encoder writes the context's keys and values, a bidirectional decoder denoises one canvas of random
+tokens over them, canvas after canvas. Text path only; not yet wired into the engine.
+
+config.py (config.json and its defaults), multimodal.py (what is refused or skipped), weights.py
+(the checkpoint), model.py with layer.py, attention.py, experts.py, rotary.py and blocks.py (the
+forward), context_cache.py (the kept context), generate.py (one request). The sampler is
+``engine_pod/decoding/entropy_bound.py``.
+"""

@@ -1,0 +1,96 @@
+"""A plain single-request DiffusionGemma generate: canvas after canvas over a kept context cache.
+
+The reference loop (``DiffusionGemmaGenerationMixin.generate``) at batch 1: encode the prompt into the
+context cache; then per canvas (at most ``ceil(max_new_tokens / canvas_length)``): draw a uniform
+canvas, denoise it step by step (``decoding/entropy_bound.py``) until the sampler stops it, commit the
+last step's argmax canvas, stop if it holds an EOS id or the length is reached, else encode the
+committed canvas into the cache (positions continue) and start the next. Whole canvases are returned,
+as the reference returns them (so up to ``canvas_length - 1`` tokens beyond ``max_new_tokens``), cut
+after the first EOS (where the reference pads).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from engine_pod.decoding.entropy_bound import EntropyBoundParams, denoise_step, start_canvas
+from engine_pod.models.diffusion_gemma.context_cache import ContextCache
+from engine_pod.models.diffusion_gemma.model import DiffusionGemmaModel
+from engine_pod.models.diffusion_gemma.multimodal import refuse_image_tokens
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationResult:
+    """A request's generated tokens and how they were made."""
+
+    tokens: list[int]  # whole canvases, cut after the first EOS
+    steps_per_canvas: list[int] = field(default_factory=list)
+    finish_reason: str = "length"  # "eos" or "length"
+
+
+def _first_eos(tokens: list[int], eos_ids: tuple[int, ...]) -> int | None:
+    return next((i for i, token in enumerate(tokens) if token in eos_ids), None)
+
+
+def _denoise_canvas(
+    model: DiffusionGemmaModel,
+    cache: ContextCache,
+    params: EntropyBoundParams,
+    generator: torch.Generator,
+    length: int,
+) -> tuple[list[int], int]:
+    """One canvas denoised until the sampler stops it: its committed tokens and its steps."""
+    device = model.embed_tokens.weight.device
+    rows = start_canvas([params], [generator], length, model.config.vocab_size, device)
+    soft = None
+    while True:
+        result = denoise_step(rows, model.denoise(rows.canvas, cache, soft))
+        if bool(result.done[0]):
+            return result.argmax[0].tolist(), int(rows.steps_taken[0])
+        soft = model.soft_embeddings(result.processed_logits)
+
+
+def generate(
+    model: DiffusionGemmaModel,
+    prompt_ids: list[int],
+    *,
+    max_new_tokens: int,
+    params: EntropyBoundParams | None = None,
+    seed: int = 0,
+    eos_token_ids: tuple[int, ...] | None = None,
+    canvas_length: int | None = None,
+) -> GenerationResult:
+    """Generate for one request; its random draws come from a generator seeded with ``seed`` alone."""
+    config = model.config
+    if not prompt_ids:
+        raise ValueError("the prompt must hold at least one token")
+    if max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+    refuse_image_tokens(prompt_ids, config.multimodal_token_ids)
+    params = params or EntropyBoundParams()
+    eos_ids = config.eos_token_ids if eos_token_ids is None else tuple(eos_token_ids)
+    length = canvas_length or config.canvas_length
+    device = model.embed_tokens.weight.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    cache = ContextCache(config)
+    model.encode(torch.tensor([prompt_ids], device=device), cache)
+    result = GenerationResult(tokens=[])
+    for canvas_index in range(math.ceil(max_new_tokens / length)):
+        tokens, steps = _denoise_canvas(model, cache, params, generator, length)
+        result.tokens += tokens
+        result.steps_per_canvas.append(steps)
+        eos = _first_eos(tokens, eos_ids)
+        if eos is not None:
+            result.tokens = result.tokens[: len(result.tokens) - length + eos + 1]
+            result.finish_reason = "eos"
+            break
+        if canvas_index + 1 < math.ceil(max_new_tokens / length):
+            model.encode(torch.tensor([tokens], device=device), cache)
+    logger.debug("generated %d tokens in %s steps", len(result.tokens), result.steps_per_canvas)
+    return result

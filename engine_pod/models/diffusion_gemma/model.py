@@ -1,0 +1,126 @@
+"""DiffusionGemma's text model: the causal encoder and the canvas decoder over one set of layers.
+
+``encode`` runs the encoder over new context tokens (the prompt, later each committed canvas) and
+appends their keys and values to the ``ContextCache``; its hidden states are not used. ``denoise``
+runs the decoder over one canvas (bidirectional, reading the cache) and returns the softcapped
+float32 logits. Self-conditioning: the decoder's input embeddings are
+``post_norm(embed(canvas) + GeGLU(pre_norm(soft)))`` where ``soft`` is the previous step's soft
+prediction, ``softmax(processed logits) @ E * sqrt(D)`` (zeros at a canvas's first step);
+``soft_embeddings`` computes it from the logits, so that a request carries [L, D] between steps
+rather than [L, V] logits.
+
+With ``tie_word_embeddings`` (every real checkpoint) the encoder's layers, embeddings and the LM head
+are the decoder's tensors; only the per-layer output scalars differ between the two.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine_pod.models.diffusion_gemma.blocks import GeGLU, UnscaledRMSNorm
+from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
+from engine_pod.models.diffusion_gemma.context_cache import ContextCache
+from engine_pod.models.diffusion_gemma.layer import GemmaLayer
+from engine_pod.models.diffusion_gemma.rotary import GemmaRotary
+from engine_pod.models.layers import RMSNorm
+
+
+class SelfConditioning(GeGLU):
+    """Adds the processed soft prediction of the previous step to the canvas's input embeddings."""
+
+    def __init__(self, config: DiffusionGemmaConfig) -> None:
+        super().__init__(config.hidden_size, config.intermediate_size)
+        self.pre_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_norm = UnscaledRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, embeddings: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
+        return self.post_norm(embeddings + super().forward(self.pre_norm(soft)))
+
+
+class DiffusionGemmaModel(nn.Module):
+    """Embeddings, layers (decoder's; the encoder's when untied), self-conditioning, final norm, LM head."""
+
+    def __init__(self, config: DiffusionGemmaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_scale = config.hidden_size**0.5
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(GemmaLayer(config, i) for i in range(config.num_layers))
+        self.self_conditioning = SelfConditioning(config)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.register_buffer("encoder_layer_scalars", torch.ones(config.num_layers))
+        self.register_buffer("decoder_layer_scalars", torch.ones(config.num_layers))
+        if not config.tie_word_embeddings:  # the encoder's own weights and an LM head of its own
+            self.encoder_embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.encoder_layers = nn.ModuleList(GemmaLayer(config, i) for i in range(config.num_layers))
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = GemmaRotary(config)
+
+    def _encoder_parts(self) -> tuple[nn.Embedding, nn.ModuleList]:
+        if self.config.tie_word_embeddings:
+            return self.embed_tokens, self.layers
+        return self.encoder_embed_tokens, self.encoder_layers
+
+    def _embed(self, table: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+        scale = torch.tensor(self.embed_scale, dtype=torch.float32).to(table.weight.dtype)
+        return table(ids) * scale.to(table.weight.device)
+
+    def _positions(self, cache: ContextCache, rows: int, tokens: int, device: torch.device) -> torch.Tensor:
+        return (torch.arange(tokens, device=device) + cache.length).expand(rows, tokens)
+
+    def _run(
+        self,
+        x: torch.Tensor,
+        layers: nn.ModuleList,
+        cache: ContextCache,
+        scalars: torch.Tensor,
+        encoding: bool,
+    ) -> torch.Tensor:
+        positions = self._positions(cache, x.shape[0], x.shape[1], x.device)
+        tables = {
+            kind: self.rotary.cos_sin(positions, kind, x.dtype) for kind in set(self.config.layer_types)
+        }
+        for index, layer in enumerate(layers):
+            cos, sin = tables[self.config.layer_types[index]]
+            x = layer(x, cos, sin, cache, scalars[index : index + 1], encoding)
+        return x
+
+    @torch.no_grad()
+    def encode(self, token_ids: torch.Tensor, cache: ContextCache) -> None:
+        """Append the context tokens token_ids [R, T] (positions cache.length..) to ``cache``."""
+        table, layers = self._encoder_parts()
+        self._run(self._embed(table, token_ids), layers, cache, self.encoder_layer_scalars, encoding=True)
+        cache.advance(token_ids.shape[1])
+
+    @torch.no_grad()
+    def denoise(
+        self, canvas: torch.Tensor, cache: ContextCache, soft: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Softcapped float32 logits [R, L, V] of the canvas [R, L] (positions cache.length..), given the
+        previous step's soft embeddings ``soft`` [R, L, D] (None: the canvas's first step)."""
+        embeddings = self._embed(self.embed_tokens, canvas)
+        soft = torch.zeros_like(embeddings) if soft is None else soft
+        x = self.self_conditioning(embeddings, soft)
+        x = self.norm(self._run(x, self.layers, cache, self.decoder_layer_scalars, encoding=False))
+        head = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+        logits = nn.functional.linear(x, head).to(torch.float32)
+        cap = self.config.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap
+
+    @torch.no_grad()
+    def soft_embeddings(self, processed_logits: torch.Tensor) -> torch.Tensor:
+        """The next step's self-conditioning input [R, L, D] from this step's processed logits [R, L, V]."""
+        weight = self.embed_tokens.weight
+        probabilities = (
+            processed_logits.to(weight.dtype).softmax(dim=-1, dtype=torch.float32).to(weight.dtype)
+        )
+        scale = torch.tensor(self.embed_scale, dtype=torch.float32).to(weight.dtype).to(weight.device)
+        return torch.matmul(probabilities, weight) * scale
+
+    def fill_constants(self) -> None:
+        """The constant buffers that no checkpoint holds (after building on the meta device)."""
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, UnscaledRMSNorm):
+                    module.weight.fill_(1.0)
