@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-FAMILIES = ("llada", "dream", "llada2", "sdar")
+FAMILIES = ("llada", "dream", "llada2", "sdar", "diffusion_gemma")
 BLOCK_DIFFUSION_FAMILIES = ("llada2", "sdar")  # causal across blocks, bidirectional inside one
 
 

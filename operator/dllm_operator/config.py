@@ -7,6 +7,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from dllm_contracts.families import FAMILIES
+
 # the variables the chart sets (templates/deployment.yaml) for the pods the operator creates
 IMAGE_PULL_SECRETS_ENV = "DLLM_IMAGE_PULL_SECRETS"  # Secret names, comma-separated
 WORKLOAD_SERVICE_ACCOUNT_ENV = "DLLM_WORKLOAD_SERVICE_ACCOUNT"
@@ -25,7 +27,7 @@ class OperatorSettings:
     engine_image: str = "ghcr.io/dllm-dev/dllm-engine:0.1.0"
     gateway_image: str = "ghcr.io/dllm-dev/dllm-gateway:0.1.0"
     redis_image: str = "redis:7.2-alpine"
-    supported_families: tuple[str, ...] = ("llada", "dream", "llada2", "sdar")
+    supported_families: tuple[str, ...] = FAMILIES  # the engine image's (the chart sets them)
     resync_seconds: float = 15.0  # timer period: progress checks and autoscaling
     api_url: str | None = (
         None  # talk to this API server (tests: the kmock emulator); else in-cluster/kubeconfig

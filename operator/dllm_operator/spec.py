@@ -8,6 +8,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dllm_contracts.families import DEFAULT_FAMILY, MASKED, FamilyDecoding, family_decoding
 from dllm_contracts.scheduler_config import DEFAULTS, SchedulerConfig, problems_of
 from dllm_operator import names
 
@@ -32,14 +33,14 @@ class ServiceSpec:
     namespace: str
     model_uri: str
     revision: str | None = None  # the Hub revision the checkpoint is pinned to (part of the profile hash)
-    family: str = "llada"
+    family: str = DEFAULT_FAMILY
     dtype: str = "bfloat16"
     served_name: str = ""
     volume_claim: str | None = None
     cache_volume_claim: str | None = None  # PVC for downloads, shared by the profiling Job and the engines
     hf_token: SecretRef | None = None
-    block_length: int = 32
-    steps_per_block: int = 32
+    block_length: int = MASKED.block_length  # parse_spec: the family's default (dllm_contracts.families)
+    steps_per_block: int = MASKED.steps_per_block
     remasking: str = "threshold"
     threshold: float = 0.9
     cache: str = "dual"
@@ -116,6 +117,15 @@ def _ref(value: dict | None) -> SecretRef | None:
     return SecretRef(value["name"], value["key"]) if value else None
 
 
+def _family(model: dict[str, Any]) -> tuple[str, FamilyDecoding]:
+    """The model's family and the decoding it starts from (what decoding leaves unset)."""
+    family = model.get("family", DEFAULT_FAMILY)
+    try:
+        return family, family_decoding(family)
+    except ValueError as exc:
+        raise SpecError(f"spec.model.family: {exc}") from None
+
+
 def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
     """Typed spec with defaults; SpecError for what the CRD schema cannot express."""
     model = spec.get("model") or {}
@@ -126,19 +136,20 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
     scheduling = spec.get("scheduling") or {}
     redis, gateway = spec.get("redis") or {"managed": True}, spec.get("gateway") or {}
     budget = profiling.get("tokenBudget")
+    family, decoded = _family(model)
     parsed = ServiceSpec(
         name=name,
         namespace=namespace,
         model_uri=model["uri"],
         revision=model.get("revision"),
-        family=model.get("family", "llada"),
+        family=family,
         dtype=model.get("dtype", "bfloat16"),
         served_name=model.get("servedName", ""),
         volume_claim=model.get("volumeClaim"),
         cache_volume_claim=model.get("cacheVolumeClaim"),
         hf_token=_ref(model.get("hfTokenSecretRef")),
-        block_length=int(decoding.get("blockLength", 32)),
-        steps_per_block=int(decoding.get("stepsPerBlock", 32)),
+        block_length=int(decoding.get("blockLength", decoded.block_length)),
+        steps_per_block=int(decoding.get("stepsPerBlock", decoded.steps_per_block)),
         remasking=decoding.get("remasking", "threshold"),
         threshold=float(decoding.get("threshold", 0.9)),
         cache=decoding.get("cache", "dual"),
@@ -222,7 +233,8 @@ def _check(spec: ServiceSpec) -> None:
         ),
         (
             spec.max_generation_tokens % spec.block_length != 0,
-            "decoding.blockLength must divide decoding.maxGenerationTokens",
+            "decoding.blockLength must divide decoding.maxGenerationTokens "
+            f"({spec.family}: {spec.block_length} and {spec.max_generation_tokens})",
         ),
         (spec.redis_managed == bool(spec.redis_url), "use either a managed Redis or redis.url, exactly one"),
         (
@@ -239,7 +251,8 @@ def _check(spec: ServiceSpec) -> None:
         ),
         (
             spec.steps_per_block > spec.block_length,
-            "decoding.stepsPerBlock must not exceed decoding.blockLength",
+            "decoding.stepsPerBlock must not exceed decoding.blockLength "
+            f"({spec.family}: {spec.steps_per_block} and {spec.block_length})",
         ),
     ]
     problems += [

@@ -38,8 +38,17 @@ def render(*sets: str) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
-def test_lint_strict_passes():
-    result = helm("lint", "--strict", str(CHART))
+DIFFUSION_GEMMA = (  # the example service with family diffusion_gemma (no decoding set: the family's)
+    "example.enabled=true",
+    "example.family=diffusion_gemma",
+    "example.name=diffusiongemma",
+    "example.modelUri=google/diffusiongemma-26B-A4B-it",
+)
+
+
+@pytest.mark.parametrize("sets", [(), DIFFUSION_GEMMA], ids=["defaults", "diffusion_gemma"])
+def test_lint_strict_passes(sets):
+    result = helm("lint", "--strict", str(CHART), *(arg for value in sets for arg in ("--set", value)))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -49,6 +58,7 @@ def test_lint_strict_passes():
         (),
         ("example.enabled=true", "watchNamespace=serving", "serviceAccount.name=ops"),
         ("imagePullSecrets[0].name=regcred", "workloadServiceAccount=dllm-workload"),
+        DIFFUSION_GEMMA,
     ],
 )
 def test_every_rendered_manifest_is_valid(sets):

@@ -9,8 +9,9 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from dllm_operator.spec import SCHEDULING_FIELDS
+from dllm_operator.spec import SCHEDULING_FIELDS, parse_spec
 
+from dllm_contracts.families import FAMILY_DECODING
 from dllm_contracts.scheduler_config import ADMISSION_MODES, DEFAULTS
 from tests.operator.crd_utils import EXAMPLE_PATH, admit, apply_defaults, load_crd, spec_schema
 
@@ -42,7 +43,8 @@ def test_examples_are_accepted(path):
 
 def test_defaults_fill_an_almost_empty_spec():
     spec = apply_defaults({"model": {"uri": "GSAI-ML/LLaDA-8B-Instruct"}}, spec_schema(load_crd()))
-    assert spec["decoding"]["blockLength"] == 32 and spec["redis"] == {"managed": True, "storage": "8Gi"}
+    assert spec["model"]["family"] == "llada" and spec["redis"] == {"managed": True, "storage": "8Gi"}
+    assert "blockLength" not in spec["decoding"] and "stepsPerBlock" not in spec["decoding"]  # the family's
     assert spec["replicas"] == {
         "min": 1,
         "max": 1,
@@ -184,6 +186,40 @@ def test_the_crd_scheduling_defaults_and_ranges_are_the_scheduler_configs():
     assert fields["admission"]["enum"] == list(ADMISSION_MODES)
 
 
+@pytest.mark.parametrize("family", FAMILY_DECODING)
+def test_the_crd_and_the_operator_take_a_familys_decoding_defaults_from_the_contracts(family):
+    """blockLength and stepsPerBlock default per family: the CRD's CEL rules repeat
+    dllm_contracts/families.py's numbers, and the operator fills them from there."""
+    block, steps = FAMILY_DECODING[family].block_length, FAMILY_DECODING[family].steps_per_block
+
+    def spec(**decoding) -> dict:
+        return {"model": {"uri": "x", "family": family}, "decoding": decoding}
+
+    def refused(message: str, **decoding) -> bool:
+        return any(message in failure for failure in admit(spec(**decoding)))
+
+    assert admit(spec(maxGenerationTokens=2 * block)) == []
+    assert admit(spec(blockLength=steps, maxGenerationTokens=2 * steps)) == []  # the steps default fits
+    assert admit(spec(stepsPerBlock=block, maxGenerationTokens=block)) == []  # so does the block default
+    assert refused("decoding.blockLength must divide", maxGenerationTokens=2 * block + 1)
+    assert refused("stepsPerBlock must not exceed", blockLength=steps - 1, maxGenerationTokens=2 * steps - 2)
+    assert refused("stepsPerBlock must not exceed", stepsPerBlock=block + 1, maxGenerationTokens=2 * block)
+    parsed = parse_spec("s", "default", spec(maxGenerationTokens=2 * block))
+    assert (parsed.block_length, parsed.steps_per_block) == (block, steps)
+
+
+def test_diffusion_gemmas_defaults_are_its_checkpoints():
+    """Its block is the reference config's canvas, its steps the reference generation config's."""
+    from engine_pod.decoding.entropy_bound import DEFAULT_MAX_DENOISING_STEPS
+    from engine_pod.models.diffusion_gemma.config import TOP_DEFAULTS
+
+    defaults = FAMILY_DECODING["diffusion_gemma"]
+    assert (defaults.block_length, defaults.steps_per_block) == (
+        TOP_DEFAULTS["canvas_length"],
+        DEFAULT_MAX_DENOISING_STEPS,
+    )
+
+
 def test_the_families_the_crd_and_the_chart_accept_are_the_engines():
     """One list of model families: the engine's (engine_pod/models/config.py) is what the CRD, the chart's
     values schema and default, and the operator's default accept."""
@@ -199,4 +235,4 @@ def test_the_families_the_crd_and_the_chart_accept_are_the_engines():
     schema = json.loads((chart / "values.schema.json").read_text())
     assert schema["properties"]["supportedFamilies"]["items"]["enum"] == list(FAMILIES)
     assert yaml.safe_load((chart / "values.yaml").read_text())["supportedFamilies"] == list(FAMILIES)
-    assert OperatorSettings().supported_families == FAMILIES
+    assert OperatorSettings().supported_families == FAMILIES == tuple(FAMILY_DECODING)

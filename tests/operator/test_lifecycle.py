@@ -529,26 +529,44 @@ def test_a_spec_the_crd_cannot_reject_gives_degraded_without_a_crash(cluster, op
     until(kube, lambda: kube.condition(NAME, "Degraded")["status"] == "False", what="recovery")
 
 
-def test_a_llada2_service_is_profiled_and_served_with_its_family(cluster, operator):
-    """The LLaDA2.0 example (block diffusion): its profiling Job and its engine run the checkpoint it
-    names, and the budget the Job measured reaches the engine."""
+@pytest.mark.parametrize(
+    "example_file, checkpoint, block",
+    [
+        ("example-llada2-dllmservice.yaml", "inclusionAI/LLaDA2.0-mini@main", 32),
+        ("example-diffusion-gemma-dllmservice.yaml", "google/diffusiongemma-26B-A4B-it@main", 256),
+    ],
+    ids=["llada2", "diffusion_gemma"],
+)
+def test_a_service_is_profiled_and_served_with_its_familys_block(
+    cluster, operator, example_file, checkpoint, block
+):
+    """The LLaDA2.0 and DiffusionGemma examples: their profiling Job and their engine run the checkpoint
+    they name with their family's block (DiffusionGemma: its 256-token canvas, which its example leaves to
+    the family), the budget the Job measured reaches the engine, and a generation length the block does
+    not divide is refused with a condition."""
     kube = cluster.client()
-    manifest = yaml.safe_load((EXAMPLE_PATH.parent / "example-llada2-dllmservice.yaml").read_text())
+    manifest = yaml.safe_load((EXAMPLE_PATH.parent / example_file).read_text())
     manifest["metadata"]["name"] = NAME
     kube.create_service(manifest)
     job = until(kube, lambda: _newest_unfinished_job(kube), what="the profiling Job")
     kubernetes_validate.validate(_clean(job), "1.33.0", strict=False)
     profiled = " ".join(job["spec"]["template"]["spec"]["containers"][0]["command"])
-    assert "inclusionAI/LLaDA2.0-mini@main" in profiled
+    assert checkpoint in profiled and f"--block-length {block} " in profiled
     complete_profiling(kube, budget=65536)
     until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
     command = " ".join(engine_command(kube))
-    assert "inclusionAI/LLaDA2.0-mini@main" in command and "--profile" in command
-    until(
-        kube,
-        lambda: (kube.service(NAME).get("status") or {}).get("profile", {}).get("tokenBudget") == 65536,
-        what="the measured budget in status",
+    assert checkpoint in command and "--profile" in command and f"--block-length {block} " in command
+    configmap = kube.core.read_namespaced_config_map(f"{NAME}-profile", "default")
+    assert json.loads(configmap.data["profile.json"])["token_budget"] == 65536
+    mark_ready(kube, f"{NAME}-engine", f"{NAME}-gateway")
+    until(kube, lambda: (kube.condition(NAME, "Ready") or {}).get("status") == "True", what="Ready")
+    assert kube.service(NAME)["status"]["profile"]["tokenBudget"] == 65536
+    kube.patch_service(NAME, {"spec": {"decoding": {"maxGenerationTokens": 300}}})
+    degraded = until(
+        kube, lambda: (c := kube.condition(NAME, "Degraded")) and c["status"] == "True" and c, what="Degraded"
     )
+    assert "blockLength must divide decoding.maxGenerationTokens" in degraded["message"]
+    assert f"{manifest['spec']['model']['family']}: {block} and 300" in degraded["message"]
 
 
 def _waiting_pod(name: str, labels: dict, reason: str, message: str) -> dict:

@@ -100,6 +100,28 @@ def test_every_child_manifest_passes_strict_validation(changes):
         validate(manifest)
 
 
+def test_a_diffusion_gemma_service_decodes_canvases_of_its_familys_length():
+    """Its example sets no block length: the family's (dllm_contracts/families.py) reaches the profiling Job,
+    the engine and the gateway, and a generation length its canvas does not divide is refused."""
+    example_spec = yaml.safe_load(
+        (EXAMPLE_PATH.parent / "example-diffusion-gemma-dllmservice.yaml").read_text()
+    )
+    manifests = all_manifests(parse_spec("dgemma", "default", example_spec["spec"]))
+    for manifest in manifests:
+        validate(manifest)
+    job, engine, gateway = (manifests[i]["spec"]["template"]["spec"]["containers"][0] for i in (0, 2, 3))
+    assert job["command"][job["command"].index("--block-length") + 1] == "256"
+    worker = build_parser().parse_args(engine["command"][1:])
+    assert (worker.model, worker.block_length, worker.steps_per_block) == (
+        "google/diffusiongemma-26B-A4B-it@main",
+        256,
+        48,
+    )
+    assert {e["name"]: e.get("value") for e in gateway["env"]}["DLLM_BLOCK_LENGTH"] == "256"
+    with pytest.raises(SpecError, match=r"blockLength must divide .* \(diffusion_gemma: 256 and 300\)"):
+        parse_spec("dgemma", "default", example_spec["spec"] | {"decoding": {"maxGenerationTokens": 300}})
+
+
 def test_children_are_owned_non_root_and_read_only():
     for manifest in all_manifests(example()):
         assert manifest["metadata"]["ownerReferences"][0]["uid"] == OWNER["uid"]
