@@ -49,7 +49,12 @@ SCOPES = {
         ["tests/serving/test_queue_protocol.py", "tests/serving/test_queue_replies.py", "-k", "not cluster"],
     ),
     "worker": Scope(
-        ["engine_pod/worker/worker.py"],
+        [
+            "engine_pod/worker/worker.py",
+            "engine_pod/worker/claims.py",
+            "engine_pod/worker/served.py",
+            "engine_pod/worker/wakeups.py",
+        ],
         ["tests/serving/test_worker.py", "tests/serving/test_worker_baselines.py"],
     ),
     "gateway": Scope(

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-FAMILIES = ("llada", "dream", "llada2", "sdar", "diffusion_gemma")
+from dllm_contracts.families import FAMILIES
+
 BLOCK_DIFFUSION_FAMILIES = ("llada2", "sdar")  # causal across blocks, bidirectional inside one
 
 

@@ -363,3 +363,26 @@ def test_a_runner_option_the_family_does_not_record_is_refused_by_name(loaded, o
         make_runner(loaded, decoding, 256, **{option: True})
     runner = make_runner(loaded, decoding, 256, **{option: False})
     assert runner.grid_aligned
+
+
+def test_the_paged_runner_frees_a_request_when_the_scheduler_names_it_released(loaded):
+    """A finished request's pages go back at the next cycle, where the scheduler's output names it; a
+    cancelled one's likewise; a request still in the rows keeps its pages all along."""
+    decoding = DecodingConfig(
+        block_length=4, steps_per_block=2, remasking="scheduled_threshold", prefix_cache=False
+    )
+    runner = make_runner(loaded, decoding, 256)
+    scheduler = BlockServeScheduler(4, [], SchedulerConfig(token_budget=256), **scheduling_facts(runner))
+    engine = Engine(runner, scheduler)
+    for request_id, tokens in (("short", 4), ("long", 12)):
+        engine.add_request(scheduler.request_for(request_id, [3, 4, 5, 6], tokens))
+    finished = engine.step().finished
+    assert [r.request_id for r in finished] == ["short"] and set(runner.states) == {"short", "long"}
+    held = runner.pool.table("long")
+    assert engine.step().output.released == ["short"]
+    assert set(runner.states) == {"long"} and not runner.pool.table("short")
+    assert runner.pool.table("long")[: len(held)] == held
+    scheduler.cancel("long")
+    engine.add_request(scheduler.request_for("next", [7, 8], 4))
+    assert engine.step().output.released == ["long"]
+    assert set(runner.states) == {"next"} and not runner.pool.table("long")

@@ -535,3 +535,23 @@ def test_a_static_batch_takes_one_row_or_more_and_a_known_layout():
         StaticScheduler(L, [EOS], batch_size=0)
     with pytest.raises(ValueError, match=r"^layout must be one of packed, dense, got 'ragged'$"):
         StaticScheduler(L, [EOS], batch_size=2, layout="ragged")
+
+
+def test_a_request_becomes_blocks_once_for_the_layout_of_the_scheduler_it_joins():
+    """On the absolute grid a prompt's tail shares the first block: 13 prompt tokens and 10 asked are
+    ceil((5 + 10) / 8) = 2 blocks, the widest row 8 + 16 = 24. A worker judges a queued candidate by its
+    shape, so the shape must be that request; a request shaped for the other layout is refused."""
+    from dllm_contracts.queue.ops import Candidate
+    from engine_pod.worker.claims import Claims
+
+    scheduling = SchedulerConfig(token_budget=100)
+    on_grid = BlockServeScheduler(8, [], scheduling, grid_aligned=True)
+    request = on_grid.request_for("r", [1] * 13, 10)
+    assert (request.grid_head, request.max_blocks, request.peak_width(8)) == (5, 2, 24)
+    shape = Claims(None, on_grid, scheduling, "w").shape(Candidate("r", 13, 13, 10, 0.0))
+    sizes = [(r.grid_head, r.max_blocks, r.prefix_len(), r.peak_width(8)) for r in (shape, request)]
+    assert sizes[0] == sizes[1]
+    off_grid = BlockServeScheduler(8, [], scheduling)
+    assert off_grid.request_for("r", [1] * 13, 10).peak_width(8) == 13 + 16
+    with pytest.raises(RequestError, match="another block layout"):
+        off_grid.add(request)
