@@ -70,7 +70,8 @@ class BlockDiffusionCycleRunner:
         rows, gather_rows, packed = cycle.rows, cycle.gather_rows, cycle.packed
         if not rows:
             raise ValueError("a block cycle needs at least one row")
-        for owner in cycle.released:
+        released = set(cycle.released)
+        for owner in [o for o in self.states if o in released]:  # oldest first: the pool's free order
             self._forget(owner)
         owners = cycle.request_ids
         entering = [

@@ -49,7 +49,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.grid_aligned = grid_aligned
         self.shares_blocks = shares_blocks
-        self._in_rows: set[str] = set()  # the requests behind the last cycle's rows
+        self._in_rows: list[str] = []  # the requests behind the last cycle's rows, in row order
 
     def row_width_of(self, row: CycleRow) -> int:
         """Tokens a row of the next cycle holds: its prefix, the active block and any suffix."""
@@ -103,8 +103,8 @@ class Scheduler:
         output = self._next_cycle()
         if not output.is_empty:  # an empty cycle reaches no runner: what left is named at the next one
             present = set(output.request_ids)
-            output.released = sorted(self._in_rows - present)
-            self._in_rows = present
+            output.released = [i for i in self._in_rows if i not in present]  # in the last cycle's order
+            self._in_rows = list(output.request_ids)
         return output
 
     def update_from_output(self, output: SchedulerOutput, blocks: list[list[int]]) -> list[Request]:
