@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
+import json
 from collections import Counter
+from contextlib import redirect_stdout
 
 import torch
 
@@ -55,3 +58,24 @@ def block_causal_logits(model, ids: list[int], block_length: int) -> torch.Tenso
     batch = DenseBlockForward(torch.tensor([ids]), positions[None], slots, slots, mask, pool)
     with torch.no_grad():
         return model.forward_blocks(batch, (torch.zeros(n, dtype=torch.long), positions)).logits()
+
+
+def dllm_generate_json(model, prompt_ids: list[int], *flags: str) -> dict:
+    """`dllm generate --json` on ``model`` (a directory) for ``prompt_ids`` with ``flags``: its payload."""
+    from engine_pod.cli.main import main
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(
+            [
+                "generate",
+                "--model",
+                str(model),
+                "--prompt-ids",
+                ",".join(map(str, prompt_ids)),
+                *flags,
+                "--json",
+            ]
+        )
+    assert code == 0
+    return json.loads(out.getvalue())

@@ -15,6 +15,9 @@ from dllm_contracts.model_source import ModelLoadError, resolve_model_dir
 from engine_pod.models.block_transformer import BlockDiffusionTransformer
 from engine_pod.models.config import ModelConfig
 from engine_pod.models.config_readers import config_from_dict, load_config
+from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
+from engine_pod.models.diffusion_gemma.model import DiffusionGemmaModel
+from engine_pod.models.diffusion_gemma.weights import load_model as load_diffusion_gemma
 from engine_pod.models.presets import preset
 from engine_pod.models.transformer import DiffusionTransformer
 from engine_pod.models.weights import load_state_dict
@@ -32,8 +35,8 @@ _END_TOKENS = ("<|eot_id|>", "<|endoftext|>", "<|im_end|>", "<eos>")
 
 @dataclass
 class LoadedModel:
-    model: DiffusionTransformer | BlockDiffusionTransformer
-    config: ModelConfig
+    model: DiffusionTransformer | BlockDiffusionTransformer | DiffusionGemmaModel
+    config: ModelConfig | DiffusionGemmaConfig
     tokenizer: Any  # a transformers tokenizer, or None when the directory has none
     source: str
     device: torch.device
@@ -231,6 +234,8 @@ def load_metadata(spec: str) -> tuple[ModelConfig, Any]:
     model_dir = resolve_model_dir(spec)
     config = load_config(model_dir)
     tokenizer = LazyTokenizer(model_dir) if _has_tokenizer(model_dir) else None
+    if isinstance(config, DiffusionGemmaConfig):
+        return config, tokenizer
     return config.with_eos(_eos_ids(config, model_dir)), tokenizer
 
 
@@ -247,6 +252,10 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32", seed: int
         return LoadedModel(model, config, None, spec, torch_device, torch_dtype)
     model_dir = resolve_model_dir(spec)
     config = load_config(model_dir)
+    if isinstance(config, DiffusionGemmaConfig):  # its own layout; EOS ids from its generation config
+        model = load_diffusion_gemma(model_dir, torch_device, torch_dtype)
+        tokenizer = LazyTokenizer(model_dir) if _has_tokenizer(model_dir) else None
+        return LoadedModel(model, model.config, tokenizer, str(model_dir), torch_device, torch_dtype)
     model = build_model(config, torch_device, torch_dtype)
     state = load_state_dict(config, model_dir)
     _check_complete(model, state)
