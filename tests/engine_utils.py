@@ -19,17 +19,20 @@ from engine_pod.scheduler.base import Scheduler
 
 
 def run_workload(
-    loaded: LoadedModel, scheduler, decoding: DecodingConfig, workload, order=None
+    loaded: LoadedModel, scheduler, decoding: DecodingConfig, workload, order=None, sampling=None
 ) -> dict[str, list[int]]:
     """Generated tokens per request id, submitting the workload in ``order`` (default: as given).
-    ``scheduler``: a scheduler, or a callable that builds one from the runner's scheduling facts."""
+    ``scheduler``: a scheduler, or a callable that builds one from the runner's scheduling facts;
+    ``sampling``: request id -> its SamplingParams (default: none)."""
     pool_tokens = sum(len(prompt) + budget + 2 * decoding.block_length for _, prompt, budget in workload)
     runner = make_runner(loaded, decoding, pool_tokens)
     scheduler = built_for(scheduler, runner)
     engine = Engine(runner, scheduler)
     items = workload if order is None else [workload[i] for i in order]
     for request_id, prompt, budget in items:
-        engine.add_request(scheduler.request_for(request_id, prompt, budget))
+        request = scheduler.request_for(request_id, prompt, budget)
+        request.sampling = (sampling or {}).get(request_id)
+        engine.add_request(request)
     outputs: dict[str, list[int]] = {}
     engine.run(lambda r: outputs.__setitem__(r.request_id, list(r.generated)))
     return outputs

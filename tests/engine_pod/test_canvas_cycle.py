@@ -96,9 +96,26 @@ def test_a_single_request_reproduces_its_reference_run(base, index):
     """Token for token, and one forward per reference denoising step in each canvas."""
     run = RUNS[index]
     generated, engine = _run(base, [index], _sequential)
-    expected, tokens = _expected(run, generated[index])
-    assert tokens == expected
+    _assert_reproduced([index], generated)
     assert [record.forwards for record in engine.records] == run["steps_per_canvas"]
+
+
+def _blockserve(budget: int, layout: str = "packed"):
+    def build(args, **facts):
+        config = SchedulerConfig(token_budget=budget, layout=layout)
+        return BlockServeScheduler(args["canvas_length"], [args["eos_token_id"]], config, **facts)
+
+    return build
+
+
+def _widest(indices: list[int]) -> int:
+    return max(len(RUNS[i]["prompt_ids"]) + 3 * RUNS[i]["args"]["canvas_length"] for i in indices)
+
+
+def _assert_reproduced(indices: list[int], generated: dict) -> None:
+    for i in indices:
+        expected, tokens = _expected(RUNS[i], generated[i])
+        assert tokens == expected, i
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -108,19 +125,22 @@ def test_blockserve_mixed_batches_reproduce_the_reference_runs(base, group, layo
     little more: rows join at different cycles, on different canvases, and stop at different steps."""
     indices = GROUPS[group]
     order = random.Random(group).sample(indices, len(indices))
-    widest = max(len(RUNS[i]["prompt_ids"]) + 3 * RUNS[i]["args"]["canvas_length"] for i in indices)
-
-    def blockserve(args, **facts):
-        config = SchedulerConfig(token_budget=widest + 24, layout=layout)
-        return BlockServeScheduler(args["canvas_length"], [args["eos_token_id"]], config, **facts)
-
-    generated, engine = _run(base, indices, blockserve, order)
-    for i in indices:
-        expected, tokens = _expected(RUNS[i], generated[i])
-        assert tokens == expected, i
+    generated, engine = _run(base, indices, _blockserve(_widest(indices) + 24, layout), order)
+    _assert_reproduced(indices, generated)
     if len(indices) > 2:
         admitted_at = [cycle for cycle, record in enumerate(engine.records) if record.admitted]
         assert len(admitted_at) > 1 and max(record.rows for record in engine.records) > 1
+
+
+def test_a_preempted_request_resumes_with_its_reference_tokens(base):
+    """Preempted at a canvas boundary, a request keeps only its generator's state; back in the batch it
+    re-encodes its context in the chunks that first wrote it and goes on with the reference's tokens."""
+    indices = GROUPS[0]
+    order = random.Random(0).sample(indices, len(indices))
+    generated, engine = _run(base, indices, _blockserve(_widest(indices)), order)
+    assert sum(record.preempted for record in engine.records) >= 2
+    assert not engine.runner.suspended  # every preempted request came back and took its state
+    _assert_reproduced(indices, generated)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -135,9 +155,7 @@ def test_static_batches_reproduce_the_reference_runs(base, layout):
             return StaticScheduler(args["canvas_length"], eos, batch_size=3, layout=layout, **facts)
 
         generated, _ = _run(base, indices, static, order)
-        for i in indices:
-            expected, tokens = _expected(RUNS[i], generated[i])
-            assert tokens == expected, i
+        _assert_reproduced(indices, generated)
 
 
 def test_dllm_generate_reproduces_a_reference_run():
