@@ -128,9 +128,13 @@ class DiffusionGemmaModel(nn.Module):
         scale = torch.tensor(self.embed_scale, dtype=torch.float32).to(weight.dtype).to(weight.device)
         return torch.matmul(probabilities, weight) * scale
 
-    def fill_constants(self) -> None:
-        """The constant buffers that no checkpoint holds (after building on the meta device)."""
+    def fill_constants(self, scalars: bool = False) -> None:
+        """The constant buffers that no checkpoint holds (after building on the meta device); ``scalars``:
+        the per-layer output scalars too, ones (a random model, which has no checkpoint's)."""
         with torch.no_grad():
+            if scalars:
+                self.encoder_layer_scalars.fill_(1.0)
+                self.decoder_layer_scalars.fill_(1.0)
             for module in self.modules():
                 if isinstance(module, UnscaledRMSNorm):
                     module.weight.fill_(1.0)
