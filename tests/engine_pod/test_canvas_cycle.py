@@ -21,6 +21,8 @@ from engine_pod.models.loader import load_model
 from engine_pod.runner.contract import scheduling_facts
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
+from engine_pod.scheduler.cycle_row import CycleRow
+from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
 from tests.engine_utils import dllm_generate_json
 
@@ -195,11 +197,24 @@ def test_options_the_family_cannot_honour_are_refused_by_name(base):
 
 
 def test_a_cycle_beyond_the_token_budget_is_refused(base):
-    from engine_pod.scheduler.cycle_row import CycleRow
-    from engine_pod.scheduler.output import SchedulerOutput
-
     runner = make_runner(base, DecodingConfig(block_length=16, steps_per_block=2), pool_tokens=40)
     rows = [CycleRow(tuple(range(3, 13)), owner="a"), CycleRow(tuple(range(3, 13)), owner="b")]
     with pytest.raises(ValueError, match="more than the pool's 40"):
         runner.run(SchedulerOutput.of_rows(rows))
     assert len(runner.run(SchedulerOutput.of_rows(rows[:1])).blocks[0]) == 16
+
+
+def test_released_requests_are_forgotten_and_preempted_ones_keep_their_generator_only(base):
+    runner = make_runner(base, DecodingConfig(block_length=16, steps_per_block=2), pool_tokens=256)
+    a, b = CycleRow((3, 4, 5), owner="a"), CycleRow((6, 7), owner="b")
+    first = runner.run(SchedulerOutput.of_rows([a, b]))
+    assert set(runner.states) == {"a", "b"} and runner.states["a"].chunks == [3]
+    grown = CycleRow(a.prefix_ids + tuple(first.blocks[0]), owner="a")
+    second = SchedulerOutput.of_rows([grown])
+    second.released = ["b"]
+    runner.run(second)
+    assert set(runner.states) == {"a"} and runner.states["a"].chunks == [3, 16]
+    third = SchedulerOutput.of_rows([CycleRow((8,), owner="c")])
+    third.released, third.preempted = ["a"], ["a"]
+    runner.run(third)
+    assert set(runner.states) == {"c"} and runner.suspended["a"][1] == [3, 16]
