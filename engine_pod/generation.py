@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from dllm_contracts.text import completion_tokens, decode_completion, within_limit
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.engine import Engine
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.contract import scheduling_facts
@@ -26,9 +27,15 @@ class GenerationResult:
 
 
 def generate_one(
-    loaded: LoadedModel, prompt_ids: list[int], gen_length: int, decoding: DecodingConfig, trace: bool = False
+    loaded: LoadedModel,
+    prompt_ids: list[int],
+    gen_length: int,
+    decoding: DecodingConfig,
+    trace: bool = False,
+    sampling: SamplingParams | None = None,
 ) -> GenerationResult:
-    """Generate ``gen_length`` tokens (whole blocks) after ``prompt_ids``."""
+    """Generate ``gen_length`` tokens (whole blocks) after ``prompt_ids``; ``sampling``: the request's
+    (None: greedy; DiffusionGemma takes its seed, 0 without one)."""
     eos = loaded.config.eos_token_ids
     pool_tokens = len(prompt_ids) + gen_length + 2 * decoding.block_length  # one request's exact cache
     runner = make_runner(loaded, decoding, pool_tokens, record_trace=trace)
@@ -41,6 +48,7 @@ def generate_one(
     )
     engine = Engine(runner, scheduler)
     request = scheduler.request_for("generate", prompt_ids, gen_length)
+    request.sampling = sampling
     engine.add_request(request)
     started = time.perf_counter()
     while engine.has_work():

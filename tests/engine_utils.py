@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
+import json
 from collections import Counter
+from contextlib import redirect_stdout
 
 import torch
 
@@ -16,17 +19,20 @@ from engine_pod.scheduler.base import Scheduler
 
 
 def run_workload(
-    loaded: LoadedModel, scheduler, decoding: DecodingConfig, workload, order=None
+    loaded: LoadedModel, scheduler, decoding: DecodingConfig, workload, order=None, sampling=None
 ) -> dict[str, list[int]]:
     """Generated tokens per request id, submitting the workload in ``order`` (default: as given).
-    ``scheduler``: a scheduler, or a callable that builds one from the runner's scheduling facts."""
+    ``scheduler``: a scheduler, or a callable that builds one from the runner's scheduling facts;
+    ``sampling``: request id -> its SamplingParams (default: none)."""
     pool_tokens = sum(len(prompt) + budget + 2 * decoding.block_length for _, prompt, budget in workload)
     runner = make_runner(loaded, decoding, pool_tokens)
     scheduler = built_for(scheduler, runner)
     engine = Engine(runner, scheduler)
     items = workload if order is None else [workload[i] for i in order]
     for request_id, prompt, budget in items:
-        engine.add_request(scheduler.request_for(request_id, prompt, budget))
+        request = scheduler.request_for(request_id, prompt, budget)
+        request.sampling = (sampling or {}).get(request_id)
+        engine.add_request(request)
     outputs: dict[str, list[int]] = {}
     engine.run(lambda r: outputs.__setitem__(r.request_id, list(r.generated)))
     return outputs
@@ -55,3 +61,24 @@ def block_causal_logits(model, ids: list[int], block_length: int) -> torch.Tenso
     batch = DenseBlockForward(torch.tensor([ids]), positions[None], slots, slots, mask, pool)
     with torch.no_grad():
         return model.forward_blocks(batch, (torch.zeros(n, dtype=torch.long), positions)).logits()
+
+
+def dllm_generate_json(model, prompt_ids: list[int], *flags: str) -> dict:
+    """`dllm generate --json` on ``model`` (a directory) for ``prompt_ids`` with ``flags``: its payload."""
+    from engine_pod.cli.main import main
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(
+            [
+                "generate",
+                "--model",
+                str(model),
+                "--prompt-ids",
+                ",".join(map(str, prompt_ids)),
+                *flags,
+                "--json",
+            ]
+        )
+    assert code == 0
+    return json.loads(out.getvalue())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from dllm_contracts.defaults import ASSETS_DIR, DEFAULT_BLOCK_LENGTH, DEFAULT_MODEL, DEFAULT_THRESHOLD
@@ -95,6 +96,38 @@ def add_decoding_args(parser: argparse.ArgumentParser, compare_prefix_cache: boo
     group.add_argument(
         "--ignore-eos", action="store_true", help="do not stop after a block that contains EOS"
     )
+
+
+SAMPLER_FLAGS = ("entropy_bound", "t_min", "t_max", "stability_threshold", "confidence_threshold")
+
+
+def add_sampler_args(parser: argparse.ArgumentParser) -> None:
+    """DiffusionGemma's entropy-bound sampler (its steps per canvas are --steps-per-block)."""
+    group = parser.add_argument_group("DiffusionGemma sampler (default: the checkpoint's generation config)")
+    group.add_argument("--seed", type=int, default=0, help="seed of the canvases' noise (default: 0)")
+    group.add_argument("--entropy-bound", type=float, help="summed entropy of the tokens a step accepts")
+    group.add_argument("--t-min", type=float, help="temperature at the last step")
+    group.add_argument("--t-max", type=float, help="temperature at the first step")
+    group.add_argument(
+        "--stability-threshold", type=int, help="earlier steps whose argmax must match to stop"
+    )
+    group.add_argument(
+        "--confidence-threshold", type=float, help="mean entropy below which a canvas may stop"
+    )
+
+
+def with_sampler_args(args: argparse.Namespace, loaded):
+    """``loaded`` with the sampler settings given on the command line; refused by name for a family that
+    has no such sampler."""
+    given = {name: getattr(args, name) for name in SAMPLER_FLAGS if getattr(args, name) is not None}
+    if not given:
+        return loaded
+    if not hasattr(loaded.config, "with_sampler"):
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise CliError(
+            f"{flags}: only DiffusionGemma has the entropy-bound sampler, not {loaded.config.family}"
+        )
+    return replace(loaded, config=loaded.config.with_sampler(**given))
 
 
 def decoding_config(args: argparse.Namespace, steps_per_block: int) -> DecodingConfig:

@@ -6,7 +6,15 @@ import argparse
 import json
 import sys
 
-from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config, parse_int_list
+from engine_pod.cli.common import (
+    CliError,
+    add_decoding_args,
+    add_model_args,
+    add_sampler_args,
+    decoding_config,
+    parse_int_list,
+    with_sampler_args,
+)
 from engine_pod.decoding.config import steps_per_block_for
 
 
@@ -39,6 +47,7 @@ def register(subparsers) -> None:
         "LLaDA2.0 caps them at the gen length as its reference does",
     )
     add_decoding_args(parser)
+    add_sampler_args(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     parser.set_defaults(handler=run)
 
@@ -57,6 +66,7 @@ def _prompt_ids(args: argparse.Namespace, loaded) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine_pod.decoding.sampling_params import SamplingParams
     from engine_pod.generation import generate_one
     from engine_pod.models.loader import load_model
 
@@ -68,8 +78,9 @@ def run(args: argparse.Namespace) -> int:
         steps = args.steps if args.steps is not None else args.gen_length
         spb = steps_per_block_for(args.gen_length, args.block_length, steps)
     decoding = decoding_config(args, spb)
-    loaded = load_model(args.model, args.device, args.dtype)
-    result = generate_one(loaded, _prompt_ids(args, loaded), args.gen_length, decoding)
+    loaded = with_sampler_args(args, load_model(args.model, args.device, args.dtype))
+    sampling = SamplingParams(seed=args.seed) if args.seed else None
+    result = generate_one(loaded, _prompt_ids(args, loaded), args.gen_length, decoding, sampling=sampling)
     if args.json:
         payload = {
             "token_ids": result.token_ids,

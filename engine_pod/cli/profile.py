@@ -41,7 +41,9 @@ def register(subparsers) -> None:
     limit.add_argument(
         "--utilization", type=float, default=0.9, help="share of device memory to use (default: 0.9)"
     )
-    parser.add_argument("--block-length", type=int, default=32, help="block length L (default: 32)")
+    parser.add_argument(
+        "--block-length", type=int, help="block length L (default: 32; DiffusionGemma: its canvas length)"
+    )
     parser.add_argument(
         "--steps", type=int, default=4, help="denoising steps per profiled block cycle (default: 4)"
     )
@@ -84,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 < args.utilization <= 1:
         raise CliError(f"--utilization must be in (0, 1], got {args.utilization}")
-    if args.block_length < 1 or args.steps < 1:
+    if (args.block_length is not None and args.block_length < 1) or args.steps < 1:
         raise CliError("--block-length and --steps must be positive")
     max_tokens = args.max_tokens or (65536 if args.device.startswith("cuda") else 16384)
-    if max_tokens < 4 * args.block_length:
+    if max_tokens < 4 * (args.block_length or 1):
         raise CliError(f"--max-tokens must be at least {4 * args.block_length}")
     config = ProfileConfig(
         model=args.model,

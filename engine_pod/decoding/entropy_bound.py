@@ -89,6 +89,18 @@ class CanvasRows:
     params: list[EntropyBoundParams]
     generators: list[torch.Generator]
 
+    def select(self, rows: list[int]) -> CanvasRows:
+        """The state of ``rows`` alone (rows that go on stepping when the others have stopped)."""
+        index = torch.tensor(rows, device=self.canvas.device)
+        return CanvasRows(
+            canvas=self.canvas.index_select(0, index),
+            steps_taken=self.steps_taken.index_select(0, index),
+            stable_run=self.stable_run.index_select(0, index),
+            argmax=self.argmax.index_select(0, index),
+            params=[self.params[row] for row in rows],
+            generators=[self.generators[row] for row in rows],
+        )
+
 
 @dataclass
 class StepResult:

@@ -15,25 +15,23 @@ from dllm_contracts.model_source import ModelLoadError, resolve_model_dir
 from engine_pod.models.block_transformer import BlockDiffusionTransformer
 from engine_pod.models.config import ModelConfig
 from engine_pod.models.config_readers import config_from_dict, load_config
+from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
+from engine_pod.models.diffusion_gemma.model import DiffusionGemmaModel
+from engine_pod.models.diffusion_gemma.weights import load_model as load_diffusion_gemma
 from engine_pod.models.presets import preset
 from engine_pod.models.transformer import DiffusionTransformer
 from engine_pod.models.weights import load_state_dict
 
 logger = logging.getLogger(__name__)
 
-DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
+DTYPES = {name: getattr(torch, name) for name in ("float32", "bfloat16", "float16", "float64")}
 _END_TOKENS = ("<|eot_id|>", "<|endoftext|>", "<|im_end|>", "<eos>")
 
 
 @dataclass
 class LoadedModel:
-    model: DiffusionTransformer | BlockDiffusionTransformer
-    config: ModelConfig
+    model: DiffusionTransformer | BlockDiffusionTransformer | DiffusionGemmaModel
+    config: ModelConfig | DiffusionGemmaConfig
     tokenizer: Any  # a transformers tokenizer, or None when the directory has none
     source: str
     device: torch.device
@@ -67,7 +65,9 @@ def parse_device(name: str) -> torch.device:
     return device
 
 
-def _eos_ids(config: ModelConfig, model_dir: Path | None) -> tuple[int, ...]:
+def _eos_ids(config: ModelConfig | DiffusionGemmaConfig, model_dir: Path | None) -> tuple[int, ...]:
+    if isinstance(config, DiffusionGemmaConfig):  # its generation config's, as its reference generate's
+        return config.eos_token_ids
     ids = list(config.eos_token_ids)
     generation = model_dir / "generation_config.json" if model_dir else None
     if generation is not None and generation.is_file():
@@ -182,7 +182,7 @@ def build_model(
     config: ModelConfig, device: torch.device, dtype: torch.dtype
 ) -> DiffusionTransformer | BlockDiffusionTransformer:
     """The model's modules with uninitialised storage allocated once, directly in ``dtype`` on ``device``."""
-    architecture = BlockDiffusionTransformer if config.block_diffusion else DiffusionTransformer
+    architecture = _architecture(config)
     if device.type != "meta":
         check_weights_fit(config, device, dtype)
     with torch.device("meta"), _no_initial_draws():
@@ -190,10 +190,19 @@ def build_model(
     return model.to(dtype).to_empty(device=device).eval()
 
 
-def parameter_count(config: ModelConfig) -> int:
+def _architecture(config: ModelConfig | DiffusionGemmaConfig) -> type[torch.nn.Module]:
+    if isinstance(config, DiffusionGemmaConfig):
+        return DiffusionGemmaModel
+    return BlockDiffusionTransformer if config.block_diffusion else DiffusionTransformer
+
+
+def parameter_count(config: ModelConfig | DiffusionGemmaConfig) -> int:
     """The model's parameters, counted on a meta model of its distinct layers (every layer after the
     first dense ones is alike), in milliseconds where building all of a large MoE's experts takes seconds."""
-    architecture = BlockDiffusionTransformer if config.block_diffusion else DiffusionTransformer
+    architecture = _architecture(config)
+    if architecture is DiffusionGemmaModel:  # shared tensors counted once; meta experts cost nothing
+        with torch.device("meta"), _no_initial_draws():
+            return sum(p.numel() for p in architecture(config).parameters())
     distinct = min(config.num_layers, (config.moe.first_dense_layers if config.moe else 0) + 1)
     with torch.device("meta"), _no_initial_draws():
         model = architecture(replace(config, num_layers=distinct))
@@ -241,22 +250,32 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32", seed: int
         config = config_from_dict(preset(spec.split(":", 1)[1]))
         model = build_model(config, torch_device, torch_dtype)
         _random_init(model, seed)
-        _tie_embeddings(model, config)
-        model.fuse_projections()
+        _finish(model, config)
         config = config.with_eos(_eos_ids(config, None))
         return LoadedModel(model, config, None, spec, torch_device, torch_dtype)
     model_dir = resolve_model_dir(spec)
     config = load_config(model_dir)
-    model = build_model(config, torch_device, torch_dtype)
-    state = load_state_dict(config, model_dir)
-    _check_complete(model, state)
-    model.load_state_dict({k: v.to(torch_dtype) for k, v in state.items()})
-    _tie_embeddings(model, config)
-    model.fuse_projections()
+    if isinstance(config, DiffusionGemmaConfig):  # its own checkpoint layout
+        model = load_diffusion_gemma(model_dir, torch_device, torch_dtype)
+    else:
+        model = build_model(config, torch_device, torch_dtype)
+        state = load_state_dict(config, model_dir)
+        _check_complete(model, state)
+        model.load_state_dict({k: v.to(torch_dtype) for k, v in state.items()})
+        _finish(model, config)
     tokenizer = LazyTokenizer(model_dir) if _has_tokenizer(model_dir) else None
     config = config.with_eos(_eos_ids(config, model_dir))
     logger.info("loaded %s (%s) on %s as %s", spec, config.family, torch_device, dtype)
     return LoadedModel(model, config, tokenizer, str(model_dir), torch_device, torch_dtype)
+
+
+def _finish(model, config: ModelConfig | DiffusionGemmaConfig) -> None:
+    """What a model needs after its weights are in (DiffusionGemma's random one: its constants)."""
+    if isinstance(config, DiffusionGemmaConfig):
+        model.fill_constants(scalars=True)
+        return
+    _tie_embeddings(model, config)
+    model.fuse_projections()
 
 
 def _tie_embeddings(model, config: ModelConfig) -> None:

@@ -109,6 +109,33 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eos_token_id": 1001,
         "mask_token_id": 1000,
     },
+    # DiffusionGemma (google/diffusiongemma-26B-A4B-it's layout: sliding layers and a full one with wider
+    # heads and one KV head, a dense MLP beside the experts) at a size a CPU benchmark runs in minutes
+    "diffusion-gemma-tiny": {
+        "model_type": "diffusion_gemma",
+        "canvas_length": 32,
+        "tie_word_embeddings": True,
+        "text_config": {
+            "vocab_size": 1024,
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 4,
+            "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "per_layer_config": {"3": {"head_dim": 64, "num_key_value_heads": 1}},
+            "sliding_window": 128,
+            "num_experts": 8,
+            "top_k_experts": 2,
+            "moe_intermediate_size": 64,
+            "final_logit_softcapping": 30.0,
+            "max_position_embeddings": 8192,
+            "pad_token_id": 0,
+            "eos_token_id": 1,
+            "bos_token_id": 2,
+        },
+    },
 }
 
 

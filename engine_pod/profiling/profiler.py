@@ -15,11 +15,12 @@ from __future__ import annotations
 import logging
 import os
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from tqdm import tqdm
 
+from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
 from dllm_contracts.scheduler_config import DEFAULT_LAYOUT
 from engine_pod.allocators import CUDA_ALLOC_CONF
 from engine_pod.decoding.config import DecodingConfig
@@ -31,6 +32,7 @@ from engine_pod.device_memory import (
     total_memory,
 )
 from engine_pod.isolation import ChildDied, run_in_child
+from engine_pod.models.diffusion_gemma.config import MODEL_TYPE as DIFFUSION_GEMMA
 from engine_pod.models.loader import (
     LoadedModel,
     build_model,
@@ -56,13 +58,14 @@ class ProfileConfig:
     model: str
     device: str = "cpu"
     dtype: str = "float32"
-    block_length: int = 32
+    block_length: int | None = 32  # None: the model's (DiffusionGemma: its canvas; else 32)
     steps: int = 4  # denoising steps per profiled block cycle (peak is reached by the first cached step)
     memory_limit: int | None = None  # memory the engine may have; default: what the device has free
     utilization: float = 0.9  # share of it to plan for
     max_tokens: int = 16384  # largest batch (rows x width) on the grid
     seed: int = 0
     layout: str = DEFAULT_LAYOUT  # how the engine lays batches out (the budget counts that layout's tokens)
+    canvas: bool = False  # rows of one canvas each over a kept context (DiffusionGemma): set by run_profile
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,17 @@ class Point:
         return self.rows * self.width
 
 
-def grid(max_tokens: int, block_length: int) -> list[Point]:
-    """Fit shapes spanning narrow-and-tall to wide-and-short batches, plus two held-out shapes."""
+def grid(max_tokens: int, block_length: int, canvas: bool = False) -> list[Point]:
+    """Fit shapes spanning narrow-and-tall to wide-and-short batches, plus two held-out shapes. Canvases:
+    rows of a one-token context (a canvas's logits over the vocabulary, not its context, dominate a row's
+    memory, so the narrowest rows cost the most per token and a budget fitted on them holds for wider)."""
+    if canvas:
+        width, most = block_length + 1, max(1, max_tokens // (block_length + 1))
+        fit = [Point(rows, width) for rows in sorted({max(1, most // f) for f in (1, 2, 4, 8, 16)})]
+        return fit + [
+            Point(max(1, most * 3 // 8), width, held_out=True),
+            Point(max(1, most * 3 // 4), width, held_out=True),
+        ]
     widths = [w for w in (2 * block_length, 256, 1024) if w >= 2 * block_length]
     shapes = {(max(1, max_tokens // (f * w)), w) for w in sorted(set(widths)) for f in (1, 4, 16)}
     fit = [Point(r, w) for r, w in sorted(shapes) if r * w <= max_tokens and r * w >= 4 * block_length]
@@ -135,13 +147,25 @@ def _measure(cfg: ProfileConfig, loaded: LoadedModel | None, point: Point) -> Po
         ) from None
 
 
-def check_shape(budget: int) -> Point:
-    """A batch of at most ``budget`` tokens and as close to it as whole rows allow."""
+def check_shape(budget: int, cfg: ProfileConfig) -> Point:
+    """A batch of at most ``budget`` tokens and as close to it as whole rows allow (canvases: the
+    narrowest rows, the most canvases)."""
+    if cfg.canvas:
+        return Point(max(1, budget // (cfg.block_length + 1)), cfg.block_length + 1)
     rows = max(1, budget // min(CHECK_WIDTH, budget))
     return Point(rows, budget // rows)
 
 
+def for_model(cfg: ProfileConfig) -> ProfileConfig:
+    """``cfg`` with what the model decides: whether its rows are canvases, the block length it takes."""
+    config, _ = load_metadata(cfg.model)
+    canvas = config.family == DIFFUSION_GEMMA
+    block_length = cfg.block_length or (config.canvas_length if canvas else DEFAULT_BLOCK_LENGTH)
+    return replace(cfg, canvas=canvas, block_length=block_length)
+
+
 def run_profile(cfg: ProfileConfig, progress: bool = True) -> dict:
+    cfg = for_model(cfg)
     device = parse_device(cfg.device)
     total, available = total_memory(device), available_memory(device)
     limit = cfg.memory_limit if cfg.memory_limit is not None else available
@@ -152,7 +176,7 @@ def run_profile(cfg: ProfileConfig, progress: bool = True) -> dict:
         raise ProfileError(
             f"usable memory {usable} bytes is not more than the model's weights ({weights} bytes)"
         )
-    shapes, measured = grid(cfg.max_tokens, cfg.block_length), []
+    shapes, measured = grid(cfg.max_tokens, cfg.block_length, cfg.canvas), []
     with tqdm(total=len(shapes) + 1, desc="profile", unit="shape", disable=not progress) as bar:
         for point in shapes:  # the bar ends its line even when a point fails, so an error prints alone
             measured.append(_measure(cfg, loaded, point))
@@ -177,7 +201,7 @@ def _checked_budget(
     budget, checks = fit.budget(usable), []
     for _ in range(MAX_CHECKS):
         _require_one_block(budget, cfg, fit, usable)
-        point = _measure(cfg, loaded, check_shape(budget))
+        point = _measure(cfg, loaded, check_shape(budget, cfg))
         checks.append(_check_record(budget, point, fit, usable))
         if point.peak_bytes <= usable:
             return budget, checks

@@ -1,11 +1,13 @@
 """The runner for a loaded model, above every family's runner: the dual-cache runner for LLaDA and Dream,
-the exact-cache runner for block-diffusion models (LLaDA2.0, SDAR)."""
+the exact-cache runner for block-diffusion models (LLaDA2.0, SDAR), the canvas runner for DiffusionGemma."""
 
 from __future__ import annotations
 
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.models.diffusion_gemma.config import MODEL_TYPE as DIFFUSION_GEMMA
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.block_cycle import BlockCycleRunner
+from engine_pod.runner.canvas_cycle import CanvasCycleRunner
 from engine_pod.runner.contract import Runner
 from engine_pod.runner.paged_cycle import BlockDiffusionCycleRunner
 
@@ -20,12 +22,13 @@ def make_runner(
     """``pool_tokens`` sizes a block-diffusion model's KV pool (the token budget; LLaDA and Dream build
     their cache per cycle); ``record_trace`` (row 0's forwards and commits) and ``record_margins`` (each
     committed position's top-two gap) are recorded by the LLaDA/Dream runner and refused for a
-    block-diffusion model, which records neither."""
-    if loaded.config.block_diffusion:
+    block-diffusion model or DiffusionGemma (its canvas runner), which record neither."""
+    family = loaded.config.family
+    if loaded.config.block_diffusion or family == DIFFUSION_GEMMA:
         for name, asked in (("record_trace", record_trace), ("record_margins", record_margins)):
             if asked:
-                raise ValueError(
-                    f"{name} is not supported for block-diffusion models ({loaded.config.family})"
-                )
+                raise ValueError(f"{name} is not supported for block-diffusion models ({family})")
+        if family == DIFFUSION_GEMMA:
+            return CanvasCycleRunner(loaded, decoding, pool_tokens)
         return BlockDiffusionCycleRunner(loaded, decoding, pool_tokens)
     return BlockCycleRunner(loaded, decoding, record_trace=record_trace, record_margins=record_margins)

@@ -4,10 +4,8 @@ gives; batching never changes a request's tokens."""
 
 from __future__ import annotations
 
-import io
 import json
 import random
-from contextlib import redirect_stdout
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -18,7 +16,6 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from dllm_contracts.scheduler_config import LAYOUTS, SchedulerConfig
-from engine_pod.cli.main import main
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
 from engine_pod.generation import generate_one
@@ -31,7 +28,7 @@ from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
-from tests.engine_utils import block_causal_logits, common_token, run_workload
+from tests.engine_utils import block_causal_logits, common_token, dllm_generate_json, run_workload
 from tests.factories import BLOCK_REFERENCE_DIR, random_workload, sdar_config, write_checkpoint
 
 VECTORS = BLOCK_REFERENCE_DIR
@@ -217,28 +214,12 @@ def test_dllm_generate_reproduces_a_reference_run():
     run = next(r for r in _runs() if len(r["prompt_ids"]) % r["args"]["block_length"])
     args = run["args"]
     steps = args["steps"] * args["gen_length"] // args["block_length"]
-    out = io.StringIO()
-    with redirect_stdout(out):
-        code = main(
-            [
-                "generate",
-                "--model",
-                str(REFERENCE),
-                "--prompt-ids",
-                ",".join(map(str, run["prompt_ids"])),
-                "--gen-length",
-                str(args["gen_length"]),
-                "--block-length",
-                str(args["block_length"]),
-                "--steps",
-                str(steps),
-                "--threshold",
-                str(args["threshold"]),
-                "--json",
-            ]
-        )
-    assert code == 0
-    payload = json.loads(out.getvalue())
+    payload = dllm_generate_json(
+        REFERENCE,
+        run["prompt_ids"],
+        *("--gen-length", str(args["gen_length"]), "--block-length", str(args["block_length"])),
+        *("--steps", str(steps), "--threshold", str(args["threshold"])),
+    )
     assert payload["token_ids"][: len(run["output_ids"])] == run["output_ids"]
     assert payload["num_forward_passes"] == run["nfe"]
 

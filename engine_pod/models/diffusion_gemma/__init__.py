@@ -1,9 +1,10 @@
 """DiffusionGemma (``model_type: diffusion_gemma``), the uniform-noise block-diffusion family: a causal
 encoder writes the context's keys and values, a bidirectional decoder denoises one canvas of random
-tokens over them, canvas after canvas. Text path only; not yet wired into the engine.
+tokens over them, canvas after canvas. Text path only; the engine serves it with ``runner/canvas_cycle.py``.
 
 config.py (config.json and its defaults), multimodal.py (what is refused or skipped), weights.py
 (the checkpoint), model.py with layer.py, attention.py, experts.py, rotary.py and blocks.py (the
-forward), context_cache.py (the kept context), generate.py (one request). The sampler is
+forward), context_cache.py (the kept context, one per request; a batched forward takes one per row),
+generate.py (one request, the plain loop). The sampler is
 ``engine_pod/decoding/entropy_bound.py``.
 """

@@ -10,6 +10,10 @@ Decoder: the canvas attends with no mask over what the context cache holds of th
 context in a full layer, its last ``sliding_window - 1`` tokens in a sliding one) followed by the
 canvas itself, whatever the canvas length: the reference's decoder passes no sliding mask.
 
+A batched forward takes one context cache per row: the projections, norms and output run over every
+row at once; the attention runs per row for the encoder and, for the decoder, per group of rows whose
+context is equally wide in the layer (no mask, no padding, no row sees another's keys).
+
 SDPA is called as the reference calls it (``transformers`` ``sdpa_attention_forward``): no mask and
 ``is_causal`` where the mask would be plainly causal, ``enable_gqa`` without a mask for heads up to
 256 wide, the K/V heads repeated otherwise; so a single request reproduces the reference bit for bit.
@@ -60,38 +64,58 @@ class GemmaAttention(nn.Module):
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def encode(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: ContextCache
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, caches: list[ContextCache]
     ) -> torch.Tensor:
-        """New context tokens x [R, T, D] at positions cache.length.. : causal attention over the kept
-        context and themselves; their keys and values join the cache."""
+        """New context tokens x [R, T, D], row r at positions caches[r].length.. : causal attention over
+        the row's kept context and themselves; their keys and values join the row's cache."""
         q, k, v = self._project(x, cos, sin)
+        out = [
+            self._encode_row(q[r : r + 1], k[r : r + 1], v[r : r + 1], cache)
+            for r, cache in enumerate(caches)
+        ]
+        return self._output(x, torch.cat(out))
+
+    def _encode_row(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: ContextCache
+    ) -> torch.Tensor:
         kept = cache.kept(self.layer)
         keys, values = cache.extend(self.layer, k, v)
         tokens, width = q.shape[2], keys.shape[2]
         plain_causal = (tokens == 1 or width == tokens) and (not self.sliding or width < self.window)
         if plain_causal:
-            return self._attend(x, q, keys, values, None, causal=tokens > 1)
-        query_pos = torch.arange(kept, kept + tokens, device=x.device)[:, None]
-        key_pos = torch.arange(width, device=x.device)[None, :]
+            return self._attend(q, keys, values, None, causal=tokens > 1)
+        query_pos = torch.arange(kept, kept + tokens, device=q.device)[:, None]
+        key_pos = torch.arange(width, device=q.device)[None, :]
         mask = key_pos <= query_pos
         if self.sliding:
             mask &= key_pos > query_pos - self.window
-        return self._attend(x, q, keys, values, mask[None, None], causal=False)
+        return self._attend(q, keys, values, mask[None, None], causal=False)
 
     def decode(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: ContextCache
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, caches: list[ContextCache]
     ) -> torch.Tensor:
-        """The canvas x [R, L, D]: bidirectional over the layer's cached context and the canvas."""
+        """The canvases x [R, L, D], row r over caches[r]: bidirectional over the layer's cached context
+        and the canvas. Rows whose context is equally wide in this layer attend in one call (every row
+        past the window in a sliding layer); no row sees another's keys and no mask is needed."""
         q, k, v = self._project(x, cos, sin)
-        context_keys, context_values = cache.read(self.layer)
-        if context_keys is not None:
-            k = torch.cat([context_keys, k], dim=2)
-            v = torch.cat([context_values, v], dim=2)
-        return self._attend(x, q, k, v, None, causal=False)
+        out = torch.empty_like(q)
+        for rows in _rows_by_width(caches, self.layer):
+            context_keys = [caches[r].read(self.layer)[0] for r in rows]
+            index = torch.tensor(rows, device=x.device)
+            keys, values = k.index_select(0, index), v.index_select(0, index)
+            if context_keys[0] is not None:
+                context_values = [caches[r].read(self.layer)[1] for r in rows]
+                keys = torch.cat([torch.cat(context_keys), keys], dim=2)
+                values = torch.cat([torch.cat(context_values), values], dim=2)
+            out[index] = self._attend(q.index_select(0, index), keys, values, None, causal=False)
+        return self._output(x, out)
+
+    def _output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """o_proj of the heads' outputs out [R, H, T, hd]."""
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
 
     def _attend(
         self,
-        x: torch.Tensor,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
@@ -103,7 +127,14 @@ class GemmaAttention(nn.Module):
         if groups > 1 and not grouped:
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(
+        return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, scale=1.0, is_causal=causal, enable_gqa=grouped
         )
-        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
+
+
+def _rows_by_width(caches: list[ContextCache], layer: int) -> list[list[int]]:
+    """The rows' indices grouped by how many context tokens ``layer`` holds for them."""
+    groups: dict[int, list[int]] = {}
+    for row, cache in enumerate(caches):
+        groups.setdefault(cache.kept(layer), []).append(row)
+    return list(groups.values())

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,27 @@ class DiffusionGemmaConfig:
     eoi_token_id: int | None
     use_bidirectional_attention: str | None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # generation_config.json as read (the sampler's defaults: ``EntropyBoundParams.from_generation_config``)
+    generation: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    # what the engine reads of every family's config (``models/config.py``'s ModelConfig)
+    family = MODEL_TYPE
+    block_diffusion = False  # not on the masked block-diffusion runner: its own canvas runner
+    mask_token_id = None  # uniform noise, no mask token
+
+    def with_eos(self, eos_token_ids: tuple[int, ...]) -> DiffusionGemmaConfig:
+        return replace(self, eos_token_ids=tuple(eos_token_ids))
+
+    def with_sampler(self, **settings: Any) -> DiffusionGemmaConfig:
+        """The generation config with the sampler's ``settings`` (``EntropyBoundParams``' names; None
+        leaves one as it is) set where generation_config.json keeps them."""
+        given = {name: value for name, value in settings.items() if value is not None}
+        generation = {**self.generation, **given}
+        if "entropy_bound" in given:
+            sampler = {**(generation.get("sampler_config") or {}), "entropy_bound": given["entropy_bound"]}
+            generation["sampler_config"] = sampler
+            del generation["entropy_bound"]
+        return replace(self, generation=generation)
 
     def is_sliding(self, layer: int) -> bool:
         return self.layer_types[layer] == SLIDING
@@ -264,7 +285,16 @@ def config_from_dict(raw: dict[str, Any]) -> DiffusionGemmaConfig:
 
 
 def load_config(model_dir: Path) -> DiffusionGemmaConfig:
+    """config.json with generation_config.json beside it, where there is one: the reference's generate
+    takes its EOS ids from the generation config (the text config's where it names none) and its sampler
+    settings from it."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ModelConfigError(f"no config.json in {model_dir}")
-    return config_from_dict(json.loads(path.read_text()))
+    config = config_from_dict(json.loads(path.read_text()))
+    generation_path = Path(model_dir) / "generation_config.json"
+    if not generation_path.is_file():
+        return config
+    generation = json.loads(generation_path.read_text())
+    eos = as_tuple(generation.get("eos_token_id")) or config.eos_token_ids
+    return replace(config, generation=generation, eos_token_ids=eos)

@@ -8,8 +8,8 @@ holds them: a full-attention layer keeps every context token, a sliding-window l
 decoder sees of the context in those layers). The full layers' heads are wider and fewer than the
 sliding layers', so the layers' entries differ in shape.
 
-This dense form serves one request (or rows of equal length); the engine's paged pool will hold the
-same per-layer contents.
+One cache holds one request's context (its tensors' rows dimension is 1); a batched forward takes one
+cache per row, so rows of different context lengths step together (``attention.py``).
 """
 
 from __future__ import annotations

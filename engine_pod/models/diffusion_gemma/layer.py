@@ -48,14 +48,15 @@ class GemmaLayer(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        cache: ContextCache,
+        caches: list[ContextCache],
         scalar: torch.Tensor,
         encoding: bool,
     ) -> torch.Tensor:
-        """x [R, T, D]: new context tokens (``encoding``: causal, written to ``cache``) or a canvas
-        (bidirectional, reading ``cache``); ``scalar`` is this layer's encoder or decoder scalar."""
+        """x [R, T, D], row r a request's: new context tokens (``encoding``: causal, written to
+        ``caches[r]``) or a canvas (bidirectional, reading ``caches[r]``); ``scalar`` is this layer's
+        encoder or decoder scalar."""
         attend = self.self_attn.encode if encoding else self.self_attn.decode
-        x = x + self.post_attention_layernorm(attend(self.input_layernorm(x), cos, sin, cache))
+        x = x + self.post_attention_layernorm(attend(self.input_layernorm(x), cos, sin, caches))
         dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
         flat = x.reshape(-1, x.shape[-1])
         experts, weights = self.router(flat)

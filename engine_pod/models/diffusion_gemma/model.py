@@ -66,43 +66,53 @@ class DiffusionGemmaModel(nn.Module):
         scale = torch.tensor(self.embed_scale, dtype=torch.float32).to(table.weight.dtype)
         return table(ids) * scale.to(table.weight.device)
 
-    def _positions(self, cache: ContextCache, rows: int, tokens: int, device: torch.device) -> torch.Tensor:
-        return (torch.arange(tokens, device=device) + cache.length).expand(rows, tokens)
+    def _positions(self, caches: list[ContextCache], tokens: int, device: torch.device) -> torch.Tensor:
+        """[R, T]: row r's tokens continue its context (positions caches[r].length..)."""
+        lengths = torch.tensor([cache.length for cache in caches], device=device)
+        return torch.arange(tokens, device=device) + lengths[:, None]
 
     def _run(
         self,
         x: torch.Tensor,
         layers: nn.ModuleList,
-        cache: ContextCache,
+        caches: list[ContextCache],
         scalars: torch.Tensor,
         encoding: bool,
     ) -> torch.Tensor:
-        positions = self._positions(cache, x.shape[0], x.shape[1], x.device)
+        positions = self._positions(caches, x.shape[1], x.device)
         tables = {
             kind: self.rotary.cos_sin(positions, kind, x.dtype) for kind in set(self.config.layer_types)
         }
         for index, layer in enumerate(layers):
             cos, sin = tables[self.config.layer_types[index]]
-            x = layer(x, cos, sin, cache, scalars[index : index + 1], encoding)
+            x = layer(x, cos, sin, caches, scalars[index : index + 1], encoding)
         return x
 
     @torch.no_grad()
-    def encode(self, token_ids: torch.Tensor, cache: ContextCache) -> None:
-        """Append the context tokens token_ids [R, T] (positions cache.length..) to ``cache``."""
+    def encode(self, token_ids: torch.Tensor, caches: ContextCache | list[ContextCache]) -> None:
+        """Append row r of the context tokens token_ids [R, T] to caches[r] (its positions continue the
+        row's context); one cache stands for a list of one."""
+        caches = _rows(caches)
         table, layers = self._encoder_parts()
-        self._run(self._embed(table, token_ids), layers, cache, self.encoder_layer_scalars, encoding=True)
-        cache.advance(token_ids.shape[1])
+        self._run(self._embed(table, token_ids), layers, caches, self.encoder_layer_scalars, encoding=True)
+        for cache in caches:
+            cache.advance(token_ids.shape[1])
 
     @torch.no_grad()
     def denoise(
-        self, canvas: torch.Tensor, cache: ContextCache, soft: torch.Tensor | None = None
+        self,
+        canvas: torch.Tensor,
+        caches: ContextCache | list[ContextCache],
+        soft: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Softcapped float32 logits [R, L, V] of the canvas [R, L] (positions cache.length..), given the
-        previous step's soft embeddings ``soft`` [R, L, D] (None: the canvas's first step)."""
+        """Softcapped float32 logits [R, L, V] of the canvases [R, L], row r over caches[r] (positions
+        caches[r].length..), given the previous step's soft embeddings ``soft`` [R, L, D] (None: the
+        canvases' first step)."""
+        caches = _rows(caches)
         embeddings = self._embed(self.embed_tokens, canvas)
         soft = torch.zeros_like(embeddings) if soft is None else soft
         x = self.self_conditioning(embeddings, soft)
-        x = self.norm(self._run(x, self.layers, cache, self.decoder_layer_scalars, encoding=False))
+        x = self.norm(self._run(x, self.layers, caches, self.decoder_layer_scalars, encoding=False))
         head = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
         logits = nn.functional.linear(x, head).to(torch.float32)
         cap = self.config.final_logit_softcapping
@@ -118,9 +128,17 @@ class DiffusionGemmaModel(nn.Module):
         scale = torch.tensor(self.embed_scale, dtype=torch.float32).to(weight.dtype).to(weight.device)
         return torch.matmul(probabilities, weight) * scale
 
-    def fill_constants(self) -> None:
-        """The constant buffers that no checkpoint holds (after building on the meta device)."""
+    def fill_constants(self, scalars: bool = False) -> None:
+        """The constant buffers that no checkpoint holds (after building on the meta device); ``scalars``:
+        the per-layer output scalars too, ones (a random model, which has no checkpoint's)."""
         with torch.no_grad():
+            if scalars:
+                self.encoder_layer_scalars.fill_(1.0)
+                self.decoder_layer_scalars.fill_(1.0)
             for module in self.modules():
                 if isinstance(module, UnscaledRMSNorm):
                     module.weight.fill_(1.0)
+
+
+def _rows(caches: ContextCache | list[ContextCache]) -> list[ContextCache]:
+    return [caches] if isinstance(caches, ContextCache) else list(caches)

@@ -1,0 +1,60 @@
+"""DiffusionGemma in `dllm profile` (canvas-shaped grid: the narrowest rows, the most canvases per token)
+and the random tiny preset for benchmarks (`random:diffusion-gemma-tiny`) through BlockServe."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from dllm_contracts.scheduler_config import SchedulerConfig
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.decoding.sampling_params import SamplingParams
+from engine_pod.models.loader import load_model, parameter_count
+from engine_pod.profiling.profiler import Point, ProfileConfig, check_shape, for_model, grid, measure_point
+from engine_pod.scheduler.blockserve import BlockServeScheduler
+from engine_pod.scheduler.static import sequential_scheduler
+from tests.engine_utils import run_workload
+
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "diffusion_gemma_reference"
+
+
+def test_the_profile_takes_the_canvas_and_shapes_rows_as_canvases():
+    cfg = for_model(ProfileConfig(model=str(REFERENCE), block_length=None))
+    assert cfg.canvas and cfg.block_length == 16
+    assert for_model(ProfileConfig(model=str(REFERENCE), block_length=32)).block_length == 32
+    points = grid(2048, 16, canvas=True)
+    assert {p.width for p in points} == {17}  # a one-token context and its canvas
+    fitted = [p.tokens for p in points if not p.held_out]
+    assert len(fitted) >= 4 and max(fitted) <= 2048 and sum(p.held_out for p in points) == 2
+    assert check_shape(1000, cfg) == Point(58, 17)
+
+
+def test_a_profiled_canvas_cycle_runs_at_its_shape():
+    loaded = load_model(str(REFERENCE))
+    cfg = for_model(ProfileConfig(model=str(REFERENCE), block_length=None, steps=3))
+    point = measure_point(loaded, Point(6, 17), cfg)
+    assert point.peak_bytes > 0 and (point.rows, point.width) == (6, 17)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("random:diffusion-gemma-tiny")
+
+
+def test_the_random_tiny_preset_loads_as_the_family(tiny):
+    config = tiny.config
+    assert config.family == "diffusion_gemma" and config.canvas_length == 32
+    assert parameter_count(config) == sum(p.numel() for p in tiny.model.parameters())
+    assert tiny.model.decoder_layer_scalars.eq(1).all() and tiny.model.encoder_layer_scalars.eq(1).all()
+
+
+def test_the_random_tiny_preset_runs_under_blockserve_as_alone(tiny):
+    workload = [("a", [5, 6, 7], 64), ("b", list(range(10, 50)), 32), ("c", [9] * 70, 96)]
+    sampling = {request_id: SamplingParams(seed=i) for i, (request_id, _, _) in enumerate(workload)}
+    decoding = DecodingConfig(block_length=32, steps_per_block=3)
+    alone = run_workload(tiny, partial(sequential_scheduler, 32, []), decoding, workload, sampling=sampling)
+    blockserve = partial(BlockServeScheduler, 32, [], SchedulerConfig(token_budget=300))
+    together = run_workload(tiny, blockserve, decoding, workload, sampling=sampling)
+    assert together == alone and [len(alone[r]) for r, _, _ in workload] == [64, 32, 96]
