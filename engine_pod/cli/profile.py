@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if (args.block_length is not None and args.block_length < 1) or args.steps < 1:
         raise CliError("--block-length and --steps must be positive")
     max_tokens = args.max_tokens or (65536 if args.device.startswith("cuda") else 16384)
-    if max_tokens < 4 * (args.block_length or 1):
+    if args.block_length is not None and max_tokens < 4 * args.block_length:  # else checked with the model's
         raise CliError(f"--max-tokens must be at least {4 * args.block_length}")
     config = ProfileConfig(
         model=args.model,

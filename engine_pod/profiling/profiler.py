@@ -161,6 +161,10 @@ def for_model(cfg: ProfileConfig) -> ProfileConfig:
     config, _ = load_metadata(cfg.model)
     canvas = config.family == DIFFUSION_GEMMA
     block_length = cfg.block_length or (config.canvas_length if canvas else DEFAULT_BLOCK_LENGTH)
+    if cfg.max_tokens < 4 * block_length:
+        raise ProfileError(
+            f"--max-tokens must be at least {4 * block_length} (four blocks of {block_length})"
+        )
     return replace(cfg, canvas=canvas, block_length=block_length)
 
 

@@ -70,7 +70,7 @@ workloads = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=workloads)
 def test_a_requests_tokens_are_independent_of_the_batch(float64_model, case):
     rng = random.Random(case["seed"])
