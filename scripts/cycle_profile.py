@@ -1,16 +1,16 @@
-"""Where a block cycle's time goes: one BlockServe-shaped cycle of the shipped model under torch.profiler.
+"""Where a block cycle's time goes: one BlockServe-shaped cycle of a LLaDA/Dream model under torch.profiler.
 
     python scripts/cycle_profile.py [--layout packed|dense] [--rows 59] [--width 138] [--mixed]
+        [--model builtin:tiny-llada] [--device cpu|cuda] [--dtype float32|bfloat16]
 
-Prints the cycle's wall time, positions computed and the share of CPU time per operator group. Runs on
-older checkouts too (without a layout parameter the runner is dense), which is how docs/benchmarks.md's "before"
-column was measured.
+Prints the cycle's wall time, positions computed and the share of time per operator group (CPU time; on a
+GPU the kernels' time too, the operators dispatched and the host's time beside the device's: a cycle whose
+host time far exceeds its kernels' is bound by launches and bookkeeping, not by the GPU).
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import random
 import time
 from collections import defaultdict
@@ -24,6 +24,7 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import load_model
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.scheduler.cycle_row import CycleRow
+from engine_pod.scheduler.output import SchedulerOutput
 
 GROUPS = {  # operator -> what it is part of
     "aten::mm": "matmul (projections, MLP, LM head)",
@@ -69,7 +70,7 @@ def _group(name: str) -> str:
     return "other (scoring, masks, bookkeeping)"
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -77,39 +78,63 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=59)
     parser.add_argument("--width", type=int, default=138, help="prompt + committed blocks per row")
     parser.add_argument("--mixed", action="store_true", help="prefix lengths drawn from 7..width")
-    args = parser.parse_args()
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="a LLaDA or Dream model (random:PRESET too)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    return parser.parse_args()
+
+
+def _timed(runner: BlockCycleRunner, cycle: SchedulerOutput, device: torch.device):
+    """One cycle, its wall time (the device's queue drained)."""
+    start = time.perf_counter()
+    out = runner.run(cycle)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out, time.perf_counter() - start
+
+
+def _print_shares(prof, cuda: bool) -> None:
+    cpu_shares: dict[str, float] = defaultdict(float)
+    cuda_shares: dict[str, float] = defaultdict(float)
+    calls = 0
+    for event in prof.key_averages():
+        cpu_shares[_group(event.key)] += event.self_cpu_time_total
+        cuda_shares[_group(event.key)] += getattr(event, "self_device_time_total", 0)
+        calls += event.count if event.key.startswith("aten::") else 0
+    print(f"{calls} operators dispatched")
+    for label, shares in (("CPU", cpu_shares), ("GPU kernels", cuda_shares))[: 2 if cuda else 1]:
+        total = sum(shares.values())
+        print(f"{label}: {total / 1e3:.1f} ms")
+        for name, value in sorted(shares.items(), key=lambda item: -item[1]):
+            print(f"  {value / max(total, 1e-9):6.1%}  {name}")
+
+
+def main() -> None:
+    args = _arguments()
     tune_cpu_allocator()  # as every dllm command does
-    loaded = load_model(DEFAULT_MODEL, "cpu", "float32")
+    loaded = load_model(args.model, args.device, args.dtype)
     decoding = DecodingConfig(block_length=32, steps_per_block=32, remasking="threshold", threshold=0.9)
     runner = BlockCycleRunner(loaded, decoding)
     rng = random.Random(0)
+    vocab = min(loaded.config.vocab_size, 300)
     widths = [rng.randint(7, args.width) if args.mixed else args.width for _ in range(args.rows)]
-    rows = [CycleRow(tuple(rng.randrange(4, 300) for _ in range(w))) for w in widths]
-    kwargs = (
-        {"packed": args.layout == "packed"} if "packed" in inspect.signature(runner.run).parameters else {}
-    )
-    runner.run(rows, **kwargs)  # warm up
-    walls = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        out = runner.run(rows, **kwargs)
-        walls.append(time.perf_counter() - start)
-    wall = sorted(walls)[REPEATS // 2]
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        runner.run(rows, **kwargs)
-    shares: dict[str, float] = defaultdict(float)
-    for event in prof.key_averages():
-        shares[_group(event.key)] += event.self_cpu_time_total
-    total = sum(shares.values())
+    rows = [CycleRow(tuple(rng.randrange(4, vocab) for _ in range(w))) for w in widths]
+    cycle = SchedulerOutput.of_rows(rows, packed=args.layout == "packed")
+    _timed(runner, cycle, loaded.device)  # warm up
+    walls = sorted(_timed(runner, cycle, loaded.device)[1] for _ in range(REPEATS))
+    wall = walls[REPEATS // 2]
+    cuda = loaded.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        out, _ = _timed(runner, cycle, loaded.device)
     print(
-        f"layout {args.layout if kwargs else 'dense (no layout parameter)'}, {args.rows} rows, torch {torch.__version__}"
+        f"{args.model} on {args.device} ({args.dtype}), layout {args.layout}, {args.rows} rows, torch {torch.__version__}"
     )
     print(
         f"cycle {wall * 1e3:.0f} ms, {out.stats.forwards} forwards, {out.stats.computed_positions} positions"
     )
     print(f"{wall / out.stats.computed_positions * 1e6:.1f} us per computed position")
-    for name, value in sorted(shares.items(), key=lambda item: -item[1]):
-        print(f"  {value / total:6.1%}  {name}")
+    _print_shares(prof, cuda)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU run, sized for a short lease (estimated 3-5 minutes on one H200; see docs/benchmarks.md, "GPU").
+# The prepared GPU run, sized for a short lease (about 6 minutes on one H200; see docs/benchmarks.md, "GPU").
 #
 # Needs only torch, safetensors, tokenizers/transformers, numpy, tqdm and matplotlib: the project is
 # not installed, it runs from the working tree (PYTHONPATH=.). Steps, each writing its result as soon
@@ -8,19 +8,22 @@
 #   2. profile.json  `dllm profile` of a random model of the real LLaDA-8B shape in bfloat16, weights
 #                    initialised on the device; peak = reserved memory (expandable segments), usable =
 #                    free memory x 0.9, the budget measured once at its own size
-#   3. bench.json    `dllm bench` at the profiled budget: blockserve (packed), blockserve-dense, static,
-#                    sequential on a mixed workload, rewritten after each policy (a run cut short keeps
-#                    what it measured);
+#   3. cycle-profile.txt  one BlockServe-shaped cycle (32 rows of 7-512 tokens) packed and dense under
+#                    torch.profiler: host time beside kernel time, operators dispatched, time per group
+#   4. bench.json    `dllm bench` at the profiled budget: static, blockserve (packed), blockserve-dense
+#                    on a mixed workload (sequential too with POLICY=...), rewritten after each policy (a
+#                    run cut short keeps what it measured);
 #                    the threshold is calibrated so that half of a block's first-forward confidences
 #                    reach it, since random weights never reach 0.9 and every block would take all
 #                    32 steps; summary.txt holds the printed table
-#   4. llada2/         the same profile and bench for a random model of the LLaDA2.0-mini shape (block
+#   5. llada2/         the same profile and bench for a random model of the LLaDA2.0-mini shape (block
 #                    diffusion, 256 experts; its exact KV cache sized by the profiled budget), BlockServe
 #                    against static batching (skip with BLOCK_MODEL=)
 # Usage: bash scripts/gpu-bench.sh [OUT_DIR]          (default OUT_DIR: runs/gpu)
 # CPU rehearsal (what CI runs): DEVICE=cpu MODEL=random:llada-tiny DTYPE=float32 MEMORY_LIMIT=600M \
 #   MAX_TOKENS=2048 WORKLOAD=synthetic:n=12,prompt=8-100,gen=32-96,seed=0 BLOCK_MODEL=random:llada2-tiny \
-#   BLOCK_MAX_TOKENS=1024 BLOCK_WORKLOAD=synthetic:n=6,prompt=8-60,gen=32-64,seed=0 bash scripts/gpu-bench.sh OUT
+#   BLOCK_MAX_TOKENS=1024 BLOCK_WORKLOAD=synthetic:n=6,prompt=8-60,gen=32-64,seed=0 CYCLE_ROWS=4 CYCLE_WIDTH=40 \
+#   bash scripts/gpu-bench.sh OUT
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/gpu}
@@ -28,8 +31,8 @@ python=${PYTHON:-python3}
 device=${DEVICE:-cuda}
 model=${MODEL:-random:llada-8b}
 dtype=${DTYPE:-bfloat16}
-workload=${WORKLOAD:-synthetic:n=128,prompt=32-512,gen=32-256,seed=0}
-policies=${POLICY:-blockserve,blockserve-dense,static,sequential}
+workload=${WORKLOAD:-synthetic:n=32,prompt=32-512,gen=32-256,seed=0}
+policies=${POLICY:-static,blockserve,blockserve-dense}
 max_tokens=${MAX_TOKENS:-65536}
 calibrate=${CALIBRATE:-0.5}
 mkdir -p "$out"
@@ -58,6 +61,13 @@ limit_args=(--utilization 0.9)
 timeout "${PROFILE_TIMEOUT:-200}" "$python" -m engine_pod.cli.main profile --model "$model" --device "$device" \
   --dtype "$dtype" "${limit_args[@]}" --max-tokens "$max_tokens" --json "$out/profile.json"
 
+step "cycle profile (packed and dense)"
+for layout in packed dense; do
+  timeout "${CYCLE_TIMEOUT:-90}" "$python" scripts/cycle_profile.py --model "$model" --device "$device" \
+    --dtype "$dtype" --layout "$layout" --mixed --rows "${CYCLE_ROWS:-32}" --width "${CYCLE_WIDTH:-512}" \
+    2>&1 | grep -v profiler_st || true
+done | tee "$out/cycle-profile.txt"
+
 step "bench ($workload: $policies)"
 status=0
 timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model "$model" --device "$device" \
@@ -74,7 +84,7 @@ if [ -n "$block_model" ]; then
     --json "$out/llada2/profile.json" || status=$?
   timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model "$block_model" \
     --device "$device" --dtype "$dtype" --profile "$out/llada2/profile.json" \
-    --workload "${BLOCK_WORKLOAD:-$workload}" \
+    --workload "${BLOCK_WORKLOAD:-synthetic:n=16,prompt=32-512,gen=32-256,seed=0}" \
     --policy blockserve,static --calibrate-threshold "$calibrate" --no-isolate --no-margins \
     --json "$out/llada2/bench.json" | tee "$out/llada2/summary.txt" || status=$?
 fi

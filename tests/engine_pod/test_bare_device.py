@@ -95,6 +95,8 @@ def _rehearse(out: Path, timeout: int, step_timeout: int, **sizes: str) -> subpr
         DTYPE="float32",
         MEMORY_LIMIT="600M",
         BLOCK_MODEL="random:llada2-tiny",
+        CYCLE_ROWS="4",
+        CYCLE_WIDTH="40",
         **sizes,
     )
 
@@ -116,6 +118,9 @@ def test_gpu_bench_script_runs_every_step_in_the_bare_environment_at_a_small_siz
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
     for name in ("device.txt", "profile.json", "bench.json", "summary.txt", "bench.png"):
         assert (tmp_path / name).is_file(), name
+    cycle_profile = (tmp_path / "cycle-profile.txt").read_text()
+    assert "layout packed" in cycle_profile and "layout dense" in cycle_profile, cycle_profile
+    assert cycle_profile.count("operators dispatched") == 2, cycle_profile
     assert set(json.loads((tmp_path / "bench.json").read_text())["policies"]) == {"blockserve", "static"}
     assert set(json.loads((tmp_path / "llada2" / "bench.json").read_text())["policies"]) == {
         "blockserve",
@@ -131,6 +136,7 @@ def rehearsal(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
         out,
         3600,
         3000,
+        POLICY="static,blockserve,blockserve-dense,sequential",  # the default three and sequential
         MAX_TOKENS="2048",
         WORKLOAD="synthetic:n=12,prompt=8-100,gen=32-96,seed=0",
         BLOCK_MAX_TOKENS="1024",
@@ -158,12 +164,7 @@ def test_gpu_bench_script_rehearsed_on_the_cpu_writes_every_result(rehearsal):
         line.split()[0]
         for line in summary.splitlines()
         if line.split()[0] in ("blockserve", "blockserve-dense", "static", "sequential")
-    ] == [
-        "blockserve",
-        "blockserve-dense",
-        "static",
-        "sequential",
-    ]
+    ] == ["static", "blockserve", "blockserve-dense", "sequential"]
 
 
 @pytest.mark.slow  # the whole GPU script on one CPU thread: over CI's time for one test
