@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dllm_contracts.canvas_sampler import DEFAULT_MAX_DENOISING_STEPS
 from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
 
 
@@ -24,7 +25,7 @@ class FamilyDecoding:
 MASKED = FamilyDecoding(block_length=DEFAULT_BLOCK_LENGTH, steps_per_block=DEFAULT_BLOCK_LENGTH)
 # DiffusionGemmaConfig.canvas_length and its generation config's max_denoising_steps (transformers 5.24.0,
 # models/diffusion_gemma): a checkpoint with another canvas is served with decoding.blockLength set to it
-DIFFUSION_GEMMA = FamilyDecoding(block_length=256, steps_per_block=48)
+DIFFUSION_GEMMA = FamilyDecoding(block_length=256, steps_per_block=DEFAULT_MAX_DENOISING_STEPS)
 
 FAMILY_DECODING: dict[str, FamilyDecoding] = {
     "llada": MASKED,

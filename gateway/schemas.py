@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from dllm_contracts.canvas_sampler import SETTINGS as SAMPLER_SETTINGS
 from gateway.openai_fields import BOTH, CHAT_ONLY, COMPLETIONS_ONLY, refuse_unless_harmless
 
 
@@ -34,14 +35,37 @@ def _harmless_only(*fields: str):
     )
 
 
+def _sampler_field(name: str, more: str = ""):
+    """A DiffusionGemma sampler setting as a body field, with the range its config class validates."""
+    bound = SAMPLER_SETTINGS[name]
+    limit = {"ge" if bound.inclusive else "gt": bound.low}
+    finite = {"allow_inf_nan": False} if bound.kind is float else {}
+    return Field(None, **limit, **finite, description=f"DiffusionGemma's sampler: {bound.description}{more}")
+
+
 class DllmFields(BaseModel):
-    """Extra body fields for diffusion decoding. Block length and steps must equal the service's."""
+    """Extra body fields for diffusion decoding. Block length and steps must equal the service's. The
+    entropy-bound sampler's settings (DiffusionGemma's; unset: the checkpoint's generation config) are
+    refused by a service whose model has no such sampler."""
 
     model_config = STRICT
 
     block_length: int | None = Field(None, ge=1, description="tokens per block (must match the service)")
     steps: int | None = Field(None, ge=1, description="denoising steps per block (must match the service)")
     threshold: float | None = Field(None, gt=0.0, le=1.0, description="confidence threshold for this request")
+    max_denoising_steps: int | None = _sampler_field(
+        "max_denoising_steps", " (the service's steps per block or fewer)"
+    )
+    entropy_bound: float | None = _sampler_field("entropy_bound")
+    t_min: float | None = _sampler_field("t_min")
+    t_max: float | None = _sampler_field("t_max")
+    stability_threshold: int | None = _sampler_field("stability_threshold")
+    confidence_threshold: float | None = _sampler_field("confidence_threshold")
+
+    def sampler_settings(self) -> dict[str, int | float] | None:
+        """The sampler settings this request sets, by name (the queue's ``sampler``); None: none."""
+        given = {name: getattr(self, name) for name in SAMPLER_SETTINGS if getattr(self, name) is not None}
+        return {name: SAMPLER_SETTINGS[name].kind(value) for name, value in given.items()} or None
 
 
 class StreamOptions(BaseModel):

@@ -72,6 +72,23 @@ def _check_decoding_fields(body: CommonFields, settings) -> None:
             param="steps",
             code="invalid_value",
         )
+    _check_sampler_fields(body, settings)
+
+
+def _check_sampler_fields(body: CommonFields, settings) -> None:
+    """What the fields' ranges cannot say; the worker checks the settings merged with the model's."""
+    steps = body.max_denoising_steps
+    if steps is not None and steps > settings.steps_per_block:
+        raise ApiError(
+            400,
+            f"max_denoising_steps {steps} is above this service's {settings.steps_per_block} steps per block",
+            param="max_denoising_steps",
+            code="integer_above_max_value",
+        )
+    if body.t_min is not None and body.t_max is not None and body.t_max <= body.t_min:
+        raise ApiError(
+            400, f"t_max {body.t_max} must be above t_min {body.t_min}", param="t_max", code="invalid_value"
+        )
 
 
 def too_long(tokens: int, state: GatewayState, param: str = "prompt", at_least: bool = False) -> ApiError:
@@ -107,13 +124,14 @@ def check_prompt(prompt_ids: list[int], state: GatewayState, param: str = "promp
 
 
 def sampling_of(body: CommonFields, seed: int | None) -> dict | None:
-    """The worker's sampling settings for one choice (None: greedy, the default; ``seed`` None: the
-    request's own seed, or a random one)."""
-    if not body.temperature:
+    """The worker's sampling settings for one choice (``seed`` None: the request's own seed, or for a
+    sampled request a random one). A greedy choice's carry its seed, where it has one: a model whose
+    canvases start from noise (DiffusionGemma) draws that noise with it. None: greedy with seed 0."""
+    if not body.temperature and seed is None and body.seed is None:
         return None
     seed = _seed(body) if seed is None else seed
     top_p = 1.0 if body.top_p is None else body.top_p
-    return {"temperature": body.temperature, "top_p": top_p, "top_k": body.top_k or 0, "seed": seed}
+    return {"temperature": body.temperature or 0.0, "top_p": top_p, "top_k": body.top_k or 0, "seed": seed}
 
 
 def build_request(
@@ -136,6 +154,7 @@ def build_request(
         meta=meta or {},
         sampling=sampling_of(body, seed),
         logprobs=body.alternatives(),
+        sampler=body.sampler_settings(),
     )
 
 

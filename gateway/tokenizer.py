@@ -29,6 +29,10 @@ def _token_text(value) -> str | None:
     return value
 
 
+def _json_of(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 class GatewayTokenizer:
     def __init__(self, model_dir: str) -> None:
         directory = Path(model_dir)
@@ -53,12 +57,16 @@ class GatewayTokenizer:
         self._template = _compiled(self.chat_template, model_dir) if self.chat_template else None
 
     def _eos_ids(self, directory: Path) -> set[int]:
+        """The tokenizer's EOS token and every EOS id the configs name: config.json's (a multimodal
+        config's under text_config, as DiffusionGemma's) and generation_config.json's (the engine stops
+        at those too)."""
         ids = set()
         if self.eos_token and self.tokenizer.token_to_id(self.eos_token) is not None:
             ids.add(self.tokenizer.token_to_id(self.eos_token))
-        model_config = directory / "config.json"
-        if model_config.is_file():
-            value = json.loads(model_config.read_text()).get("eos_token_id")
+        model = _json_of(directory / "config.json")
+        generation = _json_of(directory / "generation_config.json")
+        for config in (model, model.get("text_config") or {}, generation):
+            value = config.get("eos_token_id")
             ids.update(value if isinstance(value, list) else [value] if value is not None else [])
         return ids
 

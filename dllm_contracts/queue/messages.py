@@ -29,8 +29,11 @@ class QueuedRequest:
     threshold: float | None = None  # per-request override of the service's confidence threshold
     stream: bool = False
     meta: dict[str, Any] = field(default_factory=dict)  # API-level details the worker passes through
-    sampling: dict[str, Any] | None = None  # SamplingParams' fields; None: greedy
+    sampling: dict[str, Any] | None = None  # SamplingParams' fields; None: greedy with seed 0
     logprobs: int | None = None  # None: none; k: each token's log probability and k alternatives
+    # the entropy-bound sampler's settings the request sets (DiffusionGemma; canvas_sampler.SETTINGS' names,
+    # unset ones left out); None: the service's
+    sampler: dict[str, Any] | None = None
 
     @property
     def batch_id(self) -> str:

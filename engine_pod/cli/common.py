@@ -6,6 +6,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
+from dllm_contracts.canvas_sampler import SETTINGS as SAMPLER_SETTINGS
 from dllm_contracts.defaults import ASSETS_DIR, DEFAULT_BLOCK_LENGTH, DEFAULT_MODEL, DEFAULT_THRESHOLD
 from engine_pod.decoding.config import CACHE_MODES, CANVAS_MODES, REMASKING, DecodingConfig
 from engine_pod.models.presets import PRESETS
@@ -98,22 +99,16 @@ def add_decoding_args(parser: argparse.ArgumentParser, compare_prefix_cache: boo
     )
 
 
-SAMPLER_FLAGS = ("entropy_bound", "t_min", "t_max", "stability_threshold", "confidence_threshold")
+SAMPLER_FLAGS = tuple(name for name in SAMPLER_SETTINGS if name != "max_denoising_steps")  # --steps-per-block
 
 
 def add_sampler_args(parser: argparse.ArgumentParser) -> None:
     """DiffusionGemma's entropy-bound sampler (its steps per canvas are --steps-per-block)."""
     group = parser.add_argument_group("DiffusionGemma sampler (default: the checkpoint's generation config)")
     group.add_argument("--seed", type=int, default=0, help="seed of the canvases' noise (default: 0)")
-    group.add_argument("--entropy-bound", type=float, help="summed entropy of the tokens a step accepts")
-    group.add_argument("--t-min", type=float, help="temperature at the last step")
-    group.add_argument("--t-max", type=float, help="temperature at the first step")
-    group.add_argument(
-        "--stability-threshold", type=int, help="earlier steps whose argmax must match to stop"
-    )
-    group.add_argument(
-        "--confidence-threshold", type=float, help="mean entropy below which a canvas may stop"
-    )
+    for name in SAMPLER_FLAGS:
+        bound = SAMPLER_SETTINGS[name]
+        group.add_argument("--" + name.replace("_", "-"), type=bound.kind, help=bound.description)
 
 
 def with_sampler_args(args: argparse.Namespace, loaded):

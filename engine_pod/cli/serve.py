@@ -17,6 +17,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from dllm_contracts.canvas_sampler import SETTINGS as SAMPLER_SETTINGS
 from dllm_contracts.scheduler_config import admission_flags
 from engine_pod.cli.budget import resolve_budget
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args
@@ -45,7 +46,10 @@ def register(subparsers) -> None:
         "DLLM_UNKNOWN_FIELDS, DLLM_REQUEST_TIMEOUT_S, ...: docs/api.md lists them); the flags above override "
         "them. Ctrl-C or SIGTERM drains: the gateway gives open requests $DLLM_DRAIN_TIMEOUT_S (default 30 s), "
         "the worker finishes its work within --drain-timeout. SIGHUP makes the gateway re-read its API keys "
-        "file. Serving beyond loopback (--host 0.0.0.0) without keys is warned about.",
+        "file. Serving beyond loopback (--host 0.0.0.0) without keys is warned about. DiffusionGemma: a request's "
+        f"seed draws its noise and extra body fields set its sampler ({', '.join(SAMPLER_SETTINGS)}; "
+        "max_denoising_steps up to --steps-per-block; unset ones: the checkpoint's generation config; the "
+        "official client sends them in extra_body); other models refuse those fields (docs/api.md).",
     )
     add_model_args(parser)
     parser.add_argument("--host", default="127.0.0.1", help="gateway address (default: 127.0.0.1)")

@@ -23,59 +23,18 @@ a row's draws do not depend on its batch neighbours. Per row and canvas: ``randi
 for the initial canvas; per step, ``multinomial`` of the row's [L, V] probabilities (one sample each)
 then ``randint(0, V, (1, L))`` for the renoising (drawn whether or not any position needs it). These
 are the reference's draws at batch 1 after ``torch.manual_seed(seed)``, in that order.
+
+The settings (``EntropyBoundParams``: defaults, ranges) live in ``dllm_contracts/canvas_sampler.py``, where
+the gateway reads them too; each row has its own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-# DiffusionGemmaGenerationConfig._get_default_generation_params()
-DEFAULT_MAX_DENOISING_STEPS = 48
-DEFAULT_ENTROPY_BOUND = 0.1
-DEFAULT_T_MIN, DEFAULT_T_MAX = 0.4, 0.8
-DEFAULT_STABILITY_THRESHOLD = 1
-DEFAULT_CONFIDENCE_THRESHOLD = 0.005
-
-
-@dataclass(frozen=True)
-class EntropyBoundParams:
-    """One request's sampler settings, validated as the reference's generation config validates them."""
-
-    max_denoising_steps: int = DEFAULT_MAX_DENOISING_STEPS
-    entropy_bound: float = DEFAULT_ENTROPY_BOUND
-    t_min: float = DEFAULT_T_MIN
-    t_max: float = DEFAULT_T_MAX
-    stability_threshold: int = DEFAULT_STABILITY_THRESHOLD
-    confidence_threshold: float = DEFAULT_CONFIDENCE_THRESHOLD
-
-    def __post_init__(self) -> None:
-        if self.max_denoising_steps <= 0:
-            raise ValueError(f"max_denoising_steps must be positive, got {self.max_denoising_steps}")
-        if not self.entropy_bound > 0:
-            raise ValueError(f"entropy_bound must be > 0, got {self.entropy_bound}")
-        if self.t_min < 0 or self.t_max <= self.t_min:
-            raise ValueError(f"need 0 <= t_min < t_max, got t_min={self.t_min}, t_max={self.t_max}")
-        if self.stability_threshold < 0:
-            raise ValueError(f"stability_threshold must be >= 0, got {self.stability_threshold}")
-        if not self.confidence_threshold > 0:
-            raise ValueError(f"confidence_threshold must be > 0, got {self.confidence_threshold}")
-
-    @classmethod
-    def from_generation_config(cls, raw: dict[str, Any]) -> EntropyBoundParams:
-        """A checkpoint's generation_config.json (absent or null fields: the reference's defaults)."""
-        sampler = raw.get("sampler_config") or {}
-        values = {
-            "max_denoising_steps": raw.get("max_denoising_steps"),
-            "entropy_bound": sampler.get("entropy_bound"),
-            "t_min": raw.get("t_min"),
-            "t_max": raw.get("t_max"),
-            "stability_threshold": raw.get("stability_threshold"),
-            "confidence_threshold": raw.get("confidence_threshold"),
-        }
-        return cls(**{key: value for key, value in values.items() if value is not None})
+from dllm_contracts.canvas_sampler import EntropyBoundParams
 
 
 @dataclass

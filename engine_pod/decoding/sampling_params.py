@@ -37,6 +37,6 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, values: dict | None) -> SamplingParams | None:
-        """Settings from a queue payload (None or greedy: None)."""
-        params = cls(**values) if values else None
-        return None if params is None or params.greedy else params
+        """Settings from a queue payload (None: None). A greedy request's are kept for its seed: a family
+        whose canvases start from noise (DiffusionGemma) draws that noise with it."""
+        return cls(**values) if values else None

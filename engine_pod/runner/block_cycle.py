@@ -41,6 +41,7 @@ class BlockCycleRunner:
     grid_aligned = False  # blocks follow each request's prompt, wherever it ends
     shares_blocks = False
     prefix_cache_stats = None  # no prefix cache: every cycle computes its rows' caches afresh
+    canvas_sampler = None  # no entropy-bound sampler
 
     def __init__(
         self,

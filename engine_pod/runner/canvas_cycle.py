@@ -24,8 +24,10 @@ What the family honours of the engine's options: ``block_length`` (= the canvas)
 (the sampler's ``max_denoising_steps`` per canvas), ``ignore_eos`` (the scheduler's) and the layouts
 (queries are whole canvases either way; packed and dense differ in the scheduler's cost only). The
 sampler's other settings come from the checkpoint's generation config (``DiffusionGemmaConfig.generation``,
-``dllm generate --entropy-bound`` and others override them). ``IGNORED`` lists what is ignored and why;
-``canvas="full"``, a block length other than the canvas, a trace and margins are refused by name.
+``dllm generate --entropy-bound`` and others override them): ``canvas_sampler``. A row whose request set
+its own (``CycleRow.sampler``: the API's request fields) samples with those, batched with rows that did
+not. ``IGNORED`` lists what is ignored and why; ``canvas="full"``, a block length other than the canvas,
+a trace and margins are refused by name.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ IGNORED = {  # engine options that mean nothing for this family
     "remasking, threshold, eps": "the entropy-bound sampler accepts by entropy (its generation config)",
     "cache": "the context's keys and values are always kept exactly, as the reference keeps them",
     "prefix_cache": "nothing is shared between requests",
-    "a request's threshold, temperature, top_p, top_k": "the sampler's own schedule; only its seed counts",
+    "a request's threshold, temperature, top_p, top_k": "the sampler's own schedule (t_min, t_max, ...)",
     "logprobs": "not recorded (None)",
 }
 
@@ -94,7 +96,7 @@ class CanvasCycleRunner:
             )
         self.loaded, self.decoding, self.model = loaded, decoding, loaded.model
         sampler = EntropyBoundParams.from_generation_config(config.generation)
-        self.params = replace(sampler, max_denoising_steps=decoding.steps_per_block)
+        self.canvas_sampler = replace(sampler, max_denoising_steps=decoding.steps_per_block)
         self.pool_tokens = pool_tokens or DEFAULT_POOL_TOKENS
         self.pad_id = config.pad_token_id or 0
         self.states: dict[str, CanvasRequest] = {}
@@ -177,7 +179,8 @@ class CanvasCycleRunner:
         running, soft = sampled, None
         if sampled:
             generators = [states[i].generator for i in sampled]
-            rows = start_canvas([self.params] * len(sampled), generators, L, config.vocab_size, device)
+            params = [cycle.rows[i].sampler or self.canvas_sampler for i in sampled]
+            rows = start_canvas(params, generators, L, config.vocab_size, device)
             canvas[sampled] = rows.canvas
         while running:
             forward = running if cycle.gather_rows else list(states)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from dllm_contracts.canvas_sampler import EntropyBoundParams
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.scheduler.output import SchedulerOutput
 
@@ -46,6 +47,9 @@ class Runner(Protocol):
     grid_aligned: bool  # the model's blocks sit on the absolute grid of the block length
     shares_blocks: bool  # the runner shares rows' common whole blocks (a prefix cache)
     prefix_cache_stats: PrefixCacheStats | None  # its running totals (None: no prefix cache)
+    # the entropy-bound sampler's settings a request starts from (DiffusionGemma's; a row's ``sampler``
+    # replaces them); None: the family has no such sampler and a request that sets any is refused
+    canvas_sampler: EntropyBoundParams | None
 
     def run(self, cycle: SchedulerOutput) -> CycleOutput:
         """One block cycle over ``cycle.rows``: ``gather_rows`` drops rows whose block is complete from

@@ -43,6 +43,7 @@ class BlockDiffusionCycleRunner:
     """The Runner contract for a model with an exact, persistent cache."""
 
     grid_aligned = True  # the scheduler puts blocks on the absolute grid
+    canvas_sampler = None  # no entropy-bound sampler
 
     def __init__(self, loaded: LoadedModel, decoding: DecodingConfig, pool_tokens: int | None = None) -> None:
         self.loaded, self.decoding = loaded, decoding

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dllm_contracts.canvas_sampler import EntropyBoundParams
 from engine_pod.decoding.sampling_params import SamplingParams
 
 
@@ -17,6 +18,7 @@ class CycleRow:
     active: bool = True  # False: the row is computed (a static batch's finished row) but never committed
     threshold: float | None = None  # this request's confidence threshold, if it overrides the engine's
     sampling: SamplingParams | None = None  # None: greedy
+    sampler: EntropyBoundParams | None = None  # the entropy-bound sampler's (DiffusionGemma); None: runner's
     logprobs: int | None = None  # record each committed token's log probability and this many alternatives
     owner: str = ""  # the request behind the row: a runner with a persistent KV cache keys its pages on it
     max_tokens: int | None = (

@@ -6,6 +6,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from dllm_contracts.canvas_sampler import EntropyBoundParams
 from engine_pod.decoding.sampling_params import SamplingParams
 
 
@@ -51,6 +52,7 @@ class Request:
     num_preemptions: int = 0
     threshold: float | None = None  # overrides the engine's confidence threshold for this request
     sampling: SamplingParams | None = None  # None: greedy
+    sampler: EntropyBoundParams | None = None  # the entropy-bound sampler's (DiffusionGemma); None: runner's
     logprobs: int | None = None  # None: no log probabilities; k: the committed token's and k alternatives
     max_tokens: int | None = None  # the generation budget asked for (max_blocks derives from it)
     # block-diffusion models put blocks on the absolute grid: the prompt's last grid_head tokens share the

@@ -80,6 +80,7 @@ class StaticScheduler(Scheduler):
             suffix_visible=True,
             threshold=request.threshold,
             sampling=request.sampling,
+            sampler=request.sampler,
             logprobs=request.logprobs,
             owner=request.request_id,
             max_tokens=request.max_tokens,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from dllm_contracts.canvas_sampler import EntropyBoundParams
 from dllm_contracts.queue.messages import BATCH_META, BlockEvent, DoneEvent
 from dllm_contracts.queue.ops import BlockCommit, Claimed
 from dllm_contracts.text import completion_tokens, within_limit
@@ -27,9 +28,13 @@ class ServedRequest:
     error: str | None = None  # why it was refused (finish reason ERROR)
 
     @classmethod
-    def claimed(cls, claimed: Claimed, request: Request) -> ServedRequest:
+    def claimed(
+        cls, claimed: Claimed, request: Request, canvas_sampler: EntropyBoundParams | None = None
+    ) -> ServedRequest:
         """The record of a claimed request: its settings on the scheduler's ``request``, its committed
-        blocks and their log probabilities as Redis recorded them; refused if its sampling is invalid."""
+        blocks and their log probabilities as Redis recorded them; refused if its sampling is invalid, or
+        if it sets entropy-bound sampler settings that are invalid over the runner's ``canvas_sampler`` or
+        that the model has no use for (``canvas_sampler`` None)."""
         payload = claimed.request
         request.generated = list(claimed.generated)
         request.threshold, request.logprobs = payload.threshold, payload.logprobs
@@ -41,7 +46,19 @@ class ServedRequest:
             request.sampling = SamplingParams.from_dict(payload.sampling)
         except (SamplingError, TypeError) as exc:
             served.refuse(f"invalid sampling settings: {exc}")
+        if payload.sampler and served.error is None:
+            served._take_sampler(payload.sampler, canvas_sampler)
         return served
+
+    def _take_sampler(self, settings: dict, canvas_sampler: EntropyBoundParams | None) -> None:
+        if canvas_sampler is None:
+            names = ", ".join(sorted(settings))
+            self.refuse(f"{names}: this model has no entropy-bound sampler (DiffusionGemma's); leave it out")
+            return
+        try:
+            self.request.sampler = canvas_sampler.for_request(settings)
+        except (ValueError, TypeError) as exc:
+            self.refuse(f"invalid sampler settings: {exc}")
 
     @property
     def request_id(self) -> str:

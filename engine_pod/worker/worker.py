@@ -194,7 +194,8 @@ class Worker:
                 return  # the copy we hold is as far along: keep it
             self.scheduler.cancel(payload.id)
         request = self.scheduler.request_for(payload.id, payload.prompt_ids, payload.max_tokens, arrival_time)
-        served = self._served[payload.id] = ServedRequest.claimed(claimed, request)
+        sampler = self.engine.runner.canvas_sampler
+        served = self._served[payload.id] = ServedRequest.claimed(claimed, request, sampler)
         if served.error is None:
             request.finish_reason = self.scheduler.finish_reason_for(request)
         if request.finish_reason is not None:  # refused, or its last block was stored and its result not

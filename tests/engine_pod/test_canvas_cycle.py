@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dllm_contracts.canvas_sampler import EntropyBoundParams
 from dllm_contracts.scheduler_config import LAYOUTS, SchedulerConfig
 from dllm_contracts.text import completion_tokens
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
@@ -158,6 +159,38 @@ def test_static_batches_reproduce_the_reference_runs(base, layout):
 
         generated, _ = _run(base, indices, static, order)
         _assert_reproduced(indices, generated)
+
+
+# runs of one canvas and EOS whatever their sampler settings: one batch, each row with its own settings
+MIXED = [
+    [i for i, run in enumerate(RUNS) if (run["args"]["canvas_length"], run["args"]["eos_token_id"]) == key]
+    for key in ((16, 1), (32, 1))
+]
+
+
+@pytest.mark.parametrize("indices", MIXED, ids=["canvas16", "canvas32"])
+def test_rows_with_different_sampler_settings_share_batches_and_keep_their_reference_tokens(base, indices):
+    """Each request carries its run's settings (``Request.sampler``, as the worker sets them from the API's
+    fields) and those equal to the runner's (the checkpoint's, its steps the decoding's) none; BlockServe
+    mixes them in its batches under a budget of a few rows, so rows join at different cycles."""
+    args = RUNS[indices[0]]["args"]
+    loaded = replace(base, config=replace(base.config, canvas_length=args["canvas_length"]))
+    decoding = DecodingConfig(block_length=args["canvas_length"], steps_per_block=48)
+    runner = make_runner(loaded, decoding, pool_tokens=4 * _widest(indices))
+    scheduler = _blockserve(4 * _widest(indices))(args, **scheduling_facts(runner))
+    engine, requests = Engine(runner, scheduler), {}
+    for i in random.Random(len(indices)).sample(indices, len(indices)):
+        run = RUNS[i]
+        request = scheduler.request_for(str(i), run["prompt_ids"], run["args"]["max_new_tokens"])
+        request.sampling = SamplingParams(seed=run["seed"])
+        own = EntropyBoundParams(**{name: run["args"][name] for name in (*SAMPLER, "max_denoising_steps")})
+        request.sampler = None if own == runner.canvas_sampler else own
+        requests[i] = request
+        engine.add_request(request)
+    engine.run()
+    assert any(r.sampler is None for r in requests.values()) or args["canvas_length"] == 32
+    assert max(record.rows for record in engine.records) > 2
+    _assert_reproduced(indices, {i: request.generated for i, request in requests.items()})
 
 
 def test_dllm_generate_reproduces_a_reference_run():

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dllm_contracts.canvas_sampler import EntropyBoundParams
 from dllm_contracts.scheduler_config import SchedulerConfig, SchedulerConfigError, problems_of
 from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.scheduler.blockserve import BlockServeScheduler, ClaimPlan
@@ -332,6 +333,7 @@ def test_each_row_carries_its_requests_settings_and_the_output_its_batchs_shape(
     tuned = make_request(0, 5, 3)
     tuned.threshold, tuned.logprobs = 0.5, 2
     tuned.sampling = SamplingParams(temperature=0.7, top_p=0.9, top_k=5, seed=3)
+    tuned.sampler = EntropyBoundParams(entropy_bound=0.5)
     plain = make_request(1, 2, 3)
     for request in (tuned, plain):
         scheduler.add(request)
@@ -341,6 +343,7 @@ def test_each_row_carries_its_requests_settings_and_the_output_its_batchs_shape(
     mine, other = rows[tuned.request_id], rows[plain.request_id]
     assert (mine.threshold, mine.sampling, mine.logprobs) == (0.5, tuned.sampling, 2)
     assert (other.threshold, other.sampling, other.logprobs) == (None, None, None)
+    assert (mine.sampler, other.sampler) == (tuned.sampler, None)
     assert mine.active and other.active
     assert output.packed is name.endswith("packed")
     widths = [scheduler.row_width_of(row) for row in output.rows]

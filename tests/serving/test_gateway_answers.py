@@ -548,6 +548,25 @@ def test_each_choice_asks_the_worker_for_its_sampling_seed_threshold_and_logprob
     peer.seen.clear()
     assert _completion(client).status_code == 200
     assert [q.sampling for q in peer.seen] == [None]  # greedy
+    assert [q.sampler for q in peer.seen] == [None]  # the service's sampler settings
+
+
+def test_a_greedy_request_sends_its_seed_and_its_sampler_settings(gateway):
+    """A model whose canvases start from noise (DiffusionGemma) draws it with the seed, greedy or not; its
+    sampler settings go by name, only those set (the worker merges them over the model's)."""
+    client, peer, _ = gateway
+    body = {"seed": 7, "n": 2, "entropy_bound": 1, "t_min": 0.1, "max_denoising_steps": 4}
+    assert _completion(client, **body).status_code == 200
+    assert [q.sampling for q in peer.seen] == [
+        {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 7 + i} for i in range(2)
+    ]
+    assert [q.sampler for q in peer.seen] == [
+        {"entropy_bound": 1.0, "t_min": 0.1, "max_denoising_steps": 4}
+    ] * 2
+    peer.seen.clear()
+    assert _completion(client, n=2).status_code == 200  # greedy choices without a seed: drawn, one apart
+    first, second = (q.sampling for q in peer.seen)
+    assert first["temperature"] == 0.0 and second["seed"] - first["seed"] == 1
 
 
 @pytest.mark.gateway_settings(max_prompt_tokens=8)
@@ -598,6 +617,21 @@ def test_each_choice_asks_the_worker_for_its_sampling_seed_threshold_and_logprob
             "context_length_exceeded",
         ),
         ({"prompt": [3, 8]}, 400, "prompt", "prompt token ids must be in [0, {vocab})", "invalid_value"),
+        (
+            {"max_denoising_steps": BLOCK + 1},
+            400,
+            "max_denoising_steps",
+            f"max_denoising_steps {BLOCK + 1} is above this service's {BLOCK} steps per block",
+            "integer_above_max_value",
+        ),
+        ({"t_min": 0.5, "t_max": 0.5}, 400, "t_max", "t_max 0.5 must be above t_min 0.5", "invalid_value"),
+        (
+            {"entropy_bound": 0},
+            400,
+            "entropy_bound",
+            "entropy_bound: Input should be greater than 0",
+            "decimal_below_min_value",
+        ),
     ],
 )
 def test_a_request_the_service_cannot_run_is_refused_naming_its_field(

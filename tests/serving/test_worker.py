@@ -383,14 +383,22 @@ def test_sampled_requests_draw_with_their_own_seeds(redis_server, service, make_
 
 def test_invalid_sampling_settings_end_the_request_with_a_clear_error(redis_server, service, make_worker):
     """Settings the gateway would never send (a client of the queue's own): the request ends at once, with
-    its error, its meta and no tokens, and the worker goes on serving."""
+    its error, its meta and no tokens, and the worker goes on serving. Entropy-bound sampler settings are
+    refused by a model that has no such sampler, naming them."""
     queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
     bad = QueuedRequest("bad", [7] * 5, BLOCK, time.time(), sampling={"temperature": 1.0, "top_p": 7.0})
     bad.meta = {"custom_id": "line-1"}
-    assert queue.run(queue.ops.enqueue_all([bad, QueuedRequest("fine", [7] * 5, BLOCK, time.time())]))
+    canvas = QueuedRequest(
+        "canvas", [7] * 5, BLOCK, time.time(), sampler={"t_min": 0.1, "entropy_bound": 1.0}
+    )
+    fine = QueuedRequest("fine", [7] * 5, BLOCK, time.time())
+    assert queue.run(queue.ops.enqueue_all([bad, canvas, fine]))
     with make_worker(redis_server.url, service):
         done = wait_for(lambda: _done(queue, "bad"), what="the error")
+        refused = wait_for(lambda: _done(queue, "canvas"), what="the sampler's error")
         assert wait_for(lambda: _done(queue, "fine"), what="the next answer").finish_reason != "error"
+    assert (refused.finish_reason, refused.token_ids) == ("error", [])
+    assert refused.error.startswith("entropy_bound, t_min: this model has no entropy-bound sampler")
     assert (done.finish_reason, done.token_ids, done.completion_tokens, done.meta) == (
         "error",
         [],
