@@ -26,6 +26,7 @@ class Serve:
         argv = [sys.executable, "-m", "engine_pod.cli.main", "serve", "--port", "0"]
         argv += ["--data-dir", str(tmp / "data"), "--drain-timeout", "5", *extra]
         self.out = open(self.log, "w")  # noqa: SIM115 (closed in stop)
+        env = os.environ | {"OMP_NUM_THREADS": "1"} | (env or {})  # one torch thread: the suite shares cores
         self.process = subprocess.Popen(argv, stdout=self.out, stderr=subprocess.STDOUT, env=env)
 
     @property
