@@ -12,8 +12,10 @@ after a few steps to most of their limit, each at its own step.
 Random weights seldom commit an EOS (whether one is likely depends on the draw, not on the scales), so
 a request's answer runs to its length limit: a workload's lengths vary by its requests' ``max_tokens``.
 
-Drawn in place on the model's device and in its dtype, in sorted name order from one generator seeded
-with ``seed``: deterministic for a given seed, device type and dtype, as the loader's generic draw is.
+Drawn on the model's device, in sorted name order from one generator seeded with ``seed``, in float32
+and cast into each parameter: deterministic for a given seed and device type, and the same model in
+every dtype (to its precision), since how a random model's canvases settle depends on the very draw (a
+float64 draw of the same seed is another model, one that stops every canvas at its second step).
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ def random_init(model: DiffusionGemmaModel, seed: int) -> None:
     generator = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
+            draw = torch.empty(param.shape, dtype=torch.float32, device=device)
             if name.endswith(NEAR_ONE):
-                param.normal_(1.0, 0.2, generator=generator)
+                draw.normal_(1.0, 0.2, generator=generator)
             elif name.endswith("embed_tokens.weight"):
-                param.normal_(EMBEDDING_MEAN, EMBEDDING_STD, generator=generator)
+                draw.normal_(EMBEDDING_MEAN, EMBEDDING_STD, generator=generator)
             else:
-                param.normal_(0.0, _std(name, param.shape), generator=generator)
+                draw.normal_(0.0, _std(name, param.shape), generator=generator)
+            param.copy_(draw)
