@@ -14,11 +14,12 @@ import torch
 from dllm_contracts.model_source import ModelLoadError, resolve_model_dir
 from engine_pod.models.block_transformer import BlockDiffusionTransformer
 from engine_pod.models.config import ModelConfig
-from engine_pod.models.config_readers import config_from_dict, load_config
+from engine_pod.models.config_readers import load_config
 from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
 from engine_pod.models.diffusion_gemma.model import DiffusionGemmaModel
+from engine_pod.models.diffusion_gemma.random_init import random_init as diffusion_gemma_random_init
 from engine_pod.models.diffusion_gemma.weights import load_model as load_diffusion_gemma
-from engine_pod.models.presets import preset
+from engine_pod.models.presets import preset_config
 from engine_pod.models.transformer import DiffusionTransformer
 from engine_pod.models.weights import load_state_dict
 
@@ -235,7 +236,7 @@ def _gib(size: int) -> str:
 def load_metadata(spec: str) -> tuple[ModelConfig, Any]:
     """The config (EOS ids resolved) and tokenizer of ``spec`` without loading any weights."""
     if spec.startswith("random:"):
-        config = config_from_dict(preset(spec.split(":", 1)[1]))
+        config = preset_config(spec.split(":", 1)[1])
         return config.with_eos(_eos_ids(config, None)), None
     model_dir = resolve_model_dir(spec)
     config = load_config(model_dir)
@@ -247,9 +248,10 @@ def load_model(spec: str, device: str = "cpu", dtype: str = "float32", seed: int
     """Load ``spec`` (directory, repo id, or random:PRESET) onto ``device`` in ``dtype``."""
     torch_device, torch_dtype = parse_device(device), parse_dtype(dtype)
     if spec.startswith("random:"):
-        config = config_from_dict(preset(spec.split(":", 1)[1]))
+        config = preset_config(spec.split(":", 1)[1])
         model = build_model(config, torch_device, torch_dtype)
-        _random_init(model, seed)
+        gemma = isinstance(config, DiffusionGemmaConfig)  # its own scales, under which canvases settle
+        (diffusion_gemma_random_init if gemma else _random_init)(model, seed)
         _finish(model, config)
         config = config.with_eos(_eos_ids(config, None))
         return LoadedModel(model, config, None, spec, torch_device, torch_dtype)

@@ -6,7 +6,12 @@ a download: the benchmark and the profiler need nothing else.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
+
+from engine_pod.models.config import ModelConfig
+from engine_pod.models.config_readers import config_from_dict
+from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
 
 PRESETS: dict[str, dict[str, Any]] = {
     "llada-8b": {
@@ -139,7 +144,32 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# A preset's generation_config.json, as a checkpoint ships one: DiffusionGemma's sampler settings under
+# which its random weights (``diffusion_gemma/random_init.py``) settle. A random model is unsure of every
+# token at the reference's default temperatures (0.4 to 0.8: mean entropy near 5 nats, where adaptive
+# stopping asks for 0.005). At the temperatures of the reference's own settling runs (0.05 to 0.1), with
+# every position accepted at every step, a canvas's argmax settles; stopping on confidence alone (mean
+# entropy below 1 nat, no stable run asked for) stops the tiny preset's canvases (seed 0) after 4 to 24
+# steps of 32, about 11 on average, each at its own step.
+GENERATION_CONFIGS: dict[str, dict[str, Any]] = {
+    "diffusion-gemma-tiny": {
+        "t_min": 0.05,
+        "t_max": 0.1,
+        "sampler_config": {"entropy_bound": 1000.0},
+        "stability_threshold": 0,
+        "confidence_threshold": 1.0,
+    },
+}
+
+
 def preset(name: str) -> dict[str, Any]:
     if name not in PRESETS:
         raise ValueError(f"unknown random-model preset {name!r}; choose one of {sorted(PRESETS)}")
     return dict(PRESETS[name])
+
+
+def preset_config(name: str) -> ModelConfig | DiffusionGemmaConfig:
+    """The preset's config as the engine reads a checkpoint's, with its generation config where it has one."""
+    config = config_from_dict(preset(name))
+    generation = GENERATION_CONFIGS.get(name)
+    return replace(config, generation=dict(generation)) if generation else config

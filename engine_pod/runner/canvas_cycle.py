@@ -201,7 +201,9 @@ class CanvasCycleRunner:
                 if soft is None:
                     soft = torch.zeros(R, L, config.hidden_size, dtype=self.loaded.dtype, device=device)
                 going = [running[place] for place in keep]
-                soft[going] = self.model.soft_embeddings(result.processed_logits[keep])
+                soft[going] = self.model.soft_embeddings(
+                    result.processed_logits[keep], result.probabilities[keep]
+                )
                 rows = rows.select(keep)
                 canvas[going] = rows.canvas
             running = [running[place] for place in keep]

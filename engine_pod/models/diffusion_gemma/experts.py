@@ -18,6 +18,11 @@ from torch import nn
 from engine_pod.models.diffusion_gemma.blocks import UnscaledRMSNorm
 from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
 
+# CPU BLAS multiplies a matrix of 1, 2 or 3 rows with other kernels than one of 4 or more (measured with
+# torch's oneDNN/MKL sgemm: a row's bits are the same for every count from 4 up, and differ below): an
+# expert that a batch gives many tokens and a request alone gives 1 to 3 would round its tokens differently
+MIN_ROWS = 4
+
 
 class GemmaRouter(nn.Module):
     """Each token's top-k experts and their weights."""
@@ -73,8 +78,13 @@ class GemmaExperts(nn.Module):
         return order, torch.bincount(flat, minlength=self.num_experts).tolist()
 
     def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        """The expert over its tokens x [n, D]; fewer than ``MIN_ROWS`` are padded with zero rows (dropped
+        after), so that a token's result does not depend on how many others chose the expert."""
+        tokens = x.shape[0]
+        if tokens < MIN_ROWS:
+            x = torch.cat([x, x.new_zeros(MIN_ROWS - tokens, x.shape[1])])
         gate, up = F.linear(x, self.gate_up_proj[expert]).chunk(2, dim=-1)
-        return F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[expert])
+        return F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[expert])[:tokens]
 
     @staticmethod
     def _sum_in_expert_order(pairs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:

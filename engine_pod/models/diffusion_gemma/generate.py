@@ -53,7 +53,7 @@ def _denoise_canvas(
         result = denoise_step(rows, model.denoise(rows.canvas, cache, soft))
         if bool(result.done[0]):
             return result.argmax[0].tolist(), int(rows.steps_taken[0])
-        soft = model.soft_embeddings(result.processed_logits)
+        soft = model.soft_embeddings(result.processed_logits, result.probabilities)
 
 
 def generate(

@@ -119,12 +119,16 @@ class DiffusionGemmaModel(nn.Module):
         return torch.tanh(logits / cap) * cap
 
     @torch.no_grad()
-    def soft_embeddings(self, processed_logits: torch.Tensor) -> torch.Tensor:
-        """The next step's self-conditioning input [R, L, D] from this step's processed logits [R, L, V]."""
+    def soft_embeddings(
+        self, processed_logits: torch.Tensor, probabilities: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The next step's self-conditioning input [R, L, D] from this step's processed logits [R, L, V].
+        ``probabilities``: their float32 softmax where the sampler has it, the same tensor this softmax
+        gives when the weights are float32 or float64 (the logits' cast to them is then exact)."""
         weight = self.embed_tokens.weight
-        probabilities = (
-            processed_logits.to(weight.dtype).softmax(dim=-1, dtype=torch.float32).to(weight.dtype)
-        )
+        if probabilities is None or weight.dtype.itemsize < 4:
+            probabilities = processed_logits.to(weight.dtype).softmax(dim=-1, dtype=torch.float32)
+        probabilities = probabilities.to(weight.dtype)
         scale = torch.tensor(self.embed_scale, dtype=torch.float32).to(weight.dtype).to(weight.device)
         return torch.matmul(probabilities, weight) * scale
 

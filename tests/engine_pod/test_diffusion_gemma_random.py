@@ -1,0 +1,105 @@
+"""The random DiffusionGemma preset (models/diffusion_gemma/random_init.py with the preset's sampler
+settings): its canvases settle, each row at its own step, which is what a benchmark of it measures
+(rows that stop early leave the forwards); its weights are the same for a seed and differ across seeds,
+the same model in every dtype; in float32 a request's tokens are the same alone and in any batch (the
+benchmark's outputs are compared across policies), and an expert rounds a token alike however many
+tokens chose it."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+
+from dllm_contracts.scheduler_config import SchedulerConfig
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.decoding.sampling_params import SamplingParams
+from engine_pod.models.diffusion_gemma.context_cache import ContextCache
+from engine_pod.models.loader import load_model
+from engine_pod.runner.factory import make_runner
+from engine_pod.scheduler.blockserve import BlockServeScheduler
+from engine_pod.scheduler.cycle_row import CycleRow
+from engine_pod.scheduler.output import SchedulerOutput
+from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
+from tests.engine_utils import run_workload
+
+MODEL = "random:diffusion-gemma-tiny"
+STEPS = 32  # the engine's steps per block, the sampler's step limit per canvas
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model(MODEL)
+
+
+def test_canvases_stop_before_their_step_limit_each_at_its_own_step(loaded):
+    runner = make_runner(loaded, DecodingConfig(block_length=32, steps_per_block=STEPS), pool_tokens=4096)
+    prompts = [
+        tuple(torch.randint(3, 1024, (8 + 23 * i,), generator=torch.Generator().manual_seed(i)).tolist())
+        for i in range(6)
+    ]
+    output = runner.run(SchedulerOutput.of_rows([CycleRow(p, owner=str(i)) for i, p in enumerate(prompts)]))
+    assert min(output.steps) < STEPS, output.steps  # adaptive stopping fired
+    assert len(set(output.steps)) > 1, output.steps  # rows stop at different steps
+    assert output.stats.forwards == max(output.steps)  # the cycle ends with its slowest row
+
+
+def test_the_preset_carries_sampler_settings_its_random_weights_settle_under(loaded):
+    generation = loaded.config.generation
+    assert generation["t_max"] <= 0.1 and generation["sampler_config"]["entropy_bound"] >= 100
+
+
+def test_the_draw_is_deterministic_per_seed():
+    def weights(seed: int) -> torch.Tensor:
+        return load_model(MODEL, seed=seed).model.layers[0].self_attn.q_proj.weight
+
+    assert torch.equal(weights(0), weights(0)) and not torch.equal(weights(0), weights(1))
+
+
+def test_every_dtype_holds_the_same_model():
+    f32, f64 = (load_model(MODEL, dtype=dtype).model.embed_tokens.weight for dtype in ("float32", "float64"))
+    assert f64.dtype == torch.float64 and torch.equal(f64, f32.to(torch.float64))
+
+
+def test_a_requests_tokens_are_the_same_alone_and_in_any_batch_in_float32(loaded):
+    """Sampled draws scale a logit's last bit by 1 / temperature, so only bit-equal logits keep a
+    request's tokens: BlockServe's mixed batches and static batches give each request its tokens alone."""
+    lengths = [(5, 96), (40, 32), (131, 64), (17, 128), (90, 64), (8, 32)]
+    workload = [
+        (str(i), torch.randint(3, 1024, (p,), generator=torch.Generator().manual_seed(i)).tolist(), g)
+        for i, (p, g) in enumerate(lengths)
+    ]
+    sampling = {request_id: SamplingParams(seed=int(request_id)) for request_id, _, _ in workload}
+    decoding = DecodingConfig(block_length=32, steps_per_block=STEPS)
+    run = partial(run_workload, loaded, decoding=decoding, workload=workload, sampling=sampling)
+    alone = run(partial(sequential_scheduler, 32, []))
+    assert run(partial(BlockServeScheduler, 32, [], SchedulerConfig(token_budget=300))) == alone
+    assert run(partial(StaticScheduler, 32, [], batch_size=4)) == alone
+
+
+def test_a_rows_logits_are_bit_equal_alone_and_in_a_batch_in_float32(loaded):
+    model, generator = loaded.model, torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 1024, (1, 5 + 17 * r), generator=generator) for r in range(8)]
+    canvas = torch.randint(0, 1024, (8, 32), generator=generator)
+    soft = torch.randn(8, 32, 128, generator=generator)
+
+    def caches(rows):
+        made = [ContextCache(model.config) for _ in rows]
+        for cache, row in zip(made, rows):
+            model.encode(prompts[row], cache)
+        return made
+
+    batch = model.denoise(canvas, caches(range(8)), soft)
+    for row in range(8):
+        assert torch.equal(
+            model.denoise(canvas[row : row + 1], caches([row]), soft[row : row + 1])[0], batch[row]
+        )
+
+
+def test_an_expert_rounds_a_token_alike_however_many_tokens_chose_it(loaded):
+    experts = loaded.model.layers[0].experts
+    x = torch.randn(9, 128, generator=torch.Generator().manual_seed(0))
+    together = experts._expert(3, x)
+    for count in (1, 2, 3, 4):
+        assert torch.equal(experts._expert(3, x[:count]), together[:count])
