@@ -81,6 +81,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="a LLaDA or Dream model (random:PRESET too)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--steps", type=int, default=32, help="denoising steps per block (at most)")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="cycles timed; the median is reported")
     return parser.parse_args()
 
 
@@ -113,7 +115,9 @@ def main() -> None:
     args = _arguments()
     tune_cpu_allocator()  # as every dllm command does
     loaded = load_model(args.model, args.device, args.dtype)
-    decoding = DecodingConfig(block_length=32, steps_per_block=32, remasking="threshold", threshold=0.9)
+    decoding = DecodingConfig(
+        block_length=32, steps_per_block=args.steps, remasking="threshold", threshold=0.9
+    )
     runner = BlockCycleRunner(loaded, decoding)
     rng = random.Random(0)
     vocab = min(loaded.config.vocab_size, 300)
@@ -121,8 +125,8 @@ def main() -> None:
     rows = [CycleRow(tuple(rng.randrange(4, vocab) for _ in range(w))) for w in widths]
     cycle = SchedulerOutput.of_rows(rows, packed=args.layout == "packed")
     _timed(runner, cycle, loaded.device)  # warm up
-    walls = sorted(_timed(runner, cycle, loaded.device)[1] for _ in range(REPEATS))
-    wall = walls[REPEATS // 2]
+    walls = sorted(_timed(runner, cycle, loaded.device)[1] for _ in range(max(args.repeats, 1)))
+    wall = walls[len(walls) // 2]
     cuda = loaded.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:

@@ -22,7 +22,7 @@
 # Usage: bash scripts/gpu-bench.sh [OUT_DIR]          (default OUT_DIR: runs/gpu)
 # CPU rehearsal (what CI runs): DEVICE=cpu MODEL=random:llada-tiny DTYPE=float32 MEMORY_LIMIT=600M \
 #   MAX_TOKENS=2048 WORKLOAD=synthetic:n=12,prompt=8-100,gen=32-96,seed=0 BLOCK_MODEL=random:llada2-tiny \
-#   BLOCK_MAX_TOKENS=1024 BLOCK_WORKLOAD=synthetic:n=6,prompt=8-60,gen=32-64,seed=0 CYCLE_ROWS=4 CYCLE_WIDTH=40 \
+#   BLOCK_MAX_TOKENS=1024 BLOCK_WORKLOAD=synthetic:n=6,prompt=8-60,gen=32-64,seed=0 CYCLE_ROWS=4 CYCLE_WIDTH=40 CYCLE_REPEATS=1 CYCLE_STEPS=2 \
 #   bash scripts/gpu-bench.sh OUT
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,6 +65,7 @@ step "cycle profile (packed and dense)"
 for layout in packed dense; do
   timeout "${CYCLE_TIMEOUT:-90}" "$python" scripts/cycle_profile.py --model "$model" --device "$device" \
     --dtype "$dtype" --layout "$layout" --mixed --rows "${CYCLE_ROWS:-32}" --width "${CYCLE_WIDTH:-512}" \
+    --repeats "${CYCLE_REPEATS:-7}" --steps "${CYCLE_STEPS:-32}" \
     2>&1 | grep -v profiler_st || true
 done | tee "$out/cycle-profile.txt"
 

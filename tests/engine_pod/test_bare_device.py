@@ -97,6 +97,8 @@ def _rehearse(out: Path, timeout: int, step_timeout: int, **sizes: str) -> subpr
         BLOCK_MODEL="random:llada2-tiny",
         CYCLE_ROWS="4",
         CYCLE_WIDTH="40",
+        CYCLE_REPEATS="1",
+        CYCLE_STEPS="2",  # a cycle of the random model's vocabulary is seconds a forward on one CPU thread
         **sizes,
     )
 
