@@ -132,3 +132,11 @@ def test_a_context_over_many_pages_out_of_order_gives_the_same_logits(base):
     table = pool.table("request")
     assert len(table) > 20 and table != sorted(table)
     assert all(torch.equal(ours, expected) for ours, expected in zip(paged, alone, strict=True))
+
+
+def test_the_rows_of_one_forward_keep_their_contexts_in_one_pool(base):
+    caches = [ContextCache.alone(base.config, 16, torch.float32, CPU) for _ in range(2)]
+    for cache in caches:
+        base.model.encode(torch.tensor([[5, 6, 7]]), cache)
+    with pytest.raises(ValueError, match="one pool"):
+        base.model.denoise(torch.zeros(2, 16, dtype=torch.long), caches)

@@ -117,6 +117,8 @@ class ContextBatch:
     def __init__(self, caches: list[ContextCache]) -> None:
         self.caches = caches
         self.pool = caches[0].pool
+        if any(cache.pool is not self.pool for cache in caches):
+            raise ValueError("the rows of one forward must keep their contexts in one pool")
         self._groups: dict[int | None, list[tuple[torch.Tensor, torch.Tensor | None]]] = {}
 
     def positions(self, tokens: int, device: torch.device) -> torch.Tensor:
