@@ -44,7 +44,7 @@ import torch
 
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.decoding.entropy_bound import EntropyBoundParams, denoise_step, start_canvas
-from engine_pod.models.diffusion_gemma.context_cache import ContextCache, context_pool
+from engine_pod.models.diffusion_gemma.context_cache import ContextBatch, ContextCache, context_pool
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.scheduler.cycle_row import CycleRow
@@ -195,10 +195,12 @@ class CanvasCycleRunner:
             params = [cycle.rows[i].sampler or self.canvas_sampler for i in sampled]
             rows = start_canvas(params, generators, L, config.vocab_size, device)
             canvas[sampled] = rows.canvas
+        laid_out, contexts = None, None  # the forward's rows' contexts, laid out once for their steps
         while running:
             forward = running if cycle.gather_rows else list(states)
-            caches = [states[i].cache for i in forward]
-            logits = self.model.denoise(canvas[forward], caches, None if soft is None else soft[forward])
+            if forward != laid_out:
+                laid_out, contexts = forward, ContextBatch([states[i].cache for i in forward])
+            logits = self.model.denoise(canvas[forward], contexts, None if soft is None else soft[forward])
             stats.forwards += 1
             stats.computed_positions += len(forward) * L
             stats.useful_positions += len(running) * L

@@ -13,8 +13,8 @@ canvas itself, whatever the canvas length: the reference's decoder passes no sli
 A batched forward takes its rows' contexts (``ContextBatch``: one context cache per row, in pages of one
 pool): the projections, norms and output run over every row at once; the encoder writes the new tokens'
 keys and values into the rows' pages, then attends per row; the decoder attends per group of rows whose
-context is equally wide in the layer, the group's context read from the pool in one gather (no mask, no
-padding, no row sees another's keys).
+context is equally wide in the layer, every group's context read from the pool in one gather per layer
+(no mask, no padding, no row sees another's keys).
 
 SDPA is called as the reference calls it (``transformers`` ``sdpa_attention_forward``): no mask and
 ``is_causal`` where the mask would be plainly causal, ``enable_gqa`` without a mask for heads up to
@@ -104,10 +104,9 @@ class GemmaAttention(nn.Module):
         row past the window in a sliding layer); no row sees another's keys and no mask is needed."""
         q, k, v = self._project(x, cos, sin)
         out = torch.empty_like(q)
-        for index, slots in contexts.groups(self.layer):
+        for index, context_keys, context_values in contexts.context(self.layer):
             keys, values = k.index_select(0, index), v.index_select(0, index)
-            if slots is not None:
-                context_keys, context_values = contexts.read(self.layer, slots)
+            if context_keys is not None:
                 keys = torch.cat([context_keys, keys], dim=2)
                 values = torch.cat([context_values, values], dim=2)
             out[index] = self._attend(q.index_select(0, index), keys, values, None, causal=False)

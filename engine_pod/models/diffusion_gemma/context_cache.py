@@ -18,8 +18,10 @@ groups would save memory only where contexts are longer than the window, at the 
 per request.
 
 ``ContextCache`` is one request's handle (its owner in the pool, its length, the slots of its positions);
-``ContextBatch`` holds a forward's rows: it writes the encoder's new keys and values into their slots and
-reads the context of each group of decoder rows that is equally wide in a layer in one gather.
+``ContextBatch`` holds a forward's rows: it writes the encoder's new keys and values into their slots and,
+for the decoder, reads every row's context of a layer in one gather, split into the groups of rows whose
+context is equally wide there (the slots' layout is made once per batch: the runner keeps a batch over
+the steps its rows take together).
 ``ContextCache.alone`` gives a request a pool of its own (``generate.py``, one request).
 """
 
@@ -31,6 +33,7 @@ from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
 from engine_pod.models.paged_kv import PagedKVPool
 
 KV = tuple[torch.Tensor, torch.Tensor]
+Group = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]  # row indices, context keys, values
 
 
 def context_pool(
@@ -119,7 +122,7 @@ class ContextBatch:
         self.pool = caches[0].pool
         if any(cache.pool is not self.pool for cache in caches):
             raise ValueError("the rows of one forward must keep their contexts in one pool")
-        self._groups: dict[int | None, list[tuple[torch.Tensor, torch.Tensor | None]]] = {}
+        self._layouts: dict[int | None, tuple[list[tuple[torch.Tensor, int, int]], torch.Tensor]] = {}
 
     def positions(self, tokens: int, device: torch.device) -> torch.Tensor:
         """[R, T]: row r's tokens continue its context (positions caches[r].length..)."""
@@ -132,25 +135,41 @@ class ContextBatch:
         self.pool.keys[layer].index_copy_(0, slots, keys.transpose(1, 2).flatten(0, 1))
         self.pool.values[layer].index_copy_(0, slots, values.transpose(1, 2).flatten(0, 1))
 
-    def groups(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """The rows grouped by how many context tokens ``layer`` attends to: each group's row indices
-        and its context's slots [rows, kept] (None: no context yet). Layers of one reach share them."""
+    def context(self, layer: int) -> list[Group]:
+        """The rows grouped by how many context tokens ``layer`` attends to: each group's row indices and
+        its context's keys and values [rows, Hkv, kept, hd] (None: no context yet), every group's read
+        from the pool in one gather per layer."""
+        groups, slots = self._layout(layer)
+        keys, values = self.pool.keys[layer], self.pool.values[layer]
+        if slots.numel():
+            keys, values = keys.index_select(0, slots), values.index_select(0, slots)
+        read = []
+        for index, start, kept in groups:
+            end, shape = start + len(index) * kept, (len(index), kept, *keys.shape[1:])
+            if not kept:
+                read.append((index, None, None))
+                continue
+            read.append(
+                (
+                    index,
+                    keys[start:end].view(shape).transpose(1, 2),
+                    values[start:end].view(shape).transpose(1, 2),
+                )
+            )
+        return read
+
+    def _layout(self, layer: int) -> tuple[list[tuple[torch.Tensor, int, int]], torch.Tensor]:
+        """Per group: its row indices, where its slots start in the flat slots, its width; and the flat
+        slots, group after group and row after row. Layers of one reach share them."""
         reach = self.caches[0].reach[layer]
-        if reach not in self._groups:
-            self._groups[reach] = self._group(layer)
-        return self._groups[reach]
-
-    def _group(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        by_width: dict[int, list[int]] = {}
-        for row, cache in enumerate(self.caches):
-            by_width.setdefault(cache.kept(layer), []).append(row)
-        device = self.pool.device
-        groups = []
-        for width, rows in by_width.items():
-            slots = [self.caches[r].slots[self.caches[r].start(layer) :] for r in rows]
-            groups.append((torch.tensor(rows, device=device), torch.stack(slots) if width else None))
-        return groups
-
-    def read(self, layer: int, slots: torch.Tensor) -> KV:
-        """Keys and values [rows, Hkv, kept, hd] of ``layer`` at a group's ``slots``."""
-        return _gather(self.pool, layer, slots)
+        if reach not in self._layouts:
+            by_width: dict[int, list[int]] = {}
+            for row, cache in enumerate(self.caches):
+                by_width.setdefault(cache.kept(layer), []).append(row)
+            device, groups, slots, start = self.pool.device, [], [], 0
+            for kept, rows in by_width.items():
+                groups.append((torch.tensor(rows, device=device), start, kept))
+                slots += [self.caches[r].slots[self.caches[r].start(layer) :] for r in rows]
+                start += kept * len(rows)
+            self._layouts[reach] = (groups, torch.cat(slots))
+        return self._layouts[reach]

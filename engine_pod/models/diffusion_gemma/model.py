@@ -100,13 +100,13 @@ class DiffusionGemmaModel(nn.Module):
     def denoise(
         self,
         canvas: torch.Tensor,
-        caches: ContextCache | list[ContextCache],
+        caches: ContextCache | list[ContextCache] | ContextBatch,
         soft: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Softcapped float32 logits [R, L, V] of the canvases [R, L], row r over caches[r] (positions
         caches[r].length..), given the previous step's soft embeddings ``soft`` [R, L, D] (None: the
-        canvases' first step)."""
-        contexts = ContextBatch(_rows(caches))
+        canvases' first step). A ``ContextBatch`` of the caches may be reused over the steps of a canvas."""
+        contexts = caches if isinstance(caches, ContextBatch) else ContextBatch(_rows(caches))
         embeddings = self._embed(self.embed_tokens, canvas)
         soft = torch.zeros_like(embeddings) if soft is None else soft
         x = self.self_conditioning(embeddings, soft)
