@@ -51,15 +51,14 @@ def context_pool(
     )
 
 
-def _gather(pool: PagedKVPool, layer: int, slots: torch.Tensor) -> KV:
-    """Keys and values [R, Hkv, K, hd] of ``layer`` at ``slots`` [R, K]."""
-    keys, values = pool.keys[layer], pool.values[layer]
-    flat = slots.reshape(-1)
-    shape = (*slots.shape, *keys.shape[1:])
-    return (
-        keys.index_select(0, flat).view(shape).transpose(1, 2),
-        values.index_select(0, flat).view(shape).transpose(1, 2),
-    )
+def _split(
+    keys: torch.Tensor, values: torch.Tensor, start: int, rows: int, kept: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Rows x kept gathered entries from ``start`` as [rows, Hkv, kept, hd] (None, None: no context)."""
+    if not kept:
+        return None, None
+    span, shape = slice(start, start + rows * kept), (rows, kept, *keys.shape[1:])
+    return keys[span].view(shape).transpose(1, 2), values[span].view(shape).transpose(1, 2)
 
 
 class ContextCache:
@@ -97,10 +96,15 @@ class ContextCache:
         self.new_slots = self.pool.slots(self.owner, self.length, self.length + tokens)
 
     def read(self, layer: int) -> KV | None:
-        """The context keys/values [1, Hkv, kept, hd] that ``layer`` attends to (None before any)."""
-        if not self.length:
+        """The context keys/values [1, Hkv, kept, hd] that ``layer`` attends to (None: none yet)."""
+        slots = self.slots[self.start(layer) :]
+        if not len(slots):
             return None
-        return _gather(self.pool, layer, self.slots[self.start(layer) :][None])
+        keys, values = self.pool.keys[layer], self.pool.values[layer]
+        return (
+            keys.index_select(0, slots).transpose(0, 1)[None],
+            values.index_select(0, slots).transpose(0, 1)[None],
+        )
 
     def advance(self, tokens: int) -> None:
         """Record that the encoder has written the ``tokens`` reserved last in every layer."""
@@ -143,20 +147,7 @@ class ContextBatch:
         keys, values = self.pool.keys[layer], self.pool.values[layer]
         if slots.numel():
             keys, values = keys.index_select(0, slots), values.index_select(0, slots)
-        read = []
-        for index, start, kept in groups:
-            end, shape = start + len(index) * kept, (len(index), kept, *keys.shape[1:])
-            if not kept:
-                read.append((index, None, None))
-                continue
-            read.append(
-                (
-                    index,
-                    keys[start:end].view(shape).transpose(1, 2),
-                    values[start:end].view(shape).transpose(1, 2),
-                )
-            )
-        return read
+        return [(index, *_split(keys, values, start, len(index), kept)) for index, start, kept in groups]
 
     def _layout(self, layer: int) -> tuple[list[tuple[torch.Tensor, int, int]], torch.Tensor]:
         """Per group: its row indices, where its slots start in the flat slots, its width; and the flat
