@@ -15,10 +15,10 @@ of the encoder forwards that wrote the cache. Between two steps a row carries it
 embeddings [L, D], never [L, V] logits. A request that ``cycle.released`` names (finished, cancelled or
 preempted) gives its pages back (oldest first, the pool's free order) and is forgotten, but a preempted
 one keeps its generator's state and those lengths: at its return its cache is re-encoded chunk by chunk
-as it was first written, so it continues with the tokens it would have had. A takeover by another worker loses the generator's state
-(the new worker seeds a fresh one, so later canvases draw other noise: a valid sample, not the one an
-uninterrupted run gives) and the chunking (the context is encoded in one forward: the same keys up to
-rounding).
+as it was first written, so it continues with the tokens it would have had. A takeover by another
+worker loses the generator's state (the new worker seeds a fresh one, so later canvases draw other noise:
+a valid sample, not the one an uninterrupted run gives) and the chunking (the context is encoded in one
+forward: the same keys up to rounding).
 
 The pool holds the token budget (``pool_tokens``) in pages of one canvas. The scheduler charges a row its
 context and its canvas; the row's pages hold its context, rounded up to whole pages, which is never more
