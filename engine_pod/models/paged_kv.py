@@ -10,11 +10,14 @@ Pages are reference-counted: a request's table holds one reference to each of it
 prefix cache (block_diffusion/prefix_cache.py) one to each page it keeps, so that requests can share a
 committed block's page and a finished request's blocks can outlive it. A page returns to the free list
 when its last holder lets it go; when too few are free, ``reclaim`` (the cache's eviction) is asked first.
+
+A page holds its positions in every layer; the layers' entries may differ in shape (``kv_heads`` and
+``head_dim`` given per layer: DiffusionGemma's full-attention layers have fewer, wider heads).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -24,15 +27,16 @@ class PoolExhausted(RuntimeError):
 
 
 class PagedKVPool:
-    """Keys (after RoPE) and values of every layer, ``[slots + 1, kv_heads, head_dim]`` each."""
+    """Keys (after RoPE) and values of every layer, ``[slots + 1, kv_heads, head_dim]`` each (the layer's
+    own heads and width where they are given per layer)."""
 
     def __init__(
         self,
         num_layers: int,
         num_pages: int,
         page_size: int,
-        kv_heads: int,
-        head_dim: int,
+        kv_heads: int | Sequence[int],
+        head_dim: int | Sequence[int],
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
@@ -40,9 +44,9 @@ class PagedKVPool:
             raise ValueError("a KV pool needs at least one page of at least one slot")
         self.page_size = page_size
         self.scratch = num_pages * page_size
-        shape = (self.scratch + 1, kv_heads, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        shapes = [(self.scratch + 1, h, d) for h, d in _per_layer(num_layers, kv_heads, head_dim)]
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
         self.device = device
         self._free = list(range(num_pages - 1, -1, -1))
         self._refs = [0] * num_pages
@@ -117,3 +121,14 @@ class PagedKVPool:
 
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.keys) + sum(t.nbytes for t in self.values)
+
+
+def _per_layer(
+    num_layers: int, kv_heads: int | Sequence[int], head_dim: int | Sequence[int]
+) -> list[tuple[int, int]]:
+    """Each layer's (kv_heads, head_dim): one value stands for every layer."""
+    heads = [kv_heads] * num_layers if isinstance(kv_heads, int) else list(kv_heads)
+    dims = [head_dim] * num_layers if isinstance(head_dim, int) else list(head_dim)
+    if len(heads) != num_layers or len(dims) != num_layers:
+        raise ValueError(f"kv_heads and head_dim must be one value or one per layer ({num_layers})")
+    return list(zip(heads, dims))

@@ -1,7 +1,8 @@
 """Offline peak-memory profiling: real block cycles over a grid of batch shapes -> a token budget.
 
-For a block-diffusion model the batch's tokens are also the KV pool's: the pool is allocated for them,
-so the budget counts what a request holds (its context's KV pages and its active block).
+For a block-diffusion model (and DiffusionGemma, whose context lives in a pool too) the batch's tokens
+are also the KV pool's: the pool is allocated for them before the peak is reset, so the budget counts
+what a request holds (its context's KV pages and its active block or canvas).
 
 Each grid point runs one block cycle (a refresh forward plus cached steps) on a batch of
 ``rows x width`` tokens. CUDA points run in this process between allocator peak resets and record
@@ -122,7 +123,7 @@ def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> Poin
     decoding = DecodingConfig(
         block_length=cfg.block_length, steps_per_block=cfg.steps, remasking="low_confidence"
     )
-    runner = make_runner(loaded, decoding, pool_tokens=point.tokens)  # block diffusion: KV for every token
+    runner = make_runner(loaded, decoding, pool_tokens=point.tokens)  # a KV pool for every token
     rows = _rows_for(point, loaded, cfg.block_length, cfg.seed)
     reset_peak(loaded.device)
     runner.run(SchedulerOutput.of_rows(rows, gather_rows=False, packed=cfg.layout == "packed"))

@@ -2,23 +2,28 @@
 
 The scheduler's block is the model's canvas (``decoding.block_length`` must be its ``canvas_length``). A
 cycle encodes each row's context tokens not encoded yet (the prompt at first, then the canvas committed
-last cycle) into the request's own context cache, draws each row's uniform canvas from the request's
+last cycle) into the request's context cache, draws each row's uniform canvas from the request's
 generator, and denoises every row in one batched decoder forward per step; each row stops by its own
 adaptive stopping (``decoding/entropy_bound.py``) and, when the cycle gathers rows, leaves the later
 forwards. A row commits its last step's argmax canvas.
 
 Kept per request between its cycles: its context cache (``models/diffusion_gemma/context_cache.py``:
-every context token's keys and values in full-attention layers, the last window - 1 in sliding ones),
-its ``torch.Generator`` (seeded with its ``SamplingParams.seed``, 0 without one, so its first canvas is
-the reference's after ``torch.manual_seed(seed)``) and the lengths of the encoder forwards that wrote the
-cache. Between two steps a row carries its canvas [L] and soft embeddings [L, D], never [L, V] logits.
-A request that ``cycle.released`` names is forgotten; a preempted one keeps its generator's state and
-those lengths only, and at its return its cache is re-encoded chunk by chunk as it was first written, so
-it continues with the tokens it would have had. A takeover by another worker loses the generator's state
-(the new worker seeds a fresh one, so later canvases draw other noise: a valid sample, not the one an
-uninterrupted run gives) and the chunking (the context is encoded in one forward: the same keys up to
-rounding). The token budget (``pool_tokens``) bounds what the rows hold: a cycle whose rows' contexts
-and canvases exceed it is refused.
+its context's keys and values in pages of the runner's pool, every context token in every layer; a
+sliding layer reads the last window - 1), its ``torch.Generator`` (seeded with its ``SamplingParams.seed``,
+0 without one, so its first canvas is the reference's after ``torch.manual_seed(seed)``) and the lengths
+of the encoder forwards that wrote the cache. Between two steps a row carries its canvas [L] and soft
+embeddings [L, D], never [L, V] logits. A request that ``cycle.released`` names (finished, cancelled or
+preempted) gives its pages back (oldest first, the pool's free order) and is forgotten, but a preempted
+one keeps its generator's state and those lengths: at its return its cache is re-encoded chunk by chunk
+as it was first written, so it continues with the tokens it would have had. A takeover by another
+worker loses the generator's state (the new worker seeds a fresh one, so later canvases draw other noise:
+a valid sample, not the one an uninterrupted run gives) and the chunking (the context is encoded in one
+forward: the same keys up to rounding).
+
+The pool holds the token budget (``pool_tokens``) in pages of one canvas. The scheduler charges a row its
+context and its canvas; the row's pages hold its context, rounded up to whole pages, which is never more
+than that charge, so a cycle within the budget never runs short of pages. A cycle whose rows' contexts
+and canvases exceed the budget is refused.
 
 What the family honours of the engine's options: ``block_length`` (= the canvas), ``steps_per_block``
 (the sampler's ``max_denoising_steps`` per canvas), ``ignore_eos`` (the scheduler's) and the layouts
@@ -39,7 +44,7 @@ import torch
 
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.decoding.entropy_bound import EntropyBoundParams, denoise_step, start_canvas
-from engine_pod.models.diffusion_gemma.context_cache import ContextCache
+from engine_pod.models.diffusion_gemma.context_cache import ContextBatch, ContextCache, context_pool
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.scheduler.cycle_row import CycleRow
@@ -61,15 +66,15 @@ class CanvasRequest:
     """What the runner keeps for one request between its cycles."""
 
     generator: torch.Generator
+    cache: ContextCache  # its context's keys and values, in pages of the runner's pool
     chunks: list[int] = field(default_factory=list)  # tokens of each encoder forward, in order
-    cache: ContextCache | None = None  # None: suspended (preempted), rebuilt at its return
     encoded: tuple[int, ...] = ()  # the context tokens the cache holds
 
     def pending(self, prefix: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """The chunks to encode before this cycle's canvas: a rebuild's as first written, then the rest."""
+        """The chunks to encode before this cycle's canvas: a rebuild's as first written (a new request
+        has none), then the rest."""
         chunks, start = [], len(self.encoded)
-        if self.cache is None:
-            start = 0
+        if not self.encoded:
             for length in self.chunks:
                 chunks.append(prefix[start : start + length])
                 start += length
@@ -98,6 +103,8 @@ class CanvasCycleRunner:
         sampler = EntropyBoundParams.from_generation_config(config.generation)
         self.canvas_sampler = replace(sampler, max_denoising_steps=decoding.steps_per_block)
         self.pool_tokens = pool_tokens or DEFAULT_POOL_TOKENS
+        pages = -(-self.pool_tokens // decoding.block_length)  # a row's pages never exceed its tokens
+        self.pool = context_pool(config, pages, decoding.block_length, loaded.dtype, loaded.device)
         self.pad_id = config.pad_token_id or 0
         self.states: dict[str, CanvasRequest] = {}
         self.suspended: OrderedDict[str, tuple[torch.Tensor, list[int]]] = OrderedDict()
@@ -114,9 +121,13 @@ class CanvasCycleRunner:
         return self._denoise(cycle, states, encoded)
 
     def _release(self, released: list[str], preempted: set[str]) -> None:
-        for owner in released:
-            state = self.states.pop(owner, None)
-            if owner in preempted and state is not None:
+        """Released requests give their pages back, oldest first (the pool's free order); a preempted
+        one keeps its generator's state and chunk lengths."""
+        gone = set(released)
+        for owner in [owner for owner in self.states if owner in gone]:
+            state = self.states.pop(owner)
+            state.cache.release()
+            if owner in preempted:
                 self.suspended[owner] = (state.generator.get_state(), state.chunks)
                 while len(self.suspended) > MAX_SUSPENDED:
                     self.suspended.popitem(last=False)
@@ -133,9 +144,12 @@ class CanvasCycleRunner:
         state = self.states.get(owner)
         if state is not None and row.prefix_ids[: len(state.encoded)] == state.encoded:
             return state
+        if state is not None:  # its context is not this row's (a static batch's finished row)
+            state.cache.release()
         device = self.loaded.device
         seed = row.sampling.seed if row.sampling is not None else 0
-        state = CanvasRequest(torch.Generator(device=device).manual_seed(seed))
+        generator = torch.Generator(device=device).manual_seed(seed)
+        state = CanvasRequest(generator, ContextCache(self.pool, owner, self.model.config))
         if owner in self.suspended:
             generator_state, state.chunks = self.suspended.pop(owner)
             state.generator.set_state(generator_state)
@@ -147,9 +161,8 @@ class CanvasCycleRunner:
         one length go through the encoder together. Returns the tokens encoded."""
         queues = [(state, state.pending(prefix)) for state, prefix in work]
         for state, _ in queues:
-            if state.cache is None:
-                state.cache, state.encoded = ContextCache(self.model.config), ()
-                state.chunks = []
+            if not state.encoded:
+                state.chunks = []  # recorded again as they are encoded
         encoded, round_ = 0, 0
         while any(round_ < len(chunks) for _, chunks in queues):
             by_length: dict[int, list[tuple[CanvasRequest, tuple[int, ...]]]] = {}
@@ -182,10 +195,12 @@ class CanvasCycleRunner:
             params = [cycle.rows[i].sampler or self.canvas_sampler for i in sampled]
             rows = start_canvas(params, generators, L, config.vocab_size, device)
             canvas[sampled] = rows.canvas
+        laid_out, contexts = None, None  # the forward's rows' contexts, laid out once for their steps
         while running:
             forward = running if cycle.gather_rows else list(states)
-            caches = [states[i].cache for i in forward]
-            logits = self.model.denoise(canvas[forward], caches, None if soft is None else soft[forward])
+            if forward != laid_out:
+                laid_out, contexts = forward, ContextBatch([states[i].cache for i in forward])
+            logits = self.model.denoise(canvas[forward], contexts, None if soft is None else soft[forward])
             stats.forwards += 1
             stats.computed_positions += len(forward) * L
             stats.useful_positions += len(running) * L
@@ -210,7 +225,9 @@ class CanvasCycleRunner:
         return CycleOutput(blocks=blocks, steps=steps, stats=stats)
 
     def forget(self) -> None:
-        """Let go of every request's state (a benchmark's warm-up leaves nothing behind)."""
+        """Let go of every request's state and pages (a benchmark's warm-up leaves nothing behind)."""
+        for state in self.states.values():
+            state.cache.release()
         self.states.clear()
         self.suspended.clear()
 

@@ -19,10 +19,11 @@ def make_runner(
     record_trace: bool = False,
     record_margins: bool = False,
 ) -> Runner:
-    """``pool_tokens`` sizes a block-diffusion model's KV pool (the token budget; LLaDA and Dream build
-    their cache per cycle); ``record_trace`` (row 0's forwards and commits) and ``record_margins`` (each
-    committed position's top-two gap) are recorded by the LLaDA/Dream runner and refused for a
-    block-diffusion model or DiffusionGemma (its canvas runner), which record neither."""
+    """``pool_tokens`` sizes a block-diffusion model's KV pool and DiffusionGemma's context pool (the
+    token budget; LLaDA and Dream build their cache per cycle); ``record_trace`` (row 0's forwards and
+    commits) and ``record_margins`` (each committed position's top-two gap) are recorded by the
+    LLaDA/Dream runner and refused for a block-diffusion model or DiffusionGemma (its canvas runner),
+    which record neither."""
     family = loaded.config.family
     if loaded.config.block_diffusion or family == DIFFUSION_GEMMA:
         for name, asked in (("record_trace", record_trace), ("record_margins", record_margins)):

@@ -12,7 +12,9 @@ from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.models.loader import load_model, parameter_count
+from engine_pod.profiling import profiler
 from engine_pod.profiling.profiler import Point, ProfileConfig, check_shape, for_model, grid, measure_point
+from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.static import sequential_scheduler
 from tests.engine_utils import run_workload
@@ -36,6 +38,25 @@ def test_a_profiled_canvas_cycle_runs_at_its_shape():
     cfg = for_model(ProfileConfig(model=str(REFERENCE), block_length=None, steps=3))
     point = measure_point(loaded, Point(6, 17), cfg)
     assert point.peak_bytes > 0 and (point.rows, point.width) == (6, 17)
+
+
+def test_a_profiled_canvas_cycle_is_measured_with_its_context_pool_allocated(monkeypatch):
+    """The runner's pool holds the point's tokens (the budget the fit turns them into sizes the engine's
+    pool the same way) and exists before the peak is reset, so the measured peak includes it."""
+    loaded = load_model(str(REFERENCE))
+    cfg = for_model(ProfileConfig(model=str(REFERENCE), block_length=None, steps=3))
+    runners, pool_at_reset = [], []
+    monkeypatch.setattr(
+        profiler, "make_runner", lambda *a, **k: runners.append(make_runner(*a, **k)) or runners[-1]
+    )
+    monkeypatch.setattr(
+        profiler, "reset_peak", lambda device: pool_at_reset.append(runners[-1].pool.nbytes())
+    )
+    measure_point(loaded, Point(6, 17), cfg)
+    pool = runners[0].pool
+    per_slot = sum(keys[0].nbytes + values[0].nbytes for keys, values in zip(pool.keys, pool.values))
+    assert pool_at_reset == [pool.nbytes()] == [(7 * 16 + 1) * per_slot]  # ceil(6 x 17 / 16) pages
+    assert pool.free_pages == 1  # each row's one-token context holds a page
 
 
 @pytest.fixture(scope="module")

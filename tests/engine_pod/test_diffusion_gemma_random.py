@@ -15,7 +15,7 @@ import torch
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling_params import SamplingParams
-from engine_pod.models.diffusion_gemma.context_cache import ContextCache
+from engine_pod.models.diffusion_gemma.context_cache import ContextCache, context_pool
 from engine_pod.models.loader import load_model
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
@@ -84,8 +84,9 @@ def test_a_rows_logits_are_bit_equal_alone_and_in_a_batch_in_float32(loaded):
     canvas = torch.randint(0, 1024, (8, 32), generator=generator)
     soft = torch.randn(8, 32, 128, generator=generator)
 
-    def caches(rows):
-        made = [ContextCache(model.config) for _ in rows]
+    def caches(rows):  # in one pool of their own (the batch's rows share it)
+        pool = context_pool(model.config, 40, 32, torch.float32, torch.device("cpu"))
+        made = [ContextCache(pool, str(row), model.config) for row in rows]
         for cache, row in zip(made, rows):
             model.encode(prompts[row], cache)
         return made

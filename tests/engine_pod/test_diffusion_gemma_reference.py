@@ -59,6 +59,11 @@ def _trace_canvases() -> list[list[dict]]:
     return canvases
 
 
+def _cache_for(model, tokens: int) -> ContextCache:
+    """A context of up to ``tokens`` tokens in a pool of its own."""
+    return ContextCache.alone(model.config, tokens, torch.float32, torch.device("cpu"))
+
+
 def _committed(run: dict, index: int) -> list[int]:
     length = run["args"]["canvas_length"]
     return run["output_ids"][index * length : (index + 1) * length]
@@ -68,7 +73,7 @@ def test_forward_matches_reference_logits_step_by_step(model):
     """Each decoder forward of the trace from the reference's inputs: its canvas, its context (prompt,
     then the committed canvases) and the previous step's processed logits as self-conditioning."""
     run, logits = TRACE["run"], load_file(str(REFERENCE / "trace_logits.safetensors"))
-    cache = ContextCache(model.config)
+    cache = _cache_for(model, len(run["prompt_ids"]) + len(run["output_ids"]))
     model.encode(torch.tensor([run["prompt_ids"]]), cache)
     for index, steps in enumerate(_trace_canvases()):
         if index:
@@ -300,7 +305,7 @@ def _checkpoint_with(tmp_path: Path, raw: dict, tensors: dict | None = None) -> 
 
 
 def _first_logits(model) -> torch.Tensor:
-    cache = ContextCache(model.config)
+    cache = _cache_for(model, len(TRACE["run"]["prompt_ids"]))
     model.encode(torch.tensor([TRACE["run"]["prompt_ids"]]), cache)
     return model.denoise(torch.tensor([TRACE["steps"][0]["canvas_input"]]), cache)
 

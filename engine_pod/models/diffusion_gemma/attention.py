@@ -10,9 +10,11 @@ Decoder: the canvas attends with no mask over what the context cache holds of th
 context in a full layer, its last ``sliding_window - 1`` tokens in a sliding one) followed by the
 canvas itself, whatever the canvas length: the reference's decoder passes no sliding mask.
 
-A batched forward takes one context cache per row: the projections, norms and output run over every
-row at once; the attention runs per row for the encoder and, for the decoder, per group of rows whose
-context is equally wide in the layer (no mask, no padding, no row sees another's keys).
+A batched forward takes its rows' contexts (``ContextBatch``: one context cache per row, in pages of one
+pool): the projections, norms and output run over every row at once; the encoder writes the new tokens'
+keys and values into the rows' pages, then attends per row; the decoder attends per group of rows whose
+context is equally wide in the layer, every group's context read from the pool in one gather per layer
+(no mask, no padding, no row sees another's keys).
 
 SDPA is called as the reference calls it (``transformers`` ``sdpa_attention_forward``): no mask and
 ``is_causal`` where the mask would be plainly causal, ``enable_gqa`` without a mask for heads up to
@@ -27,7 +29,7 @@ from torch import nn
 
 from engine_pod.models.diffusion_gemma.blocks import UnscaledRMSNorm
 from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
-from engine_pod.models.diffusion_gemma.context_cache import ContextCache
+from engine_pod.models.diffusion_gemma.context_cache import ContextBatch, ContextCache
 from engine_pod.models.diffusion_gemma.rotary import rotate
 from engine_pod.models.layers import RMSNorm
 
@@ -64,22 +66,25 @@ class GemmaAttention(nn.Module):
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def encode(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, caches: list[ContextCache]
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, contexts: ContextBatch
     ) -> torch.Tensor:
-        """New context tokens x [R, T, D], row r at positions caches[r].length.. : causal attention over
-        the row's kept context and themselves; their keys and values join the row's cache."""
+        """New context tokens x [R, T, D], row r at positions contexts.caches[r].length.. : their keys and
+        values go to the row's pages; causal attention over the row's kept context and themselves."""
         q, k, v = self._project(x, cos, sin)
+        contexts.write(self.layer, k, v)
         out = [
             self._encode_row(q[r : r + 1], k[r : r + 1], v[r : r + 1], cache)
-            for r, cache in enumerate(caches)
+            for r, cache in enumerate(contexts.caches)
         ]
         return self._output(x, torch.cat(out))
 
     def _encode_row(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: ContextCache
     ) -> torch.Tensor:
-        kept = cache.kept(self.layer)
-        keys, values = cache.extend(self.layer, k, v)
+        held = cache.read(self.layer)
+        kept = 0 if held is None else held[0].shape[2]
+        keys = k if held is None else torch.cat([held[0], k], dim=2)
+        values = v if held is None else torch.cat([held[1], v], dim=2)
         tokens, width = q.shape[2], keys.shape[2]
         plain_causal = (tokens == 1 or width == tokens) and (not self.sliding or width < self.window)
         if plain_causal:
@@ -92,21 +97,18 @@ class GemmaAttention(nn.Module):
         return self._attend(q, keys, values, mask[None, None], causal=False)
 
     def decode(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, caches: list[ContextCache]
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, contexts: ContextBatch
     ) -> torch.Tensor:
-        """The canvases x [R, L, D], row r over caches[r]: bidirectional over the layer's cached context
-        and the canvas. Rows whose context is equally wide in this layer attend in one call (every row
-        past the window in a sliding layer); no row sees another's keys and no mask is needed."""
+        """The canvases x [R, L, D], row r over contexts.caches[r]: bidirectional over the layer's kept
+        context and the canvas. Rows whose context is equally wide in this layer attend in one call (every
+        row past the window in a sliding layer); no row sees another's keys and no mask is needed."""
         q, k, v = self._project(x, cos, sin)
         out = torch.empty_like(q)
-        for rows in _rows_by_width(caches, self.layer):
-            context_keys = [caches[r].read(self.layer)[0] for r in rows]
-            index = torch.tensor(rows, device=x.device)
+        for index, context_keys, context_values in contexts.context(self.layer):
             keys, values = k.index_select(0, index), v.index_select(0, index)
-            if context_keys[0] is not None:
-                context_values = [caches[r].read(self.layer)[1] for r in rows]
-                keys = torch.cat([torch.cat(context_keys), keys], dim=2)
-                values = torch.cat([torch.cat(context_values), values], dim=2)
+            if context_keys is not None:
+                keys = torch.cat([context_keys, keys], dim=2)
+                values = torch.cat([context_values, values], dim=2)
             out[index] = self._attend(q.index_select(0, index), keys, values, None, causal=False)
         return self._output(x, out)
 
@@ -130,11 +132,3 @@ class GemmaAttention(nn.Module):
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, scale=1.0, is_causal=causal, enable_gqa=grouped
         )
-
-
-def _rows_by_width(caches: list[ContextCache], layer: int) -> list[list[int]]:
-    """The rows' indices grouped by how many context tokens ``layer`` holds for them."""
-    groups: dict[int, list[int]] = {}
-    for row, cache in enumerate(caches):
-        groups.setdefault(cache.kept(layer), []).append(row)
-    return list(groups.values())

@@ -1,12 +1,13 @@
 """A plain single-request DiffusionGemma generate: canvas after canvas over a kept context cache.
 
 The reference loop (``DiffusionGemmaGenerationMixin.generate``) at batch 1: encode the prompt into the
-context cache; then per canvas (at most ``ceil(max_new_tokens / canvas_length)``): draw a uniform
-canvas, denoise it step by step (``decoding/entropy_bound.py``) until the sampler stops it, commit the
-last step's argmax canvas, stop if it holds an EOS id or the length is reached, else encode the
-committed canvas into the cache (positions continue) and start the next. Whole canvases are returned,
-as the reference returns them (so up to ``canvas_length - 1`` tokens beyond ``max_new_tokens``), cut
-after the first EOS (where the reference pads).
+context cache (in a pool of its own, sized for the prompt and every canvas but the last); then per canvas
+(at most ``ceil(max_new_tokens / canvas_length)``): draw a uniform canvas, denoise it step by step
+(``decoding/entropy_bound.py``) until the sampler stops it, commit the last step's argmax canvas, stop if
+it holds an EOS id or the length is reached, else encode the committed canvas into the cache (positions
+continue) and start the next. Whole canvases are returned, as the reference returns them (so up to
+``canvas_length - 1`` tokens beyond ``max_new_tokens``), cut after the first EOS (where the reference
+pads).
 """
 
 from __future__ import annotations
@@ -78,10 +79,12 @@ def generate(
     length = canvas_length or config.canvas_length
     device = model.embed_tokens.weight.device
     generator = torch.Generator(device=device).manual_seed(seed)
-    cache = ContextCache(config)
+    canvases = math.ceil(max_new_tokens / length)
+    dtype = model.embed_tokens.weight.dtype
+    cache = ContextCache.alone(config, len(prompt_ids) + (canvases - 1) * length, dtype, device)
     model.encode(torch.tensor([prompt_ids], device=device), cache)
     result = GenerationResult(tokens=[])
-    for canvas_index in range(math.ceil(max_new_tokens / length)):
+    for canvas_index in range(canvases):
         tokens, steps = _denoise_canvas(model, cache, params, generator, length)
         result.tokens += tokens
         result.steps_per_canvas.append(steps)
@@ -90,7 +93,7 @@ def generate(
             result.tokens = result.tokens[: len(result.tokens) - length + eos + 1]
             result.finish_reason = "eos"
             break
-        if canvas_index + 1 < math.ceil(max_new_tokens / length):
+        if canvas_index + 1 < canvases:
             model.encode(torch.tensor([tokens], device=device), cache)
     logger.debug("generated %d tokens in %s steps", len(result.tokens), result.steps_per_canvas)
     return result

@@ -16,7 +16,7 @@ from torch import nn
 from engine_pod.models.diffusion_gemma.attention import GemmaAttention
 from engine_pod.models.diffusion_gemma.blocks import GeGLU
 from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
-from engine_pod.models.diffusion_gemma.context_cache import ContextCache
+from engine_pod.models.diffusion_gemma.context_cache import ContextBatch
 from engine_pod.models.diffusion_gemma.experts import GemmaExperts, GemmaRouter
 from engine_pod.models.layers import RMSNorm
 
@@ -48,15 +48,15 @@ class GemmaLayer(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        caches: list[ContextCache],
+        contexts: ContextBatch,
         scalar: torch.Tensor,
         encoding: bool,
     ) -> torch.Tensor:
-        """x [R, T, D], row r a request's: new context tokens (``encoding``: causal, written to
-        ``caches[r]``) or a canvas (bidirectional, reading ``caches[r]``); ``scalar`` is this layer's
+        """x [R, T, D], row r a request's: new context tokens (``encoding``: causal, written to row r's
+        context in ``contexts``) or a canvas (bidirectional, reading it); ``scalar`` is this layer's
         encoder or decoder scalar."""
         attend = self.self_attn.encode if encoding else self.self_attn.decode
-        x = x + self.post_attention_layernorm(attend(self.input_layernorm(x), cos, sin, caches))
+        x = x + self.post_attention_layernorm(attend(self.input_layernorm(x), cos, sin, contexts))
         dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
         flat = x.reshape(-1, x.shape[-1])
         experts, weights = self.router(flat)

@@ -1,9 +1,9 @@
 """DiffusionGemma's text model: the causal encoder and the canvas decoder over one set of layers.
 
 ``encode`` runs the encoder over new context tokens (the prompt, later each committed canvas) and
-appends their keys and values to the ``ContextCache``; its hidden states are not used. ``denoise``
-runs the decoder over one canvas (bidirectional, reading the cache) and returns the softcapped
-float32 logits. Self-conditioning: the decoder's input embeddings are
+writes their keys and values into each row's ``ContextCache`` (pages of a pool, reserved here); its
+hidden states are not used. ``denoise`` runs the decoder over one canvas (bidirectional, reading the
+cache) and returns the softcapped float32 logits. Self-conditioning: the decoder's input embeddings are
 ``post_norm(embed(canvas) + GeGLU(pre_norm(soft)))`` where ``soft`` is the previous step's soft
 prediction, ``softmax(processed logits) @ E * sqrt(D)`` (zeros at a canvas's first step);
 ``soft_embeddings`` computes it from the logits, so that a request carries [L, D] between steps
@@ -20,7 +20,7 @@ from torch import nn
 
 from engine_pod.models.diffusion_gemma.blocks import GeGLU, UnscaledRMSNorm
 from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
-from engine_pod.models.diffusion_gemma.context_cache import ContextCache
+from engine_pod.models.diffusion_gemma.context_cache import ContextBatch, ContextCache
 from engine_pod.models.diffusion_gemma.layer import GemmaLayer
 from engine_pod.models.diffusion_gemma.rotary import GemmaRotary
 from engine_pod.models.layers import RMSNorm
@@ -66,35 +66,33 @@ class DiffusionGemmaModel(nn.Module):
         scale = torch.tensor(self.embed_scale, dtype=torch.float32).to(table.weight.dtype)
         return table(ids) * scale.to(table.weight.device)
 
-    def _positions(self, caches: list[ContextCache], tokens: int, device: torch.device) -> torch.Tensor:
-        """[R, T]: row r's tokens continue its context (positions caches[r].length..)."""
-        lengths = torch.tensor([cache.length for cache in caches], device=device)
-        return torch.arange(tokens, device=device) + lengths[:, None]
-
     def _run(
         self,
         x: torch.Tensor,
         layers: nn.ModuleList,
-        caches: list[ContextCache],
+        contexts: ContextBatch,
         scalars: torch.Tensor,
         encoding: bool,
     ) -> torch.Tensor:
-        positions = self._positions(caches, x.shape[1], x.device)
+        positions = contexts.positions(x.shape[1], x.device)
         tables = {
             kind: self.rotary.cos_sin(positions, kind, x.dtype) for kind in set(self.config.layer_types)
         }
         for index, layer in enumerate(layers):
             cos, sin = tables[self.config.layer_types[index]]
-            x = layer(x, cos, sin, caches, scalars[index : index + 1], encoding)
+            x = layer(x, cos, sin, contexts, scalars[index : index + 1], encoding)
         return x
 
     @torch.no_grad()
     def encode(self, token_ids: torch.Tensor, caches: ContextCache | list[ContextCache]) -> None:
         """Append row r of the context tokens token_ids [R, T] to caches[r] (its positions continue the
-        row's context); one cache stands for a list of one."""
+        row's context; its pool must have the pages); one cache stands for a list of one."""
         caches = _rows(caches)
+        for cache in caches:
+            cache.reserve(token_ids.shape[1])
         table, layers = self._encoder_parts()
-        self._run(self._embed(table, token_ids), layers, caches, self.encoder_layer_scalars, encoding=True)
+        contexts = ContextBatch(caches)
+        self._run(self._embed(table, token_ids), layers, contexts, self.encoder_layer_scalars, encoding=True)
         for cache in caches:
             cache.advance(token_ids.shape[1])
 
@@ -102,17 +100,17 @@ class DiffusionGemmaModel(nn.Module):
     def denoise(
         self,
         canvas: torch.Tensor,
-        caches: ContextCache | list[ContextCache],
+        caches: ContextCache | list[ContextCache] | ContextBatch,
         soft: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Softcapped float32 logits [R, L, V] of the canvases [R, L], row r over caches[r] (positions
         caches[r].length..), given the previous step's soft embeddings ``soft`` [R, L, D] (None: the
-        canvases' first step)."""
-        caches = _rows(caches)
+        canvases' first step). A ``ContextBatch`` of the caches may be reused over the steps of a canvas."""
+        contexts = caches if isinstance(caches, ContextBatch) else ContextBatch(_rows(caches))
         embeddings = self._embed(self.embed_tokens, canvas)
         soft = torch.zeros_like(embeddings) if soft is None else soft
         x = self.self_conditioning(embeddings, soft)
-        x = self.norm(self._run(x, self.layers, caches, self.decoder_layer_scalars, encoding=False))
+        x = self.norm(self._run(x, self.layers, contexts, self.decoder_layer_scalars, encoding=False))
         head = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
         logits = nn.functional.linear(x, head).to(torch.float32)
         cap = self.config.final_logit_softcapping
