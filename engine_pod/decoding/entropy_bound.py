@@ -22,7 +22,8 @@ Random numbers come from one ``torch.Generator`` per row (per request), never fr
 a row's draws do not depend on its batch neighbours. Per row and canvas: ``randint(0, V, (1, L))``
 for the initial canvas; per step, ``multinomial`` of the row's [L, V] probabilities (one sample each)
 then ``randint(0, V, (1, L))`` for the renoising (drawn whether or not any position needs it). These
-are the reference's draws at batch 1 after ``torch.manual_seed(seed)``, in that order.
+are the reference's draws at batch 1 after ``torch.manual_seed(seed)``, in that order; the multinomial
+draws of every row are made at once, bit for bit (``categorical_draws.py``).
 
 The settings (``EntropyBoundParams``: defaults, ranges) live in ``dllm_contracts/canvas_sampler.py``, where
 the gateway reads them too; each row has its own.
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from dllm_contracts.canvas_sampler import EntropyBoundParams
+from engine_pod.decoding.categorical_draws import categorical_draws
 
 
 @dataclass
@@ -148,16 +150,9 @@ def _draw(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row, from its own generator: one token per position from its probabilities, then the
     renoising tokens (both always drawn, in this order)."""
-    sampled, noise = [], []
-    length = probabilities.shape[1]
-    for row, generator in enumerate(rows.generators):
-        sampled.append(
-            torch.multinomial(probabilities[row], num_samples=1, generator=generator).view(1, length)
-        )
-        noise.append(
-            torch.randint(0, vocab_size, (1, length), generator=generator, device=probabilities.device)
-        )
-    return torch.cat(sampled), torch.cat(noise)
+    sampled = categorical_draws(probabilities, rows.generators)
+    noise = uniform_tokens(rows.generators, probabilities.shape[1], vocab_size, probabilities.device)
+    return sampled, noise
 
 
 def _stopped(rows: CanvasRows, argmax: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
-from engine_pod.decoding.entropy_bound import EntropyBoundParams, denoise_step, start_canvas
+from engine_pod.decoding.entropy_bound import EntropyBoundParams, StepResult, denoise_step, start_canvas
 from engine_pod.models.diffusion_gemma.context_cache import ContextBatch, ContextCache, context_pool
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.contract import CycleOutput, CycleStats
@@ -204,8 +204,10 @@ class CanvasCycleRunner:
             stats.forwards += 1
             stats.computed_positions += len(forward) * L
             stats.useful_positions += len(running) * L
-            at = {row: place for place, row in enumerate(forward)}
-            result = denoise_step(rows, logits[[at[i] for i in running]])
+            if forward != running:  # a static batch's rows that stopped are computed, not sampled
+                at = {row: place for place, row in enumerate(forward)}
+                logits = logits[[at[i] for i in running]]
+            result = denoise_step(rows, logits)
             done = result.done.tolist()
             for place, i in enumerate(running):
                 steps[i] += 1
@@ -216,10 +218,8 @@ class CanvasCycleRunner:
                 if soft is None:
                     soft = torch.zeros(R, L, config.hidden_size, dtype=self.loaded.dtype, device=device)
                 going = [running[place] for place in keep]
-                soft[going] = self.model.soft_embeddings(
-                    result.processed_logits[keep], result.probabilities[keep]
-                )
-                rows = rows.select(keep)
+                soft[going] = self.model.soft_embeddings(*_rows_of(result, keep, len(running)))
+                rows = rows.select(keep) if len(keep) < len(running) else rows
                 canvas[going] = rows.canvas
             running = [running[place] for place in keep]
         return CycleOutput(blocks=blocks, steps=steps, stats=stats)
@@ -235,3 +235,10 @@ class CanvasCycleRunner:
         raise ValueError(
             "threshold calibration does not apply to diffusion_gemma: its sampler accepts by entropy"
         )
+
+
+def _rows_of(result: StepResult, keep: list[int], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The processed logits and probabilities of the rows ``keep`` (all of them: no copy)."""
+    if len(keep) == rows:
+        return result.processed_logits, result.probabilities
+    return result.processed_logits[keep], result.probabilities[keep]

@@ -114,7 +114,7 @@ class DiffusionGemmaModel(nn.Module):
         head = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
         logits = nn.functional.linear(x, head).to(torch.float32)
         cap = self.config.final_logit_softcapping
-        return torch.tanh(logits / cap) * cap
+        return logits.div_(cap).tanh_().mul_(cap)  # tanh(logits / cap) * cap, in the linear's output
 
     @torch.no_grad()
     def soft_embeddings(
