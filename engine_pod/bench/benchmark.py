@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from dllm_contracts.canvas_sampler import EntropyBoundParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.bench.calibrate import calibrate_threshold
 from engine_pod.bench.execute import run_policy, run_policy_isolated
@@ -110,6 +111,7 @@ def run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None = N
             all_runs[name].append(run)
             runs = {n: _median_run(r) for n, r in all_runs.items() if r}
             report = _report(cfg, runs, requests, widths, batch, config.eos_token_ids, calibration)
+            report["canvas_sampler"] = _canvas_sampler(config, cfg.decoding)
             report["wall_s_per_run"] = {n: [round(x.wall_s, 4) for x in r] for n, r in all_runs.items() if r}
             report["cpu_s_per_run"] = {
                 n: [round(x.cpu_s, 3) for x in r if x.cpu_s] for n, r in all_runs.items() if r
@@ -117,6 +119,16 @@ def run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None = N
             if on_policy is not None:
                 on_policy(report)
     return report
+
+
+def _canvas_sampler(config, decoding: DecodingConfig) -> dict | None:
+    """The entropy-bound sampler's settings where the model samples with it (its generation config, with
+    the steps per block as its steps per canvas, as the runner sets them); None for the others."""
+    generation = getattr(config, "generation", None)
+    if generation is None:
+        return None
+    params = EntropyBoundParams.from_generation_config(generation)
+    return asdict(replace(params, max_denoising_steps=decoding.steps_per_block))
 
 
 def _round_order(policies: tuple[str, ...], round_number: int) -> tuple[str, ...]:

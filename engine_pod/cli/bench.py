@@ -223,18 +223,11 @@ def run(args: argparse.Namespace) -> int:
 def summary_text(report: dict) -> str:
     """Everything needed to judge a run: the setup, then one line per policy."""
     usable = report.get("usable_memory_bytes")
-    calibration = report.get("threshold_calibration")
-    threshold = report["decoding"]["threshold"]
     lines = [
         f"device {report['device_name']} ({report['device']}, {report['dtype']}), torch {report['torch_version']}",
         f"token budget {report['token_budget']}, static batch size {report['static_batch_size']}, "
         f"usable memory {f'{usable / 2**20:.0f} MiB' if usable else 'unknown (no --profile)'}",
-        f"threshold {threshold:.6g}"
-        + (
-            f" (calibrated: {calibration['fraction']} of first-forward confidences reach it)"
-            if calibration
-            else ""
-        ),
+        _decoding_line(report),
         f"{'policy':<22}{'wall s':>8}{'tokens':>9}{'forwards':>9}{'tok/s':>10}{'speedup':>9}"
         f"{'pad eff':>9}{'peak MiB':>10}{'peak/usable':>12}{'agreement':>10}",
     ]
@@ -254,3 +247,15 @@ def summary_text(report: dict) -> str:
         f"outputs identical across policies: {report['outputs_identical']}"
     )
     return "\n".join(lines)
+
+
+def _decoding_line(report: dict) -> str:
+    """The confidence threshold, or the entropy-bound sampler's settings for a model that samples so."""
+    sampler = report.get("canvas_sampler")
+    if sampler:
+        return "entropy-bound sampler: " + ", ".join(f"{name} {value:g}" for name, value in sampler.items())
+    calibration = report.get("threshold_calibration")
+    line = f"threshold {report['decoding']['threshold']:.6g}"
+    if calibration:
+        line += f" (calibrated: {calibration['fraction']} of first-forward confidences reach it)"
+    return line

@@ -25,7 +25,7 @@ def make_runner(
     LLaDA/Dream runner and refused for a block-diffusion model or DiffusionGemma (its canvas runner),
     which record neither."""
     family = loaded.config.family
-    if loaded.config.block_diffusion or family == DIFFUSION_GEMMA:
+    if not records_margins(loaded.config):
         for name, asked in (("record_trace", record_trace), ("record_margins", record_margins)):
             if asked:
                 raise ValueError(f"{name} is not supported for block-diffusion models ({family})")
@@ -33,3 +33,8 @@ def make_runner(
             return CanvasCycleRunner(loaded, decoding, pool_tokens)
         return BlockDiffusionCycleRunner(loaded, decoding, pool_tokens)
     return BlockCycleRunner(loaded, decoding, record_trace=record_trace, record_margins=record_margins)
+
+
+def records_margins(config) -> bool:
+    """Whether the family's runner can record margins and traces (LLaDA and Dream's runner does)."""
+    return not (config.block_diffusion or config.family == DIFFUSION_GEMMA)

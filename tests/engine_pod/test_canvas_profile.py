@@ -3,6 +3,7 @@ and the random tiny preset for benchmarks (`random:diffusion-gemma-tiny`) throug
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from pathlib import Path
 
@@ -79,3 +80,29 @@ def test_the_random_tiny_preset_runs_under_blockserve_as_alone(tiny):
     blockserve = partial(BlockServeScheduler, 32, [], SchedulerConfig(token_budget=300))
     together = run_workload(tiny, blockserve, decoding, workload, sampling=sampling)
     assert together == alone and [len(alone[r]) for r, _, _ in workload] == [64, 32, 96]
+
+
+def test_dllm_bench_reports_the_entropy_bound_samplers_settings_not_a_threshold(tmp_path, capsys):
+    from engine_pod.cli.main import main
+
+    out = tmp_path / "bench.json"
+    argv = [
+        "bench",
+        "--model",
+        "random:diffusion-gemma-tiny",
+        "--workload",
+        "synthetic:n=3,prompt=4-12,gen=32-32,seed=0",
+    ]
+    assert main([*argv, "--policy", "blockserve", "--no-isolate", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["canvas_sampler"] == {
+        "max_denoising_steps": 32,  # the steps per block
+        "entropy_bound": 1000.0,  # the preset's generation config
+        "t_min": 0.05,
+        "t_max": 0.1,
+        "stability_threshold": 0,
+        "confidence_threshold": 1.0,
+    }
+    printed = capsys.readouterr().out
+    assert "entropy-bound sampler: max_denoising_steps 32, entropy_bound 1000, t_min 0.05" in printed
+    assert "threshold 0.9" not in printed
