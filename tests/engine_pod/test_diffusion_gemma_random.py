@@ -104,3 +104,24 @@ def test_an_expert_rounds_a_token_alike_however_many_tokens_chose_it(loaded):
     together = experts._expert(3, x)
     for count in (1, 2, 3, 4):
         assert torch.equal(experts._expert(3, x[:count]), together[:count])
+
+
+@pytest.mark.parametrize("prompt_tokens", [1, 2, 3])
+def test_a_prompt_of_fewer_tokens_than_a_matrix_kernels_rows_encodes_alike_alone_and_batched(
+    loaded, prompt_tokens
+):
+    """Alone, a prompt of 1-3 tokens is a matrix of 1-3 rows in every linear layer of the encoder, which a
+    CPU's BLAS rounds with other kernels than the same prompts batched (``models/row_invariant.py``)."""
+    model, generator = loaded.model, torch.Generator().manual_seed(prompt_tokens)
+    prompts = torch.randint(3, 1024, (3, prompt_tokens), generator=generator)
+    canvas = torch.randint(0, 1024, (3, 32), generator=generator)
+
+    def logits(rows: list[int]) -> torch.Tensor:
+        pool = context_pool(model.config, 8, 32, torch.float32, torch.device("cpu"))
+        caches = [ContextCache(pool, str(row), model.config) for row in rows]
+        model.encode(prompts[rows], caches)  # the rows' prompts in one encoder forward
+        return model.denoise(canvas[rows], caches)
+
+    batched = logits([0, 1, 2])
+    for row in range(3):
+        assert torch.equal(logits([row])[0], batched[row])

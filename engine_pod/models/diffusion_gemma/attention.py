@@ -32,6 +32,7 @@ from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
 from engine_pod.models.diffusion_gemma.context_cache import ContextBatch, ContextCache
 from engine_pod.models.diffusion_gemma.rotary import rotate
 from engine_pod.models.layers import RMSNorm
+from engine_pod.models.row_invariant import RowInvariantLinear
 
 _GQA_MAX_HEAD_DIM = 256  # the reference lets SDPA group the heads only up to this width
 
@@ -45,10 +46,10 @@ class GemmaAttention(nn.Module):
         self.layer, self.head_dim, self.num_heads, self.num_kv_heads = layer, hd, config.num_heads, kv
         self.sliding = config.is_sliding(layer)
         self.window = config.sliding_window
-        self.q_proj = nn.Linear(config.hidden_size, config.num_heads * hd, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, kv * hd, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, kv * hd, bias=bias) if self.sliding else None
-        self.o_proj = nn.Linear(config.num_heads * hd, config.hidden_size, bias=bias)
+        self.q_proj = RowInvariantLinear(config.hidden_size, config.num_heads * hd, bias=bias)
+        self.k_proj = RowInvariantLinear(config.hidden_size, kv * hd, bias=bias)
+        self.v_proj = RowInvariantLinear(config.hidden_size, kv * hd, bias=bias) if self.sliding else None
+        self.o_proj = RowInvariantLinear(config.num_heads * hd, config.hidden_size, bias=bias)
         self.q_norm = RMSNorm(hd, config.rms_norm_eps)
         self.k_norm = RMSNorm(hd, config.rms_norm_eps)
         self.v_norm = UnscaledRMSNorm(hd, config.rms_norm_eps)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine_pod.models.layers import RMSNorm
+from engine_pod.models.row_invariant import RowInvariantLinear
 
 
 class UnscaledRMSNorm(RMSNorm):
@@ -29,9 +30,9 @@ class GeGLU(nn.Module):
 
     def __init__(self, hidden: int, width: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, width, bias=False)
-        self.up_proj = nn.Linear(hidden, width, bias=False)
-        self.down_proj = nn.Linear(width, hidden, bias=False)
+        self.gate_proj = RowInvariantLinear(hidden, width, bias=False)
+        self.up_proj = RowInvariantLinear(hidden, width, bias=False)
+        self.down_proj = RowInvariantLinear(width, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))

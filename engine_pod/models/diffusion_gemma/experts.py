@@ -17,11 +17,7 @@ from torch import nn
 
 from engine_pod.models.diffusion_gemma.blocks import UnscaledRMSNorm
 from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
-
-# CPU BLAS multiplies a matrix of 1, 2 or 3 rows with other kernels than one of 4 or more (measured with
-# torch's oneDNN/MKL sgemm: a row's bits are the same for every count from 4 up, and differ below): an
-# expert that a batch gives many tokens and a request alone gives 1 to 3 would round its tokens differently
-MIN_ROWS = 4
+from engine_pod.models.row_invariant import RowInvariantLinear, linear
 
 
 class GemmaRouter(nn.Module):
@@ -32,7 +28,7 @@ class GemmaRouter(nn.Module):
         self.top_k = config.top_k_experts
         self.root_size = config.hidden_size**-0.5
         self.norm = UnscaledRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.proj = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.proj = RowInvariantLinear(config.hidden_size, config.num_experts, bias=False)
         self.scale = nn.Parameter(torch.ones(config.hidden_size))
         self.per_expert_scale = nn.Parameter(torch.ones(config.num_experts))
 
@@ -78,13 +74,10 @@ class GemmaExperts(nn.Module):
         return order, torch.bincount(flat, minlength=self.num_experts).tolist()
 
     def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        """The expert over its tokens x [n, D]; fewer than ``MIN_ROWS`` are padded with zero rows (dropped
-        after), so that a token's result does not depend on how many others chose the expert."""
-        tokens = x.shape[0]
-        if tokens < MIN_ROWS:
-            x = torch.cat([x, x.new_zeros(MIN_ROWS - tokens, x.shape[1])])
-        gate, up = F.linear(x, self.gate_up_proj[expert]).chunk(2, dim=-1)
-        return F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[expert])[:tokens]
+        """The expert over its tokens x [n, D], each token rounded alike however many others chose the
+        expert (``row_invariant.linear``)."""
+        gate, up = linear(x, self.gate_up_proj[expert]).chunk(2, dim=-1)
+        return linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[expert])
 
     @staticmethod
     def _sum_in_expert_order(pairs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ from engine_pod.models.diffusion_gemma.context_cache import ContextBatch, Contex
 from engine_pod.models.diffusion_gemma.layer import GemmaLayer
 from engine_pod.models.diffusion_gemma.rotary import GemmaRotary
 from engine_pod.models.layers import RMSNorm
+from engine_pod.models.row_invariant import RowInvariantLinear
 
 
 class SelfConditioning(GeGLU):
@@ -54,7 +55,7 @@ class DiffusionGemmaModel(nn.Module):
         if not config.tie_word_embeddings:  # the encoder's own weights and an LM head of its own
             self.encoder_embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
             self.encoder_layers = nn.ModuleList(GemmaLayer(config, i) for i in range(config.num_layers))
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = RowInvariantLinear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = GemmaRotary(config)
 
     def _encoder_parts(self) -> tuple[nn.Embedding, nn.ModuleList]:
