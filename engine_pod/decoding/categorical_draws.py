@@ -8,15 +8,15 @@ of one 64-bit draw), and calls the C library's ``log1p`` per element: about a mi
 the sampler's largest cost (a canvas of 32 positions over a vocabulary of 1,024 is 32,768 of them).
 
 Here each row's ``u`` comes from its generator in one ``uniform_`` of doubles (the same 64-bit draws in
-the same order, leaving the generator in the same state), and ``-log1p(-u)`` is computed for every row at
-once with torch's vectorised ``log1p``. That ``log1p`` can differ from the C library's in the last bits
-of a double, which changes the float it rounds to only when the double lies within a few of its last
-bits of a float's rounding midpoint; such elements (about one in a million) are recomputed with the C
-library's ``log1p`` (``math.log1p``), so the floats are the serial kernel's exactly. The division and the
-argmax are torch's own, as multinomial does them.
+the same order, leaving the generator in the same state), and ``-log(1 - u)`` is computed with torch's
+vectorised ``log`` (``1 - u`` is exact: ``u`` is a multiple of 2**-53). That logarithm can differ from the C
+library's ``log1p`` in the last bits of a double, which changes the float it rounds to only when the double
+lies within a few of its last bits of a float's rounding midpoint; such elements (about one in a million)
+are recomputed with the C library's ``log1p`` (``math.log1p``), so the floats are the serial kernel's
+exactly. The division and the argmax are torch's own, as multinomial does them.
 
-Generators on another device (a GPU's, whose exponentials are computed otherwise) draw with
-``torch.multinomial`` row by row.
+Probabilities other than float32 (whose exponentials are doubles) and generators on another device
+(a GPU's, whose exponentials are computed otherwise) draw with ``torch.multinomial`` row by row.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def categorical_draws(probabilities: torch.Tensor, generators: list[torch.Genera
     """[R, L] int64: row r's token per position, drawn from ``probabilities[r]`` [L, V] (float32, each
     position's distribution) with ``generators[r]`` as ``torch.multinomial(..., 1)`` draws it."""
     rows, length, vocab = probabilities.shape
-    if probabilities.device.type != "cpu" or any(g.device.type != "cpu" for g in generators):
+    on_cpu = probabilities.device.type == "cpu" and all(g.device.type == "cpu" for g in generators)
+    if not on_cpu or probabilities.dtype != torch.float32:
         return torch.cat(
             [
                 torch.multinomial(probabilities[r], num_samples=1, generator=g).view(1, length)

@@ -56,6 +56,12 @@ def test_the_exponentials_are_torchs_float_for_float() -> None:
         assert torch.equal(ours, expected)
 
 
+def test_float64_probabilities_draw_as_multinomial_draws_them() -> None:
+    probabilities = _distributions(3, 0.5, seed=2).to(torch.float64)
+    ours, theirs = _generators([4, 5, 6]), _generators([4, 5, 6])
+    assert torch.equal(categorical_draws(probabilities, ours), _multinomial_rows(probabilities, theirs))
+
+
 def test_a_distribution_multinomial_refuses_is_refused() -> None:
     probabilities = _distributions(2, 1.0, seed=1)
     probabilities[1, 3, 7] = float("nan")
