@@ -9,7 +9,7 @@ write as null, so events with log probabilities are written by json (as -Infinit
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import orjson
@@ -44,8 +44,15 @@ class QueuedRequest:
         return orjson.dumps(vars(self))
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> QueuedRequest:
-        return cls(**loads(text))
+    def read(cls, text: str | bytes) -> tuple[QueuedRequest, list[str]]:
+        """The request, and the names of the fields in it that this version does not know: a newer
+        gateway's, which a worker refuses the request for, by name (a payload it cannot read at all would
+        fail every claim that holds it, claim after claim)."""
+        data = loads(text)
+        known = {item.name for item in fields(cls)}
+        return cls(**{name: value for name, value in data.items() if name in known}), sorted(
+            set(data) - known
+        )
 
 
 @dataclass

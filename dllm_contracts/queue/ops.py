@@ -30,6 +30,7 @@ class Claimed:
     request: QueuedRequest
     generated: list[int]  # blocks committed by earlier workers
     logprobs: list = field(default_factory=list)  # their tokens' log probabilities, where recorded
+    unknown_fields: list[str] = field(default_factory=list)  # in its payload, unknown to this version
 
 
 @dataclass(frozen=True)
@@ -173,14 +174,13 @@ class QueueOps:
     @staticmethod
     def parse_claim(reply: list) -> list[Claimed]:
         items = as_text(reply)
-        return [
-            Claimed(
-                QueuedRequest.from_json(items[i + 1]),
-                json.loads(items[i + 2] or "[]"),
-                [entry for block in json.loads(items[i + 3] or "[]") for entry in block],
-            )
-            for i in range(0, len(items), 4)
-        ]
+        claimed = []
+        for i in range(0, len(items), 4):
+            request, unknown = QueuedRequest.read(items[i + 1])
+            generated = json.loads(items[i + 2] or "[]")
+            logprobs = [entry for block in json.loads(items[i + 3] or "[]") for entry in block]
+            claimed.append(Claimed(request, generated, logprobs, unknown))
+        return claimed
 
     def renew(self, worker: str, request_ids: list[str]) -> ScriptCall:
         return ScriptCall(

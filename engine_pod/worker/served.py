@@ -32,13 +32,18 @@ class ServedRequest:
         cls, claimed: Claimed, request: Request, canvas_sampler: EntropyBoundParams | None = None
     ) -> ServedRequest:
         """The record of a claimed request: its settings on the scheduler's ``request``, its committed
-        blocks and their log probabilities as Redis recorded them; refused if its sampling is invalid, or
+        blocks and their log probabilities as Redis recorded them; refused if its payload has fields this
+        version does not know (named), if its sampling is invalid, or
         if it sets entropy-bound sampler settings that are invalid over the runner's ``canvas_sampler`` or
         that the model has no use for (``canvas_sampler`` None)."""
         payload = claimed.request
         request.generated = list(claimed.generated)
         request.threshold, request.logprobs = payload.threshold, payload.logprobs
         served = cls(request, payload.meta, payload.stream)
+        if claimed.unknown_fields:
+            names = ", ".join(claimed.unknown_fields)
+            served.refuse(f"{names}: unknown to this engine (sent by a newer gateway); upgrade the engine")
+            return served
         if payload.logprobs is not None:  # blocks committed elsewhere: as recorded in Redis
             restored = claimed.logprobs[: len(claimed.generated)]
             served.logprobs = restored + [None] * (len(claimed.generated) - len(restored))

@@ -381,6 +381,26 @@ def test_sampled_requests_draw_with_their_own_seeds(redis_server, service, make_
     assert len({tuple(answers[i]) for i in ("seed-5", "seed-6", "greedy")}) == 3
 
 
+def test_a_request_with_fields_this_engine_does_not_know_ends_with_their_names(
+    redis_server, service, make_worker
+):
+    """A newer gateway's payload (a field added since): the request ends at once with an error naming the
+    field, instead of failing every claim that holds it; the worker goes on serving."""
+    queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
+    newer = QueuedRequest("newer", [7] * 5, BLOCK, time.time())
+    newer.speculation = {"draft": "tiny"}  # to_json writes every attribute: a field this version lacks
+    fine = QueuedRequest("fine", [7] * 5, BLOCK, time.time())
+    assert b'"speculation"' in newer.to_json()
+    assert queue.run(queue.ops.enqueue_all([newer, fine]))
+    with make_worker(redis_server.url, service):
+        refused = wait_for(lambda: _done(queue, "newer"), what="the error")
+        assert wait_for(lambda: _done(queue, "fine"), what="the next answer").finish_reason != "error"
+    assert (refused.finish_reason, refused.token_ids) == ("error", [])
+    assert (
+        refused.error == "speculation: unknown to this engine (sent by a newer gateway); upgrade the engine"
+    )
+
+
 def test_invalid_sampling_settings_end_the_request_with_a_clear_error(redis_server, service, make_worker):
     """Settings the gateway would never send (a client of the queue's own): the request ends at once, with
     its error, its meta and no tokens, and the worker goes on serving. Entropy-bound sampler settings are
