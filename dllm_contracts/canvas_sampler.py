@@ -73,6 +73,12 @@ class EntropyBoundParams:
         values = {name: raw.get(name) for name in SETTINGS} | {"entropy_bound": sampler.get("entropy_bound")}
         return cls(**{key: value for key, value in values.items() if value is not None})
 
+    @classmethod
+    def for_service(cls, raw: dict[str, Any], steps_per_canvas: int) -> EntropyBoundParams:
+        """A service's settings: its checkpoint's generation config with the engine's steps per canvas
+        (``--steps-per-block``) as ``max_denoising_steps``."""
+        return replace(cls.from_generation_config(raw), max_denoising_steps=steps_per_canvas)
+
     def for_request(self, settings: dict[str, Any] | None) -> EntropyBoundParams:
         """These settings (the service's) with those a request sets (``settings``: by name; None or empty:
         none). ValueError naming what is wrong: an unknown name, a value out of range, t_min not below

@@ -127,8 +127,7 @@ def _canvas_sampler(config, decoding: DecodingConfig) -> dict | None:
     generation = getattr(config, "generation", None)
     if generation is None:
         return None
-    params = EntropyBoundParams.from_generation_config(generation)
-    return asdict(replace(params, max_denoising_steps=decoding.steps_per_block))
+    return asdict(EntropyBoundParams.for_service(generation, decoding.steps_per_block))
 
 
 def _round_order(policies: tuple[str, ...], round_number: int) -> tuple[str, ...]:

@@ -38,12 +38,12 @@ a trace and margins are refused by name.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
-from engine_pod.decoding.entropy_bound import EntropyBoundParams, StepResult, denoise_step, start_canvas
+from engine_pod.decoding.entropy_bound import EntropyBoundParams, denoise_step, start_canvas
 from engine_pod.models.diffusion_gemma.context_cache import ContextBatch, ContextCache, context_pool
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.contract import CycleOutput, CycleStats
@@ -100,8 +100,7 @@ class CanvasCycleRunner:
                 f"canvas {decoding.canvas!r} does not apply: DiffusionGemma has no masks"
             )
         self.loaded, self.decoding, self.model = loaded, decoding, loaded.model
-        sampler = EntropyBoundParams.from_generation_config(config.generation)
-        self.canvas_sampler = replace(sampler, max_denoising_steps=decoding.steps_per_block)
+        self.canvas_sampler = EntropyBoundParams.for_service(config.generation, decoding.steps_per_block)
         self.pool_tokens = pool_tokens or DEFAULT_POOL_TOKENS
         pages = -(-self.pool_tokens // decoding.block_length)  # a row's pages never exceed its tokens
         self.pool = context_pool(config, pages, decoding.block_length, loaded.dtype, loaded.device)
@@ -218,8 +217,10 @@ class CanvasCycleRunner:
                 if soft is None:
                     soft = torch.zeros(R, L, config.hidden_size, dtype=self.loaded.dtype, device=device)
                 going = [running[place] for place in keep]
-                soft[going] = self.model.soft_embeddings(*_rows_of(result, keep, len(running)))
-                rows = rows.select(keep) if len(keep) < len(running) else rows
+                processed, probabilities = result.processed_logits, result.probabilities
+                if len(keep) < len(running):  # copies of the rows going on only when some stopped
+                    processed, probabilities, rows = processed[keep], probabilities[keep], rows.select(keep)
+                soft[going] = self.model.soft_embeddings(processed, probabilities)
                 canvas[going] = rows.canvas
             running = [running[place] for place in keep]
         return CycleOutput(blocks=blocks, steps=steps, stats=stats)
@@ -235,10 +236,3 @@ class CanvasCycleRunner:
         raise ValueError(
             "threshold calibration does not apply to diffusion_gemma: its sampler accepts by entropy"
         )
-
-
-def _rows_of(result: StepResult, keep: list[int], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The processed logits and probabilities of the rows ``keep`` (all of them: no copy)."""
-    if len(keep) == rows:
-        return result.processed_logits, result.probabilities
-    return result.processed_logits[keep], result.probabilities[keep]
