@@ -11,15 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_pod.models.block_batch import (
-    AttentionGroup,
-    BlockForward,
-    DenseBlockForward,
-    PackedBlockForward,
-    block_causal,
-    block_causal_mask,
-)
+from engine_pod.models.block_batch import BlockForward, DenseBlockForward, PackedBlockForward, block_causal
 from engine_pod.models.paged_kv import PagedKVPool
+from engine_pod.models.ragged import RaggedAttention, RowSpans
 
 Selection = tuple[torch.Tensor, torch.Tensor]  # (row of the forward's tokens, query index in it)
 
@@ -87,40 +81,33 @@ def _dense_mask(
 
 
 def packed_forward(step: StepQueries, pool: PagedKVPool) -> tuple[BlockForward, Selection]:
-    """Rows one after another, those of one (end, width) adjacent: each group attends in one call over
-    exactly its keys. Only a group whose queries reach back before its active block needs a mask."""
+    """Rows one after another, those of one (end, width) adjacent, and their keys in the same order: the
+    plan attends each row over exactly its keys, one call per layer. Only a row whose queries reach back
+    before its active block needs a mask."""
     L, device = step.block_length, step.blocks.device
     widths = step.widths
     order = sorted(range(len(widths)), key=lambda r: (-step.starts[r], -widths[r]))
-    offsets = [0] * len(widths)
-    tokens, positions, write, groups = [], [], [], []
-    total = 0
+    ends = [start + L for start in step.starts]
+    q_start, k_start = [0] * len(widths), [0] * len(widths)
+    tokens, positions, write, key_slots = [], [], [], []
+    queries = keys = 0
     for r in order:
-        first, end, width = step.firsts[r], step.starts[r] + L, widths[r]
-        offsets[r] = total
+        first, end, width = step.firsts[r], ends[r], widths[r]
+        q_start[r], k_start[r] = queries, keys
         tokens.append(torch.cat([step.committed[r], step.blocks[r]]) if width > L else step.blocks[r])
         positions.append(torch.arange(first, end, device=device))
         write.append(step.key_slots[r][first:])
-        head = groups[-1] if groups else None
-        if head is not None and head[0] == (end, width):
-            head[1].append(r)
-        else:
-            groups.append(((end, width), [r]))
-        total += width
+        key_slots.append(step.key_slots[r])
+        queries, keys = queries + width, keys + end
+    plan = RaggedAttention(RowSpans(q_start, widths, k_start, ends), device, causal_blocks=L)
     forward = PackedBlockForward(
         torch.cat(tokens)[None],
         torch.cat(positions)[None],
         torch.cat(write)[None],
-        [_group(members, offsets, end, width, step, device) for (end, width), members in groups],
+        torch.cat(key_slots),
+        plan,
         pool,
     )
     pick_r, pick_k = step.masked()
-    base = torch.tensor([offsets[r] + widths[r] - L for r in range(len(widths))], device=device)
+    base = torch.tensor([q_start[r] + widths[r] - L for r in range(len(widths))], device=device)
     return forward, (torch.zeros_like(pick_r), base[pick_r] + pick_k)
-
-
-def _group(members: list[int], offsets: list[int], end: int, width: int, step: StepQueries, device):
-    L = step.block_length
-    key_slots = torch.stack([step.key_slots[r] for r in members])
-    mask = None if width == L else block_causal_mask(end - width, end, L, device)
-    return AttentionGroup(offsets[members[0]], len(members), width, key_slots, mask)

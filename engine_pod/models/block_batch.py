@@ -7,9 +7,10 @@ before). Both layouts write every query's K/V to the pool first, then read each 
 
 - ``DenseBlockForward``: rows padded to the widest row's queries and keys, one SDPA call with a mask
   (static batching's box).
-- ``PackedBlockForward``: the rows' queries one after another, no padding. Rows of one ``(end, width)``
-  are adjacent and attend in one SDPA call over exactly their keys; a group whose queries are its active
-  block alone needs no mask (every key before ``end`` is visible to it).
+- ``PackedBlockForward``: the rows' queries one after another, no padding, and their keys read from the
+  pool in the same order; every layer attends in one call (models/attention_backends.py) over a plan
+  built once per forward (models/ragged.py: rows of one ``(end, width)`` adjacent, a row whose queries
+  are its active block alone needs no mask, every key before ``end`` being visible to it).
 """
 
 from __future__ import annotations
@@ -19,20 +20,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine_pod.models.attention_backends import ragged_attention
 from engine_pod.models.paged_kv import PagedKVPool
+from engine_pod.models.ragged import RaggedAttention
 
 
 def block_causal(queries: torch.Tensor, keys: torch.Tensor, block_length: int) -> torch.Tensor:
     """[..., Q, K] from query positions [..., Q] and key positions [K]: a query at position p may attend
     the key at position j iff j's block is p's block or an earlier one."""
     return keys // block_length <= queries[..., None] // block_length
-
-
-def block_causal_mask(first: int, end: int, block_length: int, device) -> torch.Tensor:
-    """[end - first, end]: the queries at positions [first, end) over the keys at [0, end)."""
-    return block_causal(
-        torch.arange(first, end, device=device), torch.arange(end, device=device), block_length
-    )
 
 
 def _expanded(keys: torch.Tensor, heads: int) -> torch.Tensor:
@@ -64,41 +60,20 @@ class DenseBlockForward:
 
 
 @dataclass
-class AttentionGroup:
-    """Adjacent rows of one (end, width): ``rows`` x ``width`` queries from ``offset``."""
-
-    offset: int
-    rows: int
-    width: int
-    key_slots: torch.Tensor  # [rows, end]
-    mask: torch.Tensor | None  # [width, end], shared by the rows; None where every key is visible
-
-
-@dataclass
 class PackedBlockForward:
     """One forward of rows packed one after another: N queries in all, no padding."""
 
     tokens: torch.Tensor  # [1, N]
     positions: torch.Tensor  # [1, N]
     write_slots: torch.Tensor  # [1, N]
-    groups: list[AttentionGroup]
+    key_slots: torch.Tensor  # [K] each row's key slots, rows one after another in the queries' order
+    plan: RaggedAttention  # each row's queries over its keys, block-causal
     pool: PagedKVPool
 
     def attend(self, q: torch.Tensor, layer: int) -> torch.Tensor:
-        """q [1, H, N, hd] (after RoPE) -> [1, N, H, hd]: each group over its own keys."""
-        queries = q[0].transpose(0, 1)  # [N, H, hd]
-        out = torch.empty_like(queries)
-        heads = q.shape[1]
-        for group in self.groups:
-            span = slice(group.offset, group.offset + group.rows * group.width)
-            group_q = queries[span].view(group.rows, group.width, *queries.shape[1:]).transpose(1, 2)
-            keys, values = self.pool.read(layer, group.key_slots)
-            mask = None if group.mask is None else group.mask[None, None]
-            result = F.scaled_dot_product_attention(
-                group_q, _expanded(keys, heads), _expanded(values, heads), attn_mask=mask
-            )
-            out[span] = result.transpose(1, 2).reshape(-1, *queries.shape[1:])
-        return out[None]
+        """q [1, H, N, hd] (after RoPE) -> [1, N, H, hd]: every row over its own keys, in one call."""
+        keys, values = self.pool.read(layer, self.key_slots)
+        return ragged_attention(q[0].transpose(0, 1), keys, values, self.plan)[None]
 
 
 BlockForward = DenseBlockForward | PackedBlockForward

@@ -94,7 +94,11 @@ class BlockDiffusionTransformer(nn.Module):
         self.rotary = RotaryEmbedding(config.rotary_dim or config.head_dim, config.rope_theta)
 
     def fuse_projections(self) -> None:
-        """q, k and v are one projection in the checkpoint already."""
+        """Inference layout: q, k and v are one projection in the checkpoint already; each MoE layer's
+        experts are stacked for grouped matmuls (``MixtureOfExperts.stack_experts``)."""
+        for module in self.modules():
+            if isinstance(module, MixtureOfExperts):
+                module.stack_experts()
 
     def new_pool(self, num_pages: int, page_size: int, device: torch.device) -> PagedKVPool:
         dtype = self.lm_head.weight.dtype

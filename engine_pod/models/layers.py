@@ -90,12 +90,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Te
     ``enable_gqa`` together with a mask leaves only the math kernel on CUDA (its score matrix grows with
     the square of the box width), while expanded heads keep the memory-efficient kernel, whose memory
     is linear in the width. The expansion costs keys x query heads, also linear."""
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
+    heads = q.shape[1]
     mask = None if key_mask is None else key_mask[:, None, None, :]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return F.scaled_dot_product_attention(q, expand_heads(k, heads), expand_heads(v, heads), attn_mask=mask)
+
+
+def expand_heads(keys: torch.Tensor, heads: int) -> torch.Tensor:
+    """Grouped keys or values [R, Hkv, T, hd] repeated for each of ``heads`` query heads."""
+    groups = heads // keys.shape[1]
+    return keys.repeat_interleave(groups, dim=1) if groups > 1 else keys
 
 
 class Attention(nn.Module):

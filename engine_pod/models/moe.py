@@ -5,15 +5,24 @@ Routing follows the published modelling code: scores = sigmoid(router logits); t
 to choose experts (the best ``groups_per_token`` groups by the sum of their two best biased scores,
 then the top-k experts inside them); the chosen experts' unbiased scores are normalised to sum to one
 (when k > 1) and scaled. Each token's output depends on that token alone, whatever else is batched.
+
+Inference (``stack_experts``, at load): every expert's projections are views of three stacked tensors and
+the routed experts run as three ``grouped_mm`` calls over the tokens sorted by expert, the groups' ends
+found on the device: the same ops however many experts the tokens chose, and nothing read back to the
+host (float64, which ``grouped_mm`` does not take, and training loop over the experts hit).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine_pod.models.config import ModelConfig, MoESpec
 from engine_pod.models.layers import SwiGLU
+
+GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
 class Router(nn.Module):
@@ -59,6 +68,28 @@ class MixtureOfExperts(nn.Module):
         if spec.shared_experts:
             self.shared_experts = SwiGLU(config, width * spec.shared_experts)
 
+    def stack_experts(self) -> None:
+        """Inference: each projection's weights of every expert in one [E, out, in] tensor, the experts'
+        parameters views of it (no memory duplicated)."""
+        stacked = []
+        for name in PROJECTIONS:
+            weights = torch.stack([getattr(expert, name).weight.detach() for expert in self.experts])
+            for index, expert in enumerate(self.experts):
+                getattr(expert, name).weight = nn.Parameter(weights[index], requires_grad=False)
+            stacked.append(weights)
+        self._stacked = tuple(stacked)
+
+    def _grouped_weights(self, x: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+        """The stacked weights, while the experts' parameters are still their views (a later ``.to()``
+        gives them storage of their own) and grouped_mm takes the dtype and widths."""
+        stacked = getattr(self, "_stacked", None)
+        if stacked is None or torch.is_grad_enabled() or x.dtype not in GROUPED_DTYPES:
+            return None
+        if self.experts[0].gate_proj.weight.data_ptr() != stacked[0].data_ptr():
+            return None
+        aligned = all(w.shape[-1] * w.element_size() % 16 == 0 for w in stacked)
+        return stacked if aligned and stacked[0].dtype == x.dtype else None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
@@ -72,6 +103,9 @@ class MixtureOfExperts(nn.Module):
         """sum over k of weight[:, k] * expert[:, k](x) for x [N, D]: the (token, k) pairs sorted by expert,
         each expert run once on its tokens, the weighted outputs summed over k in the router's precision
         (in k order, as the reference does)."""
+        stacked = self._grouped_weights(x)
+        if stacked is not None:
+            return self._grouped(x, expert, weight, stacked)
         tokens, k = expert.shape
         flat = expert.reshape(-1)
         order = flat.argsort(stable=True)
@@ -84,4 +118,21 @@ class MixtureOfExperts(nn.Module):
                 start += count
         pairs = torch.empty(tokens * k, x.shape[-1], dtype=weight.dtype, device=x.device)
         pairs[order] = torch.cat(outputs).to(weight.dtype)
+        return (pairs.view(tokens, k, -1) * weight[..., None]).sum(1).to(x.dtype)
+
+    def _grouped(
+        self, x: torch.Tensor, expert: torch.Tensor, weight: torch.Tensor, stacked: tuple[torch.Tensor, ...]
+    ) -> torch.Tensor:
+        """``_routed`` as three grouped matmuls: the same products, each token's rows in its expert's group."""
+        tokens, k = expert.shape
+        flat = expert.reshape(-1)
+        order = flat.argsort(stable=True)
+        numbers = torch.arange(1, len(self.experts) + 1, device=x.device, dtype=flat.dtype)
+        ends = torch.searchsorted(flat[order], numbers).to(torch.int32)  # each expert's group ends here
+        inputs = x[order // k]
+        gate, up, down = (w.transpose(1, 2) for w in stacked)
+        hidden = F.silu(F.grouped_mm(inputs, gate, offs=ends), inplace=True)
+        hidden.mul_(F.grouped_mm(inputs, up, offs=ends))
+        pairs = torch.empty(tokens * k, x.shape[-1], dtype=weight.dtype, device=x.device)
+        pairs[order] = F.grouped_mm(hidden, down, offs=ends).to(weight.dtype)
         return (pairs.view(tokens, k, -1) * weight[..., None]).sum(1).to(x.dtype)

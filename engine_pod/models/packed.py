@@ -2,8 +2,8 @@
 
 Every token-wise operation (embedding, norms, projections, MLP, LM head) runs on ``[1, N, D]`` where N
 is the number of positions that exist: each row's prompt, committed blocks and active block (and a
-suffix only where attention sees it). Attention runs per row over that row's own keys
-(models/ragged.py). The KV cache of a block cycle holds the N positions of its refresh forward, one
+suffix only where attention sees it). Attention runs per row over that row's own keys, one call per
+layer (models/ragged.py, models/attention_backends.py). The KV cache of a block cycle holds the N positions of its refresh forward, one
 row after another; window forwards write their fresh keys at their rows' own cache positions and
 attend over each row's span.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from engine_pod.models.attention_backends import ragged_attention
 from engine_pod.models.ragged import RaggedAttention, RowSpans, starts_of
 
 
@@ -72,7 +73,7 @@ class PackedContext:
             self.cache.store(layer, k, v)
         elif self.cache is not None:
             k, v = self.cache.scatter(layer, self.positions, k, v)
-        return (self.final_plan if final else self.plan)(q, k, v)[None]
+        return ragged_attention(q, k, v, self.final_plan if final else self.plan)[None]
 
 
 def selected_spans(spans: RowSpans, selected_per_row: list[int]) -> RowSpans:

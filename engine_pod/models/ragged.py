@@ -1,8 +1,14 @@
 """Variable-length attention for packed batches: each row's queries attend over that row's keys only.
 
 Queries and keys of all rows are concatenated (no padding): query row r is ``q[q_start[r]:][:q_len[r]]``
-and its keys ``k[k_start[r]:][:k_len[r]]``. Rows are grouped by length and each group runs as one
-SDPA call. The runner packs rows in length order (runner/packing.py), so a group of one length is a
+and its keys ``k[k_start[r]:][:k_len[r]]``. A ``RaggedAttention`` plan is built once per forward from
+the rows' lengths (host ints: nothing is read back from the device) and every layer attends through one
+call of the registered op ``dllm::ragged_attention`` (models/attention_backends.py chooses the kernel:
+one varlen flash kernel on a GPU, the grouped SDPA below elsewhere). ``causal_blocks`` (block
+diffusion): a row's queries are its last ``q_len`` key positions and see their own block and those
+before it.
+
+The grouped SDPA, the reference: rows are grouped by length and each group runs as one SDPA call. The runner packs rows in length order (runner/packing.py), so a group of one length is a
 contiguous run: a view, nothing gathered, nothing padded. Groups may also admit rows within
 ``LENGTH_TOLERANCE`` of their widest (fewer calls, some padding, gathered); padding entries read a real
 position and are masked out, their outputs discarded.
@@ -10,11 +16,14 @@ position and are masked out, their outputs discarded.
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from engine_pod.models.layers import attend
+from engine_pod.models.layers import attend, expand_heads
 
 # a group's rows are at least (1 - this) x its widest row. Measured on the heterogeneous workload (same
 # runs, this CPU): 6394 tokens/s with groups of one length (0) against 4293 with 0.1 (gathers, padding).
@@ -53,19 +62,22 @@ class _Group:
     k_valid: torch.Tensor | None  # [Rg, Tk] False on padding keys; None where no row is padded
     q_write: torch.Tensor | None  # [Rg, Tq] where outputs go when the queries are gathered
     shape: tuple[int, int, int]  # (Rg, Tq, Tk)
+    block_mask: torch.Tensor | None = None  # [Tq, Tk] block-causal mask shared by the group's rows
 
 
-def _grouped_rows(spans: RowSpans) -> list[list[int]]:
-    """Rows sorted by key length (then query length) and cut into groups within the tolerance; rows of
-    equal lengths keep their order (a batch of equal rows stays one group, in order)."""
+def _grouped_rows(spans: RowSpans, exact: bool) -> list[list[int]]:
+    """Rows sorted by key length (then query length) and cut into groups within the tolerance (of one
+    length each where ``exact``); rows of equal lengths keep their order (a batch of equal rows stays
+    one group, in order)."""
+    tolerance = 0.0 if exact else LENGTH_TOLERANCE
     rows = [r for r in range(len(spans.k_len)) if spans.q_len[r]]  # a row without queries computes nothing
     order = sorted(rows, key=lambda r: (-spans.k_len[r], -spans.q_len[r]))
     groups: list[list[int]] = []
     for r in order:
         if groups:
             head = groups[-1][0]
-            close = spans.k_len[r] >= (1 - LENGTH_TOLERANCE) * spans.k_len[head]
-            if close and spans.q_len[r] >= (1 - LENGTH_TOLERANCE) * spans.q_len[head]:
+            close = spans.k_len[r] >= (1 - tolerance) * spans.k_len[head]
+            if close and spans.q_len[r] >= (1 - tolerance) * spans.q_len[head]:
                 groups[-1].append(r)
                 continue
         groups.append([r])
@@ -92,12 +104,17 @@ def _contiguous(starts: list[int], lengths: list[int]) -> tuple[int, int] | None
 
 
 class RaggedAttention:
-    """The attention plan of one forward: computed once from the row spans, used by every layer."""
+    """The attention plan of one forward: computed once from the row spans, used by every layer through
+    ``attention_backends.ragged_attention``. ``causal_blocks``: 0 for bidirectional rows, else the block
+    length of block-causal rows (see the module's docstring)."""
 
-    def __init__(self, spans: RowSpans, device: torch.device) -> None:
+    def __init__(self, spans: RowSpans, device: torch.device, causal_blocks: int = 0) -> None:
         self.spans = spans
         self.queries = spans.queries
-        self.groups = [self._group(rows, device) for rows in _grouped_rows(spans)]
+        self.causal_blocks = causal_blocks
+        self.device = device
+        self.groups = [self._group(rows, device) for rows in _grouped_rows(spans, exact=causal_blocks > 0)]
+        self.handle = register_plan(self)
 
     def _group(self, rows: list[int], device) -> _Group:
         pick = lambda values: [values[r] for r in rows]  # noqa: E731
@@ -110,15 +127,25 @@ class RaggedAttention:
         if keys is None:
             keys, valid = _index(k_start, k_len, device)
             k_valid = None if min(k_len) == max(k_len) else valid
+        block_mask = self._block_mask(shape[1], shape[2], device)
         queries = _contiguous(q_start, q_len)
         if queries is not None:
-            return _Group(queries, keys, k_valid, None, shape)
+            return _Group(queries, keys, k_valid, None, shape, block_mask)
         q_read, q_valid = _index(q_start, q_len, device)
         q_write = torch.where(q_valid, q_read, torch.full_like(q_read, self.queries))
-        return _Group(q_read, keys, k_valid, q_write, shape)
+        return _Group(q_read, keys, k_valid, q_write, shape, block_mask)
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [Nq, H, hd], k/v [Nk, Hkv, hd] -> [Nq, H, hd]: every row over its own keys."""
+    def _block_mask(self, queries: int, keys: int, device) -> torch.Tensor | None:
+        """Block-causal rows whose queries reach back before their last block need a mask; a row whose
+        queries are one block (its active block) sees every key before its end."""
+        L = self.causal_blocks
+        if not L or queries <= L:
+            return None
+        positions = torch.arange(keys, device=device)
+        return positions[None] // L <= positions[keys - queries :, None] // L
+
+    def reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [Nq, H, hd], k/v [Nk, Hkv, hd] -> [Nq, H, hd]: every row over its own keys, group by group."""
         if len(self.groups) == 1 and self.groups[0].q_write is None:  # every query, in place
             return self._run(self.groups[0], q, k, v).reshape(q.shape)
         out = q.new_empty(self.queries + 1, *q.shape[1:])
@@ -145,4 +172,29 @@ class RaggedAttention:
         queries = self._take(q, group.queries, q_width).transpose(1, 2)
         keys = self._take(k, group.keys, k_width).transpose(1, 2)
         values = self._take(v, group.keys, k_width).transpose(1, 2)
-        return attend(queries, keys, values, group.k_valid).transpose(1, 2)
+        if group.block_mask is None:
+            return attend(queries, keys, values, group.k_valid).transpose(1, 2)
+        heads = queries.shape[1]
+        out = F.scaled_dot_product_attention(
+            queries,
+            expand_heads(keys, heads),
+            expand_heads(values, heads),
+            attn_mask=group.block_mask[None, None],
+        )
+        return out.transpose(1, 2)
+
+
+_PLANS: dict[int, RaggedAttention] = {}
+_handles = itertools.count()
+
+
+def register_plan(plan: RaggedAttention) -> int:
+    """A handle the attention op finds the plan by, for as long as the plan lives."""
+    handle = next(_handles)
+    _PLANS[handle] = plan
+    weakref.finalize(plan, _PLANS.pop, handle, None)
+    return handle
+
+
+def plan_of(handle: int) -> RaggedAttention:
+    return _PLANS[handle]

@@ -95,8 +95,8 @@ class DiffusionTransformer(nn.Module):
         """Logits of every token ([R, T, V]), or the selected (row, token) pairs' hidden states."""
         if cache is not None:
             cache.set_key_mask(key_mask)
-        attended = None if bool(key_mask.all()) else key_mask  # no padding: SDPA without a mask
-        hidden = self._run_layers(input_ids, position_ids, AttentionContext(attended, cache))
+        # always the mask, all True or not: deciding would read the device, and the ops stay the same
+        hidden = self._run_layers(input_ids, position_ids, AttentionContext(key_mask, cache))
         return self._logits(hidden, select)
 
     def forward_window(

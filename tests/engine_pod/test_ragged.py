@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_pod.models import ragged
+from engine_pod.models.attention_backends import ragged_attention
 from engine_pod.models.ragged import RaggedAttention, RowSpans
 
 
@@ -52,7 +53,7 @@ def test_every_row_attends_over_its_own_keys_only(monkeypatch, tolerance, seed):
     k = torch.randn(keys, 4, 8, dtype=torch.float64, generator=generator)
     v = torch.randn(keys, 4, 8, dtype=torch.float64, generator=generator)
     plan = RaggedAttention(spans, torch.device("cpu"))
-    torch.testing.assert_close(plan(q, k, v), _per_row(q, k, v, spans), rtol=0, atol=1e-12)
+    torch.testing.assert_close(ragged_attention(q, k, v, plan), _per_row(q, k, v, spans), rtol=0, atol=1e-12)
 
 
 def test_groups_of_one_length_in_memory_order_are_views_not_gathers():
@@ -61,3 +62,53 @@ def test_groups_of_one_length_in_memory_order_are_views_not_gathers():
     assert len(plan.groups) == 2
     assert all(isinstance(group.queries, tuple) and isinstance(group.keys, tuple) for group in plan.groups)
     assert all(group.k_valid is None for group in plan.groups)
+
+
+def _varlen_on_cpu(q, k, v, cu_q, cu_k, max_q, max_k, *, enable_gqa=False, seqused_k=None, **_):
+    """torch's varlen_attn as documented (sequence i: queries cu_q[i]:cu_q[i+1], keys from cu_k[i], seqused_k[i]
+    of them), one SDPA per sequence: what the GPU kernel computes."""
+    out = torch.empty_like(q)
+    for i in range(len(cu_q) - 1):
+        qs, qe, ks = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i])
+        ke = ks + int(seqused_k[i]) if seqused_k is not None else int(cu_k[i + 1])
+        assert qe - qs <= max_q and ke - ks <= max_k
+        part = F.scaled_dot_product_attention(
+            q[qs:qe].transpose(0, 1),
+            k[ks:ke].transpose(0, 1),
+            v[ks:ke].transpose(0, 1),
+            enable_gqa=enable_gqa,
+        )
+        out[qs:qe] = part.transpose(0, 1)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("causal_blocks", [0, 4])
+def test_the_gpu_backends_varlen_sequences_compute_what_the_reference_computes(
+    monkeypatch, seed, causal_blocks
+):
+    """The GPU kernel's metadata (models/attention_backends.py): one varlen call whose sequences, block-causal
+    rows cut at their block boundaries, give the reference's outputs (varlen emulated on the CPU)."""
+    from torch.nn.attention import varlen as varlen_module
+
+    from engine_pod.models import attention_backends
+
+    monkeypatch.setattr(varlen_module, "varlen_attn", _varlen_on_cpu)
+    rng = random.Random(seed)
+    rows = rng.randint(1, 8)
+    k_len = [rng.choice([4, 8, 12, 16]) for _ in range(rows)]
+    # block diffusion: a row's queries are its last keys, one block or reaching back over whole blocks
+    q_len = [rng.choice([4, n]) if causal_blocks else rng.choice([1, n]) for n in k_len]
+    order = list(range(rows))
+    rng.shuffle(order)
+    q_start, k_start, q_at, k_at = [0] * rows, [0] * rows, 0, 0
+    for r in order:
+        q_start[r], k_start[r] = q_at, k_at
+        q_at, k_at = q_at + q_len[r], k_at + k_len[r]
+    plan = RaggedAttention(RowSpans(q_start, q_len, k_start, k_len), torch.device("cpu"), causal_blocks)
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(q_at, 4, 8, dtype=torch.float64, generator=generator)
+    k = torch.randn(k_at, 2, 8, dtype=torch.float64, generator=generator)
+    v = torch.randn(k_at, 2, 8, dtype=torch.float64, generator=generator)
+    expected = ragged_attention(q, k, v, plan)
+    torch.testing.assert_close(attention_backends.varlen(plan, q, k, v), expected, rtol=0, atol=1e-12)

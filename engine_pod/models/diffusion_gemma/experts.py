@@ -7,9 +7,17 @@ float32 softmax are renormalised to sum to one and multiplied by a learned ``per
 experts are stored as two 3D tensors (``gate_up_proj`` [E, 2W, D], gate rows first; ``down_proj``
 [E, D, W]). Each token's output is the sum of its experts' weighted outputs added in increasing expert
 order, as the reference's ``index_add_`` loop adds them; it depends on that token alone.
+
+Inference in float32, bfloat16 or float16 runs the experts as two ``grouped_mm`` calls over the
+(token, slot) pairs sorted by expert, each expert's group padded with zero rows to ``MIN_ROWS`` as
+``row_invariant.linear`` pads it, the groups laid out on the device: the same ops however many experts
+were chosen, nothing read back to the host. float64 (which ``grouped_mm`` does not take) loops over the
+experts chosen.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +25,9 @@ from torch import nn
 
 from engine_pod.models.diffusion_gemma.blocks import UnscaledRMSNorm
 from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
-from engine_pod.models.row_invariant import RowInvariantLinear, linear
+from engine_pod.models.row_invariant import MIN_ROWS, RowInvariantLinear, linear
+
+GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class GemmaRouter(nn.Module):
@@ -53,6 +63,8 @@ class GemmaExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """sum over k of weights[:, k] * expert[:, k](x) for x [N, D], added in increasing expert order."""
+        if self._groups_on_device(x):
+            return self._grouped(x, experts, weights)
         tokens = x.shape[0]
         order, counts = self._by_expert(experts)
         slot_major = weights.t().reshape(-1)
@@ -64,6 +76,30 @@ class GemmaExperts(nn.Module):
                 start += count
         pairs = torch.empty(experts.numel(), x.shape[-1], dtype=x.dtype, device=x.device)
         pairs[order] = torch.cat(outputs).to(x.dtype)
+        return self._sum_in_expert_order(pairs.view(-1, tokens, x.shape[-1]).transpose(0, 1), experts)
+
+    def _groups_on_device(self, x: torch.Tensor) -> bool:
+        """Whether grouped_mm takes these inputs (dtype, rows of 16-byte multiples) outside training."""
+        if torch.is_grad_enabled() or x.dtype not in GROUPED_DTYPES or self.gate_up_proj.dtype != x.dtype:
+            return False
+        return all(n * x.element_size() % 16 == 0 for n in (x.shape[-1], self.down_proj.shape[-1]))
+
+    def _grouped(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``forward`` as two grouped matmuls; each expert's group padded to ``MIN_ROWS`` rows."""
+        tokens, pairs_count = x.shape[0], experts.numel()
+        flat = experts.t().reshape(-1)  # pair slot * N + token, as _by_expert numbers them
+        order = flat.argsort(stable=True)
+        chosen = flat[order]
+        layout = _padded_groups(chosen, self.num_experts, pairs_count)
+        inputs = x.new_zeros(pairs_count + (MIN_ROWS - 1) * self.num_experts, x.shape[-1])
+        inputs[layout.rows] = x[order % tokens]
+        gate, up = F.grouped_mm(inputs, self.gate_up_proj.transpose(1, 2), offs=layout.ends).chunk(2, dim=-1)
+        hidden = F.grouped_mm(
+            F.gelu(gate, approximate="tanh") * up, self.down_proj.transpose(1, 2), offs=layout.ends
+        )
+        slot_major = weights.t().reshape(-1)
+        pairs = torch.empty(pairs_count, x.shape[-1], dtype=x.dtype, device=x.device)
+        pairs[order] = (hidden[layout.rows] * slot_major[order, None]).to(x.dtype)
         return self._sum_in_expert_order(pairs.view(-1, tokens, x.shape[-1]).transpose(0, 1), experts)
 
     def _by_expert(self, experts: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
@@ -88,3 +124,20 @@ class GemmaExperts(nn.Module):
         for slot in range(ordered.shape[1]):
             total = total + ordered[:, slot]
         return total
+
+
+class _PaddedGroups(NamedTuple):
+    rows: torch.Tensor  # [pairs] each sorted pair's row in the padded layout
+    ends: torch.Tensor  # [E] int32, where each expert's padded group ends
+
+
+def _padded_groups(chosen: torch.Tensor, num_experts: int, pairs: int) -> _PaddedGroups:
+    """Groups of the sorted experts ``chosen`` [pairs], each padded to at least MIN_ROWS rows when it has
+    any: computed on the device from the sorted list (searchsorted, no count read back)."""
+    numbers = torch.arange(num_experts + 1, device=chosen.device, dtype=chosen.dtype)
+    bounds = torch.searchsorted(chosen, numbers)
+    starts, counts = bounds[:-1], bounds[1:] - bounds[:-1]
+    padded = torch.where(counts > 0, counts.clamp(min=MIN_ROWS), 0)
+    ends = padded.cumsum(0)
+    rank = torch.arange(pairs, device=chosen.device) - starts[chosen]
+    return _PaddedGroups((ends - padded)[chosen] + rank, ends.to(torch.int32))

@@ -1,0 +1,187 @@
+"""Run block cycles of a model under the op census and reduce them to the figures a GPU cares about.
+
+A scenario is a model, a policy (static: a dense box, every row in every forward; BlockServe packed or
+dense: finished rows leave the forwards), a number of rows and how many distinct prompt lengths they
+have. Its cycles run back to back (each row's committed block joins its prefix, as the scheduler does);
+the first is the warm-up for "new attention shapes". ``python -m engine_pod.bench.census_run`` prints
+the table for every family and mix (``--help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+from dataclasses import asdict, dataclass
+
+import torch
+
+from engine_pod.bench.op_census import Census, Segment, counting
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.models.loader import LoadedModel, load_model
+from engine_pod.runner.factory import make_runner
+from engine_pod.scheduler.cycle_row import CycleRow
+from engine_pod.scheduler.output import SchedulerOutput
+
+log = logging.getLogger(__name__)
+
+POLICIES = {"static": (False, False), "blockserve-packed": (True, True), "blockserve-dense": (True, False)}
+MODELS = ("random:llada-tiny", "random:llada2-tiny", "random:diffusion-gemma-tiny")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    model: str
+    policy: str
+    rows: int
+    distinct: int  # distinct prompt lengths among the rows
+    cycles: int = 3
+    shortest: int = 8  # the shortest prompt; the others are 5 tokens apart
+
+
+@dataclass
+class Figures:
+    """One scenario's reduction: worst cases over its forwards, steps and cycles."""
+
+    attention_calls_per_layer: float  # most attention calls per attention layer in one forward
+    syncs_per_forward: int  # most syncs inside one model forward
+    syncs_per_step: int  # most syncs in one denoising step (its forward and the host work after it)
+    syncs_per_cycle: int  # most syncs in one cycle, setup and end included
+    host_to_device_per_cycle: int  # most host-to-device copies in one cycle
+    new_attention_shapes: int  # most shapes first seen in one cycle after the first
+    first_forward_ops: int  # aten ops of the first cycle's first forward
+    forwards: int  # forwards of all cycles
+    moe_ops_per_call: list[int]  # the distinct op counts of the MoE layer calls (empty: no MoE)
+    sync_kinds: dict[str, int]  # every sync in the run, by kind
+
+
+def prompt_lengths(rows: int, distinct: int, shortest: int) -> list[int]:
+    return [shortest + 5 * (i % distinct) for i in range(rows)]
+
+
+def _rows(loaded: LoadedModel, lengths: list[int], seed: int) -> list[CycleRow]:
+    draw = random.Random(seed)
+    vocab = loaded.config.vocab_size
+    special = {loaded.config.mask_token_id, *getattr(loaded.config, "eos_token_ids", ())}
+    words = [t for t in range(min(vocab, 4096)) if t not in special]
+    return [
+        CycleRow(tuple(draw.choice(words) for _ in range(n)), owner=f"census-{i}", max_tokens=512)
+        for i, n in enumerate(lengths)
+    ]
+
+
+def run_scenario(loaded: LoadedModel, scenario: Scenario, decoding: DecodingConfig) -> Figures:
+    """Every cycle of the scenario under its own census."""
+    gather_rows, packed = POLICIES[scenario.policy]
+    runner = make_runner(loaded, decoding, pool_tokens=1 << 15)
+    rows = _rows(loaded, prompt_lengths(scenario.rows, scenario.distinct, scenario.shortest), 0)
+    censuses = []
+    for _ in range(scenario.cycles):
+        cycle = SchedulerOutput.of_rows(rows, gather_rows=gather_rows, packed=packed)
+        with counting(loaded.model) as census:
+            output = runner.run(cycle)
+        censuses.append(census)
+        rows = [
+            CycleRow(row.prefix_ids + tuple(block), owner=row.owner, max_tokens=row.max_tokens)
+            for row, block in zip(rows, output.blocks)
+        ]
+    runner.forget()
+    return reduce(censuses)
+
+
+def _steps(segments: list[Segment]) -> list[int]:
+    """Syncs of each forward plus the host work up to the next forward (the last forward's own only)."""
+    steps = []
+    for i, segment in enumerate(segments):
+        if segment.kind == "host":
+            continue
+        after = segments[i + 1] if i + 2 < len(segments) else None  # the final host work is the cycle's
+        steps.append(segment.sync_count + (after.sync_count if after is not None else 0))
+    return steps
+
+
+def reduce(censuses: list[Census]) -> Figures:
+    forwards = [s for c in censuses for s in c.segments if s.kind != "host"]
+    seen: set = set()
+    new_shapes = []
+    for census in censuses:
+        shapes = set().union(*(s.attention_shapes for s in census.segments))
+        new_shapes.append(len(shapes - seen))
+        seen |= shapes
+    kinds: dict[str, int] = {}
+    for census in censuses:
+        for segment in census.segments:
+            for kind, count in segment.syncs.items():
+                kinds[kind] = kinds.get(kind, 0) + count
+    first = next(s for s in censuses[0].segments if s.kind != "host")
+    return Figures(
+        attention_calls_per_layer=max(s.attention_calls / max(s.layers, 1) for s in forwards),
+        syncs_per_forward=max(s.sync_count for s in forwards),
+        syncs_per_step=max(x for c in censuses for x in _steps(c.segments)),
+        syncs_per_cycle=max(sum(s.sync_count for s in c.segments) for c in censuses),
+        host_to_device_per_cycle=max(sum(s.host_to_device for s in c.segments) for c in censuses),
+        new_attention_shapes=max(new_shapes[1:], default=0),
+        first_forward_ops=first.aten_ops,
+        forwards=len(forwards),
+        moe_ops_per_call=sorted({n for c in censuses for n in c.moe_calls}),
+        sync_kinds=kinds,
+    )
+
+
+def decoding_for(loaded: LoadedModel) -> DecodingConfig:
+    """The engine's default decoding for the family (threshold decoding with the dual cache)."""
+    if loaded.config.family == "diffusion_gemma":
+        return DecodingConfig(block_length=32, steps_per_block=32, remasking="threshold")
+    return DecodingConfig()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m engine_pod.bench.census_run",
+        description="Count, per model forward and per block cycle, the attention calls, device syncs and "
+        "host-to-device copies each policy issues (a CPU stands in for the GPU: the ops are the same).",
+    )
+    parser.add_argument(
+        "--model", action="append", help=f"model spec (repeatable; default: {', '.join(MODELS)})"
+    )
+    parser.add_argument("--rows", default="4,16,32", help="row counts, comma-separated (default: 4,16,32)")
+    parser.add_argument(
+        "--distinct", default="1,4,all", help="distinct prompt lengths per batch ('all': one per row)"
+    )
+    parser.add_argument("--policy", action="append", choices=sorted(POLICIES), help="default: all three")
+    parser.add_argument("--cycles", type=int, default=3, help="cycles per scenario, the first a warm-up")
+    parser.add_argument("--json", help="write every scenario's figures to this file")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    torch.set_num_threads(1)
+    results = []
+    for spec in args.model or MODELS:
+        loaded = load_model(spec)
+        for policy in args.policy or sorted(POLICIES):
+            for rows in (int(n) for n in args.rows.split(",")):
+                for text in args.distinct.split(","):
+                    distinct = rows if text == "all" else min(int(text), rows)
+                    scenario = Scenario(spec, policy, rows, distinct, args.cycles)
+                    figures = run_scenario(loaded, scenario, decoding_for(loaded))
+                    results.append({"scenario": asdict(scenario), "figures": asdict(figures)})
+                    log.info(_line(scenario, figures))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+    return 0
+
+
+def _line(scenario: Scenario, f: Figures) -> str:
+    return (
+        f"{scenario.model:28} {scenario.policy:17} rows {scenario.rows:2} lengths {scenario.distinct:2} | "
+        f"attn/layer {f.attention_calls_per_layer:5.2f} syncs fwd {f.syncs_per_forward:3} "
+        f"step {f.syncs_per_step:3} cycle {f.syncs_per_cycle:4} h2d/cycle {f.host_to_device_per_cycle:4} "
+        f"new shapes {f.new_attention_shapes:4} first-fwd ops {f.first_forward_ops:5} "
+        f"moe ops {f.moe_ops_per_call[:1]}-{f.moe_ops_per_call[-1:]}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

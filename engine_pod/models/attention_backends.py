@@ -1,0 +1,105 @@
+"""The engine's one attention call per layer: ``ragged_attention(q, k, v, plan)``, a registered op.
+
+Every packed forward (LLaDA and Dream's rows, block diffusion's rows over the paged pool) attends through
+this op once per layer, whatever its rows' lengths; the plan (models/ragged.py) is built once per
+forward from host ints. Two kernels behind it:
+
+- a GPU with a half-precision model: one ``torch.nn.attention.varlen.varlen_attn`` call (a flash kernel
+  over cumulative sequence offsets, with per-sequence key counts; one kernel whatever the lengths, no
+  per-shape graph). A block-causal row whose queries span several blocks is cut into one sequence per
+  block, each over the keys up to its block's end.
+- everywhere else (CPU, float32 and float64): the plan's grouped SDPA, bit for bit what the engine's
+  reference vectors and batch-invariance tests check.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine_pod.models.ragged import RaggedAttention, plan_of
+
+VARLEN_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@torch.library.custom_op("dllm::ragged_attention", mutates_args=())
+def ragged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: int) -> torch.Tensor:
+    return plan_of(plan).reference(q, k, v)
+
+
+@ragged_attention_op.register_kernel("cuda")
+def _cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: int) -> torch.Tensor:
+    layout = plan_of(plan)
+    if q.dtype not in VARLEN_DTYPES or not varlen_available():
+        return layout.reference(q, k, v)
+    return varlen(layout, q, k, v)
+
+
+@ragged_attention_op.register_fake
+def _fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: int) -> torch.Tensor:
+    return q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+
+
+def ragged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: RaggedAttention
+) -> torch.Tensor:
+    """q [Nq, H, hd], k/v [Nk, Hkv, hd] -> [Nq, H, hd]: every row of ``plan`` over its own keys."""
+    return ragged_attention_op(q, k, v, plan.handle)
+
+
+def varlen_available() -> bool:
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def varlen_sequences(plan: RaggedAttention) -> tuple[list[int], list[int], list[int], list[int]]:
+    """The varlen kernel's sequences, in query order: (query start, query count, key start, key count).
+    A block-causal row's queries are cut at its block boundaries, each piece over the keys up to its
+    block's end."""
+    spans, L = plan.spans, plan.causal_blocks
+    sequences = []
+    for r in sorted(range(len(spans.q_len)), key=spans.q_start.__getitem__):
+        q_start, q_len, k_start, k_len = spans.q_start[r], spans.q_len[r], spans.k_start[r], spans.k_len[r]
+        if not q_len:
+            continue
+        if not L or q_len <= L:
+            sequences.append((q_start, q_len, k_start, k_len))
+            continue
+        first = k_len - q_len  # the row's first query position
+        position = first
+        while position < k_len:
+            end = min((position // L + 1) * L, k_len)
+            sequences.append((q_start + position - first, end - position, k_start, end))
+            position = end
+    return tuple(list(column) for column in zip(*sequences)) if sequences else ([], [], [], [])
+
+
+def varlen(plan: RaggedAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One varlen flash call over the plan's sequences (metadata: one host-to-device copy)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    q_start, q_len, k_start, k_len = varlen_sequences(plan)
+    out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
+    if not q_len:
+        return out
+    if any(q_start[i] + q_len[i] != q_start[i + 1] for i in range(len(q_len) - 1)):
+        return plan.reference(q, k, v)  # queries with gaps between rows: not one varlen batch
+    first, last = q_start[0], q_start[-1] + q_len[-1]
+    meta = torch.tensor(
+        [[s - first for s in q_start] + [last - first], k_start + [k.shape[0]], k_len + [0]],
+        dtype=torch.int32,
+    ).to(q.device, non_blocking=True)
+    out[first:last] = varlen_attn(
+        q[first:last],
+        k,
+        v,
+        meta[0],
+        meta[1],
+        max(q_len),
+        max(k_len),
+        enable_gqa=q.shape[1] != k.shape[1],
+        seqused_k=meta[2][:-1],
+    )
+    return out
