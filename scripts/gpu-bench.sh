@@ -15,10 +15,15 @@
 #                    run cut short keeps what it measured);
 #                    the threshold is calibrated so that half of a block's first-forward confidences
 #                    reach it, since random weights never reach 0.9 and every block would take all
-#                    32 steps; summary.txt holds the printed table
-#   5. llada2/         the same profile and bench for a random model of the LLaDA2.0-mini shape (block
-#                    diffusion, 256 experts; its exact KV cache sized by the profiled budget), BlockServe
-#                    against static batching (skip with BLOCK_MODEL=)
+#                    32 steps
+#   5. bench-fixed.json  the same workload in the paper's fixed-steps setting (blocks of 32, 32 steps per
+#                    block, one token a step: a number of forwards that random weights do not change),
+#                    static against blockserve (FIXED_POLICY=...)
+#   6. llada2/         the profile and the fixed-steps bench for a random model of the LLaDA2.0-mini shape
+#                    (block diffusion, 256 experts; its exact KV cache sized by the profiled budget),
+#                    BlockServe against static batching (skip with BLOCK_MODEL=)
+# summary.txt holds every printed table. Eight files in all (bench.png too with PLOT=1), what one device
+# lease brings back.
 # Usage: bash scripts/gpu-bench.sh [OUT_DIR]          (default OUT_DIR: runs/gpu)
 # CPU rehearsal (what CI runs): DEVICE=cpu MODEL=random:llada-tiny DTYPE=float32 MEMORY_LIMIT=600M \
 #   MAX_TOKENS=2048 WORKLOAD=synthetic:n=12,prompt=8-100,gen=32-96,seed=0 BLOCK_MODEL=random:llada2-tiny \
@@ -69,16 +74,25 @@ for layout in packed dense; do
     2>&1 | grep -v profiler_st || true
 done | tee "$out/cycle-profile.txt"
 
+plot_args=()
+[ -n "${PLOT:-}" ] && plot_args=(--plot "$out/bench.png")
 step "bench ($workload: $policies)"
 status=0
 timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model "$model" --device "$device" \
   --dtype "$dtype" --profile "$out/profile.json" --workload "$workload" --policy "$policies" \
   --calibrate-threshold "$calibrate" --no-isolate --no-margins --json "$out/bench.json" \
-  --plot "$out/bench.png" | tee "$out/summary.txt" || status=$?
+  "${plot_args[@]}" | tee "$out/summary.txt" || status=$?
+
+fixed=(--block-length 32 --steps-per-block 32 --remasking low_confidence)
+fixed_policies=${FIXED_POLICY:-static,blockserve}
+step "bench, fixed steps ($workload: $fixed_policies)"
+timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model "$model" --device "$device" \
+  --dtype "$dtype" --profile "$out/profile.json" --workload "$workload" --policy "$fixed_policies" \
+  "${fixed[@]}" --no-isolate --no-margins --json "$out/bench-fixed.json" | tee -a "$out/summary.txt" || status=$?
 
 block_model=${BLOCK_MODEL-random:llada2-mini}
 if [ -n "$block_model" ]; then
-  step "block diffusion: profile and bench ($block_model)"
+  step "block diffusion: profile and fixed-steps bench ($block_model)"
   mkdir -p "$out/llada2"
   timeout "${PROFILE_TIMEOUT:-200}" "$python" -m engine_pod.cli.main profile --model "$block_model" \
     --device "$device" --dtype "$dtype" "${limit_args[@]}" --max-tokens "${BLOCK_MAX_TOKENS:-$max_tokens}" \
@@ -86,8 +100,8 @@ if [ -n "$block_model" ]; then
   timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model "$block_model" \
     --device "$device" --dtype "$dtype" --profile "$out/llada2/profile.json" \
     --workload "${BLOCK_WORKLOAD:-synthetic:n=16,prompt=32-512,gen=32-256,seed=0}" \
-    --policy blockserve,static --calibrate-threshold "$calibrate" --no-isolate --no-margins \
-    --json "$out/llada2/bench.json" | tee "$out/llada2/summary.txt" || status=$?
+    --policy blockserve,static "${fixed[@]}" --no-isolate --no-margins \
+    --json "$out/llada2/bench-fixed.json" | tee -a "$out/summary.txt" || status=$?
 fi
 
 step "done (bench exit status $status)"

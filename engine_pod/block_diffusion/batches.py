@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine_pod.models.attention_rules import Masking
 from engine_pod.models.block_batch import BlockForward, DenseBlockForward, PackedBlockForward, block_causal
 from engine_pod.models.paged_kv import PagedKVPool
 from engine_pod.models.ragged import RaggedAttention, RowSpans
@@ -99,7 +100,7 @@ def packed_forward(step: StepQueries, pool: PagedKVPool) -> tuple[BlockForward, 
         write.append(step.key_slots[r][first:])
         key_slots.append(step.key_slots[r])
         queries, keys = queries + width, keys + end
-    plan = RaggedAttention(RowSpans(q_start, widths, k_start, ends), device, causal_blocks=L)
+    plan = RaggedAttention(RowSpans(q_start, widths, k_start, ends), device, Masking(block=L))
     forward = PackedBlockForward(
         torch.cat(tokens)[None],
         torch.cat(positions)[None],

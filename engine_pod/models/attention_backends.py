@@ -7,7 +7,8 @@ forward from host ints. Two kernels behind it:
 - a GPU with a half-precision model: one ``torch.nn.attention.varlen.varlen_attn`` call (a flash kernel
   over cumulative sequence offsets, with per-sequence key counts; one kernel whatever the lengths, no
   per-shape graph). A block-causal row whose queries span several blocks is cut into one sequence per
-  block, each over the keys up to its block's end.
+  block, each over the keys up to its block's end; causal rows (DiffusionGemma's encoder) use the
+  kernel's window, aligned to the row's last key.
 - everywhere else (CPU, float32 and float64): the plan's grouped SDPA, bit for bit what the engine's
   reference vectors and batch-invariance tests check.
 """
@@ -16,17 +17,16 @@ from __future__ import annotations
 
 import torch
 
+from engine_pod.models.attention_rules import Masking
 from engine_pod.models.ragged import RaggedAttention, plan_of
 
 VARLEN_DTYPES = (torch.float16, torch.bfloat16)
 
 
-@torch.library.custom_op("dllm::ragged_attention", mutates_args=())
-def ragged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: int) -> torch.Tensor:
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: int) -> torch.Tensor:
     return plan_of(plan).reference(q, k, v)
 
 
-@ragged_attention_op.register_kernel("cuda")
 def _cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: int) -> torch.Tensor:
     layout = plan_of(plan)
     if q.dtype not in VARLEN_DTYPES or not varlen_available():
@@ -34,16 +34,21 @@ def _cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: int) -> torch
     return varlen(layout, q, k, v)
 
 
-@ragged_attention_op.register_fake
-def _fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: int) -> torch.Tensor:
-    return q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+# registered with the dispatcher's own API: a call costs a few microseconds (torch.library.custom_op's
+# wrappers cost ~160 us a call and ~1.7 s and 70 MiB of imports at the first)
+_LIBRARY = torch.library.Library("dllm", "DEF")
+_LIBRARY.define("ragged_attention(Tensor q, Tensor k, Tensor v, int plan) -> Tensor")
+_LIBRARY.impl("ragged_attention", _reference, "CPU")
+_LIBRARY.impl("ragged_attention", _cuda, "CUDA")
+_OP = torch.ops.dllm.ragged_attention.default
 
 
 def ragged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: RaggedAttention
 ) -> torch.Tensor:
-    """q [Nq, H, hd], k/v [Nk, Hkv, hd] -> [Nq, H, hd]: every row of ``plan`` over its own keys."""
-    return ragged_attention_op(q, k, v, plan.handle)
+    """q [Nq, H, hd], k/v [Nk, Hkv, hd] -> [Nq, H, hd]: every row of ``plan`` over its own keys (inference:
+    the op has no autograd formula)."""
+    return _OP(q, k, v, plan.handle)
 
 
 def varlen_available() -> bool:
@@ -58,7 +63,7 @@ def varlen_sequences(plan: RaggedAttention) -> tuple[list[int], list[int], list[
     """The varlen kernel's sequences, in query order: (query start, query count, key start, key count).
     A block-causal row's queries are cut at its block boundaries, each piece over the keys up to its
     block's end."""
-    spans, L = plan.spans, plan.causal_blocks
+    spans, L = plan.spans, plan.masking.block
     sequences = []
     for r in sorted(range(len(spans.q_len)), key=spans.q_start.__getitem__):
         q_start, q_len, k_start, k_len = spans.q_start[r], spans.q_len[r], spans.k_start[r], spans.k_len[r]
@@ -99,7 +104,17 @@ def varlen(plan: RaggedAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         meta[1],
         max(q_len),
         max(k_len),
+        scale=plan.style.scale,
+        window_size=_window(plan.masking),
         enable_gqa=q.shape[1] != k.shape[1],
         seqused_k=meta[2][:-1],
     )
     return out
+
+
+def _window(masking: Masking) -> tuple[int, int]:
+    """varlen's (left, right) window: the whole row, or causal (aligned to the last key: a row's queries
+    are its last keys), within the sliding window where there is one."""
+    if not masking.causal:
+        return (-1, -1)
+    return (-1 if masking.window is None else masking.window - 1, 0)

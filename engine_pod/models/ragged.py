@@ -4,9 +4,8 @@ Queries and keys of all rows are concatenated (no padding): query row r is ``q[q
 and its keys ``k[k_start[r]:][:k_len[r]]``. A ``RaggedAttention`` plan is built once per forward from
 the rows' lengths (host ints: nothing is read back from the device) and every layer attends through one
 call of the registered op ``dllm::ragged_attention`` (models/attention_backends.py chooses the kernel:
-one varlen flash kernel on a GPU, the grouped SDPA below elsewhere). ``causal_blocks`` (block
-diffusion): a row's queries are its last ``q_len`` key positions and see their own block and those
-before it.
+one varlen flash kernel on a GPU, the grouped SDPA below elsewhere). What a row may see of its keys and
+how SDPA is called are the plan's ``Masking`` and ``SdpaStyle`` (models/attention_rules.py).
 
 The grouped SDPA, the reference: rows are grouped by length and each group runs as one SDPA call. The runner packs rows in length order (runner/packing.py), so a group of one length is a
 contiguous run: a view, nothing gathered, nothing padded. Groups may also admit rows within
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine_pod.models.attention_rules import BIDIRECTIONAL, DEFAULT_STYLE, Masking, SdpaStyle
 from engine_pod.models.layers import attend, expand_heads
 
 # a group's rows are at least (1 - this) x its widest row. Measured on the heterogeneous workload (same
@@ -62,7 +62,8 @@ class _Group:
     k_valid: torch.Tensor | None  # [Rg, Tk] False on padding keys; None where no row is padded
     q_write: torch.Tensor | None  # [Rg, Tq] where outputs go when the queries are gathered
     shape: tuple[int, int, int]  # (Rg, Tq, Tk)
-    block_mask: torch.Tensor | None = None  # [Tq, Tk] block-causal mask shared by the group's rows
+    mask: torch.Tensor | None = None  # [Tq, Tk] shared by the group's rows (Masking.group_mask)
+    causal: bool = False  # SDPA's is_causal stands for the mask
 
 
 def _grouped_rows(spans: RowSpans, exact: bool) -> list[list[int]]:
@@ -105,15 +106,21 @@ def _contiguous(starts: list[int], lengths: list[int]) -> tuple[int, int] | None
 
 class RaggedAttention:
     """The attention plan of one forward: computed once from the row spans, used by every layer through
-    ``attention_backends.ragged_attention``. ``causal_blocks``: 0 for bidirectional rows, else the block
-    length of block-causal rows (see the module's docstring)."""
+    ``attention_backends.ragged_attention``. Rows that need a mask are grouped by exact lengths."""
 
-    def __init__(self, spans: RowSpans, device: torch.device, causal_blocks: int = 0) -> None:
+    def __init__(
+        self,
+        spans: RowSpans,
+        device: torch.device,
+        masking: Masking = BIDIRECTIONAL,
+        style: SdpaStyle = DEFAULT_STYLE,
+    ) -> None:
         self.spans = spans
         self.queries = spans.queries
-        self.causal_blocks = causal_blocks
+        self.masking, self.style = masking, style
         self.device = device
-        self.groups = [self._group(rows, device) for rows in _grouped_rows(spans, exact=causal_blocks > 0)]
+        exact = masking != BIDIRECTIONAL
+        self.groups = [self._group(rows, device) for rows in _grouped_rows(spans, exact)]
         self.handle = register_plan(self)
 
     def _group(self, rows: list[int], device) -> _Group:
@@ -127,22 +134,13 @@ class RaggedAttention:
         if keys is None:
             keys, valid = _index(k_start, k_len, device)
             k_valid = None if min(k_len) == max(k_len) else valid
-        block_mask = self._block_mask(shape[1], shape[2], device)
+        mask, causal = self.masking.group_mask(shape[1], shape[2], device)
         queries = _contiguous(q_start, q_len)
         if queries is not None:
-            return _Group(queries, keys, k_valid, None, shape, block_mask)
+            return _Group(queries, keys, k_valid, None, shape, mask, causal)
         q_read, q_valid = _index(q_start, q_len, device)
         q_write = torch.where(q_valid, q_read, torch.full_like(q_read, self.queries))
-        return _Group(q_read, keys, k_valid, q_write, shape, block_mask)
-
-    def _block_mask(self, queries: int, keys: int, device) -> torch.Tensor | None:
-        """Block-causal rows whose queries reach back before their last block need a mask; a row whose
-        queries are one block (its active block) sees every key before its end."""
-        L = self.causal_blocks
-        if not L or queries <= L:
-            return None
-        positions = torch.arange(keys, device=device)
-        return positions[None] // L <= positions[keys - queries :, None] // L
+        return _Group(q_read, keys, k_valid, q_write, shape, mask, causal)
 
     def reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [Nq, H, hd], k/v [Nk, Hkv, hd] -> [Nq, H, hd]: every row over its own keys, group by group."""
@@ -172,27 +170,32 @@ class RaggedAttention:
         queries = self._take(q, group.queries, q_width).transpose(1, 2)
         keys = self._take(k, group.keys, k_width).transpose(1, 2)
         values = self._take(v, group.keys, k_width).transpose(1, 2)
-        if group.block_mask is None:
+        if self.style == DEFAULT_STYLE and group.mask is None and not group.causal:
             return attend(queries, keys, values, group.k_valid).transpose(1, 2)
-        heads = queries.shape[1]
-        out = F.scaled_dot_product_attention(
-            queries,
-            expand_heads(keys, heads),
-            expand_heads(values, heads),
-            attn_mask=group.block_mask[None, None],
+        return self._sdpa(queries, keys, values, group).transpose(1, 2)
+
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: _Group) -> torch.Tensor:
+        """One group's SDPA in the plan's style, under its mask or causal flag (no padded keys here)."""
+        heads, style = q.shape[1], self.style
+        native_gqa = style.native_gqa and group.mask is None and heads != k.shape[1]
+        if not native_gqa:
+            k, v = expand_heads(k, heads), expand_heads(v, heads)
+        if style.head_major:
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        mask = None if group.mask is None else group.mask[None, None]
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=style.scale, is_causal=group.causal, enable_gqa=native_gqa
         )
-        return out.transpose(1, 2)
 
 
-_PLANS: dict[int, RaggedAttention] = {}
+_PLANS: weakref.WeakValueDictionary[int, RaggedAttention] = weakref.WeakValueDictionary()
 _handles = itertools.count()
 
 
 def register_plan(plan: RaggedAttention) -> int:
-    """A handle the attention op finds the plan by, for as long as the plan lives."""
+    """A handle the attention op finds the plan by, for as long as the plan lives (and no longer)."""
     handle = next(_handles)
     _PLANS[handle] = plan
-    weakref.finalize(plan, _PLANS.pop, handle, None)
     return handle
 
 

@@ -104,7 +104,7 @@ def _rehearse(out: Path, timeout: int, step_timeout: int, **sizes: str) -> subpr
 
 
 def test_gpu_bench_script_runs_every_step_in_the_bare_environment_at_a_small_size(tmp_path):
-    """CI's rehearsal of the GPU script: every step (device, profile, bench, summary and plot, the block
+    """CI's rehearsal of the GPU script: every step (device, profile, bench, fixed-steps bench, summary, the block
     model's profile and bench), at a size one CPU thread runs in about a minute, with two of the four
     policies. The full-size rehearsal below, every policy, is behind the slow marker."""
     result = _rehearse(
@@ -118,13 +118,18 @@ def test_gpu_bench_script_runs_every_step_in_the_bare_environment_at_a_small_siz
         BLOCK_WORKLOAD="synthetic:n=3,prompt=8-30,gen=32-32,seed=0",
     )
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
-    for name in ("device.txt", "profile.json", "bench.json", "summary.txt", "bench.png"):
+    for name in ("device.txt", "profile.json", "bench.json", "bench-fixed.json", "summary.txt"):
         assert (tmp_path / name).is_file(), name
+    files = [path for path in tmp_path.rglob("*") if path.is_file()]
+    assert len(files) <= 8, files  # what one device lease brings back
+    fixed = json.loads((tmp_path / "bench-fixed.json").read_text())
+    assert (fixed["decoding"]["remasking"], fixed["decoding"]["steps_per_block"]) == ("low_confidence", 32)
+    assert set(fixed["policies"]) == {"blockserve", "static"}
     cycle_profile = (tmp_path / "cycle-profile.txt").read_text()
     assert "layout packed" in cycle_profile and "layout dense" in cycle_profile, cycle_profile
     assert cycle_profile.count("operators dispatched") == 2, cycle_profile
     assert set(json.loads((tmp_path / "bench.json").read_text())["policies"]) == {"blockserve", "static"}
-    assert set(json.loads((tmp_path / "llada2" / "bench.json").read_text())["policies"]) == {
+    assert set(json.loads((tmp_path / "llada2" / "bench-fixed.json").read_text())["policies"]) == {
         "blockserve",
         "static",
     }
@@ -151,11 +156,11 @@ def rehearsal(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
 def test_gpu_bench_script_rehearsed_on_the_cpu_writes_every_result(rehearsal):
     result, out = rehearsal
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
-    for name in ("device.txt", "profile.json", "bench.json", "summary.txt", "bench.png"):
+    for name in ("device.txt", "profile.json", "bench.json", "bench-fixed.json", "summary.txt"):
         assert (out / name).is_file(), name
-    for name in ("profile.json", "bench.json", "summary.txt"):  # the block-diffusion step
+    for name in ("profile.json", "bench-fixed.json"):  # the block-diffusion step
         assert (out / "llada2" / name).is_file(), name
-    assert set(json.loads((out / "llada2" / "bench.json").read_text())["policies"]) == {
+    assert set(json.loads((out / "llada2" / "bench-fixed.json").read_text())["policies"]) == {
         "blockserve",
         "static",
     }
@@ -166,7 +171,7 @@ def test_gpu_bench_script_rehearsed_on_the_cpu_writes_every_result(rehearsal):
         line.split()[0]
         for line in summary.splitlines()
         if line.split()[0] in ("blockserve", "blockserve-dense", "static", "sequential")
-    ] == ["static", "blockserve", "blockserve-dense", "sequential"]
+    ][:4] == ["static", "blockserve", "blockserve-dense", "sequential"]  # then the fixed-steps runs
 
 
 @pytest.mark.slow  # the whole GPU script on one CPU thread: over CI's time for one test

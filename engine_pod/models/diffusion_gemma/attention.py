@@ -12,9 +12,9 @@ canvas itself, whatever the canvas length: the reference's decoder passes no sli
 
 A batched forward takes its rows' contexts (``ContextBatch``: one context cache per row, in pages of one
 pool): the projections, norms and output run over every row at once; the encoder writes the new tokens'
-keys and values into the rows' pages, then attends per row; the decoder attends per group of rows whose
-context is equally wide in the layer, every group's context read from the pool in one gather per layer
-(no mask, no padding, no row sees another's keys).
+keys and values into the rows' pages; then every row attends over its kept context (read from the pool
+in one gather per layer) and its new tokens in one call of the engine's attention op
+(models/attention_backends.py), no padding, no row seeing another's keys.
 
 SDPA is called as the reference calls it (``transformers`` ``sdpa_attention_forward``): no mask and
 ``is_causal`` where the mask would be plainly causal, ``enable_gqa`` without a mask for heads up to
@@ -24,12 +24,13 @@ SDPA is called as the reference calls it (``transformers`` ``sdpa_attention_forw
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from engine_pod.models.attention_backends import ragged_attention
+from engine_pod.models.attention_rules import BIDIRECTIONAL, Masking, SdpaStyle
 from engine_pod.models.diffusion_gemma.blocks import UnscaledRMSNorm
 from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
-from engine_pod.models.diffusion_gemma.context_cache import ContextBatch, ContextCache
+from engine_pod.models.diffusion_gemma.context_cache import ContextBatch
 from engine_pod.models.diffusion_gemma.rotary import rotate
 from engine_pod.models.layers import RMSNorm
 from engine_pod.models.row_invariant import RowInvariantLinear
@@ -53,6 +54,8 @@ class GemmaAttention(nn.Module):
         self.q_norm = RMSNorm(hd, config.rms_norm_eps)
         self.k_norm = RMSNorm(hd, config.rms_norm_eps)
         self.v_norm = UnscaledRMSNorm(hd, config.rms_norm_eps)
+        # as the reference calls SDPA: scale 1, grouped heads natively up to 256 wide where no mask is given
+        self.style = SdpaStyle(scale=1.0, native_gqa=hd <= _GQA_MAX_HEAD_DIM, head_major=True)
 
     def _project(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -73,63 +76,26 @@ class GemmaAttention(nn.Module):
         values go to the row's pages; causal attention over the row's kept context and themselves."""
         q, k, v = self._project(x, cos, sin)
         contexts.write(self.layer, k, v)
-        out = [
-            self._encode_row(q[r : r + 1], k[r : r + 1], v[r : r + 1], cache)
-            for r, cache in enumerate(contexts.caches)
-        ]
-        return self._output(x, torch.cat(out))
-
-    def _encode_row(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: ContextCache
-    ) -> torch.Tensor:
-        held = cache.read(self.layer)
-        kept = 0 if held is None else held[0].shape[2]
-        keys = k if held is None else torch.cat([held[0], k], dim=2)
-        values = v if held is None else torch.cat([held[1], v], dim=2)
-        tokens, width = q.shape[2], keys.shape[2]
-        plain_causal = (tokens == 1 or width == tokens) and (not self.sliding or width < self.window)
-        if plain_causal:
-            return self._attend(q, keys, values, None, causal=tokens > 1)
-        query_pos = torch.arange(kept, kept + tokens, device=q.device)[:, None]
-        key_pos = torch.arange(width, device=q.device)[None, :]
-        mask = key_pos <= query_pos
-        if self.sliding:
-            mask &= key_pos > query_pos - self.window
-        return self._attend(q, keys, values, mask[None, None], causal=False)
+        masking = Masking(causal=True, window=self.window if self.sliding else None)
+        return self._output(x, self._attend_rows(q, k, v, contexts, masking))
 
     def decode(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, contexts: ContextBatch
     ) -> torch.Tensor:
         """The canvases x [R, L, D], row r over contexts.caches[r]: bidirectional over the layer's kept
-        context and the canvas. Rows whose context is equally wide in this layer attend in one call (every
-        row past the window in a sliding layer); no row sees another's keys and no mask is needed."""
+        context and the canvas, no mask, no row seeing another's keys."""
         q, k, v = self._project(x, cos, sin)
-        out = torch.empty_like(q)
-        for index, context_keys, context_values in contexts.context(self.layer):
-            keys, values = k.index_select(0, index), v.index_select(0, index)
-            if context_keys is not None:
-                keys = torch.cat([context_keys, keys], dim=2)
-                values = torch.cat([context_values, values], dim=2)
-            out[index] = self._attend(q.index_select(0, index), keys, values, None, causal=False)
-        return self._output(x, out)
+        return self._output(x, self._attend_rows(q, k, v, contexts, BIDIRECTIONAL))
+
+    def _attend_rows(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, contexts: ContextBatch, masking: Masking
+    ) -> torch.Tensor:
+        """q [R, H, T, hd] over each row's kept context and k/v [R, Hkv, T, hd]: one attention call."""
+        rows, heads, tokens, width = q.shape
+        plan, keys, values = contexts.keys_values(self.layer, tokens, masking, self.style, k, v)
+        out = ragged_attention(q.transpose(1, 2).flatten(0, 1), keys, values, plan)
+        return out.view(rows, tokens, heads, width).transpose(1, 2)
 
     def _output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """o_proj of the heads' outputs out [R, H, T, hd]."""
         return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
-
-    def _attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        mask: torch.Tensor | None,
-        causal: bool,
-    ) -> torch.Tensor:
-        groups = self.num_heads // self.num_kv_heads
-        grouped = groups > 1 and mask is None and self.head_dim <= _GQA_MAX_HEAD_DIM
-        if groups > 1 and not grouped:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, scale=1.0, is_causal=causal, enable_gqa=grouped
-        )

@@ -18,22 +18,24 @@ groups would save memory only where contexts are longer than the window, at the 
 per request.
 
 ``ContextCache`` is one request's handle (its owner in the pool, its length, the slots of its positions);
-``ContextBatch`` holds a forward's rows: it writes the encoder's new keys and values into their slots and,
-for the decoder, reads every row's context of a layer in one gather, split into the groups of rows whose
-context is equally wide there (the slots' layout is made once per batch: the runner keeps a batch over
-the steps its rows take together).
+``ContextBatch`` holds a forward's rows: it writes the encoder's new keys and values into their slots and
+lays out what a layer attends over for the attention op (models/ragged.py): every row's kept context,
+read from the pool in one gather, then the row's new tokens (the encoder's, or the decoder's canvas),
+with the plan that attends each row over its own keys (the layout is made once per batch: the runner
+keeps a batch over the steps its rows take together).
 ``ContextCache.alone`` gives a request a pool of its own (``generate.py``, one request).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from engine_pod.models.attention_rules import Masking, SdpaStyle
 from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
 from engine_pod.models.paged_kv import PagedKVPool
-
-KV = tuple[torch.Tensor, torch.Tensor]
-Group = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]  # row indices, context keys, values
+from engine_pod.models.ragged import RaggedAttention, RowSpans, starts_of
 
 
 def context_pool(
@@ -49,16 +51,6 @@ def context_pool(
         dtype,
         device,
     )
-
-
-def _split(
-    keys: torch.Tensor, values: torch.Tensor, start: int, rows: int, kept: int
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Rows x kept gathered entries from ``start`` as [rows, Hkv, kept, hd] (None, None: no context)."""
-    if not kept:
-        return None, None
-    span, shape = slice(start, start + rows * kept), (rows, kept, *keys.shape[1:])
-    return keys[span].view(shape).transpose(1, 2), values[span].view(shape).transpose(1, 2)
 
 
 class ContextCache:
@@ -95,17 +87,6 @@ class ContextCache:
         self.pool.reserve(self.owner, self.length + tokens)
         self.new_slots = self.pool.slots(self.owner, self.length, self.length + tokens)
 
-    def read(self, layer: int) -> KV | None:
-        """The context keys/values [1, Hkv, kept, hd] that ``layer`` attends to (None: none yet)."""
-        slots = self.slots[self.start(layer) :]
-        if not len(slots):
-            return None
-        keys, values = self.pool.keys[layer], self.pool.values[layer]
-        return (
-            keys.index_select(0, slots).transpose(0, 1)[None],
-            values.index_select(0, slots).transpose(0, 1)[None],
-        )
-
     def advance(self, tokens: int) -> None:
         """Record that the encoder has written the ``tokens`` reserved last in every layer."""
         self.slots = torch.cat([self.slots, self.new_slots])
@@ -126,7 +107,7 @@ class ContextBatch:
         self.pool = caches[0].pool
         if any(cache.pool is not self.pool for cache in caches):
             raise ValueError("the rows of one forward must keep their contexts in one pool")
-        self._layouts: dict[int | None, tuple[list[tuple[torch.Tensor, int, int]], torch.Tensor]] = {}
+        self._layouts: dict[tuple, _Layout] = {}
 
     def positions(self, tokens: int, device: torch.device) -> torch.Tensor:
         """[R, T]: row r's tokens continue its context (positions caches[r].length..)."""
@@ -139,28 +120,56 @@ class ContextBatch:
         self.pool.keys[layer].index_copy_(0, slots, keys.transpose(1, 2).flatten(0, 1))
         self.pool.values[layer].index_copy_(0, slots, values.transpose(1, 2).flatten(0, 1))
 
-    def context(self, layer: int) -> list[Group]:
-        """The rows grouped by how many context tokens ``layer`` attends to: each group's row indices and
-        its context's keys and values [rows, Hkv, kept, hd] (None: no context yet), every group's read
-        from the pool in one gather per layer."""
-        groups, slots = self._layout(layer)
-        keys, values = self.pool.keys[layer], self.pool.values[layer]
-        if slots.numel():
-            keys, values = keys.index_select(0, slots), values.index_select(0, slots)
-        return [(index, *_split(keys, values, start, len(index), kept)) for index, start, kept in groups]
+    def keys_values(
+        self,
+        layer: int,
+        tokens: int,
+        masking: Masking,
+        style: SdpaStyle,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+    ) -> tuple[RaggedAttention, torch.Tensor, torch.Tensor]:
+        """The attention plan of ``tokens`` new tokens per row in ``layer`` and the keys and values it
+        reads [N, Hkv, hd]: row after row, the context the layer keeps (one gather from the pool) then
+        the rows' new keys/values [R, Hkv, T, hd]. Layers of one reach share the layout."""
+        layout = self._layout(layer, tokens, masking, style)
+        stored = (self.pool.keys[layer], self.pool.values[layer])
+        packed = []
+        for pool_entries, new in zip(stored, (keys, values)):
+            out = pool_entries.new_empty(layout.total, *pool_entries.shape[1:])
+            if layout.slots.numel():
+                out.index_copy_(0, layout.context_at, pool_entries.index_select(0, layout.slots))
+            out.index_copy_(0, layout.new_at, new.transpose(1, 2).flatten(0, 1))
+            packed.append(out)
+        return layout.plan, packed[0], packed[1]
 
-    def _layout(self, layer: int) -> tuple[list[tuple[torch.Tensor, int, int]], torch.Tensor]:
-        """Per group: its row indices, where its slots start in the flat slots, its width; and the flat
-        slots, group after group and row after row. Layers of one reach share them."""
-        reach = self.caches[0].reach[layer]
-        if reach not in self._layouts:
-            by_width: dict[int, list[int]] = {}
-            for row, cache in enumerate(self.caches):
-                by_width.setdefault(cache.kept(layer), []).append(row)
-            device, groups, slots, start = self.pool.device, [], [], 0
-            for kept, rows in by_width.items():
-                groups.append((torch.tensor(rows, device=device), start, kept))
-                slots += [self.caches[r].slots[self.caches[r].start(layer) :] for r in rows]
-                start += kept * len(rows)
-            self._layouts[reach] = (groups, torch.cat(slots))
-        return self._layouts[reach]
+    def _layout(self, layer: int, tokens: int, masking: Masking, style: SdpaStyle) -> _Layout:
+        """Made once per batch for each reach, new-token count and masking."""
+        key = (self.caches[0].reach[layer], tokens, masking, style)
+        if key not in self._layouts:
+            kept = [cache.kept(layer) for cache in self.caches]
+            lengths = [n + tokens for n in kept]
+            starts = starts_of(lengths)
+            context_at = [p for start, n in zip(starts, kept) for p in range(start, start + n)]
+            new_at = [p for start, n in zip(starts, kept) for p in range(start + n, start + n + tokens)]
+            device = self.pool.device
+            spans = RowSpans([r * tokens for r in range(len(kept))], [tokens] * len(kept), starts, lengths)
+            self._layouts[key] = _Layout(
+                RaggedAttention(spans, device, masking, style),
+                torch.cat([cache.slots[cache.start(layer) :] for cache in self.caches]),
+                torch.tensor(context_at, dtype=torch.long, device=device),
+                torch.tensor(new_at, dtype=torch.long, device=device),
+                sum(lengths),
+            )
+        return self._layouts[key]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A batch's keys in one layer, packed row after row: each row's kept context, then its new tokens."""
+
+    plan: RaggedAttention
+    slots: torch.Tensor  # pool slots of every row's kept context, row after row
+    context_at: torch.Tensor  # where they go in the packed keys
+    new_at: torch.Tensor  # where the rows' new tokens go, row after row
+    total: int
