@@ -51,6 +51,7 @@ class _Cycle:
     contexts: list[torch.Tensor]  # per row: its tokens before the active block, on the device
     blocks: torch.Tensor  # [R, L] the active blocks, denoised in place
     steps: torch.Tensor  # [R] each row's denoising steps: its block completes within them
+    thresholds: torch.Tensor  # [R] each row's confidence threshold (float64)
 
 
 class BlockDiffusionRunner:
@@ -107,7 +108,7 @@ class BlockDiffusionRunner:
             if not bool(masked.any()):
                 break
             live = (masked if gather_rows else torch.ones_like(masked)).nonzero(as_tuple=True)[0].tolist()
-            self._denoise(cycle, live, step, build)
+            self._denoise(cycle, live, torch.tensor(live).to(self.device), step, build)
             if self.exact_cache:
                 for i in live:
                     rows[i].cached = cycle.starts[i]
@@ -123,7 +124,10 @@ class BlockDiffusionRunner:
         """The scorer's confidence at every masked position of the rows' active blocks, from their first
         forward (what a threshold calibration samples); the rows are left as they were."""
         cycle = self._cycle(rows)
-        batch, select = packed_forward(self._queries(cycle, list(range(len(rows)))), self.pool)
+        every = list(range(len(rows)))
+        batch, select = packed_forward(
+            self._queries(cycle, every, torch.arange(len(rows), device=self.device)), self.pool
+        )
         _, confidence = self.model.forward_blocks(batch, select).map_logits(self.policy.scorer)
         return confidence
 
@@ -131,54 +135,55 @@ class BlockDiffusionRunner:
         """Reserve every row's pages up to its active block's end and lay out the blocks (fixed head, masks)."""
         L = self.block_length
         starts = [row.block_start(L) for row in rows]
-        key_slots, contexts = [], []
         for row, start in zip(rows, starts):
             self.pool.reserve(row.owner, start + L)
-            key_slots.append(self.pool.slots(row.owner, 0, start + L))
-            contexts.append(torch.tensor(row.tokens[:start], dtype=torch.long, device=self.device))
+        key_slots = self.pool.slots_of([(row.owner, 0, start + L) for row, start in zip(rows, starts)])
+        context_tokens = [token for row, start in zip(rows, starts) for token in row.tokens[:start]]
+        contexts = list(torch.tensor(context_tokens, dtype=torch.long).to(self.device).split(starts))
         heads = [row.tokens[start:] for row, start in zip(rows, starts)]
         blocks = torch.tensor(
             [head + [self.mask_id] * (L - len(head)) for head in heads], dtype=torch.long, device=self.device
         )
         steps = torch.tensor([row.steps or self.steps for row in rows], device=self.device)
-        return _Cycle(rows, starts, key_slots, contexts, blocks, steps)
+        thresholds = torch.tensor([row.threshold for row in rows], dtype=torch.float64).to(self.device)
+        return _Cycle(rows, starts, key_slots, contexts, blocks, steps, thresholds)
 
-    def _queries(self, cycle: _Cycle, live: list[int]) -> StepQueries:
-        """The live rows' queries: from their first uncached position (0 without the exact cache)."""
+    def _queries(self, cycle: _Cycle, live: list[int], index: torch.Tensor) -> StepQueries:
+        """The live rows' queries (``index``: ``live`` on the device): from their first uncached position
+        (0 without the exact cache)."""
         firsts = [cycle.rows[i].cached if self.exact_cache else 0 for i in live]
         return StepQueries(
             firsts,
             [cycle.starts[i] for i in live],
             [cycle.contexts[i][first:] for i, first in zip(live, firsts)],
             [cycle.key_slots[i] for i in live],
-            cycle.blocks[live],
+            cycle.blocks[index],
             self.block_length,
             self.mask_id,
         )
 
-    def _denoise(self, cycle: _Cycle, live: list[int], index: int, build) -> None:
-        queries = self._queries(cycle, live)
+    def _denoise(self, cycle: _Cycle, live: list[int], rows: torch.Tensor, index: int, build) -> None:
+        """One step of the ``live`` rows (``rows``: the same on the device, copied once per step)."""
+        queries = self._queries(cycle, live, rows)
         batch, select = build(queries, self.pool)
         hidden = self.model.forward_blocks(batch, select)
         self.computed_positions += batch.tokens.numel()
         self.useful_positions += sum(w for w, i in zip(queries.widths, live) if cycle.rows[i].active)
         mask = queries.blocks == self.mask_id
-        candidates = Candidates.of(mask, torch.tensor(live, device=self.device))
+        candidates = Candidates.of(mask, rows)
         positions = batch.positions[select[0], select[1]]
         context = StepContext(
             step=index,
-            steps_per_block=cycle.steps[live],
+            steps_per_block=cycle.steps[rows],
             masks_at_block_start=mask.sum(1),
             masks_now=mask.sum(1),
-            threshold=torch.tensor(
-                [cycle.rows[i].threshold for i in live], dtype=torch.float64, device=self.device
-            ),
+            threshold=cycle.thresholds[rows],
             eps=0.0,
         )
         logprobs = None if self.logprobs is None else LogprobRequests(self.logprob_counts, self.logprobs)
         commit = self.denoise(
             hidden, candidates, queries.blocks, positions, index, self.sampling, context, logprobs
         )
-        cycle.blocks[live] = commit.blocks
+        cycle.blocks[rows] = commit.blocks
         for i in live:
             cycle.rows[i].forwards += 1

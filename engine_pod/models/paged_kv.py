@@ -107,10 +107,27 @@ class PagedKVPool:
 
     def slots(self, owner: str, start: int, end: int) -> torch.Tensor:
         """Flat slots of positions ``[start, end)`` of ``owner`` (reserved beforehand)."""
-        table = torch.tensor(self._tables[owner], dtype=torch.long)
-        positions = torch.arange(start, end)
-        flat = table[positions // self.page_size] * self.page_size + positions % self.page_size
-        return flat.to(self.device)
+        return self.slots_of([(owner, start, end)])[0]
+
+    def slots_of(self, spans: Sequence[tuple[str, int, int]]) -> list[torch.Tensor]:
+        """Flat slots of each ``(owner, start, end)``, in one copy to the device (``flat_slots``)."""
+        return list(self.flat_slots(spans).split([end - start for _, start, end in spans]))
+
+    def flat_slots(self, spans: Sequence[tuple[str, int, int]]) -> torch.Tensor:
+        """The slots of every ``(owner, start, end)``, one span after another: computed from the page
+        tables on the host and sent to the device in one copy (one per batch, not one per request)."""
+        flat: list[int] = []
+        for owner, start, end in spans:
+            flat.extend(self._flat_slots(self._tables[owner], start, end))
+        return torch.tensor(flat, dtype=torch.long).to(self.device)
+
+    def _flat_slots(self, table: list[int], start: int, end: int) -> list[int]:
+        """Position p's slot is table[p // page] * page + p % page: a run of consecutive slots per page."""
+        size, out = self.page_size, []
+        for index in range(start // size, -(-end // size)):
+            shift = (table[index] - index) * size  # slot minus position on this page
+            out.extend(range(shift + max(start, index * size), shift + min(end, (index + 1) * size)))
+        return out
 
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         self.keys[layer][slots] = keys

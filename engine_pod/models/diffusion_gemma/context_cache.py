@@ -17,7 +17,7 @@ either group, so a pool sized for it would need nearly as many sliding pages as 
 groups would save memory only where contexts are longer than the window, at the cost of a second table
 per request.
 
-``ContextCache`` is one request's handle (its owner in the pool, its length, the slots of its positions);
+``ContextCache`` is one request's handle (its owner in the pool and its length; its slots are the pool's page table);
 ``ContextBatch`` holds a forward's rows: it writes the encoder's new keys and values into their slots and
 lays out what a layer attends over for the attention op (models/ragged.py): every row's kept context,
 read from the pool in one gather, then the row's new tokens (the encoder's, or the decoder's canvas),
@@ -61,9 +61,7 @@ class ContextCache:
         reach = config.sliding_window - 1
         # per layer: how many of the last context positions it attends to (None: all)
         self.reach = [reach if config.is_sliding(layer) else None for layer in range(config.num_layers)]
-        self.length = 0  # context tokens encoded: the next token's position
-        self.slots = torch.empty(0, dtype=torch.long, device=pool.device)  # of positions [0, length)
-        self.new_slots = self.slots  # of the positions being encoded (``reserve`` to ``advance``)
+        self.length = 0  # context tokens encoded: the next token's position (its slots: the pool's table)
 
     @classmethod
     def alone(
@@ -85,18 +83,15 @@ class ContextCache:
     def reserve(self, tokens: int) -> None:
         """Pages for ``tokens`` more context tokens (raises ``PoolExhausted`` when the pool is short)."""
         self.pool.reserve(self.owner, self.length + tokens)
-        self.new_slots = self.pool.slots(self.owner, self.length, self.length + tokens)
 
     def advance(self, tokens: int) -> None:
         """Record that the encoder has written the ``tokens`` reserved last in every layer."""
-        self.slots = torch.cat([self.slots, self.new_slots])
         self.length += tokens
 
     def release(self) -> None:
         """Give the pages back (the request finished, left or is re-encoded): the context is empty."""
         self.pool.release(self.owner)
         self.length = 0
-        self.slots = self.new_slots = self.slots[:0]
 
 
 class ContextBatch:
@@ -108,15 +103,25 @@ class ContextBatch:
         if any(cache.pool is not self.pool for cache in caches):
             raise ValueError("the rows of one forward must keep their contexts in one pool")
         self._layouts: dict[tuple, _Layout] = {}
+        self._lengths: tuple[tuple[int, ...], torch.Tensor] | None = None
+        self._new_slots: dict[int, torch.Tensor] = {}  # the encoder's slots, per new-token count
 
     def positions(self, tokens: int, device: torch.device) -> torch.Tensor:
-        """[R, T]: row r's tokens continue its context (positions caches[r].length..)."""
-        lengths = torch.tensor([cache.length for cache in self.caches], device=device)
-        return torch.arange(tokens, device=device) + lengths[:, None]
+        """[R, T]: row r's tokens continue its context (positions caches[r].length..); the lengths are sent
+        to the device once per batch (a decoder's batch keeps them over its steps)."""
+        lengths = tuple(cache.length for cache in self.caches)
+        if self._lengths is None or self._lengths[0] != lengths:
+            self._lengths = (lengths, torch.tensor(lengths).to(device))
+        return torch.arange(tokens, device=device) + self._lengths[1][:, None]
 
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """The new context tokens' keys/values [R, Hkv, T, hd] into the slots each row reserved."""
-        slots = torch.cat([cache.new_slots for cache in self.caches])
+        """The new context tokens' keys/values [R, Hkv, T, hd] into the slots each row reserved (sent to
+        the device once per batch)."""
+        tokens = keys.shape[2]
+        if tokens not in self._new_slots:
+            spans = [(cache.owner, cache.length, cache.length + tokens) for cache in self.caches]
+            self._new_slots[tokens] = self.pool.flat_slots(spans)
+        slots = self._new_slots[tokens]
         self.pool.keys[layer].index_copy_(0, slots, keys.transpose(1, 2).flatten(0, 1))
         self.pool.values[layer].index_copy_(0, slots, values.transpose(1, 2).flatten(0, 1))
 
@@ -156,7 +161,9 @@ class ContextBatch:
             spans = RowSpans([r * tokens for r in range(len(kept))], [tokens] * len(kept), starts, lengths)
             self._layouts[key] = _Layout(
                 RaggedAttention(spans, device, masking, style),
-                torch.cat([cache.slots[cache.start(layer) :] for cache in self.caches]),
+                self.pool.flat_slots(
+                    [(cache.owner, cache.start(layer), cache.length) for cache in self.caches]
+                ),
                 torch.tensor(context_at, dtype=torch.long, device=device),
                 torch.tensor(new_at, dtype=torch.long, device=device),
                 sum(lengths),

@@ -64,8 +64,15 @@ class DiffusionGemmaModel(nn.Module):
         return self.encoder_embed_tokens, self.encoder_layers
 
     def _embed(self, table: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
-        scale = torch.tensor(self.embed_scale, dtype=torch.float32).to(table.weight.dtype)
-        return table(ids) * scale.to(table.weight.device)
+        return table(ids) * self._embed_scale(table.weight.dtype)
+
+    def _embed_scale(self, dtype: torch.dtype) -> torch.Tensor:
+        """sqrt(hidden) rounded to float32, then to ``dtype`` (the reference's), as a host scalar: a
+        device's kernels take a 0-dim CPU tensor as a number, so nothing is copied per forward."""
+        scales = self.__dict__.setdefault("_embed_scales", {})
+        if dtype not in scales:
+            scales[dtype] = torch.tensor(self.embed_scale, dtype=torch.float32).to(dtype)
+        return scales[dtype]
 
     def _run(
         self,
@@ -128,8 +135,7 @@ class DiffusionGemmaModel(nn.Module):
         if probabilities is None or weight.dtype.itemsize < 4:
             probabilities = processed_logits.to(weight.dtype).softmax(dim=-1, dtype=torch.float32)
         probabilities = probabilities.to(weight.dtype)
-        scale = torch.tensor(self.embed_scale, dtype=torch.float32).to(weight.dtype).to(weight.device)
-        return torch.matmul(probabilities, weight) * scale
+        return torch.matmul(probabilities, weight) * self._embed_scale(weight.dtype)
 
     def fill_constants(self, scalars: bool = False) -> None:
         """The constant buffers that no checkpoint holds (after building on the meta device); ``scalars``:
