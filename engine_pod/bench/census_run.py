@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", action="append", choices=sorted(POLICIES), help="default: all three")
     parser.add_argument("--cycles", type=int, default=3, help="cycles per scenario, the first a warm-up")
     parser.add_argument("--json", help="write every scenario's figures to this file")
+    parser.add_argument("--markdown", help="write the worst case of each model and policy as a table here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(1)
@@ -170,7 +171,46 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as handle:
+            handle.write(markdown_table(results))
     return 0
+
+
+COLUMNS = (
+    ("attention calls per layer", "attention_calls_per_layer", max),
+    ("syncs in a forward", "syncs_per_forward", max),
+    ("syncs per step", "syncs_per_step", max),
+    ("host-to-device copies per cycle", "host_to_device_per_cycle", max),
+    ("new attention shapes per cycle", "new_attention_shapes", max),
+)
+
+
+def markdown_table(results: list[dict]) -> str:
+    """One row per model and policy: the worst of its mixes for each figure, and how much the first
+    forward's ops and the MoE layers' ops vary across them (1 = not at all)."""
+    by_row: dict[tuple[str, str], list[dict]] = {}
+    for result in results:
+        scenario = result["scenario"]
+        by_row.setdefault((scenario["model"], scenario["policy"]), []).append(result["figures"])
+    header = [
+        "model",
+        "policy",
+        *(name for name, _, _ in COLUMNS),
+        "first-forward ops, max/min",
+        "MoE ops per call",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (model, policy), figures in by_row.items():
+        cells = [model, policy, *(f"{pick(f[key] for f in figures):g}" for _, key, pick in COLUMNS)]
+        first = [f["first_forward_ops"] for f in figures]
+        moe = sorted({n for f in figures for n in f["moe_ops_per_call"]})
+        cells.append(f"{max(first) / min(first):.3f}")
+        cells.append(
+            "-" if not moe else str(moe[0]) if len(moe) == 1 else f"{moe[0]}-{moe[-1]} ({len(moe)} counts)"
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _line(scenario: Scenario, f: Figures) -> str:

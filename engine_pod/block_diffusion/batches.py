@@ -30,6 +30,7 @@ class StepQueries:
     blocks: torch.Tensor  # [R, L] active blocks
     block_length: int
     mask_id: int
+    candidates: int | None = None  # masked positions in the blocks, where the host knows how many
 
     @property
     def widths(self) -> list[int]:
@@ -38,7 +39,10 @@ class StepQueries:
 
     def masked(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(row, index in its block) of every masked position, row-major."""
-        return (self.blocks == self.mask_id).nonzero(as_tuple=True)
+        masked = self.blocks == self.mask_id
+        if self.candidates is None:
+            return masked.nonzero(as_tuple=True)
+        return torch.nonzero_static(masked, size=self.candidates).unbind(1)
 
 
 def dense_forward(step: StepQueries, pool: PagedKVPool) -> tuple[BlockForward, Selection]:

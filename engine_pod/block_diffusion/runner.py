@@ -103,17 +103,19 @@ class BlockDiffusionRunner:
         self.logprobs = [[None] * L if k is not None else None for k in logprobs] if asked else None
         cycle = self._cycle(rows)
         build = packed_forward if packed else dense_forward
-        for step in range(int(cycle.steps.max())):
-            masked = (cycle.blocks == self.mask_id).any(1)
-            if not bool(masked.any()):
+        steps = max(row.steps or self.steps for row in rows)
+        for step in range(steps):
+            masked = (cycle.blocks == self.mask_id).sum(1)
+            counts = masked.tolist()  # the step's one read from the device
+            if not any(counts):
                 break
-            live = (masked if gather_rows else torch.ones_like(masked)).nonzero(as_tuple=True)[0].tolist()
-            self._denoise(cycle, live, torch.tensor(live).to(self.device), step, build)
+            live, index = self._live(masked, counts, gather_rows)
+            self._denoise(cycle, live, index, sum(counts[i] for i in live), step, build)
             if self.exact_cache:
                 for i in live:
                     rows[i].cached = cycle.starts[i]
         if bool((cycle.blocks == self.mask_id).any()):
-            raise RuntimeError(f"a block kept masks after {int(cycle.steps.max())} steps; this is a bug")
+            raise RuntimeError(f"a block kept masks after {steps} steps; this is a bug")
         blocks = cycle.blocks.tolist()
         for row, start, block in zip(rows, cycle.starts, blocks):
             row.tokens[start:] = block
@@ -148,9 +150,11 @@ class BlockDiffusionRunner:
         thresholds = torch.tensor([row.threshold for row in rows], dtype=torch.float64).to(self.device)
         return _Cycle(rows, starts, key_slots, contexts, blocks, steps, thresholds)
 
-    def _queries(self, cycle: _Cycle, live: list[int], index: torch.Tensor) -> StepQueries:
-        """The live rows' queries (``index``: ``live`` on the device): from their first uncached position
-        (0 without the exact cache)."""
+    def _queries(
+        self, cycle: _Cycle, live: list[int], index: torch.Tensor, candidates: int | None = None
+    ) -> StepQueries:
+        """The live rows' queries (``index``: ``live`` on the device; ``candidates``: their masked positions
+        where the host knows them): from their first uncached position (0 without the exact cache)."""
         firsts = [cycle.rows[i].cached if self.exact_cache else 0 for i in live]
         return StepQueries(
             firsts,
@@ -160,17 +164,30 @@ class BlockDiffusionRunner:
             cycle.blocks[index],
             self.block_length,
             self.mask_id,
+            candidates,
         )
 
-    def _denoise(self, cycle: _Cycle, live: list[int], rows: torch.Tensor, index: int, build) -> None:
-        """One step of the ``live`` rows (``rows``: the same on the device, copied once per step)."""
-        queries = self._queries(cycle, live, rows)
+    @staticmethod
+    def _live(masked: torch.Tensor, counts: list[int], gather_rows: bool) -> tuple[list[int], torch.Tensor]:
+        """The rows that step (those with masks left, or all of them), on the host and on the device (found
+        there: rows without masks sort after the others, in order)."""
+        if not gather_rows:
+            return list(range(len(counts))), torch.arange(len(counts), device=masked.device)
+        live = [i for i, count in enumerate(counts) if count]
+        return live, torch.argsort((masked == 0).to(torch.int8), stable=True)[: len(live)]
+
+    def _denoise(
+        self, cycle: _Cycle, live: list[int], rows: torch.Tensor, candidates: int, index: int, build
+    ) -> None:
+        """One step of the ``live`` rows (``rows``: the same on the device; ``candidates``: their masked
+        positions, counted on the host)."""
+        queries = self._queries(cycle, live, rows, candidates)
         batch, select = build(queries, self.pool)
         hidden = self.model.forward_blocks(batch, select)
         self.computed_positions += batch.tokens.numel()
         self.useful_positions += sum(w for w, i in zip(queries.widths, live) if cycle.rows[i].active)
         mask = queries.blocks == self.mask_id
-        candidates = Candidates.of(mask, rows)
+        candidates = Candidates.of(mask, rows, queries.candidates)
         positions = batch.positions[select[0], select[1]]
         context = StepContext(
             step=index,

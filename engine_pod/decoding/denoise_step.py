@@ -24,9 +24,13 @@ class Candidates:
     owner: torch.Tensor  # [n] its row in the cycle's batch: its sampling and its log-probability request
 
     @classmethod
-    def of(cls, mask: torch.Tensor, rows: torch.Tensor) -> Candidates:
-        """``rows`` [R']: each stepping row's row in the batch."""
-        r, k = mask.nonzero(as_tuple=True)
+    def of(cls, mask: torch.Tensor, rows: torch.Tensor, count: int | None = None) -> Candidates:
+        """``rows`` [R']: each stepping row's row in the batch; ``count``: how many candidates the mask
+        holds, where the host knows it (then nothing is read back from the device to find them)."""
+        if count is None:
+            r, k = mask.nonzero(as_tuple=True)
+        else:
+            r, k = torch.nonzero_static(mask, size=count).unbind(1)
         return cls(mask, r, k, rows[r])
 
 

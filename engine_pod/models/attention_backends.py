@@ -92,10 +92,10 @@ def varlen(plan: RaggedAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if any(q_start[i] + q_len[i] != q_start[i + 1] for i in range(len(q_len) - 1)):
         return plan.reference(q, k, v)  # queries with gaps between rows: not one varlen batch
     first, last = q_start[0], q_start[-1] + q_len[-1]
-    meta = torch.tensor(
-        [[s - first for s in q_start] + [last - first], k_start + [k.shape[0]], k_len + [0]],
-        dtype=torch.int32,
-    ).to(q.device, non_blocking=True)
+    meta = plan.__dict__.get("varlen_meta")
+    if meta is None:  # sent once per forward, at its first layer
+        rows = [[s - first for s in q_start] + [last - first], k_start + [k.shape[0]], k_len + [0]]
+        meta = plan.__dict__.setdefault("varlen_meta", torch.tensor(rows, dtype=torch.int32).to(q.device))
     out[first:last] = varlen_attn(
         q[first:last],
         k,

@@ -15,6 +15,7 @@ position and are masked out, their outputs discarded.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import weakref
 from dataclasses import dataclass
@@ -119,9 +120,13 @@ class RaggedAttention:
         self.queries = spans.queries
         self.masking, self.style = masking, style
         self.device = device
-        exact = masking != BIDIRECTIONAL
-        self.groups = [self._group(rows, device) for rows in _grouped_rows(spans, exact)]
         self.handle = register_plan(self)
+
+    @functools.cached_property
+    def groups(self) -> list[_Group]:
+        """The reference kernel's SDPA groups, made at its first call (a GPU's varlen kernel needs none)."""
+        exact = self.masking != BIDIRECTIONAL
+        return [self._group(rows, self.device) for rows in _grouped_rows(self.spans, exact)]
 
     def _group(self, rows: list[int], device) -> _Group:
         pick = lambda values: [values[r] for r in rows]  # noqa: E731

@@ -33,6 +33,19 @@ class _StepRows:
     all_rows: bool  # index covers every row in order (lets the cache skip a gather)
     block: torch.Tensor  # [R', L] current block tokens
     candidates: torch.Tensor  # [R', L] masked positions that may be committed now
+    members: list[int]  # index, on the host
+    counts: list[int]  # candidates of each of those rows, on the host
+    first_masked: list[bool]  # whether each of those rows' blocks starts with a mask
+
+
+@dataclass(frozen=True)
+class _HostState:
+    """What the host reads of the batch once per step: each row's done flag, its block's masked positions
+    and whether its block starts with a mask."""
+
+    done: list[bool]
+    masked: list[int]
+    first_masked: list[bool]
 
 
 class BlockCycleRunner:
@@ -91,13 +104,15 @@ class BlockCycleRunner:
         if canvas.logprobs is not None:
             output.logprobs = [[None] * L if k is not None else None for k in canvas.logprobs]
         step = 0
-        while not bool(done.all()):
+        state = self._read_state(canvas, done)
+        while not all(state.done):
             self._check_runaway(step)
-            step_rows = self._step_rows(canvas, done, gather_rows and step > 0)
+            step_rows = self._step_rows(canvas, done, state, gather_rows and step > 0)
             self._denoise_step(canvas, cache, step_rows, step, masks_at_start, output, margins)
             steps_taken[step_rows.index] += (~done[step_rows.index]).long()
             step += 1
             done = done | self._finished(canvas, step)
+            state = self._read_state(canvas, done)
         output.blocks = canvas.block_tokens().tolist()
         output.steps = steps_taken.tolist()
         if self.record_margins:
@@ -134,14 +149,27 @@ class BlockCycleRunner:
         complete = (canvas.block_tokens() != self.mask_id).all(1)
         return complete | at_cap
 
-    def _step_rows(self, canvas: Canvas, done: torch.Tensor, only_unfinished: bool) -> _StepRows:
+    def _read_state(self, canvas: Canvas, done: torch.Tensor) -> _HostState:
+        """The step's one read from the device."""
+        masked = canvas.block_tokens() == self.mask_id
+        done_list, counts, first = torch.stack([done.long(), masked.sum(1), masked[:, 0].long()]).tolist()
+        return _HostState([bool(d) for d in done_list], counts, [bool(f) for f in first])
+
+    def _step_rows(
+        self, canvas: Canvas, done: torch.Tensor, state: _HostState, only_unfinished: bool
+    ) -> _StepRows:
+        rows = len(state.done)
         if only_unfinished:
-            index = (~done).nonzero(as_tuple=True)[0]
+            members = [r for r in range(rows) if not state.done[r]]
+            # the unfinished rows in order, found on the device (stable: done rows sort after them)
+            index = torch.argsort(done.to(torch.int8), stable=True)[: len(members)]
         else:
-            index = torch.arange(done.shape[0], device=done.device)
+            members, index = list(range(rows)), torch.arange(rows, device=done.device)
         block = canvas.block_tokens(index)
         candidates = (block == self.mask_id) & ~done[index, None]
-        return _StepRows(index, index.shape[0] == done.shape[0], block, candidates)
+        counts = [0 if state.done[r] else state.masked[r] for r in members]
+        first = [not state.done[r] and state.first_masked[r] for r in members]
+        return _StepRows(index, len(members) == rows, block, candidates, members, counts, first)
 
     def _denoise_step(
         self,
@@ -159,9 +187,10 @@ class BlockCycleRunner:
         if forced_start:
             mask = mask.clone()
             mask[:, 1:] = False
-        candidates = Candidates.of(mask, rows.index)
+        counts = [int(f) for f in rows.first_masked] if forced_start else rows.counts
+        candidates = Candidates.of(mask, rows.index, sum(counts))
         forward = self._full_forward if refresh else self._window_forward
-        logits = forward(canvas, cache, rows, candidates.r, candidates.k, out.stats)
+        logits = forward(canvas, cache, rows, candidates.r, candidates.k, out.stats, counts)
         positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
         context = None if forced_start else self._context(canvas, step, rows, masks_at_start)
         logprobs = None if out.logprobs is None else LogprobRequests(canvas.logprobs, out.logprobs)
@@ -195,14 +224,16 @@ class BlockCycleRunner:
             eps=self.decoding.eps,
         )
 
-    def _full_forward(self, canvas: Canvas, cache, rows: _StepRows, pick_r, pick_k, stats: CycleStats):
+    def _full_forward(
+        self, canvas: Canvas, cache, rows: _StepRows, pick_r, pick_k, stats: CycleStats, counts: list[int]
+    ):
         index = None if rows.all_rows else rows.index
         take = (lambda t: t) if index is None else (lambda t: t[index])
         source = take(canvas.block_slots)[pick_r, pick_k] - self.adapter.logit_shift
-        live = take(canvas.context)[canvas.active[rows.index]]
-        stats.useful_positions += int(live.sum())
+        host = canvas.host
+        stats.useful_positions += sum(host.context_lengths[r] for r in rows.members if host.active[r])
         if canvas.packed:
-            inputs = refresh_inputs(canvas, index, cache, pick_r, source)
+            inputs = refresh_inputs(canvas, index, cache, pick_r, source, rows.members, counts)
             stats.computed_positions += inputs.computed
             return self.model.forward_packed(inputs.tokens, inputs.positions, inputs.context, inputs.select)
         stats.computed_positions += rows.index.shape[0] * canvas.width
@@ -210,16 +241,17 @@ class BlockCycleRunner:
             take(canvas.tokens), take(canvas.position_ids), take(canvas.key_mask), cache, (pick_r, source)
         )
 
-    def _window_forward(self, canvas: Canvas, cache, rows: _StepRows, pick_r, pick_k, stats: CycleStats):
+    def _window_forward(
+        self, canvas: Canvas, cache, rows: _StepRows, pick_r, pick_k, stats: CycleStats, counts: list[int]
+    ):
         index = rows.index
-        if self.decoding.cache == "dual":
-            slots = canvas.block_slots[index]
-        else:
-            slots = canvas.prefix_window()[0][index]
-        stats.useful_positions += int(canvas.active[index].sum()) * canvas.block_length
+        block_window = self.decoding.cache == "dual"  # every row's window is its block, all cached
+        slots = canvas.block_slots[index] if block_window else canvas.prefix_window()[0][index]
+        stats.useful_positions += sum(canvas.host.active[r] for r in rows.members) * canvas.block_length
         source = (pick_k - self.adapter.logit_shift).clamp(min=0)
         if canvas.packed:
-            inputs = window_inputs(canvas, cache, index, slots, pick_r, source)
+            lengths = [canvas.block_length] * len(rows.members) if block_window else None
+            inputs = window_inputs(canvas, cache, index, slots, pick_r, source, rows.members, counts, lengths)
             stats.computed_positions += inputs.computed
             return self.model.forward_packed(inputs.tokens, inputs.positions, inputs.context, inputs.select)
         window_tokens = canvas.tokens_with_scratch[index].gather(1, slots)

@@ -8,6 +8,7 @@ is a scratch slot: window entries that do not belong to a row point there.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,7 @@ class Canvas:
     sampling: RowSampling | None = None  # per-row sampling settings; None: every row is greedy
     logprobs: list[int | None] | None = None  # per row: alternatives to record (None: none asked)
     packed: bool = False  # forwards compute only the positions that exist (runner/packing.py)
+    host: CanvasRows | None = None  # what the host knows of each row without reading the device
 
     @property
     def width(self) -> int:
@@ -55,6 +57,21 @@ class Canvas:
         return torch.where(valid, slots, torch.full_like(slots, self.width)), valid
 
 
+@dataclass(frozen=True)
+class CanvasRows:
+    """Per row, from the scheduler's rows: what attention sees, the row's context, whether it commits."""
+
+    key_lengths: list[int]  # positions attention sees (prompt, blocks so far, active block, visible suffix)
+    context_lengths: list[int]  # the prompt, the committed blocks and the active block
+    active: list[bool]
+
+    @classmethod
+    def of(cls, rows: list[CycleRow], block_length: int) -> CanvasRows:
+        context = [row.width + block_length for row in rows]
+        suffix = [row.suffix_blocks * block_length if row.suffix_visible else 0 for row in rows]
+        return cls([c + s for c, s in zip(context, suffix)], context, [row.active for row in rows])
+
+
 def _row_tokens(row: CycleRow, block_length: int, mask_id: int) -> list[int]:
     masked = block_length * (1 + row.suffix_blocks)
     return list(row.prefix_ids) + [mask_id] * masked
@@ -66,7 +83,9 @@ def _host_rows(rows: list[CycleRow], block_length: int, mask_id: int, pad_id: in
     contents = [_row_tokens(row, block_length, mask_id) for row in rows]
     width = max(len(c) for c in contents)
     thresholds = [threshold if r.threshold is None else r.threshold for r in rows]
-    threshold_bits = torch.tensor(thresholds, dtype=torch.float64).view(torch.int64).tolist()
+    threshold_bits = [
+        struct.unpack("<q", struct.pack("<d", value))[0] for value in thresholds
+    ]  # float64 bits
     matrix = [
         [pad_id] * (width - len(c))
         + c
@@ -112,4 +131,5 @@ def build_canvas(
         block_length=block_length,
         sampling=RowSampling.of([row.sampling for row in rows], device, score_dtype),
         logprobs=[row.logprobs for row in rows] if any(row.logprobs is not None for row in rows) else None,
+        host=CanvasRows.of(rows, block_length),
     )

@@ -36,32 +36,42 @@ def refresh_inputs(
     cache: PackedKVCache | None,
     pick_r: torch.Tensor,
     source: torch.Tensor,
+    members: list[int],
+    picked: list[int],
 ) -> PackedInputs:
-    """A refresh over canvas rows ``index`` (None: all); ``(pick_r, source)`` the (row, column) pairs
-    whose logits are needed."""
+    """A refresh over canvas rows ``index`` (None: all; ``members`` the same on the host);
+    ``(pick_r, source)`` the (row, column) pairs whose logits are needed, ``picked`` how many per row.
+    Lengths come from the host's record of the rows: the layout is one copy to the device, no read."""
     take = (lambda t: t) if index is None else (lambda t: t[index])
     keep = take(canvas.key_mask)
-    lengths = keep.sum(1)
-    order = torch.argsort(lengths, descending=True, stable=True)  # packed order: rows of a length adjacent
-    rows, columns, slot_of = _pack(keep, order, canvas.width + 1)
-    spans = _spans_in_order(lengths.tolist(), order.tolist())
+    lengths = [canvas.host.key_lengths[r] for r in members]
+    # packed order: longest first, rows of a length adjacent and in row order
+    order = sorted(range(len(members)), key=lambda i: -lengths[i])
+    spans = _spans_in_order(lengths, order)
+    sent = torch.tensor(order + spans.k_start).to(keep.device)  # the refresh's one copy
+    order_on_device, row_start = sent[: len(order)], sent[len(order) :]
+    rows, columns, slot_of = _pack(keep, order_on_device, canvas.width + 1, sum(lengths))
     if cache is not None:
-        cache.set_layout(slot_of, spans.k_start, spans.k_len)
+        cache.set_layout(slot_of, spans.k_start, spans.k_len, row_start)
     return PackedInputs(
         take(canvas.tokens)[rows, columns],
         take(canvas.position_ids)[rows, columns],
-        _context(spans, pick_r, keep.device, cache),
+        _context(spans, picked, keep.device, cache),
         slot_of[pick_r, source],
     )
 
 
 def _pack(
-    keep: torch.Tensor, order: torch.Tensor, map_width: int
+    keep: torch.Tensor, order: torch.Tensor, map_width: int, total: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The positions where ``keep`` [R, C] is True, packed row by row in ``order``: each packed
     position's (row, column), and the map [R, map_width] from (row, column) to packed position (the
-    packed total where a column is not packed)."""
-    sorted_rows, columns = keep[order].nonzero(as_tuple=True)
+    packed total where a column is not packed). ``total``: how many are True, where the host knows."""
+    ordered = keep[order]
+    if total is None:
+        sorted_rows, columns = ordered.nonzero(as_tuple=True)
+    else:
+        sorted_rows, columns = torch.nonzero_static(ordered, size=total).unbind(1)
     rows = order[sorted_rows]
     total = rows.shape[0]
     packed_at = torch.full((keep.shape[0], map_width), total, dtype=torch.long, device=keep.device)
@@ -85,14 +95,13 @@ def _spans_in_order(lengths: list[int], order: list[int]) -> RowSpans:
 
 def _context(
     spans: RowSpans,
-    pick_r: torch.Tensor,
+    picked: list[int],
     device: torch.device,
     cache: PackedKVCache | None,
     cache_positions: torch.Tensor | None = None,
 ) -> PackedContext:
-    """Both attention plans: every position's, and the last layer's over the picked positions (pick_r
-    comes from a row-major nonzero, so picks are grouped by row in order)."""
-    picked = torch.bincount(pick_r, minlength=len(spans.q_len)).tolist()
+    """Both attention plans: every position's, and the last layer's over the picked positions (``picked``
+    per row; picks come from a row-major nonzero, so they are grouped by row in order)."""
     final = RaggedAttention(selected_spans(spans, picked), device)
     return PackedContext(RaggedAttention(spans, device), final, cache, cache_positions)
 
@@ -104,22 +113,30 @@ def window_inputs(
     slots: torch.Tensor,
     pick_r: torch.Tensor,
     source: torch.Tensor,
+    members: list[int],
+    picked: list[int],
+    lengths: list[int] | None = None,
 ) -> PackedInputs:
-    """A window over canvas rows ``index`` at canvas columns ``slots`` [R', Ww] (the scratch column where
-    a row's window is shorter); ``(pick_r, source)`` rows of ``index`` and window columns."""
+    """A window over canvas rows ``index`` (``members`` on the host) at canvas columns ``slots`` [R', Ww]
+    (the scratch column where a row's window is shorter); ``(pick_r, source)`` rows of ``index`` and
+    window columns, ``picked`` how many per row; ``lengths``: each row's window positions where the host
+    knows them (every row's block: nothing is read back), else counted on the device."""
     cache_positions = cache.slot_of[index[:, None], slots]
     keep = cache_positions < cache.total  # absent columns (scratch, hidden suffix) map to the total
-    members = index.tolist()
     k_start = [cache.row_start[r] for r in members]
     # packed in the cache's order, so that rows whose keys follow each other have their queries adjacent
     order = sorted(range(len(members)), key=k_start.__getitem__)
-    rows, columns, window_slot = _pack(keep, torch.tensor(order, device=keep.device), keep.shape[1])
-    lengths = keep.sum(1).tolist()
+    if lengths is None:
+        lengths = keep.sum(1).tolist()
+        rows, columns, window_slot = _pack(keep, torch.tensor(order, device=keep.device), keep.shape[1])
+    else:  # the same order found on the device (row starts are distinct)
+        on_device = torch.argsort(cache.row_start_on_device[index])
+        rows, columns, window_slot = _pack(keep, on_device, keep.shape[1], sum(lengths))
     spans = RowSpans(_starts_in(order, lengths), lengths, k_start, [cache.row_len[r] for r in members])
     canvas_rows, canvas_columns = index[rows], slots[rows, columns]
     return PackedInputs(
         canvas.tokens_with_scratch[canvas_rows, canvas_columns],
         canvas.positions_with_scratch[canvas_rows, canvas_columns],
-        _context(spans, pick_r, keep.device, cache, cache_positions[rows, columns]),
+        _context(spans, picked, keep.device, cache, cache_positions[rows, columns]),
         window_slot[pick_r, source],
     )
