@@ -31,6 +31,7 @@ class StepQueries:
     block_length: int
     mask_id: int
     candidates: int | None = None  # masked positions in the blocks, where the host knows how many
+    starts_on_device: torch.Tensor | None = None  # [R] starts, on the device
 
     @property
     def widths(self) -> list[int]:
@@ -60,25 +61,33 @@ def dense_forward(step: StepQueries, pool: PagedKVPool) -> tuple[BlockForward, S
         positions[r, :width] = torch.arange(first, end, device=device)
         write[r, :width] = step.key_slots[r][first:]
         key_slots[r, :end] = step.key_slots[r]
-    mask = _dense_mask(positions, widths, ends, keys, L)
+    widths_on_device, ends_on_device = _row_extents(step, widths, ends)
+    mask = _dense_mask(positions, widths_on_device, ends_on_device, keys, L)
     pick_r, pick_k = step.masked()
-    offsets = torch.tensor(widths, device=device) - L
+    offsets = widths_on_device - L
     return DenseBlockForward(tokens, positions, write, key_slots, mask, pool), (
         pick_r,
         offsets[pick_r] + pick_k,
     )
 
 
+def _row_extents(step: StepQueries, widths: list[int], ends: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's query count and key count on the device: from the starts already there when every row's
+    queries are its block (every step but a cycle's first), else sent (one copy)."""
+    L, device = step.block_length, step.blocks.device
+    if step.starts_on_device is not None and all(width == L for width in widths):
+        return torch.full((len(widths),), L, device=device), step.starts_on_device + L
+    return torch.tensor([widths, ends], device=device).unbind(0)
+
+
 def _dense_mask(
-    positions: torch.Tensor, widths: list[int], ends: list[int], keys: int, L: int
+    positions: torch.Tensor, widths: torch.Tensor, ends: torch.Tensor, keys: int, L: int
 ) -> torch.Tensor:
     """Block-causal, padded keys never attended; a padded query attends one real key (no NaN)."""
     device = positions.device
     key_pos = torch.arange(keys, device=device)
-    valid_query = (
-        torch.arange(positions.shape[1], device=device)[None] < torch.tensor(widths, device=device)[:, None]
-    )
-    valid_key = key_pos[None] < torch.tensor(ends, device=device)[:, None]
+    valid_query = torch.arange(positions.shape[1], device=device)[None] < widths[:, None]
+    valid_key = key_pos[None] < ends[:, None]
     mask = block_causal(positions, key_pos, L) & valid_key[:, None]
     mask &= valid_query[:, :, None]
     mask[:, :, 0] |= ~valid_query
@@ -114,5 +123,17 @@ def packed_forward(step: StepQueries, pool: PagedKVPool) -> tuple[BlockForward, 
         pool,
     )
     pick_r, pick_k = step.masked()
-    base = torch.tensor([q_start[r] + widths[r] - L for r in range(len(widths))], device=device)
-    return forward, (torch.zeros_like(pick_r), base[pick_r] + pick_k)
+    return forward, (torch.zeros_like(pick_r), _block_offsets(step, q_start, widths)[pick_r] + pick_k)
+
+
+def _block_offsets(step: StepQueries, q_start: list[int], widths: list[int]) -> torch.Tensor:
+    """[R] where each row's active block starts among the packed queries. Rows whose queries are their
+    block alone (every step but a cycle's first) are packed by start, latest first: found on the device;
+    otherwise sent (one copy)."""
+    L, device = step.block_length, step.blocks.device
+    if step.starts_on_device is not None and all(width == L for width in widths):
+        order = torch.argsort(-step.starts_on_device, stable=True)
+        offsets = torch.empty_like(order)
+        offsets[order] = torch.arange(0, L * len(widths), L, device=device)
+        return offsets
+    return torch.tensor([q_start[r] + widths[r] - L for r in range(len(widths))], device=device)

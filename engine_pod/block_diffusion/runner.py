@@ -21,6 +21,7 @@ from engine_pod.block_diffusion.batches import StepQueries, dense_forward, packe
 from engine_pod.decoding.denoise_step import Candidates, DenoiseStep, LogprobRequests
 from engine_pod.decoding.policies import StepContext
 from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
+from engine_pod.host_bundle import float64_bits, send
 from engine_pod.models.block_transformer import BlockDiffusionTransformer
 from engine_pod.models.paged_kv import PagedKVPool
 
@@ -52,6 +53,7 @@ class _Cycle:
     blocks: torch.Tensor  # [R, L] the active blocks, denoised in place
     steps: torch.Tensor  # [R] each row's denoising steps: its block completes within them
     thresholds: torch.Tensor  # [R] each row's confidence threshold (float64)
+    starts_on_device: torch.Tensor  # [R] starts, on the device
 
 
 class BlockDiffusionRunner:
@@ -139,16 +141,18 @@ class BlockDiffusionRunner:
         starts = [row.block_start(L) for row in rows]
         for row, start in zip(rows, starts):
             self.pool.reserve(row.owner, start + L)
-        key_slots = self.pool.slots_of([(row.owner, 0, start + L) for row, start in zip(rows, starts)])
+        ends = [start + L for start in starts]
+        slots = self.pool.host_slots([(row.owner, 0, end) for row, end in zip(rows, ends)])
         context_tokens = [token for row, start in zip(rows, starts) for token in row.tokens[:start]]
-        contexts = list(torch.tensor(context_tokens, dtype=torch.long).to(self.device).split(starts))
         heads = [row.tokens[start:] for row, start in zip(rows, starts)]
-        blocks = torch.tensor(
-            [head + [self.mask_id] * (L - len(head)) for head in heads], dtype=torch.long, device=self.device
-        )
-        steps = torch.tensor([row.steps or self.steps for row in rows], device=self.device)
-        thresholds = torch.tensor([row.threshold for row in rows], dtype=torch.float64).to(self.device)
-        return _Cycle(rows, starts, key_slots, contexts, blocks, steps, thresholds)
+        block_ids = [token for head in heads for token in head + [self.mask_id] * (L - len(head))]
+        steps = [row.steps or self.steps for row in rows]
+        bits = float64_bits([row.threshold for row in rows])
+        # the cycle's one copy to the device
+        parts = send([slots, context_tokens, block_ids, steps, bits, starts], self.device)
+        key_slots, contexts = list(parts[0].split(ends)), list(parts[1].split(starts))
+        blocks, steps, thresholds = parts[2].view(len(rows), L), parts[3], parts[4].view(torch.float64)
+        return _Cycle(rows, starts, key_slots, contexts, blocks, steps, thresholds, parts[5])
 
     def _queries(
         self, cycle: _Cycle, live: list[int], index: torch.Tensor, candidates: int | None = None
@@ -165,6 +169,7 @@ class BlockDiffusionRunner:
             self.block_length,
             self.mask_id,
             candidates,
+            cycle.starts_on_device[index],
         )
 
     @staticmethod

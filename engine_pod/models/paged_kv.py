@@ -116,10 +116,14 @@ class PagedKVPool:
     def flat_slots(self, spans: Sequence[tuple[str, int, int]]) -> torch.Tensor:
         """The slots of every ``(owner, start, end)``, one span after another: computed from the page
         tables on the host and sent to the device in one copy (one per batch, not one per request)."""
+        return torch.tensor(self.host_slots(spans), dtype=torch.long).to(self.device)
+
+    def host_slots(self, spans: Sequence[tuple[str, int, int]]) -> list[int]:
+        """``flat_slots`` on the host, for a caller that sends them together with other lists."""
         flat: list[int] = []
         for owner, start, end in spans:
             flat.extend(self._flat_slots(self._tables[owner], start, end))
-        return torch.tensor(flat, dtype=torch.long).to(self.device)
+        return flat
 
     def _flat_slots(self, table: list[int], start: int, end: int) -> list[int]:
         """Position p's slot is table[p // page] * page + p % page: a run of consecutive slots per page."""

@@ -8,12 +8,12 @@ is a scratch slot: window entries that do not belong to a row point there.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
 import torch
 
 from engine_pod.decoding.row_sampling import RowSampling
+from engine_pod.host_bundle import float64_bits
 from engine_pod.scheduler.cycle_row import CycleRow
 
 
@@ -83,9 +83,7 @@ def _host_rows(rows: list[CycleRow], block_length: int, mask_id: int, pad_id: in
     contents = [_row_tokens(row, block_length, mask_id) for row in rows]
     width = max(len(c) for c in contents)
     thresholds = [threshold if r.threshold is None else r.threshold for r in rows]
-    threshold_bits = [
-        struct.unpack("<q", struct.pack("<d", value))[0] for value in thresholds
-    ]  # float64 bits
+    threshold_bits = float64_bits(thresholds)
     matrix = [
         [pad_id] * (width - len(c))
         + c
