@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine_pod.host_bundle import send
 from engine_pod.models.attention_rules import Masking, SdpaStyle
 from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
 from engine_pod.models.paged_kv import PagedKVPool
@@ -159,15 +160,11 @@ class ContextBatch:
             new_at = [p for start, n in zip(starts, kept) for p in range(start + n, start + n + tokens)]
             device = self.pool.device
             spans = RowSpans([r * tokens for r in range(len(kept))], [tokens] * len(kept), starts, lengths)
-            self._layouts[key] = _Layout(
-                RaggedAttention(spans, device, masking, style),
-                self.pool.flat_slots(
-                    [(cache.owner, cache.start(layer), cache.length) for cache in self.caches]
-                ),
-                torch.tensor(context_at, dtype=torch.long, device=device),
-                torch.tensor(new_at, dtype=torch.long, device=device),
-                sum(lengths),
+            slots = self.pool.host_slots(
+                [(cache.owner, cache.start(layer), cache.length) for cache in self.caches]
             )
+            sent = send([slots, context_at, new_at], device)  # the layout's one copy
+            self._layouts[key] = _Layout(RaggedAttention(spans, device, masking, style), *sent, sum(lengths))
         return self._layouts[key]
 
 
