@@ -3,17 +3,14 @@
 A scenario is a model, a policy (static: a dense box, every row in every forward; BlockServe packed or
 dense: finished rows leave the forwards), a number of rows and how many distinct prompt lengths they
 have. Its cycles run back to back (each row's committed block joins its prefix, as the scheduler does);
-the first is the warm-up for "new attention shapes". ``python -m engine_pod.bench.census_run`` prints
-the table for every family and mix (``--help``).
+the first is the warm-up for "new attention shapes". ``dllm census`` runs the grid for every family and
+mix (engine_pod/cli/census.py).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import random
-import sys
 from dataclasses import asdict, dataclass
 
 import torch
@@ -137,44 +134,24 @@ def decoding_for(loaded: LoadedModel) -> DecodingConfig:
     return DecodingConfig()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m engine_pod.bench.census_run",
-        description="Count, per model forward and per block cycle, the attention calls, device syncs and "
-        "host-to-device copies each policy issues (a CPU stands in for the GPU: the ops are the same).",
-    )
-    parser.add_argument(
-        "--model", action="append", help=f"model spec (repeatable; default: {', '.join(MODELS)})"
-    )
-    parser.add_argument("--rows", default="4,16,32", help="row counts, comma-separated (default: 4,16,32)")
-    parser.add_argument(
-        "--distinct", default="1,4,all", help="distinct prompt lengths per batch ('all': one per row)"
-    )
-    parser.add_argument("--policy", action="append", choices=sorted(POLICIES), help="default: all three")
-    parser.add_argument("--cycles", type=int, default=3, help="cycles per scenario, the first a warm-up")
-    parser.add_argument("--json", help="write every scenario's figures to this file")
-    parser.add_argument("--markdown", help="write the worst case of each model and policy as a table here")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+def run_census(
+    models: list[str], policies: list[str], row_counts: list[int], distinct: list[str], cycles: int
+) -> list[dict]:
+    """Every scenario of the grid, one torch thread (as the batch-invariance tests), each logged as it ends."""
     torch.set_num_threads(1)
     results = []
-    for spec in args.model or MODELS:
+    for spec in models:
         loaded = load_model(spec)
-        for policy in args.policy or sorted(POLICIES):
-            for rows in (int(n) for n in args.rows.split(",")):
-                for text in args.distinct.split(","):
-                    distinct = rows if text == "all" else min(int(text), rows)
-                    scenario = Scenario(spec, policy, rows, distinct, args.cycles)
+        for policy in policies:
+            for rows in row_counts:
+                for text in distinct:
+                    scenario = Scenario(
+                        spec, policy, rows, rows if text == "all" else min(int(text), rows), cycles
+                    )
                     figures = run_scenario(loaded, scenario, decoding_for(loaded))
                     results.append({"scenario": asdict(scenario), "figures": asdict(figures)})
                     log.info(_line(scenario, figures))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=1)
-    if args.markdown:
-        with open(args.markdown, "w") as handle:
-            handle.write(markdown_table(results))
-    return 0
+    return results
 
 
 COLUMNS = (
@@ -221,7 +198,3 @@ def _line(scenario: Scenario, f: Figures) -> str:
         f"new shapes {f.new_attention_shapes:4} first-fwd ops {f.first_forward_ops:5} "
         f"moe ops {f.moe_ops_per_call[:1]}-{f.moe_ops_per_call[-1:]}"
     )
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,9 +12,9 @@ if __name__ == "__main__":  # python -m engine_pod.cli.main: restart under huge 
     restart_with_huge_pages(["-m", "engine_pod.cli.main", *sys.argv[1:]])
 
 from engine_pod.allocators import configure_cuda_allocator, tune_cpu_allocator
-from engine_pod.cli import bench, eval, generate, profile, serve, train, worker
+from engine_pod.cli import bench, census, eval, generate, profile, serve, train, worker
 
-_COMMANDS = [generate, serve, bench, eval, profile, train, worker]
+_COMMANDS = [generate, serve, bench, eval, profile, train, worker, census]
 
 
 class _DefaultsShown(argparse.HelpFormatter):
