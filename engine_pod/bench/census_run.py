@@ -128,9 +128,7 @@ def reduce(censuses: list[Census]) -> Figures:
 
 
 def decoding_for(loaded: LoadedModel) -> DecodingConfig:
-    """The engine's default decoding for the family (threshold decoding with the dual cache)."""
-    if loaded.config.family == "diffusion_gemma":
-        return DecodingConfig(block_length=32, steps_per_block=32, remasking="threshold")
+    """The engine's default decoding, every family's (threshold decoding with the dual cache, blocks of 32)."""
     return DecodingConfig()
 
 

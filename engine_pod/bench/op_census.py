@@ -99,11 +99,14 @@ def _is_host_to_device(name: str, args, kwargs) -> bool:
     return False
 
 
-def _attention_shape(args) -> tuple:
+def _attention_shape(name: str, args) -> tuple:
     """What a backend specialises on: every input's shape for SDPA; for the engine's ragged op (one
     varlen kernel on a GPU, built per head layout and dtype, not per length), heads, widths and dtype."""
+    if name == "dllm.ragged_attention":
+        q, k = args[0], args[1]
+        return (name, q.shape[1:], k.shape[1:], q.dtype)
     tensors = [a for a in args if isinstance(a, torch.Tensor)][:3]
-    return tuple((tuple(t.shape), t.dtype) for t in tensors)
+    return (name, *((tuple(t.shape), t.dtype) for t in tensors))
 
 
 class Census(TorchDispatchMode):
@@ -134,11 +137,7 @@ class Census(TorchDispatchMode):
             segment.host_to_device += 1
         if name in ATTENTION_OPS:
             segment.attention_calls += 1
-            if name == "dllm.ragged_attention":
-                q, k = args[0], args[1]
-                segment.attention_shapes.add((name, q.shape[1:], k.shape[1:], q.dtype))
-            else:
-                segment.attention_shapes.add((name, *_attention_shape(args)))
+            segment.attention_shapes.add(_attention_shape(name, args))
         return func(*args, **kwargs)
 
     def host_read(self, kind: str) -> None:

@@ -82,34 +82,42 @@ def varlen_sequences(plan: RaggedAttention) -> tuple[list[int], list[int], list[
 
 
 def varlen(plan: RaggedAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """One varlen flash call over the plan's sequences (metadata: one host-to-device copy)."""
+    """One varlen flash call over the plan's sequences (metadata: one host-to-device copy per forward)."""
     from torch.nn.attention.varlen import varlen_attn
 
-    q_start, q_len, k_start, k_len = varlen_sequences(plan)
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
-    if not q_len:
-        return out
-    if any(q_start[i] + q_len[i] != q_start[i + 1] for i in range(len(q_len) - 1)):
-        return plan.reference(q, k, v)  # queries with gaps between rows: not one varlen batch
-    first, last = q_start[0], q_start[-1] + q_len[-1]
-    meta = plan.__dict__.get("varlen_meta")
-    if meta is None:  # sent once per forward, at its first layer
-        rows = [[s - first for s in q_start] + [last - first], k_start + [k.shape[0]], k_len + [0]]
-        meta = plan.__dict__.setdefault("varlen_meta", torch.tensor(rows, dtype=torch.int32).to(q.device))
+    if "varlen_batch" not in plan.__dict__:  # at the forward's first layer; the others reuse it
+        plan.__dict__["varlen_batch"] = _varlen_batch(plan, k.shape[0], q.device)
+    batch = plan.__dict__["varlen_batch"]
+    if batch is None:
+        return out if not plan.queries else plan.reference(q, k, v)
+    first, last, max_q, max_k, meta = batch
     out[first:last] = varlen_attn(
         q[first:last],
         k,
         v,
         meta[0],
         meta[1],
-        max(q_len),
-        max(k_len),
+        max_q,
+        max_k,
         scale=plan.style.scale,
         window_size=_window(plan.masking),
         enable_gqa=q.shape[1] != k.shape[1],
         seqused_k=meta[2][:-1],
     )
     return out
+
+
+def _varlen_batch(plan: RaggedAttention, keys: int, device: torch.device) -> tuple | None:
+    """(first query, last query, longest query run, longest key run, [3, n + 1] metadata on the device) of
+    the plan's sequences; None where there are none, or where rows leave gaps between their queries (not
+    one varlen batch: the reference runs instead)."""
+    q_start, q_len, k_start, k_len = varlen_sequences(plan)
+    if not q_len or any(q_start[i] + q_len[i] != q_start[i + 1] for i in range(len(q_len) - 1)):
+        return None
+    first, last = q_start[0], q_start[-1] + q_len[-1]
+    rows = [[s - first for s in q_start] + [last - first], k_start + [keys], k_len + [0]]
+    return first, last, max(q_len), max(k_len), torch.tensor(rows, dtype=torch.int32).to(device)
 
 
 def _window(masking: Masking) -> tuple[int, int]:

@@ -107,11 +107,7 @@ class PagedKVPool:
 
     def slots(self, owner: str, start: int, end: int) -> torch.Tensor:
         """Flat slots of positions ``[start, end)`` of ``owner`` (reserved beforehand)."""
-        return self.slots_of([(owner, start, end)])[0]
-
-    def slots_of(self, spans: Sequence[tuple[str, int, int]]) -> list[torch.Tensor]:
-        """Flat slots of each ``(owner, start, end)``, in one copy to the device (``flat_slots``)."""
-        return list(self.flat_slots(spans).split([end - start for _, start, end in spans]))
+        return self.flat_slots([(owner, start, end)])
 
     def flat_slots(self, spans: Sequence[tuple[str, int, int]]) -> torch.Tensor:
         """The slots of every ``(owner, start, end)``, one span after another: computed from the page
