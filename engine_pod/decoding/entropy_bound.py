@@ -26,7 +26,9 @@ are the reference's draws at batch 1 after ``torch.manual_seed(seed)``, in that 
 draws of every row are made at once, bit for bit (``categorical_draws.py``).
 
 The settings (``EntropyBoundParams``: defaults, ranges) live in ``dllm_contracts/canvas_sampler.py``, where
-the gateway reads them too; each row has its own.
+the gateway reads them too; each row has its own, on the device as ``SamplerColumns`` (sent once per
+canvas). A step reads the device once (``CanvasStep.read``): every row's done flag and argmax canvas, and
+what its draws need to finish (``categorical_draws.PendingDraws``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,46 @@ from dataclasses import dataclass
 import torch
 
 from dllm_contracts.canvas_sampler import EntropyBoundParams
-from engine_pod.decoding.categorical_draws import categorical_draws
+from engine_pod.decoding.categorical_draws import PendingDraws
+from engine_pod.host_bundle import float64_bits, send
+
+
+@dataclass
+class SamplerColumns:
+    """Each row's settings as device columns [R]: what a step computes with (no copy per step)."""
+
+    limits: torch.Tensor  # int64 max_denoising_steps
+    t_low: torch.Tensor  # float32 t_min
+    t_span: torch.Tensor  # float32 t_max - t_min
+    needed: torch.Tensor  # int64 stability_threshold
+    confidence: torch.Tensor  # float32 confidence_threshold
+    bounds: torch.Tensor  # float32 entropy_bound
+
+    @staticmethod
+    def host_lists(params: list[EntropyBoundParams]) -> list[list[int]]:
+        """The columns as int64 lists (floats as their float64 bits), for a caller's one copy."""
+        return [
+            [p.max_denoising_steps for p in params],
+            float64_bits([p.t_min for p in params]),
+            float64_bits([p.t_max - p.t_min for p in params]),
+            [p.stability_threshold for p in params],
+            float64_bits([p.confidence_threshold for p in params]),
+            float64_bits([p.entropy_bound for p in params]),
+        ]
+
+    @classmethod
+    def of_sent(cls, sent: list[torch.Tensor]) -> SamplerColumns:
+        """From ``host_lists`` on the device (floats rounded to float32 as ``torch.tensor`` rounds them)."""
+        limits, low, span, needed, confidence, bounds = sent
+        as_float = lambda bits: bits.view(torch.float64).to(torch.float32)  # noqa: E731
+        return cls(limits, as_float(low), as_float(span), needed, as_float(confidence), as_float(bounds))
+
+    @classmethod
+    def of(cls, params: list[EntropyBoundParams], device: torch.device) -> SamplerColumns:
+        return cls.of_sent(send(cls.host_lists(params), device))
+
+    def select(self, index: torch.Tensor) -> SamplerColumns:
+        return SamplerColumns(*(column.index_select(0, index) for column in vars(self).values()))
 
 
 @dataclass
@@ -47,18 +88,18 @@ class CanvasRows:
     steps_taken: torch.Tensor  # [R] int64: steps done on the current canvas
     stable_run: torch.Tensor  # [R] int64: consecutive earlier steps whose argmax equals the latest one
     argmax: torch.Tensor  # [R, L] int64: the latest step's argmax canvas (-1 before the first step)
-    params: list[EntropyBoundParams]
+    columns: SamplerColumns
     generators: list[torch.Generator]
 
-    def select(self, rows: list[int]) -> CanvasRows:
-        """The state of ``rows`` alone (rows that go on stepping when the others have stopped)."""
-        index = torch.tensor(rows, device=self.canvas.device)
+    def select(self, index: torch.Tensor, rows: list[int]) -> CanvasRows:
+        """The state of ``rows`` alone (rows that go on stepping when the others have stopped); ``index``
+        holds them on the device."""
         return CanvasRows(
             canvas=self.canvas.index_select(0, index),
             steps_taken=self.steps_taken.index_select(0, index),
             stable_run=self.stable_run.index_select(0, index),
             argmax=self.argmax.index_select(0, index),
-            params=[self.params[row] for row in rows],
+            columns=self.columns.select(index),
             generators=[self.generators[row] for row in rows],
         )
 
@@ -71,6 +112,8 @@ class StepResult:
     probabilities: torch.Tensor  # [R, L, V] float32: softmax(processed_logits), what the step drew from
     argmax: torch.Tensor  # [R, L]: the canvas a row commits when it is done
     done: torch.Tensor  # [R] bool: stopped adaptively or at its last step
+    done_rows: list[bool]  # ``done`` as the host read it
+    committed: list[list[int] | None]  # ``argmax`` as the host read it, for the rows that are done
 
 
 def uniform_tokens(
@@ -82,35 +125,34 @@ def uniform_tokens(
 
 
 def start_canvas(
-    params: list[EntropyBoundParams],
+    params: list[EntropyBoundParams] | SamplerColumns,
     generators: list[torch.Generator],
     length: int,
     vocab_size: int,
     device: torch.device,
 ) -> CanvasRows:
-    """Rows at the first step of a fresh canvas (the reference draws it after encoding the context)."""
+    """Rows at the first step of a fresh canvas (the reference draws it after encoding the context);
+    their settings as a list (sent to the device here) or as columns already there."""
     rows = len(generators)
+    columns = params if isinstance(params, SamplerColumns) else SamplerColumns.of(params, device)
     return CanvasRows(
         canvas=uniform_tokens(generators, length, vocab_size, device),
         steps_taken=torch.zeros(rows, dtype=torch.int64, device=device),
         stable_run=torch.zeros(rows, dtype=torch.int64, device=device),
         argmax=torch.full((rows, length), -1, dtype=torch.int64, device=device),
-        params=list(params),
+        columns=columns,
         generators=list(generators),
     )
 
 
-def _column(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype, device=device)
-
-
-def temperatures(params: list[EntropyBoundParams], steps_left: torch.Tensor) -> torch.Tensor:
+def temperatures(
+    columns: SamplerColumns | list[EntropyBoundParams], steps_left: torch.Tensor
+) -> torch.Tensor:
     """[R] float32 ``t_min + (t_max - t_min) * (n / N)``, rounded as the reference's float32 ops round."""
-    device = steps_left.device
-    steps = _column([p.max_denoising_steps for p in params], torch.int32, device)
-    span = _column([p.t_max - p.t_min for p in params], torch.float32, device)
-    low = _column([p.t_min for p in params], torch.float32, device)
-    return low + span * (steps_left.to(torch.int32) / steps)
+    if not isinstance(columns, SamplerColumns):
+        columns = SamplerColumns.of(columns, steps_left.device)
+    steps = columns.limits.to(torch.int32)
+    return columns.t_low + columns.t_span * (steps_left.to(torch.int32) / steps)
 
 
 # exp of anything below is subnormal or 0, which torch's vectorised exp computes 10-50 times slower
@@ -145,41 +187,53 @@ def accepted_positions(entropy: torch.Tensor, bounds: torch.Tensor) -> torch.Ten
     return torch.scatter(torch.zeros_like(within), dim=-1, index=order, src=within)
 
 
-def _draw(
-    rows: CanvasRows, probabilities: torch.Tensor, vocab_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row, from its own generator: one token per position from its probabilities, then the
-    renoising tokens (both always drawn, in this order)."""
-    sampled = categorical_draws(probabilities, rows.generators)
-    noise = uniform_tokens(rows.generators, probabilities.shape[1], vocab_size, probabilities.device)
-    return sampled, noise
-
-
 def _stopped(rows: CanvasRows, argmax: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
     """Stable-and-confident adaptive stopping; updates each row's stability run."""
-    device = argmax.device
     same = (argmax == rows.argmax).all(dim=-1)
     rows.stable_run = torch.where(same, rows.stable_run + 1, torch.zeros_like(rows.stable_run))
-    needed = _column([p.stability_threshold for p in rows.params], torch.int64, device)
-    confidence = _column([p.confidence_threshold for p in rows.params], torch.float32, device)
-    return (rows.stable_run >= needed) & (entropy.mean(dim=-1) < confidence)
+    return (rows.stable_run >= rows.columns.needed) & (entropy.mean(dim=-1) < rows.columns.confidence)
+
+
+class CanvasStep:
+    """One step for every row from the decoder's logits [R, L, V] on ``rows.canvas``, in three parts:
+    the device's work (made here), the host's one read (``read``), and the rest (``finish``): ``rows``
+    moves to its next canvas input; a row whose result says ``done`` commits ``argmax`` instead."""
+
+    def __init__(self, rows: CanvasRows, logits: torch.Tensor) -> None:
+        columns = rows.columns
+        self.rows = rows
+        processed = logits / temperatures(columns, columns.limits - rows.steps_taken)[:, None, None]
+        probabilities = torch.softmax(processed, dim=-1, dtype=torch.float32)
+        self.draws = PendingDraws(probabilities, rows.generators)  # then the renoising, as the reference
+        self.noise = uniform_tokens(rows.generators, logits.shape[1], logits.shape[-1], logits.device)
+        argmax = torch.argmax(processed, dim=-1)
+        entropy = token_entropy(processed)
+        self.accepted = accepted_positions(entropy, columns.bounds)
+        stopped = _stopped(rows, argmax, entropy)
+        rows.argmax = argmax
+        rows.steps_taken = rows.steps_taken + 1
+        done = stopped | (rows.steps_taken >= columns.limits)
+        self.partial = StepResult(processed, probabilities, argmax, done, [], [])
+
+    def read(self) -> list[list[int]]:
+        """The step's one device read: per row its done flag, whether its draws are valid, its argmax
+        canvas, then its draws' report."""
+        step = self.partial
+        flags = torch.stack([step.done, self.draws.valid.expand_as(step.done)], dim=1).to(torch.int64)
+        return torch.cat([flags, step.argmax, self.draws.report], dim=1).tolist()
+
+    def finish(self, read: list[list[int]]) -> StepResult:
+        length = self.partial.argmax.shape[1]
+        valid = all(values[1] for values in read)
+        sampled = self.draws.finish([values[2 + length :] for values in read], valid)
+        self.rows.canvas = torch.where(self.accepted, sampled, self.noise)
+        result = self.partial
+        result.done_rows = [bool(values[0]) for values in read]
+        result.committed = [values[2 : 2 + length] if values[0] else None for values in read]
+        return result
 
 
 def denoise_step(rows: CanvasRows, logits: torch.Tensor) -> StepResult:
-    """One step for every row from the decoder's logits [R, L, V] on ``rows.canvas``: ``rows`` moves to
-    its next canvas input; a row whose result says ``done`` commits ``argmax`` instead."""
-    device, vocab_size = logits.device, logits.shape[-1]
-    limits = _column([p.max_denoising_steps for p in rows.params], torch.int64, device)
-    processed = logits / temperatures(rows.params, limits - rows.steps_taken)[:, None, None]
-    probabilities = torch.softmax(processed, dim=-1, dtype=torch.float32)
-    sampled, noise = _draw(rows, probabilities, vocab_size)
-    argmax = torch.argmax(processed, dim=-1)
-    entropy = token_entropy(processed)
-    bounds = _column([p.entropy_bound for p in rows.params], torch.float32, device)
-    accepted = accepted_positions(entropy, bounds)
-    rows.canvas = torch.where(accepted, sampled, noise)
-    stopped = _stopped(rows, argmax, entropy)
-    rows.argmax = argmax
-    rows.steps_taken = rows.steps_taken + 1
-    done = stopped | (rows.steps_taken >= limits)
-    return StepResult(processed_logits=processed, probabilities=probabilities, argmax=argmax, done=done)
+    """One whole step (``CanvasStep``: its device work, its one read, the rest)."""
+    step = CanvasStep(rows, logits)
+    return step.finish(step.read())

@@ -7,6 +7,13 @@ generator, and denoises every row in one batched decoder forward per step; each 
 adaptive stopping (``decoding/entropy_bound.py``) and, when the cycle gathers rows, leaves the later
 forwards. A row commits its last step's argmax canvas.
 
+What the host and the device exchange in a cycle: one copy for the encoder's forward (its rows' chunks,
+of any lengths, packed into one forward with their positions, slots and attention layout), one for the
+decoder's batch (its layout, the rows' sampler settings), and one read per denoising step (each row's
+done flag and argmax canvas, what its draws need to finish). The rows that go on when others stop are
+picked out of the batch on the device (``ContextBatch.rows``), so a cycle costs the same copies whatever
+its rows' lengths and however they stop.
+
 Kept per request between its cycles: its context cache (``models/diffusion_gemma/context_cache.py``:
 its context's keys and values in pages of the runner's pool, every context token in every layer; a
 sliding layer reads the last window - 1), its ``torch.Generator`` (seeded with its ``SamplingParams.seed``,
@@ -43,8 +50,9 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
-from engine_pod.decoding.entropy_bound import EntropyBoundParams, denoise_step, start_canvas
+from engine_pod.decoding.entropy_bound import EntropyBoundParams, SamplerColumns, denoise_step, start_canvas
 from engine_pod.models.diffusion_gemma.context_cache import ContextBatch, ContextCache, context_pool
+from engine_pod.models.diffusion_gemma.model import DiffusionGemmaModel
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.scheduler.cycle_row import CycleRow
@@ -156,72 +164,71 @@ class CanvasCycleRunner:
         return state
 
     def _encode(self, work: list[tuple[CanvasRequest, tuple[int, ...]]]) -> int:
-        """Encode every request's pending chunks, each request's in order; the chunks of one round and of
-        one length go through the encoder together. Returns the tokens encoded."""
+        """Encode every request's pending chunks, each request's in order: the chunks of one round (every
+        request's first, then the rebuilt requests' next) in one packed encoder forward. Returns the
+        tokens encoded."""
         queues = [(state, state.pending(prefix)) for state, prefix in work]
         for state, _ in queues:
             if not state.encoded:
                 state.chunks = []  # recorded again as they are encoded
         encoded, round_ = 0, 0
         while any(round_ < len(chunks) for _, chunks in queues):
-            by_length: dict[int, list[tuple[CanvasRequest, tuple[int, ...]]]] = {}
-            for state, chunks in queues:
-                if round_ < len(chunks):
-                    by_length.setdefault(len(chunks[round_]), []).append((state, chunks[round_]))
-            for length, group in by_length.items():
-                ids = torch.tensor([chunk for _, chunk in group], device=self.loaded.device)
-                self.model.encode(ids, [state.cache for state, _ in group])
-                for state, chunk in group:
-                    state.encoded += chunk
-                    state.chunks.append(length)
-                encoded += length * len(group)
+            group = [(state, chunks[round_]) for state, chunks in queues if round_ < len(chunks)]
+            self.model.encode_chunks([chunk for _, chunk in group], [state.cache for state, _ in group])
+            for state, chunk in group:
+                state.encoded += chunk
+                state.chunks.append(len(chunk))
+                encoded += len(chunk)
             round_ += 1
         return encoded
 
     def _denoise(self, cycle: SchedulerOutput, states: dict[int, CanvasRequest], encoded: int) -> CycleOutput:
         """Every computed row's canvas, stepped together until each stops; rows that stopped leave the
-        forwards when the cycle gathers rows."""
+        forwards when the cycle gathers rows. The host sends the batch's layout and the rows' sampler
+        settings in one copy and reads the device once per step."""
         L, R = self.decoding.block_length, len(cycle.rows)
-        device, config = self.loaded.device, self.model.config
-        sampled = [i for i in states if cycle.rows[i].active]
         blocks = [[self.pad_id] * L for _ in range(R)]
         steps = [0] * R
         stats = CycleStats(computed_positions=encoded, useful_positions=encoded)
-        canvas = torch.full((R, L), self.pad_id, dtype=torch.int64, device=device)
-        running, soft = sampled, None
-        if sampled:
-            generators = [states[i].generator for i in sampled]
-            params = [cycle.rows[i].sampler or self.canvas_sampler for i in sampled]
-            rows = start_canvas(params, generators, L, config.vocab_size, device)
-            canvas[sampled] = rows.canvas
-        laid_out, contexts = None, None  # the forward's rows' contexts, laid out once for their steps
+        computed = list(states)
+        running = [i for i in computed if cycle.rows[i].active]  # the rows sampled
+        if not running:
+            return CycleOutput(blocks=blocks, steps=steps, stats=stats)
+        params = [cycle.rows[i].sampler or self.canvas_sampler for i in running]
+        places = {row: place for place, row in enumerate(computed)}
+        batch = ContextBatch.of(
+            [states[i].cache for i in computed],
+            L,
+            [*SamplerColumns.host_lists(params), [places[i] for i in running]],
+        )
+        columns, running_at = SamplerColumns.of_sent(batch.extra[:-1]), batch.extra[-1]
+        rows = start_canvas(
+            columns,
+            [states[i].generator for i in running],
+            L,
+            self.model.config.vocab_size,
+            batch.pool.device,
+        )
+        forward = _Forward(self.model, batch, running_at, cycle.gather_rows)
         while running:
-            forward = running if cycle.gather_rows else list(states)
-            if forward != laid_out:
-                laid_out, contexts = forward, ContextBatch([states[i].cache for i in forward])
-            logits = self.model.denoise(canvas[forward], contexts, None if soft is None else soft[forward])
+            logits = forward.logits(rows.canvas)
             stats.forwards += 1
-            stats.computed_positions += len(forward) * L
+            stats.computed_positions += forward.rows * L
             stats.useful_positions += len(running) * L
-            if forward != running:  # a static batch's rows that stopped are computed, not sampled
-                at = {row: place for place, row in enumerate(forward)}
-                logits = logits[[at[i] for i in running]]
             result = denoise_step(rows, logits)
-            done = result.done.tolist()
             for place, i in enumerate(running):
                 steps[i] += 1
-                if done[place]:
-                    blocks[i] = result.argmax[place].tolist()
-            keep = [place for place, stopped in enumerate(done) if not stopped]
+                if result.done_rows[place]:
+                    blocks[i] = result.committed[place]
+            keep = [place for place, stopped in enumerate(result.done_rows) if not stopped]
             if keep:
-                if soft is None:
-                    soft = torch.zeros(R, L, config.hidden_size, dtype=self.loaded.dtype, device=device)
-                going = [running[place] for place in keep]
                 processed, probabilities = result.processed_logits, result.probabilities
-                if len(keep) < len(running):  # copies of the rows going on only when some stopped
-                    processed, probabilities, rows = processed[keep], probabilities[keep], rows.select(keep)
-                soft[going] = self.model.soft_embeddings(processed, probabilities)
-                canvas[going] = rows.canvas
+                if len(keep) < len(running):  # the rows going on, picked out on the device
+                    index = torch.argsort(result.done.to(torch.int8), stable=True)[: len(keep)]
+                    processed, probabilities = processed[index], probabilities[index]
+                    rows = rows.select(index, keep)
+                    forward.keep(keep, index)
+                forward.condition(self.model.soft_embeddings(processed, probabilities))
             running = [running[place] for place in keep]
         return CycleOutput(blocks=blocks, steps=steps, stats=stats)
 
@@ -236,3 +243,48 @@ class CanvasCycleRunner:
         raise ValueError(
             "threshold calibration does not apply to diffusion_gemma: its sampler accepts by entropy"
         )
+
+
+class _Forward:
+    """What the decoder's forwards of one cycle take: the rows sampled (``gather_rows``: only those still
+    running, picked out of the batch on the device as rows stop) or every computed row (a static batch:
+    stopped rows keep their last input, unsampled ones their padding)."""
+
+    def __init__(
+        self, model: DiffusionGemmaModel, batch: ContextBatch, running_at: torch.Tensor, gather_rows: bool
+    ) -> None:
+        self.model, self.batch, self.gather_rows = model, batch, gather_rows
+        self.running_at = running_at  # the running rows' places in a static batch
+        self.rows = len(running_at) if gather_rows else len(batch.caches)
+        self.soft: torch.Tensor | None = None  # the self-conditioning input (None: the first step's zeros)
+        self.canvas: torch.Tensor | None = None  # a static batch's canvases, every computed row's
+        self.everyone = not gather_rows and len(running_at) == len(batch.caches)
+
+    def logits(self, canvas: torch.Tensor) -> torch.Tensor:
+        """The running rows' logits [n, L, V] for their canvases [n, L]."""
+        if self.gather_rows:
+            return self.model.denoise(canvas, self.batch, self.soft)
+        if self.canvas is None:
+            pad = self.model.config.pad_token_id or 0
+            self.canvas = canvas.new_full((len(self.batch.caches), canvas.shape[1]), pad)
+        self.canvas.index_copy_(0, self.running_at, canvas)
+        logits = self.model.denoise(self.canvas, self.batch, self.soft)
+        return logits if self.everyone else logits.index_select(0, self.running_at)
+
+    def keep(self, keep: list[int], index: torch.Tensor) -> None:
+        """Only the running rows at ``keep`` (``index`` on the device) go on."""
+        self.everyone = False
+        if self.gather_rows:
+            self.batch = self.batch.rows(keep, index)
+            self.rows = len(keep)
+        else:
+            self.running_at = self.running_at.index_select(0, index)
+
+    def condition(self, soft: torch.Tensor) -> None:
+        """The running rows' next self-conditioning input [n, L, D]."""
+        if self.gather_rows:
+            self.soft = soft
+            return
+        if self.soft is None:
+            self.soft = soft.new_zeros(len(self.batch.caches), *soft.shape[1:])
+        self.soft.index_copy_(0, self.running_at, soft)

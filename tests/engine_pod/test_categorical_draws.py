@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine_pod.bench.op_census import counting
 from engine_pod.decoding import categorical_draws as draws
 from engine_pod.decoding.categorical_draws import categorical_draws
 
@@ -48,12 +49,36 @@ def test_every_element_through_the_c_librarys_log1p_gives_the_same_draws(monkeyp
 
 def test_the_exponentials_are_torchs_float_for_float() -> None:
     size = 1 << 20  # about one element in a million is near a rounding midpoint
-    scratch = draws.ExponentialScratch(size)
-    ours, expected = torch.empty(size), torch.empty(size)
+    probabilities = torch.full((1, 1, size), 1.0 / size)
+    expected = torch.empty(size)
+    recomputed = 0
     for seed in range(3):
-        scratch.draw(torch.Generator().manual_seed(seed), ours)
+        pending = draws.PendingDraws(probabilities, [torch.Generator().manual_seed(seed)])
+        report = pending.report.tolist()
+        recomputed += sum(position < size for position in report[0][: len(report[0]) // 2])
+        pending.finish(report, bool(pending.valid))
         expected.exponential_(generator=torch.Generator().manual_seed(seed))
-        assert torch.equal(ours, expected)
+        assert torch.equal(pending.waits.view(-1), expected)
+    assert recomputed > 0  # the path that recomputes was taken
+
+
+def test_a_row_with_more_near_midpoint_elements_than_reported_is_drawn_again_serially(monkeypatch) -> None:
+    monkeypatch.setattr(draws, "NEAR_MIDPOINT", 1 << 24)  # about one element in 16 is near one
+    monkeypatch.setattr(draws, "suspects_kept", lambda elements: 4)
+    probabilities = _distributions(3, 1.0, seed=9)
+    pending = draws.PendingDraws(probabilities, _generators([1, 2, 3]))
+    report = pending.report.tolist()
+    assert all(values[4] < 32 * 256 for values in report)  # every row fills its four places and one more
+    theirs = _generators([1, 2, 3])
+    assert torch.equal(pending.finish(report, True), _multinomial_rows(probabilities, theirs))
+
+
+def test_drawing_reads_nothing_from_the_device_until_the_step_reads_it() -> None:
+    probabilities = _distributions(4, 0.3, seed=3)
+    with counting(torch.nn.Module()) as census:
+        draws.PendingDraws(probabilities, _generators([0, 1, 2, 3]))
+    assert sum(s.sync_count for s in census.segments) == 0
+    assert sum(s.host_to_device for s in census.segments) == 0
 
 
 def test_float64_probabilities_draw_as_multinomial_draws_them() -> None:

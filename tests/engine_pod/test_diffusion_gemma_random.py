@@ -15,7 +15,7 @@ import torch
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling_params import SamplingParams
-from engine_pod.models.diffusion_gemma.context_cache import ContextCache, context_pool
+from engine_pod.models.diffusion_gemma.context_cache import ContextBatch, ContextCache, context_pool
 from engine_pod.models.loader import load_model
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
@@ -125,3 +125,55 @@ def test_a_prompt_of_fewer_tokens_than_a_matrix_kernels_rows_encodes_alike_alone
     batched = logits([0, 1, 2])
     for row in range(3):
         assert torch.equal(logits([row])[0], batched[row])
+
+
+def test_chunks_of_any_lengths_encode_in_one_forward_as_each_alone(loaded):
+    """The runner's encoder forward: every row's chunk packed one after another (a rebuilt row's next
+    chunk continues its context) writes the keys and values each row's forward alone writes."""
+    model, generator = loaded.model, torch.Generator().manual_seed(1)
+    chunks = [tuple(torch.randint(3, 1024, (n,), generator=generator).tolist()) for n in (5, 40, 1, 17)]
+    canvas = torch.randint(0, 1024, (4, 32), generator=generator)
+
+    def contexts(rows: list[int], together: bool) -> list[ContextCache]:
+        pool = context_pool(model.config, 16, 32, torch.float32, torch.device("cpu"))
+        caches = [ContextCache(pool, str(row), model.config) for row in rows]
+        for part in (slice(None, 3), slice(3, None)):  # the second chunk continues the first (none: row 2)
+            if together:
+                model.encode_chunks([chunks[row][part] for row in rows], caches)
+            else:
+                for row, cache in zip(rows, caches):
+                    if chunks[row][part]:
+                        model.encode(torch.tensor([chunks[row][part]]), cache)
+        return caches
+
+    packed = contexts([0, 1, 2, 3], together=True)
+    assert [cache.length for cache in packed] == [5, 40, 1, 17]
+    batch = model.denoise(canvas, packed)
+    for row in range(4):
+        alone = contexts([row], together=False)
+        assert torch.equal(model.denoise(canvas[row : row + 1], alone)[0], batch[row])
+
+
+def test_rows_picked_out_of_a_batch_on_the_device_see_what_a_batch_of_them_sees(loaded):
+    """When rows stop, the runner picks the rest out of the batch's layout on the device, with no copy
+    from the host: their logits are those of a batch made of them alone."""
+    model, generator = loaded.model, torch.Generator().manual_seed(2)
+    pool = context_pool(model.config, 40, 32, torch.float32, torch.device("cpu"))
+    caches = [ContextCache(pool, str(row), model.config) for row in range(6)]
+    prompts = [
+        tuple(torch.randint(3, 1024, (3 + 29 * row,), generator=generator).tolist()) for row in range(6)
+    ]
+    model.encode_chunks(prompts, caches)
+    canvas = torch.randint(0, 1024, (6, 32), generator=generator)
+    soft = torch.randn(6, 32, 128, generator=generator)
+    batch = ContextBatch.of(caches, 32)
+    for keep in ([0, 2, 3, 5], [5], [1, 4]):
+        index = torch.tensor(keep)
+        picked = model.denoise(canvas[keep], batch.rows(keep, index), soft[keep])
+        alone = model.denoise(canvas[keep], ContextBatch.of([caches[r] for r in keep], 32), soft[keep])
+        assert torch.equal(picked, alone), keep
+    twice = batch.rows([0, 2, 3, 5], torch.tensor([0, 2, 3, 5])).rows([1, 3], torch.tensor([1, 3]))
+    assert torch.equal(
+        model.denoise(canvas[[2, 5]], twice, soft[[2, 5]]),
+        model.denoise(canvas[[2, 5]], [caches[2], caches[5]], soft[[2, 5]]),
+    )

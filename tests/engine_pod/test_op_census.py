@@ -61,6 +61,8 @@ def test_packed_forwards_attend_once_per_layer_whatever_the_lengths(models, spec
     for f in figures.values():
         assert f.attention_calls_per_layer == 1
         assert f.syncs_per_forward == 0
+        assert f.syncs_per_step <= 1
+        assert f.host_to_device_per_cycle <= 2
         assert f.new_attention_shapes <= 4
     first = [f.first_forward_ops for f in figures.values()]
     assert max(first) <= 1.05 * min(first), first

@@ -72,8 +72,9 @@ class GemmaAttention(nn.Module):
     def encode(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, contexts: ContextBatch
     ) -> torch.Tensor:
-        """New context tokens x [R, T, D], row r at positions contexts.caches[r].length.. : their keys and
-        values go to the row's pages; causal attention over the row's kept context and themselves."""
+        """New context tokens x [R, T, D] (or [1, N, D]: rows of any lengths, packed as ``contexts`` packs
+        them), row r at positions contexts.caches[r].length.. : their keys and values go to the row's
+        pages; causal attention over the row's kept context and themselves."""
         q, k, v = self._project(x, cos, sin)
         contexts.write(self.layer, k, v)
         masking = Masking(causal=True, window=self.window if self.sliding else None)
@@ -90,9 +91,10 @@ class GemmaAttention(nn.Module):
     def _attend_rows(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, contexts: ContextBatch, masking: Masking
     ) -> torch.Tensor:
-        """q [R, H, T, hd] over each row's kept context and k/v [R, Hkv, T, hd]: one attention call."""
+        """q [R, H, T, hd] over each row's kept context and k/v [R, Hkv, T, hd] (or [1, ., N, hd]: rows of
+        any lengths, packed): one attention call."""
         rows, heads, tokens, width = q.shape
-        plan, keys, values = contexts.keys_values(self.layer, tokens, masking, self.style, k, v)
+        plan, keys, values = contexts.keys_values(self.layer, masking, self.style, k, v)
         out = ragged_attention(q.transpose(1, 2).flatten(0, 1), keys, values, plan)
         return out.view(rows, tokens, heads, width).transpose(1, 2)
 

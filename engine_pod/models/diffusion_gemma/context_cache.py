@@ -18,11 +18,13 @@ groups would save memory only where contexts are longer than the window, at the 
 per request.
 
 ``ContextCache`` is one request's handle (its owner in the pool and its length; its slots are the pool's page table);
-``ContextBatch`` holds a forward's rows: it writes the encoder's new keys and values into their slots and
-lays out what a layer attends over for the attention op (models/ragged.py): every row's kept context,
-read from the pool in one gather, then the row's new tokens (the encoder's, or the decoder's canvas),
-with the plan that attends each row over its own keys (the layout is made once per batch: the runner
-keeps a batch over the steps its rows take together).
+``ContextBatch`` holds a forward's rows, each with its own number of new tokens (the encoder's chunks,
+packed one row after another; the decoder's canvases, one length): it writes the encoder's new keys and
+values into their slots and lays out what a layer attends over for the attention op (models/ragged.py):
+every row's kept context, read from the pool in one gather, then the row's new tokens, with the plan that
+attends each row over its own keys. Everything the device needs of a batch (the tokens' positions, the
+encoder's slots, each reach's layout, and lists the caller adds) goes in one copy when the batch is made;
+the rows that go on when others stop (``rows``) are picked out of it on the device, with no copy.
 ``ContextCache.alone`` gives a request a pool of its own (``generate.py``, one request).
 """
 
@@ -96,49 +98,88 @@ class ContextCache:
 
 
 class ContextBatch:
-    """The rows of one forward, row r over ``caches[r]`` (every cache in one pool)."""
+    """The rows of one forward, row r over ``caches[r]`` (every cache in one pool) with ``tokens[r]`` new
+    tokens: a batch made by ``of`` (one copy to the device) or picked out of one by ``rows`` (none)."""
 
-    def __init__(self, caches: list[ContextCache]) -> None:
-        self.caches = caches
-        self.pool = caches[0].pool
-        if any(cache.pool is not self.pool for cache in caches):
+    def __init__(
+        self,
+        caches: list[ContextCache],
+        tokens: list[int],
+        token_positions: torch.Tensor,
+        new_slots: torch.Tensor,
+        layouts: dict[int | None, _Layout],
+        extra: list[torch.Tensor] = (),
+    ) -> None:
+        self.caches, self.pool, self.tokens = caches, caches[0].pool, tokens
+        self.token_positions, self.new_slots, self.layouts = token_positions, new_slots, layouts
+        self.extra = list(extra)  # the caller's lists, sent in the batch's copy
+        self._plans: dict[tuple, RaggedAttention] = {}
+
+    @classmethod
+    def of(
+        cls,
+        caches: list[ContextCache],
+        tokens: int | list[int],
+        extra: list[list[int]] = (),
+        writing: bool = False,
+    ) -> ContextBatch:
+        """The batch of ``caches`` with ``tokens`` new tokens each (one count: every row's), its positions,
+        where the new tokens go in the pool when ``writing`` (the encoder's: the caches reserved them),
+        each reach's layout and ``extra`` (int64 lists of the caller) sent to the device in one copy."""
+        pool = caches[0].pool
+        if any(cache.pool is not pool for cache in caches):
             raise ValueError("the rows of one forward must keep their contexts in one pool")
-        self._layouts: dict[tuple, _Layout] = {}
-        self._lengths: tuple[tuple[int, ...], torch.Tensor] | None = None
-        self._new_slots: dict[int, torch.Tensor] = {}  # the encoder's slots, per new-token count
+        tokens = [tokens] * len(caches) if isinstance(tokens, int) else list(tokens)
+        reaches = sorted(set(caches[0].reach), key=lambda reach: (reach is None, reach or 0))
+        spans = {reach: _spans(caches, tokens, reach) for reach in reaches}
+        parts = [_positions(caches, tokens), _new_slots(caches, tokens) if writing else []]
+        for reach in reaches:
+            parts += _layout_lists(caches, spans[reach], reach)
+        sent = send(parts + list(extra), pool.device)  # the batch's one copy
+        layouts = {
+            reach: _Layout(spans[reach], *sent[2 + 4 * i : 6 + 4 * i]) for i, reach in enumerate(reaches)
+        }
+        return cls(caches, tokens, sent[0], sent[1], layouts, sent[2 + 4 * len(reaches) :])
 
-    def positions(self, tokens: int, device: torch.device) -> torch.Tensor:
-        """[R, T]: row r's tokens continue its context (positions caches[r].length..); the lengths are sent
-        to the device once per batch (a decoder's batch keeps them over its steps)."""
-        lengths = tuple(cache.length for cache in self.caches)
-        if self._lengths is None or self._lengths[0] != lengths:
-            self._lengths = (lengths, torch.tensor(lengths).to(device))
-        return torch.arange(tokens, device=device) + self._lengths[1][:, None]
+    def positions(self, shape: torch.Size) -> torch.Tensor:
+        """The new tokens' positions (each row's continue its context), shaped as the forward's tokens."""
+        return self.token_positions.view(shape)
+
+    def rows(self, keep: list[int], index: torch.Tensor) -> ContextBatch:
+        """The batch of rows ``keep`` alone (``index``: them on the device), laid out on the device from this
+        one: their keys stay where this batch packs them, nothing is copied from the host."""
+        tokens = self.tokens[0]
+        if any(count != tokens for count in self.tokens):
+            raise ValueError("only a batch of one new-token count (the decoder's) can drop rows")
+        return ContextBatch(
+            [self.caches[r] for r in keep],
+            [tokens] * len(keep),
+            self.token_positions.view(-1, tokens).index_select(0, index).flatten(),
+            self.new_slots[:0],
+            {reach: layout.rows(keep, index, tokens) for reach, layout in self.layouts.items()},
+        )
 
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """The new context tokens' keys/values [R, Hkv, T, hd] into the slots each row reserved (sent to
-        the device once per batch)."""
-        tokens = keys.shape[2]
-        if tokens not in self._new_slots:
-            spans = [(cache.owner, cache.length, cache.length + tokens) for cache in self.caches]
-            self._new_slots[tokens] = self.pool.flat_slots(spans)
-        slots = self._new_slots[tokens]
-        self.pool.keys[layer].index_copy_(0, slots, keys.transpose(1, 2).flatten(0, 1))
-        self.pool.values[layer].index_copy_(0, slots, values.transpose(1, 2).flatten(0, 1))
+        """The new context tokens' keys/values [R, Hkv, T, hd] (or [1, Hkv, N, hd] packed) into the slots
+        each row reserved."""
+        if self.new_slots.numel() != sum(self.tokens):
+            raise ValueError("a batch made without writing has no slots for new context tokens")
+        self.pool.keys[layer].index_copy_(0, self.new_slots, keys.transpose(1, 2).flatten(0, 1))
+        self.pool.values[layer].index_copy_(0, self.new_slots, values.transpose(1, 2).flatten(0, 1))
 
     def keys_values(
         self,
         layer: int,
-        tokens: int,
         masking: Masking,
         style: SdpaStyle,
         keys: torch.Tensor,
         values: torch.Tensor,
     ) -> tuple[RaggedAttention, torch.Tensor, torch.Tensor]:
-        """The attention plan of ``tokens`` new tokens per row in ``layer`` and the keys and values it
-        reads [N, Hkv, hd]: row after row, the context the layer keeps (one gather from the pool) then
-        the rows' new keys/values [R, Hkv, T, hd]. Layers of one reach share the layout."""
-        layout = self._layout(layer, tokens, masking, style)
+        """The attention plan of the new tokens in ``layer`` and the keys and values it reads [N, Hkv, hd]:
+        row after row, the context the layer keeps (one gather from the pool) then the rows' new
+        keys/values [R, Hkv, T, hd] (or packed [1, Hkv, N, hd]). Layers of one reach share the layout."""
+        reach = self.caches[0].reach[layer]
+        layout = self.layouts[reach]
         stored = (self.pool.keys[layer], self.pool.values[layer])
         packed = []
         for pool_entries, new in zip(stored, (keys, values)):
@@ -147,33 +188,83 @@ class ContextBatch:
                 out.index_copy_(0, layout.context_at, pool_entries.index_select(0, layout.slots))
             out.index_copy_(0, layout.new_at, new.transpose(1, 2).flatten(0, 1))
             packed.append(out)
-        return layout.plan, packed[0], packed[1]
+        return self._plan(reach, masking, style), packed[0], packed[1]
 
-    def _layout(self, layer: int, tokens: int, masking: Masking, style: SdpaStyle) -> _Layout:
-        """Made once per batch for each reach, new-token count and masking."""
-        key = (self.caches[0].reach[layer], tokens, masking, style)
-        if key not in self._layouts:
-            kept = [cache.kept(layer) for cache in self.caches]
-            lengths = [n + tokens for n in kept]
-            starts = starts_of(lengths)
-            context_at = [p for start, n in zip(starts, kept) for p in range(start, start + n)]
-            new_at = [p for start, n in zip(starts, kept) for p in range(start + n, start + n + tokens)]
-            device = self.pool.device
-            spans = RowSpans([r * tokens for r in range(len(kept))], [tokens] * len(kept), starts, lengths)
-            slots = self.pool.host_slots(
-                [(cache.owner, cache.start(layer), cache.length) for cache in self.caches]
-            )
-            sent = send([slots, context_at, new_at], device)  # the layout's one copy
-            self._layouts[key] = _Layout(RaggedAttention(spans, device, masking, style), *sent, sum(lengths))
-        return self._layouts[key]
+    def _plan(self, reach: int | None, masking: Masking, style: SdpaStyle) -> RaggedAttention:
+        """Made once per batch for each reach, masking and style (host ints only)."""
+        key = (reach, masking, style)
+        if key not in self._plans:
+            self._plans[key] = RaggedAttention(self.layouts[reach].spans, self.pool.device, masking, style)
+        return self._plans[key]
+
+
+def _start(length: int, reach: int | None) -> int:
+    """The first context position a layer of this reach attends to (None: every one)."""
+    return 0 if reach is None else max(0, length - reach)
+
+
+def _spans(caches: list[ContextCache], tokens: list[int], reach: int | None) -> RowSpans:
+    """Each row's queries (its new tokens, packed) and keys (its kept context, then its new tokens)."""
+    lengths = [cache.length - _start(cache.length, reach) + t for cache, t in zip(caches, tokens)]
+    return RowSpans(starts_of(tokens), tokens, starts_of(lengths), lengths)
+
+
+def _positions(caches: list[ContextCache], tokens: list[int]) -> list[int]:
+    return [p for cache, t in zip(caches, tokens) for p in range(cache.length, cache.length + t)]
+
+
+def _new_slots(caches: list[ContextCache], tokens: list[int]) -> list[int]:
+    """Where each row's new tokens go in the pool (reserved beforehand)."""
+    spans = [(cache.owner, cache.length, cache.length + t) for cache, t in zip(caches, tokens)]
+    return caches[0].pool.host_slots(spans)
+
+
+def _layout_lists(caches: list[ContextCache], spans: RowSpans, reach: int | None) -> list[list[int]]:
+    """[pool slots of every row's kept context, where they go in the packed keys, where the new tokens
+    go, each row's kept count]."""
+    kept = [k - t for k, t in zip(spans.k_len, spans.q_len)]
+    context_at = [p for start, n in zip(spans.k_start, kept) for p in range(start, start + n)]
+    new_at = [
+        p for start, n, t in zip(spans.k_start, kept, spans.q_len) for p in range(start + n, start + n + t)
+    ]
+    slots = caches[0].pool.host_slots(
+        [(cache.owner, _start(cache.length, reach), cache.length) for cache in caches]
+    )
+    return [slots, context_at, new_at, kept]
 
 
 @dataclass(frozen=True)
 class _Layout:
     """A batch's keys in one layer, packed row after row: each row's kept context, then its new tokens."""
 
-    plan: RaggedAttention
+    spans: RowSpans  # each row's queries and keys (host ints)
     slots: torch.Tensor  # pool slots of every row's kept context, row after row
     context_at: torch.Tensor  # where they go in the packed keys
     new_at: torch.Tensor  # where the rows' new tokens go, row after row
-    total: int
+    kept: torch.Tensor  # [R] each row's kept context tokens
+
+    @property
+    def total(self) -> int:
+        """The packed keys' length (up to the last row's end)."""
+        return self.spans.k_start[-1] + self.spans.k_len[-1] if self.spans.k_len else 0
+
+    def rows(self, keep: list[int], index: torch.Tensor, tokens: int) -> _Layout:
+        """Rows ``keep`` (``index`` on the device) of a layout of ``tokens`` new tokens per row: their
+        context's places in the lists found with one repeat_interleave sized from the host's counts."""
+        spans = self.spans
+        kept = self.kept.index_select(0, index)
+        firsts = (torch.cumsum(self.kept, 0) - self.kept).index_select(0, index)  # in this layout's lists
+        shift = firsts - (torch.cumsum(kept, 0) - kept)  # a row's place in them less its place in the pick
+        total = sum(spans.k_len[r] - tokens for r in keep)
+        places = torch.repeat_interleave(shift, kept, output_size=total)
+        places += torch.arange(total, device=places.device)
+        picked = RowSpans(
+            [j * tokens for j in range(len(keep))],
+            [tokens] * len(keep),
+            [spans.k_start[r] for r in keep],
+            [spans.k_len[r] for r in keep],
+        )
+        new_at = self.new_at.view(-1, tokens).index_select(0, index).flatten()
+        return _Layout(
+            picked, self.slots.index_select(0, places), self.context_at.index_select(0, places), new_at, kept
+        )

@@ -49,11 +49,12 @@ def _denoise_canvas(
     """One canvas denoised until the sampler stops it: its committed tokens and its steps."""
     device = model.embed_tokens.weight.device
     rows = start_canvas([params], [generator], length, model.config.vocab_size, device)
-    soft = None
+    soft, steps = None, 0
     while True:
-        result = denoise_step(rows, model.denoise(rows.canvas, cache, soft))
-        if bool(result.done[0]):
-            return result.argmax[0].tolist(), int(rows.steps_taken[0])
+        result = denoise_step(rows, model.denoise(rows.canvas, cache, soft))  # the step's one read
+        steps += 1
+        if result.done_rows[0]:
+            return result.committed[0], steps
         soft = model.soft_embeddings(result.processed_logits, result.probabilities)
 
 

@@ -71,7 +71,7 @@ class DiffusionGemmaModel(nn.Module):
         device's kernels take a 0-dim CPU tensor as a number, so nothing is copied per forward."""
         scales = self.__dict__.setdefault("_embed_scales", {})
         if dtype not in scales:
-            scales[dtype] = torch.tensor(self.embed_scale, dtype=torch.float32).to(dtype)
+            scales[dtype] = torch.full((), self.embed_scale, dtype=torch.float32).to(dtype)
         return scales[dtype]
 
     def _run(
@@ -82,7 +82,7 @@ class DiffusionGemmaModel(nn.Module):
         scalars: torch.Tensor,
         encoding: bool,
     ) -> torch.Tensor:
-        positions = contexts.positions(x.shape[1], x.device)
+        positions = contexts.positions(x.shape[:2])
         tables = {
             kind: self.rotary.cos_sin(positions, kind, x.dtype) for kind in set(self.config.layer_types)
         }
@@ -98,11 +98,25 @@ class DiffusionGemmaModel(nn.Module):
         caches = _rows(caches)
         for cache in caches:
             cache.reserve(token_ids.shape[1])
+        self._encode(token_ids, ContextBatch.of(caches, token_ids.shape[1], writing=True))
+
+    @torch.no_grad()
+    def encode_chunks(self, chunks: list[tuple[int, ...]], caches: list[ContextCache]) -> None:
+        """Append ``chunks[r]`` (context tokens, any lengths) to ``caches[r]``: one encoder forward over
+        the chunks packed one after another, the tokens sent with the batch's layout in one copy."""
+        for cache, chunk in zip(caches, chunks):
+            cache.reserve(len(chunk))
+        flat = [token for chunk in chunks for token in chunk]
+        contexts = ContextBatch.of(caches, [len(chunk) for chunk in chunks], [flat], writing=True)
+        self._encode(contexts.extra[0][None], contexts)
+
+    def _encode(self, token_ids: torch.Tensor, contexts: ContextBatch) -> None:
+        """The encoder over token_ids ([R, T], or [1, N] packed as ``contexts`` packs them), then the
+        caches account for the tokens written."""
         table, layers = self._encoder_parts()
-        contexts = ContextBatch(caches)
         self._run(self._embed(table, token_ids), layers, contexts, self.encoder_layer_scalars, encoding=True)
-        for cache in caches:
-            cache.advance(token_ids.shape[1])
+        for cache, tokens in zip(contexts.caches, contexts.tokens):
+            cache.advance(tokens)
 
     @torch.no_grad()
     def denoise(
@@ -114,11 +128,12 @@ class DiffusionGemmaModel(nn.Module):
         """Softcapped float32 logits [R, L, V] of the canvases [R, L], row r over caches[r] (positions
         caches[r].length..), given the previous step's soft embeddings ``soft`` [R, L, D] (None: the
         canvases' first step). A ``ContextBatch`` of the caches may be reused over the steps of a canvas."""
-        contexts = caches if isinstance(caches, ContextBatch) else ContextBatch(_rows(caches))
+        if not isinstance(caches, ContextBatch):
+            caches = ContextBatch.of(_rows(caches), canvas.shape[1])
         embeddings = self._embed(self.embed_tokens, canvas)
         soft = torch.zeros_like(embeddings) if soft is None else soft
         x = self.self_conditioning(embeddings, soft)
-        x = self.norm(self._run(x, self.layers, contexts, self.decoder_layer_scalars, encoding=False))
+        x = self.norm(self._run(x, self.layers, caches, self.decoder_layer_scalars, encoding=False))
         head = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
         logits = nn.functional.linear(x, head).to(torch.float32)
         cap = self.config.final_logit_softcapping

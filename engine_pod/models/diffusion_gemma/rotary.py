@@ -34,16 +34,24 @@ class GemmaRotary:
     model to bfloat16 does not round the frequencies."""
 
     def __init__(self, config: DiffusionGemmaConfig) -> None:
-        self.tables: dict[str, torch.Tensor] = {}
+        self.tables: dict[str, torch.Tensor] = {}  # per layer type, on the CPU
+        self._placed: dict[tuple[str, str], torch.Tensor] = {}  # copies on a device, made once
         for layer, kind in enumerate(config.layer_types):
             if kind not in self.tables:
                 self.tables[kind] = inverse_frequencies(config.rope[kind], config.layer_head_dims[layer])
+
+    def _on(self, kind: str, device: torch.device) -> torch.Tensor:
+        """The table on ``device``, copied there once (not once per forward)."""
+        key = (kind, str(device))
+        if key not in self._placed:
+            self._placed[key] = self.tables[kind].to(device)
+        return self._placed[key]
 
     def cos_sin(
         self, positions: torch.Tensor, kind: str, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin [R, T, head_dim] of ``positions`` [R, T], in ``dtype`` (computed in float32)."""
-        table = self.tables[kind].to(positions.device)
+        table = self._on(kind, positions.device)
         freqs = positions[..., None].float() * table
         angles = torch.cat((freqs, freqs), dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
