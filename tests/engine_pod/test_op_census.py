@@ -56,7 +56,7 @@ def test_packed_forwards_attend_once_per_layer_whatever_the_lengths(models, spec
         distinct: run_scenario(
             loaded, Scenario(spec, "blockserve-packed", 16, distinct, cycles=2), decoding_for(loaded)
         )
-        for distinct in (1, 4, 16)
+        for distinct in (1, 16)  # the extremes: one length, every row its own (`dllm census`: the grid)
     }
     for f in figures.values():
         assert f.attention_calls_per_layer == 1
