@@ -119,8 +119,9 @@ class ExponentialScratch:
         uniforms, doubles = self.uniforms[:size].uniform_(generator=generator), self.doubles
         doubles.copy_(uniforms).neg_().add_(1.0)  # 1 - u is exact: u is a multiple of 2**-53 below 1
         doubles.log_().neg_()
-        torch.bitwise_and(doubles.view(torch.int64), MANTISSA_CUT, out=self.low_bits)
-        torch.lt(self.low_bits.sub_(MIDPOINT).abs_(), NEAR_MIDPOINT, out=self.near)
+        # near: |low bits - midpoint| < NEAR_MIDPOINT, as one shift into [0, 2 NEAR_MIDPOINT - 1) modulo 2**29
+        torch.add(doubles.view(torch.int64), NEAR_MIDPOINT - 1 - MIDPOINT, out=self.low_bits)
+        torch.lt(self.low_bits.bitwise_and_(MANTISSA_CUT), 2 * NEAR_MIDPOINT - 1, out=self.near)
         positions, bits = report.view(2, -1)
         torch.nonzero_static(self.near, size=positions.numel(), fill_value=size, out=positions.view(-1, 1))
         torch.index_select(self.uniforms.view(torch.int64), 0, positions, out=bits)

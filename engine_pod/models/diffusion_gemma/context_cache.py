@@ -136,10 +136,11 @@ class ContextBatch:
         for reach in reaches:
             parts += _layout_lists(caches, spans[reach], reach)
         sent = send(parts + list(extra), pool.device)  # the batch's one copy
-        layouts = {
-            reach: _Layout(spans[reach], *sent[2 + 4 * i : 6 + 4 * i]) for i, reach in enumerate(reaches)
-        }
-        return cls(caches, tokens, sent[0], sent[1], layouts, sent[2 + 4 * len(reaches) :])
+        positions, new_slots, rest = sent[0], sent[1], sent[2:]
+        layouts = {}
+        for reach in reaches:
+            layouts[reach], rest = _Layout(spans[reach], *rest[:LAYOUT_LISTS]), rest[LAYOUT_LISTS:]
+        return cls(caches, tokens, positions, new_slots, layouts, rest)
 
     def positions(self, shape: torch.Size) -> torch.Tensor:
         """The new tokens' positions (each row's continue its context), shaped as the forward's tokens."""
@@ -217,6 +218,9 @@ def _new_slots(caches: list[ContextCache], tokens: list[int]) -> list[int]:
     """Where each row's new tokens go in the pool (reserved beforehand)."""
     spans = [(cache.owner, cache.length, cache.length + t) for cache, t in zip(caches, tokens)]
     return caches[0].pool.host_slots(spans)
+
+
+LAYOUT_LISTS = 4  # what _layout_lists gives a reach: slots, context places, new-token places, kept counts
 
 
 def _layout_lists(caches: list[ContextCache], spans: RowSpans, reach: int | None) -> list[list[int]]:
