@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from engine_pod.host_bundle import to_device
 from engine_pod.models.attention_rules import Masking
 from engine_pod.models.ragged import RaggedAttention, plan_of
 
@@ -117,7 +118,8 @@ def _varlen_batch(plan: RaggedAttention, keys: int, device: torch.device) -> tup
         return None
     first, last = q_start[0], q_start[-1] + q_len[-1]
     rows = [[s - first for s in q_start] + [last - first], k_start + [keys], k_len + [0]]
-    return first, last, max(q_len), max(k_len), torch.tensor(rows, dtype=torch.int32).to(device)
+    metadata = to_device(torch.tensor(rows, dtype=torch.int32), device)  # not blocking the host
+    return first, last, max(q_len), max(k_len), metadata
 
 
 def _window(masking: Masking) -> tuple[int, int]:

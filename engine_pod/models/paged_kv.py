@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from engine_pod.host_bundle import to_device
+
 
 class PoolExhausted(RuntimeError):
     """The pool has fewer free pages than a request needs."""
@@ -112,7 +114,7 @@ class PagedKVPool:
     def flat_slots(self, spans: Sequence[tuple[str, int, int]]) -> torch.Tensor:
         """The slots of every ``(owner, start, end)``, one span after another: computed from the page
         tables on the host and sent to the device in one copy (one per batch, not one per request)."""
-        return torch.tensor(self.host_slots(spans), dtype=torch.long).to(self.device)
+        return to_device(torch.tensor(self.host_slots(spans), dtype=torch.long), self.device)
 
     def host_slots(self, spans: Sequence[tuple[str, int, int]]) -> list[int]:
         """``flat_slots`` on the host, for a caller that sends them together with other lists."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from engine_pod.decoding.row_sampling import RowSampling
-from engine_pod.host_bundle import float64_bits
+from engine_pod.host_bundle import float64_bits, to_device
 from engine_pod.scheduler.cycle_row import CycleRow
 
 
@@ -105,7 +105,7 @@ def build_canvas(
 ) -> Canvas:
     """Left-pad every row to the widest one and compute positions, masks and block slots."""
     host, width = _host_rows(rows, block_length, mask_id, pad_id, threshold)
-    packed = host.to(device)  # the one host-to-device copy
+    packed = to_device(host, device)  # the one host-to-device copy
     tokens = packed[:, : width + 1].contiguous()
     lengths, block_start, hidden, active, bits = packed[:, width + 1 :].unbind(1)
     columns = torch.arange(width, device=device)
