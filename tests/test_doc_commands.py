@@ -23,8 +23,8 @@ import yaml
 
 from engine_pod.cli.main import build_parser
 from tests.doc_commands import ROOT, Command, all_commands, all_fragments
+from tests.helm_tool import helm_binary
 
-HELM = ROOT / ".tools" / "helm"
 SOURCES = (
     "engine_pod",
     "gateway",
@@ -140,11 +140,9 @@ def check_helm(command: Command) -> None:
     if action in HELM_UNCHECKED:
         return
     assert action in {"install", "upgrade", "template"}, f"{command.label}: no checker for helm {action}"
-    if not HELM.is_file():
-        pytest.skip(f"no helm at {HELM} (bash .ci/get-helm.sh .tools)")
     args = [arg for arg in args if arg not in HELM_UPGRADE_ONLY]
     rendered = subprocess.run(
-        [str(HELM), "template", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [helm_binary(), "template", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert rendered.returncode == 0, f"{command.label}: {rendered.stderr.strip()}"
     assert "kind: Deployment" in rendered.stdout, command.label

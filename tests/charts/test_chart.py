@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -11,18 +9,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.helm_tool import helm_binary
 from tests.operator.crd_utils import CRD_PATH, admit
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "dllm-operator"
 K8S_VERSION = "1.33.0"
-
-
-def helm_binary() -> str:
-    for candidate in (os.environ.get("DLLM_HELM"), str(ROOT / ".tools" / "helm"), shutil.which("helm")):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    pytest.fail("no helm binary: run .ci/get-helm.sh (it puts one in .tools/helm)")
 
 
 def helm(*args: str) -> subprocess.CompletedProcess:
