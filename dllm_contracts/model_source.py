@@ -22,6 +22,18 @@ def builtin_model_dir(name: str) -> Path:
     return path
 
 
+def portable_name(spec: str) -> str:
+    """``spec`` as it names the same model from anywhere: ``builtin:NAME`` for a model shipped in the
+    package (whatever its site-packages path), an absolute path for a local directory, else as given."""
+    from dllm_contracts.defaults import ASSETS_DIR
+
+    path = Path(spec).expanduser()
+    if spec.startswith(("builtin:", "random:")) or not path.is_dir():
+        return spec
+    path = path.resolve()
+    return f"builtin:{path.name}" if path.parent == ASSETS_DIR.resolve() else str(path)
+
+
 def split_revision(spec: str) -> tuple[str, str | None]:
     """``REPO@REVISION`` -> (REPO, REVISION); anything else -> (spec, None)."""
     repo, at, revision = spec.partition("@")

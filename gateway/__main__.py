@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import errno
 import logging
 import sys
 
@@ -12,7 +13,14 @@ import uvicorn
 from gateway.api_keys import exposure_warning, keys_state
 from gateway.app import build_app
 from gateway.head_limits import guarded
-from gateway.processes import CHILD_FLAG, SUPERVISED_FLAG, port_is_free, run_processes, shared_socket
+from gateway.processes import (
+    CHILD_FLAG,
+    SUPERVISED_FLAG,
+    exclusive_socket,
+    port_is_free,
+    run_processes,
+    shared_socket,
+)
 from gateway.settings import GatewaySettings, SettingsError
 from gateway.tokenizer import TokenizerError
 
@@ -49,16 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     except (SettingsError, TokenizerError, ValueError) as exc:
         sys.stderr.write(f"gateway: error: {exc}\n")
         return 2
-    if child is not None or args.supervised:  # one of several on the port, or on dllm serve's held port
-        try:
-            sock = shared_socket(args.host, args.port)
-        except OSError as exc:
-            sys.stderr.write(f"gateway: error: cannot listen on {args.host}:{args.port}: {exc.strerror}\n")
-            return 2
-        _server(app, settings, args, tag).run(sockets=[sock])
-        return 0
-    _server(app, settings, args, tag).run()
+    # one of several on the port, or on dllm serve's held port: a socket of the group; else the port alone
+    listen = shared_socket if child is not None or args.supervised else exclusive_socket
+    try:
+        sock = listen(args.host, args.port)
+    except OSError as exc:
+        sys.stderr.write(f"gateway: error: {_port_error(args, exc)}\n")
+        return 2
+    _server(app, settings, args, tag).run(sockets=[sock])
     return 0
+
+
+def _port_error(args: argparse.Namespace, exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return f"port {args.port} is in use"
+    return f"cannot listen on {args.host}:{args.port}: {exc.strerror}"
 
 
 def _say_keys(settings: GatewaySettings, host: str) -> None:
@@ -71,7 +84,7 @@ def _say_keys(settings: GatewaySettings, host: str) -> None:
 
 def _supervise(count: int, args: argparse.Namespace, argv: list[str] | None) -> int:
     if not args.supervised and not port_is_free(args.host, args.port):  # dllm serve holds its port for us
-        sys.stderr.write(f"gateway: error: port {args.port} is in use\n")
+        sys.stderr.write(f"gateway: error: port {args.port} is in use\n")  # as _port_error says it
         return 2
     return run_processes(count, list(sys.argv[1:] if argv is None else argv))
 

@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 _BODY = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}
 STOP_META = "stop"  # the meta entry holding a line's stop strings (applied when its output is read)
 LINE_META = "line"  # the meta entry holding a line's index in the input file (orders the output)
+MODEL_FIELD = "model_identity"  # the batch's hash field: the model identity its lines are stamped with
 
 
 class LeaseLost(Exception):
@@ -36,8 +37,9 @@ def input_lines(content: bytes | str) -> list[str]:
     return [line.decode(errors="replace") for line in raw.splitlines() if line.strip()]
 
 
-def _prepare(line_text: str, index: int, endpoint: str, state) -> QueuedRequest | dict:
-    """A queued request for one input line, or the error line to report instead."""
+def _prepare(line_text: str, index: int, endpoint: str, model: str | None, state) -> QueuedRequest | dict:
+    """A queued request for one input line (for the model the batch was created on: ``model``), or the
+    error line to report instead."""
     custom_id = f"line-{index + 1}"
     try:
         line = json.loads(line_text)
@@ -56,7 +58,7 @@ def _prepare(line_text: str, index: int, endpoint: str, state) -> QueuedRequest 
         meta = {"custom_id": custom_id, "model": body.model, LINE_META: index}
         if body.stop_strings():
             meta[STOP_META] = body.stop_strings()
-        return build_request(ids, body, state, meta=meta)
+        return build_request(ids, body, state, meta=meta, model_identity=model)
     except (json.JSONDecodeError, ValidationError, ApiError, TokenizerError, AttributeError) as exc:
         message = exc.message if isinstance(exc, ApiError) else str(exc).splitlines()[0]
         code = (exc.code if isinstance(exc, ApiError) else None) or "invalid_request"
@@ -107,8 +109,10 @@ async def ingest_batch(batch_id: str, gateway: str, state) -> None:
     becomes a line of the error file); a cancel or the end of the completion window stops it, the lines
     left then reported as such. Raises ``LeaseLost`` when another gateway holds the batch now."""
     keys = state.queue.ops.keys
-    fields = ["endpoint", "input_file_id", "cursor", "total"]
-    endpoint, input_file, cursor, total = map(text_of, await state.redis.hmget(keys.batch(batch_id), fields))
+    fields = ["endpoint", "input_file_id", "cursor", "total", MODEL_FIELD]
+    endpoint, input_file, cursor, total, model = map(
+        text_of, await state.redis.hmget(keys.batch(batch_id), fields)
+    )
     if endpoint is None:
         return  # the batch is gone (past its retention)
     start, chunk, stopped = int(cursor or 0), state.settings.batch_chunk, None
@@ -120,7 +124,7 @@ async def ingest_batch(batch_id: str, gateway: str, state) -> None:
             items = [_skipped(text, start + i, stopped) for i, text in enumerate(part)]
         else:
             items = await asyncio.to_thread(
-                lambda p=part, s=start: [_prepare(t, s + i, endpoint, state) for i, t in enumerate(p)]
+                lambda p=part, s=start: [_prepare(t, s + i, endpoint, model, state) for i, t in enumerate(p)]
             )
         where = IngestChunk(gateway, start, start + len(part), [], [])
         reply = await _queue_chunk(batch_id, where, items, state)

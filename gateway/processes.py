@@ -36,6 +36,21 @@ def shared_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def exclusive_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` that no other socket may share (no SO_REUSEPORT): one gateway
+    process alone on its port. Raises OSError (EADDRINUSE) when anything holds the port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def port_is_free(host: str, port: int) -> bool:
     """Whether the port can be bound without sharing it (a program already on it keeps it)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dllm_contracts.model_identity import MODEL_IDENTITY_ENV, ModelIdentity
 from dllm_contracts.queue.ops import RESULT_TTL_S
 
 
@@ -56,6 +57,9 @@ class GatewaySettings:
     # gateway processes sharing the API port (SO_REUSEPORT): each an event loop on a core of its own; the
     # queue-depth gauge is Redis's and the same in all, request counters are each process's own
     processes: int = 1
+    # NAME@FINGERPRINT of the model served (dllm_contracts.model_identity): stamped on every request and
+    # batch accepted, so that no worker of another model answers them; "" stamps none
+    model_identity: str = ""
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -93,6 +97,7 @@ class GatewaySettings:
             (1 <= self.processes <= 256, "processes must be in 1..256"),
             (self.max_header_bytes >= 1024, "max_header_bytes must be at least 1024"),
             (self.header_timeout_s > 0, "header_timeout_s must be positive"),
+            (_identity_ok(self.model_identity), f"{MODEL_IDENTITY_ENV} must be NAME@FINGERPRINT"),
         ]
         for ok, message in checks:
             if not ok:
@@ -160,8 +165,18 @@ ENV_NAMES = {  # field -> environment variable: the one place a gateway setting'
     "metrics_port": "DLLM_METRICS_PORT",
     "metrics_host": "DLLM_METRICS_HOST",
     "processes": "DLLM_GATEWAY_PROCESSES",
+    "model_identity": MODEL_IDENTITY_ENV,
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _identity_ok(text: str) -> bool:
+    try:
+        return not text or bool(ModelIdentity.parse(text))
+    except ValueError:
+        return False
+
+
 UNKNOWN_FIELDS = ("reject", "ignore")
 
 

@@ -140,8 +140,11 @@ def build_request(
     state: GatewayState,
     meta: dict | None = None,
     seed: int | None = None,
+    model_identity: str | None = None,
 ) -> QueuedRequest:
-    """One queued request; its id is the response's (``chatcmpl-...`` for a chat, ``cmpl-...`` else)."""
+    """One queued request; its id is the response's (``chatcmpl-...`` for a chat, ``cmpl-...`` else). It
+    carries the identity of the model it is accepted for: ``model_identity`` (a batch's, recorded when it
+    was created), else the gateway's."""
     chat = hasattr(body, "messages")
     check_prompt(prompt_ids, state, "messages" if chat else "prompt")
     return QueuedRequest(
@@ -155,6 +158,7 @@ def build_request(
         sampling=sampling_of(body, seed),
         logprobs=body.alternatives(),
         sampler=body.sampler_settings(),
+        model=model_identity or state.settings.model_identity or None,
     )
 
 

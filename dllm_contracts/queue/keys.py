@@ -110,6 +110,12 @@ class ServiceKeys:
         return self._key("wakeup")
 
     @property
+    def served_model(self) -> str:
+        """String: the JSON record of the model ``dllm serve`` last served on this queue
+        (``model_identity.ServedRecord``); a start with another model over waiting work is refused."""
+        return self._key("model")
+
+    @property
     def workers(self) -> str:
         """Hash: worker id -> JSON heartbeat (for status and autoscaling)."""
         return self._key("workers")

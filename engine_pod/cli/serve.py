@@ -18,11 +18,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from dllm_contracts.canvas_sampler import SETTINGS as SAMPLER_SETTINGS
+from dllm_contracts.model_identity import ModelIdentity, ServedRecord
+from dllm_contracts.model_source import portable_name
 from dllm_contracts.scheduler_config import admission_flags
 from engine_pod.cli.budget import resolve_budget
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args
 from engine_pod.cli.scheduling import scheduler_config
+from engine_pod.cli.serve_settings import gateway_settings, queue_settings, warn_if_exposed
 from engine_pod.cli.worker import add_worker_args
+from engine_pod.serve.queue_owner import ON_MODEL_CHANGE
 
 logger = logging.getLogger(__name__)
 
@@ -111,64 +115,24 @@ def register(subparsers) -> None:
         default=0,
         help="worker /metrics, /healthz, /readyz port (default: any free)",
     )
+    parser.add_argument(
+        "--on-model-change",
+        choices=ON_MODEL_CHANGE,
+        default="refuse",
+        help="when the queue (the data directory's, or --redis-url's) holds work accepted for another model: "
+        "refuse to start, saying what waits (default), or fail: start, and that work ends with an error",
+    )
+    parser.add_argument(
+        "--exit-when-drained",
+        action="store_true",
+        help="stop (status 0) once no accepted work waits: serve what a queue holds, then change the model",
+    )
     add_worker_args(parser)
     add_decoding_args(parser)
     parser.set_defaults(handler=run)
 
 
-def _gateway_settings(args: argparse.Namespace, model_dir: Path):
-    """The gateway's settings: the ``DLLM_*`` environment the gateway itself reads, then this command's
-    flags over it; what the worker decides (its decoding, its queue) is the worker's. The Redis URL is
-    set once Redis runs."""
-    from gateway.settings import GatewaySettings, SettingsError, env_values
-
-    flags = {
-        "api_keys": tuple(args.api_key) if args.api_key else None,
-        "api_keys_file": str(Path(args.api_keys_file).resolve()) if args.api_keys_file else None,
-        "max_queued": args.max_queued,
-        "max_tokens_limit": args.max_tokens_limit,
-        "model_name": args.model_name,
-        "access_log": True if args.access_log else None,
-        "processes": args.gateway_processes,
-    }
-    values = env_values() | {name: value for name, value in flags.items() if value is not None}
-    values.setdefault("model_name", model_dir.name)
-    values.setdefault("access_log", False)  # a line per request would bury the terminal's own lines
-    limit = values.get("max_tokens_limit", GatewaySettings.max_tokens_limit)
-    values.setdefault("default_max_tokens", min(GatewaySettings.default_max_tokens, limit))
-    values |= {
-        "service": args.service,
-        "model_dir": str(model_dir),
-        "block_length": args.block_length,
-        "steps_per_block": args.steps_per_block,
-        "threshold": args.threshold,
-        "result_ttl_s": args.result_ttl,
-    }
-    try:
-        settings = GatewaySettings(**values)
-        _check_keys(settings)
-    except SettingsError as exc:
-        raise CliError(str(exc)) from None
-    return settings
-
-
-def _check_keys(settings) -> None:
-    """A keys file that cannot be read ends ``dllm serve`` here, before the model loads."""
-    from gateway.api_keys import ApiKeys
-
-    ApiKeys(settings)
-
-
-def queue_settings(args: argparse.Namespace) -> None:
-    """The service and Redis URL from the flags, else the environment the gateway reads."""
-    from gateway.settings import env_values
-
-    env = env_values()
-    args.service = args.service or env.get("service", "default")
-    args.redis_url = args.redis_url or env.get("redis_url")
-
-
-def _worker_args(args: argparse.Namespace, redis_url: str) -> list[str]:
+def _worker_args(args: argparse.Namespace, redis_url: str, identity: ModelIdentity) -> list[str]:
     """The ``dllm worker`` command line that runs what ``args`` asked ``dllm serve`` for."""
     budget = ["--profile", args.profile] if args.profile else ["--token-budget", str(resolve_budget(args))]
     decoding = [
@@ -183,7 +147,7 @@ def _worker_args(args: argparse.Namespace, redis_url: str) -> list[str]:
         *admission_flags(scheduler_config(args)),
         *("--steps-per-block", str(args.steps_per_block)),
         *("--lease-ms", str(args.lease_ms), "--drain-timeout", str(args.drain_timeout)),
-        *("--result-ttl", str(args.result_ttl)),
+        *("--result-ttl", str(args.result_ttl), "--model-identity", identity.text),
         *decoding,
     ]
 
@@ -203,6 +167,7 @@ def _served_model_dir(args: argparse.Namespace) -> Path:
 def run(args: argparse.Namespace) -> int:
     from engine_pod.serve.gateway_process import GatewayProcess
     from engine_pod.serve.preflight import PreflightError
+    from engine_pod.serve.queue_owner import QueueHeldError, QueueOwner
     from engine_pod.serve.redis_server import free_port
     from engine_pod.serve.stopping import Stopping
     from engine_pod.serve.supervisor import ChildCannotStart, Supervised, Supervisor, child_popen_options
@@ -214,40 +179,44 @@ def run(args: argparse.Namespace) -> int:
     model_dir = _served_model_dir(args)
     if not (model_dir / "tokenizer.json").is_file():
         raise CliError(f"{model_dir} has no tokenizer.json; the gateway needs one")
-    gateway_settings = _gateway_settings(args, model_dir)
-    _warn_if_exposed(args.host, gateway_settings)
+    settings = gateway_settings(args, model_dir)
+    warn_if_exposed(args.host, settings)
     try:
         redis, redis_url, where = _redis(args)
     except PreflightError as exc:
         raise CliError(str(exc)) from None
+    identity = ModelIdentity.of(settings.served_model, model_dir)
     options = child_popen_options()
     children = [Supervised("redis-server", redis)] if redis is not None else []
     probe_port = args.metrics_port or free_port()
     worker = WorkerProcess(
-        _worker_args(args, redis_url),
+        _worker_args(args, redis_url, identity),
         probe_port,
         options,
         stop_s=args.drain_timeout + 10,
-        model=f"{gateway_settings.served_model} on {args.device}, {args.dtype}",
+        model=f"{settings.served_model} on {args.device}, {args.dtype}",
     )
-    gateway_env = replace(gateway_settings, redis_url=redis_url).to_env()
-    stop_s = gateway_settings.drain_timeout_s + GATEWAY_STOP_MARGIN_S
-    log_level = "info" if gateway_settings.access_log else "warning"  # the access log is uvicorn's info
+    gateway_env = replace(settings, redis_url=redis_url, model_identity=identity.text).to_env()
+    stop_s = settings.drain_timeout_s + GATEWAY_STOP_MARGIN_S
+    log_level = "info" if settings.access_log else "warning"  # the access log is uvicorn's info
     gateway = GatewayProcess(args.host, args.port, gateway_env, options, stop_s=stop_s, log_level=log_level)
     children += [Supervised("worker", worker, drains=True), Supervised("gateway", gateway, drains=True)]
     supervisor = Supervisor(children)
     stopping = Stopping(supervisor, redis_url, args.service, where)
     stopping.install()
     signal.signal(signal.SIGHUP, lambda *_: gateway.signal(signal.SIGHUP))  # the gateway re-reads its keys
+    owner = QueueOwner(redis_url, args.service, ServedRecord(identity, portable_name(args.model)), where)
     try:
-        supervisor.start_all()
-    except ChildCannotStart as exc:
+        supervisor.start_all(before={"worker": lambda: owner.bind(args.on_model_change)})
+    except (ChildCannotStart, QueueHeldError) as exc:
         raise CliError(str(exc)) from None
+    if args.exit_when_drained:
+        owner.stop_when_drained(supervisor)
     if not supervisor.stopping.is_set():
-        name = gateway_settings.served_model
+        name = settings.served_model
         sys.stdout.write(
             f"dllm serve: OpenAI-compatible API at {gateway.url}/v1 (model {name}, "
-            f"{keys_state(gateway_settings)}); Ctrl-C stops\n"
+            f"{keys_state(settings)}); Ctrl-C stops\n"
         )
         sys.stdout.flush()
     try:
@@ -255,14 +224,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         supervisor.stop_all(stopping.waiting)
     return stopping.farewell()
-
-
-def _warn_if_exposed(host: str, settings) -> None:
-    from gateway.api_keys import exposure_warning
-
-    warning = exposure_warning(host, settings)
-    if warning:
-        logger.warning("warning: %s", warning)
 
 
 def _redis(args: argparse.Namespace):

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from typing import TYPE_CHECKING
 
+from dllm_contracts.model_identity import MODEL_IDENTITY_ENV, ModelIdentity
 from dllm_contracts.queue.keys import RESULT_TTL_S
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config
 from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
@@ -66,6 +68,13 @@ def register(subparsers) -> None:
         "does) or sequential (one request at a time)",
     )
     parser.add_argument("--batch-size", type=int, default=1, help="static's batch size (default: 1)")
+    parser.add_argument(
+        "--model-identity",
+        default=os.environ.get(MODEL_IDENTITY_ENV, ""),
+        help="NAME@FINGERPRINT of the model this worker serves, as the service's gateways stamp requests "
+        "with it: a request accepted for another model ends with an error instead of an answer from "
+        f"these weights (default: ${MODEL_IDENTITY_ENV}; unset: no check; dllm serve and the operator set it)",
+    )
     add_worker_args(parser)
     parser.add_argument(
         "--host", default="0.0.0.0", help="address of /metrics, /healthz, /readyz (default: 0.0.0.0)"
@@ -100,8 +109,16 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Work
         result_ttl_s=args.result_ttl,
         policy=getattr(args, "policy", SERVING_POLICIES[0]),
         batch_size=getattr(args, "batch_size", 1),
+        model_identity=_identity(getattr(args, "model_identity", "")),
     )
     return Worker(make_runner(loaded, decoding, scheduling.token_budget), config)
+
+
+def _identity(text: str) -> ModelIdentity | None:
+    try:
+        return ModelIdentity.parse(text) if text else None
+    except ValueError as exc:
+        raise CliError(f"--model-identity: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:

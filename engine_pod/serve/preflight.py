@@ -32,7 +32,13 @@ def check_port_free(host: str, port: int, what: str, flag: str) -> None:
 def reserve_port(host: str, port: int, what: str, flag: str) -> socket.socket:
     """Bind ``host:port`` (0: any free port) and keep it bound, not listening, for the caller's life:
     nothing else takes the port while the model loads, and only a socket that also sets SO_REUSEPORT (the
-    gateway that ``dllm serve`` starts on it) can join it. The port is ``sock.getsockname()[1]``."""
+    gateway that ``dllm serve`` starts on it) can join it. The port is ``sock.getsockname()[1]``.
+
+    A port some other program holds is refused first, by a bind without SO_REUSEPORT: the kernel lets any
+    process of the same user join a group of SO_REUSEPORT sockets, so a second ``dllm serve`` or gateway
+    would otherwise share the port with the first and split its requests."""
+    if port:
+        check_port_free(host, port, what, flag)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)

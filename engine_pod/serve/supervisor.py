@@ -17,6 +17,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -76,11 +77,19 @@ class Supervisor:
         self.stopping = threading.Event()
         self.forced = False  # stopped at once (kill_now), not drained
 
-    def start_all(self) -> None:
-        """Start the children in order, a line each; a stop asked for meanwhile starts no more."""
+    def start_all(self, before: dict[str, Callable[[], None]] | None = None) -> None:
+        """Start the children in order, a line each; a stop asked for meanwhile starts no more.
+        ``before[name]()`` runs just before the child ``name`` starts; what it raises stops every child
+        started so far and goes on up."""
         for item in self.children:
             if self.stopping.is_set():
                 return
+            if before and item.name in before:
+                try:
+                    before[item.name]()
+                except BaseException:
+                    self.stop_all()
+                    raise
             logger.info("%s ...", getattr(item.child, "starting", f"starting the {item.name}"))
             try:
                 item.child.start()

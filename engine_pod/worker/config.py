@@ -7,6 +7,7 @@ import socket
 import time
 from dataclasses import dataclass
 
+from dllm_contracts.model_identity import ModelIdentity
 from dllm_contracts.queue.ops import RESULT_TTL_S
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.engine import scheduler_for
@@ -29,6 +30,8 @@ class WorkerConfig:
     idle_wait_s: float = 0.2  # longest wait for new work when idle
     drain_timeout_s: float = 60.0  # after SIGTERM: time to finish in-flight work before handing it back
     result_ttl_s: int = RESULT_TTL_S  # how long a finished request's record and result stay in Redis
+    # the model it serves: a request stamped for another is refused, not answered (None: no check)
+    model_identity: ModelIdentity | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in SERVING_POLICIES:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dllm_contracts.canvas_sampler import EntropyBoundParams
+from dllm_contracts.model_identity import ModelIdentity, model_mismatch
 from dllm_contracts.queue.messages import BATCH_META, BlockEvent, DoneEvent
 from dllm_contracts.queue.ops import BlockCommit, Claimed
 from dllm_contracts.text import completion_tokens, within_limit
@@ -29,11 +30,16 @@ class ServedRequest:
 
     @classmethod
     def claimed(
-        cls, claimed: Claimed, request: Request, canvas_sampler: EntropyBoundParams | None = None
+        cls,
+        claimed: Claimed,
+        request: Request,
+        canvas_sampler: EntropyBoundParams | None = None,
+        served_model: ModelIdentity | None = None,
     ) -> ServedRequest:
         """The record of a claimed request: its settings on the scheduler's ``request``, its committed
         blocks and their log probabilities as Redis recorded them; refused if its payload has fields this
-        version does not know (named), if its sampling is invalid, or
+        version does not know (named), if it was accepted for a model other than ``served_model``, if its
+        sampling is invalid, or
         if it sets entropy-bound sampler settings that are invalid over the runner's ``canvas_sampler`` or
         that the model has no use for (``canvas_sampler`` None)."""
         payload = claimed.request
@@ -43,6 +49,10 @@ class ServedRequest:
         if claimed.unknown_fields:
             names = ", ".join(claimed.unknown_fields)
             served.refuse(f"{names}: unknown to this engine (sent by a newer gateway); upgrade the engine")
+            return served
+        mismatch = model_mismatch(payload.model, served_model)
+        if mismatch:
+            served.refuse(mismatch)
             return served
         if payload.logprobs is not None:  # blocks committed elsewhere: as recorded in Redis
             restored = claimed.logprobs[: len(claimed.generated)]

@@ -195,7 +195,9 @@ class Worker:
             self.scheduler.cancel(payload.id)
         request = self.scheduler.request_for(payload.id, payload.prompt_ids, payload.max_tokens, arrival_time)
         sampler = self.engine.runner.canvas_sampler
-        served = self._served[payload.id] = ServedRequest.claimed(claimed, request, sampler)
+        served = self._served[payload.id] = ServedRequest.claimed(
+            claimed, request, sampler, self.config.model_identity
+        )
         if served.error is None:
             request.finish_reason = self.scheduler.finish_reason_for(request)
         if request.finish_reason is not None:  # refused, or its last block was stored and its result not

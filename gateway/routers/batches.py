@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, Query
 
 from dllm_contracts.queue.keys import is_request_id, new_request_id
 from dllm_contracts.queue.ops import now_ms
-from gateway.batch_ingest import cancel_members, input_lines
+from gateway.batch_ingest import MODEL_FIELD, cancel_members, input_lines
 from gateway.batch_keeper import LEASE_MS
 from gateway.batch_lifecycle import ENDED, advance, read_record
 from gateway.errors import ApiError
@@ -67,6 +67,7 @@ async def create_batch(body: BatchCreate, state: State, tenant: Tenant) -> Batch
         TENANT_FIELD: tenant,
         "cursor": 0,  # input lines taken in (queued, or recorded as error lines)
         "owner": state.batches.gateway,  # the gateway holding its lease (see gateway.batch_keeper)
+        MODEL_FIELD: state.settings.model_identity,  # its lines run on this model, whoever ingests them
     }
     async with state.redis.pipeline(transaction=True) as pipe:
         pipe.hset(keys.batch(batch_id), mapping=record)

@@ -24,7 +24,7 @@ import redis
 from dllm_contracts.queue.keys import ServiceKeys
 from tests.serving.outage_harness import Tally, results_published_twice, start_load
 from tests.serving.serve_process import Serve, openai_client, running
-from tests.serving_utils import WAIT_S, wait_for, write_served_model
+from tests.serving_utils import WAIT_S, gateway_settings, wait_for, write_served_model
 
 LOAD_REQUESTS = 120  # a load the faults below land in the middle of
 RECOVERY_BOUND_S = 20.0  # DESIGN: back within 10 s; measured 0.3-5 s here, bound left loose for CI
@@ -138,6 +138,47 @@ def test_a_second_serve_on_a_data_directory_in_use_exits_at_once_in_one_line(ser
     assert "--data-dir" in lines[0] and "--service" in lines[0]
     assert serve.answers()  # the first one serves on
     print(f"a data directory in use: refused after {took_s:.2f} s")
+
+
+def test_a_second_serve_or_gateway_on_a_port_in_use_is_refused_whatever_its_data_directory(serve, tmp_path):
+    """The running ``serve`` listens on its port through sockets that share it (SO_REUSEPORT): a second
+    ``dllm serve`` on another data directory, or a gateway alone, must not join them and split the
+    requests, but end in one line naming the port."""
+    done, took_s = _serve_once("--port", str(serve.port), "--data-dir", str(tmp_path / "other"))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        f"dllm serve: error: port {serve.port} is in use: the gateway cannot listen on it; "
+        "choose another with --port"
+    ]
+    env = (
+        os.environ
+        | gateway_settings(
+            write_served_model(tmp_path / "model"), f"redis://127.0.0.1:{serve.redis_port()}/0", "other"
+        ).to_env()
+    )
+    gateway = subprocess.run(
+        [sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port", str(serve.port)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert gateway.returncode == 2, gateway.stderr[-2000:]
+    assert gateway.stderr.strip().splitlines()[-1] == f"gateway: error: port {serve.port} is in use"
+    assert _listeners(serve.port) == 1  # the first one's gateway alone
+    assert serve.answers()
+    print(f"a port in use: refused after {took_s:.2f} s")
+
+
+def _listeners(port: int) -> int:
+    """Listening TCP sockets on ``port`` (any address), from the kernel's table."""
+    state_listen = "0A"
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            count += int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == state_listen
+    return count
 
 
 def test_a_child_that_cannot_start_ends_serve_with_its_own_cause_and_status_2(tmp_path):

@@ -17,7 +17,7 @@ import pytest
 
 from dllm_contracts.defaults import DEFAULT_MODEL
 from engine_pod.cli.main import build_parser
-from engine_pod.cli.serve import _gateway_settings, queue_settings
+from engine_pod.cli.serve_settings import gateway_settings, queue_settings
 from gateway.settings import GatewaySettings
 from tests.serving.conftest import SERVED
 from tests.serving.serve_process import openai_client, running
@@ -168,4 +168,4 @@ def test_the_gateways_drain_under_dllm_serve_is_the_gateways_own_setting(monkeyp
         monkeypatch.setenv(name, value)
     args = build_parser().parse_args(["serve"])
     queue_settings(args)
-    assert _gateway_settings(args, Path(DEFAULT_MODEL)).drain_timeout_s == drain_s == (30 if not env else 7)
+    assert gateway_settings(args, Path(DEFAULT_MODEL)).drain_timeout_s == drain_s == (30 if not env else 7)

@@ -17,6 +17,7 @@ import httpx
 import pytest
 import redis
 
+from dllm_contracts.model_identity import ModelIdentity
 from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from dllm_contracts.queue.ops import Candidate, QueueOps
 from dllm_contracts.queue.sync_client import SyncQueue
@@ -399,6 +400,29 @@ def test_a_request_with_fields_this_engine_does_not_know_ends_with_their_names(
     assert (
         refused.error == "speculation: unknown to this engine (sent by a newer gateway); upgrade the engine"
     )
+
+
+def test_a_request_accepted_for_another_model_ends_with_an_error_naming_both(
+    redis_server, service, make_worker
+):
+    """A worker serving one model never answers a request stamped for another (a queue whose model
+    changed under it): the request ends with an error naming both; one stamped for this model, and one
+    stamped with none (accepted where no identity was set), are answered."""
+    queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
+    other = QueuedRequest("other", [7] * 5, BLOCK, time.time(), model="tiny-llada@0e19b480c73cad7a")
+    same = QueuedRequest("same", [7] * 5, BLOCK, time.time(), model="tiny@00ff00ff00ff00ff")
+    unstamped = QueuedRequest("unstamped", [7] * 5, BLOCK, time.time())
+    assert queue.run(queue.ops.enqueue_all([other, same, unstamped]))
+    identity = ModelIdentity("tiny", "00ff00ff00ff00ff")
+    with make_worker(redis_server.url, service, worker={"model_identity": identity}):
+        refused = wait_for(lambda: _done(queue, "other"), what="the error")
+        answered = [wait_for(lambda i=i: _done(queue, i), what=i) for i in ("same", "unstamped")]
+    assert (refused.finish_reason, refused.token_ids) == ("error", [])
+    assert refused.error == (
+        "this request was accepted for the model tiny-llada (weights 0e19b480c73cad7a), and the service now "
+        "serves tiny (weights 00ff00ff00ff00ff): send it again"
+    )
+    assert [done.finish_reason for done in answered] == ["length", "length"]
 
 
 def test_invalid_sampling_settings_end_the_request_with_a_clear_error(redis_server, service, make_worker):

@@ -1,0 +1,72 @@
+"""What ``dllm serve`` tells its children: the queue's service and Redis, and the gateway's settings
+(the ``DLLM_*`` environment the gateway reads, then the command's flags over it)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from engine_pod.cli.common import CliError
+
+logger = logging.getLogger(__name__)
+
+
+def gateway_settings(args: argparse.Namespace, model_dir: Path):
+    """The gateway's settings: the ``DLLM_*`` environment the gateway itself reads, then this command's
+    flags over it; what the worker decides (its decoding, its queue) is the worker's. The Redis URL is
+    set once Redis runs."""
+    from gateway.settings import GatewaySettings, SettingsError, env_values
+
+    flags = {
+        "api_keys": tuple(args.api_key) if args.api_key else None,
+        "api_keys_file": str(Path(args.api_keys_file).resolve()) if args.api_keys_file else None,
+        "max_queued": args.max_queued,
+        "max_tokens_limit": args.max_tokens_limit,
+        "model_name": args.model_name,
+        "access_log": True if args.access_log else None,
+        "processes": args.gateway_processes,
+    }
+    values = env_values() | {name: value for name, value in flags.items() if value is not None}
+    values.setdefault("model_name", model_dir.name)
+    values.setdefault("access_log", False)  # a line per request would bury the terminal's own lines
+    limit = values.get("max_tokens_limit", GatewaySettings.max_tokens_limit)
+    values.setdefault("default_max_tokens", min(GatewaySettings.default_max_tokens, limit))
+    values |= {
+        "service": args.service,
+        "model_dir": str(model_dir),
+        "block_length": args.block_length,
+        "steps_per_block": args.steps_per_block,
+        "threshold": args.threshold,
+        "result_ttl_s": args.result_ttl,
+    }
+    try:
+        settings = GatewaySettings(**values)
+        check_keys(settings)
+    except SettingsError as exc:
+        raise CliError(str(exc)) from None
+    return settings
+
+
+def check_keys(settings) -> None:
+    """A keys file that cannot be read ends ``dllm serve`` here, before the model loads."""
+    from gateway.api_keys import ApiKeys
+
+    ApiKeys(settings)
+
+
+def queue_settings(args: argparse.Namespace) -> None:
+    """The service and Redis URL from the flags, else the environment the gateway reads."""
+    from gateway.settings import env_values
+
+    env = env_values()
+    args.service = args.service or env.get("service", "default")
+    args.redis_url = args.redis_url or env.get("redis_url")
+
+
+def warn_if_exposed(host: str, settings) -> None:
+    from gateway.api_keys import exposure_warning
+
+    warning = exposure_warning(host, settings)
+    if warning:
+        logger.warning("warning: %s", warning)
