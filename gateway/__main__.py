@@ -21,7 +21,7 @@ from gateway.processes import (
     run_processes,
     shared_socket,
 )
-from gateway.settings import GatewaySettings, SettingsError
+from gateway.settings import GatewaySettings, SettingsError, env_help
 from gateway.tokenizer import TokenizerError
 
 logger = logging.getLogger("gateway")
@@ -30,8 +30,10 @@ logger = logging.getLogger("gateway")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m gateway",
-        description="dllm OpenAI-style gateway (settings: DLLM_* env; DLLM_GATEWAY_PROCESSES=N runs N "
-        "processes on the port, one core each)",
+        description="dllm's OpenAI-style gateway: it queues requests in Redis for the service's workers\n"
+        "and answers with their results. Its settings come from the environment (below).",
+        epilog=env_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from dllm_contracts.queue.messages import BATCH_META, QueuedRequest
 from dllm_contracts.queue.ops import IngestChunk, as_text, text_of
-from gateway.errors import ApiError
+from gateway.errors import ApiError, validation_error
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.submission import build_request, check_prompt_text, check_request
 from gateway.tokenizer import TokenizerError
@@ -37,32 +37,63 @@ def input_lines(content: bytes | str) -> list[str]:
     return [line.decode(errors="replace") for line in raw.splitlines() if line.strip()]
 
 
+def duplicate_custom_id(lines: list[str]) -> tuple[str, int, int] | None:
+    """The first ``custom_id`` two lines share, with the numbers of both lines (from 1); None when every
+    line's is its own. Lines without one (or not JSON) are left to ingestion, which reports them."""
+    first_line: dict[str, int] = {}
+    for number, text in enumerate(lines, 1):
+        custom_id = _given_custom_id(text)
+        if custom_id is None:
+            continue
+        first = first_line.setdefault(custom_id, number)
+        if first != number:
+            return custom_id, first, number
+    return None
+
+
+def _given_custom_id(text: str) -> str | None:
+    try:
+        line = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):  # not JSON, or nested deeper than Python parses
+        return None
+    custom_id = line.get("custom_id") if isinstance(line, dict) else None
+    return None if custom_id is None else str(custom_id)
+
+
 def _prepare(line_text: str, index: int, endpoint: str, model: str | None, state) -> QueuedRequest | dict:
     """A queued request for one input line (for the model the batch was created on: ``model``), or the
     error line to report instead."""
     custom_id = f"line-{index + 1}"
     try:
         line = json.loads(line_text)
+        if not isinstance(line, dict):
+            raise ApiError(400, "the line is not a JSON object")
         custom_id = str(line.get("custom_id", custom_id))
         if line.get("url", endpoint) != endpoint:
-            raise ApiError(400, f"line url {line.get('url')!r} differs from the batch endpoint {endpoint!r}")
+            raise ApiError(
+                400, f"url {line.get('url')!r} differs from the batch endpoint {endpoint!r}", param="url"
+            )
         body = _BODY[endpoint].model_validate(line.get("body") or {})
         if body.stream:
-            raise ApiError(400, "stream is not allowed in a batch")
+            raise ApiError(400, "stream is not allowed in a batch", param="stream")
         if body.n > 1:
-            raise ApiError(400, "a batch line takes n=1")
+            raise ApiError(400, "a batch line takes n=1", param="n")
         if getattr(body, "echo", False):
-            raise ApiError(400, "echo is not supported in a batch line")
+            raise ApiError(400, "echo is not supported in a batch line", param="echo")
         check_request(body, state)
         ids = _prompt_ids(body, state)
         meta = {"custom_id": custom_id, "model": body.model, LINE_META: index}
         if body.stop_strings():
             meta[STOP_META] = body.stop_strings()
         return build_request(ids, body, state, meta=meta, model_identity=model)
-    except (json.JSONDecodeError, ValidationError, ApiError, TokenizerError, AttributeError) as exc:
-        message = exc.message if isinstance(exc, ApiError) else str(exc).splitlines()[0]
-        code = (exc.code if isinstance(exc, ApiError) else None) or "invalid_request"
-        return _error_item(index, custom_id, code, message)
+    except ValidationError as exc:  # the field and what is wrong with it; the code as for any bad line
+        problem = validation_error(exc.errors())
+        return _error_item(index, custom_id, ApiError(400, problem.message, param=problem.param))
+    except (ApiError, TokenizerError) as exc:
+        return _error_item(index, custom_id, exc if isinstance(exc, ApiError) else ApiError(400, str(exc)))
+    except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested deeper than Python parses
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+        return _error_item(index, custom_id, ApiError(400, f"the line is not valid JSON ({reason})"))
 
 
 def _prompt_ids(body, state) -> list[int]:
@@ -79,10 +110,20 @@ def _prompt_ids(body, state) -> list[int]:
     raise ApiError(400, "a batch completion line takes one prompt: a string or a list of token ids")
 
 
-def _error_item(index: int, custom_id: str, code: str, message: str) -> dict:
-    """A line that was not queued, as its line of the error file (with its index in the input file)."""
+def _error_item(index: int, custom_id: str, problem: ApiError) -> dict:
+    """A line that could not run, as its line of the error file (with its index in the input file): its
+    error names the line (from 1) and, where one field is wrong, the field (``body.messages``), as OpenAI's
+    batch errors do."""
+    number = index + 1
+    param = None if problem.param is None else f"{'' if problem.param == 'url' else 'body.'}{problem.param}"
+    error = {"code": problem.code or "invalid_request", "message": f"line {number}: {problem.message}"}
+    error |= {"param": param, "line": number}
+    return _error_line(index, custom_id, error)
+
+
+def _error_line(index: int, custom_id: str, error: dict) -> dict:
     line = {"id": f"batch_req_line{index + 1}", "custom_id": custom_id, "response": None}
-    return {"index": index, "line": line | {"error": {"code": code, "message": message}}}
+    return {"index": index, "line": line | {"error": error}}
 
 
 SKIPPED = {  # why lines were never queued -> their error line's code and message
@@ -94,14 +135,12 @@ SKIPPED = {  # why lines were never queued -> their error line's code and messag
 def _skipped(text: str, index: int, reason: str) -> dict:
     """A line a cancel or the window's end stopped before it was queued."""
     code, message = SKIPPED[reason]
-    return _error_item(index, _custom_id(text, index), code, message)
+    return _error_line(index, _custom_id(text, index), {"code": code, "message": message})
 
 
 def _custom_id(text: str, index: int) -> str:
-    try:
-        return str(json.loads(text).get("custom_id", f"line-{index + 1}"))
-    except (json.JSONDecodeError, AttributeError):
-        return f"line-{index + 1}"
+    given = _given_custom_id(text)
+    return f"line-{index + 1}" if given is None else given
 
 
 async def ingest_batch(batch_id: str, gateway: str, state) -> None:

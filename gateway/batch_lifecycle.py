@@ -119,5 +119,5 @@ async def _write(state, tenant: str, batch_id: str, kind: str, lines: list[dict]
 
 def _file_id(batch_id: str, kind: str) -> str:
     """The id of the batch's ``kind`` file: derived from the batch's (written again, the same file)."""
-    stamp = batch_id.split("-")[1]
+    stamp = batch_id[len("batch_") :].split("-")[0]  # its time (batch_TIME-RANDOM, or batch-TIME-RANDOM)
     return f"file-{stamp}-{hashlib.sha256(f'{batch_id}:{kind}'.encode()).hexdigest()[:32]}"

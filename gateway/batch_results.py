@@ -36,7 +36,14 @@ def _response_body(done: DoneEvent, request_id: str, endpoint: str, state) -> di
         logprobs = completion_logprobs(done, state.tokenizer, text_len=cut) if asked else None
         choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
         kind = "text_completion"
-    return {"id": request_id, "object": kind, "model": model, "choices": [choice], "usage": usage}
+    return {
+        "id": request_id,
+        "object": kind,
+        "model": model,
+        "system_fingerprint": state.settings.system_fingerprint,
+        "choices": [choice],
+        "usage": usage,
+    }
 
 
 ENDED_EARLY = {  # a line's finish reason when it did not run to its end -> its error line's code, message

@@ -154,5 +154,30 @@ def install_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(kind, redis_unreachable)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return ApiError(exc.status_code, str(exc.detail)).response()
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return from_http_exception(request.method, request.url.path, exc).response()
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> JSONResponse:  # logged by the server, as raised
+        return server_error().response()
+
+
+def from_http_exception(method: str, path: str, exc: StarletteHTTPException) -> ApiError:
+    """Starlette's errors in OpenAI's shape: a URL no route serves (404, ``unknown_url``), a method its
+    route does not take (405, with the methods it takes in ``Allow``), any other with its own message."""
+    headers = dict(exc.headers or {})
+    if exc.status_code == 404 and exc.detail == "Not Found":  # the router's (handlers raise ApiError)
+        return ApiError(404, unknown_url(method, path), code="unknown_url", headers=headers)
+    if exc.status_code == 405:
+        allowed = headers.get("Allow") or headers.get("allow")
+        takes = f"; it takes {allowed}" if allowed else ""
+        message = f"Invalid method for URL ({method} {path}){takes}."
+        return ApiError(405, message, code="method_not_allowed", headers=headers)
+    return ApiError(exc.status_code, str(exc.detail), headers=headers)
+
+
+def unknown_url(method: str, path: str) -> str:
+    return (
+        f"Unknown request URL: {method} {path}. Please check the URL for typos; this service serves "
+        "OpenAI's /v1/completions, /v1/chat/completions, /v1/models, /v1/files and /v1/batches."
+    )

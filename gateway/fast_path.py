@@ -18,7 +18,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from dllm_contracts.queue.resilience import TRANSIENT_ERRORS
-from gateway.errors import ApiError, queue_unreachable, server_error, shutting_down, validation_error
+from gateway.errors import (
+    ApiError,
+    from_http_exception,
+    queue_unreachable,
+    server_error,
+    shutting_down,
+    validation_error,
+)
 from gateway.routers.completions import chat, complete
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.state import authorization_of, check_api_key
@@ -94,7 +101,7 @@ async def _answer(state, path: str, headers, read_body, is_disconnected) -> Resp
     except ValidationError as exc:
         return validation_error(exc.errors()).response()
     except HTTPException as exc:  # a body over the limit, met while it was read
-        return ApiError(exc.status_code, str(exc.detail)).response()
+        return from_http_exception("POST", path, exc).response()
     except TRANSIENT_ERRORS as exc:
         return queue_unreachable(type(exc).__name__, state.settings.retry_after_s).response()
     if isinstance(result, BaseModel):

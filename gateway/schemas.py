@@ -221,6 +221,7 @@ class CompletionResponse(BaseModel):
     object: Literal["text_completion"] = "text_completion"
     created: int
     model: str
+    system_fingerprint: str | None = None  # the served model and decoding settings (see GatewaySettings)
     choices: list[CompletionChoice]
     usage: Usage
 
@@ -242,6 +243,7 @@ class ChatCompletionResponse(BaseModel):
     object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
+    system_fingerprint: str | None = None  # the served model and decoding settings (see GatewaySettings)
     choices: list[ChatChoice]
     usage: Usage
 
@@ -270,6 +272,9 @@ class FileObject(BaseModel):
     created_at: int
     filename: str
     purpose: str
+    status: Literal["uploaded", "processed", "error"] = "processed"  # stored whole: ready for use at once
+    status_details: str | None = None
+    expires_at: int | None = None  # when the file is deleted (its retention time after it was stored)
 
 
 class ListPage(BaseModel):

@@ -2,64 +2,109 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
-from dataclasses import dataclass, field
+import textwrap
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 
 from dllm_contracts.model_identity import MODEL_IDENTITY_ENV, ModelIdentity
+from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV
 from dllm_contracts.queue.ops import RESULT_TTL_S
+
+MODEL_SCHEMES = ("builtin:", "random:")  # models named as dllm serve takes them (see gateway.model_files)
 
 
 class SettingsError(ValueError):
     """A gateway setting with an unusable value."""
 
 
+def _setting(default, meaning: str = ""):
+    """A setting with its default and what it means (``python -m gateway --help`` lists both)."""
+    return field(default=default, metadata={"meaning": meaning})
+
+
 @dataclass(frozen=True)
 class GatewaySettings:
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    service: str = "default"
-    model_dir: str = ""  # directory with tokenizer.json (and config.json for EOS ids)
-    model_name: str = ""  # the id clients pass as "model"; default: the model directory's name
-    api_keys: tuple[str, ...] = ()  # bearer keys; with none here and no api_keys_file: no authentication
-    api_keys_file: str = ""  # a file of bearer keys, one a line (re-read on SIGHUP); set: keys are on
-    max_queued: int = 10_000  # pending + in-flight requests beyond which new ones get 429
+    redis_url: str = _setting("redis://127.0.0.1:6379/0", "the Redis holding the queue")
+    service: str = _setting("default", "the service's name: its queue in Redis (a DNS label)")
+    model_dir: str = _setting(
+        "",
+        "the model's directory (tokenizer.json, and config.json for its EOS ids), or a model "
+        "dllm serve takes: builtin:NAME, random:PRESET (served with the shipped tokenizer)",
+    )
+    model_name: str = _setting("", 'the id clients pass as "model"; default: the model directory\'s name')
+    api_keys: tuple[str, ...] = _setting(
+        (), "bearer keys, comma-separated; with none here and no keys file: no authentication"
+    )
+    api_keys_file: str = _setting(
+        "", "a file of bearer keys, one a line (re-read on SIGHUP); set: keys are on"
+    )
+    max_queued: int = _setting(10_000, "pending + in-flight requests beyond which new ones get 429")
     retry_after_s: int = 2
-    max_prompt_tokens: int = 1024
-    max_prompts_per_request: int = 64  # prompts in one completions call (more: 400, nothing enqueued)
-    max_tokens_limit: int = 512  # largest max_tokens a request may ask for
-    default_max_tokens: int = 128
-    block_length: int = 32  # the service's decoding settings (requests may not change these)
-    steps_per_block: int = 32
-    threshold: float = 0.9
-    request_timeout_s: float = 600.0
-    enqueue_timeout_s: float = 10.0  # how long a Redis fault may delay accepting a request before 503
-    drain_timeout_s: float = 30.0  # after SIGTERM: time open requests get; streams then end with an error
-    batch_chunk: int = 200  # batch lines queued (and the batch's cursor moved) in one step
-    max_batch_lines: int = 50_000  # request lines in one batch input file (more: 400)
-    result_ttl_s: int = RESULT_TTL_S  # how long a finished request's record and result stay in Redis
-    file_ttl_s: int = 7 * 86400  # how long an uploaded file stays
-    batch_ttl_s: int = 7 * 86400  # how long a batch's record and its results stay
-    max_body_bytes: int = 4 * 1024 * 1024  # a JSON request body larger than this is a 413, unread
-    max_upload_bytes: int = 200 * 1024 * 1024  # a file upload larger than this is a 413
-    unknown_fields: str = "reject"  # a body field OpenAI does not define: "reject" (400) or "ignore"
-    batch_window_s: int = 24 * 3600  # a batch's completion window: lines not started by then expire
-    docs: bool = True  # serve /docs, /redoc and /openapi.json (off: the API is not described publicly)
-    access_log: bool = True  # one log line per HTTP request (uvicorn's access log)
-    # proxies (addresses, networks, or "*") whose X-Forwarded-For and X-Forwarded-Proto are believed: a
-    # request through one has its client's address in the access log, not the proxy's
-    forwarded_allow_ips: tuple[str, ...] = ("127.0.0.1", "::1")
-    max_header_bytes: int = 64 * 1024  # a request line and headers larger than this: 431, connection closed
-    header_timeout_s: float = 10.0  # a request's head not in by then (from its first byte): connection closed
-    # > 0: /metrics is served on this port, without a key (for a scraper inside the cluster), and not on
-    # the API port; 0: /metrics on the API port, behind the API key when there are keys
-    metrics_port: int = 0
-    metrics_host: str = "0.0.0.0"
-    # gateway processes sharing the API port (SO_REUSEPORT): each an event loop on a core of its own; the
-    # queue-depth gauge is Redis's and the same in all, request counters are each process's own
-    processes: int = 1
-    # NAME@FINGERPRINT of the model served (dllm_contracts.model_identity): stamped on every request and
-    # batch accepted, so that no worker of another model answers them; "" stamps none
-    model_identity: str = ""
+    max_prompt_tokens: int = _setting(1024, "the longest prompt, in tokens")
+    max_prompts_per_request: int = _setting(
+        64, "prompts in one completions call (more: 400, nothing enqueued)"
+    )
+    max_tokens_limit: int = _setting(512, "the largest max_tokens a request may ask for")
+    default_max_tokens: int = _setting(128, "max_tokens of a request that sets none")
+    # the service's decoding settings (requests may not change these)
+    block_length: int = _setting(32, "tokens in a block (the worker's decoding setting)")
+    steps_per_block: int = _setting(32, "denoising steps per block (the worker's decoding setting)")
+    threshold: float = _setting(0.9, "confidence threshold (the worker's; a request may set its own)")
+    request_timeout_s: float = _setting(600.0, "a request's deadline: unanswered by then, it fails")
+    enqueue_timeout_s: float = _setting(
+        10.0, "how long a Redis fault may delay accepting a request before 503"
+    )
+    drain_timeout_s: float = _setting(
+        30.0, "after SIGTERM: time open requests get; streams then end with an error"
+    )
+    batch_chunk: int = _setting(200, "batch lines queued (and the batch's cursor moved) in one step")
+    max_batch_lines: int = _setting(50_000, "request lines in one batch input file (more: 400)")
+    result_ttl_s: int = _setting(
+        RESULT_TTL_S, "how long a finished request's record and result stay in Redis"
+    )
+    file_ttl_s: int = _setting(7 * 86400, "how long an uploaded file stays")
+    batch_ttl_s: int = _setting(7 * 86400, "how long a batch's record and its results stay")
+    max_body_bytes: int = _setting(4 * 1024 * 1024, "a JSON request body larger than this is a 413, unread")
+    max_upload_bytes: int = _setting(200 * 1024 * 1024, "a file upload larger than this is a 413")
+    unknown_fields: str = _setting(
+        "reject", 'a body field OpenAI does not define: "reject" (400) or "ignore"'
+    )
+    batch_window_s: int = _setting(24 * 3600, "a batch's completion window: lines not started by then expire")
+    docs: bool = _setting(
+        True, "serve /docs, /redoc and /openapi.json (off: the API is not described publicly)"
+    )
+    access_log: bool = _setting(True, "one log line per HTTP request (uvicorn's access log)")
+    forwarded_allow_ips: tuple[str, ...] = _setting(
+        ("127.0.0.1", "::1"),
+        "proxies (addresses, networks, or *) whose X-Forwarded-For and X-Forwarded-Proto are believed: "
+        "a request through one has its client's address in the access log, not the proxy's",
+    )
+    max_header_bytes: int = _setting(
+        64 * 1024, "a request line and headers larger than this: 431, connection closed"
+    )
+    header_timeout_s: float = _setting(
+        10.0, "a request's head not in by then (from its first byte): connection closed"
+    )
+    metrics_port: int = _setting(
+        0,
+        "> 0: /metrics is served on this port, without a key (for a scraper inside the cluster), and not "
+        "on the API port; 0: /metrics on the API port, behind the API key when there are keys",
+    )
+    metrics_host: str = _setting("0.0.0.0", "the address /metrics listens on (with a metrics port)")
+    processes: int = _setting(
+        1,
+        "gateway processes sharing the API port (SO_REUSEPORT): each an event loop on a core of its "
+        "own; the queue-depth gauge is Redis's and the same in all, request counters are each "
+        "process's own",
+    )
+    model_identity: str = _setting(
+        "",
+        "NAME@FINGERPRINT of the model served: stamped on every request and batch accepted, so that no "
+        "worker of another model answers them (dllm serve and the operator set it); empty: none",
+    )
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -111,7 +156,19 @@ class GatewaySettings:
 
     @property
     def served_model(self) -> str:
-        return self.model_name or Path(self.model_dir).name or "dllm"
+        """The model's id: its name, else its directory's (``builtin:NAME``, ``random:PRESET``: NAME)."""
+        named = (
+            self.model_dir.split(":", 1)[1] if self.model_dir.startswith(MODEL_SCHEMES) else self.model_dir
+        )
+        return self.model_name or Path(named).name or "dllm"
+
+    @cached_property
+    def system_fingerprint(self) -> str:
+        """OpenAI's ``system_fingerprint``: what answers come from, the served model (its weights' identity,
+        where set) and the decoding settings; it changes when they do."""
+        model = self.model_identity or self.served_model
+        served = f"{model}|{self.block_length}|{self.steps_per_block}|{self.threshold}"
+        return "fp_" + hashlib.sha256(served.encode()).hexdigest()[:12]
 
     @classmethod
     def from_env(cls, **overrides) -> GatewaySettings:
@@ -207,3 +264,36 @@ def _render(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return ",".join(value) if isinstance(value, tuple) else str(value)
+
+
+def env_help(width: int = 100) -> str:
+    """Every variable the gateway reads, with its default and what it means (``python -m gateway --help``),
+    from the settings class itself."""
+    described = {item.name: item for item in fields(GatewaySettings)}
+    lines = ["environment (the gateway's settings; a variable not set takes its default):"]
+    for name, variable in ENV_NAMES.items():
+        setting = described[name]
+        default = _render(setting.default)
+        value = f"={default}" if default else " (required)" if name in REQUIRED else " (unset)"
+        lines.append(f"  {variable}{value}")
+        meaning = setting.metadata.get("meaning", "")
+        lines += textwrap.wrap(meaning, width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    lines += [
+        f"  {REDIS_PASSWORD_ENV} (unset)",
+        f"      Redis's password, where {ENV_NAMES['redis_url']} has none",
+    ]
+    return "\n".join(lines)
+
+
+REQUIRED = ("model_dir",)  # settings without which the gateway does not start
+
+
+def missing_setting(name: str) -> SettingsError:
+    """The error for a required setting left unset: names its variable, in one line."""
+    return SettingsError(f"{ENV_NAMES[name]} is not set: set it to {_MISSING[name]}")
+
+
+_MISSING = {
+    "model_dir": "the model's directory (with its tokenizer.json), or a model dllm serve takes: "
+    "builtin:NAME or random:PRESET",
+}

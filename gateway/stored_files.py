@@ -8,7 +8,7 @@ from dllm_contracts.queue.keys import new_request_id
 from gateway.schemas import FileObject
 from gateway.tenancy import TENANT_FIELD, add_to_index
 
-META_FIELDS = ["filename", "bytes", "created_at", "purpose", TENANT_FIELD]  # a file hash's, content aside
+META_FIELDS = ["filename", "bytes", "created_at", "purpose", TENANT_FIELD, "expires_at"]  # content aside
 
 
 async def store_file(
@@ -17,7 +17,9 @@ async def store_file(
     """A file of ``tenant``'s (new, or ``file_id``, written again), listed with its files, kept for
     ``file_ttl_s``."""
     file_id = file_id or new_request_id("file")
-    meta = {"filename": filename, "bytes": len(content), "created_at": int(time.time()), "purpose": purpose}
+    now = int(time.time())
+    meta = {"filename": filename, "bytes": len(content), "created_at": now, "purpose": purpose}
+    meta["expires_at"] = now + state.settings.file_ttl_s
     key = state.queue.ops.keys.file(file_id)
     async with state.redis.pipeline(transaction=True) as pipe:
         pipe.hset(key, mapping=meta | {"content": content, TENANT_FIELD: tenant})

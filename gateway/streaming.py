@@ -53,12 +53,18 @@ class StreamSpec:
             "object": self.kind,
             "created": self.created,
             "model": self.body.model,
+            "system_fingerprint": self.state.settings.system_fingerprint,
             "choices": choices,
         }
 
-    def chunk(self, index: int, text: str, reason: str | None, logprobs: dict | None = None) -> dict:
+    def chunk(
+        self, index: int, text: str, reason: str | None, logprobs: dict | None = None, first: bool = False
+    ) -> dict:
+        """One choice's chunk. A chat's ``delta`` says the role in the choice's ``first`` chunk only (as
+        OpenAI's do); a last chunk that adds no text has an empty delta."""
         if self.chat:
-            delta = {"role": "assistant", "content": text} if text or reason is None else {}
+            delta = {"content": text} if text or reason is None or first else {}
+            delta = {"role": "assistant"} | delta if first else delta
             choice = {"index": index, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
         else:
             choice = {"index": index, "text": text, "finish_reason": reason, "logprobs": logprobs}
@@ -85,6 +91,11 @@ class _Choice:
         self.stops = spec.body.stop_strings()
         wants = spec.body.alternatives() is not None
         self.logprobs = StreamedLogprobs(spec.state.tokenizer, spec.chat) if wants else None
+        self.started = False  # whether its first chunk went out
+
+    def chunk(self, text: str, reason: str | None, logprobs: dict | None = None) -> dict:
+        first, self.started = not self.started, True
+        return self.spec.chunk(self.index, text, reason, logprobs, first)
 
     def text_of(self, tokens: list[int]) -> tuple[str, bool]:
         return apply_stop(self.spec.state.tokenizer.decode(tokens), self.stops)
@@ -103,7 +114,7 @@ class _Choice:
             described = self.logprobs.take(visible, len(self.sent))
         if not new and described is None:
             return None
-        return self.spec.chunk(self.index, new, None, described)
+        return self.chunk(new, None, described)
 
 
 async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
@@ -117,7 +128,7 @@ async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
     if not spec.chat and spec.body.echo:
         prompt = spec.state.tokenizer.decode(queued.prompt_ids)
         echoed = choice.logprobs.echoed(queued.prompt_ids) if choice.logprobs is not None else None
-        yield spec.chunk(choice.index, prompt, None, echoed)
+        yield choice.chunk(prompt, None, echoed)
     async for event in events(queued, spec.state):
         if isinstance(event, BlockEvent):
             contiguous = contiguous and event.offset == len(choice.tokens)
@@ -131,7 +142,7 @@ async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
                 yield chunk
             if stopped:
                 await cancel_quietly(queued, spec.state)
-                yield spec.chunk(choice.index, "", "stop")
+                yield choice.chunk("", "stop")
                 usage.completion_tokens += count_covering(choice.tokens, spec.state.tokenizer, len(text))
                 return
         elif isinstance(event, DoneEvent):
@@ -140,7 +151,7 @@ async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
             chunk = choice.advance(text, event.logprobs, final=True)
             if chunk is not None:
                 yield chunk
-            yield spec.chunk(choice.index, "", finish_reason(event, stopped))
+            yield choice.chunk("", finish_reason(event, stopped))
             usage.completion_tokens += tokens_shown(event, spec.state.tokenizer, text, stopped)
 
 

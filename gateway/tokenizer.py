@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from jinja2 import TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from dllm_contracts.text import cut_at_eos
+from gateway.model_files import ModelFiles, model_files
 
 
 class TokenizerError(ValueError):
@@ -29,13 +29,12 @@ def _token_text(value) -> str | None:
     return value
 
 
-def _json_of(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 class GatewayTokenizer:
     def __init__(self, model_dir: str) -> None:
-        directory = Path(model_dir)
+        """``model_dir``: a model directory, or a model named as ``dllm serve`` takes it (see
+        ``gateway.model_files``)."""
+        files = model_files(model_dir)
+        directory = files.tokenizer_dir
         path = directory / "tokenizer.json"
         if not path.is_file():
             raise TokenizerError(
@@ -50,21 +49,20 @@ class GatewayTokenizer:
         )
         self.bos_token = _token_text(config.get("bos_token")) or ""
         self.eos_token = _token_text(config.get("eos_token")) or ""
-        self.eos_ids = self._eos_ids(directory)
+        self.eos_ids = self._eos_ids(files)
         # the most input bytes one token can stand for, at most: a vocabulary entry's length in UTF-8
         # (byte-level and byte-fallback entries spell each byte with one or more characters)
         self.max_token_bytes = max(len(t.encode()) for t in self.tokenizer.get_vocab(True)) or 1
         self._template = _compiled(self.chat_template, model_dir) if self.chat_template else None
 
-    def _eos_ids(self, directory: Path) -> set[int]:
+    def _eos_ids(self, files: ModelFiles) -> set[int]:
         """The tokenizer's EOS token and every EOS id the configs name: config.json's (a multimodal
         config's under text_config, as DiffusionGemma's) and generation_config.json's (the engine stops
         at those too)."""
         ids = set()
         if self.eos_token and self.tokenizer.token_to_id(self.eos_token) is not None:
             ids.add(self.tokenizer.token_to_id(self.eos_token))
-        model = _json_of(directory / "config.json")
-        generation = _json_of(directory / "generation_config.json")
+        model, generation = files.config, files.generation_config
         for config in (model, model.get("text_config") or {}, generation):
             value = config.get("eos_token_id")
             ids.update(value if isinstance(value, list) else [value] if value is not None else [])

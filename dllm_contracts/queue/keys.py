@@ -13,19 +13,30 @@ RESULT_TTL_S = 3600  # how long a finished request's record and result stay (her
 _SERVICE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
-_ID = re.compile(r"^[a-z]+-[0-9a-f]{16}-[0-9a-f]{8,32}$")
+_ID = re.compile(r"^[a-z]+[-_][0-9a-f]{16}-[0-9a-f]{8,32}$")
 
 
-def new_request_id(prefix: str = "req") -> str:
+def new_request_id(prefix: str = "req", separator: str = "-") -> str:
     """Time-ordered ids (members with equal scores sort by arrival in the pending sorted set) with 128
     random bits: an id cannot be guessed."""
-    return f"{prefix}-{time.time_ns():016x}-{os.urandom(16).hex()}"
+    return f"{prefix}{separator}{time.time_ns():016x}-{os.urandom(16).hex()}"
 
 
-def is_request_id(text: str, prefix: str) -> bool:
-    """Whether ``text`` is an id ``new_request_id(prefix)`` could have made (checked before it becomes
-    part of a Redis key)."""
-    return bool(_ID.match(text)) and text.startswith(prefix + "-")
+def is_request_id(text: str, prefix: str, separators: str = "-") -> bool:
+    """Whether ``text`` is an id ``new_request_id(prefix, separator)`` could have made with one of
+    ``separators`` (checked before it becomes part of a Redis key)."""
+    return bool(_ID.match(text)) and any(text.startswith(prefix + sep) for sep in separators)
+
+
+def new_batch_id() -> str:
+    """A batch's id as OpenAI writes one: ``batch_...``."""
+    return new_request_id("batch", "_")
+
+
+def is_batch_id(text: str) -> bool:
+    """Whether ``text`` names a batch: ``batch_...``, or ``batch-...`` (the ids of batches created before
+    batch ids took OpenAI's form, still found by their id)."""
+    return is_request_id(text, "batch", "_-")
 
 
 _TENANT = re.compile(r"^(anonymous|[0-9a-f]{32})$")

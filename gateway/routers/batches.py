@@ -12,15 +12,16 @@ batch as ``expired`` (see ``gateway.batch_lifecycle``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from dllm_contracts.queue.keys import is_request_id, new_request_id
+from dllm_contracts.queue.keys import is_batch_id, is_request_id, new_batch_id
 from dllm_contracts.queue.ops import now_ms
-from gateway.batch_ingest import MODEL_FIELD, cancel_members, input_lines
+from gateway.batch_ingest import MODEL_FIELD, cancel_members, duplicate_custom_id, input_lines
 from gateway.batch_keeper import LEASE_MS
 from gateway.batch_lifecycle import ENDED, advance, read_record
 from gateway.errors import ApiError
@@ -46,14 +47,8 @@ async def create_batch(body: BatchCreate, state: State, tenant: Tenant) -> Batch
     if found[0] is None:
         raise ApiError(404, f"no file {input_file!r}", param="input_file_id")
     owned(found[1], tenant, "file", input_file, "input_file_id")
-    lines = len(input_lines(found[0]))
-    if lines > state.settings.max_batch_lines:
-        raise ApiError(
-            400,
-            f"the input file has {lines} requests; a batch takes at most {state.settings.max_batch_lines}",
-            param="input_file_id",
-        )
-    batch_id, now = new_request_id("batch"), int(time.time())
+    lines = await asyncio.to_thread(_checked_lines, found[0], state.settings.max_batch_lines)
+    batch_id, now = new_batch_id(), int(time.time())
     record = {
         "endpoint": body.endpoint,
         "input_file_id": input_file,
@@ -81,10 +76,33 @@ async def create_batch(body: BatchCreate, state: State, tenant: Tenant) -> Batch
     return await owned_batch(state, tenant, batch_id)
 
 
+def _checked_lines(content: bytes, limit: int) -> int:
+    """The number of request lines in a batch's input file; a 400 when there are more than ``limit`` or
+    two share a ``custom_id`` (their results could not be told apart), as OpenAI refuses such a file."""
+    lines = input_lines(content)
+    if len(lines) > limit:
+        raise ApiError(
+            400,
+            f"the input file has {len(lines)} requests; a batch takes at most {limit}",
+            param="input_file_id",
+        )
+    duplicate = duplicate_custom_id(lines)
+    if duplicate is not None:
+        custom_id, first, second = duplicate
+        raise ApiError(
+            400,
+            f"the input file's lines {first} and {second} have the same custom_id {custom_id!r}; "
+            "each request's custom_id must be unique in a batch",
+            param="input_file_id",
+            code="duplicate_custom_id",
+        )
+    return len(lines)
+
+
 async def owned_batch(state, tenant: str, batch_id: str) -> BatchObject:
     """The tenant's batch (404 when it does not exist or is another tenant's), moved on as far as it can
     go now (see ``gateway.batch_lifecycle.advance``)."""
-    data = await read_record(state, batch_id) if is_request_id(batch_id, "batch") else None
+    data = await read_record(state, batch_id) if is_batch_id(batch_id) else None
     if data is None:
         raise ApiError(404, f"no batch {batch_id!r}", param="batch_id")
     owned(data.get(TENANT_FIELD), tenant, "batch", batch_id, "batch_id")

@@ -99,6 +99,7 @@ async def complete(body: CompletionRequest, state, is_disconnected) -> Completio
         id=queued[0].id,
         created=int(queued[0].created),
         model=body.model,
+        system_fingerprint=state.settings.system_fingerprint,
         choices=list(choices),
         usage=_usage(list(counts), queued, body.n),
     )
@@ -153,6 +154,7 @@ async def chat(
         id=queued[0].id,
         created=int(queued[0].created),
         model=body.model,
+        system_fingerprint=state.settings.system_fingerprint,
         choices=choices,
         usage=_usage(counts, queued, body.n),
     )

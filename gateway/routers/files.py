@@ -62,6 +62,7 @@ async def owned_file(state, tenant: str, file_id: str) -> FileObject | None:
         bytes=int(values[1]),
         created_at=int(values[2]),
         purpose=text_of(values[3]),
+        expires_at=int(values[5]) if values[5] is not None else None,  # (files stored before it was kept)
     )
 
 

@@ -832,8 +832,8 @@ def test_a_block_that_shows_no_text_streams_its_log_probabilities_with_empty_tex
     assert _joined_logprobs(chunks) == whole["logprobs"]
     streamed = _events(client, "/v1/chat/completions", _chat_body(max_tokens=2 * BLOCK, logprobs=True))
     assert [c["choices"][0]["delta"] for c in streamed] == [
-        {"role": "assistant", "content": "the cat . a b c d e"},
-        {"role": "assistant", "content": ""},
+        {"role": "assistant", "content": "the cat . a b c d e"},  # the role in the first chunk only
+        {"content": ""},
         {},
     ]
     assert [len(c["choices"][0]["logprobs"]["content"]) for c in streamed[:2]] == [BLOCK, BLOCK]
