@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dllm_contracts.families import DEFAULT_FAMILY, MASKED, FamilyDecoding, family_decoding
+from dllm_contracts.model_identity import FINGERPRINT_CHARS, ModelIdentity
 from dllm_contracts.scheduler_config import DEFAULTS, SchedulerConfig, problems_of
 from dllm_operator import names
 
@@ -92,6 +93,20 @@ class ServiceSpec:
     @property
     def model_name(self) -> str:
         return self.served_name or self.model_uri.rstrip("/").split("/")[-1]
+
+    @property
+    def model_identity(self) -> str:
+        """What its gateways stamp requests with and its engines check (``dllm_contracts.model_identity``):
+        the served name and a digest of what picks the weights and how they compute (uri, revision,
+        family, dtype). A change of any rolls pods that refuse the requests accepted before it."""
+        weights = {
+            "uri": self.model_uri,
+            "revision": self.revision,
+            "family": self.family,
+            "dtype": self.dtype,
+        }
+        digest = hashlib.sha256(json.dumps(weights, sort_keys=True).encode()).hexdigest()
+        return ModelIdentity(self.model_name, digest[:FINGERPRINT_CHARS]).text
 
     def profile_hash(self, engine_image: str) -> str:
         """Fingerprint of every field that changes peak memory: a new value means a new profile."""

@@ -384,3 +384,25 @@ def test_engine_has_a_disruption_budget_and_a_service_monitor_finds_both_metrics
     env = {e["name"]: e.get("value") for e in container["env"]}
     port = next(p["containerPort"] for p in container["ports"] if p["name"] == "metrics")
     assert env["DLLM_METRICS_PORT"] == str(port) and env["DLLM_METRICS_HOST"] == "0.0.0.0"
+
+
+def _model_identities(spec) -> tuple[str, str]:
+    """What the gateway stamps requests with, and what the engine checks them against."""
+    manifests = all_manifests(spec)
+    gateway = manifests[3]["spec"]["template"]["spec"]["containers"][0]
+    command = manifests[2]["spec"]["template"]["spec"]["containers"][0]["command"]
+    stamped = {item["name"]: item.get("value") for item in gateway["env"]}["DLLM_MODEL_IDENTITY"]
+    return stamped, command[command.index("--model-identity") + 1]
+
+
+def test_gateway_and_engines_share_a_model_identity_that_a_new_model_changes():
+    """Requests accepted before the model changed are never answered by the new model's engines."""
+    stamped, checked = _model_identities(example())
+    assert stamped == checked and stamped.startswith("LLaDA-8B-Instruct@")
+    for change in (
+        {"model__revision": "abc123"},
+        {"model__uri": "GSAI-ML/LLaDA-1.5"},
+        {"model__dtype": "float16"},
+    ):
+        assert _model_identities(example(**change))[0] not in (stamped, "")
+    assert _model_identities(example(autoscaling__maxReplicas=9))[0] == stamped

@@ -77,6 +77,8 @@ def engine_deployment(
         *admission_flags(scheduler_settings(spec)),
         "--port",
         str(METRICS_PORT),
+        "--model-identity",
+        spec.model_identity,
     ]
     container = {
         "name": "engine",

@@ -30,6 +30,7 @@ def gateway_settings(spec: ServiceSpec, redis_url: str) -> GatewaySettings:
         max_queued=spec.max_queued,
         metrics_port=METRICS_PORT,
         processes=spec.gateway_processes,
+        model_identity=spec.model_identity,
     )
 
 
