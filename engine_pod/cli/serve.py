@@ -23,6 +23,7 @@ from engine_pod.cli.budget import resolve_budget
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args
 from engine_pod.cli.scheduling import scheduler_config
 from engine_pod.cli.worker import add_worker_args
+from engine_pod.cpu_threads import choose_threads
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +180,7 @@ def _worker_args(args: argparse.Namespace, redis_url: str) -> list[str]:
     ]
     return [
         *("--model", args.model, "--device", args.device, "--dtype", args.dtype),
+        *(["--threads", args.threads] if args.threads is not None else []),  # else the worker's own choice
         *("--redis", redis_url, "--service", args.service, *budget),
         *admission_flags(scheduler_config(args)),
         *("--steps-per-block", str(args.steps_per_block)),
@@ -210,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
     from gateway.api_keys import keys_state
 
     _quiet_terminal()
+    threads = choose_threads(args.threads)  # a bad count ends serve here, before anything starts
     queue_settings(args)
     model_dir = _served_model_dir(args)
     if not (model_dir / "tokenizer.json").is_file():
@@ -239,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
     stopping = Stopping(supervisor, redis_url, args.service, where)
     stopping.install()
     signal.signal(signal.SIGHUP, lambda *_: gateway.signal(signal.SIGHUP))  # the gateway re-reads its keys
+    logger.info("worker's %s", threads.log_line())
     try:
         supervisor.start_all()
     except ChildCannotStart as exc:
