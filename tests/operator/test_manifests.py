@@ -27,6 +27,7 @@ from dllm_operator.manifests.redis import (
 )
 from dllm_operator.spec import SpecError, parse_spec
 
+from dllm_contracts.engine_env import THREADS_ENV
 from dllm_contracts.scheduler_config import DEFAULTS
 from engine_pod.cli.main import build_parser
 from tests.operator.crd_utils import EXAMPLE_PATH
@@ -384,3 +385,16 @@ def test_engine_has_a_disruption_budget_and_a_service_monitor_finds_both_metrics
     env = {e["name"]: e.get("value") for e in container["env"]}
     port = next(p["containerPort"] for p in container["ports"] if p["name"] == "metrics")
     assert env["DLLM_METRICS_PORT"] == str(port) and env["DLLM_METRICS_HOST"] == "0.0.0.0"
+
+
+def test_engine_and_profiling_pods_run_as_many_torch_threads_as_cpus_requested():
+    spec = example(resources__cpu="1500m")
+    engine = engine_deployment(spec, OWNER, OperatorSettings(), "redis://r:6379/0", 1, "h")
+    job = profiling_job(spec, OWNER, OperatorSettings(), "h")
+    for manifest in (engine, job):
+        validate(manifest)
+        container = manifest["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in container["env"]}
+        field = env[THREADS_ENV]["valueFrom"]["resourceFieldRef"]
+        assert field == {"resource": "requests.cpu", "divisor": "1"}  # 1500m: 2 threads (rounded up)
+        assert container["resources"]["requests"]["cpu"] == "1500m"
