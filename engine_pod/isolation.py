@@ -16,18 +16,23 @@ class ChildDied(RuntimeError):
         self.exitcode = exitcode
 
 
-def _call(function: Callable[..., Any], args: tuple, results) -> None:
+def _call(function: Callable[..., Any], args: tuple, results, threads: int) -> None:
     from engine_pod.allocators import tune_cpu_allocator
+    from engine_pod.cpu_threads import set_torch_threads
 
     tune_cpu_allocator()  # a child measures peak memory: as every dllm command does, tune its allocator
+    set_torch_threads(threads)  # a spawned process starts with torch's default: the parent's choice instead
     results.put(function(*args))
 
 
 def run_in_child(function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)`` in a spawned process; ChildDied if it ends without returning."""
+    """``function(*args)`` in a spawned process with this process's torch threads; ChildDied if it ends
+    without returning."""
+    import torch
+
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    process = context.Process(target=_call, args=(function, args, results))
+    process = context.Process(target=_call, args=(function, args, results, torch.get_num_threads()))
     process.start()
     while True:
         try:

@@ -7,7 +7,11 @@ import os
 import torch
 from hypothesis import settings
 
+from dllm_contracts.engine_env import THREADS_ENV
+
 torch.set_num_threads(int(os.environ.get("DLLM_TEST_THREADS", "1")))
+# the dllm commands that tests run, in this process or as children, keep the same count
+os.environ.setdefault(THREADS_ENV, os.environ.get("DLLM_TEST_THREADS", "1"))
 
 
 # Hypothesis: CI (CI=true, as .ci/run runs) replays the same examples every run, so a red CI is

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from engine_pod.cpu_threads import PINNED, set_torch_threads
+
 
 @dataclass(frozen=True)
 class Pinning:
@@ -28,10 +30,8 @@ class Pinning:
 
     def pin_engine(self) -> None:
         """This thread, and the threads it starts, on the engine's core; torch with one thread."""
-        import torch
-
         os.sched_setaffinity(0, {self.engine_core})
-        torch.set_num_threads(1)
+        set_torch_threads(PINNED.threads)
 
     def pin_serving_thread(self) -> None:
         """This thread (a client driving the gateway) on the serving cores."""

@@ -13,6 +13,7 @@ from engine_pod.bench.workloads import named_workloads
 from engine_pod.cli.budget import read_profile
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config
 from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
+from engine_pod.cpu_threads import PINNED, apply_threads
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +132,19 @@ def _run_settings(args: argparse.Namespace, policies: tuple[str, ...]) -> dict:
     }
 
 
-def _run_online(args: argparse.Namespace, policies: tuple[str, ...]) -> int:
+def _threads(args: argparse.Namespace, online: bool):
+    """The engine's torch threads: one under --pin (one core, offline), else the flag, the variable or the
+    CPUs."""
+    if args.pin and not online:
+        if args.threads is not None:
+            raise CliError("--threads: --pin runs the engine on one core with one thread")
+        choice = PINNED
+        logger.info("%s", choice.log_line())
+        return choice
+    return apply_threads(args.threads)
+
+
+def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) -> int:
     from engine_pod.bench.http_client import HttpError
     from engine_pod.bench.online_bench import OnlineConfig, online_summary, run_online_benchmark
     from engine_pod.bench.online_http import served_model
@@ -152,6 +165,7 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...]) -> int:
     out = Path(args.json_out) if args.json_out else None
 
     def write(report: dict) -> None:
+        report["torch_threads"] = threads.as_dict() if threads else None
         if out:
             out.write_text(json.dumps(report, indent=2) + "\n")
 
@@ -163,7 +177,7 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...]) -> int:
         from engine_pod.bench.plots import plot_online
 
         plot_online(report, Path(args.plot))
-    sys.stdout.write(online_summary(report) + "\n")
+    sys.stdout.write((threads.log_line() + "\n" if threads else "") + online_summary(report) + "\n")
     return 0
 
 
@@ -184,8 +198,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--batch-size must be positive")
     if args.repeat < 1:
         raise CliError("--repeat must be positive")
-    if args.arrival_rate or args.concurrency is not None:
-        return _run_online(args, policies)
+    online = bool(args.arrival_rate) or args.concurrency is not None
+    threads = None if args.url else _threads(args, online)  # --url: the server's engine, not this process
+    if online:
+        return _run_online(args, policies, threads)
     if args.url:
         raise CliError("--url needs --arrival-rate or --concurrency")
     calibrate = args.calibrate_threshold
@@ -207,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
 
     def write(report: dict) -> None:  # after every policy, so a run cut short keeps what it measured
         report["usable_memory_bytes"] = usable
+        report["torch_threads"] = threads.as_dict()
         if out:
             out.write_text(json.dumps(report, indent=2) + "\n")
             logger.info("wrote %s (%s)", out, ", ".join(report["policies"]))
@@ -228,6 +245,7 @@ def summary_text(report: dict) -> str:
         f"token budget {report['token_budget']}, static batch size {report['static_batch_size']}, "
         f"usable memory {f'{usable / 2**20:.0f} MiB' if usable else 'unknown (no --profile)'}",
         _decoding_line(report),
+        _threads_line(report),
         f"{'policy':<22}{'wall s':>8}{'tokens':>9}{'forwards':>9}{'tok/s':>10}{'speedup':>9}"
         f"{'pad eff':>9}{'peak MiB':>10}{'peak/usable':>12}{'agreement':>10}",
     ]
@@ -247,6 +265,11 @@ def summary_text(report: dict) -> str:
         f"outputs identical across policies: {report['outputs_identical']}"
     )
     return "\n".join(lines)
+
+
+def _threads_line(report: dict) -> str:
+    threads = report.get("torch_threads")
+    return f"torch threads {threads['threads']} ({threads['reason']})" if threads else "torch threads unknown"
 
 
 def _decoding_line(report: dict) -> str:

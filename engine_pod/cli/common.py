@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dllm_contracts.canvas_sampler import SETTINGS as SAMPLER_SETTINGS
 from dllm_contracts.defaults import ASSETS_DIR, DEFAULT_BLOCK_LENGTH, DEFAULT_MODEL, DEFAULT_THRESHOLD
+from dllm_contracts.engine_env import THREADS_ENV
 from engine_pod.decoding.config import CACHE_MODES, CANVAS_MODES, REMASKING, DecodingConfig
 from engine_pod.models.presets import PRESETS
 
@@ -36,6 +37,17 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     group.add_argument(
         "--dtype", default="float32", help="float32, bfloat16, float16 or float64 (default: float32)"
+    )
+    add_threads_arg(group)
+
+
+def add_threads_arg(parser) -> None:
+    """``--threads``: torch's threads in the engine (engine_pod/cpu_threads.py chooses and checks them)."""
+    parser.add_argument(
+        "--threads",
+        metavar="N",
+        help=f"torch threads (default: ${THREADS_ENV}, else one fewer than the CPUs this process may use, "
+        "at least 1: its CPU affinity, capped by its cgroup CPU quota)",
     )
 
 

@@ -15,6 +15,7 @@ from engine_pod.cli.common import (
     parse_int_list,
     with_sampler_args,
 )
+from engine_pod.cpu_threads import apply_threads
 from engine_pod.decoding.config import steps_per_block_for
 
 
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from engine_pod.generation import generate_one
     from engine_pod.models.loader import load_model
 
+    threads = apply_threads(args.threads)
     if args.steps_per_block is not None:
         if args.steps_per_block < 1 or args.gen_length < 1:
             raise CliError("--steps-per-block and --gen-length must be positive")
@@ -89,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
             "finish_reason": result.finish_reason,
             "num_forward_passes": result.num_forward_passes,
             "elapsed_s": round(result.elapsed_s, 6),
+            "torch_threads": threads.threads,
         }
         sys.stdout.write(json.dumps(payload) + "\n")
     else:

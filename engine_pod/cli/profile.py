@@ -11,6 +11,7 @@ from pathlib import Path
 from dllm_contracts.profile_summary import ProfileSummary, failure_message
 from dllm_contracts.scheduler_config import DEFAULT_LAYOUT, LAYOUTS
 from engine_pod.cli.common import CliError, add_model_args
+from engine_pod.cpu_threads import apply_threads
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -84,6 +85,7 @@ def run_profile(config):
 def run(args: argparse.Namespace) -> int:
     from engine_pod.profiling.profiler import ProfileConfig
 
+    apply_threads(args.threads)
     if not 0 < args.utilization <= 1:
         raise CliError(f"--utilization must be in (0, 1], got {args.utilization}")
     if (args.block_length is not None and args.block_length < 1) or args.steps < 1:

@@ -26,6 +26,7 @@ from engine_pod.cli.common import CliError, add_decoding_args, add_model_args
 from engine_pod.cli.scheduling import scheduler_config
 from engine_pod.cli.serve_settings import gateway_settings, queue_settings, warn_if_exposed
 from engine_pod.cli.worker import add_worker_args
+from engine_pod.cpu_threads import choose_threads
 from engine_pod.serve.queue_owner import ON_MODEL_CHANGE
 
 logger = logging.getLogger(__name__)
@@ -143,6 +144,7 @@ def _worker_args(args: argparse.Namespace, redis_url: str, identity: ModelIdenti
     ]
     return [
         *("--model", args.model, "--device", args.device, "--dtype", args.dtype),
+        *(["--threads", args.threads] if args.threads is not None else []),  # else the worker's own choice
         *("--redis", redis_url, "--service", args.service, *budget),
         *admission_flags(scheduler_config(args)),
         *("--steps-per-block", str(args.steps_per_block)),
@@ -175,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
     from gateway.api_keys import keys_state
 
     _quiet_terminal()
+    threads = choose_threads(args.threads)  # a bad count ends serve here, before anything starts
     queue_settings(args)
     model_dir = _served_model_dir(args)
     if not (model_dir / "tokenizer.json").is_file():
@@ -205,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
     stopping = Stopping(supervisor, redis_url, args.service, where)
     stopping.install()
     signal.signal(signal.SIGHUP, lambda *_: gateway.signal(signal.SIGHUP))  # the gateway re-reads its keys
+    logger.info("worker's %s", threads.log_line())
     owner = QueueOwner(redis_url, args.service, ServedRecord(identity, portable_name(args.model)), where)
     try:
         supervisor.start_all(before={"worker": lambda: owner.bind(args.on_model_change)})

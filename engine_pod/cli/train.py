@@ -7,6 +7,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from engine_pod.cpu_threads import parse_threads
 from engine_pod.training.tasks import EXTRA_TASKS, TASKS, parse_tasks
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,12 @@ def register(subparsers) -> None:
         "--seed", type=int, default=0, help="seed of the weights and of the data (default: 0)"
     )
     parser.add_argument("--max-minutes", type=float, help="stop and export after this many minutes")
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads (default: 2)")
+    parser.add_argument(
+        "--threads",
+        metavar="N",
+        default="2",
+        help="torch threads (default: 2, as the shipped model was trained; $DLLM_THREADS is not read here)",
+    )
     parser.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt if present")
     parser.add_argument("--install", action="store_true", help="copy the result over the shipped model")
     parser.set_defaults(handler=run)
@@ -49,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps,
         seed=args.seed,
         max_minutes=args.max_minutes,
-        threads=args.threads,
+        threads=parse_threads(args.threads, "--threads"),
         tasks=parse_tasks(args.tasks),
     )
     trainer = Trainer(cfg)

@@ -15,6 +15,7 @@ from dllm_contracts.model_identity import MODEL_IDENTITY_ENV, ModelIdentity
 from dllm_contracts.queue.keys import RESULT_TTL_S
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config
 from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
+from engine_pod.cpu_threads import apply_threads
 from engine_pod.scheduler.serving import SERVING_POLICIES
 
 if TYPE_CHECKING:
@@ -124,6 +125,7 @@ def _identity(text: str) -> ModelIdentity | None:
 def run(args: argparse.Namespace) -> int:
     from engine_pod.worker.http import ProbeSource, serve_probes
 
+    apply_threads(args.threads)
     probes = ProbeSource()  # up before the model loads: a long download is alive, not restarted
     server = serve_probes(args.host, args.port, probes) if args.port else None
     try:

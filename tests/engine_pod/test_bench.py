@@ -193,6 +193,7 @@ def test_pinned_bench_runs_the_engine_on_one_core_and_the_serving_path_on_the_ot
     report = json.loads(out.read_text())
     engine, *serving = sorted(os.sched_getaffinity(0))
     assert report["pinned"] is True and report["outputs_identical"] is True
+    assert report["torch_threads"]["threads"] == 1
     assert report["policies"]["blockserve"]["cores"] == {"engine": [engine]}
     assert report["policies"]["gateway"]["cores"] == {
         "worker": [engine],

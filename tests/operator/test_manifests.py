@@ -27,6 +27,7 @@ from dllm_operator.manifests.redis import (
 )
 from dllm_operator.spec import SpecError, parse_spec
 
+from dllm_contracts.engine_env import THREADS_ENV
 from dllm_contracts.scheduler_config import DEFAULTS
 from engine_pod.cli.main import build_parser
 from tests.operator.crd_utils import EXAMPLE_PATH
@@ -406,3 +407,16 @@ def test_gateway_and_engines_share_a_model_identity_that_a_new_model_changes():
     ):
         assert _model_identities(example(**change))[0] not in (stamped, "")
     assert _model_identities(example(autoscaling__maxReplicas=9))[0] == stamped
+
+
+def test_engine_and_profiling_pods_run_as_many_torch_threads_as_cpus_requested():
+    spec = example(resources__cpu="1500m")
+    engine = engine_deployment(spec, OWNER, OperatorSettings(), "redis://r:6379/0", 1, "h")
+    job = profiling_job(spec, OWNER, OperatorSettings(), "h")
+    for manifest in (engine, job):
+        validate(manifest)
+        container = manifest["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e for e in container["env"]}
+        field = env[THREADS_ENV]["valueFrom"]["resourceFieldRef"]
+        assert field == {"resource": "requests.cpu", "divisor": "1"}  # 1500m: 2 threads (rounded up)
+        assert container["resources"]["requests"]["cpu"] == "1500m"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dllm_contracts.engine_env import THREADS_ENV
 from dllm_operator import names
 from dllm_operator.config import GROUP, KIND, VERSION, OperatorSettings
 from dllm_operator.spec import SecretRef, ServiceSpec
@@ -170,6 +171,18 @@ def cache_env(spec: ServiceSpec) -> list[dict[str, Any]]:
     if spec.hf_token:
         env.append(secret_env("HF_TOKEN", spec.hf_token))
     return env
+
+
+def threads_env() -> dict[str, Any]:
+    """The engine's torch threads: the container's CPU request, rounded up to whole CPUs (divisor 1).
+
+    The request, not a limit: the operator sets no CPU limit (a limit throttles the engine whenever its
+    threads outrun the quota), so no cgroup quota tells the engine its share, and its CPU affinity is the
+    whole node; the request is what the scheduler reserved for it. The request is all of it, not one
+    fewer as on a shared machine: the pod runs only the engine, whose host work is small and, with no
+    limit, may use the node's idle time beyond the request."""
+    field = {"resource": "requests.cpu", "divisor": "1"}
+    return {"name": THREADS_ENV, "valueFrom": {"resourceFieldRef": field}}
 
 
 def resources(spec: ServiceSpec) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def profiling_job(
         "image": spec.image or settings.engine_image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": command,
-        "env": common.cache_env(spec),
+        "env": common.cache_env(spec) + [common.threads_env()],  # the threads the engine will run
         "resources": common.resources(spec),
         "volumeMounts": mounts,
         "terminationMessagePath": TERMINATION_LOG,

@@ -1,0 +1,171 @@
+"""How many threads torch runs in a ``dllm`` engine process: fitted to the CPUs the process may use.
+
+The CPUs a process may use are the fewer of its affinity (``os.sched_getaffinity``: taskset, a cpuset, a
+static CPU manager) and its cgroup's CPU quota, rounded up (a container's CPU limit: cgroup v2
+``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, the tightest over the process's cgroup and
+its ancestors). torch's own default counts the machine's cores and ignores the quota, so in a pod whose CPU
+limit is below the node's cores its threads outnumber the CPUs it gets, and the kernel throttles them.
+
+The default is one thread fewer than the usable CPUs, and at least one. Every torch operation waits for
+its slowest thread, so a thread that loses its core for a moment stalls all the others; one CPU left
+free keeps the rest of the process's host work (the engine's Python between operations, its Redis
+client and probe server) and, on one machine, the gateway, Redis and the clients off the cores the
+threads spin on. On 2 cores one thread beat two in every run of ``scripts/threads_bench.py``
+(docs/benchmarks.md, "Torch threads"), quiet or with a core busy. ``--threads`` or ``DLLM_THREADS``
+(the operator sets it from an engine pod's CPU request) choose otherwise.
+
+Only the intra-op threads are set: torch's inter-op pool serves ``torch.jit.fork`` and similar
+asynchronous work, which the engine never starts, so its threads are never created.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from dllm_contracts.engine_env import THREADS_ENV
+
+logger = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+SELF_CGROUP = Path("/proc/self/cgroup")
+_V1_CPU_MOUNTS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")
+
+
+@dataclass(frozen=True)
+class UsableCpus:
+    affinity: int  # CPUs in this process's affinity mask
+    quota: float | None  # the cgroup's CPU quota in CPUs (a limit of 1500m: 1.5); None: no quota
+
+    @property
+    def count(self) -> int:
+        """The CPUs this process may use: its affinity, capped by its quota rounded up."""
+        if self.quota is None:
+            return self.affinity
+        return max(1, min(self.affinity, math.ceil(self.quota)))
+
+    @property
+    def default_threads(self) -> int:
+        """One CPU left to the process's host work and its neighbours, at least one thread."""
+        return max(1, self.count - 1)
+
+    def describe(self) -> str:
+        quota = "none" if self.quota is None else f"{self.quota:g}"
+        cpus = "CPU" if self.count == 1 else "CPUs"
+        return f"{self.count} {cpus} usable: affinity {self.affinity}, cgroup quota {quota}"
+
+
+def usable_cpus(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> UsableCpus:
+    return UsableCpus(len(os.sched_getaffinity(0)), cgroup_cpu_quota(root, self_cgroup))
+
+
+def cgroup_cpu_quota(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> float | None:
+    """The tightest CPU quota over this process's cgroup and its ancestors, in CPUs; None if none is set."""
+    quotas = [quota for folder in _cpu_cgroup_folders(root, self_cgroup) if (quota := _quota_in(folder))]
+    return min(quotas, default=None)
+
+
+def _cpu_cgroup_folders(root: Path, self_cgroup: Path) -> Iterator[Path]:
+    """Where this process's CPU limits can be: its cgroup v2 folder and the v1 CPU controller's, each with
+    their ancestors. Inside a container the root is the container's own cgroup, where the path that
+    ``/proc/self/cgroup`` names does not exist: the root itself is then read."""
+    paths = _own_cgroup_paths(self_cgroup)
+    mounts = [(root, paths.get("", "/"))] + [(root / name, paths.get("cpu", "/")) for name in _V1_CPU_MOUNTS]
+    for base, own in mounts:
+        parts = PurePosixPath(own).parts[1:]
+        for depth in range(len(parts), -1, -1):
+            folder = base.joinpath(*parts[:depth])
+            if folder.is_dir():
+                yield folder
+
+
+def _own_cgroup_paths(self_cgroup: Path) -> dict[str, str]:
+    """``/proc/self/cgroup``'s paths: "" for the cgroup v2 line, "cpu" for the v1 CPU controller's."""
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        return {}
+    paths = {}
+    for line in lines:
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0" and not controllers:
+            paths[""] = path
+        elif "cpu" in controllers.split(","):
+            paths["cpu"] = path
+    return paths
+
+
+def _quota_in(folder: Path) -> float | None:
+    """The quota one cgroup folder sets: v2 ``cpu.max`` ("max 100000" or "150000 100000"), else v1's pair."""
+    try:
+        if (folder / "cpu.max").is_file():
+            quota, period = (folder / "cpu.max").read_text().split()[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        if (folder / "cpu.cfs_quota_us").is_file():
+            quota = int((folder / "cpu.cfs_quota_us").read_text())
+            period = int((folder / "cpu.cfs_period_us").read_text())
+            return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    threads: int
+    reason: str  # why: the flag, the variable, or the usable CPUs
+
+    def log_line(self) -> str:
+        return f"torch threads: {self.threads} ({self.reason})"
+
+    def as_dict(self) -> dict:
+        return {"threads": self.threads, "reason": self.reason}
+
+
+PINNED = ThreadChoice(1, "--pin: the engine on one core")
+
+
+def parse_threads(text: str, name: str) -> int:
+    """A thread count given as ``--threads`` or ``DLLM_THREADS``; ValueError naming ``name`` if it is not a
+    positive integer."""
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {text!r}")
+    return value
+
+
+def choose_threads(
+    flag: str | None, environ: Mapping[str, str] | None = None, cpus: UsableCpus | None = None
+) -> ThreadChoice:
+    """The flag, else ``DLLM_THREADS``, else the usable CPUs less one."""
+    environ = os.environ if environ is None else environ
+    cpus = cpus or usable_cpus()
+    if flag is not None:
+        threads = parse_threads(flag, "--threads")
+        return ThreadChoice(threads, f"--threads {threads}; {cpus.describe()}")
+    if environ.get(THREADS_ENV, "").strip():
+        threads = parse_threads(environ[THREADS_ENV], THREADS_ENV)
+        return ThreadChoice(threads, f"{THREADS_ENV}={threads}; {cpus.describe()}")
+    reason = f"{cpus.describe()}; one left to the rest; --threads or {THREADS_ENV} to override"
+    return ThreadChoice(cpus.default_threads, reason)
+
+
+def set_torch_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def apply_threads(flag: str | None) -> ThreadChoice:
+    """Choose this process's torch threads, set them and log why."""
+    choice = choose_threads(flag)
+    set_torch_threads(choice.threads)
+    logger.info("%s", choice.log_line())
+    return choice
