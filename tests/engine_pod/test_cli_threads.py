@@ -14,11 +14,13 @@ import pytest
 import torch
 
 from dllm_contracts.engine_env import THREADS_ENV
+from dllm_contracts.model_identity import ModelIdentity
 from engine_pod.cli.main import build_parser, main
 from engine_pod.cli.serve import _worker_args
 from tests.factories import REFERENCE_DIR
 
 LLADA = REFERENCE_DIR / "llada"
+IDENTITY = ModelIdentity("tiny-llada", "0123456789abcdef")
 CORES = sorted(os.sched_getaffinity(0))
 needs_taskset = pytest.mark.skipif(shutil.which("taskset") is None, reason="needs util-linux taskset")
 
@@ -87,8 +89,8 @@ def test_serve_hands_its_threads_to_the_worker_only_when_given():
     parser = build_parser()
     given = parser.parse_args(["serve", "--threads", "3", "--token-budget", "4096"])
     given.service = "default"
-    args = _worker_args(given, "redis://127.0.0.1:1/0")
+    args = _worker_args(given, "redis://127.0.0.1:1/0", IDENTITY)
     assert args[args.index("--threads") + 1] == "3"
     default = parser.parse_args(["serve", "--token-budget", "4096"])
     default.service = "default"
-    assert "--threads" not in _worker_args(default, "redis://127.0.0.1:1/0")
+    assert "--threads" not in _worker_args(default, "redis://127.0.0.1:1/0", IDENTITY)
