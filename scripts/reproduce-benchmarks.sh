@@ -2,7 +2,10 @@
 # Every figure in docs/benchmarks.md, on this machine (CPU, the shipped model, 2 threads).
 # Results go to docs/results/: JSON reports and PNG plots. Takes about 30 minutes on 2 cores, and 25 more
 # for the DiffusionGemma figures (1d).
+# Usage: bash scripts/reproduce-benchmarks.sh   (LIMIT=480M and PORT=8411 by default)
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^set -/{/^#/s/^# \{0,1\}//p;}' "$0"; exit 0 ;; esac
+[ $# -eq 0 ] || { echo "reproduce-benchmarks.sh: unknown argument $1 (see --help)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 out=docs/results
 mkdir -p "$out"
