@@ -148,5 +148,7 @@ def main(results: Path) -> str:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", nargs="?", type=Path, default=Path("docs/results"), help="(default: %(default)s)")
+    parser.add_argument(
+        "results", nargs="?", type=Path, default=Path("docs/results"), help="(default: %(default)s)"
+    )
     sys.stdout.write(main(parser.parse_args().results))
