@@ -35,10 +35,8 @@ class _Lines(logging.Handler):
 
 
 def _profile(out, max_tokens: int, memory_limit: str) -> tuple[dict, str, list[str]]:
-    argv = [
+    argv = [  # the default model
         "profile",
-        "--model",
-        DEFAULT_MODEL,
         "--memory-limit",
         memory_limit,
         "--max-tokens",
@@ -145,6 +143,7 @@ def test_every_profile_measures_its_budget_once_and_it_fits(small_profile):
     assert check["budget"] == result["token_budget"] and check["under_limit"]
     assert 0.9 * result["token_budget"] <= check["tokens"] <= result["token_budget"]
     assert check["measured_bytes"] <= result["usable_memory_bytes"]
+    assert result["model"] == "builtin:tiny-llada"  # as named, not where this installation keeps it
     assert result["extrapolation"]["factor"] == round(result["token_budget"] / SMALL_MAX_TOKENS, 2)
 
 
