@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
-DEFAULT_MODEL = str(ASSETS_DIR / "tiny-llada")
+DEFAULT_MODEL = str(ASSETS_DIR / "tiny-llada")  # where the shipped model lies in this installation
+DEFAULT_MODEL_NAME = "builtin:tiny-llada"  # what `--model` defaults to, and what reports record
 DEFAULT_BLOCK_LENGTH = 32
 DEFAULT_THRESHOLD = 0.9
 DEFAULT_TOKEN_BUDGET = 8192

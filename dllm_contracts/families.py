@@ -36,6 +36,15 @@ FAMILY_DECODING: dict[str, FamilyDecoding] = {
 }
 FAMILIES = tuple(FAMILY_DECODING)
 DEFAULT_FAMILY = FAMILIES[0]
+# how users know each family (help texts, the package summary and README name every one)
+FAMILY_NAMES: dict[str, str] = {
+    "llada": "LLaDA",
+    "dream": "Dream",
+    "llada2": "LLaDA2.0",
+    "sdar": "SDAR",
+    "diffusion_gemma": "DiffusionGemma",
+}
+FAMILIES_IN_WORDS = ", ".join(FAMILY_NAMES[family] for family in FAMILIES)
 
 
 def family_decoding(family: str) -> FamilyDecoding:

@@ -27,6 +27,8 @@ import httpx
 import openai
 
 logger = logging.getLogger("batch_beside_chat")
+FINISHED = ("completed", "failed", "cancelled", "expired")
+PROGRESS_EVERY_S = 30.0  # while the batch runs: a line at most this often (and at each change of status)
 CHAT = {"messages": [{"role": "user", "content": "count to 5 ."}], "max_tokens": 32}
 LINE = {"messages": [{"role": "user", "content": "letters from a to e ."}], "max_tokens": 8}
 
@@ -77,18 +79,18 @@ async def measure(url: str, requests: int, clients: int, batch_lines: int, batch
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
     model = (await client.models.list()).data[0].id
     await _latencies(client, model, clients, clients)  # warm up
+    logger.info("chat alone: %d requests from %d clients", requests, clients)
     alone = await _latencies(client, model, requests, clients)
+    first = _summary(alone)
+    logger.info("chat alone: p50 %.2f s, p99 %.2f s", first["p50_s"], first["p99_s"])
     batch_id = await _create_batch(client, model, batch_lines)
     began = time.monotonic()
+    logger.info("batch of %d lines created; chat beside it: %d requests", batch_lines, requests)
     beside = await _latencies(client, model, requests, clients)
-    batch = await client.batches.retrieve(batch_id)
-    while batch.status not in ("completed", "failed", "cancelled", "expired"):
-        if time.monotonic() - began > batch_timeout_s:
-            break
-        await asyncio.sleep(1.0)
-        batch = await client.batches.retrieve(batch_id)
+    second = _summary(beside)
+    logger.info("chat beside the batch: p50 %.2f s, p99 %.2f s", second["p50_s"], second["p99_s"])
+    batch = await _wait_for(client, batch_id, began, batch_timeout_s)
     took = time.monotonic() - began
-    first, second = _summary(alone), _summary(beside)
     return {
         "requests": requests,
         "clients": clients,
@@ -106,6 +108,24 @@ async def measure(url: str, requests: int, clients: int, batch_lines: int, batch
     }
 
 
+async def _wait_for(client: openai.AsyncOpenAI, batch_id: str, began: float, timeout_s: float):
+    """The batch once it has finished (or the timeout passed), polled each second; a progress line at
+    each change of status and at most every PROGRESS_EVERY_S seconds while lines complete."""
+    said, said_at = None, 0.0
+    while True:
+        batch = await client.batches.retrieve(batch_id)
+        counts = batch.request_counts
+        done = counts.completed + counts.failed if counts else 0
+        now = time.monotonic()
+        if said is None or batch.status != said[0] or (done != said[1] and now - said_at >= PROGRESS_EVERY_S):
+            total = counts.total if counts else "?"
+            logger.info("batch %s: %d of %s lines done, %.0f s", batch.status, done, total, now - began)
+            said, said_at = (batch.status, done), now
+        if batch.status in FINISHED or now - began > timeout_s:
+            return batch
+        await asyncio.sleep(1.0)
+
+
 @contextlib.contextmanager
 def _serve(port: int, extra: list[str]):
     """``dllm serve`` on a fresh data directory, stopped (Ctrl-C) after the block."""
@@ -113,6 +133,7 @@ def _serve(port: int, extra: list[str]):
         argv = [sys.executable, "-m", "engine_pod.cli.main", "serve", "--port", str(port), "--data-dir", data]
         process = subprocess.Popen([*argv, *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
+        logger.info("starting dllm serve at %s", url)
         try:
             deadline = time.monotonic() + 300
             while not _ready(url):
@@ -145,7 +166,9 @@ def main() -> None:
     parser.add_argument("--serve-arg", action="append", default=[], help="a flag for dllm serve (repeatable)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    # this script's progress only: the HTTP clients would log a line per request and per poll of the batch
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    logger.setLevel(logging.INFO)
     with contextlib.nullcontext(args.url) if args.url else _serve(args.port, args.serve_arg) as url:
         result = asyncio.run(measure(url, args.requests, args.clients, args.batch_lines, args.batch_timeout))
     text = json.dumps(result, indent=2)

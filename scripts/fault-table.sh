@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Run the fault-injection tests (real redis-server, `python -m gateway`, two `dllm worker` processes,
 # 200 requests per case) and print their counts as the table in docs/benchmarks.md. About a minute on 2 cores.
+# Usage: bash scripts/fault-table.sh
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^set -/{/^#/s/^# \{0,1\}//p;}' "$0"; exit 0 ;; esac
+[ $# -eq 0 ] || { echo "fault-table.sh: unknown argument $1 (see --help)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 report=$(mktemp)
 trap 'rm -f "$report"' EXIT

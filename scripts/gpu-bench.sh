@@ -30,6 +30,8 @@
 #   BLOCK_MAX_TOKENS=1024 BLOCK_WORKLOAD=synthetic:n=6,prompt=8-60,gen=32-64,seed=0 CYCLE_ROWS=4 CYCLE_WIDTH=40 CYCLE_REPEATS=1 CYCLE_STEPS=2 \
 #   bash scripts/gpu-bench.sh OUT
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^set -/{/^#/s/^# \{0,1\}//p;}' "$0"; exit 0 ;; esac
+case "${1:-}" in -*) echo "gpu-bench.sh: unknown option $1 (see --help)" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/.."
 out=${1:-runs/gpu}
 python=${PYTHON:-python3}
@@ -115,7 +117,7 @@ print(
     f"profile: {profile['device_name']}, usable {profile['usable_memory_bytes'] / 2**30:.1f} GiB of "
     f"{profile['free_memory_bytes'] / 2**30:.1f} GiB free, weights {profile['weights_bytes'] / 2**30:.1f} GiB, "
     f"{fit['bytes_per_token']:.0f} B/token (R^2 {fit['r_squared']:.4f}), budget {profile['token_budget']} tokens "
-    f"({profile['extrapolation']}x the largest grid point); check at {checks[-1]['tokens']} tokens: "
+    f"({profile['extrapolation']['factor']}x the largest grid point); check at {checks[-1]['tokens']} tokens: "
     f"{checks[-1]['measured_bytes'] / 2**30:.2f} GiB {profile['peak_measure']}"
     + (f", {checks[-1]['allocated_bytes'] / 2**30:.2f} GiB allocated" if checks[-1]["allocated_bytes"] else "")
 )

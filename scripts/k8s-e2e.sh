@@ -4,7 +4,10 @@
 #   scripts/k8s-e2e.sh                    # creates a kind cluster named dllm, loads the images into it
 #   CLUSTER=existing REGISTRY=registry.example.com/dllm scripts/k8s-e2e.sh
 #                                         # the current kubectl context; images pushed to REGISTRY
+# Usage: bash scripts/k8s-e2e.sh   (settings from the environment: CLUSTER, REGISTRY, TAG, HELM)
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^set -/{/^#/s/^# \{0,1\}//p;}' "$0"; exit 0 ;; esac
+[ $# -eq 0 ] || { echo "k8s-e2e.sh: unknown argument $1 (see --help)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 TAG=${TAG:-0.1.0}
 REGISTRY=${REGISTRY:-ghcr.io/dllm-dev}

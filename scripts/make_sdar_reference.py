@@ -152,3 +152,8 @@ def make_sdar(reference: Path, out: Path) -> tuple[int, int]:
         runs += [_run(model, generate, calls, prompt, grid) for grid in GENERATE_GRID]
     (out / "generate.json").write_text(json.dumps({"runs": runs}, indent=1) + "\n")
     return len(cases), len(runs)
+
+
+if __name__ == "__main__":  # a module of make_block_reference.py, which runs it
+    print("usage: python scripts/make_block_reference.py --family sdar --reference DIR --out DIR")
+    sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)

@@ -2,7 +2,10 @@
 # Every figure in docs/benchmarks.md, on this machine (CPU, the shipped model, 2 threads).
 # Results go to docs/results/: JSON reports and PNG plots. Takes about 30 minutes on 2 cores, and 25 more
 # for the DiffusionGemma figures (1d).
+# Usage: bash scripts/reproduce-benchmarks.sh   (environment: LIMIT, the memory limit profiled; PORT, 8411)
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^set -/{/^#/s/^# \{0,1\}//p;}' "$0"; exit 0 ;; esac
+[ $# -eq 0 ] || { echo "reproduce-benchmarks.sh: unknown argument $1 (see --help)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 out=docs/results
 mkdir -p "$out"
@@ -48,7 +51,7 @@ done
 # 2. The profiled budget is safe and tight: BlockServe at the budget stays under the limit, at twice
 #    the budget it does not. The limit is small enough that the workload can fill twice the budget, and
 #    the padding rule is off so that admission is limited by the token budget alone.
-limit=${LIMIT:-480M}
+limit=${LIMIT:-360M}
 dllm profile --memory-limit "$limit" --json "$out/profile.json"
 budget=$(python -c "import json; print(json.load(open('$out/profile.json'))['token_budget'])")
 for factor in 1 2; do

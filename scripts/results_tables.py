@@ -5,6 +5,7 @@ Usage: python scripts/results_tables.py [docs/results] > docs/results/tables.md
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -146,4 +147,8 @@ def main(results: Path) -> str:
 
 
 if __name__ == "__main__":
-    sys.stdout.write(main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/results")))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "results", nargs="?", type=Path, default=Path("docs/results"), help="(default: %(default)s)"
+    )
+    sys.stdout.write(main(parser.parse_args().results))

@@ -3,8 +3,10 @@
 # allow in a brand-new virtual environment, run the whole test suite on them, and only if it passes,
 # rewrite constraints.txt. On failure the candidate set is left in constraints.candidate.txt and the
 # exit status is the suite's, so you can see what a new release broke (then tighten a range or fix it).
-# Usage (from the project root): bash scripts/upgrade-pins.sh   (about 10 minutes on 2 cores)
+# Usage: bash scripts/upgrade-pins.sh   (about 10 minutes on 2 cores)
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,/^set -/{/^#/s/^# \{0,1\}//p;}' "$0"; exit 0 ;; esac
+[ $# -eq 0 ] || { echo "upgrade-pins.sh: unknown argument $1 (see --help)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 work=$(mktemp -d)

@@ -51,3 +51,36 @@ def test_the_text_speaks_to_users(document):
 
 def test_readme_stays_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+def _section(document: Path, heading: str) -> str:
+    return document.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readmes_commands_table_lists_every_dllm_command():
+    from engine_pod.cli.main import build_parser
+
+    parser = build_parser()
+    commands = set(next(a for a in parser._actions if a.dest == "command").choices)
+    rows = re.findall(r"^\| `dllm (\w+)", _section(ROOT / "README.md", "Commands"), re.MULTILINE)
+    assert commands <= set(rows), f"README's commands table lacks {sorted(commands - set(rows))}"
+
+
+def test_readme_names_every_random_preset():
+    from engine_pod.models.presets import PRESETS
+
+    text = (ROOT / "README.md").read_text()
+    missing = [name for name in PRESETS if f"`random:{name}`" not in text]
+    assert not missing, f"README's --model paragraph lacks {missing}"
+
+
+def test_readme_and_the_package_summary_name_every_family():
+    import tomllib
+
+    from dllm_contracts.families import FAMILY_NAMES
+
+    readme = (ROOT / "README.md").read_text().split("\n\n")[1]  # the paragraph under the title
+    summary = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["description"]
+    for text in (readme, summary):
+        missing = [name for name in FAMILY_NAMES.values() if not re.search(rf"\b{re.escape(name)}\b", text)]
+        assert not missing, f"{text[:60]!r}... lacks {missing}"

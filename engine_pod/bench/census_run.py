@@ -138,6 +138,7 @@ def run_census(
     """Every scenario of the grid, one torch thread (as the batch-invariance tests), each logged as it ends."""
     torch.set_num_threads(1)
     results = []
+    total = len(models) * len(policies) * len(row_counts) * len(distinct)
     for spec in models:
         loaded = load_model(spec)
         for policy in policies:
@@ -148,7 +149,7 @@ def run_census(
                     )
                     figures = run_scenario(loaded, scenario, decoding_for(loaded))
                     results.append({"scenario": asdict(scenario), "figures": asdict(figures)})
-                    log.info(_line(scenario, figures))
+                    log.info("scenario %d of %d: %s", len(results), total, _line(scenario, figures))
     return results
 
 
@@ -189,10 +190,14 @@ def markdown_table(results: list[dict]) -> str:
 
 
 def _line(scenario: Scenario, f: Figures) -> str:
+    """One scenario's figures, each named (worst over its forwards, steps and cycles)."""
+    moe = f.moe_ops_per_call
+    moe_text = "no MoE" if not moe else f"MoE ops per call {moe[0]}" + (f"-{moe[-1]}" if len(moe) > 1 else "")
     return (
-        f"{scenario.model:28} {scenario.policy:17} rows {scenario.rows:2} lengths {scenario.distinct:2} | "
-        f"attn/layer {f.attention_calls_per_layer:5.2f} syncs fwd {f.syncs_per_forward:3} "
-        f"step {f.syncs_per_step:3} cycle {f.syncs_per_cycle:4} h2d/cycle {f.host_to_device_per_cycle:4} "
-        f"new shapes {f.new_attention_shapes:4} first-fwd ops {f.first_forward_ops:5} "
-        f"moe ops {f.moe_ops_per_call[:1]}-{f.moe_ops_per_call[-1:]}"
+        f"{scenario.model} {scenario.policy}, {scenario.rows} rows of {scenario.distinct} prompt "
+        f"length{'s' if scenario.distinct > 1 else ''}: "
+        f"attention calls per layer {f.attention_calls_per_layer:.2f}, syncs {f.syncs_per_forward} per "
+        f"forward / {f.syncs_per_step} per step / {f.syncs_per_cycle} per cycle, host-to-device copies "
+        f"{f.host_to_device_per_cycle} per cycle, new attention shapes {f.new_attention_shapes}, first "
+        f"forward {f.first_forward_ops} ops, {moe_text}"
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from engine_pod.cli.common import CliError, parse_int_list
 
@@ -16,7 +17,9 @@ def register(subparsers) -> None:
         description="Run block cycles of each policy and count, at torch's dispatcher, what they ask of the "
         "device: attention calls per layer, syncs (reads back to the host) per forward and per denoising "
         "step, host-to-device copies per cycle, new attention shapes, the operations of a first forward and "
-        "of each MoE layer. A CPU stands in for the GPU: the operations are the same.",
+        "of each MoE layer. A CPU stands in for the GPU: the operations are the same. Each scenario logs a "
+        "line as it ends (its worst forward, step and cycle); the table of each model's and policy's worst "
+        "cases over the mixes is printed at the end.",
     )
     parser.add_argument(
         "--model",
@@ -39,7 +42,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--json", help="write every scenario's figures to this file")
     parser.add_argument(
-        "--markdown", help="write each model's and policy's worst case as a table to this file"
+        "--markdown",
+        help="also write the table printed at the end (each model's and policy's worst case) here",
     )
     parser.set_defaults(handler=run)
 
@@ -62,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle, indent=1)
+    table = markdown_table(results)
     if args.markdown:
         with open(args.markdown, "w") as handle:
-            handle.write(markdown_table(results))
+            handle.write(table)
+    sys.stdout.write(table)
     return 0

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from pathlib import Path
 
 from dllm_contracts.canvas_sampler import SETTINGS as SAMPLER_SETTINGS
-from dllm_contracts.defaults import ASSETS_DIR, DEFAULT_BLOCK_LENGTH, DEFAULT_MODEL, DEFAULT_THRESHOLD
+from dllm_contracts.defaults import ASSETS_DIR, DEFAULT_BLOCK_LENGTH, DEFAULT_MODEL_NAME, DEFAULT_THRESHOLD
 from dllm_contracts.engine_env import THREADS_ENV
+from dllm_contracts.families import FAMILIES_IN_WORDS
 from engine_pod.decoding.config import CACHE_MODES, CANVAS_MODES, REMASKING, DecodingConfig
 from engine_pod.models.presets import PRESETS
 
@@ -27,11 +27,12 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     randoms = ", ".join(f"random:{name}" for name in PRESETS)
     group.add_argument(
         "--model",
-        default=DEFAULT_MODEL,
-        help="a checkpoint directory, a Hugging Face repo id (GSAI-ML/LLaDA-8B-Instruct, "
-        f"Dream-org/Dream-v0-Instruct-7B, inclusionAI/LLaDA2.0-mini, JetLM/SDAR-8B-Chat, ...), a model shipped "
+        default=DEFAULT_MODEL_NAME,
+        help=f"a checkpoint directory or a Hugging Face repo id of any family ({FAMILIES_IN_WORDS}: "
+        "GSAI-ML/LLaDA-8B-Instruct, Dream-org/Dream-v0-Instruct-7B, inclusionAI/LLaDA2.0-mini, "
+        "JetLM/SDAR-8B-Chat, google/diffusiongemma-26B-A4B-it, ...), a model shipped "
         f"with the package ({builtin}; the *-random ones are untrained), or random weights of a real shape "
-        f"({randoms}; served with the shipped tokenizer); default: builtin:{Path(DEFAULT_MODEL).name}. "
+        f"({randoms}; served with the shipped tokenizer); default: {DEFAULT_MODEL_NAME}. "
         "Weights larger than the device's memory are refused before loading",
     )
     group.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")

@@ -11,6 +11,7 @@ if __name__ == "__main__":  # python -m engine_pod.cli.main: restart under huge 
 
     restart_with_huge_pages(["-m", "engine_pod.cli.main", *sys.argv[1:]])
 
+from dllm_contracts.families import FAMILIES_IN_WORDS
 from engine_pod.allocators import configure_cuda_allocator, tune_cpu_allocator
 from engine_pod.cli import bench, census, eval, generate, profile, serve, train, worker
 
@@ -35,7 +36,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="dllm",
-        description="Serve diffusion LLMs (LLaDA, Dream) with block-granularity continuous batching. "
+        description=f"Serve diffusion LLMs ({FAMILIES_IN_WORDS}) with block-granularity continuous batching. "
         "`dllm serve` runs the whole service on this machine; `dllm COMMAND --help` explains each command.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import re
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ from dllm_contracts.profile_summary import ProfileSummary, failure_message
 from dllm_contracts.scheduler_config import DEFAULT_LAYOUT, LAYOUTS
 from engine_pod.cli.common import CliError, add_model_args
 from engine_pod.cpu_threads import apply_threads
+
+logger = logging.getLogger(__name__)
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -114,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
     if args.termination_log:  # the operator reads the summary from the pod status
         Path(args.termination_log).write_text(ProfileSummary.from_result(result).termination_message())
+    for warning in result["warnings"]:
+        logger.warning(warning)
     fit = result["fit"]
     sys.stdout.write(
         f"token budget {result['token_budget']} ({fit['bytes_per_token']:.0f} bytes/token, "

@@ -42,6 +42,7 @@ from engine_pod.models.loader import (
     parse_device,
     parse_dtype,
 )
+from engine_pod.profiling.extrapolation import Extrapolation
 from engine_pod.profiling.fit import MemoryFit, fit_peak
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
@@ -257,6 +258,7 @@ def _result(
     cfg: ProfileConfig, device, memory: dict, fit: MemoryFit, budget: int, checks: list[dict], points
 ) -> dict:
     largest_fitted = max(p.tokens for p in points if not p.held_out)
+    extrapolation = Extrapolation.of(budget, largest_fitted, fit.r_squared)
     return {
         "model": cfg.model,
         "device": str(device),
@@ -278,7 +280,8 @@ def _result(
         "held_out": [_held_out_error(fit, p) for p in points if p.held_out],
         "points": [asdict(p) | {"tokens": p.tokens} for p in points],
         "budget_checks": checks,
-        "extrapolation": round(budget / largest_fitted, 2),
+        "extrapolation": extrapolation.as_json(),
+        "warnings": extrapolation.warnings(),
         "token_budget": budget,
     }
 

@@ -40,3 +40,14 @@ def test_help_names_the_built_in_models_and_the_defaults():
     for option in ("--drain-timeout DRAIN_TIMEOUT", "--lease-ms LEASE_MS", "--token-budget TOKEN_BUDGET"):
         assert "default" in text.split(option, 1)[1].split(" --", 1)[0], option
     assert all(name in text for name in SAMPLER_SETTINGS)  # DiffusionGemma's request fields
+
+
+def test_help_names_every_family():
+    """``dllm --help`` and ``--model``'s help (every command that loads a model shares it)."""
+    from dllm_contracts.families import FAMILY_NAMES
+
+    top = " ".join(_help("").stdout.split())
+    model = " ".join(_help("generate").stdout.rsplit("--model MODEL", 1)[1].split("--device", 1)[0].split())
+    for text in (top, model):
+        missing = [name for name in FAMILY_NAMES.values() if name not in text]
+        assert not missing, f"{text[:80]!r}... lacks {missing}"

@@ -4,6 +4,7 @@ that keeps BlockServe under the memory limit, and clear failures."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -22,11 +23,20 @@ MAX_TOKENS = 4096  # with a 1 GiB limit: a grid wide enough for a fit that predi
 SMALL_MAX_TOKENS = 1024  # CI's profile: eight shapes, a budget measured once, the summary written
 
 
-def _profile(out, max_tokens: int, memory_limit: str) -> tuple[dict, str]:
-    argv = [
+class _Lines(logging.Handler):
+    """What `dllm profile` logged (its warnings reach the terminal through the root logger)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _profile(out, max_tokens: int, memory_limit: str) -> tuple[dict, str, list[str]]:
+    argv = [  # the default model
         "profile",
-        "--model",
-        DEFAULT_MODEL,
         "--memory-limit",
         memory_limit,
         "--max-tokens",
@@ -36,8 +46,13 @@ def _profile(out, max_tokens: int, memory_limit: str) -> tuple[dict, str]:
         "--termination-log",
         str(out / "term"),
     ]
-    assert main(argv) == 0
-    return json.loads((out / "p.json").read_text()), (out / "term").read_text()
+    logged = _Lines()
+    logging.getLogger().addHandler(logged)
+    try:
+        assert main(argv) == 0
+    finally:
+        logging.getLogger().removeHandler(logged)
+    return json.loads((out / "p.json").read_text()), (out / "term").read_text(), logged.lines
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +69,7 @@ def small_profile(tmp_path_factory):
 
 @pytest.mark.slow
 def test_profile_measures_a_grid_and_fits_it(profile):
-    result, _ = profile
+    result, _, _ = profile
     fitted = [p for p in result["points"] if not p["held_out"]]
     assert len(fitted) >= 5 and len({(p["rows"], p["width"]) for p in fitted}) == len(fitted)
     assert max(p["tokens"] for p in fitted) <= MAX_TOKENS
@@ -66,14 +81,14 @@ def test_profile_measures_a_grid_and_fits_it(profile):
 
 @pytest.mark.slow
 def test_fit_predicts_held_out_shapes_within_ten_percent(profile):
-    result, _ = profile
+    result, _, _ = profile
     assert result["held_out"], "the profile must measure shapes it did not fit"
     for point in result["held_out"]:
         assert point["relative_error"] <= 0.10, point
 
 
 def test_the_termination_message_is_the_summary_the_operator_reads(small_profile):
-    result, message = small_profile
+    result, message, _ = small_profile
     assert len(message) < 4096
     summary = read_termination_message(message)  # what the operator does with it
     assert summary == ProfileSummary.from_result(result)
@@ -83,7 +98,7 @@ def test_the_termination_message_is_the_summary_the_operator_reads(small_profile
 
 @pytest.mark.slow
 def test_blockserve_at_the_profiled_budget_stays_under_the_limit(profile):
-    result, _ = profile
+    result, _, _ = profile
     fit = result["fit"]
     model_fit = MemoryFit(result["weights_bytes"], fit["intercept_bytes"], fit["bytes_per_token"], 1.0, 0.0)
     limit = int(model_fit.predict(3000) / 0.9)  # a memory limit whose 90% holds about 3000 batch tokens
@@ -123,12 +138,24 @@ def test_bad_input_fails_with_one_line(capsys, tmp_path, extra, message):
 
 
 def test_every_profile_measures_its_budget_once_and_it_fits(small_profile):
-    result, _ = small_profile
+    result, _, _ = small_profile
     check = result["budget_checks"][-1]
     assert check["budget"] == result["token_budget"] and check["under_limit"]
     assert 0.9 * result["token_budget"] <= check["tokens"] <= result["token_budget"]
     assert check["measured_bytes"] <= result["usable_memory_bytes"]
-    assert result["extrapolation"] == round(result["token_budget"] / SMALL_MAX_TOKENS, 2)
+    assert result["model"] == "builtin:tiny-llada"  # as named, not where this installation keeps it
+    assert result["extrapolation"]["factor"] == round(result["token_budget"] / SMALL_MAX_TOKENS, 2)
+
+
+def test_a_budget_far_past_the_grid_is_warned_about_in_the_terminal_and_the_json(small_profile):
+    """600 MiB over a grid of at most 1024 tokens: the budget lies many times past the largest point."""
+    result, _, logged = small_profile
+    extrapolation = result["extrapolation"]
+    assert extrapolation["largest_measured_tokens"] == SMALL_MAX_TOKENS
+    assert extrapolation["factor"] > 2 and extrapolation["beyond_grid"]
+    assert extrapolation["r_squared"] == round(result["fit"]["r_squared"], 4)
+    (warning,) = [w for w in result["warnings"] if "--max-tokens" in w]
+    assert f"up to {SMALL_MAX_TOKENS} tokens" in warning and warning in logged
 
 
 def test_a_correction_after_an_overshoot_aims_under_the_limit_not_at_it():
