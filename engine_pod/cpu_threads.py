@@ -163,9 +163,11 @@ def set_torch_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def apply_threads(flag: str | None) -> ThreadChoice:
-    """Choose this process's torch threads, set them and log why."""
+def apply_threads(flag: str | None, level: int = logging.INFO) -> ThreadChoice:
+    """Choose this process's torch threads, set them and log why (at ``level``: a one-shot command whose
+    report states them, such as ``dllm generate --json``, says it only at DEBUG, leaving the terminal to
+    its answer or its one-line error)."""
     choice = choose_threads(flag)
     set_torch_threads(choice.threads)
-    logger.info("%s", choice.log_line())
+    logger.log(level, "%s", choice.log_line())
     return choice

@@ -34,13 +34,17 @@ TORCH_DEFAULT = torch.get_num_threads()  # read before anything sets it
 
 
 def settings() -> dict[str, str | None]:
-    """Column name -> the ``--threads`` value (None: the default choice, as a user without the flag gets)."""
+    """Column name -> the ``--threads`` value (None: the default choice, as a user without the flag gets).
+    Where the default is one of the others (one thread on two CPUs), it is one column, measured once: two
+    columns of one setting would only show the machine's noise between them."""
     default = choose_threads(None, environ={}).threads
-    return {
-        f"default ({default})": None,
-        "1 thread": "1",
-        f"torch's default ({TORCH_DEFAULT})": str(TORCH_DEFAULT),
-    }
+    same = {1: "1 thread", TORCH_DEFAULT: "torch's default"}.get(default)
+    columns: dict[str, str | None] = {f"default = {same}" if same else f"default ({default})": None}
+    if default != 1:
+        columns["1 thread"] = "1"
+    if default != TORCH_DEFAULT:
+        columns[f"torch's default ({TORCH_DEFAULT})"] = str(TORCH_DEFAULT)
+    return columns
 
 
 def bench_once(workload: str, threads: str | None, limit: int | None, out: Path) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from engine_pod.evaluation import EvalConfig, evaluate, write_outputs
     from engine_pod.models.loader import load_model
 
-    apply_threads(args.threads)
+    apply_threads(args.threads, logging.DEBUG)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     if not policies or any(p not in POLICIES for p in policies):
         raise CliError(f"--policy takes a comma-separated list from {', '.join(POLICIES)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 from engine_pod.cli.common import (
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from engine_pod.generation import generate_one
     from engine_pod.models.loader import load_model
 
-    threads = apply_threads(args.threads)
+    threads = apply_threads(args.threads, logging.DEBUG)
     if args.steps_per_block is not None:
         if args.steps_per_block < 1 or args.gen_length < 1:
             raise CliError("--steps-per-block and --gen-length must be positive")

@@ -19,6 +19,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BARE = ROOT / "tests" / "bare_device"
+# the small rehearsal's bound: about 200 s in the suite on two busy cores here, so a machine three times
+# slower still passes (the suite's per-test default, 480 s, would not hold it)
+REHEARSAL_LIMIT_S = 1200
 
 
 def _bare_env(**extra: str) -> dict[str, str]:
@@ -103,19 +106,21 @@ def _rehearse(out: Path, timeout: int, step_timeout: int, **sizes: str) -> subpr
     )
 
 
+@pytest.mark.timeout(REHEARSAL_LIMIT_S)
 def test_gpu_bench_script_runs_every_step_in_the_bare_environment_at_a_small_size(tmp_path):
     """CI's rehearsal of the GPU script: every step (device, profile, bench, fixed-steps bench, summary, the block
-    model's profile and bench), at a size one CPU thread runs in about a minute, with two of the four
-    policies. The full-size rehearsal below, every policy, is behind the slow marker."""
+    model's profile and bench), at a size one CPU thread runs in about a minute alone (three under the
+    suite's other processes), with two of the four policies. The full-size rehearsal below, every policy,
+    is behind the slow marker."""
     result = _rehearse(
         tmp_path,
-        900,
-        800,
+        REHEARSAL_LIMIT_S - 60,
+        REHEARSAL_LIMIT_S - 120,
         POLICY="blockserve,static",  # one process per policy: two here, all four in the full rehearsal
         MAX_TOKENS="384",  # the smallest grid with two token counts to fit: four shapes
-        WORKLOAD="synthetic:n=4,prompt=8-40,gen=32-32,seed=0",
+        WORKLOAD="synthetic:n=2,prompt=8-40,gen=32-32,seed=0",
         BLOCK_MAX_TOKENS="384",
-        BLOCK_WORKLOAD="synthetic:n=3,prompt=8-30,gen=32-32,seed=0",
+        BLOCK_WORKLOAD="synthetic:n=2,prompt=8-30,gen=32-32,seed=0",
     )
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
     for name in ("device.txt", "profile.json", "bench.json", "bench-fixed.json", "summary.txt"):

@@ -26,11 +26,13 @@ needs_taskset = pytest.mark.skipif(shutil.which("taskset") is None, reason="need
 
 
 def _generate(
-    cores: list[int], *flags: str, env: dict[str, str] | None = None
+    cores: list[int], *flags: str, env: dict[str, str] | None = None, verbose: bool = False
 ) -> subprocess.CompletedProcess:
-    """``dllm generate --json`` on the given cores, with ``env`` as its only DLLM_THREADS setting."""
+    """``dllm generate --json`` on the given cores, with ``env`` as its only DLLM_THREADS setting
+    (``verbose``: with ``-v``, which logs why it chose its threads)."""
     environ = {k: v for k, v in os.environ.items() if k != THREADS_ENV} | (env or {})
     argv = ["taskset", "-c", ",".join(map(str, cores)), sys.executable, "-m", "engine_pod.cli.main"]
+    argv += ["-v"] if verbose else []
     argv += ["generate", "--model", str(LLADA), "--prompt-ids", "1,2,3", "--gen-length", "32", *flags]
     return subprocess.run(argv, capture_output=True, text=True, env=environ, timeout=300)
 
@@ -50,7 +52,7 @@ def test_one_core_runs_one_thread_and_the_variable_or_the_flag_override_it():
 @needs_taskset
 @pytest.mark.skipif(len(CORES) < 2, reason="needs two cores")
 def test_two_cores_run_one_thread_where_torch_would_run_two():
-    done = _generate(CORES[:2], "--json")
+    done = _generate(CORES[:2], "--json", verbose=True)
     assert _threads_of(done) == 1
     assert "torch threads: 1 (2 CPUs usable: affinity 2" in done.stderr
 
