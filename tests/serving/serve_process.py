@@ -5,6 +5,7 @@ run."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -89,6 +90,20 @@ def running(directory: Path, *extra: str, env: dict[str, str] | None = None) -> 
         yield server
     finally:
         server.stop()
+
+
+def chat_batch_file(lines: int, content: str = "count to 60 .", max_tokens: int = 64) -> bytes:
+    """A Batch API input file of ``lines`` chat requests to the shipped model, custom ids c0, c1, ..."""
+    body = {
+        "model": "tiny-llada",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+    }
+    rows = [
+        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        for i in range(lines)
+    ]
+    return "".join(json.dumps(row) + "\n" for row in rows).encode()
 
 
 def openai_client(server: Serve, key: str = "unused", asynchronous: bool = False):

@@ -23,7 +23,7 @@ import redis
 
 from dllm_contracts.queue.keys import ServiceKeys
 from tests.serving.outage_harness import Tally, results_published_twice, start_load
-from tests.serving.serve_process import Serve, openai_client, running
+from tests.serving.serve_process import Serve, chat_batch_file, openai_client, running
 from tests.serving_utils import WAIT_S, gateway_settings, wait_for, write_served_model
 
 LOAD_REQUESTS = 120  # a load the faults below land in the middle of
@@ -196,16 +196,7 @@ def test_a_child_that_cannot_start_ends_serve_with_its_own_cause_and_status_2(tm
 
 def test_ctrl_c_twice_stops_at_once_and_the_accepted_work_is_served_at_the_next_start(tmp_path):
     lines = 300
-    body = {
-        "model": "tiny-llada",
-        "messages": [{"role": "user", "content": "count to 60 ."}],
-        "max_tokens": 64,
-    }
-    rows = [
-        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
-        for i in range(lines)
-    ]
-    content = "".join(json.dumps(row) + "\n" for row in rows).encode()
+    content = chat_batch_file(lines)
     server = Serve(tmp_path, "--lease-ms", "2000")
     try:
         server.wait_ready()

@@ -16,24 +16,11 @@ from pathlib import Path
 import redis
 
 from dllm_contracts.queue.keys import ServiceKeys
-from tests.serving.serve_process import Serve, openai_client, running
+from tests.serving.serve_process import Serve, chat_batch_file, openai_client, running
 from tests.serving_utils import WAIT_S, wait_for
 
 LINES = 120
 OTHER_MODEL = "builtin:tiny-llada2-random"
-
-
-def _batch_content() -> bytes:
-    body = {
-        "model": "tiny-llada",
-        "messages": [{"role": "user", "content": "count to 60 ."}],
-        "max_tokens": 64,
-    }
-    rows = [
-        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
-        for i in range(LINES)
-    ]
-    return "".join(json.dumps(row) + "\n" for row in rows).encode()
 
 
 def _batch_left_waiting(tmp_path: Path) -> tuple[str, int]:
@@ -43,7 +30,7 @@ def _batch_left_waiting(tmp_path: Path) -> tuple[str, int]:
     try:
         server.wait_ready()
         client = openai_client(server)
-        source = client.files.create(file=("c.jsonl", _batch_content()), purpose="batch")
+        source = client.files.create(file=("c.jsonl", chat_batch_file(LINES)), purpose="batch")
         batch = client.batches.create(
             input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
