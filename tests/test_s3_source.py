@@ -1,0 +1,84 @@
+"""The s3:// model cache against a real S3-compatible server (moto's, ``python -m moto.server``): a
+snapshot is used only once complete, the store is asked again and a changed prefix fetched again, and
+without the store the newest complete snapshot serves."""
+
+from __future__ import annotations
+
+import pytest
+
+from dllm_contracts.model_source import builtin_model_dir
+from dllm_contracts.model_store_config import ModelStoreSettings
+from dllm_contracts.s3_source import MARKER, S3SourceError, fetch
+from tests.s3_server import S3Server
+
+URI = "s3://models/tiny"
+PATTERNS = ["*.json", "*.safetensors"]
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    server = S3Server(tmp_path / "moto.log")
+    server.upload(builtin_model_dir("tiny-llada"), "models", "tiny")
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+    yield server
+    server.stop()
+
+
+def _settings(tmp_path, store) -> ModelStoreSettings:
+    return ModelStoreSettings(tmp_path / "cache", store.url)
+
+
+def test_a_fetched_snapshot_holds_the_prefixs_files_and_is_used_again(store, tmp_path):
+    settings = _settings(tmp_path, store)
+    snapshot = fetch(URI, PATTERNS, settings)
+    shipped = builtin_model_dir("tiny-llada")
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert (snapshot / name).read_bytes() == (shipped / name).read_bytes()
+    assert not (snapshot / "chat_template.jinja").exists()  # only what the patterns take
+    (snapshot / "config.json").touch()
+    before = (snapshot / "config.json").stat().st_mtime_ns
+    assert fetch(URI, PATTERNS, settings) == snapshot
+    assert (snapshot / "config.json").stat().st_mtime_ns == before  # not downloaded again
+
+
+def test_a_snapshot_without_its_marker_is_never_used(store, tmp_path):
+    settings = _settings(tmp_path, store)
+    snapshot = fetch(URI, PATTERNS, settings)
+    (snapshot / MARKER).unlink()  # as a download cut short would leave it
+    (snapshot / "model.safetensors").write_bytes(b"half")
+    store.stop()
+    with pytest.raises(S3SourceError, match="cannot reach the store"):
+        fetch(URI, PATTERNS, settings)
+
+
+def test_a_half_download_is_fetched_again_whole(store, tmp_path):
+    settings = _settings(tmp_path, store)
+    snapshot = fetch(URI, PATTERNS, settings)
+    (snapshot / MARKER).unlink()
+    (snapshot / "model.safetensors").write_bytes(b"half")
+    assert fetch(URI, PATTERNS, settings) == snapshot
+    shipped = builtin_model_dir("tiny-llada") / "model.safetensors"
+    assert (snapshot / "model.safetensors").read_bytes() == shipped.read_bytes()
+    assert (snapshot / MARKER).is_file()
+
+
+def test_a_changed_prefix_is_a_new_snapshot_and_without_the_store_the_newest_serves(store, tmp_path):
+    settings = _settings(tmp_path, store)
+    first = fetch(URI, PATTERNS, settings)
+    store.client().put_object(Bucket="models", Key="tiny/generation_config.json", Body=b'{"eos": 1}')
+    second = fetch(URI, PATTERNS, settings)
+    assert second != first and (second / "generation_config.json").read_bytes() == b'{"eos": 1}'
+    store.stop()
+    assert fetch(URI, PATTERNS, settings) == second
+
+
+def test_the_endpoint_comes_from_dllms_setting_then_the_aws_variables():
+    env = {"AWS_ENDPOINT_URL": "http://a:1", "AWS_ENDPOINT_URL_S3": "http://s3:2", "XDG_CACHE_HOME": "/c"}
+    assert ModelStoreSettings.from_env(env).s3_endpoint_url == "http://s3:2"
+    assert ModelStoreSettings.from_env(env | {"DLLM_S3_ENDPOINT_URL": "https://d:3"}).s3_endpoint_url == (
+        "https://d:3"
+    )
+    assert str(ModelStoreSettings.from_env(env).cache_dir) == "/c/dllm/models"
+    with pytest.raises(ValueError, match="must be an http:// or https:// URL"):
+        ModelStoreSettings.from_env({"DLLM_S3_ENDPOINT_URL": "minio:9000"})
