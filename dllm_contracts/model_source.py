@@ -84,9 +84,14 @@ def download(repo_id: str, revision: str | None = None, patterns: list[str] | No
 def is_remote(spec: str) -> bool:
     """Whether ``spec`` names a checkpoint that is downloaded (an s3:// URI or a Hub repo id), not one
     already on a local or mounted disk."""
+    return spec.startswith(S3_SCHEME) or (names_download(spec) and not Path(spec).expanduser().exists())
+
+
+def names_download(spec: str) -> bool:
+    """Whether ``spec``, read as text only, is an s3:// URI or a Hub repo id (``REPO[@REVISION]``)."""
     if spec.startswith(S3_SCHEME):
         return True
-    if spec.startswith(("builtin:", "random:", FILE_SCHEME)) or Path(spec).expanduser().exists():
+    if spec.startswith(("builtin:", "random:", FILE_SCHEME, "/")):
         return False
     return _looks_like_repo_id(split_revision(spec)[0])
 

@@ -11,6 +11,7 @@ Torch-free: the gateway's init container fetches the tokenizer through it."""
 
 from __future__ import annotations
 
+import fcntl
 import fnmatch
 import hashlib
 import json
@@ -139,13 +140,28 @@ def _reason(exc: Exception, location: S3Location) -> str:
 
 
 def _download(client, location: S3Location, objects: list[S3Object], snapshot: Path) -> Path:
-    partial = snapshot.with_name(f".partial-{snapshot.name}-{socket.gethostname()}-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    shutil.rmtree(snapshot, ignore_errors=True)  # a snapshot without its marker is not one (never complete)
+    """Download under a lock on the snapshot, so that processes on one machine (or sharing a volume whose
+    file system honours locks) fetch it once: those that waited find it complete."""
+    snapshot.parent.mkdir(parents=True, exist_ok=True)
+    with open(snapshot.with_name(f".lock-{snapshot.name}"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (snapshot / MARKER).is_file():
+            return snapshot
+        host = socket.gethostname()
+        for stale in snapshot.parent.glob(f".partial-{snapshot.name}-{host}-*"):  # a fetch killed here
+            shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(snapshot, ignore_errors=True)  # a snapshot without its marker is not one
+        partial = snapshot.with_name(f".partial-{snapshot.name}-{host}-{os.getpid()}")
+        try:
+            _download_into(client, location, objects, partial)
+            return _publish(partial, snapshot)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _download_into(client, location: S3Location, objects: list[S3Object], partial: Path) -> None:
     total = sum(o.size for o in objects)
-    logger.info(
-        "fetching %s/ (%d files, %.1f MiB) into %s", location.uri, len(objects), total / 2**20, snapshot
-    )
+    logger.info("fetching %s/ (%d files, %.1f MiB)", location.uri, len(objects), total / 2**20)
     try:
         for item in objects:
             target = partial / item.name
@@ -153,15 +169,12 @@ def _download(client, location: S3Location, objects: list[S3Object], snapshot: P
             client.download_file(location.bucket, item.key, str(target))
             if target.stat().st_size != item.size:
                 raise S3SourceError(f"{location.uri}/{item.name} changed while it was fetched; fetch again")
-        marker = {"uri": location.uri, "files": [[o.name, o.size, o.etag] for o in objects]}
-        (partial / MARKER).write_text(json.dumps(marker, indent=1))
-        return _publish(partial, snapshot)
     except S3SourceError:
         raise
     except Exception as exc:  # noqa: BLE001 (a failed transfer or a full disk: one line, no traceback)
         raise S3SourceError(f"cannot fetch {location.uri}/: {_reason(exc, location)}") from None
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+    marker = {"uri": location.uri, "files": [[o.name, o.size, o.etag] for o in objects]}
+    (partial / MARKER).write_text(json.dumps(marker, indent=1))
 
 
 def _publish(partial: Path, snapshot: Path) -> Path:
