@@ -19,6 +19,7 @@ KEY_ID, SECRET = "test-key-id", "test-secret"  # moto accepts any credentials
 class S3Server:
     def __init__(self, log: Path) -> None:
         self.port = free_port()
+        self.log_path = log  # one line per request (werkzeug's access log)
         self.log = open(log, "w")  # noqa: SIM115 (closed in stop)
         argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
         self.process = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)

@@ -4,6 +4,11 @@ without the store the newest complete snapshot serves."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+
 import pytest
 
 from dllm_contracts.model_source import builtin_model_dir
@@ -82,3 +87,31 @@ def test_the_endpoint_comes_from_dllms_setting_then_the_aws_variables():
     assert str(ModelStoreSettings.from_env(env).cache_dir) == "/c/dllm/models"
     with pytest.raises(ValueError, match="must be an http:// or https:// URL"):
         ModelStoreSettings.from_env({"DLLM_S3_ENDPOINT_URL": "minio:9000"})
+
+
+def test_two_fetches_at_once_download_the_checkpoint_once(store, tmp_path):
+    """As two pods on one node (or sharing the cache volume) starting together: one downloads, the other
+    waits for it and uses its snapshot."""
+    env = os.environ | store.env() | {"DLLM_MODEL_CACHE": str(tmp_path / "cache")}
+    argv = [sys.executable, "-m", "dllm_contracts.fetch_model", URI]
+    fetches = [subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for process in fetches:
+        assert process.wait(timeout=120) == 0, process.stderr.read()
+    downloads = store.log_path.read_text().count("GET /models/tiny/model.safetensors")
+    assert downloads == 1
+    [snapshot] = (tmp_path / "cache" / "s3").glob(f"*/*/{MARKER}")
+    assert not list(snapshot.parent.parent.glob(".partial-*"))
+
+
+def test_fetch_model_fails_in_one_line_at_its_deadline(store, tmp_path):
+    store.process.send_signal(signal.SIGSTOP)  # a store that accepts and never answers
+    try:
+        env = os.environ | store.env() | {"DLLM_MODEL_CACHE": str(tmp_path / "cache")}
+        argv = [sys.executable, "-m", "dllm_contracts.fetch_model", URI, "--deadline", "2"]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        store.process.send_signal(signal.SIGCONT)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        "fetch_model: error: not fetched within the deadline of 2 s"
+    )

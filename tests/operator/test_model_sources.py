@@ -172,3 +172,32 @@ def test_the_rendered_fetch_then_the_engines_model_argument_load_from_the_cache_
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "t u v w x y z"
+
+
+def test_the_operator_reconciles_an_s3_service_fetching_before_the_engine_then_a_volume_path(
+    cluster, operator
+):
+    from tests.operator.test_lifecycle import NAME, complete_profiling, until
+
+    kube = cluster.client()
+    service = yaml.safe_load(S3_EXAMPLE.read_text())
+    service["metadata"]["name"] = NAME
+    kube.create_service(service)
+    job = complete_profiling(kube, budget=131072)
+    [fetch] = next(j for j in kube.jobs() if j["metadata"]["name"] == job)["spec"]["template"]["spec"][
+        "initContainers"
+    ]
+    assert fetch["name"] == "fetch-model" and "s3://models/llada-8b-instruct" in fetch["command"]
+
+    def engine_inits() -> list[dict] | None:
+        deployment = kube.deployment(f"{NAME}-engine")
+        return deployment and deployment["spec"]["template"]["spec"]["initContainers"]
+
+    [fetch] = until(kube, engine_inits, "the engine Deployment with its fetch")
+    assert env_of(fetch)["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]["name"] == "s3-credentials"
+    model = {"uri": "pvc://weights/llada", "s3EndpointUrl": None, "s3CredentialsSecretRef": None}
+    kube.patch_service(NAME, {"spec": {"model": model}})
+    complete_profiling(kube, budget=131072)  # another model: profiled again
+    until(kube, lambda: engine_inits() == [], "the engine with nothing to fetch")
+    engine = kube.deployment(f"{NAME}-engine")["spec"]["template"]["spec"]
+    assert "/models/llada" in engine["containers"][0]["command"]
