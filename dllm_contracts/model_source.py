@@ -7,6 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dllm_contracts.model_uri import (
+    FILE_SCHEME,
+    S3_SCHEME,
+    looks_like_repo_id,
+    names_download,
+    split_revision,
+)
+
 
 class ModelLoadError(ValueError):
     """The model could not be found or loaded; the message says why in one line."""
@@ -43,17 +51,6 @@ def default_served_name(spec: str, model_dir: Path) -> str:
     return model_dir.name
 
 
-def split_revision(spec: str) -> tuple[str, str | None]:
-    """``REPO@REVISION`` -> (REPO, REVISION); anything else -> (spec, None)."""
-    repo, at, revision = spec.partition("@")
-    return (repo, revision) if at and _looks_like_repo_id(repo) and revision else (spec, None)
-
-
-def _looks_like_repo_id(spec: str) -> bool:
-    parts = spec.split("/")
-    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
-
-
 CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
 
 
@@ -87,19 +84,6 @@ def is_remote(spec: str) -> bool:
     return spec.startswith(S3_SCHEME) or (names_download(spec) and not Path(spec).expanduser().exists())
 
 
-def names_download(spec: str) -> bool:
-    """Whether ``spec``, read as text only, is an s3:// URI or a Hub repo id (``REPO[@REVISION]``)."""
-    if spec.startswith(S3_SCHEME):
-        return True
-    if spec.startswith(("builtin:", "random:", FILE_SCHEME, "/")):
-        return False
-    return _looks_like_repo_id(split_revision(spec)[0])
-
-
-S3_SCHEME = "s3://"
-FILE_SCHEME = "file://"
-
-
 def resolve_model_dir(spec: str, patterns: list[str] | None = None) -> Path:
     """A local checkpoint directory for ``spec``: a path or ``file:///path``, ``builtin:NAME``, an
     ``s3://BUCKET/PREFIX`` URI or a Hugging Face repo id (``REPO@REVISION`` pins a revision).
@@ -117,6 +101,6 @@ def resolve_model_dir(spec: str, patterns: list[str] | None = None) -> Path:
             raise ModelLoadError(f"model path {spec!r} is not a directory")
         return path
     repo, revision = split_revision(spec)
-    if _looks_like_repo_id(repo):
+    if looks_like_repo_id(repo):
         return download(repo, revision, patterns)
     raise ModelLoadError(f"model path {spec!r} does not exist")

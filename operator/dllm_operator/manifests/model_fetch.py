@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dllm_contracts.model_source import names_download
+from dllm_contracts.model_uri import names_download
 from dllm_operator.manifests import common
 from dllm_operator.spec import ServiceSpec
 
