@@ -8,11 +8,13 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from dllm_contracts.model_source import builtin_model_dir
+from dllm_contracts.model_source import builtin_model_dir, default_served_name
 from dllm_contracts.model_store_config import ModelStoreSettings
+from dllm_contracts.model_uri import names_download
 from dllm_contracts.s3_source import MARKER, S3SourceError, fetch
 from tests.s3_server import S3Server
 
@@ -115,3 +117,28 @@ def test_fetch_model_fails_in_one_line_at_its_deadline(store, tmp_path):
     assert done.stderr.strip().splitlines()[-1] == (
         "fetch_model: error: not fetched within the deadline of 2 s"
     )
+
+
+def test_the_gateways_tokenizer_fetch_takes_only_the_tokenizer_from_the_store(store, tmp_path):
+    env = os.environ | store.env() | {"DLLM_MODEL_CACHE": str(tmp_path / "cache")}
+    argv = [sys.executable, "-m", "gateway.fetch_tokenizer", URI, str(tmp_path / "tok")]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "tok" / "tokenizer.json").is_file()
+    assert "GET /models/tiny/model.safetensors" not in store.log_path.read_text()  # no weights fetched
+
+
+@pytest.mark.parametrize(
+    ("spec", "downloads", "served"),
+    [
+        ("s3://models/llada/tiny-llada/", True, "tiny-llada"),
+        ("GSAI-ML/LLaDA-8B-Instruct@0123abc", True, "LLaDA-8B-Instruct"),
+        ("builtin:tiny-llada", False, "snapshot"),
+        ("/models/llada", False, "snapshot"),
+        ("file:///models/llada", False, "snapshot"),
+        ("random:llada-tiny", False, "snapshot"),
+    ],
+)
+def test_what_a_source_names_decides_the_fetch_and_the_served_name(spec, downloads, served):
+    assert names_download(spec) is downloads
+    assert default_served_name(spec, Path("/cache/snapshot")) == served
