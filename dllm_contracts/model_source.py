@@ -1,10 +1,19 @@
-"""Where a model's files are: a local directory, a model shipped in the package, or a Hugging Face repo
-(downloaded once into the hub's cache). Torch-free: ``dllm serve`` finds the tokenizer without loading
-torch."""
+"""Where a model's files are: a local directory (a path or ``file:///path``), a model shipped in the package,
+a prefix in an S3-compatible store (``s3://BUCKET/PREFIX``, fetched once into the model cache: see
+``s3_source``) or a Hugging Face repo (downloaded once into the hub's cache). Torch-free: ``dllm serve``
+and the gateway's init container find the tokenizer without loading torch."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from dllm_contracts.model_uri import (
+    FILE_SCHEME,
+    S3_SCHEME,
+    looks_like_repo_id,
+    names_download,
+    split_revision,
+)
 
 
 class ModelLoadError(ValueError):
@@ -34,15 +43,12 @@ def portable_name(spec: str) -> str:
     return f"builtin:{path.name}" if path.parent == ASSETS_DIR.resolve() else str(path)
 
 
-def split_revision(spec: str) -> tuple[str, str | None]:
-    """``REPO@REVISION`` -> (REPO, REVISION); anything else -> (spec, None)."""
-    repo, at, revision = spec.partition("@")
-    return (repo, revision) if at and _looks_like_repo_id(repo) and revision else (spec, None)
-
-
-def _looks_like_repo_id(spec: str) -> bool:
-    parts = spec.split("/")
-    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
+def default_served_name(spec: str, model_dir: Path) -> str:
+    """The model id clients pass when none is chosen: the last part of an s3:// URI or a repo id (not the
+    cache's snapshot directory it was fetched into), else the checkpoint directory's name."""
+    if is_remote(spec):
+        return split_revision(spec)[0].rstrip("/").rsplit("/", 1)[-1]
+    return model_dir.name
 
 
 CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
@@ -72,17 +78,29 @@ def download(repo_id: str, revision: str | None = None, patterns: list[str] | No
         ) from exc
 
 
-def resolve_model_dir(spec: str) -> Path:
-    """A local checkpoint directory for ``spec``: a path, ``builtin:NAME``, or a Hugging Face repo id
-    (``REPO@REVISION`` pins a revision)."""
+def is_remote(spec: str) -> bool:
+    """Whether ``spec`` names a checkpoint that is downloaded (an s3:// URI or a Hub repo id), not one
+    already on a local or mounted disk."""
+    return spec.startswith(S3_SCHEME) or (names_download(spec) and not Path(spec).expanduser().exists())
+
+
+def resolve_model_dir(spec: str, patterns: list[str] | None = None) -> Path:
+    """A local checkpoint directory for ``spec``: a path or ``file:///path``, ``builtin:NAME``, an
+    ``s3://BUCKET/PREFIX`` URI or a Hugging Face repo id (``REPO@REVISION`` pins a revision).
+    ``patterns``: the files a download takes (default: the checkpoint's)."""
+    if spec.startswith(S3_SCHEME):
+        from dllm_contracts import s3_source
+
+        return s3_source.fetch(spec, patterns or CHECKPOINT_FILES)
     if spec.startswith("builtin:"):
         spec = str(builtin_model_dir(spec.split(":", 1)[1]))
+    spec = spec.removeprefix(FILE_SCHEME)
     path = Path(spec).expanduser()
     if path.exists():
         if not path.is_dir():
             raise ModelLoadError(f"model path {spec!r} is not a directory")
         return path
     repo, revision = split_revision(spec)
-    if _looks_like_repo_id(repo):
-        return download(repo, revision)
+    if looks_like_repo_id(repo):
+        return download(repo, revision, patterns)
     raise ModelLoadError(f"model path {spec!r} does not exist")

@@ -28,10 +28,10 @@ def fetch(source: str, dest: str) -> Path:
         for name in PATTERNS:
             if (local / name).is_file():
                 shutil.copy2(local / name, target / name)
-    else:  # a Hub repo (REPO@REVISION pins one), through the shared cache when it is mounted
-        from dllm_contracts.model_source import download, split_revision
+    else:  # an s3:// prefix or a Hub repo (REPO@REVISION pins one), through the cache when it is mounted
+        from dllm_contracts.model_source import resolve_model_dir
 
-        snapshot = download(*split_revision(source), patterns=PATTERNS)
+        snapshot = resolve_model_dir(source, patterns=PATTERNS)
         for name in PATTERNS:
             if (snapshot / name).is_file():
                 shutil.copy2(snapshot / name, target / name)

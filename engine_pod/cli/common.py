@@ -32,7 +32,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "GSAI-ML/LLaDA-8B-Instruct, Dream-org/Dream-v0-Instruct-7B, inclusionAI/LLaDA2.0-mini, "
         "JetLM/SDAR-8B-Chat, google/diffusiongemma-26B-A4B-it, ...), a model shipped "
         f"with the package ({builtin}; the *-random ones are untrained), or random weights of a real shape "
-        f"({randoms}; served with the shipped tokenizer); default: {DEFAULT_MODEL_NAME}. "
+        f"({randoms}; served with the shipped tokenizer), or s3://BUCKET/PREFIX in an S3-compatible store "
+        "(fetched once into $DLLM_MODEL_CACHE; endpoint from AWS_ENDPOINT_URL, credentials from the AWS "
+        f"variables); default: {DEFAULT_MODEL_NAME}. "
         "Weights larger than the device's memory are refused before loading",
     )
     group.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")

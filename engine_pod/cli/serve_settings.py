@@ -16,6 +16,7 @@ def gateway_settings(args: argparse.Namespace, model_dir: Path):
     """The gateway's settings: the ``DLLM_*`` environment the gateway itself reads, then this command's
     flags over it; what the worker decides (its decoding, its queue) is the worker's. The Redis URL is
     set once Redis runs."""
+    from dllm_contracts.model_source import default_served_name
     from gateway.settings import GatewaySettings, SettingsError, env_values
 
     flags = {
@@ -28,7 +29,7 @@ def gateway_settings(args: argparse.Namespace, model_dir: Path):
         "processes": args.gateway_processes,
     }
     values = env_values() | {name: value for name, value in flags.items() if value is not None}
-    values.setdefault("model_name", model_dir.name)
+    values.setdefault("model_name", default_served_name(args.model, model_dir))
     values.setdefault("access_log", False)  # a line per request would bury the terminal's own lines
     limit = values.get("max_tokens_limit", GatewaySettings.max_tokens_limit)
     values.setdefault("default_max_tokens", min(GatewaySettings.default_max_tokens, limit))

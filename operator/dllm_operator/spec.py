@@ -12,6 +12,7 @@ from dllm_contracts.families import DEFAULT_FAMILY, MASKED, FamilyDecoding, fami
 from dllm_contracts.model_identity import FINGERPRINT_CHARS, ModelIdentity
 from dllm_contracts.scheduler_config import DEFAULTS, SchedulerConfig, problems_of
 from dllm_operator import names
+from dllm_operator.model_spec import DEFAULT_DOWNLOAD_TIMEOUT_S, source_fields, source_problems
 
 LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -40,6 +41,9 @@ class ServiceSpec:
     volume_claim: str | None = None
     cache_volume_claim: str | None = None  # PVC for downloads, shared by the profiling Job and the engines
     hf_token: SecretRef | None = None
+    s3_credentials: str | None = None  # a Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (s3:// models)
+    s3_endpoint_url: str | None = None  # an S3-compatible store's URL (None: AWS S3)
+    download_timeout_s: int = DEFAULT_DOWNLOAD_TIMEOUT_S  # the init container that fetches the model
     block_length: int = MASKED.block_length  # parse_spec: the family's default (dllm_contracts.families)
     steps_per_block: int = MASKED.steps_per_block
     remasking: str = "threshold"
@@ -152,15 +156,17 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
     redis, gateway = spec.get("redis") or {"managed": True}, spec.get("gateway") or {}
     budget = profiling.get("tokenBudget")
     family, decoded = _family(model)
+    for failed, message in source_problems(model):
+        if failed:
+            raise SpecError(message)
     parsed = ServiceSpec(
         name=name,
         namespace=namespace,
-        model_uri=model["uri"],
+        **source_fields(model),
         revision=model.get("revision"),
         family=family,
         dtype=model.get("dtype", "bfloat16"),
         served_name=model.get("servedName", ""),
-        volume_claim=model.get("volumeClaim"),
         cache_volume_claim=model.get("cacheVolumeClaim"),
         hf_token=_ref(model.get("hfTokenSecretRef")),
         block_length=int(decoding.get("blockLength", decoded.block_length)),

@@ -26,7 +26,7 @@ PIN = re.compile(r"(?<![\w.-])([A-Za-z][A-Za-z0-9._-]*)==([0-9][0-9A-Za-z.+!-]*)
 # image -> (its requirement file, or None for the engine's, which installs the project with extras;
 #           the modules its container commands run)
 IMAGES = {
-    "engine": (None, ["engine_pod.cli.main"]),
+    "engine": (None, ["engine_pod.cli.main", "dllm_contracts.fetch_model"]),
     "gateway": ("gateway-requirements.txt", ["gateway.__main__", "gateway.fetch_tokenizer"]),
     "operator": ("operator-requirements.txt", ["dllm_operator.handlers"]),
 }

@@ -284,11 +284,19 @@ def test_gateway_processes_per_pod_reach_the_gateway_and_its_cpu_request(process
     assert container["resources"]["requests"]["cpu"] == f"{500 * processes}m"
 
 
-def test_engine_pods_may_take_an_hour_to_load_their_model_before_liveness_counts():
-    container = all_manifests(example())[2]["spec"]["template"]["spec"]["containers"][0]
+def test_engine_pods_fetch_a_downloaded_model_first_and_probe_only_its_loading():
+    pod = all_manifests(example())[2]["spec"]["template"]["spec"]
+    [fetch] = pod["initContainers"]  # the Hub repo is fetched before the engine starts
+    assert fetch["command"][:4] == [
+        "python",
+        "-m",
+        "dllm_contracts.fetch_model",
+        "GSAI-ML/LLaDA-8B-Instruct@main",
+    ]
+    container = pod["containers"][0]
     startup = container["startupProbe"]
     assert startup["httpGet"]["path"] == "/startupz"  # answers once the model is loaded
-    assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600
+    assert 600 <= startup["periodSeconds"] * startup["failureThreshold"] <= 1800  # loading, no download
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from dllm_contracts.engine_env import THREADS_ENV
+from dllm_contracts.model_store_config import MODEL_CACHE_ENV, S3_ENDPOINT_ENV
 from dllm_operator import names
 from dllm_operator.config import GROUP, KIND, VERSION, OperatorSettings
 from dllm_operator.spec import SecretRef, ServiceSpec
 
 APP = "dllm"
 METRICS_LABEL = "dllm.dev/metrics"  # on the Services a ServiceMonitor scrapes
+S3_CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")  # keys of s3CredentialsSecretRef's Secret
 
 
 def name_of(spec: ServiceSpec, component: str) -> str:
@@ -163,13 +165,22 @@ def metrics_service(
 
 
 def cache_env(spec: ServiceSpec) -> list[dict[str, Any]]:
-    """Where downloads go, and the Hugging Face token (gated or private checkpoints) when one is given."""
+    """Where downloads go, the Hugging Face token (gated or private checkpoints) when one is given, and an
+    s3:// model's store and credentials."""
     env: list[dict[str, Any]] = [
         {"name": "HF_HOME", "value": "/cache/huggingface"},
         {"name": "XDG_CACHE_HOME", "value": "/cache"},
+        {"name": MODEL_CACHE_ENV, "value": "/cache/models"},
     ]
     if spec.hf_token:
         env.append(secret_env("HF_TOKEN", spec.hf_token))
+    if spec.s3_endpoint_url:
+        env.append({"name": S3_ENDPOINT_ENV, "value": spec.s3_endpoint_url})
+    if spec.s3_credentials:
+        for variable in S3_CREDENTIAL_KEYS:
+            env.append(secret_env(variable, SecretRef(spec.s3_credentials, variable)))
+        session = {"name": spec.s3_credentials, "key": "AWS_SESSION_TOKEN", "optional": True}
+        env.append({"name": "AWS_SESSION_TOKEN", "valueFrom": {"secretKeyRef": session}})
     return env
 
 

@@ -8,13 +8,16 @@ from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV
 from dllm_contracts.scheduler_config import admission_flags
 from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests import common
+from dllm_operator.manifests.model_fetch import fetch_init_containers
 from dllm_operator.manifests.redis import password_ref
 from dllm_operator.profile_state import GPU_PRODUCT_LABEL
 from dllm_operator.spec import ServiceSpec, scheduler_settings
 
 PROFILE_MOUNT = "/etc/dllm/profile"
 METRICS_PORT = 9090
-STARTUP_BUDGET_S = 3600  # how long a pod may take to download and load its model
+# how long the engine may take to load its model (from the cache or the model volume into memory): a
+# downloaded model is fetched before, by the fetch-model init container, under its own deadline
+STARTUP_BUDGET_S = 1200
 
 
 def profile_configmap(spec: ServiceSpec, owner: dict, profile_json: str, profile_hash: str) -> dict[str, Any]:
@@ -80,17 +83,18 @@ def engine_deployment(
         "--model-identity",
         spec.model_identity,
     ]
+    image = spec.image or settings.engine_image
     container = {
         "name": "engine",
-        "image": spec.image or settings.engine_image,
+        "image": image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": command,
         "env": redis_env(spec, redis_url) + common.cache_env(spec) + [common.threads_env()],
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
         "resources": common.resources(spec),
         "volumeMounts": mounts,
-        # the probe server answers from the start; startup waits for the model (download included) up
-        # to STARTUP_BUDGET_S, and only then does liveness count
+        # the probe server answers from the start; startup waits for the model to load (its download was
+        # the init container's) up to STARTUP_BUDGET_S, and only then does liveness count
         "startupProbe": {
             "httpGet": {"path": "/startupz", "port": "metrics"},
             "periodSeconds": 10,
@@ -125,6 +129,7 @@ def engine_deployment(
                     "terminationGracePeriodSeconds": 90,
                     "securityContext": common.pod_security(),
                     **common.pod_identity(settings),
+                    "initContainers": fetch_init_containers(spec, image, settings.image_pull_policy, mounts),
                     "containers": [container],
                     "volumes": vols,
                     **_placement(spec, gpu_product),

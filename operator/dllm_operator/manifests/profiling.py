@@ -6,6 +6,7 @@ from typing import Any
 
 from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests import common
+from dllm_operator.manifests.model_fetch import fetch_init_containers
 from dllm_operator.spec import ServiceSpec
 
 TERMINATION_LOG = "/dev/termination-log"
@@ -32,9 +33,10 @@ def profiling_job(
         "--termination-log",
         TERMINATION_LOG,
     ]
+    image = spec.image or settings.engine_image
     container = {
         "name": "profile",
-        "image": spec.image or settings.engine_image,
+        "image": image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": command,
         "env": common.cache_env(spec) + [common.threads_env()],  # the threads the engine will run
@@ -52,7 +54,8 @@ def profiling_job(
         "metadata": meta,
         "spec": {
             "backoffLimit": 1,
-            "activeDeadlineSeconds": spec.profiling_timeout_s,  # unschedulable or hung: Failed, not forever
+            # unschedulable or hung: Failed, not forever (the pod's whole life: the model's fetch included)
+            "activeDeadlineSeconds": spec.profiling_timeout_s,
             "ttlSecondsAfterFinished": 86400,
             "template": {
                 "metadata": {"labels": common.labels(spec, "profile")},
@@ -60,6 +63,7 @@ def profiling_job(
                     "restartPolicy": "Never",
                     "securityContext": common.pod_security(),
                     **common.pod_identity(settings),
+                    "initContainers": fetch_init_containers(spec, image, settings.image_pull_policy, mounts),
                     "containers": [container],
                     "volumes": vols,
                     **common.scheduling(spec),
