@@ -1,9 +1,11 @@
 """What each key may do: its tenant, its limits and its priority, from its line of the keys file.
 
-A line of the keys file is a key, then optionally ``name=value`` options separated by spaces::
+A line of the keys file is a key (or several, separated by commas: each its own tenant with the line's
+options), then optionally ``name=value`` options separated by spaces::
 
     sk-team-a rpm=60 tpm=100000 concurrency=8 batch_lines=50000 priority=high tenant=team-a
     sk-team-b
+    sk-c,sk-d
 
 A key without an option takes the default of the settings (``DLLM_LIMIT_*``, ``DLLM_DEFAULT_PRIORITY``);
 0 means no limit. ``tenant=NAME`` names the key's tenant, so that a key rotated to a new one (same
@@ -65,10 +67,10 @@ def tenant_of_name(name: str) -> str:
     return hashlib.sha256(f"tenant:{name}".encode()).hexdigest()[:32]
 
 
-def parse_line(line: str, number: int, defaults: Limits) -> tuple[str, Caller]:
-    """A keys file line as (key, caller); errors name the line, never the key."""
-    key, *options = line.split()
-    limits, tenant = defaults, tenant_of_key(key)
+def parse_line(line: str, number: int, defaults: Limits) -> dict[str, Caller]:
+    """A keys file line's keys with their callers; errors name the line, never a key."""
+    keys, *options = line.split()
+    limits, tenant = defaults, None
     for option in options:
         name, sep, value = option.partition("=")
         where = f"line {number} of the API keys file"
@@ -89,7 +91,7 @@ def parse_line(line: str, number: int, defaults: Limits) -> tuple[str, Caller]:
         else:
             known = ", ".join([*LIMIT_OPTIONS, "priority", "tenant"])
             raise SettingsError(f"{where}: unknown option {name!r} (known: {known})")
-    return key, Caller(tenant, limits)
+    return {key: Caller(tenant or tenant_of_key(key), limits) for key in keys.split(",") if key}
 
 
 def parse_keys(text: str, defaults: Limits) -> dict[str, Caller]:
@@ -98,6 +100,5 @@ def parse_keys(text: str, defaults: Limits) -> dict[str, Caller]:
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if line and not line.startswith("#"):
-            key, caller = parse_line(line, number, defaults)
-            callers[key] = caller
+            callers |= parse_line(line, number, defaults)
     return callers
