@@ -4,6 +4,7 @@ Kubernetes Secret's volume (files behind a ``..data`` symlink, swapped on update
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -226,3 +227,47 @@ def test_a_wrong_line_written_later_keeps_the_keys_loaded(tmp_path):
     assert loaded.changed()
     loaded.reload()
     assert loaded.caller("sk-a").limits.rpm == 2
+
+
+def _batch_file(gateway: GatewayProcess, key: str, lines: int) -> str:
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 8}
+    content = "".join(
+        f'{{"custom_id": "j{i}", "method": "POST", "url": "/v1/completions", "body": {json.dumps(body)}}}\n'
+        for i in range(lines)
+    )
+    reply = httpx.post(
+        f"{gateway.url}/v1/files",
+        files={"file": ("in.jsonl", content.encode())},
+        data={"purpose": "batch"},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=WAIT_S,
+    )
+    assert reply.status_code == 200, reply.text
+    return reply.json()["id"]
+
+
+def _create_batch(gateway: GatewayProcess, key: str, file_id: str) -> httpx.Response:
+    body = {"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"}
+    headers = {"Authorization": f"Bearer {key}"}
+    return httpx.post(f"{gateway.url}/v1/batches", json=body, headers=headers, timeout=WAIT_S)
+
+
+def test_a_tenant_at_its_queued_batch_lines_gets_429_until_a_batch_ends(replicas):
+    one, two = replicas("key-q batch_lines=6\nkey-b\n")
+    first = _create_batch(one, "key-q", _batch_file(one, "key-q", 4))
+    assert first.status_code == 200, first.text
+    second_file = _batch_file(two, "key-q", 4)
+    refused = _create_batch(two, "key-q", second_file)  # 4 + 4 lines: over 6, from the other replica
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded" and refused.headers["Retry-After"]
+    assert _create_batch(two, "key-b", _batch_file(two, "key-b", 4)).status_code == 200  # another tenant
+    batch_id = first.json()["id"]
+    headers = {"Authorization": "Bearer key-q"}
+    assert httpx.post(f"{one.url}/v1/batches/{batch_id}/cancel", headers=headers).status_code == 200
+    wait_for(
+        lambda: (
+            httpx.get(f"{one.url}/v1/batches/{batch_id}", headers=headers).json()["status"] == "cancelled"
+        ),
+        what="the first batch cancelled",
+    )
+    assert _create_batch(two, "key-q", second_file).status_code == 200  # its lines were given back
