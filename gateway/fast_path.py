@@ -96,9 +96,7 @@ async def _answer(state, path: str, headers, read_body, is_disconnected) -> Resp
     answer (a whole one), with the stream (a stream), or with the error."""
     admitted = None
     try:
-        authorization = authorization_of(headers)
-        check_api_key(state, authorization)
-        admitted = Admitted(state.api_keys.caller_of(authorization))
+        admitted = Admitted(check_api_key(state, authorization_of(headers)))
         response = await _handled(state, path, admitted, read_body, is_disconnected)
     except ApiError as exc:
         response = exc.response()
