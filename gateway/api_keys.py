@@ -1,4 +1,6 @@
-"""The bearer keys a gateway accepts: those of its settings plus a keys file, re-read on SIGHUP.
+"""The bearer keys a gateway accepts, and what each may do: those of its settings plus a keys file (see
+``gateway.key_limits`` for its lines' options), re-read on SIGHUP and whenever its content changes
+(checked every ``api_keys_reload_s``: a Kubernetes Secret's volume is updated in place, with no signal).
 
 Keys are on whenever the settings name any key or a keys file, even a file that holds none (every
 request is then refused): a missing or emptied file never leaves the API open.
@@ -6,24 +8,25 @@ request is then refused): a missing or emptied file never leaves the API open.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import logging
 from pathlib import Path
 
+from gateway.key_limits import Caller, Limits, parse_keys, tenant_of_key
 from gateway.settings import GatewaySettings, SettingsError
+
+ANONYMOUS = "anonymous"  # every client's tenant when there are no keys
 
 logger = logging.getLogger(__name__)
 
 
-def read_keys_file(path: str) -> frozenset[str]:
-    """The keys in ``path``: one a line; blank lines and lines starting with ``#`` are skipped."""
+def read_keys_text(path: str) -> str:
     try:
-        text = Path(path).read_text()
+        return Path(path).read_text()
     except OSError as exc:
         raise SettingsError(f"cannot read the API keys file {path!r}: {exc.strerror or exc}") from None
-    lines = (line.strip() for line in text.splitlines())
-    return frozenset(line for line in lines if line and not line.startswith("#"))
 
 
 def keys_state(settings: GatewaySettings) -> str:
@@ -54,30 +57,67 @@ class ApiKeys:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.required = settings.keys_required
-        self.keys = self._load()
+        self.defaults = Limits.defaults(settings)
+        self.anonymous = Caller(ANONYMOUS, self.defaults)
+        self.text = ""  # the keys file's content as last loaded
+        self.callers = self._load()
 
-    def _load(self) -> frozenset[str]:
-        keys = frozenset(self.settings.api_keys)
+    @property
+    def keys(self) -> frozenset[str]:
+        return frozenset(self.callers)
+
+    def _load(self) -> dict[str, Caller]:
+        callers = {key: Caller(tenant_of_key(key), self.defaults) for key in self.settings.api_keys}
         if self.settings.api_keys_file:
-            keys |= read_keys_file(self.settings.api_keys_file)
-        return keys
+            self.text = read_keys_text(self.settings.api_keys_file)
+            callers |= parse_keys(self.text, self.defaults)
+        return callers
 
     def reload(self) -> None:
-        """Re-read the keys file (SIGHUP). A file that cannot be read keeps the keys already loaded."""
+        """Re-read the keys file (SIGHUP, or a change seen). A file that cannot be read or has a wrong line
+        keeps the keys already loaded."""
         try:
-            keys = self._load()
+            callers = self._load()
         except SettingsError as exc:
-            logger.error("%s; keeping the %d keys loaded before", exc, len(self.keys))
+            logger.error("%s; keeping the %d keys loaded before", exc, len(self.callers))
             return
         logger.info(
             "API keys reloaded from %s: %d keys (were %d)",
             self.settings.api_keys_file,
-            len(keys),
-            len(self.keys),
+            len(callers),
+            len(self.callers),
         )
-        self.keys = keys
+        self.callers = callers
+
+    def changed(self) -> bool:
+        """Whether the keys file's content differs from what was loaded (unreadable: not changed)."""
+        try:
+            return read_keys_text(self.settings.api_keys_file) != self.text
+        except SettingsError:
+            return False
+
+    async def watch(self) -> None:
+        """Reload the keys file whenever its content changes (a Secret's volume swaps its files in)."""
+        period = self.settings.api_keys_reload_s
+        while True:
+            await asyncio.sleep(period)
+            if await asyncio.to_thread(self.changed):
+                self.reload()
+
+    def caller(self, token: str) -> Caller | None:
+        """Who ``token`` is (compared in constant time with every key), or None for no key of ours."""
+        encoded, found = token.encode(), None
+        for key, caller in self.callers.items():
+            if hmac.compare_digest(encoded, key.encode()):
+                found = caller
+        return found
+
+    def caller_of(self, authorization: str) -> Caller:
+        """The caller of a request whose key was checked already (anonymous without keys)."""
+        if not self.required:
+            return self.anonymous
+        return self.caller(authorization.partition(" ")[2]) or self.anonymous
 
     def accepts(self, token: str) -> bool:
         """Whether ``token`` is one of the keys (compared in constant time)."""
-        encoded = token.encode()
-        return any(hmac.compare_digest(encoded, key.encode()) for key in self.keys)
+        return self.caller(token) is not None

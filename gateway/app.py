@@ -59,6 +59,8 @@ def build_app(settings: GatewaySettings, metrics_server: bool = True) -> HotPath
         _reload_keys_on_sighup(api_keys)
         background = [asyncio.create_task(reader.run()), asyncio.create_task(delivered.run())]
         background.append(asyncio.create_task(state.batches.run()))
+        if settings.api_keys_file and settings.api_keys_reload_s > 0:
+            background.append(asyncio.create_task(api_keys.watch()))
         for task in background:
             task.add_done_callback(_report_failure)
         freeze_loaded_objects()

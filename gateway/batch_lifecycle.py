@@ -18,9 +18,10 @@ import time
 from dllm_contracts.queue.ops import text_of
 from dllm_contracts.queue.resilience import REDIS_ERRORS
 from gateway.batch_ingest import cancel_members
+from gateway.batch_lines import release_batch_lines
 from gateway.batch_results import result_lines
 from gateway.stored_files import store_file
-from gateway.tenancy import TENANT_FIELD
+from gateway.tenancy import ANONYMOUS, TENANT_FIELD
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ async def _finalize(state, batch_id: str, record: dict[str, str]) -> dict[str, s
         pipe.hset(key, mapping=final)
         pipe.delete(keys.batch_results(batch_id), keys.batch_finalizing(batch_id))
         pipe.zrem(keys.batch_leases, batch_id)
+        release_batch_lines(pipe, state, record.get(TENANT_FIELD) or ANONYMOUS, batch_id)
         await pipe.execute()
     return await read_record(state, batch_id) or record
 

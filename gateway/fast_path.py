@@ -15,7 +15,7 @@ import logging
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from dllm_contracts.queue.resilience import TRANSIENT_ERRORS
 from gateway.errors import (
@@ -26,6 +26,7 @@ from gateway.errors import (
     shutting_down,
     validation_error,
 )
+from gateway.rate_limits import Admitted
 from gateway.routers.completions import chat, complete
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.state import authorization_of, check_api_key
@@ -91,11 +92,41 @@ async def respond(state, path: str, headers, read_body, is_disconnected) -> Resp
 
 
 async def _answer(state, path: str, headers, read_body, is_disconnected) -> Response:
+    """The answer, with the caller's rate limit headers; the caller's hold on its limits ends with the
+    answer (a whole one), with the stream (a stream), or with the error."""
+    admitted = None
+    try:
+        admitted = Admitted(check_api_key(state, authorization_of(headers)))
+        response = await _handled(state, path, admitted, read_body, is_disconnected)
+    except ApiError as exc:
+        response = exc.response()
+    except BaseException:
+        if admitted is not None:
+            await admitted.end(state)
+        raise
+    if admitted is not None:
+        response.headers.update(admitted.headers())
+        if isinstance(response, StreamingResponse):
+            response.body_iterator = _ending(response.body_iterator, admitted, state)
+        else:
+            await admitted.end(state)
+    return response
+
+
+async def _ending(body, admitted: Admitted, state):
+    """A stream's body that ends the caller's hold when it ends (sent, failed, or its client left)."""
+    try:
+        async for chunk in body:
+            yield chunk
+    finally:
+        await admitted.end(state)
+
+
+async def _handled(state, path: str, admitted: Admitted, read_body, is_disconnected) -> Response:
     model, handler = ROUTES[path]
     try:
-        check_api_key(state, authorization_of(headers))
         body = _parsed(model, await read_body())
-        result = await handler(body, state, is_disconnected)
+        result = await handler(body, state, is_disconnected, admitted)
     except ApiError as exc:
         return exc.response()
     except ValidationError as exc:
@@ -105,6 +136,7 @@ async def _answer(state, path: str, headers, read_body, is_disconnected) -> Resp
     except TRANSIENT_ERRORS as exc:
         return queue_unreachable(type(exc).__name__, state.settings.retry_after_s).response()
     if isinstance(result, BaseModel):
+        admitted.generated = result.usage.completion_tokens
         return Response(result.model_dump_json(), media_type="application/json")
     return result  # a stream
 

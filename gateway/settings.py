@@ -39,7 +39,36 @@ class GatewaySettings:
         (), "bearer keys, comma-separated; with none here and no keys file: no authentication"
     )
     api_keys_file: str = _setting(
-        "", "a file of bearer keys, one a line (re-read on SIGHUP); set: keys are on"
+        "",
+        "a file of bearer keys, one a line, each with its own limits if any (KEY rpm=60 tpm=100000 "
+        "concurrency=8 batch_lines=50000 priority=high tenant=NAME); re-read on SIGHUP and whenever it "
+        "changes; set: keys are on",
+    )
+    api_keys_reload_s: float = _setting(
+        10.0, "how often the keys file is checked for changes (a Secret's update): 0: on SIGHUP only"
+    )
+    limit_rpm: int = _setting(
+        0, "requests per minute of each key (its tenant) unless its line sets rpm; 0: none"
+    )
+    limit_tpm: int = _setting(
+        0,
+        "tokens per minute of each key unless its line sets tpm (a request counts its prompt and its "
+        "max_tokens per choice; what was not generated is given back); 0: none",
+    )
+    limit_concurrency: int = _setting(
+        0, "requests in flight of each key unless its line sets concurrency; 0: none"
+    )
+    limit_batch_lines: int = _setting(
+        0,
+        "batch lines each key may have queued (batches not ended) unless its line sets batch_lines; 0: none",
+    )
+    default_priority: str = _setting(
+        "normal", "each key's priority unless its line sets one: high, normal or low"
+    )
+    priority_head_start_s: float = _setting(
+        10.0,
+        "how much earlier a high-priority request counts as arrived (a low one: later) in the queue's "
+        "wait-based order: a normal request is never overtaken by a high one that came this much after it",
     )
     max_queued: int = _setting(10_000, "pending + in-flight requests beyond which new ones get 429")
     retry_after_s: int = 2
@@ -110,6 +139,16 @@ class GatewaySettings:
     def __post_init__(self) -> None:
         checks = [
             (self.max_queued >= 1, "max_queued must be positive"),
+            (
+                min(self.limit_rpm, self.limit_tpm, self.limit_concurrency, self.limit_batch_lines) >= 0,
+                "limits (DLLM_LIMIT_*) must not be negative (0: none)",
+            ),
+            (
+                self.default_priority in PRIORITIES,
+                f"default_priority must be one of {', '.join(PRIORITIES)}",
+            ),
+            (self.priority_head_start_s >= 0, "priority_head_start_s must not be negative"),
+            (self.api_keys_reload_s >= 0, "api_keys_reload_s must not be negative (0: on SIGHUP only)"),
             (self.max_prompt_tokens >= 1, "max_prompt_tokens must be positive"),
             (self.max_prompts_per_request >= 1, "max_prompts_per_request must be positive"),
             (self.max_batch_lines >= 1, "max_batch_lines must be positive"),
@@ -194,6 +233,13 @@ ENV_NAMES = {  # field -> environment variable: the one place a gateway setting'
     "model_name": "DLLM_MODEL_NAME",
     "api_keys": "DLLM_API_KEYS",
     "api_keys_file": "DLLM_API_KEYS_FILE",
+    "api_keys_reload_s": "DLLM_API_KEYS_RELOAD_S",
+    "limit_rpm": "DLLM_LIMIT_RPM",
+    "limit_tpm": "DLLM_LIMIT_TPM",
+    "limit_concurrency": "DLLM_LIMIT_CONCURRENCY",
+    "limit_batch_lines": "DLLM_LIMIT_BATCH_LINES",
+    "default_priority": "DLLM_DEFAULT_PRIORITY",
+    "priority_head_start_s": "DLLM_PRIORITY_HEAD_START_S",
     "max_queued": "DLLM_MAX_QUEUED",
     "max_prompt_tokens": "DLLM_MAX_PROMPT_TOKENS",
     "max_prompts_per_request": "DLLM_MAX_PROMPTS",
@@ -235,6 +281,7 @@ def _identity_ok(text: str) -> bool:
 
 
 UNKNOWN_FIELDS = ("reject", "ignore")
+PRIORITIES = {"high": 1, "normal": 0, "low": -1}  # a key's priority -> the sign of its head start
 
 
 def env_values() -> dict:

@@ -17,6 +17,7 @@ from gateway.coalesced_calls import CoalescedCalls
 from gateway.delivered import DeliveredEvents
 from gateway.errors import ApiError
 from gateway.event_reader import EventReader
+from gateway.key_limits import Caller
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
 from gateway.tokenizer import GatewayTokenizer
@@ -80,12 +81,14 @@ def authorization_of(headers: list[tuple[bytes, bytes]]) -> str:
     return found[0].decode("latin-1") if found else ""
 
 
-def check_api_key(state: GatewayState, authorization: str) -> None:
-    """``authorization``: the request's Authorization header ("" when it has none)."""
+def check_api_key(state: GatewayState, authorization: str) -> Caller:
+    """Who the request comes from (anonymous without keys); a 401 for a missing or unknown key.
+    ``authorization``: the request's Authorization header ("" when it has none)."""
     if not state.api_keys.required:
-        return
+        return state.api_keys.anonymous
     scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not state.api_keys.accepts(token):
+    caller = state.api_keys.caller(token) if scheme.lower() == "bearer" else None
+    if caller is None:
         raise ApiError(
             401,
             "missing or invalid API key (send Authorization: Bearer <key>)",
@@ -93,3 +96,4 @@ def check_api_key(state: GatewayState, authorization: str) -> None:
             code="invalid_api_key",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    return caller

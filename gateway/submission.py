@@ -14,6 +14,7 @@ from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from dllm_contracts.queue.resilience import REDIS_ERRORS, TRANSIENT_ERRORS, Backoff
 from gateway.errors import ApiError, model_not_found, queue_unreachable, shutting_down
 from gateway.openai_fields import unknown_fields
+from gateway.rate_limits import Admitted
 from gateway.schemas import CommonFields
 from gateway.state import GatewayState
 
@@ -182,14 +183,23 @@ def _seed(body: CommonFields) -> int:
     return body.seed if body.seed is not None else secrets.randbelow(2**62)
 
 
-async def enqueue_all(requests: list[QueuedRequest], state: GatewayState) -> None:
-    """Accept every request into the queue, or none: 429 when it cannot take them all; Redis faults
+async def enqueue_all(
+    requests: list[QueuedRequest], state: GatewayState, admitted: Admitted | None = None
+) -> None:
+    """Accept every request into the queue, or none: 429 when it cannot take them all, or when they are
+    over their caller's limits (``admitted``: counted there first, queued with its priority); Redis faults
     are retried (the enqueue script is idempotent) for up to ``enqueue_timeout_s``, then 503."""
+    head_start = 0
+    if admitted is not None:
+        prompts = sum(len(request.prompt_ids) for request in requests)
+        await admitted.admit(state, prompts, sum(request.max_tokens for request in requests))
+        head_start = admitted.caller.limits.head_start_ms(state.settings)
     give_up = time.monotonic() + state.settings.enqueue_timeout_s
     backoff = Backoff()
+    call = state.queue.ops.enqueue_all(requests, state.settings.max_queued, head_start)
     while True:
         try:
-            accepted = await state.calls.run(state.queue.ops.enqueue_all(requests, state.settings.max_queued))
+            accepted = await state.calls.run(call)
             break
         except TRANSIENT_ERRORS as exc:
             if time.monotonic() >= give_up:

@@ -7,31 +7,33 @@ to the tenant that created them: another tenant gets a 404, as for an id that do
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from dllm_contracts.queue.ops import as_text, text_of
+from gateway.api_keys import ANONYMOUS
 from gateway.errors import ApiError
+from gateway.key_limits import Caller, tenant_of_key
 from gateway.state import State, authorization_of
 
-ANONYMOUS = "anonymous"
 TENANT_FIELD = "tenant"  # the field of a file's or a batch's hash that names its owner
+__all__ = ["ANONYMOUS", "CurrentCaller", "Tenant", "tenant_of_key"]
 
 
-def tenant_of_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()[:32]
+async def current_caller(request: Request, state: State) -> Caller:
+    """Who the request comes from (its key was already checked by ``require_api_key``)."""
+    return state.api_keys.caller_of(authorization_of(request.scope["headers"]))
 
 
-async def current_tenant(request: Request, state: State) -> str:
-    """The caller's tenant (its key was already checked by ``require_api_key``)."""
-    if not state.api_keys.required:
-        return ANONYMOUS
-    return tenant_of_key(authorization_of(request.scope["headers"]).partition(" ")[2])
+async def current_tenant(caller: Annotated[Caller, Depends(current_caller)]) -> str:
+    """The caller's tenant: a hash of its key, or of the tenant name its key's line gives (the key itself
+    is never stored); ``anonymous`` without keys."""
+    return caller.tenant
 
 
+CurrentCaller = Annotated[Caller, Depends(current_caller)]
 Tenant = Annotated[str, Depends(current_tenant)]
 
 

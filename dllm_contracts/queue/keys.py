@@ -173,3 +173,19 @@ class ServiceKeys:
     def batches_of(self, tenant: str) -> str:
         """Sorted set: a tenant's batch ids by creation time (seconds): what ``GET /v1/batches`` lists."""
         return self._key("batches", _checked_tenant(tenant))
+
+    def limits_of(self, tenant: str) -> str:
+        """Hash: a tenant's fixed one-minute window: ``window`` (its start, ms of Redis's clock), the
+        ``requests`` and ``tokens`` admitted in it. Expires shortly after its window."""
+        return self._key("limits", _checked_tenant(tenant))
+
+    def running_of(self, tenant: str) -> str:
+        """Sorted set: a tenant's requests in flight (an admission ticket each) -> when the ticket expires
+        (ms): a ticket is removed when its request ends, or expires with the request's deadline (a gateway
+        that died holding it leaks nothing)."""
+        return self._key("limits", _checked_tenant(tenant), "running")
+
+    def batch_lines_of(self, tenant: str) -> str:
+        """Hash: a tenant's batches not yet ended -> "<lines> <expiry ms>": the batch lines it has queued,
+        released when the batch ends or at the expiry (its completion window, and a margin)."""
+        return self._key("limits", _checked_tenant(tenant), "batch-lines")

@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from dllm_contracts.queue import batch_scripts, request_scripts, scripts
+from dllm_contracts.queue import batch_scripts, limit_scripts, request_scripts, scripts
 from dllm_contracts.queue.keys import RESULT_TTL_S, ServiceKeys
 from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest, encode_event
 
@@ -103,18 +103,21 @@ class QueueOps:
         self.lease_ms = lease_ms
         self.result_ttl_s = result_ttl_s
 
-    def enqueue(self, request: QueuedRequest, max_queued: int = 0) -> ScriptCall:
-        return self.enqueue_all([request], max_queued)
+    def enqueue(self, request: QueuedRequest, max_queued: int = 0, head_start_ms: int = 0) -> ScriptCall:
+        return self.enqueue_all([request], max_queued, head_start_ms)
 
-    def enqueue_all(self, requests: list[QueuedRequest], max_queued: int = 0) -> ScriptCall:
-        """Every request or none; scored by prompt length. One call enqueues members of one batch at most."""
+    def enqueue_all(
+        self, requests: list[QueuedRequest], max_queued: int = 0, head_start_ms: int = 0
+    ) -> ScriptCall:
+        """Every request or none; scored by prompt length. One call enqueues members of one batch at most.
+        ``head_start_ms``: their priority's, dating their arrival earlier (later, when negative)."""
         batches = {r.batch_id for r in requests}
         if len(batches) > 1:
             raise ValueError(f"one enqueue takes requests of one batch, got {sorted(batches)}")
         k, batch_id = self.keys, batches.pop() if batches else ""
         pending, arrivals = k.lane(batch_id)
         keys = [pending, k.live, k.wakeup, arrivals, k.sizes, k.inflight, k.pending]
-        args: list = [max_queued, batch_id, *_request_args(requests)]
+        args: list = [max_queued, batch_id, int(head_start_ms), *_request_args(requests)]
         return ScriptCall("ENQUEUE", [*keys, *(k.request(r.id) for r in requests)], args)
 
     def ingest(self, batch_id: str, chunk: IngestChunk, ttl_s: int) -> ScriptCall:
@@ -257,6 +260,7 @@ def script_sources() -> dict[str, str]:
         scripts: ("CANDIDATES", "CLAIM", "RENEW", "REAP", "COMMIT", "RELEASE"),
         request_scripts: ("CANCEL", "ENQUEUE"),
         batch_scripts: ("INGEST", "BATCH_LEASE", "BATCH_STATUS"),
+        limit_scripts: ("LIMIT_ADMIT", "LIMIT_RELEASE", "BATCH_LINES_ADMIT"),
     }
     return {name: getattr(module, name) for module, names in by_module.items() for name in names}
 

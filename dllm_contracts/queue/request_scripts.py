@@ -40,7 +40,9 @@ return 2
 )
 
 # Shared by ENQUEUE and INGEST: KEYS pending (the lane's), live set, wakeup, arrivals (the lane's), sizes;
-# the requests' hashes from KEYS[first] on, their score, max tokens and payload from ARGV[at] on.
+# the requests' hashes from KEYS[first] on, their score, max tokens and payload from ARGV[at] on. A head
+# start (ms; a priority's) dates their arrival that much earlier (later, when negative): the queue's wait-
+# based order (who waited longest is offered first among the aged) puts them that much ahead.
 _ADD_PENDING = """
 local function fresh_requests(first)
   local fresh = {}
@@ -50,9 +52,9 @@ local function fresh_requests(first)
   return fresh
 end
 
-local function add_pending(fresh, first, at, batch)
+local function add_pending(fresh, first, at, batch, head_start)
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - (head_start or 0)
   for _, i in ipairs(fresh) do
     local a = 3 * (i - first) + at
     local score, tokens, payload = ARGV[a], ARGV[a + 1], ARGV[a + 2]
@@ -70,8 +72,8 @@ end
 
 # KEYS: pending (the lane's), live set, wakeup, arrivals (the lane's), sizes, inflight, interactive pending,
 #   then one request hash per request
-# ARGV: max queued (0: unlimited), batch id ('' for none), then per request its prompt length (its
-#   score), its max tokens and its payload json
+# ARGV: max queued (0: unlimited), batch id ('' for none), head start (ms: the requests' priority), then per
+#   request its prompt length (its score), its max tokens and its payload json
 # Enqueues every request or none (returns 0 when the queue cannot take them all: the interactive lane's
 # pending and every request in flight count against the limit, a batch's backlog does not), stamped with
 # Redis's clock (a request's wait counts from then). Idempotent: a request id that exists already (a retry
@@ -85,7 +87,7 @@ local limit = tonumber(ARGV[1])
 if limit > 0 and #fresh > 0 and redis.call('ZCARD', KEYS[7]) + redis.call('ZCARD', KEYS[6]) + #fresh > limit then
   return 0
 end
-add_pending(fresh, 8, 3, ARGV[2])
+add_pending(fresh, 8, 4, ARGV[2], tonumber(ARGV[3]))
 return 1
 """
 )

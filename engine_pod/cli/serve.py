@@ -50,8 +50,8 @@ def register(subparsers) -> None:
         "gateway` reads (DLLM_API_KEYS, DLLM_API_KEYS_FILE, DLLM_MAX_QUEUED, DLLM_MAX_BODY_BYTES, "
         "DLLM_UNKNOWN_FIELDS, DLLM_REQUEST_TIMEOUT_S, ...: docs/api.md lists them); the flags above override "
         "them. Ctrl-C or SIGTERM drains: the gateway gives open requests $DLLM_DRAIN_TIMEOUT_S (default 30 s), "
-        "the worker finishes its work within --drain-timeout. SIGHUP makes the gateway re-read its API keys "
-        "file. Serving beyond loopback (--host 0.0.0.0) without keys is warned about. DiffusionGemma: a request's "
+        "the worker finishes its work within --drain-timeout. The gateway re-reads its API keys "
+        "file when it changes, and on SIGHUP. Serving beyond loopback (--host 0.0.0.0) without keys is warned about. DiffusionGemma: a request's "
         f"seed draws its noise and extra body fields set its sampler ({', '.join(SAMPLER_SETTINGS)}; "
         "max_denoising_steps up to --steps-per-block; unset ones: the checkpoint's generation config; the "
         "official client sends them in extra_body); other models refuse those fields (docs/api.md).",
@@ -81,7 +81,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--api-keys-file",
-        help="require a bearer key from this file, one key a line, re-read on SIGHUP "
+        help="require a bearer key from this file, one key a line with its limits if any (KEY rpm=60 "
+        "tpm=100000 concurrency=8 priority=high: docs/api.md), re-read when it changes and on SIGHUP "
         "(default: $DLLM_API_KEYS_FILE; $DLLM_API_KEYS takes keys separated by commas)",
     )
     parser.add_argument(

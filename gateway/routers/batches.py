@@ -24,10 +24,11 @@ from dllm_contracts.queue.ops import now_ms
 from gateway.batch_ingest import MODEL_FIELD, cancel_members, duplicate_custom_id, input_lines
 from gateway.batch_keeper import LEASE_MS
 from gateway.batch_lifecycle import ENDED, advance, read_record
+from gateway.batch_lines import reserve_batch_lines
 from gateway.errors import ApiError
 from gateway.schemas import BatchCreate, BatchList, BatchObject, RequestCounts
 from gateway.state import State, require_api_key
-from gateway.tenancy import TENANT_FIELD, Tenant, add_to_index, owned, page
+from gateway.tenancy import TENANT_FIELD, CurrentCaller, Tenant, add_to_index, owned, page
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 CREATE_BATCH = "createBatch"  # the operation id of POST /v1/batches (the files API links to it)
@@ -36,7 +37,8 @@ TIMES += ("cancelling_at", "cancelled_at")
 
 
 @router.post("/batches", response_model=BatchObject, operation_id=CREATE_BATCH)
-async def create_batch(body: BatchCreate, state: State, tenant: Tenant) -> BatchObject:
+async def create_batch(body: BatchCreate, state: State, caller: CurrentCaller) -> BatchObject:
+    tenant = caller.tenant
     keys = state.queue.ops.keys
     input_file = body.input_file_id
     found = (
@@ -49,6 +51,7 @@ async def create_batch(body: BatchCreate, state: State, tenant: Tenant) -> Batch
     owned(found[1], tenant, "file", input_file, "input_file_id")
     lines = await asyncio.to_thread(_checked_lines, found[0], state.settings.max_batch_lines)
     batch_id, now = new_batch_id(), int(time.time())
+    await reserve_batch_lines(state, caller, batch_id, lines)
     record = {
         "endpoint": body.endpoint,
         "input_file_id": input_file,

@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 from dllm_contracts.queue.messages import DoneEvent, QueuedRequest
 from gateway.errors import ApiError
 from gateway.logprobs import chat_logprobs, completion_logprobs
+from gateway.rate_limits import Admitted
 from gateway.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -83,11 +84,14 @@ async def completions(body: CompletionRequest, request: Request, state: State):
     return await complete(body, state, request.is_disconnected)
 
 
-async def complete(body: CompletionRequest, state, is_disconnected) -> CompletionResponse | StreamingResponse:
+async def complete(
+    body: CompletionRequest, state, is_disconnected, admitted: Admitted | None = None
+) -> CompletionResponse | StreamingResponse:
+    """``admitted``: the caller, whose limits the request is counted against (None: none)."""
     started = time.monotonic()
     check_request(body, state)
     queued = [choice for ids in _prompts(body, state) for choice in build_choices(ids, body, state)]
-    await enqueue_all(queued, state)  # every prompt or none
+    await enqueue_all(queued, state, admitted)  # every prompt or none
     if body.stream:
         return _streamed(queued, body, state, False, started)
     results = await wait_all(queued, state, is_disconnected)
@@ -128,13 +132,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
 
 
 async def chat(
-    body: ChatCompletionRequest, state, is_disconnected
+    body: ChatCompletionRequest, state, is_disconnected, admitted: Admitted | None = None
 ) -> ChatCompletionResponse | StreamingResponse:
     started = time.monotonic()
     check_request(body, state)
     prompt_ids = chat_prompt(body, state)
     queued = build_choices(prompt_ids, body, state)
-    await enqueue_all(queued, state)  # every choice or none
+    await enqueue_all(queued, state, admitted)  # every choice or none
     if body.stream:
         return _streamed(queued, body, state, True, started)
     results = await wait_all(queued, state, is_disconnected)

@@ -34,17 +34,31 @@ def gateway_settings(spec: ServiceSpec, redis_url: str) -> GatewaySettings:
     )
 
 
+KEYS_DIR = "/etc/dllm/api-keys"  # the keys Secret's volume: its key's value is the keys file there
+
+
 def _env(spec: ServiceSpec, redis_url: str) -> list[dict[str, Any]]:
-    # the URL comes with its password from redis_env, the API keys from their Secret
-    values = gateway_settings(spec, redis_url).to_env(exclude=("redis_url", "api_keys"))
+    # the URL comes with its password from redis_env, the API keys from their Secret's volume
+    values = gateway_settings(spec, redis_url).to_env(exclude=("redis_url", "api_keys", "api_keys_file"))
     env = (
         redis_env(spec, redis_url)
         + [{"name": k, "value": v} for k, v in values.items()]
         + common.cache_env(spec)
     )
     if spec.api_key:
-        env.append(common.secret_env(ENV_NAMES["api_keys"], spec.api_key))
+        env.append({"name": ENV_NAMES["api_keys_file"], "value": f"{KEYS_DIR}/keys"})
     return env
+
+
+def _keys_volume(spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The keys Secret as a file (volume, mount): the kubelet updates it in place when the Secret changes,
+    and the gateway re-reads it (no restart). Its value is a keys file: keys separated by commas or one a
+    line, each line with its limits if any."""
+    if not spec.api_key:
+        return [], []
+    item = {"key": spec.api_key.key, "path": "keys"}
+    volume = {"name": "api-keys", "secret": {"secretName": spec.api_key.name, "items": [item]}}
+    return [volume], [{"name": "api-keys", "mountPath": KEYS_DIR, "readOnly": True}]
 
 
 def _tokenizer_init(
@@ -77,6 +91,7 @@ def gateway_deployment(
 ) -> dict[str, Any]:
     image = spec.gateway_image or settings.gateway_image
     vols, mounts = common.volumes(spec, shared_cache=False)  # tokenizer files only: its own scratch
+    key_vols, key_mounts = _keys_volume(spec)
     liveness = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}  # the process only
     readiness = {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5}  # Redis answers too
     container = {
@@ -90,7 +105,7 @@ def gateway_deployment(
             {"name": "metrics", "containerPort": METRICS_PORT},
         ],
         "resources": _resources(spec.gateway_processes),
-        "volumeMounts": mounts,
+        "volumeMounts": mounts + key_mounts,
         "livenessProbe": liveness,
         "readinessProbe": readiness,
         "securityContext": common.container_security(),
@@ -109,7 +124,7 @@ def gateway_deployment(
                     **common.pod_identity(settings),
                     "initContainers": [_tokenizer_init(spec, image, settings, mounts)],
                     "containers": [container],
-                    "volumes": vols,
+                    "volumes": vols + key_vols,
                 },
             },
         },
