@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -94,6 +95,7 @@ def gateway_settings(model_dir: Path, redis_url: str, service: str, **overrides)
         steps_per_block=BLOCK,
         default_max_tokens=16,
         max_tokens_limit=64,
+        file_store=tempfile.mkdtemp(prefix="dllm-files-"),
     )
     return GatewaySettings(**(values | overrides))
 
