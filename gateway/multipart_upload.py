@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import Request
 
@@ -44,13 +45,23 @@ class MultipartUpload:
     async def file_chunks(self) -> AsyncIterator[bytes]:
         """The file part's bytes as they arrive (fields after the file are read too, to the body's end)."""
         async for chunk in self.request.stream():
-            self.parser.write(chunk)
+            self._parse(chunk)
             if self._out:
                 out, self._out = b"".join(self._out), []
                 yield out
-        self.parser.finalize()
+        self._parse(None)
         if not self.file_seen:
             raise ApiError(400, "the upload has no file part (field 'file')", param="file")
+
+    def _parse(self, chunk: bytes | None) -> None:
+        """Feed the parser (None: the body's end); a malformed body is the client's error."""
+        try:
+            if chunk is None:
+                self.parser.finalize()
+            else:
+                self.parser.write(chunk)
+        except FormParserError as exc:
+            raise ApiError(400, f"the upload is not valid multipart/form-data ({exc})") from None
 
     def _begin(self) -> None:
         self._part = {"headers": {}, "field": b"", "value": b"", "name": None, "is_file": False, "data": []}
