@@ -40,9 +40,10 @@ return {1, used}
 # ARGV: file id, now (s), only expired ('1': only a record whose retention has ended), retention of the
 #   sets (s)
 # The record gone, its bytes no longer charged to its tenant, its id in the trash (its bytes are deleted
-# next). Returns 1 when a record was dropped, 0 when there was none (or it is not expired).
+# next; a record from before files had a store was never charged). Returns 1 when a record was dropped, 0
+# when there was none (or it is not expired).
 FILE_DROP = """
-local record = redis.call('HMGET', KEYS[1], 'bytes', 'expires_at')
+local record = redis.call('HMGET', KEYS[1], 'bytes', 'expires_at', 'object')
 if ARGV[3] == '1' and record[2] and tonumber(record[2]) > tonumber(ARGV[2]) then
   redis.call('ZADD', KEYS[3], record[2], ARGV[1])
   return 0
@@ -53,7 +54,7 @@ redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
 redis.call('EXPIRE', KEYS[4], tonumber(ARGV[4]))
 if not record[1] then return 0 end
 redis.call('DEL', KEYS[1])
-if redis.call('DECRBY', KEYS[5], record[1]) <= 0 then redis.call('DEL', KEYS[5]) end
+if record[3] and redis.call('DECRBY', KEYS[5], record[1]) <= 0 then redis.call('DEL', KEYS[5]) end
 return 1
 """
 

@@ -75,8 +75,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--data-dir",
-        help="where the private Redis keeps its append-only file "
-        "(default: $XDG_CACHE_HOME/dllm/serve/SERVICE, or ~/.cache/dllm/serve/SERVICE)",
+        help="where the private Redis keeps its append-only file and the gateway its files (files/; "
+        "DLLM_FILE_STORE overrides) (default: $XDG_CACHE_HOME/dllm/serve/SERVICE, or ~/.cache/dllm/serve/SERVICE)",
     )
     parser.add_argument(
         "--api-keys-file",
