@@ -45,9 +45,9 @@ class FileStore(Protocol):
     def size(self, name: str) -> int | None:
         """The object's size in bytes, None when it does not exist."""
 
-    def sweep_partial(self, older_than_s: float) -> int:
-        """Remove writes left unfinished (a process killed while writing) untouched for ``older_than_s``;
-        how many were removed."""
+    def sweep_partial(self, older_than_s: float, writing: set[str]) -> int:
+        """Remove writes left unfinished (a process killed while writing) untouched for ``older_than_s``,
+        except those of the objects named in ``writing`` (uploads under way); how many were removed."""
 
     def describe(self) -> str: ...
 
@@ -83,7 +83,7 @@ class FilesystemStore:
     def writer(self, name: str) -> _FileWriter:
         final = self._path(name)
         final.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.root / PARTIAL / f"{name.replace('/', '_')}.{secrets.token_hex(6)}"
+        partial = self.root / PARTIAL / f"{_partial_prefix(name)}.{secrets.token_hex(6)}"
         return _FileWriter(partial, final)
 
     def reader(self, name: str) -> BinaryIO:
@@ -101,9 +101,12 @@ class FilesystemStore:
         except FileNotFoundError:
             return None
 
-    def sweep_partial(self, older_than_s: float) -> int:
+    def sweep_partial(self, older_than_s: float, writing: set[str]) -> int:
         cutoff, removed = time.time() - older_than_s, 0
+        live = {_partial_prefix(name) for name in writing}
         for path in (self.root / PARTIAL).iterdir():
+            if path.name.rsplit(".", 1)[0] in live:
+                continue
             with contextlib.suppress(FileNotFoundError):
                 if path.stat().st_mtime < cutoff:
                     path.unlink()
@@ -130,6 +133,10 @@ class _FileWriter:
         self.file.close()
         with contextlib.suppress(FileNotFoundError):
             self.partial.unlink()
+
+
+def _partial_prefix(name: str) -> str:
+    return name.replace("/", "_")
 
 
 def _fsync_dir(directory: Path) -> None:

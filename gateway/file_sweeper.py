@@ -1,7 +1,8 @@
 """The file sweeper: every gateway process, every ``file_sweep_s``, removes from the file store what no
 record holds any more: files past their retention (record dropped and their bytes no longer charged to
 their tenant, then their bytes deleted), uploads their gateway never finished (killed midway), and the
-ids left in the trash by a fault between a record's drop and its bytes' deletion.
+ids left in the trash by a fault between a record's drop and its bytes' deletion. Unfinished writes are
+told from uploads under way by the uploading set, not by the store's clock alone.
 
 Every step is a script that re-checks what it acts on, and deleting bytes twice is harmless, so any
 number of gateway replicas sweep the same Redis and store at once."""
@@ -15,7 +16,7 @@ import time
 from dllm_contracts.queue import file_scripts
 from dllm_contracts.queue.ops import ScriptCall, as_text, text_of
 from dllm_contracts.queue.resilience import REDIS_ERRORS
-from gateway.stored_files import delete_file, record_ttl_s, remove_bytes
+from gateway.stored_files import delete_file, object_name, record_ttl_s, remove_bytes
 from gateway.tenancy import ANONYMOUS, TENANT_FIELD
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ async def sweep_files(state) -> None:
         await state.queue.run(ScriptCall("FILE_ABANDON", file_scripts.abandon_keys(keys, file_id), args))
     for file_id in as_text(await state.redis.zrange(keys.files_trash, 0, SWEEP_COUNT - 1)):
         await remove_bytes(state, file_id)
-    removed = await asyncio.to_thread(state.files.sweep_partial, state.settings.max_upload_s)
+    under_way = await state.redis.zrangebyscore(keys.files_uploading, cutoff, "+inf")  # read before listing
+    writing = {object_name(state, file_id) for file_id in as_text(under_way)}
+    removed = await asyncio.to_thread(state.files.sweep_partial, state.settings.max_upload_s, writing)
     if removed:
         logger.info("file sweep: removed %d unfinished uploads", removed)

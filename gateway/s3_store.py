@@ -59,12 +59,13 @@ class S3Store:
                 return None
             raise
 
-    def sweep_partial(self, older_than_s: float) -> int:
+    def sweep_partial(self, older_than_s: float, writing: set[str]) -> int:
         cutoff = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=older_than_s)
+        live = {self._key(name) for name in writing}
         listed = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=self.prefix)
         removed = 0
         for upload in listed.get("Uploads", []):
-            if upload["Initiated"] < cutoff:
+            if upload["Initiated"] < cutoff and upload["Key"] not in live:
                 with contextlib.suppress(ClientError):
                     self.client.abort_multipart_upload(
                         Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]

@@ -14,7 +14,14 @@ import openai
 import pytest
 
 from engine_pod.serve.redis_server import free_port
-from tests.serving.test_file_store import _client, _download_sha, _settings, _start
+from tests.serving.test_file_store import (
+    _client,
+    _download_sha,
+    _kill,
+    _post_part_of_an_upload,
+    _settings,
+    _start,
+)
 from tests.serving_utils import wait_for
 
 boto3 = pytest.importorskip("boto3")
@@ -80,3 +87,30 @@ def _boto_credentials() -> dict:
         "aws_secret_access_key": CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
         "region_name": CREDENTIALS["AWS_DEFAULT_REGION"],
     }
+
+
+def test_an_s3_upload_killed_midway_is_aborted(served_model, redis_server, service, s3_server):
+    bucket = boto3.client("s3", endpoint_url=s3_server, **_boto_credentials())
+    bucket.create_bucket(Bucket=BUCKET)
+    settings = _settings(
+        served_model,
+        redis_server.url,
+        service,
+        f"s3://{BUCKET}/dllm",
+        s3_endpoint_url=s3_server,
+        max_upload_s=2.0,
+        file_sweep_s=0.2,
+    )
+    gateway = _start(settings, CREDENTIALS)
+    sock = _post_part_of_an_upload(gateway, 2 * PART)  # a multipart upload under way: a part sent
+    unfinished = lambda: bucket.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])  # noqa: E731
+    wait_for(unfinished, what="a multipart upload under way")
+    _kill(gateway)
+    sock.close()
+    gateway = _start(settings, CREDENTIALS)
+    try:
+        wait_for(lambda: not unfinished(), what="the unfinished multipart upload aborted")
+        assert bucket.list_objects_v2(Bucket=BUCKET).get("KeyCount", 0) == 0
+        assert _client(gateway).files.list().data == []
+    finally:
+        gateway.stop()
