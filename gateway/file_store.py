@@ -58,7 +58,7 @@ def open_store(location: str, s3_endpoint_url: str = "") -> FileStore:
         try:
             from gateway.s3_store import S3Store  # boto3 is imported only by a gateway that uses S3
         except ImportError:
-            raise ValueError("an s3:// file store needs boto3: pip install 'dllm-serve[s3]'") from None
+            raise ValueError("an s3:// file store needs boto3 (pip install boto3)") from None
         return S3Store(location, s3_endpoint_url)
     return FilesystemStore(Path(location).expanduser())
 
