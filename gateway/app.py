@@ -25,6 +25,8 @@ from gateway.delivered import DeliveredEvents
 from gateway.errors import install_error_handlers
 from gateway.event_reader import EventReader
 from gateway.fast_path import FastPath, is_hot
+from gateway.file_store import FileStore, open_store
+from gateway.file_sweeper import sweep_files_forever
 from gateway.metrics import GatewayMetrics
 from gateway.routers import batches, completions, files, health, models
 from gateway.routers.health import refresh_queue_depth
@@ -40,6 +42,7 @@ def build_app(settings: GatewaySettings, metrics_server: bool = True) -> HotPath
     the API port leaves it to the first)."""
     tokenizer = GatewayTokenizer(settings.model_dir)
     api_keys = ApiKeys(settings)  # a keys file that cannot be read stops the start here
+    store = _file_store(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -53,7 +56,9 @@ def build_app(settings: GatewaySettings, metrics_server: bool = True) -> HotPath
         calls = CoalescedCalls(queue)
         metrics = GatewayMetrics()
         metrics.waiting.set_function(reader.waiting)
-        state = GatewayState(settings, tokenizer, client, queue, metrics, calls, reader, delivered, api_keys)
+        state = GatewayState(
+            settings, tokenizer, client, queue, metrics, calls, reader, delivered, api_keys, store
+        )
         state.batches = BatchKeeper(state, new_gateway_id())
         app.state.gateway = state
         _reload_keys_on_sighup(api_keys)
@@ -61,6 +66,7 @@ def build_app(settings: GatewaySettings, metrics_server: bool = True) -> HotPath
         background.append(asyncio.create_task(state.batches.run()))
         if settings.api_keys_file and settings.api_keys_reload_s > 0:
             background.append(asyncio.create_task(api_keys.watch()))
+        background.append(asyncio.create_task(sweep_files_forever(state)))
         for task in background:
             task.add_done_callback(_report_failure)
         freeze_loaded_objects()
@@ -125,6 +131,16 @@ class HotPath:
 
     def __getattr__(self, name: str):
         return getattr(self.fastapi, name)
+
+
+def _file_store(settings: GatewaySettings) -> FileStore:
+    """The file store the settings name (a directory is made here: one that cannot be stops the start)."""
+    try:
+        store = open_store(settings.file_store, settings.s3_endpoint_url)
+    except OSError as exc:
+        raise ValueError(f"the file store {settings.file_store} cannot be used: {exc.strerror}") from None
+    logger.info("files kept in %s", store.describe())
+    return store
 
 
 def _reload_keys_on_sighup(api_keys: ApiKeys) -> None:

@@ -6,6 +6,7 @@ is resumed by whichever gateway takes the batch over, and no line is skipped or 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -15,7 +16,9 @@ from pydantic import ValidationError
 from dllm_contracts.queue.messages import BATCH_META, QueuedRequest
 from dllm_contracts.queue.ops import IngestChunk, as_text, text_of
 from gateway.errors import ApiError, validation_error
+from gateway.input_lines import given_custom_id, iter_lines
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.stored_files import open_file
 from gateway.submission import build_request, check_prompt_text, check_request
 from gateway.tokenizer import TokenizerError
 
@@ -28,36 +31,6 @@ MODEL_FIELD = "model_identity"  # the batch's hash field: the model identity its
 
 class LeaseLost(Exception):
     """Another gateway holds the batch now (this one's lease expired): it ingests from the cursor."""
-
-
-def input_lines(content: bytes | str) -> list[str]:
-    """The request lines of a batch input file (blank lines are not requests). Split at line ends only
-    (\\n, \\r\\n, \\r), never inside a JSON string: what the batch's ``total`` counts and its cursor indexes."""
-    raw = content.encode() if isinstance(content, str) else content
-    return [line.decode(errors="replace") for line in raw.splitlines() if line.strip()]
-
-
-def duplicate_custom_id(lines: list[str]) -> tuple[str, int, int] | None:
-    """The first ``custom_id`` two lines share, with the numbers of both lines (from 1); None when every
-    line's is its own. Lines without one (or not JSON) are left to ingestion, which reports them."""
-    first_line: dict[str, int] = {}
-    for number, text in enumerate(lines, 1):
-        custom_id = _given_custom_id(text)
-        if custom_id is None:
-            continue
-        first = first_line.setdefault(custom_id, number)
-        if first != number:
-            return custom_id, first, number
-    return None
-
-
-def _given_custom_id(text: str) -> str | None:
-    try:
-        line = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):  # not JSON, or nested deeper than Python parses
-        return None
-    custom_id = line.get("custom_id") if isinstance(line, dict) else None
-    return None if custom_id is None else str(custom_id)
 
 
 def _prepare(line_text: str, index: int, endpoint: str, model: str | None, state) -> QueuedRequest | dict:
@@ -139,7 +112,7 @@ def _skipped(text: str, index: int, reason: str) -> dict:
 
 
 def _custom_id(text: str, index: int) -> str:
-    given = _given_custom_id(text)
+    given = given_custom_id(text)
     return f"line-{index + 1}" if given is None else given
 
 
@@ -154,11 +127,27 @@ async def ingest_batch(batch_id: str, gateway: str, state) -> None:
     )
     if endpoint is None:
         return  # the batch is gone (past its retention)
-    start, chunk, stopped = int(cursor or 0), state.settings.batch_chunk, None
-    lines = await _input_of(input_file, state) if start < int(total) else []
-    while start < len(lines):
+    start, stopped = int(cursor or 0), None
+    if start < int(total):
+        reader = await _input_of(input_file, state)
+        try:
+            stopped = await _ingest_lines(batch_id, gateway, (endpoint, model), reader, start, state)
+        finally:
+            await asyncio.to_thread(reader.close)
+    stopped = stopped or await stop_reason(batch_id, state)
+    if stopped is not None:  # lines queued while the cancel (or the window's end) was being read
+        await cancel_members(batch_id, state, expire=stopped == "expired")
+
+
+async def _ingest_lines(batch_id: str, gateway: str, target, reader, start: int, state) -> str | None:
+    """Queue the input's lines from ``start`` on, ``batch_chunk`` at a time, as they are read from the
+    store; why it stopped early ("cancelled", "expired") or None."""
+    endpoint, model = target
+    lines, chunk, stopped = iter_lines(reader), state.settings.batch_chunk, None
+    await asyncio.to_thread(lambda: next(itertools.islice(lines, start, start), None))  # the lines taken in
+    part = await asyncio.to_thread(_take, lines, chunk)
+    while part:
         stopped = await stop_reason(batch_id, state)
-        part = lines[start : start + chunk]
         if stopped is not None:
             items = [_skipped(text, start + i, stopped) for i, text in enumerate(part)]
         else:
@@ -170,20 +159,23 @@ async def ingest_batch(batch_id: str, gateway: str, state) -> None:
         if reply == 0:
             raise LeaseLost(batch_id)
         if reply == -1:
-            return
+            return None
         if reply == 1:  # (2: a cancel came first; the next round reports the chunk's lines cancelled)
             start += len(part)
             await _started(batch_id, state)
-    stopped = stopped or await stop_reason(batch_id, state)
-    if stopped is not None:  # lines queued while the cancel (or the window's end) was being read
-        await cancel_members(batch_id, state, expire=stopped == "expired")
+            part = await asyncio.to_thread(_take, lines, chunk)
+    return stopped
 
 
-async def _input_of(input_file: str, state) -> list[str]:
-    content = await state.redis.hget(state.queue.ops.keys.file(input_file), "content")
-    if content is None:
-        raise ValueError(f"the input file {input_file} was deleted before its lines were queued")
-    return input_lines(content)
+def _take(lines, count: int) -> list[str]:
+    return list(itertools.islice(lines, count))
+
+
+async def _input_of(input_file: str, state):
+    try:
+        return await open_file(state, input_file)
+    except FileNotFoundError:
+        raise ValueError(f"the input file {input_file} was deleted before its lines were queued") from None
 
 
 async def _queue_chunk(batch_id: str, empty: IngestChunk, items: list, state) -> int:

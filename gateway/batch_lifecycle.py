@@ -20,7 +20,7 @@ from dllm_contracts.queue.resilience import REDIS_ERRORS
 from gateway.batch_ingest import cancel_members
 from gateway.batch_lines import release_batch_lines
 from gateway.batch_results import result_lines
-from gateway.stored_files import store_file
+from gateway.stored_files import write_file
 from gateway.tenancy import ANONYMOUS, TENANT_FIELD
 
 logger = logging.getLogger(__name__)
@@ -29,6 +29,7 @@ ENDED = ("completed", "failed", "cancelled", "expired")
 FINALIZE_LOCK_S = 60  # how long one gateway may take to write a batch's files before another takes over
 WATCH_S = 1.0  # how often the creating gateway looks at a running batch
 OUTPUT_PURPOSE = "batch_output"  # OpenAI's purpose of a batch's output and error files
+WRITE_LINES = 1000  # result lines encoded and written to the file store at a time
 
 
 async def read_record(state, batch_id: str) -> dict[str, str] | None:
@@ -113,9 +114,16 @@ async def _finalize(state, batch_id: str, record: dict[str, str]) -> dict[str, s
 
 
 async def _write(state, tenant: str, batch_id: str, kind: str, lines: list[dict]) -> str:
-    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    """The batch's ``kind`` file, written to the file store as a stream of its lines; charged to the
+    tenant's storage, never refused (the work is done)."""
+
+    async def content():
+        for start in range(0, len(lines), WRITE_LINES):
+            yield "".join(json.dumps(line) + "\n" for line in lines[start : start + WRITE_LINES]).encode()
+
     file_id = _file_id(batch_id, kind)
-    await store_file(state, tenant, f"{batch_id}_{kind}.jsonl", OUTPUT_PURPOSE, content, file_id)
+    named = (f"{batch_id}_{kind}.jsonl", OUTPUT_PURPOSE)
+    await write_file(state, tenant, content(), lambda: named, file_id, enforce_quota=False)
     return file_id
 
 

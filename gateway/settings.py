@@ -13,7 +13,8 @@ from dllm_contracts.model_identity import MODEL_IDENTITY_ENV, ModelIdentity
 from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV
 from dllm_contracts.queue.ops import RESULT_TTL_S
 
-MODEL_SCHEMES = ("builtin:", "random:")  # models named as dllm serve takes them (see gateway.model_files)
+MODEL_SCHEMES = ("builtin:", "random:")
+DEFAULT_FILE_STORE = "~/.cache/dllm/files"  # python -m gateway's; dllm serve and the operator set theirs  # models named as dllm serve takes them (see gateway.model_files)
 
 
 class SettingsError(ValueError):
@@ -98,6 +99,26 @@ class GatewaySettings:
     batch_ttl_s: int = _setting(7 * 86400, "how long a batch's record and its results stay")
     max_body_bytes: int = _setting(4 * 1024 * 1024, "a JSON request body larger than this is a 413, unread")
     max_upload_bytes: int = _setting(200 * 1024 * 1024, "a file upload larger than this is a 413")
+    file_store: str = _setting(
+        DEFAULT_FILE_STORE,
+        "where the bytes of uploaded files and batch outputs are kept: a directory (a volume of the "
+        "gateway's; every gateway replica must see the same one) or s3://BUCKET/PREFIX (an S3-compatible "
+        "bucket; credentials and region from the usual AWS_* variables); Redis keeps only their records",
+    )
+    s3_endpoint_url: str = _setting(
+        "", "the S3-compatible server of an s3:// file store (empty: AWS_ENDPOINT_URL, else AWS)"
+    )
+    storage_quota_bytes: int = _setting(
+        0,
+        "the bytes one tenant's files (uploads and batch outputs) may take together; an upload past it "
+        "is a 400 (code storage_quota_exceeded); 0: no quota",
+    )
+    max_upload_s: float = _setting(
+        3600.0, "an upload not received within this long is a 408; bytes of an unfinished one are swept"
+    )
+    file_sweep_s: float = _setting(
+        60.0, "how often expired files and unfinished uploads are deleted from the file store"
+    )
     unknown_fields: str = _setting(
         "reject", 'a body field OpenAI does not define: "reject" (400) or "ignore"'
     )
@@ -178,6 +199,12 @@ class GatewaySettings:
                 f"unknown_fields must be one of {', '.join(UNKNOWN_FIELDS)}",
             ),
             (self.batch_window_s >= 1, "batch_window_s must be positive"),
+            (bool(self.file_store.strip()), "file_store must name a directory or an s3:// URL"),
+            (self.storage_quota_bytes >= 0, "storage_quota_bytes must not be negative (0: no quota)"),
+            (
+                self.max_upload_s > 0 and self.file_sweep_s > 0,
+                "max_upload_s and file_sweep_s must be positive",
+            ),
             (1 <= self.processes <= 256, "processes must be in 1..256"),
             (self.max_header_bytes >= 1024, "max_header_bytes must be at least 1024"),
             (self.header_timeout_s > 0, "header_timeout_s must be positive"),
@@ -258,6 +285,11 @@ ENV_NAMES = {  # field -> environment variable: the one place a gateway setting'
     "batch_ttl_s": "DLLM_BATCH_TTL_S",
     "max_body_bytes": "DLLM_MAX_BODY_BYTES",
     "max_upload_bytes": "DLLM_MAX_UPLOAD_BYTES",
+    "file_store": "DLLM_FILE_STORE",
+    "s3_endpoint_url": "DLLM_S3_ENDPOINT_URL",
+    "storage_quota_bytes": "DLLM_STORAGE_QUOTA_BYTES",
+    "max_upload_s": "DLLM_MAX_UPLOAD_S",
+    "file_sweep_s": "DLLM_FILE_SWEEP_S",
     "unknown_fields": "DLLM_UNKNOWN_FIELDS",
     "batch_window_s": "DLLM_BATCH_WINDOW_S",
     "docs": "DLLM_DOCS",

@@ -17,6 +17,7 @@ from gateway.coalesced_calls import CoalescedCalls
 from gateway.delivered import DeliveredEvents
 from gateway.errors import ApiError
 from gateway.event_reader import EventReader
+from gateway.file_store import FileStore
 from gateway.key_limits import Caller
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
@@ -39,6 +40,7 @@ class GatewayState:
     events: EventReader  # every waiting request's events, read together
     delivered: DeliveredEvents  # requests whose results were delivered: their events' retention is cut
     api_keys: ApiKeys
+    files: FileStore  # the bytes of files and batch outputs (their records are in Redis)
     batches: BatchKeeper | None = None  # the batches this gateway process holds (set by the lifespan)
     tasks: set[asyncio.Task] = field(default_factory=set)  # background work of this process
     stop_waiting_at: float = math.inf  # monotonic time at which waits end with a 503 (shutting down)

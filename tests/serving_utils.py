@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -84,6 +85,9 @@ class GatewayServer:
         self.thread.join(timeout=10)
 
 
+_FILE_STORES = tempfile.TemporaryDirectory(prefix="dllm-files-")  # each gateway's store; gone at exit
+
+
 def gateway_settings(model_dir: Path, redis_url: str, service: str, **overrides) -> GatewaySettings:
     values = dict(
         redis_url=redis_url,
@@ -94,6 +98,7 @@ def gateway_settings(model_dir: Path, redis_url: str, service: str, **overrides)
         steps_per_block=BLOCK,
         default_max_tokens=16,
         max_tokens_limit=64,
+        file_store=tempfile.mkdtemp(dir=_FILE_STORES.name),
     )
     return GatewaySettings(**(values | overrides))
 

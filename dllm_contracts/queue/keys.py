@@ -163,8 +163,30 @@ class ServiceKeys:
         return self._key("batch", batch_id, "finalizing")
 
     def file(self, file_id: str) -> str:
-        """Hash: a file's metadata, content and tenant (uploaded, or a batch's output or errors)."""
+        """Hash: a file's record: metadata, tenant and where its bytes are (uploaded, or a batch's output or
+        errors); the bytes are in the file store (``gateway.file_store``)."""
         return self._key("file", file_id)
+
+    @property
+    def files_expiring(self) -> str:
+        """Sorted set: file id -> when its retention ends (seconds): what the file sweeper removes then,
+        record and bytes (see ``gateway.file_sweeper``)."""
+        return self._key("files", "expiring")
+
+    @property
+    def files_uploading(self) -> str:
+        """Sorted set: file id -> when its bytes started to be written (seconds), until its record is
+        committed: an entry left behind (its gateway died) names bytes the sweeper removes."""
+        return self._key("files", "uploading")
+
+    @property
+    def files_trash(self) -> str:
+        """Sorted set: file id -> when its record was dropped (seconds): bytes to remove from the store."""
+        return self._key("files", "trash")
+
+    def storage_used(self, tenant: str) -> str:
+        """String: the bytes of a tenant's files (what its storage quota is checked against)."""
+        return self._key("storage", _checked_tenant(tenant))
 
     def files_of(self, tenant: str) -> str:
         """Sorted set: a tenant's file ids by creation time (seconds): what ``GET /v1/files`` lists."""

@@ -10,7 +10,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from dllm_contracts.queue import batch_scripts, limit_scripts, request_scripts, scripts
+from dllm_contracts.queue import batch_scripts, file_scripts, limit_scripts, request_scripts, scripts
 from dllm_contracts.queue.keys import RESULT_TTL_S, ServiceKeys
 from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest, encode_event
 
@@ -261,6 +261,7 @@ def script_sources() -> dict[str, str]:
         request_scripts: ("CANCEL", "ENQUEUE"),
         batch_scripts: ("INGEST", "BATCH_LEASE", "BATCH_STATUS"),
         limit_scripts: ("LIMIT_ADMIT", "LIMIT_RELEASE", "BATCH_LINES_ADMIT"),
+        file_scripts: file_scripts.SCRIPTS,
     }
     return {name: getattr(module, name) for module, names in by_module.items() for name in names}
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 from dataclasses import replace
@@ -24,7 +23,12 @@ from dllm_contracts.scheduler_config import admission_flags
 from engine_pod.cli.budget import resolve_budget
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args
 from engine_pod.cli.scheduling import scheduler_config
-from engine_pod.cli.serve_settings import gateway_settings, queue_settings, warn_if_exposed
+from engine_pod.cli.serve_settings import (
+    data_dir_of,
+    gateway_settings,
+    queue_settings,
+    warn_if_exposed,
+)
 from engine_pod.cli.worker import add_worker_args
 from engine_pod.cpu_threads import choose_threads
 from engine_pod.serve.queue_owner import ON_MODEL_CHANGE
@@ -33,11 +37,6 @@ logger = logging.getLogger(__name__)
 
 GATEWAY_STOP_MARGIN_S = 5.0  # after the gateway's drain (DLLM_DRAIN_TIMEOUT_S), the time it has to exit
 _HELD: list = []  # the data directory's lock file, open for the life of this process
-
-
-def default_data_dir(service: str) -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "dllm" / "serve" / service
 
 
 def register(subparsers) -> None:
@@ -76,8 +75,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--data-dir",
-        help="where the private Redis keeps its append-only file "
-        "(default: $XDG_CACHE_HOME/dllm/serve/SERVICE, or ~/.cache/dllm/serve/SERVICE)",
+        help="where the private Redis keeps its append-only file and the gateway its files (files/; "
+        "DLLM_FILE_STORE overrides) (default: $XDG_CACHE_HOME/dllm/serve/SERVICE, or ~/.cache/dllm/serve/SERVICE)",
     )
     parser.add_argument(
         "--api-keys-file",
@@ -163,8 +162,7 @@ def _served_model_dir(args: argparse.Namespace) -> Path:
 
     if not args.model.startswith("random:"):
         return resolve_model_dir(args.model)
-    root = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir(args.service)
-    return random_model_dir(args.model, root / "random-models")
+    return random_model_dir(args.model, data_dir_of(args) / "random-models")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -245,9 +243,7 @@ def _redis(args: argparse.Namespace):
         check_port_free("127.0.0.1", args.metrics_port, "the worker's probe server", "--metrics-port")
     if args.redis_url:
         return None, args.redis_url, args.redis_url
-    data_dir = check_data_dir(
-        Path(args.data_dir).expanduser() if args.data_dir else default_data_dir(args.service)
-    )
+    data_dir = check_data_dir(data_dir_of(args))
     _HELD.append(hold_data_dir(data_dir))  # kept until this process ends
     redis = RedisServer(data_dir=str(data_dir), appendonly=True, popen_options=child_popen_options())
     return redis, redis.url, str(data_dir)

@@ -5,11 +5,22 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 from engine_pod.cli.common import CliError
 
 logger = logging.getLogger(__name__)
+
+
+def default_data_dir(service: str) -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "dllm" / "serve" / service
+
+
+def data_dir_of(args: argparse.Namespace) -> Path:
+    """Where serve keeps its Redis's data, its files (uploads, batch outputs) and random models."""
+    return Path(args.data_dir).expanduser() if args.data_dir else default_data_dir(args.service)
 
 
 def gateway_settings(args: argparse.Namespace, model_dir: Path):
@@ -30,6 +41,7 @@ def gateway_settings(args: argparse.Namespace, model_dir: Path):
     }
     values = env_values() | {name: value for name, value in flags.items() if value is not None}
     values.setdefault("model_name", default_served_name(args.model, model_dir))
+    values.setdefault("file_store", str(data_dir_of(args) / "files"))  # beside the queue's Redis data
     values.setdefault("access_log", False)  # a line per request would bury the terminal's own lines
     limit = values.get("max_tokens_limit", GatewaySettings.max_tokens_limit)
     values.setdefault("default_max_tokens", min(GatewaySettings.default_max_tokens, limit))

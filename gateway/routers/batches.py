@@ -21,13 +21,15 @@ from fastapi import APIRouter, Depends, Query
 
 from dllm_contracts.queue.keys import is_batch_id, is_request_id, new_batch_id
 from dllm_contracts.queue.ops import now_ms
-from gateway.batch_ingest import MODEL_FIELD, cancel_members, duplicate_custom_id, input_lines
+from gateway.batch_ingest import MODEL_FIELD, cancel_members
 from gateway.batch_keeper import LEASE_MS
 from gateway.batch_lifecycle import ENDED, advance, read_record
 from gateway.batch_lines import reserve_batch_lines
 from gateway.errors import ApiError
+from gateway.input_lines import count_lines
 from gateway.schemas import BatchCreate, BatchList, BatchObject, RequestCounts
 from gateway.state import State, require_api_key
+from gateway.stored_files import open_file
 from gateway.tenancy import TENANT_FIELD, CurrentCaller, Tenant, add_to_index, owned, page
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
@@ -42,14 +44,21 @@ async def create_batch(body: BatchCreate, state: State, caller: CurrentCaller) -
     keys = state.queue.ops.keys
     input_file = body.input_file_id
     found = (
-        await state.redis.hmget(keys.file(input_file), ["content", TENANT_FIELD])
+        await state.redis.hmget(keys.file(input_file), ["bytes", TENANT_FIELD])
         if is_request_id(input_file, "file")
         else [None]
     )
     if found[0] is None:
         raise ApiError(404, f"no file {input_file!r}", param="input_file_id")
     owned(found[1], tenant, "file", input_file, "input_file_id")
-    lines = await asyncio.to_thread(_checked_lines, found[0], state.settings.max_batch_lines)
+    try:
+        reader = await open_file(state, input_file)
+    except FileNotFoundError:
+        raise ApiError(404, f"no file {input_file!r}", param="input_file_id") from None
+    try:
+        lines = await asyncio.to_thread(_checked_lines, reader, state.settings.max_batch_lines)
+    finally:
+        await asyncio.to_thread(reader.close)
     batch_id, now = new_batch_id(), int(time.time())
     await reserve_batch_lines(state, caller, batch_id, lines)
     record = {
@@ -79,17 +88,17 @@ async def create_batch(body: BatchCreate, state: State, caller: CurrentCaller) -
     return await owned_batch(state, tenant, batch_id)
 
 
-def _checked_lines(content: bytes, limit: int) -> int:
-    """The number of request lines in a batch's input file; a 400 when there are more than ``limit`` or
-    two share a ``custom_id`` (their results could not be told apart), as OpenAI refuses such a file."""
-    lines = input_lines(content)
-    if len(lines) > limit:
+def _checked_lines(reader, limit: int) -> int:
+    """The number of request lines in a batch's input file (read from the store as a stream); a 400 when
+    there are more than ``limit`` or two share a ``custom_id`` (their results could not be told apart), as
+    OpenAI refuses such a file."""
+    lines, duplicate = count_lines(reader, limit)
+    if lines > limit:
         raise ApiError(
             400,
-            f"the input file has {len(lines)} requests; a batch takes at most {limit}",
+            f"the input file has {lines} requests; a batch takes at most {limit}",
             param="input_file_id",
         )
-    duplicate = duplicate_custom_id(lines)
     if duplicate is not None:
         custom_id, first, second = duplicate
         raise ApiError(
@@ -99,7 +108,7 @@ def _checked_lines(content: bytes, limit: int) -> int:
             param="input_file_id",
             code="duplicate_custom_id",
         )
-    return len(lines)
+    return lines
 
 
 async def owned_batch(state, tenant: str, batch_id: str) -> BatchObject:

@@ -1,4 +1,6 @@
 """The files API with OpenAI semantics: upload (JSONL for batches), list, retrieve, content, delete.
+Uploads and downloads are streamed (the bytes live in the file store, see ``gateway.stored_files``); a
+tenant's files together may not pass the storage quota (``storage_quota_bytes``).
 
 A batch's output and error files are files too (purpose ``batch_output``), written when the batch ends.
 Every file belongs to the tenant that uploaded it or whose batch wrote it (see ``gateway.tenancy``).
@@ -6,18 +8,21 @@ Every file belongs to the tenant that uploaded it or whose batch wrote it (see `
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, File, Form, Query, UploadFile
-from fastapi.responses import Response
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import StreamingResponse
 
 from dllm_contracts.queue.keys import is_request_id
 from dllm_contracts.queue.ops import text_of
 from gateway.errors import ApiError
+from gateway.multipart_upload import FILE_FIELD, MultipartUpload
 from gateway.routers.batches import CREATE_BATCH
 from gateway.schemas import FileDeleted, FileList, FileObject
 from gateway.state import State, require_api_key
-from gateway.stored_files import META_FIELDS, store_file
+from gateway.stored_files import META_FIELDS, file_chunks, open_file, over_quota, storage_used, write_file
+from gateway.stored_files import delete_file as drop_file
 from gateway.tenancy import Tenant, belongs, page
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
@@ -32,21 +37,77 @@ _CREATES_BATCH = {
 }
 
 
-@router.post("/files", response_model=FileObject, responses={200: _CREATES_BATCH})
-async def upload_file(
-    state: State,
-    tenant: Tenant,
-    file: Annotated[UploadFile, File()],
-    purpose: Annotated[str, Form(json_schema_extra={"enum": ["batch"]})],
-) -> FileObject:
-    if purpose != "batch":
+UPLOAD_BODY = {  # the form the upload reads as it arrives (gateway.multipart_upload), as OpenAI takes it
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": [FILE_FIELD, "purpose"],
+                    "properties": {
+                        FILE_FIELD: {"type": "string", "format": "binary"},
+                        "purpose": {"type": "string", "enum": ["batch"]},
+                    },
+                }
+            }
+        },
+    }
+}
+FORM_SLACK = 64 * 1024  # a declared body this much over the quota's room is refused unread (form overhead)
+
+
+@router.post("/files", response_model=FileObject, responses={200: _CREATES_BATCH}, openapi_extra=UPLOAD_BODY)
+async def upload_file(request: Request, state: State, tenant: Tenant) -> FileObject:
+    """The file's bytes go to the file store as they arrive; its record is written once they are all in
+    (see ``gateway.stored_files``)."""
+    upload = MultipartUpload(request)
+    room = await _room(state, tenant, request.headers.get("content-length", ""))
+    seen = {"bytes": 0, "text": False}
+
+    async def checked():
+        async for chunk in upload.file_chunks():
+            _check_purpose(upload.fields.get("purpose"))
+            seen["bytes"] += len(chunk)
+            seen["text"] = seen["text"] or bool(chunk.strip())
+            if room is not None and seen["bytes"] > room:
+                used = await storage_used(state, tenant)
+                raise over_quota(used, state.settings.storage_quota_bytes)
+            yield chunk
+
+    def describe() -> tuple[str, str]:
+        purpose = upload.fields.get("purpose")
+        if purpose is None:
+            raise ApiError(400, "the upload has no purpose (use 'batch')", param="purpose")
+        _check_purpose(purpose)
+        if not seen["text"]:
+            raise ApiError(400, "the file is empty", param="file", code="invalid_value")
+        return upload.filename or "upload.jsonl", purpose
+
+    try:
+        async with asyncio.timeout(state.settings.max_upload_s):
+            return await write_file(state, tenant, checked(), describe)
+    except TimeoutError:
+        raise ApiError(408, "the upload took too long; send it again", code="upload_timeout") from None
+
+
+def _check_purpose(purpose: str | None) -> None:
+    if purpose is not None and purpose != "batch":
         raise ApiError(
             400, f"purpose {purpose!r} is not supported; use 'batch'", param="purpose", code="invalid_value"
         )
-    content = await file.read()
-    if not content.strip():
-        raise ApiError(400, "the file is empty", param="file", code="invalid_value")
-    return await store_file(state, tenant, file.filename or "upload.jsonl", purpose, content)
+
+
+async def _room(state, tenant: str, declared: str) -> int | None:
+    """The bytes the tenant may still store (None: no quota); a body declared far past that is refused
+    before it is read."""
+    quota = state.settings.storage_quota_bytes
+    if not quota:
+        return None
+    used = await storage_used(state, tenant)
+    if used >= quota or (declared.isdigit() and used + int(declared) - FORM_SLACK > quota):
+        raise over_quota(used, quota)
+    return quota - used
 
 
 async def owned_file(state, tenant: str, file_id: str) -> FileObject | None:
@@ -93,20 +154,19 @@ async def get_file(file_id: str, state: State, tenant: Tenant) -> FileObject:
     return await _file(state, tenant, file_id)
 
 
-@router.get("/files/{file_id}/content")
-async def file_content(file_id: str, state: State, tenant: Tenant) -> Response:
-    await _file(state, tenant, file_id)
-    content = await state.redis.hget(state.queue.ops.keys.file(file_id), "content")
-    if content is None:
-        raise ApiError(404, f"no file {file_id!r}", param="file_id")
-    return Response(content, media_type="application/jsonl")
+@router.get("/files/{file_id}/content", response_class=StreamingResponse)
+async def file_content(file_id: str, state: State, tenant: Tenant) -> StreamingResponse:
+    found = await _file(state, tenant, file_id)
+    try:
+        reader = await open_file(state, file_id)
+    except FileNotFoundError:
+        raise ApiError(404, f"no file {file_id!r}", param="file_id") from None
+    headers = {"Content-Length": str(found.bytes)}
+    return StreamingResponse(file_chunks(reader), media_type="application/jsonl", headers=headers)
 
 
 @router.delete("/files/{file_id}", response_model=FileDeleted)
 async def delete_file(file_id: str, state: State, tenant: Tenant) -> FileDeleted:
     await _file(state, tenant, file_id)
-    async with state.redis.pipeline(transaction=True) as pipe:
-        pipe.delete(state.queue.ops.keys.file(file_id))
-        pipe.zrem(state.queue.ops.keys.files_of(tenant), file_id)
-        await pipe.execute()
+    await drop_file(state, file_id, tenant)
     return FileDeleted(id=file_id)

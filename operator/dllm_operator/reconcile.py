@@ -18,7 +18,12 @@ from dllm_operator.config import OperatorSettings
 from dllm_operator.k8s import ChildRejected, KubeClient, collection_path, object_path
 from dllm_operator.manifests import common
 from dllm_operator.manifests.engine import engine_deployment, profile_configmap
-from dllm_operator.manifests.gateway import gateway_deployment, gateway_metrics_service, gateway_service
+from dllm_operator.manifests.gateway import (
+    files_volume_claim,
+    gateway_deployment,
+    gateway_metrics_service,
+    gateway_service,
+)
 from dllm_operator.manifests.keda import scaled_object
 from dllm_operator.manifests.operations import (
     engine_disruption_budget,
@@ -103,6 +108,8 @@ class Reconciler:
         return managed_redis_url(spec)
 
     def _ensure_gateway(self, spec: ServiceSpec, owner: dict, redis_url: str) -> None:
+        if not spec.files_store:  # (switched to a bucket: the volume stays until the service is deleted)
+            self.client.apply(files_volume_claim(spec, owner))
         self.client.apply(gateway_deployment(spec, owner, self.settings, redis_url))
         self.client.apply(gateway_service(spec, owner))
         self.client.apply(gateway_metrics_service(spec, owner))

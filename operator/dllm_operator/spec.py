@@ -87,6 +87,13 @@ class ServiceSpec:
     gateway_port: int = 80
     max_queued: int = 10_000
     api_key: SecretRef | None = None
+    files_store: str | None = None  # s3://BUCKET/PREFIX; None: a volume of the gateways' (files_*)
+    files_endpoint_url: str | None = None  # the S3-compatible server of files_store
+    files_credentials_secret: str | None = None  # a Secret of AWS_* variables for files_store
+    files_storage: str = "10Gi"  # the files volume's size
+    files_storage_class: str | None = None
+    files_access_mode: str = "ReadWriteOnce"  # ReadWriteMany lets the gateway pods spread over nodes
+    files_quota_bytes: int = 0  # per tenant (0: none)
     service_monitor: bool = False  # emit a Prometheus Operator ServiceMonitor for engine and gateway
 
     @property
@@ -130,6 +137,19 @@ class ServiceSpec:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _files(files: dict[str, Any]) -> dict[str, Any]:
+    """spec.gateway.files: where the gateways keep uploaded files and batch outputs."""
+    return {
+        "files_store": files.get("store"),
+        "files_endpoint_url": files.get("endpointUrl"),
+        "files_credentials_secret": files.get("credentialsSecretName"),
+        "files_storage": str(files.get("storage", "10Gi")),
+        "files_storage_class": files.get("storageClassName"),
+        "files_access_mode": files.get("accessMode", "ReadWriteOnce"),
+        "files_quota_bytes": int(files.get("quotaBytes", 0)),
+    }
 
 
 def _ref(value: dict | None) -> SecretRef | None:
@@ -212,6 +232,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         gateway_port=int(gateway.get("port", 80)),
         max_queued=int(gateway.get("maxQueued", 10_000)),
         api_key=_ref(gateway.get("apiKeySecretRef")),
+        **_files(gateway.get("files") or {}),
         service_monitor=bool((spec.get("monitoring") or {}).get("serviceMonitor", False)),
     )
     _check(parsed)

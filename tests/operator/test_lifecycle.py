@@ -477,6 +477,14 @@ def test_switching_managed_redis_off_deletes_it(cluster, operator):
     until(kube, lambda: kube.deployment(f"{NAME}-redis"), what="the managed Redis")
     password = kube.core.read_namespaced_secret(f"{NAME}-redis-auth", "default").to_dict()
     assert kube.core.read_namespaced_persistent_volume_claim(f"{NAME}-redis-data", "default")
+    until(  # the gateways' files volume, applied with the gateway
+        kube,
+        lambda: (
+            f"{NAME}-gateway-files"
+            in {c.metadata.name for c in kube.core.list_namespaced_persistent_volume_claim("default").items}
+        ),
+        what="the gateways' files volume",
+    )
     until(
         kube,  # applied right after the Redis Deployment and Service
         lambda: [

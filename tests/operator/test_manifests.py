@@ -9,7 +9,13 @@ import pytest
 import yaml
 from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests.engine import engine_deployment, profile_configmap
-from dllm_operator.manifests.gateway import gateway_deployment, gateway_metrics_service, gateway_service
+from dllm_operator.manifests.gateway import (
+    FILES_PATH,
+    files_volume_claim,
+    gateway_deployment,
+    gateway_metrics_service,
+    gateway_service,
+)
 from dllm_operator.manifests.keda import scaled_object
 from dllm_operator.manifests.operations import (
     engine_disruption_budget,
@@ -77,6 +83,7 @@ def all_manifests(spec) -> list[dict]:
         engine_metrics_service(spec, OWNER),
         engine_disruption_budget(spec, OWNER),
         service_monitor(spec, OWNER),
+        files_volume_claim(spec, OWNER),
     ]
 
 
@@ -428,3 +435,42 @@ def test_engine_and_profiling_pods_run_as_many_torch_threads_as_cpus_requested()
         field = env[THREADS_ENV]["valueFrom"]["resourceFieldRef"]
         assert field == {"resource": "requests.cpu", "divisor": "1"}  # 1500m: 2 threads (rounded up)
         assert container["resources"]["requests"]["cpu"] == "1500m"
+
+
+def _gateway_pod(spec) -> dict:
+    settings = OperatorSettings(operator_namespace="dllm-system")
+    deployment = gateway_deployment(spec, OWNER, settings, managed_redis_url(spec))
+    validate(deployment)
+    return deployment["spec"]["template"]["spec"]
+
+
+def test_gateways_keep_files_on_their_volume_or_in_a_bucket():
+    spec = example()  # two gateway replicas, files on a ReadWriteOnce volume: the pods share its node
+    pod = _gateway_pod(spec)
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["DLLM_FILE_STORE"] == FILES_PATH and env["DLLM_STORAGE_QUOTA_BYTES"] == "0"
+    assert {"name": "files", "mountPath": FILES_PATH} in pod["containers"][0]["volumeMounts"]
+    claim = next(v for v in pod["volumes"] if v["name"] == "files")["persistentVolumeClaim"]["claimName"]
+    volume = files_volume_claim(spec, OWNER)
+    validate(volume)
+    assert volume["metadata"]["name"] == claim and volume["spec"]["accessModes"] == ["ReadWriteOnce"]
+    together = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert together["topologyKey"] == "kubernetes.io/hostname"
+    shared = example(gateway__files={"accessMode": "ReadWriteMany", "storage": "50Gi"})
+    assert "affinity" not in _gateway_pod(shared)
+    assert files_volume_claim(shared, OWNER)["spec"]["accessModes"] == ["ReadWriteMany"]
+    bucket = example(
+        gateway__files={
+            "store": "s3://uploads/dllm",
+            "endpointUrl": "http://minio.storage:9000",
+            "credentialsSecretName": "s3-credentials",
+            "quotaBytes": 1 << 30,
+        }
+    )
+    pod = _gateway_pod(bucket)
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["DLLM_FILE_STORE"] == "s3://uploads/dllm"
+    assert env["DLLM_S3_ENDPOINT_URL"] == "http://minio.storage:9000"
+    assert env["DLLM_STORAGE_QUOTA_BYTES"] == str(1 << 30)
+    assert pod["containers"][0]["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
+    assert "files" not in {v["name"] for v in pod["volumes"]} and "affinity" not in pod

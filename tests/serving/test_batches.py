@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
 import redis
 
 from dllm_contracts.queue.keys import ServiceKeys
+from gateway.stored_files import RECORD_GRACE_S
 from tests.serving_utils import WAIT_S, GatewayServer, gateway_settings, wait_for
 
 
@@ -122,6 +124,14 @@ def test_batch_errors_are_clear(served_model, redis_server, service):
         assert bad_endpoint.status_code == 400
 
 
+def _expires_within(client: redis.Redis, service: str, file_id: str, ttl_s: int) -> None:
+    """The file's retention ends within ``ttl_s`` (the sweeper drops it then), and its record's key
+    expires in Redis too, a grace later."""
+    keys = ServiceKeys(service)
+    assert 0 < client.zscore(keys.files_expiring, file_id) - time.time() <= ttl_s
+    assert 0 < client.ttl(keys.file(file_id)) <= ttl_s + RECORD_GRACE_S
+
+
 def test_files_batches_and_their_results_expire_and_a_batch_file_is_bounded(
     served_model, redis_server, service, make_worker
 ):
@@ -155,7 +165,7 @@ def test_files_batches_and_their_results_expire_and_a_batch_file_is_bounded(
             "/v1/files", data={"purpose": "batch"}, files={"file": ("a.jsonl", "\n".join(lines))}
         )
         file_id = upload.json()["id"]
-        assert 0 < client.ttl(ServiceKeys(service).file(file_id)) <= 500
+        _expires_within(client, service, file_id, 500)
         batch = http.post(
             "/v1/batches",
             json={"input_file_id": file_id, "endpoint": "/v1/completions", "completion_window": "24h"},
@@ -168,6 +178,6 @@ def test_files_batches_and_their_results_expire_and_a_batch_file_is_bounded(
         output_file_id = http.get(f"/v1/batches/{batch['id']}").json()["output_file_id"]
     assert 0 < client.ttl(ServiceKeys(service).batch(batch["id"])) <= 400
     assert not client.exists(ServiceKeys(service).batch_results(batch["id"]))  # now in its output file
-    assert 0 < client.ttl(ServiceKeys(service).file(output_file_id)) <= 500
+    _expires_within(client, service, output_file_id, 500)
     for key in client.scan_iter(ServiceKeys(service).request("*")):
         assert 0 < client.ttl(key) <= settings.result_ttl_s  # finished requests' records expire too

@@ -239,6 +239,9 @@ def test_ctrl_c_twice_stops_at_once_and_the_accepted_work_is_served_at_the_next_
             what="the batch to end",
         )
     assert (done.request_counts.completed, done.request_counts.failed) == (lines, 0)
+    store = tmp_path / "data" / "files" / "default"  # the files live in the data directory
+    assert (store / source.id).read_bytes() == content
+    assert (store / done.output_file_id).stat().st_size > 0
 
 
 def _freeze(pid: int, seconds: float) -> None:

@@ -169,3 +169,14 @@ def test_the_gateways_drain_under_dllm_serve_is_the_gateways_own_setting(monkeyp
     args = build_parser().parse_args(["serve"])
     queue_settings(args)
     assert gateway_settings(args, Path(DEFAULT_MODEL)).drain_timeout_s == drain_s == (30 if not env else 7)
+
+
+def test_dllm_serve_keeps_files_under_its_data_directory(monkeypatch, tmp_path):
+    """The gateway's file store: the data directory's files/ (beside Redis's data), unless
+    DLLM_FILE_STORE names another."""
+    monkeypatch.delenv("DLLM_FILE_STORE", raising=False)
+    args = build_parser().parse_args(["serve", "--data-dir", str(tmp_path)])
+    queue_settings(args)
+    assert gateway_settings(args, Path(DEFAULT_MODEL)).file_store == str(tmp_path / "files")
+    monkeypatch.setenv("DLLM_FILE_STORE", "s3://bucket/files")
+    assert gateway_settings(args, Path(DEFAULT_MODEL)).file_store == "s3://bucket/files"

@@ -12,6 +12,7 @@ from gateway.settings import ENV_NAMES, GatewaySettings
 
 PORT = 8000
 METRICS_PORT = 9091  # /metrics of its own, without the API key: what the ServiceMonitor scrapes
+FILES_PATH = "/var/lib/dllm/files"  # the files volume in a gateway pod (spec.gateway.files)
 
 
 def gateway_settings(spec: ServiceSpec, redis_url: str) -> GatewaySettings:
@@ -31,10 +32,50 @@ def gateway_settings(spec: ServiceSpec, redis_url: str) -> GatewaySettings:
         metrics_port=METRICS_PORT,
         processes=spec.gateway_processes,
         model_identity=spec.model_identity,
+        file_store=spec.files_store or FILES_PATH,
+        s3_endpoint_url=spec.files_endpoint_url or "",
+        storage_quota_bytes=spec.files_quota_bytes,
     )
 
 
 KEYS_DIR = "/etc/dllm/api-keys"  # the keys Secret's volume: its key's value is the keys file there
+
+
+def files_volume_claim(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
+    """The gateways' files volume (uploads, batch outputs), unless the files live in a bucket."""
+    claim: dict[str, Any] = {
+        "accessModes": [spec.files_access_mode],
+        "resources": {"requests": {"storage": spec.files_storage}},
+    }
+    if spec.files_storage_class:
+        claim["storageClassName"] = spec.files_storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": common.metadata(spec, "gateway", owner, name=files_claim_name(spec)),
+        "spec": claim,
+    }
+
+
+def files_claim_name(spec: ServiceSpec) -> str:
+    return common.name_of(spec, "gateway-files")
+
+
+def _files_pod(spec: ServiceSpec) -> tuple[list[dict], list[dict], dict[str, Any]]:
+    """(volumes, mounts, pod fields) for the files: the files volume mounted, and with a ReadWriteOnce
+    volume every gateway pod on the node that holds it; nothing for a bucket."""
+    if spec.files_store:
+        return [], [], {}
+    volume = {"name": "files", "persistentVolumeClaim": {"claimName": files_claim_name(spec)}}
+    mount = {"name": "files", "mountPath": FILES_PATH}
+    pod: dict[str, Any] = {}
+    if spec.files_access_mode == "ReadWriteOnce":
+        together = {
+            "labelSelector": {"matchLabels": common.selector_labels(spec, "gateway")},
+            "topologyKey": "kubernetes.io/hostname",
+        }
+        pod["affinity"] = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [together]}}
+    return [volume], [mount], pod
 
 
 def _env(spec: ServiceSpec, redis_url: str) -> list[dict[str, Any]]:
@@ -59,6 +100,13 @@ def _keys_volume(spec: ServiceSpec) -> tuple[list[dict[str, Any]], list[dict[str
     item = {"key": spec.api_key.key, "path": "keys"}
     volume = {"name": "api-keys", "secret": {"secretName": spec.api_key.name, "items": [item]}}
     return [volume], [{"name": "api-keys", "mountPath": KEYS_DIR, "readOnly": True}]
+
+
+def _env_from(spec: ServiceSpec) -> dict[str, Any]:
+    """The bucket's credentials (AWS_* variables) from their Secret, for an s3:// files store."""
+    if not (spec.files_store and spec.files_credentials_secret):
+        return {}
+    return {"envFrom": [{"secretRef": {"name": spec.files_credentials_secret}}]}
 
 
 def _tokenizer_init(
@@ -92,6 +140,7 @@ def gateway_deployment(
     image = spec.gateway_image or settings.gateway_image
     vols, mounts = common.volumes(spec, shared_cache=False)  # tokenizer files only: its own scratch
     key_vols, key_mounts = _keys_volume(spec)
+    file_vols, file_mounts, files_pod = _files_pod(spec)
     liveness = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}  # the process only
     readiness = {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5}  # Redis answers too
     container = {
@@ -100,12 +149,13 @@ def gateway_deployment(
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["python", "-m", "gateway", "--port", str(PORT)],
         "env": _env(spec, redis_url),
+        **_env_from(spec),
         "ports": [
             {"name": "http", "containerPort": PORT},
             {"name": "metrics", "containerPort": METRICS_PORT},
         ],
         "resources": _resources(spec.gateway_processes),
-        "volumeMounts": mounts + key_mounts,
+        "volumeMounts": mounts + key_mounts + file_mounts,
         "livenessProbe": liveness,
         "readinessProbe": readiness,
         "securityContext": common.container_security(),
@@ -124,7 +174,8 @@ def gateway_deployment(
                     **common.pod_identity(settings),
                     "initContainers": [_tokenizer_init(spec, image, settings, mounts)],
                     "containers": [container],
-                    "volumes": vols + key_vols,
+                    "volumes": vols + key_vols + file_vols,
+                    **files_pod,
                 },
             },
         },
