@@ -84,6 +84,7 @@ class ServiceSpec:
     max_queued: int = 10_000
     api_key: SecretRef | None = None
     service_monitor: bool = False  # emit a Prometheus Operator ServiceMonitor for engine and gateway
+    otlp_endpoint: str | None = None  # where gateway and engine pods send traces (OTLP/HTTP); None: none
 
     @property
     def queue_service(self) -> str:
@@ -207,6 +208,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         max_queued=int(gateway.get("maxQueued", 10_000)),
         api_key=_ref(gateway.get("apiKeySecretRef")),
         service_monitor=bool((spec.get("monitoring") or {}).get("serviceMonitor", False)),
+        otlp_endpoint=(spec.get("monitoring") or {}).get("otlpEndpoint") or None,
     )
     _check(parsed)
     return parsed
