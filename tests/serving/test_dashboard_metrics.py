@@ -14,6 +14,7 @@ from engine_pod.serve.redis_server import free_port
 from tests.charts.test_chart import render
 from tests.promql_names import dashboard_expressions, metric_names, missing
 from tests.serving.serve_process import openai_client, running
+from tests.serving_utils import wait_for
 
 LATENCY = (
     "dllm_queue_wait_seconds",
@@ -48,6 +49,27 @@ def scrape(url: str) -> dict[str, list]:
     return families
 
 
+def run_batch(server, lines: int) -> None:
+    """A batch of ``lines`` completions, run to its end (its lines wait in the batch lane)."""
+    client = openai_client(server)
+    body = {"model": "tiny-llada", "prompt": "count to 5 .", "max_tokens": 16}
+    content = "".join(
+        json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/completions", "body": body})
+        + "\n"
+        for i in range(lines)
+    )
+    uploaded = client.files.create(file=("in.jsonl", content.encode()), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
+    )
+    done = wait_for(
+        lambda: (b := client.batches.retrieve(batch.id)).status in ("completed", "failed") and b,
+        120,
+        what="the batch to end",
+    )
+    assert done.status == "completed" and done.request_counts.completed == lines
+
+
 def count_of(families: dict, name: str, model: str, lane: str) -> float:
     return sum(
         s.value for s in families.get(f"{name}_count", []) if s.labels == {"model": model, "lane": lane}
@@ -62,6 +84,7 @@ def served(tmp_path_factory):
             model="tiny-llada", prompt="count from 1 to 40 .", max_tokens=96
         )
         assert reply.choices[0].text is not None
+        run_batch(server, lines=3)
         yield scrape(f"{server.url}/metrics"), scrape(f"http://127.0.0.1:{port}/metrics")
 
 
@@ -87,8 +110,16 @@ def test_the_request_is_observed_once_where_its_latency_is_known(served):
         assert f"{name}_count" not in gateway
     assert count_of(gateway, "dllm_request_e2e_seconds", "tiny-llada", "interactive") == 1
     assert count_of(worker, "dllm_request_e2e_seconds", "tiny-llada", "interactive") == 0  # batch lines only
-    # series exist before their first observation (a panel or an alert sees zero, not nothing)
-    assert count_of(worker, "dllm_queue_wait_seconds", "tiny-llada", "batch") == 0
+    # a batch's lines: their wait and first block in the batch lane, end to end by the worker (their
+    # client, the batch, sees no single line's answer), never by the gateway
+    for name in ("dllm_queue_wait_seconds", "dllm_time_to_first_block_seconds", "dllm_request_e2e_seconds"):
+        assert count_of(worker, name, "tiny-llada", "batch") == 3, name
+    assert count_of(gateway, "dllm_request_e2e_seconds", "tiny-llada", "batch") == 0
+    # series exist before their first observation (a panel or an alert sees zero, not nothing): answers of
+    # one block have no time per output token after the first block
+    per_token = worker["dllm_time_per_output_token_seconds_count"]
+    assert {s.labels["lane"] for s in per_token} == {"interactive", "batch"}
     assert {s.labels["model"] for s in worker["dllm_queue_wait_seconds_count"]} == {"tiny-llada"}
+    assert {s.labels["lane"] for s in gateway["dllm_request_e2e_seconds_count"]} == {"interactive"}
     labels = {tuple(sorted(s.labels)) for name in LATENCY for s in worker.get(f"{name}_count", [])}
     assert labels == {("lane", "model")}  # no tenant, request or worker ids
