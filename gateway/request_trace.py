@@ -9,12 +9,12 @@ from dllm_contracts.tracing import end_span, traceparent_of
 ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
-async def traced(state, endpoint: str, handler, body, is_disconnected):
-    """``handler(body, state, is_disconnected, span)`` under the request's span: the handler ends it when
-    its answer is complete (a stream: after its last event); an error ends it here."""
+async def traced(state, endpoint: str, handler, body, *args):
+    """``handler(body, state, *args, span=span)`` under the request's span: the handler ends it when its
+    answer is complete (a stream: after its last event); an error ends it here."""
     span = _start(state, endpoint, body)
     try:
-        return await handler(body, state, is_disconnected, span)
+        return await handler(body, state, *args, span=span)
     except BaseException as exc:
         end_span(span, exc)
         raise

@@ -89,7 +89,7 @@ async def complete(body: CompletionRequest, state, is_disconnected) -> Completio
     return await traced(state, "completions", _complete, body, is_disconnected)
 
 
-async def _complete(body: CompletionRequest, state, is_disconnected, span):
+async def _complete(body: CompletionRequest, state, is_disconnected, span=None):
     started = time.monotonic()
     check_request(body, state)
     queued = [choice for ids in _prompts(body, state) for choice in build_choices(ids, body, state)]
@@ -140,7 +140,7 @@ async def chat(
     return await traced(state, "chat", _chat, body, is_disconnected)
 
 
-async def _chat(body: ChatCompletionRequest, state, is_disconnected, span):
+async def _chat(body: ChatCompletionRequest, state, is_disconnected, span=None):
     started = time.monotonic()
     check_request(body, state)
     prompt_ids = chat_prompt(body, state)
