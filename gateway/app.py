@@ -17,6 +17,8 @@ from dllm_contracts.queue.async_client import AsyncQueue
 from dllm_contracts.queue.connect import async_client
 from dllm_contracts.queue.ops import QueueOps
 from dllm_contracts.queue.resilience import CLIENT_OPTIONS, TRANSIENT_ERRORS
+from dllm_contracts.tracing import Tracing
+from dllm_contracts.tracing_config import TracingConfig
 from gateway.api_keys import ApiKeys
 from gateway.batch_keeper import BatchKeeper, new_gateway_id
 from gateway.body_limit import BodyLimit
@@ -35,14 +37,20 @@ from gateway.state import GatewayState
 from gateway.tokenizer import GatewayTokenizer
 
 logger = logging.getLogger(__name__)
+TRACED_AS = "dllm-gateway"  # the traces' service.name unless OTEL_SERVICE_NAME says otherwise
 
 
-def build_app(settings: GatewaySettings, metrics_server: bool = True) -> HotPath:
+def build_app(
+    settings: GatewaySettings, metrics_server: bool = True, tracing: Tracing | None = None
+) -> HotPath:
     """``metrics_server=False``: no server on ``settings.metrics_port`` (one of several processes sharing
-    the API port leaves it to the first)."""
+    the API port leaves it to the first); ``tracing``: where spans go (default: OpenTelemetry's
+    variables say, ``TracingConfig``)."""
     tokenizer = GatewayTokenizer(settings.model_dir)
     api_keys = ApiKeys(settings)  # a keys file that cannot be read stops the start here
     store = _file_store(settings)
+    if tracing is None:
+        tracing = Tracing.start(TracingConfig.from_env(TRACED_AS))  # a malformed endpoint stops it here
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -54,11 +62,12 @@ def build_app(settings: GatewaySettings, metrics_server: bool = True) -> HotPath
             logger.warning("Redis not reachable at start (%s); connecting on first use", exc)
         reader, delivered = EventReader(queue), DeliveredEvents(queue)
         calls = CoalescedCalls(queue)
-        metrics = GatewayMetrics()
+        metrics = GatewayMetrics(settings.served_model)
         metrics.waiting.set_function(reader.waiting)
         state = GatewayState(
             settings, tokenizer, client, queue, metrics, calls, reader, delivered, api_keys, store
         )
+        state.tracing = tracing
         state.batches = BatchKeeper(state, new_gateway_id())
         app.state.gateway = state
         _reload_keys_on_sighup(api_keys)
@@ -92,6 +101,7 @@ def build_app(settings: GatewaySettings, metrics_server: bool = True) -> HotPath
             if metrics_thread is not None:
                 metrics_thread.shutdown()
             await client.aclose()
+            tracing.shutdown()
 
     docs = settings.docs
     app = FastAPI(

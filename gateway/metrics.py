@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from dllm_contracts.latency_metrics import E2E, E2E_HELP, INTERACTIVE, LATENCY_BUCKETS, histogram
+
 
 class GatewayMetrics:
-    def __init__(self) -> None:
+    def __init__(self, model: str = "") -> None:
         self.registry = CollectorRegistry()
+        self.model = model  # the served model's name: the latency histograms' model label
+        # client-visible, per API request (the worker observes a batch line's instead: counted once)
+        self.e2e = histogram(self.registry, E2E, E2E_HELP, LATENCY_BUCKETS, model, (INTERACTIVE,))
         self.requests = Counter(
             "dllm_gateway_requests", "HTTP requests", ["endpoint", "status"], registry=self.registry
         )
@@ -33,6 +38,9 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.rejected = Counter("dllm_gateway_rejected", "Requests refused with 429", registry=self.registry)
+
+    def observe_e2e(self, seconds: float) -> None:
+        self.e2e.labels(self.model, INTERACTIVE).observe(seconds)
 
     def count_request(self, route: str, status: int) -> None:
         """An HTTP response, by route template ("unmatched": none) and status."""

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from fastapi import Depends, Request
 
 from dllm_contracts.queue.async_client import AsyncQueue
+from dllm_contracts.tracing import Tracing
 from gateway.api_keys import ApiKeys
 from gateway.coalesced_calls import CoalescedCalls
 from gateway.delivered import DeliveredEvents
@@ -41,6 +42,7 @@ class GatewayState:
     delivered: DeliveredEvents  # requests whose results were delivered: their events' retention is cut
     api_keys: ApiKeys
     files: FileStore  # the bytes of files and batch outputs (their records are in Redis)
+    tracing: Tracing = field(default_factory=Tracing.off)  # request spans (off: no tracer)
     batches: BatchKeeper | None = None  # the batches this gateway process holds (set by the lifespan)
     tasks: set[asyncio.Task] = field(default_factory=set)  # background work of this process
     stop_waiting_at: float = math.inf  # monotonic time at which waits end with a 503 (shutting down)

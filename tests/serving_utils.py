@@ -58,9 +58,11 @@ class GatewayServer:
     (its uvicorn server and settings; a thread gets no signals: ``terminate`` calls the
     handler a SIGTERM would)."""
 
-    def __init__(self, settings: GatewaySettings) -> None:
+    def __init__(self, settings: GatewaySettings, tracing=None) -> None:
+        """``tracing``: where the gateway's spans go (None: as OpenTelemetry's variables say)."""
         self.port = free_port()
-        self.server = gateway_server(build_app(settings), settings, "127.0.0.1", self.port, "warning")
+        app = build_app(settings, tracing=tracing)
+        self.server = gateway_server(app, settings, "127.0.0.1", self.port, "warning")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property

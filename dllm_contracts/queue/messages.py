@@ -37,13 +37,19 @@ class QueuedRequest:
     # the model it was accepted for (model_identity.ModelIdentity's NAME@FINGERPRINT); a worker serving
     # another refuses it rather than answer with other weights. None: accepted without an identity
     model: str | None = None
+    # the W3C traceparent of the gateway's request span (dllm_contracts.tracing), sent only while tracing is
+    # on: a worker older than this field refuses a payload that has it, so workers are upgraded first
+    trace: str | None = None
 
     @property
     def batch_id(self) -> str:
         return str(self.meta.get(BATCH_META, ""))
 
     def to_json(self) -> bytes:
-        """Its fields (asdict would copy them first); every float in it is finite (validated settings)."""
+        """Its fields (asdict would copy them first), ``trace`` only when set; every float in it is finite
+        (validated settings)."""
+        if self.trace is None:
+            return orjson.dumps({name: value for name, value in vars(self).items() if name != "trace"})
         return orjson.dumps(vars(self))
 
     @classmethod

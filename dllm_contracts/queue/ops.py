@@ -31,6 +31,7 @@ class Claimed:
     generated: list[int]  # blocks committed by earlier workers
     logprobs: list = field(default_factory=list)  # their tokens' log probabilities, where recorded
     unknown_fields: list[str] = field(default_factory=list)  # in its payload, unknown to this version
+    queued_s: float | None = None  # its wait since first enqueued (Redis's clock, when read); None: unknown
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Candidate:
     max_tokens: int
     waited_s: float  # since it was first enqueued (Redis's clock); 0 for a batch line
     batch: bool = False  # a line of a batch (the batch lane)
+    queued_s: float = 0.0  # since it was first enqueued (Redis's clock), whatever its lane: what it waited
 
 
 @dataclass(frozen=True)
@@ -283,6 +285,9 @@ def _candidates(flat: list[str], now: int) -> list[Candidate]:
     for i in range(0, len(flat), 4):
         request_id, prefix = flat[i], int(float(flat[i + 1] or 0))
         prompt, tokens, enqueued = (flat[i + 2] or f"{prefix} 1 {now}").split()
-        waited_s = 0.0 if flat[i + 3] else max(0, now - int(enqueued)) / 1000
-        out.append(Candidate(request_id, prefix, int(prompt), int(tokens), waited_s, bool(flat[i + 3])))
+        queued_s = max(0, now - int(enqueued)) / 1000
+        waited_s = 0.0 if flat[i + 3] else queued_s
+        out.append(
+            Candidate(request_id, prefix, int(prompt), int(tokens), waited_s, bool(flat[i + 3]), queued_s)
+        )
     return out

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from engine_pod.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
+TRACED_AS = "dllm-worker"  # the traces' service.name unless OTEL_SERVICE_NAME says otherwise
 
 
 def add_worker_args(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +89,7 @@ def register(subparsers) -> None:
 
 
 def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Worker:
+    from dllm_contracts.tracing import Tracing
     from engine_pod.models.loader import load_model
     from engine_pod.runner.factory import make_runner
     from engine_pod.worker.config import WorkerConfig
@@ -99,6 +101,7 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Work
         raise CliError(f"--result-ttl must be positive, got {args.result_ttl}")
     if getattr(args, "batch_size", 1) < 1:
         raise CliError(f"--batch-size must be positive, got {args.batch_size}")
+    tracing_config = _tracing_config()
     loaded = load_model(args.model, args.device, args.dtype)
     config = WorkerConfig(
         redis_url=redis_url,
@@ -112,7 +115,18 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Work
         batch_size=getattr(args, "batch_size", 1),
         model_identity=_identity(getattr(args, "model_identity", "")),
     )
-    return Worker(make_runner(loaded, decoding, scheduling.token_budget), config)
+    runner = make_runner(loaded, decoding, scheduling.token_budget)
+    return Worker(runner, config, tracing=Tracing.start(tracing_config))
+
+
+def _tracing_config():
+    """Where traces go (OpenTelemetry's variables; none set: no tracing)."""
+    from dllm_contracts.tracing_config import TracingConfig
+
+    try:
+        return TracingConfig.from_env(TRACED_AS)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _identity(text: str) -> ModelIdentity | None:

@@ -45,6 +45,7 @@ class Claims:
             chosen += [i for i, shape in shapes.items() if not self.scheduler.fits(shape)]
             claimed = self.queue.claim_chosen(self.worker_id, [(i, candidates[i].prefix) for i in chosen])
             for item in claimed:
+                item.queued_s = candidates[item.request.id].queued_s
                 admit(item, shapes[item.request.id].arrival_time)
             self._hand_back_unadmittable({item.request.id for item in claimed}, drop)
             if not chosen or (len(claimed) == len(chosen) and len(read.shortest) < plan.count):

@@ -39,6 +39,11 @@ class WorkerConfig:
         if self.batch_size < 1:
             raise ValueError(f"batch size must be positive, got {self.batch_size}")
 
+    @property
+    def model_name(self) -> str:
+        """The served model's name (its identity's; without one, the service's): the metrics' model label."""
+        return self.model_identity.name if self.model_identity is not None else self.service
+
     def resolved_id(self) -> str:
         return self.worker_id or f"{socket.gethostname()}-{os.getpid()}"
 

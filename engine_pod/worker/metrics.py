@@ -6,11 +6,46 @@ from dataclasses import replace
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from dllm_contracts.latency_metrics import (
+    BATCH,
+    E2E,
+    E2E_HELP,
+    LATENCY_BUCKETS,
+    PER_TOKEN_BUCKETS,
+    WAIT_BUCKETS,
+    histogram,
+)
+
 
 class WorkerMetrics:
-    def __init__(self) -> None:
+    def __init__(self, model: str = "") -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self.model = model  # the served model's name: the latency histograms' model label
+        # the latency of requests (engine_pod.worker.observed observes them), by model and lane
+        self.queue_wait = histogram(
+            r,
+            "dllm_queue_wait_seconds",
+            "From a request's enqueue to its claim by a worker (Redis's clock; a request handed back before "
+            "its first block counts again when claimed again)",
+            WAIT_BUCKETS,
+            model,
+        )
+        self.time_to_first_block = histogram(
+            r,
+            "dllm_time_to_first_block_seconds",
+            "From a request's enqueue to its first block recorded in Redis (readable by the gateway)",
+            LATENCY_BUCKETS,
+            model,
+        )
+        self.time_per_output_token = histogram(
+            r,
+            "dllm_time_per_output_token_seconds",
+            "After the first block: seconds to the result per completion token not in the first block",
+            PER_TOKEN_BUCKETS,
+            model,
+        )
+        self.e2e = histogram(r, E2E, E2E_HELP, LATENCY_BUCKETS, model, (BATCH,))  # batch lines only
         self.generated_tokens = Counter(
             "dllm_generated_tokens", "Tokens generated (up to and including EOS)", registry=r
         )

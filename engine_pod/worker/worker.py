@@ -28,12 +28,14 @@ from dllm_contracts.queue.messages import DoneEvent
 from dllm_contracts.queue.ops import BlockCommit, Claimed
 from dllm_contracts.queue.resilience import TRANSIENT_ERRORS, Backoff
 from dllm_contracts.queue.sync_client import SyncQueue
+from dllm_contracts.tracing import Tracing
 from engine_pod.engine import Engine, StepResult
 from engine_pod.runner.contract import Runner
 from engine_pod.scheduler.request import Request, RequestError
 from engine_pod.worker.claims import Claims
 from engine_pod.worker.config import WorkerConfig
 from engine_pod.worker.metrics import WorkerMetrics
+from engine_pod.worker.observed import RequestObserver
 from engine_pod.worker.served import ServedRequest
 from engine_pod.worker.wakeups import Wakeups
 
@@ -43,7 +45,13 @@ RECORD_WINDOW = 1024  # block cycles a long-running worker remembers (bounded me
 
 
 class Worker:
-    def __init__(self, runner: Runner, config: WorkerConfig, queue: SyncQueue | None = None) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        config: WorkerConfig,
+        queue: SyncQueue | None = None,
+        tracing: Tracing | None = None,
+    ) -> None:
         self.config = config
         self.worker_id = config.resolved_id()
         self.queue = queue or SyncQueue.connect(
@@ -53,7 +61,9 @@ class Worker:
         self.eos_ids = runner.loaded.config.eos_token_ids
         self.scheduler = config.scheduler_for(runner)
         self.engine = Engine(runner, self.scheduler, record_window=RECORD_WINDOW)
-        self.metrics = WorkerMetrics()
+        self.metrics = WorkerMetrics(config.model_name)
+        self.tracing = tracing or Tracing.off()
+        self.observer = RequestObserver(self.metrics, self.tracing, self.worker_id)
         self.metrics.token_budget.set(config.scheduling.token_budget)
         self.draining = False
         self.stopped = False
@@ -151,6 +161,7 @@ class Worker:
             )
         with contextlib.suppress(redis.RedisError):
             self.wakeups.pubsub.close()
+        self.tracing.shutdown()
         self.stopped = True
         logger.info("worker %s stopped", self.worker_id)
 
@@ -194,6 +205,7 @@ class Worker:
                 return  # the copy we hold is as far along: keep it
             self.scheduler.cancel(payload.id)
         request = self.scheduler.request_for(payload.id, payload.prompt_ids, payload.max_tokens, arrival_time)
+        self.observer.claimed(claimed)
         sampler = self.engine.runner.canvas_sampler
         served = self._served[payload.id] = ServedRequest.claimed(
             claimed, request, sampler, self.config.model_identity
@@ -213,15 +225,17 @@ class Worker:
         self.wakeups.wait(self.config.idle_wait_s, self.config.scheduling.batch_window_s)
 
     def _step(self) -> None:
-        begin = time.perf_counter()
+        begin, begin_ns = time.perf_counter(), time.time_ns()
         result = self.engine.step()
         if result.output.is_empty:
             return
-        self._unsent += self._committed_blocks(result)
+        blocks = self._committed_blocks(result)
+        self._unsent += blocks
+        record = self.engine.records[-1]
+        self.observer.cycle(blocks, begin_ns, time.time_ns(), record.rows)
         for request in result.finished:
             self._stage_done(request)
         self._commit()
-        record = self.engine.records[-1]
         self.metrics.record_cycle(
             record.rows,
             record.box_width,
@@ -251,9 +265,10 @@ class Worker:
     def _commit(self) -> None:
         """Everything Redis has not acknowledged, in one round trip: blocks (in order), results, and the
         question which held requests were cancelled. On a fault it all stays here for the next try."""
-        results = list(self._outbox.items())
-        reply = self.queue.commit(self.worker_id, self._unsent, results, [r.request_id for r in self._held()])
+        results, sent = list(self._outbox.items()), self._unsent
+        reply = self.queue.commit(self.worker_id, sent, results, [r.request_id for r in self._held()])
         self._unsent = []
+        self.observer.recorded(sent, reply.lost)
         for request_id in reply.lost:
             logger.warning("lost %s before publishing its block; dropping it", request_id)
             self._drop(request_id)
@@ -261,8 +276,10 @@ class Worker:
             if reply.completed.get(request_id):
                 self.metrics.requests.labels(done.finish_reason).inc()
                 self.metrics.generated_tokens.inc(done.completion_tokens)
+                self.observer.finished(request_id, done)
             else:
                 logger.info("%s was completed or taken over elsewhere; dropping our result", request_id)
+                self.observer.forget(request_id)
             self._outbox.pop(request_id, None)
         for request_id in reply.cancelled:
             request = self.scheduler.cancel(request_id)
@@ -274,6 +291,7 @@ class Worker:
         self.scheduler.cancel(request_id)
         self._outbox.pop(request_id, None)
         self._served.pop(request_id, None)
+        self.observer.forget(request_id)
 
     def _publish_done(self, request: Request) -> None:
         self._stage_done(request)
@@ -291,6 +309,7 @@ class Worker:
         for request in self._held():
             self.queue.release(self.worker_id, request.request_id, request.generated, request.prefix_len())
             self.scheduler.cancel(request.request_id)
+            self.observer.forget(request.request_id)
             logger.info(
                 "handed %s back to the queue with %d tokens", request.request_id, len(request.generated)
             )

@@ -8,9 +8,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from dllm_contracts.queue.messages import DoneEvent, QueuedRequest
+from dllm_contracts.tracing import end_span
 from gateway.errors import ApiError
 from gateway.logprobs import chat_logprobs, completion_logprobs
 from gateway.rate_limits import Admitted
+from gateway.request_trace import carry, traced
 from gateway.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -88,17 +90,22 @@ async def complete(
     body: CompletionRequest, state, is_disconnected, admitted: Admitted | None = None
 ) -> CompletionResponse | StreamingResponse:
     """``admitted``: the caller, whose limits the request is counted against (None: none)."""
+    return await traced(state, "completions", _complete, body, is_disconnected, admitted)
+
+
+async def _complete(body: CompletionRequest, state, is_disconnected, admitted=None, span=None):
     started = time.monotonic()
     check_request(body, state)
     queued = [choice for ids in _prompts(body, state) for choice in build_choices(ids, body, state)]
+    carry(queued, span)
     await enqueue_all(queued, state, admitted)  # every prompt or none
     if body.stream:
-        return _streamed(queued, body, state, False, started)
+        return _streamed(queued, body, state, False, started, span)
     results = await wait_all(queued, state, is_disconnected)
     choices, counts = zip(
         *(_completion_choice(index, done, queued[index], body, state) for index, done in enumerate(results))
     )
-    _observe(state, "completions", started)
+    _observe(state, "completions", started, span)
     return CompletionResponse.model_construct(
         id=queued[0].id,
         created=int(queued[0].created),
@@ -134,13 +141,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
 async def chat(
     body: ChatCompletionRequest, state, is_disconnected, admitted: Admitted | None = None
 ) -> ChatCompletionResponse | StreamingResponse:
+    return await traced(state, "chat", _chat, body, is_disconnected, admitted)
+
+
+async def _chat(body: ChatCompletionRequest, state, is_disconnected, admitted=None, span=None):
     started = time.monotonic()
     check_request(body, state)
     prompt_ids = chat_prompt(body, state)
     queued = build_choices(prompt_ids, body, state)
+    carry(queued, span)
     await enqueue_all(queued, state, admitted)  # every choice or none
     if body.stream:
-        return _streamed(queued, body, state, True, started)
+        return _streamed(queued, body, state, True, started, span)
     results = await wait_all(queued, state, is_disconnected)
     choices, counts = [], []
     for index, done in enumerate(results):
@@ -153,7 +165,7 @@ async def chat(
             ChatChoice.model_construct(index=index, message=message, finish_reason=reason, logprobs=logprobs)
         )
         counts.append(tokens_shown(done, state.tokenizer, text, stopped))
-    _observe(state, "chat", started)
+    _observe(state, "chat", started, span)
     return ChatCompletionResponse.model_construct(
         id=queued[0].id,
         created=int(queued[0].created),
@@ -175,11 +187,15 @@ def chat_prompt(body: ChatCompletionRequest, state) -> list[int]:
         raise ApiError(400, str(exc), param="messages", code="invalid_value") from exc
 
 
-def _observe(state, endpoint: str, started: float) -> None:
-    state.metrics.latency.labels(endpoint).observe(time.monotonic() - started)
+def _observe(state, endpoint: str, started: float, span=None) -> None:
+    """An answer complete: its latency (per endpoint, and end to end by model and lane), its span ended."""
+    seconds = time.monotonic() - started
+    state.metrics.latency.labels(endpoint).observe(seconds)
+    state.metrics.observe_e2e(seconds)
+    end_span(span)
 
 
-def _streamed(queued: list[QueuedRequest], body, state, chat: bool, started: float):
+def _streamed(queued: list[QueuedRequest], body, state, chat: bool, started: float, span=None):
     spec = StreamSpec(body, state, chat, int(queued[0].created), queued[0].id)
     endpoint = "chat" if chat else "completions"
-    return sse(stream_chunks(spec, queued), lambda: _observe(state, endpoint, started))
+    return sse(stream_chunks(spec, queued), lambda: _observe(state, endpoint, started, span))

@@ -95,6 +95,7 @@ class ServiceSpec:
     files_access_mode: str = "ReadWriteOnce"  # ReadWriteMany lets the gateway pods spread over nodes
     files_quota_bytes: int = 0  # per tenant (0: none)
     service_monitor: bool = False  # emit a Prometheus Operator ServiceMonitor for engine and gateway
+    otlp_endpoint: str | None = None  # where gateway and engine pods send traces (OTLP/HTTP); None: none
 
     @property
     def queue_service(self) -> str:
@@ -234,6 +235,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         api_key=_ref(gateway.get("apiKeySecretRef")),
         **_files(gateway.get("files") or {}),
         service_monitor=bool((spec.get("monitoring") or {}).get("serviceMonitor", False)),
+        otlp_endpoint=(spec.get("monitoring") or {}).get("otlpEndpoint") or None,
     )
     _check(parsed)
     return parsed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -51,6 +52,7 @@ def test_lint_strict_passes(sets):
         ("example.enabled=true", "watchNamespace=serving", "serviceAccount.name=ops"),
         ("imagePullSecrets[0].name=regcred", "workloadServiceAccount=dllm-workload"),
         DIFFUSION_GEMMA,
+        ("monitoring.prometheusRule.enabled=true", "monitoring.prometheusRule.labels.release=prometheus"),
     ],
 )
 def test_every_rendered_manifest_is_valid(sets):
@@ -66,8 +68,42 @@ def test_every_rendered_manifest_is_valid(sets):
     for doc in documents:
         if doc["kind"] == "DLLMService":
             assert admit(doc["spec"]) == []
+        elif doc["kind"] == "PrometheusRule":  # the Prometheus Operator's CRD: not in Kubernetes' schemas
+            check_prometheus_rule(doc)
         else:
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def check_prometheus_rule(doc: dict) -> None:
+    """The shape of monitoring.coreos.com/v1's PrometheusRule: groups of named rules, each alert with an
+    expression, a duration, a severity and a summary (the expressions are checked against the metrics the
+    services export in tests/serving/test_dashboard_metrics.py)."""
+    assert doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["metadata"]["name"]
+    assert set(doc) == {"apiVersion", "kind", "metadata", "spec"} and set(doc["spec"]) == {"groups"}
+    for group in doc["spec"]["groups"]:
+        assert set(group) == {"name", "rules"} and group["rules"]
+        for rule in group["rules"]:
+            assert set(rule) == {"alert", "expr", "for", "labels", "annotations"}, rule
+            assert isinstance(rule["expr"], str) and rule["labels"]["severity"] in ("warning", "critical")
+            assert rule["annotations"]["summary"] and rule["for"] == "10m"
+
+
+def test_dashboard_and_alert_rules_render_behind_their_values():
+    kinds = {doc["kind"]: doc for doc in render()}
+    assert "PrometheusRule" not in kinds  # without the Prometheus Operator's CRDs an install would fail
+    dashboard = kinds["ConfigMap"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["dllm-serving.json"])["uid"] == "dllm-serving"
+    assert not [doc for doc in render("monitoring.dashboard.enabled=false") if doc["kind"] == "ConfigMap"]
+    rules = next(
+        doc for doc in render("monitoring.prometheusRule.enabled=true") if doc["kind"] == "PrometheusRule"
+    )
+    assert {rule["alert"] for group in rules["spec"]["groups"] for rule in group["rules"]} >= {
+        "DLLMQueueWaitHigh",
+        "DLLMTimeToFirstBlockHigh",
+        "DLLMTimePerOutputTokenHigh",
+        "DLLMEndToEndLatencyHigh",
+    }
 
 
 def test_chart_ships_the_same_crd_as_the_repository():
@@ -103,6 +139,8 @@ def test_rbac_is_least_privilege():
         "unknownKey=1",
         "imagePullSecrets[0].secret=regcred",  # a LocalObjectReference has a name only
         "workloadServiceAccount=Not_A_Name",
+        "monitoring.prometheusRule.for=ten minutes",
+        "monitoring.prometheusRule.thresholds.failedRatio=2",
     ],
 )
 def test_values_schema_rejects_bad_values(bad):

@@ -36,7 +36,7 @@ from dllm_operator.spec import SpecError, parse_spec
 from dllm_contracts.engine_env import THREADS_ENV
 from dllm_contracts.scheduler_config import DEFAULTS
 from engine_pod.cli.main import build_parser
-from tests.operator.crd_utils import EXAMPLE_PATH
+from tests.operator.crd_utils import EXAMPLE_PATH, admit
 
 K8S_VERSION = "1.33.0"
 OWNER = {"name": "llada-8b", "uid": "0b8f2f4e-1111-2222-3333-444455556666"}
@@ -474,3 +474,20 @@ def test_gateways_keep_files_on_their_volume_or_in_a_bucket():
     assert env["DLLM_STORAGE_QUOTA_BYTES"] == str(1 << 30)
     assert pod["containers"][0]["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
     assert "files" not in {v["name"] for v in pod["volumes"]} and "affinity" not in pod
+
+
+def test_an_otlp_endpoint_sends_the_gateway_and_engine_traces_there():
+    def env_of(manifests, index):
+        container = manifests[index]["spec"]["template"]["spec"]["containers"][0]
+        return {item["name"]: item.get("value") for item in container["env"]}
+
+    endpoint = "http://otel-collector.observability:4318"
+    manifests = all_manifests(example(monitoring__otlpEndpoint=endpoint))
+    for index in (2, 3):  # the engine, the gateway
+        validate(manifests[index])
+        assert env_of(manifests, index)["OTEL_EXPORTER_OTLP_ENDPOINT"] == endpoint
+    untraced = all_manifests(example())
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in env_of(untraced, 2) | env_of(untraced, 3)
+    spec = yaml.safe_load(EXAMPLE_PATH.read_text())["spec"]
+    assert admit(spec | {"monitoring": {"otlpEndpoint": endpoint}}) == []
+    assert admit(spec | {"monitoring": {"otlpEndpoint": "otel-collector:4317"}}) != []

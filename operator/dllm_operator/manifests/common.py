@@ -6,6 +6,7 @@ from typing import Any
 
 from dllm_contracts.engine_env import THREADS_ENV
 from dllm_contracts.model_store_config import MODEL_CACHE_ENV, S3_ENDPOINT_ENV
+from dllm_contracts.tracing_config import ENDPOINT_ENV as OTLP_ENDPOINT_ENV
 from dllm_operator import names
 from dllm_operator.config import GROUP, KIND, VERSION, OperatorSettings
 from dllm_operator.spec import SecretRef, ServiceSpec
@@ -162,6 +163,14 @@ def metrics_service(
         labels={METRICS_LABEL: component},
         clusterIP="None",
     )
+
+
+def tracing_env(spec: ServiceSpec) -> list[dict[str, Any]]:
+    """Where the pod's traces go (OpenTelemetry's variable, read by the gateway and the worker); none set:
+    no traces."""
+    if not spec.otlp_endpoint:
+        return []
+    return [{"name": OTLP_ENDPOINT_ENV, "value": spec.otlp_endpoint}]
 
 
 def cache_env(spec: ServiceSpec) -> list[dict[str, Any]]:

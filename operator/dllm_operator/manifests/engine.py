@@ -89,7 +89,10 @@ def engine_deployment(
         "image": image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": command,
-        "env": redis_env(spec, redis_url) + common.cache_env(spec) + [common.threads_env()],
+        "env": redis_env(spec, redis_url)
+        + common.cache_env(spec)
+        + [common.threads_env()]
+        + common.tracing_env(spec),
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
         "resources": common.resources(spec),
         "volumeMounts": mounts,

@@ -85,6 +85,7 @@ def _env(spec: ServiceSpec, redis_url: str) -> list[dict[str, Any]]:
         redis_env(spec, redis_url)
         + [{"name": k, "value": v} for k, v in values.items()]
         + common.cache_env(spec)
+        + common.tracing_env(spec)
     )
     if spec.api_key:
         env.append({"name": ENV_NAMES["api_keys_file"], "value": f"{KEYS_DIR}/keys"})
