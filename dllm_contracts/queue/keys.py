@@ -95,7 +95,8 @@ class ServiceKeys:
 
     @property
     def sizes(self) -> str:
-        """Hash: live request id -> "<prompt tokens> <max tokens> <enqueued ms>", what a worker needs to
+        """Hash: live request id -> "<prompt tokens> <max tokens> <enqueued ms> <head start ms>" (enqueued as
+        its priority dates it: the real time less the head start), what a worker needs to
         decide whether a candidate is admissible before it claims it."""
         return self._key("sizes")
 

@@ -284,9 +284,10 @@ def _candidates(flat: list[str], now: int) -> list[Candidate]:
     out = []
     for i in range(0, len(flat), 4):
         request_id, prefix = flat[i], int(float(flat[i + 1] or 0))
-        prompt, tokens, enqueued = (flat[i + 2] or f"{prefix} 1 {now}").split()
-        queued_s = max(0, now - int(enqueued)) / 1000
-        waited_s = 0.0 if flat[i + 3] else queued_s
+        prompt, tokens, enqueued, *head_start = (flat[i + 2] or f"{prefix} 1 {now}").split()
+        waited_ms = now - int(enqueued)  # since its arrival as its priority dates it: the queue's order
+        queued_s = max(0, waited_ms - int(head_start[0] if head_start else 0)) / 1000  # what it really waited
+        waited_s = 0.0 if flat[i + 3] else max(0, waited_ms) / 1000
         out.append(
             Candidate(request_id, prefix, int(prompt), int(tokens), waited_s, bool(flat[i + 3]), queued_s)
         )

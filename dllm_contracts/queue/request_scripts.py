@@ -42,7 +42,8 @@ return 2
 # Shared by ENQUEUE and INGEST: KEYS pending (the lane's), live set, wakeup, arrivals (the lane's), sizes;
 # the requests' hashes from KEYS[first] on, their score, max tokens and payload from ARGV[at] on. A head
 # start (ms; a priority's) dates their arrival that much earlier (later, when negative): the queue's wait-
-# based order (who waited longest is offered first among the aged) puts them that much ahead.
+# based order (who waited longest is offered first among the aged) puts them that much ahead. Their sizes
+# entry keeps the head start too, so that the time they really waited can be told apart.
 _ADD_PENDING = """
 local function fresh_requests(first)
   local fresh = {}
@@ -63,7 +64,7 @@ local function add_pending(fresh, first, at, batch, head_start)
       'attempts', 0, 'batch', batch, 'enqueued', now)
     redis.call('ZADD', KEYS[1], tonumber(score), id)
     redis.call('ZADD', KEYS[4], now, id)
-    redis.call('HSET', KEYS[5], id, score .. ' ' .. tokens .. ' ' .. now)
+    redis.call('HSET', KEYS[5], id, score .. ' ' .. tokens .. ' ' .. now .. ' ' .. (head_start or 0))
     redis.call('SADD', KEYS[2], id)
   end
   if #fresh > 0 then redis.call('PUBLISH', KEYS[3], #fresh) end

@@ -5,12 +5,14 @@ one enqueued after a low-priority one is taken first once they wait past the fai
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from dllm_contracts.queue.connect import sync_client
+from dllm_contracts.queue.messages import QueuedRequest
 from dllm_contracts.queue.ops import QueueOps
 from dllm_contracts.queue.sync_client import SyncQueue
 from dllm_contracts.scheduler_config import SchedulerConfig
@@ -82,3 +84,15 @@ def test_the_higher_priority_request_is_claimed_first_though_enqueued_later(
             assert all(reply.result(WAIT_S).status_code == 200 for reply in replies)
         finally:
             peer.halt.set()
+
+
+def test_a_head_start_orders_the_queue_but_the_wait_observed_is_the_real_one(redis_server, service):
+    """A high-priority request is dated earlier for the queue's order (it counts as having waited its head
+    start), but what the worker observes as its queue wait (the histogram, the trace's queue span) is the
+    time it really waited."""
+    queue = SyncQueue(sync_client(redis_server.url), QueueOps(service))
+    request = QueuedRequest("req-high", [7] * 5, BLOCK, time.time())
+    assert queue.run(queue.ops.enqueue_all([request], head_start_ms=60_000))
+    (candidate,) = queue.candidates(4096, 4).shortest
+    assert candidate.waited_s >= 60  # the queue's order: dated a minute earlier
+    assert candidate.queued_s < 30  # what it waited: moments, even on a slow machine
