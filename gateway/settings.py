@@ -10,6 +10,7 @@ from functools import cached_property
 from pathlib import Path
 
 from dllm_contracts.model_identity import MODEL_IDENTITY_ENV, ModelIdentity
+from dllm_contracts.model_store_config import S3_ENDPOINT_ENV
 from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV
 from dllm_contracts.queue.ops import RESULT_TTL_S
 
@@ -286,7 +287,7 @@ ENV_NAMES = {  # field -> environment variable: the one place a gateway setting'
     "max_body_bytes": "DLLM_MAX_BODY_BYTES",
     "max_upload_bytes": "DLLM_MAX_UPLOAD_BYTES",
     "file_store": "DLLM_FILE_STORE",
-    "s3_endpoint_url": "DLLM_S3_ENDPOINT_URL",
+    "s3_endpoint_url": S3_ENDPOINT_ENV,  # the same store's URL as s3:// models take
     "storage_quota_bytes": "DLLM_STORAGE_QUOTA_BYTES",
     "max_upload_s": "DLLM_MAX_UPLOAD_S",
     "file_sweep_s": "DLLM_FILE_SWEEP_S",
