@@ -35,9 +35,9 @@ def _enqueue(queue: SyncQueue, request_id: str, prompt: int, max_tokens: int = 1
 def _enqueued_earlier(queue: SyncQueue, request_id: str, seconds: float) -> None:
     """Move a request's enqueueing time ``seconds`` into the past (as if it had waited that long)."""
     keys = queue.ops.keys
-    prompt, tokens, enqueued = queue.redis.hget(keys.sizes, request_id).decode().split()
+    prompt, tokens, enqueued, head_start = queue.redis.hget(keys.sizes, request_id).decode().split()
     earlier = int(enqueued) - int(seconds * 1000)
-    queue.redis.hset(keys.sizes, request_id, f"{prompt} {tokens} {earlier}")
+    queue.redis.hset(keys.sizes, request_id, f"{prompt} {tokens} {earlier} {head_start}")
     queue.redis.zadd(keys.arrivals, {request_id: earlier})
 
 
