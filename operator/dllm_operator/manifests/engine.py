@@ -15,6 +15,8 @@ from dllm_operator.spec import ServiceSpec, scheduler_settings
 PROFILE_MOUNT = "/etc/dllm/profile"
 METRICS_PORT = 9090
 STARTUP_BUDGET_S = 3600  # how long a pod may take to download and load its model
+DRAIN_S = 60  # after SIGTERM: the worker finishes its rows (--drain-timeout), then hands the rest back
+GRACE_MARGIN_S = 30  # beyond the drain: handing unfinished work back to the queue, exiting
 
 
 def profile_configmap(spec: ServiceSpec, owner: dict, profile_json: str, profile_hash: str) -> dict[str, Any]:
@@ -77,6 +79,8 @@ def engine_deployment(
         *admission_flags(scheduler_settings(spec)),
         "--port",
         str(METRICS_PORT),
+        "--drain-timeout",
+        str(DRAIN_S),
         "--model-identity",
         spec.model_identity,
     ]
@@ -122,7 +126,7 @@ def engine_deployment(
             "template": {
                 "metadata": template_meta,
                 "spec": {
-                    "terminationGracePeriodSeconds": 90,
+                    "terminationGracePeriodSeconds": DRAIN_S + GRACE_MARGIN_S,
                     "securityContext": common.pod_security(),
                     **common.pod_identity(settings),
                     "containers": [container],
