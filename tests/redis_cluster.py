@@ -63,8 +63,11 @@ class LocalRedisCluster:
 
     @property
     def url(self) -> str:
-        """What users pass: the cluster scheme naming one node (the client discovers the others)."""
-        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}/0"
+        """What users pass: the cluster scheme naming one node (the client discovers the others). A live
+        one, as a Kubernetes Service in front of every node would: a new client cannot start from a dead
+        node."""
+        live = [n for n in self.all_nodes if n.process is not None and n.process.poll() is None]
+        return f"redis+cluster://127.0.0.1:{(live or self.nodes)[0].port}/0"
 
     def client(self, node: RedisServer) -> redis.Redis:
         return redis.Redis(port=node.port, password=self.password)
