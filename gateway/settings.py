@@ -14,8 +14,9 @@ from dllm_contracts.model_store_config import S3_ENDPOINT_ENV
 from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV
 from dllm_contracts.queue.ops import RESULT_TTL_S
 
-MODEL_SCHEMES = ("builtin:", "random:")
-DEFAULT_FILE_STORE = "~/.cache/dllm/files"  # python -m gateway's; dllm serve and the operator set theirs  # models named as dllm serve takes them (see gateway.model_files)
+MODEL_SCHEMES = ("builtin:", "random:")  # models named as dllm serve takes them (see gateway.model_files)
+DEFAULT_FILE_STORE = "~/.cache/dllm/files"  # python -m gateway's; dllm serve and the operator set theirs
+EXIT_AFTER_DRAIN_S = 5.0  # after the drain: the lifespan's shutdown (batches handed back, Redis closed), exit
 
 
 class SettingsError(ValueError):
@@ -220,6 +221,12 @@ class GatewaySettings:
         """Whether requests need a bearer key: keys given, or a keys file named (even an empty one:
         naming a file never leaves the API open)."""
         return bool(self.api_keys or self.api_keys_file)
+
+    @property
+    def stop_within_s(self) -> float:
+        """How long after SIGTERM the process may take to end: the drain, then its shutdown (what ``dllm
+        serve`` waits for before it kills the gateway, and what a pod's grace period covers)."""
+        return self.drain_timeout_s + EXIT_AFTER_DRAIN_S
 
     @property
     def served_model(self) -> str:

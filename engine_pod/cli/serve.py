@@ -35,7 +35,6 @@ from engine_pod.serve.queue_owner import ON_MODEL_CHANGE
 
 logger = logging.getLogger(__name__)
 
-GATEWAY_STOP_MARGIN_S = 5.0  # after the gateway's drain (DLLM_DRAIN_TIMEOUT_S), the time it has to exit
 _HELD: list = []  # the data directory's lock file, open for the life of this process
 
 
@@ -199,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         model=f"{settings.served_model} on {args.device}, {args.dtype}",
     )
     gateway_env = replace(settings, redis_url=redis_url, model_identity=identity.text).to_env()
-    stop_s = settings.drain_timeout_s + GATEWAY_STOP_MARGIN_S
+    stop_s = settings.stop_within_s
     log_level = "info" if settings.access_log else "warning"  # the access log is uvicorn's info
     gateway = GatewayProcess(args.host, args.port, gateway_env, options, stop_s=stop_s, log_level=log_level)
     children += [Supervised("worker", worker, drains=True), Supervised("gateway", gateway, drains=True)]

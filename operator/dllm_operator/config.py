@@ -22,6 +22,14 @@ def _names(env: Mapping[str, str], variable: str, default: tuple[str, ...]) -> t
     return tuple(name.strip() for name in value.split(",") if name.strip())
 
 
+def _max_unavailable(value: str | None) -> int:
+    if value is None or value.strip() == "":
+        return OperatorSettings.redis_max_unavailable
+    if value.strip() not in ("0", "1"):
+        raise ValueError(f"DLLM_REDIS_MAX_UNAVAILABLE must be 0 or 1, not {value!r}")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class OperatorSettings:
     engine_image: str = "ghcr.io/dllm-dev/dllm-engine:0.1.0"
@@ -40,6 +48,16 @@ class OperatorSettings:
     workload_service_account: str = ""
     operator_namespace: str = ""  # where the operator runs (managed Redis admits its pods)
     operator_app: str = "dllm-operator"  # the operator pods' app.kubernetes.io/name
+    # KEDA mode: KEDA's operator reads the queue depth from the managed Redis, whose NetworkPolicy admits
+    # the pods labelled app=<keda_operator_app> in the namespace keda_namespace ("": none admitted). The
+    # label is the one KEDA's Helm chart and its release manifests both put on the operator's pods (their
+    # Deployments select on it); only keda-operator talks to scalers (the metrics server asks it over gRPC)
+    keda_namespace: str = "keda"
+    keda_operator_app: str = "keda-operator"
+    # the managed Redis's PodDisruptionBudget: 1 lets a node drain evict its one pod (the queue pauses while
+    # it restarts elsewhere, nothing accepted is lost), 0 blocks every voluntary eviction (a drain waits until
+    # someone moves it)
+    redis_max_unavailable: int = 1
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
@@ -56,6 +74,9 @@ class OperatorSettings:
             workload_service_account=env.get(WORKLOAD_SERVICE_ACCOUNT_ENV, cls.workload_service_account),
             operator_namespace=env.get("DLLM_OPERATOR_NAMESPACE", cls.operator_namespace),
             operator_app=env.get("DLLM_OPERATOR_APP", cls.operator_app),
+            keda_namespace=env.get("DLLM_KEDA_NAMESPACE", cls.keda_namespace),
+            keda_operator_app=env.get("DLLM_KEDA_OPERATOR_APP", cls.keda_operator_app),
+            redis_max_unavailable=_max_unavailable(env.get("DLLM_REDIS_MAX_UNAVAILABLE")),
         )
 
 

@@ -35,6 +35,7 @@ from dllm_operator.manifests.redis import (
     managed_redis_url,
     redis_auth_secret,
     redis_deployment,
+    redis_disruption_budget,
     redis_network_policy,
     redis_service,
     redis_volume_claim,
@@ -49,6 +50,7 @@ MANAGED_REDIS_KINDS = [
     ("apps/v1", "Deployment"),
     ("v1", "Service"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
+    ("policy/v1", "PodDisruptionBudget"),
 ]
 
 
@@ -105,6 +107,7 @@ class Reconciler:
         self.client.apply(redis_deployment(spec, owner, self.settings))
         self.client.apply(redis_service(spec, owner))
         self.client.apply(redis_network_policy(spec, owner, self.settings))
+        self.client.apply(redis_disruption_budget(spec, owner, self.settings))
         return managed_redis_url(spec)
 
     def _ensure_gateway(self, spec: ServiceSpec, owner: dict, redis_url: str) -> None:

@@ -141,6 +141,8 @@ def test_rbac_is_least_privilege():
         "workloadServiceAccount=Not_A_Name",
         "monitoring.prometheusRule.for=ten minutes",
         "monitoring.prometheusRule.thresholds.failedRatio=2",
+        "redisMaxUnavailable=2",  # one Redis pod: 0 or 1
+        "keda.namespace=Not_A_Namespace",
     ],
 )
 def test_values_schema_rejects_bad_values(bad):
@@ -174,3 +176,31 @@ def test_rbac_grants_no_update_and_stays_in_the_watched_namespace():
     )
     all_namespaces = _bindings(render())[main_role["metadata"]["name"]]
     assert all_namespaces["kind"] == "ClusterRoleBinding"
+
+
+def _operator_settings(monkeypatch, *sets: str):
+    """The operator's settings as the rendered Deployment's environment gives them."""
+    from dllm_operator.config import OperatorSettings
+
+    deployment = next(d for d in render(*sets) if d["kind"] == "Deployment")
+    for variable in deployment["spec"]["template"]["spec"]["containers"][0]["env"]:
+        if "value" in variable:
+            monkeypatch.setenv(variable["name"], variable["value"])
+    return OperatorSettings.from_env()
+
+
+def test_keda_and_the_redis_disruption_budget_reach_the_operator_from_the_values(monkeypatch):
+    defaults = _operator_settings(monkeypatch)
+    assert (defaults.keda_namespace, defaults.keda_operator_app, defaults.redis_max_unavailable) == (
+        "keda",
+        "keda-operator",
+        1,
+    )
+    chosen = _operator_settings(
+        monkeypatch, "keda.namespace=autoscaling", "keda.operatorApp=keda-op", "redisMaxUnavailable=0"
+    )
+    assert (chosen.keda_namespace, chosen.keda_operator_app, chosen.redis_max_unavailable) == (
+        "autoscaling",
+        "keda-op",
+        0,
+    )

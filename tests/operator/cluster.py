@@ -148,6 +148,7 @@ class Kube:
         self.batch = kubernetes.client.BatchV1Api(api)
         self.core = kubernetes.client.CoreV1Api(api)
         self.networking = kubernetes.client.NetworkingV1Api(api)
+        self.policy = kubernetes.client.PolicyV1Api(api)
 
     def create_service(self, manifest: dict[str, Any]) -> dict[str, Any]:
         meta = manifest["metadata"]
@@ -180,6 +181,21 @@ class Kube:
             return self.apps.api_client.sanitize_for_serialization(
                 self.apps.read_namespaced_deployment(name, namespace)
             )
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def network_policy(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        return self._read(self.networking.read_namespaced_network_policy, name, namespace)
+
+    def disruption_budget(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        return self._read(self.policy.read_namespaced_pod_disruption_budget, name, namespace)
+
+    def _read(self, read, name: str, namespace: str) -> dict[str, Any] | None:
+        """An object as plain JSON (None when absent)."""
+        try:
+            return self.core.api_client.sanitize_for_serialization(read(name, namespace))
         except kubernetes.client.ApiException as exc:
             if exc.status == 404:
                 return None

@@ -456,8 +456,11 @@ def test_keda_mode_emits_a_scaled_object_and_leaves_replicas_to_it(cluster, oper
     assert scaled[0]["spec"]["scaleTargetRef"]["name"] == f"{NAME}-engine"
     deployment = until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
     assert "replicas" not in deployment["spec"]
+    # KEDA's operator (namespace keda, its pods labelled app=keda-operator) may read the queue depth
+    until(kube, lambda: _admits_keda(kube), what="the managed Redis admitting KEDA's operator")
     # switched off: the ScaledObject goes (its HPA would fight the operator's own autoscaler)
     kube.patch_service(NAME, {"spec": {"replicas": {"keda": False}}})
+    until(kube, lambda: not _admits_keda(kube), what="KEDA's operator no longer admitted")
     until(
         kube,
         lambda: (
@@ -467,6 +470,15 @@ def test_keda_mode_emits_a_scaled_object_and_leaves_replicas_to_it(cluster, oper
         ),
         what="the ScaledObject deleted",
     )
+
+
+def _admits_keda(kube: Kube) -> bool:
+    policy = kube.network_policy(f"{NAME}-redis") or {"spec": {"ingress": [{"from": []}]}}
+    keda = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}},
+        "podSelector": {"matchLabels": {"app": "keda-operator"}},
+    }
+    return keda in policy["spec"]["ingress"][0]["from"]
 
 
 def test_switching_managed_redis_off_deletes_it(cluster, operator):
@@ -494,6 +506,20 @@ def test_switching_managed_redis_off_deletes_it(cluster, operator):
         ],
         what="the managed Redis's NetworkPolicy",
     )
+    budget = until(
+        kube, lambda: kube.disruption_budget(f"{NAME}-redis"), what="the Redis's disruption budget"
+    )
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["metadata"]["ownerReferences"][0]["name"] == NAME
+    # changed behind the operator's back: the next reconcile patches it back
+    kube.policy.patch_namespaced_pod_disruption_budget(
+        f"{NAME}-redis", "default", {"spec": {"maxUnavailable": 0}}
+    )
+    until(
+        kube,
+        lambda: kube.disruption_budget(f"{NAME}-redis")["spec"]["maxUnavailable"] == 1,
+        what="the disruption budget patched back",
+    )
     after_resyncs(cluster, kube, 2)  # the password is made once, never regenerated under running pods
     again = kube.core.read_namespaced_secret(f"{NAME}-redis-auth", "default").to_dict()
     assert (again["string_data"] or again["data"]) == (password["string_data"] or password["data"])
@@ -510,6 +536,7 @@ def test_switching_managed_redis_off_deletes_it(cluster, operator):
         ),
         what="its Service deleted",
     )
+    until(kube, lambda: kube.disruption_budget(f"{NAME}-redis") is None, what="its disruption budget deleted")
     until(
         kube,
         lambda: kube.service(NAME)["status"].get("redisUrl") == "redis://redis.queue:6379/0",

@@ -27,6 +27,7 @@ from dllm_operator.manifests.redis import (
     managed_redis_url,
     redis_auth_secret,
     redis_deployment,
+    redis_disruption_budget,
     redis_network_policy,
     redis_service,
     redis_volume_claim,
@@ -36,6 +37,7 @@ from dllm_operator.spec import SpecError, parse_spec
 from dllm_contracts.engine_env import THREADS_ENV
 from dllm_contracts.scheduler_config import DEFAULTS
 from engine_pod.cli.main import build_parser
+from gateway.settings import EXIT_AFTER_DRAIN_S
 from tests.operator.crd_utils import EXAMPLE_PATH, admit
 
 K8S_VERSION = "1.33.0"
@@ -84,6 +86,7 @@ def all_manifests(spec) -> list[dict]:
         engine_disruption_budget(spec, OWNER),
         service_monitor(spec, OWNER),
         files_volume_claim(spec, OWNER),
+        redis_disruption_budget(spec, OWNER, settings),
     ]
 
 
@@ -334,6 +337,86 @@ def test_managed_redis_has_a_password_a_volume_a_memory_cap_and_a_network_policy
     peers = policy["ingress"][0]["from"]
     assert peers[0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/instance": "llada-8b"}
     assert peers[1]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "dllm-system"
+
+
+def _matches(selector: dict, labels: dict) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def test_in_keda_mode_the_managed_redis_admits_kedas_operator_and_nothing_more():
+    """KEDA's redis scaler runs in keda-operator (the metrics server asks it over gRPC): its pods, by the
+    label KEDA's Helm chart and release manifests both select them on, in KEDA's namespace."""
+    settings = OperatorSettings(operator_namespace="dllm-system")
+    keda_pod = {"app": "keda-operator", "name": "keda-operator", "app.kubernetes.io/name": "keda-operator"}
+    for keda, admitted in ((True, True), (False, False)):
+        policy = redis_network_policy(example(replicas__keda=keda), OWNER, settings)
+        validate(policy)
+        peers = policy["spec"]["ingress"][0]["from"]
+        from_keda = [
+            p
+            for p in peers
+            if p.get("namespaceSelector", {}).get("matchLabels") == {"kubernetes.io/metadata.name": "keda"}
+            and _matches(p["podSelector"]["matchLabels"], keda_pod)
+        ]
+        assert bool(from_keda) == admitted and len(peers) == 2 + admitted
+        assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 6379}]
+    elsewhere = OperatorSettings(keda_namespace="autoscaling", keda_operator_app="keda-op")
+    peers = redis_network_policy(example(replicas__keda=True), OWNER, elsewhere)["spec"]["ingress"][0]["from"]
+    assert peers[-1] == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "autoscaling"}},
+        "podSelector": {"matchLabels": {"app": "keda-op"}},
+    }
+    none = OperatorSettings(keda_namespace="")
+    assert (
+        len(redis_network_policy(example(replicas__keda=True), OWNER, none)["spec"]["ingress"][0]["from"])
+        == 1
+    )
+
+
+@pytest.mark.parametrize("max_unavailable", [1, 0])
+def test_the_managed_redis_has_a_disruption_budget_over_its_pod(max_unavailable):
+    spec = example()
+    settings = OperatorSettings(redis_max_unavailable=max_unavailable)
+    budget = redis_disruption_budget(spec, OWNER, settings)
+    validate(budget)
+    assert budget["spec"]["maxUnavailable"] == max_unavailable
+    assert budget["metadata"]["ownerReferences"][0]["uid"] == OWNER["uid"]
+    pod_labels = redis_deployment(spec, OWNER, settings)["spec"]["template"]["metadata"]["labels"]
+    assert _matches(budget["spec"]["selector"]["matchLabels"], pod_labels)
+    engine_budget = engine_disruption_budget(spec, OWNER)  # each budget covers its own pods only
+    assert budget["metadata"]["name"] != engine_budget["metadata"]["name"]
+    assert not _matches(engine_budget["spec"]["selector"]["matchLabels"], pod_labels)
+
+
+def test_redis_max_unavailable_is_read_from_the_environment_and_checked(monkeypatch):
+    monkeypatch.setenv("DLLM_REDIS_MAX_UNAVAILABLE", "0")
+    monkeypatch.setenv("DLLM_KEDA_NAMESPACE", "autoscaling")
+    settings = OperatorSettings.from_env()
+    assert (settings.redis_max_unavailable, settings.keda_namespace) == (0, "autoscaling")
+    monkeypatch.setenv("DLLM_REDIS_MAX_UNAVAILABLE", "2")
+    with pytest.raises(ValueError, match="DLLM_REDIS_MAX_UNAVAILABLE must be 0 or 1"):
+        OperatorSettings.from_env()
+
+
+def test_gateway_pods_leave_the_endpoints_then_drain_within_their_grace_period():
+    """preStop waits (serving) while the endpoints drop the pod; SIGTERM then starts the drain the
+    gateway reads from DLLM_DRAIN_TIMEOUT_S; the grace period outlasts both and the shutdown after."""
+    gateway = gateway_deployment(example(), OWNER, OperatorSettings(), "redis://r:6379/0")
+    validate(gateway)
+    pod = gateway["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    drain = float(env["DLLM_DRAIN_TIMEOUT_S"])
+    assert pre_stop >= 3 and drain > 0
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain + EXIT_AFTER_DRAIN_S + 5
+
+
+def test_engine_pods_finish_their_drain_within_their_grace_period():
+    engine = engine_deployment(example(), OWNER, OperatorSettings(), "redis://r:6379/0", 1, "h")
+    pod = engine["spec"]["template"]["spec"]
+    worker = build_parser().parse_args(pod["containers"][0]["command"][1:])
+    assert pod["terminationGracePeriodSeconds"] >= worker.drain_timeout + 15  # hand back, exit
 
 
 def test_an_external_redis_password_reaches_engine_and_gateway():

@@ -10,6 +10,7 @@ import contextlib
 import time
 
 import httpx
+import pytest
 import redis
 from redis.cluster import RedisCluster
 
@@ -17,6 +18,7 @@ from dllm_contracts.queue.async_client import AsyncQueue
 from dllm_contracts.queue.connect import async_client, sync_client
 from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest, encode_event
 from dllm_contracts.queue.ops import QueueOps
+from dllm_contracts.queue.resilience import TRANSIENT_ERRORS
 from engine_pod.bench.gateway_cost import InstantPeer
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import free_port
@@ -171,3 +173,28 @@ async def _burst(url: str, count: int) -> list[httpx.Response]:
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
         body = {"model": "tiny", "prompt": "copy : cat dog .", "max_tokens": 64}
         return await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(count)))
+
+
+async def test_a_script_call_on_a_connection_a_dead_node_closed_is_a_transient_fault(redis_server, service):
+    """Under uvloop a write on a connection its Redis node closed (killed, failing over) raises
+    RuntimeError("... the handler is closed"), which redis-py passes on: the gateway answered such a
+    request with a 500 instead of retrying it as the connection fault it is. Other errors stay what
+    they are."""
+    client = async_client(redis_server.url)
+    queue = AsyncQueue(client, QueueOps(service))
+    call = queue.ops.enqueue(QueuedRequest("r-closed", [1] * 4, 32, time.time()))
+
+    def failing(message: str):
+        async def script(**_):
+            raise RuntimeError(message)
+
+        return script
+
+    closed = "unable to perform operation on <TCPTransport closed=True>; the handler is closed"
+    queue._scripts[call.script] = failing(closed)
+    with pytest.raises(TRANSIENT_ERRORS):
+        await queue.run(call)
+    queue._scripts[call.script] = failing("a bug")
+    with pytest.raises(RuntimeError, match="a bug"):
+        await queue.run(call)
+    await client.aclose()

@@ -19,7 +19,7 @@ import time
 import pytest
 import redis
 
-from dllm_contracts.queue.connect import sync_client
+from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV, sync_client
 from dllm_contracts.queue.keys import ServiceKeys
 from tests.redis_cluster import LocalRedisCluster
 from tests.serving.outage_harness import Stack, Tally, reference_texts, start_load
@@ -131,6 +131,40 @@ def test_on_a_redis_cluster_a_worker_killed_repeatedly(served_model, service, tm
 
     cluster = LocalRedisCluster()
     tally = _run_case(served_model, service, tmp_path, kill_twice_on_a_cluster, redis_backend=cluster)
+    _assert_nothing_lost(tally, served_model)
+
+
+def _taken_over(cluster: LocalRedisCluster, key: str, dead) -> bool:
+    try:
+        return cluster.master_of(key) is not dead
+    except RuntimeError:  # no node serves the slot yet
+        return False
+
+
+def test_on_a_redis_cluster_with_replicas_a_killed_master_fails_over(
+    served_model, service, tmp_path, monkeypatch
+):
+    """The supported HA Redis: a password-protected three-master Redis Cluster, each master with a replica.
+    The master holding the service's queue is killed (SIGKILL) under load; its replica takes over its slots,
+    and the same gateway and worker, never restarted, answer every request: those in flight at the kill
+    and those sent after the takeover."""
+    monkeypatch.setenv(REDIS_PASSWORD_ENV, "cluster-secret")  # the gateway's, the worker's and ours
+    cluster = LocalRedisCluster(replicas=1, password="cluster-secret", node_timeout_ms=1000)
+    with Stack(served_model, service, tmp_path, workers=1, redis_backend=cluster) as stack:
+        during = start_load(stack.gateway.url, PROMPTS[:24], MAX_TOKENS)
+        wait_for(lambda: _done_count(stack) >= 4 or during.done(), 120, what="the load to get going")
+        key = ServiceKeys(service).live  # every key of a service shares its hash tag: one slot
+        master = cluster.master_of(key)
+        assert not during.done(), "the kill must land while the load runs"
+        master.kill()
+        wait_for(lambda: _taken_over(cluster, key, master), 60, what="a replica taking over the slot")
+        after = start_load(stack.gateway.url, PROMPTS[24:40], MAX_TOKENS).result(timeout=300)
+        during = during.result(timeout=300)
+        duplicated = stack.duplicate_results()
+    tally = Tally(during + after, duplicated)
+    _report(
+        "(f) on a Redis Cluster with replicas: the queue's master killed, its replica takes over", tally.row()
+    )
     _assert_nothing_lost(tally, served_model)
 
 

@@ -18,6 +18,8 @@ METRICS_PORT = 9090
 # how long the engine may take to load its model (from the cache or the model volume into memory): a
 # downloaded model is fetched before, by the fetch-model init container, under its own deadline
 STARTUP_BUDGET_S = 1200
+DRAIN_S = 60  # after SIGTERM: the worker finishes its rows (--drain-timeout), then hands the rest back
+GRACE_MARGIN_S = 30  # beyond the drain: handing unfinished work back to the queue, exiting
 
 
 def profile_configmap(spec: ServiceSpec, owner: dict, profile_json: str, profile_hash: str) -> dict[str, Any]:
@@ -80,6 +82,8 @@ def engine_deployment(
         *admission_flags(scheduler_settings(spec)),
         "--port",
         str(METRICS_PORT),
+        "--drain-timeout",
+        str(DRAIN_S),
         "--model-identity",
         spec.model_identity,
     ]
@@ -129,7 +133,7 @@ def engine_deployment(
             "template": {
                 "metadata": template_meta,
                 "spec": {
-                    "terminationGracePeriodSeconds": 90,
+                    "terminationGracePeriodSeconds": DRAIN_S + GRACE_MARGIN_S,
                     "securityContext": common.pod_security(),
                     **common.pod_identity(settings),
                     "initContainers": fetch_init_containers(spec, image, settings.image_pull_policy, mounts),

@@ -1,7 +1,12 @@
-"""The gateway Deployment (`python -m gateway`, no GPU, no torch) and its Service."""
+"""The gateway Deployment (`python -m gateway`, no GPU, no torch) and its Service.
+
+A gateway pod that is told to stop first waits ``PRE_STOP_S`` (serving meanwhile) so that the Service's
+endpoints, kube-proxy and ingress controllers stop sending it new connections, then gets SIGTERM and drains
+(``drain_timeout_s``, DLLM_DRAIN_TIMEOUT_S) and shuts down; its grace period covers all three."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dllm_operator.config import OperatorSettings
@@ -13,6 +18,8 @@ from gateway.settings import ENV_NAMES, GatewaySettings
 PORT = 8000
 METRICS_PORT = 9091  # /metrics of its own, without the API key: what the ServiceMonitor scrapes
 FILES_PATH = "/var/lib/dllm/files"  # the files volume in a gateway pod (spec.gateway.files)
+PRE_STOP_S = 5  # before SIGTERM: time for the endpoints to drop the pod (it serves meanwhile)
+GRACE_MARGIN_S = 5  # beyond the gateway's own stop time: the kubelet's signalling, a slow node
 
 
 def gateway_settings(spec: ServiceSpec, redis_url: str) -> GatewaySettings:
@@ -135,6 +142,11 @@ def _resources(processes: int) -> dict[str, Any]:
     }
 
 
+def termination_grace_s(gateway: GatewaySettings) -> int:
+    """The pod's grace period: the preStop wait, then the gateway's drain and shutdown, and a margin."""
+    return math.ceil(PRE_STOP_S + gateway.stop_within_s + GRACE_MARGIN_S)
+
+
 def gateway_deployment(
     spec: ServiceSpec, owner: dict, settings: OperatorSettings, redis_url: str
 ) -> dict[str, Any]:
@@ -151,6 +163,8 @@ def gateway_deployment(
         "command": ["python", "-m", "gateway", "--port", str(PORT)],
         "env": _env(spec, redis_url),
         **_env_from(spec),
+        # Kubernetes' own sleep action (1.30 and later): no shell or sleep binary needed in the image
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_S}}},
         "ports": [
             {"name": "http", "containerPort": PORT},
             {"name": "metrics", "containerPort": METRICS_PORT},
@@ -171,6 +185,7 @@ def gateway_deployment(
             "template": {
                 "metadata": {"labels": common.labels(spec, "gateway")},
                 "spec": {
+                    "terminationGracePeriodSeconds": termination_grace_s(gateway_settings(spec, redis_url)),
                     "securityContext": common.pod_security(),
                     **common.pod_identity(settings),
                     "initContainers": [_tokenizer_init(spec, image, settings, mounts)],

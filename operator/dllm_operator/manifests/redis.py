@@ -1,6 +1,7 @@
 """A managed Redis for one service: password from an operator-made Secret, append-only file on a
 PersistentVolumeClaim (the queue survives a reschedule), a memory cap that refuses writes rather than
-evicting queued requests, and a NetworkPolicy that admits only this service's pods and the operator."""
+evicting queued requests, a NetworkPolicy that admits only this service's pods, the operator and (KEDA
+mode) KEDA's operator, and a PodDisruptionBudget."""
 
 from __future__ import annotations
 
@@ -113,19 +114,24 @@ def redis_service(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
     )
 
 
+def _namespace_pods(namespace: str, app_label: dict[str, str]) -> dict[str, Any]:
+    """A NetworkPolicy peer: the pods with this label in this namespace."""
+    return {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "podSelector": {"matchLabels": app_label},
+    }
+
+
 def redis_network_policy(spec: ServiceSpec, owner: dict, settings: OperatorSettings) -> dict[str, Any]:
-    """Ingress to the Redis pod only from this service's pods and from the operator (queue depth)."""
+    """Ingress to the Redis pod only from this service's pods, from the operator (queue depth) and, in KEDA
+    mode, from KEDA's operator (its redis scaler reads the queue depth too)."""
     same_service = {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": common.instance(spec)}}}
     peers: list[dict[str, Any]] = [same_service]
     if settings.operator_namespace:
-        peers.append(
-            {
-                "namespaceSelector": {
-                    "matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}
-                },
-                "podSelector": {"matchLabels": {"app.kubernetes.io/name": settings.operator_app}},
-            }
-        )
+        operator = {"app.kubernetes.io/name": settings.operator_app}
+        peers.append(_namespace_pods(settings.operator_namespace, operator))
+    if spec.keda and settings.keda_namespace:
+        peers.append(_namespace_pods(settings.keda_namespace, {"app": settings.keda_operator_app}))
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -134,5 +140,19 @@ def redis_network_policy(spec: ServiceSpec, owner: dict, settings: OperatorSetti
             "podSelector": {"matchLabels": common.selector_labels(spec, "redis")},
             "policyTypes": ["Ingress"],
             "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": PORT}]}],
+        },
+    }
+
+
+def redis_disruption_budget(spec: ServiceSpec, owner: dict, settings: OperatorSettings) -> dict[str, Any]:
+    """One Redis pod: ``maxUnavailable`` 1 lets a node drain evict it (it restarts elsewhere with its
+    volume, the queue pausing meanwhile), 0 holds every voluntary eviction until someone moves it."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": common.metadata(spec, "redis", owner),
+        "spec": {
+            "maxUnavailable": settings.redis_max_unavailable,
+            "selector": {"matchLabels": common.selector_labels(spec, "redis")},
         },
     }
