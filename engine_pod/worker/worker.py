@@ -26,7 +26,7 @@ import redis
 from dllm_contracts.heap import freeze_loaded_objects
 from dllm_contracts.queue.messages import DoneEvent
 from dllm_contracts.queue.ops import BlockCommit, Claimed
-from dllm_contracts.queue.resilience import TRANSIENT_ERRORS, Backoff
+from dllm_contracts.queue.resilience import TRANSIENT_ERRORS
 from dllm_contracts.queue.sync_client import SyncQueue
 from dllm_contracts.tracing import Tracing
 from engine_pod.engine import Engine, StepResult
@@ -36,6 +36,7 @@ from engine_pod.worker.claims import Claims
 from engine_pod.worker.config import WorkerConfig
 from engine_pod.worker.metrics import WorkerMetrics
 from engine_pod.worker.observed import RequestObserver
+from engine_pod.worker.redis_link import RedisLink
 from engine_pod.worker.served import ServedRequest
 from engine_pod.worker.wakeups import Wakeups
 
@@ -67,8 +68,7 @@ class Worker:
         self.metrics.token_budget.set(config.scheduling.token_budget)
         self.draining = False
         self.stopped = False
-        self.connected = True  # False from a Redis fault until the next iteration that reaches Redis
-        self._backoff = Backoff()
+        self.redis_link = RedisLink(self.worker_id)
         self._drain_deadline: float | None = None
         self._last_renew = 0.0
         self._last_reap = 0.0
@@ -92,7 +92,7 @@ class Worker:
         self.draining = True
 
     def ready(self) -> bool:
-        if self.draining or self.stopped or not self.connected:
+        if self.draining or self.stopped or not self.redis_link.connected:
             return False
         try:
             return bool(self.queue.redis.ping())
@@ -106,9 +106,9 @@ class Worker:
             while not self._should_stop():
                 try:
                     self._iterate()
-                    self._redis_reached()
+                    self.redis_link.reached()
                 except TRANSIENT_ERRORS as exc:
-                    self._redis_fault(exc)
+                    self.redis_link.fault(exc, len(self._held()), len(self._outbox))
         finally:
             self._close()
 
@@ -128,25 +128,6 @@ class Worker:
             self._step()
         elif not self.draining:
             self._wait_for_work()
-
-    def _redis_reached(self) -> None:
-        if self._backoff.failing:
-            logger.info("worker %s reached Redis again", self.worker_id)
-        self._backoff.reset()
-        self.connected = True
-
-    def _redis_fault(self, exc: Exception) -> None:
-        if not self._backoff.failing:
-            logger.warning(
-                "worker %s cannot reach Redis (%s: %s); keeping %d rows and %d results, retrying",
-                self.worker_id,
-                type(exc).__name__,
-                exc,
-                len(self._held()),
-                len(self._outbox),
-            )
-        self.connected = False
-        time.sleep(self._backoff.next_delay())
 
     def _close(self) -> None:
         try:

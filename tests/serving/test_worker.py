@@ -888,7 +888,7 @@ def test_a_worker_is_unready_while_redis_is_down_and_serves_again_once_it_is_bac
         assert worker.ready()
         redis_server.kill()
         wait_for(lambda: not worker.ready(), what="the worker to report not ready")
-        wait_for(lambda: not worker.connected, what="the worker's loop to notice the fault")
+        wait_for(lambda: not worker.redis_link.connected, what="the worker's loop to notice the fault")
         assert not worker.stopped
         with RedisServer(port=redis_server.port):
             queue = _enqueue(redis_server.url, service, "after", 5)
@@ -903,7 +903,7 @@ def test_the_readiness_probe_asks_redis_itself(redis_server, service, make_worke
     worker = make_worker(redis_server.url, service).worker  # built, its loop not started
     assert worker.ready()
     redis_server.kill()
-    assert worker.connected and not worker.ready()
+    assert worker.redis_link.connected and not worker.ready()
 
 
 def test_a_pause_in_arrivals_ends_the_batch_window(redis_server, service, make_worker):
