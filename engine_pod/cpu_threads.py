@@ -6,13 +6,14 @@ static CPU manager) and its cgroup's CPU quota, rounded up (a container's CPU li
 its ancestors). torch's own default counts the machine's cores and ignores the quota, so in a pod whose CPU
 limit is below the node's cores its threads outnumber the CPUs it gets, and the kernel throttles them.
 
-The default is one thread fewer than the usable CPUs, and at least one. Every torch operation waits for
-its slowest thread, so a thread that loses its core for a moment stalls all the others; one CPU left
-free keeps the rest of the process's host work (the engine's Python between operations, its Redis
-client and probe server) and, on one machine, the gateway, Redis and the clients off the cores the
-threads spin on. On 2 cores one thread beat two in every run of ``scripts/threads_bench.py``
-(docs/benchmarks.md, "Torch threads"), quiet or with a core busy. ``--threads`` or ``DLLM_THREADS``
-(the operator sets it from an engine pod's CPU request) choose otherwise.
+The default is a thread for each usable CPU that no other process keeps busy, and at least one: a short
+sample of ``/proc/stat`` at start (``BUSY_SAMPLE_S``) tells how many CPUs' worth of the usable ones other
+processes are using. Every torch operation waits for its slowest thread, so a thread that shares its core
+with a busy neighbour stalls all the others: on 2 cores two threads ran about 1.5x one thread's throughput
+on a quiet machine and about 0.6x of it with one core busy (``scripts/threads_bench.py``,
+docs/benchmarks.md, "Torch threads"). ``dllm serve`` also keeps one CPU for the gateway, Redis and the
+clients on the same machine (``reserve``). ``--threads`` or ``DLLM_THREADS`` (the operator sets it from an
+engine pod's CPU request) choose otherwise, and then nothing is sampled.
 
 Only the intra-op threads are set: torch's inter-op pool serves ``torch.jit.fork`` and similar
 asynchronous work, which the engine never starts, so its threads are never created.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -36,10 +38,16 @@ SELF_CGROUP = Path("/proc/self/cgroup")
 _V1_CPU_MOUNTS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")
 
 
+BUSY_SAMPLE_S = 0.25  # how long the default samples what other processes keep busy
+PROC_STAT = Path("/proc/stat")
+PROC_SELF_STAT = Path("/proc/self/stat")
+
+
 @dataclass(frozen=True)
 class UsableCpus:
     affinity: int  # CPUs in this process's affinity mask
     quota: float | None  # the cgroup's CPU quota in CPUs (a limit of 1500m: 1.5); None: no quota
+    busy: float = 0.0  # CPUs' worth of the usable ones other processes kept busy when sampled
 
     @property
     def count(self) -> int:
@@ -48,19 +56,62 @@ class UsableCpus:
             return self.affinity
         return max(1, min(self.affinity, math.ceil(self.quota)))
 
-    @property
-    def default_threads(self) -> int:
-        """One CPU left to the process's host work and its neighbours, at least one thread."""
-        return max(1, self.count - 1)
+    def default_threads(self, reserve: int = 0) -> int:
+        """A thread per usable CPU that others do not keep busy (a busy one: half a CPU's worth or more),
+        less ``reserve`` CPUs kept for neighbours to come; at least one."""
+        return max(1, self.count - math.floor(self.busy + 0.5) - reserve)
 
     def describe(self) -> str:
         quota = "none" if self.quota is None else f"{self.quota:g}"
         cpus = "CPU" if self.count == 1 else "CPUs"
-        return f"{self.count} {cpus} usable: affinity {self.affinity}, cgroup quota {quota}"
+        return (
+            f"{self.count} {cpus} usable: affinity {self.affinity}, cgroup quota {quota}, "
+            f"{self.busy:.1f} busy with other processes"
+        )
 
 
-def usable_cpus(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> UsableCpus:
-    return UsableCpus(len(os.sched_getaffinity(0)), cgroup_cpu_quota(root, self_cgroup))
+def usable_cpus(
+    root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP, sample_s: float = 0.0
+) -> UsableCpus:
+    """The usable CPUs; with ``sample_s`` > 0, how busy other processes keep them, sampled that long."""
+    affinity = os.sched_getaffinity(0)
+    busy = busy_elsewhere(affinity, sample_s) if sample_s > 0 else 0.0
+    return UsableCpus(len(affinity), cgroup_cpu_quota(root, self_cgroup), busy)
+
+
+def busy_elsewhere(cpus: set[int], sample_s: float, stat: Path = PROC_STAT) -> float:
+    """CPUs' worth of ``cpus`` that processes other than this one kept busy over ``sample_s`` seconds:
+    their busy share in ``/proc/stat`` less this process's own CPU time. 0.0 where it cannot be read."""
+    try:
+        before, own_before = _cpu_times(stat, cpus), _own_cpu_s()
+        time.sleep(sample_s)
+        after, own_after = _cpu_times(stat, cpus), _own_cpu_s()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    busy = sum(
+        (after[cpu][0] - before[cpu][0]) / max(after[cpu][1] - before[cpu][1], 1)
+        for cpu in before
+        if cpu in after
+    )
+    return max(0.0, busy - (own_after - own_before) / sample_s)
+
+
+def _cpu_times(stat: Path, cpus: set[int]) -> dict[int, tuple[int, int]]:
+    """Per CPU in ``cpus``: (busy, total) clock ticks since boot, from ``/proc/stat``'s ``cpuN`` lines."""
+    times = {}
+    for line in stat.read_text().splitlines():
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in cpus:
+            continue
+        ticks = [int(field) for field in fields[:8]]  # user nice system idle iowait irq softirq steal
+        idle = ticks[3] + ticks[4]
+        times[int(name[3:])] = (sum(ticks) - idle, sum(ticks))
+    return times
+
+
+def _own_cpu_s() -> float:
+    """This process's CPU time (all its threads), in seconds."""
+    return time.process_time()
 
 
 def cgroup_cpu_quota(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> float | None:
@@ -142,19 +193,25 @@ def parse_threads(text: str, name: str) -> int:
 
 
 def choose_threads(
-    flag: str | None, environ: Mapping[str, str] | None = None, cpus: UsableCpus | None = None
+    flag: str | None,
+    environ: Mapping[str, str] | None = None,
+    cpus: UsableCpus | None = None,
+    reserve: int = 0,
 ) -> ThreadChoice:
-    """The flag, else ``DLLM_THREADS``, else the usable CPUs less one."""
+    """The flag, else ``DLLM_THREADS``, else a thread per usable CPU other processes leave free, less
+    ``reserve`` (CPUs kept for neighbours that start later: ``dllm serve``'s gateway and Redis)."""
     environ = os.environ if environ is None else environ
-    cpus = cpus or usable_cpus()
+    chosen = flag is not None or environ.get(THREADS_ENV, "").strip()
+    cpus = cpus or usable_cpus(sample_s=0.0 if chosen else BUSY_SAMPLE_S)
     if flag is not None:
         threads = parse_threads(flag, "--threads")
         return ThreadChoice(threads, f"--threads {threads}; {cpus.describe()}")
     if environ.get(THREADS_ENV, "").strip():
         threads = parse_threads(environ[THREADS_ENV], THREADS_ENV)
         return ThreadChoice(threads, f"{THREADS_ENV}={threads}; {cpus.describe()}")
-    reason = f"{cpus.describe()}; one left to the rest; --threads or {THREADS_ENV} to override"
-    return ThreadChoice(cpus.default_threads, reason)
+    kept = f"; {reserve} kept for the gateway and Redis" if reserve else ""
+    reason = f"{cpus.describe()}{kept}; --threads or {THREADS_ENV} to override"
+    return ThreadChoice(cpus.default_threads(reserve), reason)
 
 
 def set_torch_threads(threads: int) -> None:

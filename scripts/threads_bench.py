@@ -28,27 +28,19 @@ import torch
 
 from dllm_contracts.engine_env import THREADS_ENV
 from engine_pod.cli.main import main as dllm
-from engine_pod.cpu_threads import choose_threads
 
 TORCH_DEFAULT = torch.get_num_threads()  # read before anything sets it
 
 
 def settings() -> dict[str, str | None]:
-    """Column name -> the ``--threads`` value (None: the default choice, as a user without the flag gets).
-    Where the default is one of the others (one thread on two CPUs), it is one column, measured once: two
-    columns of one setting would only show the machine's noise between them."""
-    default = choose_threads(None, environ={}).threads
-    same = {1: "1 thread", TORCH_DEFAULT: "torch's default"}.get(default)
-    columns: dict[str, str | None] = {f"default = {same}" if same else f"default ({default})": None}
-    if default != 1:
-        columns["1 thread"] = "1"
-    if default != TORCH_DEFAULT:
-        columns[f"torch's default ({TORCH_DEFAULT})"] = str(TORCH_DEFAULT)
-    return columns
+    """Column name -> the ``--threads`` value (None: the default choice, as a user without the flag gets:
+    it samples the load when each run starts, so it may differ between the quiet and the busy rounds)."""
+    return {"default": None, "1 thread": "1", f"torch's default ({TORCH_DEFAULT})": str(TORCH_DEFAULT)}
 
 
-def bench_once(workload: str, threads: str | None, limit: int | None, out: Path) -> float:
-    """One ``dllm bench`` run of BlockServe: its tokens/s, after checking the threads its report states."""
+def bench_once(workload: str, threads: str | None, limit: int | None, out: Path) -> tuple[float, int]:
+    """One ``dllm bench`` run of BlockServe: its tokens/s and the threads its report states (checked
+    against ``threads`` where given)."""
     argv = [
         "-q",
         "bench",
@@ -70,7 +62,7 @@ def bench_once(workload: str, threads: str | None, limit: int | None, out: Path)
     report = json.loads(out.read_text())
     if threads and report["torch_threads"]["threads"] != int(threads):
         raise SystemExit(f"asked for {threads} threads, the report says {report['torch_threads']}")
-    return report["policies"]["blockserve"]["tokens_per_s"]
+    return report["policies"]["blockserve"]["tokens_per_s"], report["torch_threads"]["threads"]
 
 
 @contextlib.contextmanager
@@ -98,8 +90,11 @@ def measure(workloads: list[str], rounds: int, limit: int | None) -> dict:
                     order = names[round_number % len(names) :] + names[: round_number % len(names)]
                     for workload in workloads:
                         for name in order:
-                            tok_s = bench_once(workload, columns[name], limit, Path(tmp) / "report.json")
-                            results.setdefault((workload, load), {}).setdefault(name, []).append(tok_s)
+                            tok_s, used = bench_once(
+                                workload, columns[name], limit, Path(tmp) / "report.json"
+                            )
+                            cell = results.setdefault((workload, load), {}).setdefault(name, [])
+                            cell.append((tok_s, used))
     return {"columns": names, "cells": results}
 
 
@@ -110,10 +105,21 @@ def table(measured: dict, rounds: int) -> str:
         "|---|---|" + "---|" * len(names),
     ]
     for (workload, load), cells in measured["cells"].items():
-        medians = [f"{statistics.median(cells[name]):.0f}" for name in names]
+        medians = [_cell(cells[name], name == "default") for name in names]
         lines.append(f"| {workload} | {load} | {' | '.join(medians)} |")
-    lines.append(f"\ntokens/s of `dllm bench --policy blockserve`, median of {rounds} rounds per cell")
+    lines.append(
+        f"\ntokens/s of `dllm bench --policy blockserve`, median (and range) of {rounds} rounds per cell"
+    )
     return "\n".join(lines)
+
+
+def _cell(runs: list[tuple[float, int]], say_threads: bool) -> str:
+    """The median tokens/s and the rounds' range, and for the default the threads it chose (each if they
+    varied)."""
+    speeds = [tok_s for tok_s, _ in runs]
+    median = f"{statistics.median(speeds):.0f} ({min(speeds):.0f}-{max(speeds):.0f})"
+    chosen = sorted({used for _, used in runs})
+    return f"{median}, {'/'.join(map(str, chosen))} thr." if say_threads else median
 
 
 def parse_args() -> argparse.Namespace:

@@ -49,8 +49,9 @@ def add_threads_arg(parser) -> None:
     parser.add_argument(
         "--threads",
         metavar="N",
-        help=f"torch threads (default: ${THREADS_ENV}, else one fewer than the CPUs this process may use, "
-        "at least 1: its CPU affinity, capped by its cgroup CPU quota)",
+        help=f"torch threads (default: ${THREADS_ENV}, else one per CPU this process may use that other "
+        "processes leave free, sampled at start, at least 1; the CPUs: its affinity, capped by its cgroup CPU "
+        "quota; dllm serve keeps one for the gateway and Redis)",
     )
 
 

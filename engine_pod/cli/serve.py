@@ -143,7 +143,7 @@ def _worker_args(args: argparse.Namespace, redis_url: str, identity: ModelIdenti
     ]
     return [
         *("--model", args.model, "--device", args.device, "--dtype", args.dtype),
-        *(["--threads", args.threads] if args.threads is not None else []),  # else the worker's own choice
+        *(["--threads", args.threads] if args.threads is not None else []),  # run() sets serve's choice
         *("--redis", redis_url, "--service", args.service, *budget),
         *admission_flags(scheduler_config(args)),
         *("--steps-per-block", str(args.steps_per_block)),
@@ -175,7 +175,9 @@ def run(args: argparse.Namespace) -> int:
     from gateway.api_keys import keys_state
 
     _quiet_terminal()
-    threads = choose_threads(args.threads)  # a bad count ends serve here, before anything starts
+    # a bad count ends serve here, before anything starts; the default keeps a CPU for the gateway and Redis
+    threads = choose_threads(args.threads, reserve=1)
+    args.threads = str(threads.threads)  # the worker's, as chosen here
     queue_settings(args)
     model_dir = _served_model_dir(args)
     if not (model_dir / "tokenizer.json").is_file():

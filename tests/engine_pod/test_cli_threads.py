@@ -51,10 +51,15 @@ def test_one_core_runs_one_thread_and_the_variable_or_the_flag_override_it():
 
 @needs_taskset
 @pytest.mark.skipif(len(CORES) < 2, reason="needs two cores")
-def test_two_cores_run_one_thread_where_torch_would_run_two():
-    done = _generate(CORES[:2], "--json", verbose=True)
+def test_two_cores_one_of_them_busy_run_one_thread_where_torch_would_run_two():
+    spinner = subprocess.Popen(["taskset", "-c", str(CORES[1]), sys.executable, "-c", "while True: pass"])
+    try:
+        done = _generate(CORES[:2], "--json", verbose=True)
+    finally:
+        spinner.kill()
+        spinner.wait()
     assert _threads_of(done) == 1
-    assert "torch threads: 1 (2 CPUs usable: affinity 2" in done.stderr
+    assert "torch threads: 1 (2 CPUs usable: affinity 2, cgroup quota none, " in done.stderr
 
 
 @needs_taskset
@@ -87,12 +92,9 @@ def test_bench_states_its_threads_in_the_report_and_the_summary(tmp_path, capsys
     assert "--threads: --pin runs the engine on one core" in capsys.readouterr().err
 
 
-def test_serve_hands_its_threads_to_the_worker_only_when_given():
+def test_serve_hands_its_threads_to_the_worker():
     parser = build_parser()
     given = parser.parse_args(["serve", "--threads", "3", "--token-budget", "4096"])
     given.service = "default"
     args = _worker_args(given, "redis://127.0.0.1:1/0", IDENTITY)
     assert args[args.index("--threads") + 1] == "3"
-    default = parser.parse_args(["serve", "--token-budget", "4096"])
-    default.service = "default"
-    assert "--threads" not in _worker_args(default, "redis://127.0.0.1:1/0", IDENTITY)

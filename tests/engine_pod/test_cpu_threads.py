@@ -4,13 +4,15 @@ the flag over ``DLLM_THREADS`` over the default; children of ``run_in_child`` ke
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from dllm_contracts.engine_env import THREADS_ENV
-from engine_pod.cpu_threads import UsableCpus, cgroup_cpu_quota, choose_threads, usable_cpus
+from engine_pod.cpu_threads import UsableCpus, busy_elsewhere, cgroup_cpu_quota, choose_threads, usable_cpus
 from engine_pod.isolation import run_in_child
 
 
@@ -74,21 +76,45 @@ def test_usable_cpus_take_the_affinity_capped_by_the_quota_rounded_up(tmp_path):
     proc = _cgroup(root, "0::/\n", {"cpu.max": "50000 100000\n"})  # half a CPU
     affinity = len(os.sched_getaffinity(0))
     cpus = usable_cpus(root, proc)
-    assert cpus == UsableCpus(affinity, 0.5) and cpus.count == 1 and cpus.default_threads == 1
-    assert UsableCpus(16, 4.2).count == 5 and UsableCpus(16, 4.2).default_threads == 4
-    assert UsableCpus(2, None).count == 2 and UsableCpus(2, None).default_threads == 1
+    assert cpus == UsableCpus(affinity, 0.5) and cpus.count == 1 and cpus.default_threads() == 1
+    assert UsableCpus(16, 4.2).count == 5 and UsableCpus(16, 4.2).default_threads() == 5
+    assert UsableCpus(2, None).count == 2 and UsableCpus(2, None).default_threads() == 2
     assert UsableCpus(3, 8.0).count == 3
 
 
+def test_a_cpu_others_keep_busy_and_a_reserved_one_get_no_thread():
+    assert UsableCpus(2, None, busy=0.3).default_threads() == 2  # a little background: still free
+    assert UsableCpus(2, None, busy=0.9).default_threads() == 1  # a core kept busy
+    assert UsableCpus(2, None, busy=2.0).default_threads() == 1  # never fewer than one
+    assert UsableCpus(8, 6.0, busy=1.6).default_threads() == 4
+    assert UsableCpus(2, None).default_threads(reserve=1) == 1  # dllm serve: room for the gateway, Redis
+
+
+def test_the_cpus_another_process_keeps_busy_are_measured():
+    """A process spinning on one of this process's CPUs reads as about one busy CPU."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(spinner.pid, {cpus[0]})
+        busy = busy_elsewhere(set(cpus), 0.5)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert busy >= 0.6  # its core; on a loaded machine more
+
+
 def test_the_flag_wins_over_the_variable_which_wins_over_the_default():
-    cpus = UsableCpus(8, None)
+    cpus = UsableCpus(8, None, busy=1.0)
     assert choose_threads(None, {}, cpus).threads == 7
     assert choose_threads(None, {THREADS_ENV: "3"}, cpus).threads == 3
     assert choose_threads("5", {THREADS_ENV: "3"}, cpus).threads == 5
     line = choose_threads(None, {}, UsableCpus(2, None)).log_line()
     assert (
-        line.startswith("torch threads: 1 (2 CPUs usable: affinity 2, cgroup quota none")
+        line.startswith("torch threads: 2 (2 CPUs usable: affinity 2, cgroup quota none, 0.0 busy")
         and THREADS_ENV in line
+    )
+    assert (
+        "1 kept for the gateway and Redis" in choose_threads(None, {}, UsableCpus(2, None), reserve=1).reason
     )
 
 
