@@ -9,7 +9,7 @@ limit is below the node's cores its threads outnumber the CPUs it gets, and the 
 The default is a thread for each usable CPU that no other process keeps busy, and at least one: a short
 sample of ``/proc/stat`` at start (``BUSY_SAMPLE_S``) tells how many CPUs' worth of the usable ones other
 processes are using. Every torch operation waits for its slowest thread, so a thread that shares its core
-with a busy neighbour stalls all the others: on 2 cores two threads ran about 1.5x one thread's throughput
+with a busy neighbour stalls all the others: on 2 cores two threads ran about 1.6x one thread's throughput
 on a quiet machine and about 0.6x of it with one core busy (``scripts/threads_bench.py``,
 docs/benchmarks.md, "Torch threads"). ``dllm serve`` also keeps one CPU for the gateway, Redis and the
 clients on the same machine (``reserve``). ``--threads`` or ``DLLM_THREADS`` (the operator sets it from an

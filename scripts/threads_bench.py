@@ -1,7 +1,7 @@
 """Torch threads against throughput: ``dllm bench`` (BlockServe, the engine alone) with the default thread
 count, one thread and torch's own default, on a quiet machine and with one core kept busy.
 
-    PYTHONPATH=. python scripts/threads_bench.py [--rounds 5] [--limit N] [--workloads heterogeneous,homogeneous]
+    PYTHONPATH=. python scripts/threads_bench.py [--rounds 5] [--repeat 3] [--limit N] [--workloads ...]
 
 Every run is a real ``dllm bench --policy blockserve --no-isolate`` in this process (the model loads in
 each run; ``--no-isolate`` saves a spawned child per run). The settings alternate round by round (each
@@ -38,7 +38,9 @@ def settings() -> dict[str, str | None]:
     return {"default": None, "1 thread": "1", f"torch's default ({TORCH_DEFAULT})": str(TORCH_DEFAULT)}
 
 
-def bench_once(workload: str, threads: str | None, limit: int | None, out: Path) -> tuple[float, int]:
+def bench_once(
+    workload: str, threads: str | None, limit: int | None, repeat: int, out: Path
+) -> tuple[float, int]:
     """One ``dllm bench`` run of BlockServe: its tokens/s and the threads its report states (checked
     against ``threads`` where given)."""
     argv = [
@@ -53,6 +55,7 @@ def bench_once(workload: str, threads: str | None, limit: int | None, out: Path)
         str(out),
     ]
     argv += ["--limit", str(limit)] if limit else []
+    argv += ["--repeat", str(repeat)]  # the report: the median of these runs
     argv += ["--threads", threads] if threads else []
     errors = io.StringIO()  # and no progress bars: not a terminal
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(errors):
@@ -79,7 +82,7 @@ def core_busy(busy: bool):
         burner.wait()
 
 
-def measure(workloads: list[str], rounds: int, limit: int | None) -> dict:
+def measure(workloads: list[str], rounds: int, limit: int | None, repeat: int) -> dict:
     columns = settings()
     names = list(columns)
     results: dict = {}
@@ -91,7 +94,7 @@ def measure(workloads: list[str], rounds: int, limit: int | None) -> dict:
                     for workload in workloads:
                         for name in order:
                             tok_s, used = bench_once(
-                                workload, columns[name], limit, Path(tmp) / "report.json"
+                                workload, columns[name], limit, repeat, Path(tmp) / "report.json"
                             )
                             cell = results.setdefault((workload, load), {}).setdefault(name, [])
                             cell.append((tok_s, used))
@@ -127,6 +130,9 @@ def parse_args() -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=5, help="rounds per setting (default: 5)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs in each round's dllm bench, its median taken (default: 3)"
+    )
     parser.add_argument("--limit", type=int, help="use only the first N requests of each workload")
     parser.add_argument(
         "--workloads",
@@ -140,7 +146,7 @@ def run() -> None:
     args = parse_args()
     os.environ.pop(THREADS_ENV, None)  # the default column is what a user without the variable gets
     started = time.monotonic()
-    measured = measure([w for w in args.workloads.split(",") if w], args.rounds, args.limit)
+    measured = measure([w for w in args.workloads.split(",") if w], args.rounds, args.limit, args.repeat)
     sys.stdout.write(table(measured, args.rounds) + "\n")
     sys.stdout.write(f"({os.cpu_count()} CPUs, {time.monotonic() - started:.0f} s)\n")
 
