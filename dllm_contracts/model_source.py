@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dllm_contracts.model_errors import ModelLoadError
 from dllm_contracts.model_uri import (
     FILE_SCHEME,
     S3_SCHEME,
@@ -14,10 +15,6 @@ from dllm_contracts.model_uri import (
     names_download,
     split_revision,
 )
-
-
-class ModelLoadError(ValueError):
-    """The model could not be found or loaded; the message says why in one line."""
 
 
 def builtin_model_dir(name: str) -> Path:

@@ -22,7 +22,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from dllm_contracts.model_source import ModelLoadError
+from dllm_contracts.model_errors import ModelLoadError
 from dllm_contracts.model_store_config import ModelStoreSettings
 
 logger = logging.getLogger(__name__)
