@@ -219,3 +219,24 @@ def scheduling(spec: ServiceSpec) -> dict[str, Any]:
     if spec.tolerations:
         placement["tolerations"] = list(spec.tolerations)
     return placement
+
+
+def volume_claim(
+    spec: ServiceSpec,
+    component: str,
+    owner: dict,
+    name: str,
+    access_mode: str,
+    storage: str,
+    storage_class: str | None,
+) -> dict[str, Any]:
+    """A PersistentVolumeClaim of the service's ``component`` (the StorageClass's default when None)."""
+    claim: dict[str, Any] = {"accessModes": [access_mode], "resources": {"requests": {"storage": storage}}}
+    if storage_class:
+        claim["storageClassName"] = storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata(spec, component, owner, name=name),
+        "spec": claim,
+    }

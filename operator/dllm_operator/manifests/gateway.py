@@ -50,18 +50,15 @@ KEYS_DIR = "/etc/dllm/api-keys"  # the keys Secret's volume: its key's value is 
 
 def files_volume_claim(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
     """The gateways' files volume (uploads, batch outputs), unless the files live in a bucket."""
-    claim: dict[str, Any] = {
-        "accessModes": [spec.files_access_mode],
-        "resources": {"requests": {"storage": spec.files_storage}},
-    }
-    if spec.files_storage_class:
-        claim["storageClassName"] = spec.files_storage_class
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": common.metadata(spec, "gateway", owner, name=files_claim_name(spec)),
-        "spec": claim,
-    }
+    return common.volume_claim(
+        spec,
+        "gateway",
+        owner,
+        files_claim_name(spec),
+        spec.files_access_mode,
+        spec.files_storage,
+        spec.files_storage_class,
+    )
 
 
 def files_claim_name(spec: ServiceSpec) -> str:

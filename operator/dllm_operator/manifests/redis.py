@@ -46,18 +46,10 @@ def redis_auth_secret(spec: ServiceSpec, owner: dict, password: str) -> dict[str
 
 
 def redis_volume_claim(spec: ServiceSpec, owner: dict) -> dict[str, Any]:
-    claim: dict[str, Any] = {
-        "accessModes": ["ReadWriteOnce"],
-        "resources": {"requests": {"storage": spec.redis_storage}},
-    }
-    if spec.redis_storage_class:
-        claim["storageClassName"] = spec.redis_storage_class
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": common.metadata(spec, "redis", owner, name=common.name_of(spec, "redis-data")),
-        "spec": claim,
-    }
+    name = common.name_of(spec, "redis-data")
+    return common.volume_claim(
+        spec, "redis", owner, name, "ReadWriteOnce", spec.redis_storage, spec.redis_storage_class
+    )
 
 
 def redis_deployment(spec: ServiceSpec, owner: dict, settings: OperatorSettings) -> dict[str, Any]:
