@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from engine_pod.models.checkpoint_files import PART, part_sizes
 from engine_pod.models.config_readers import config_from_dict
-from engine_pod.models.weights import PART, name_map, part_sizes
+from engine_pod.models.weights import name_map
 
 VENDORED_REFERENCE = Path(__file__).resolve().parent / "data" / "reference"
 SHARED_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"

@@ -23,7 +23,7 @@ from engine_pod.engine import Engine
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.models.loader import LoadedModel, load_model
 from engine_pod.runner.contract import Runner
-from engine_pod.runner.factory import make_runner, records_margins
+from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.base import Scheduler
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
@@ -84,7 +84,7 @@ def run_policy(
 
         return run_through_gateway(loaded, decoding, spec, requests, pinning)
     eos = loaded.config.eos_token_ids
-    margins = record_margins and records_margins(loaded.config)  # where the family's runner can
+    margins = record_margins and loaded.family.records_margins  # where the family's runner can
     runner = make_runner(loaded, decoding, spec.token_budget, record_margins=margins)
     engine = Engine(runner, build_scheduler(spec, runner))
     turns = FollowUps(requests, engine.scheduler)

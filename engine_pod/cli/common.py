@@ -133,10 +133,10 @@ def with_sampler_args(args: argparse.Namespace, loaded):
     given = {name: getattr(args, name) for name in SAMPLER_FLAGS if getattr(args, name) is not None}
     if not given:
         return loaded
-    if not hasattr(loaded.config, "with_sampler"):
+    if not loaded.family.entropy_sampler:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise CliError(
-            f"{flags}: only DiffusionGemma has the entropy-bound sampler, not {loaded.config.family}"
+            f"{flags}: {loaded.family.display_name} has no entropy-bound sampler (DiffusionGemma's)"
         )
     return replace(loaded, config=loaded.config.with_sampler(**given))
 

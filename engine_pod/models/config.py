@@ -1,19 +1,11 @@
-"""Model configuration: one frozen dataclass read from a real checkpoint's ``config.json``.
-
-LLaDA (``model_type: llada``) and Dream (``model_type: Dream``, Qwen2 field names) use different
-field names for the same architecture; this module owns the translation and its validation. The
-block-diffusion families (LLaDA2.0, ``model_type: llada2_moe``) add their fields in
-``block_config.py``; ``config_readers.py`` picks a family's reader by ``model_type``.
-"""
+"""Model configuration: one frozen dataclass, which each Llama-style family's reader fills from a real
+checkpoint's ``config.json`` (the readers live in the families' modules, ``engine_pod/families/``), with
+the field helpers they share."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from typing import Any
-
-from dllm_contracts.families import FAMILIES
-
-BLOCK_DIFFUSION_FAMILIES = ("llada2", "sdar")  # causal across blocks, bidirectional inside one
 
 
 class ModelConfigError(ValueError):
@@ -38,7 +30,7 @@ class MoESpec:
 class ModelConfig:
     """Architecture and special tokens of a bidirectional Llama/Qwen2-style diffusion LM."""
 
-    family: str  # "llada" or "dream": decides parameter names and decoding quirks
+    family: str  # its family's name (engine_pod/families/registry.py), which the engine reads it by
     hidden_size: int
     num_layers: int
     num_heads: int
@@ -64,14 +56,7 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.head_dim_override or self.hidden_size // self.num_heads
 
-    @property
-    def block_diffusion(self) -> bool:
-        """Attention is causal across blocks and bidirectional inside one: a committed block's K/V is final."""
-        return self.family in BLOCK_DIFFUSION_FAMILIES
-
     def __post_init__(self) -> None:
-        if self.family not in FAMILIES:
-            raise ModelConfigError(f"unknown model family {self.family!r}; expected one of {FAMILIES}")
         if self.head_dim_override is None and self.hidden_size % self.num_heads:
             raise ModelConfigError(
                 f"hidden size {self.hidden_size} is not divisible by {self.num_heads} heads"
@@ -101,48 +86,6 @@ def require(raw: dict[str, Any], key: str) -> Any:
     return raw[key]
 
 
-def _check_llada_supported(raw: dict[str, Any]) -> None:
-    unsupported = {
-        "alibi": (raw.get("alibi", False), False),
-        "rope": (raw.get("rope", True), True),
-        "block_type": (raw.get("block_type", "llama"), "llama"),
-        "layer_norm_type": (raw.get("layer_norm_type", "rms"), "rms"),
-        "activation_type": (raw.get("activation_type", "silu"), "silu"),
-        "weight_tying": (raw.get("weight_tying", False), False),
-    }
-    for key, (value, expected) in unsupported.items():
-        if value != expected:
-            raise ModelConfigError(
-                f"LLaDA config field {key}={value!r} is not supported (expected {expected!r})"
-            )
-
-
-def llada_config(raw: dict[str, Any]) -> ModelConfig:
-    _check_llada_supported(raw)
-    d_model = int(require(raw, "d_model"))
-    n_heads = int(require(raw, "n_heads"))
-    n_kv = raw.get("n_kv_heads") or (1 if raw.get("multi_query_attention") else n_heads)
-    mlp_hidden = raw.get("mlp_hidden_size") or int(raw.get("mlp_ratio", 4) * d_model)
-    vocab = int(raw.get("embedding_size") or require(raw, "vocab_size"))
-    return ModelConfig(
-        family="llada",
-        hidden_size=d_model,
-        num_layers=int(require(raw, "n_layers")),
-        num_heads=n_heads,
-        num_kv_heads=int(n_kv),
-        intermediate_size=int(mlp_hidden),
-        vocab_size=vocab,
-        rope_theta=float(raw.get("rope_theta", 10000.0)),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
-        qkv_bias=bool(raw.get("include_qkv_bias", False) or raw.get("include_bias", False)),
-        mask_token_id=int(raw.get("mask_token_id", 126336)),
-        eos_token_ids=as_tuple(raw.get("eos_token_id", 126081)),
-        pad_token_id=raw.get("pad_token_id"),
-        max_position_embeddings=int(raw.get("max_sequence_length", 4096)),
-        raw=raw,
-    )
-
-
 def qwen_shape(raw: dict[str, Any]) -> dict[str, Any]:
     """The architecture fields Qwen2/Qwen3-style config.json files (Dream, SDAR) name alike."""
     heads = int(require(raw, "num_attention_heads"))
@@ -156,20 +99,3 @@ def qwen_shape(raw: dict[str, Any]) -> dict[str, Any]:
         "rope_theta": float(raw.get("rope_theta", 10000.0)),
         "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
     }
-
-
-def dream_config(raw: dict[str, Any]) -> ModelConfig:
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ModelConfigError(
-            f"Dream hidden_act={raw.get('hidden_act')!r} is not supported (expected 'silu')"
-        )
-    return ModelConfig(
-        family="dream",
-        **qwen_shape(raw),
-        qkv_bias=True,
-        mask_token_id=int(raw.get("mask_token_id", 151666)),
-        eos_token_ids=as_tuple(raw.get("eos_token_id", 151643)),
-        pad_token_id=raw.get("pad_token_id"),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
-        raw=raw,
-    )

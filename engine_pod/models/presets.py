@@ -6,16 +6,15 @@ checkpoint's. The presets themselves (the real checkpoints' architectures) are d
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from dllm_contracts.model_presets import GENERATION_CONFIGS, PRESETS, preset
-from engine_pod.models.config import ModelConfig
 from engine_pod.models.config_readers import config_from_dict
-from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
 
 __all__ = ["GENERATION_CONFIGS", "PRESETS", "preset", "preset_config"]
 
 
-def preset_config(name: str) -> ModelConfig | DiffusionGemmaConfig:
+def preset_config(name: str) -> Any:
     """The preset's config as the engine reads a checkpoint's, with its generation config where it has one."""
     config = config_from_dict(preset(name))
     generation = GENERATION_CONFIGS.get(name)

@@ -32,8 +32,8 @@ from engine_pod.device_memory import (
     reset_peak,
     total_memory,
 )
+from engine_pod.families.registry import family_of
 from engine_pod.isolation import ChildDied, run_in_child
-from engine_pod.models.diffusion_gemma.config import MODEL_TYPE as DIFFUSION_GEMMA
 from engine_pod.models.loader import (
     LoadedModel,
     build_model,
@@ -161,7 +161,7 @@ def check_shape(budget: int, cfg: ProfileConfig) -> Point:
 def for_model(cfg: ProfileConfig) -> ProfileConfig:
     """``cfg`` with what the model decides: whether its rows are canvases, the block length it takes."""
     config, _ = load_metadata(cfg.model)
-    canvas = config.family == DIFFUSION_GEMMA
+    canvas = family_of(config).cache == "canvas"
     block_length = cfg.block_length or (config.canvas_length if canvas else DEFAULT_BLOCK_LENGTH)
     if cfg.max_tokens < 4 * block_length:
         raise ProfileError(

@@ -16,7 +16,6 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.denoise_step import Candidates, DenoiseStep, LogprobRequests
 from engine_pod.decoding.policies import StepContext, make_policy
 from engine_pod.decoding.scoring import top_two_gap
-from engine_pod.models.adapter import adapter_for
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.canvas import Canvas, build_canvas
 from engine_pod.runner.contract import CycleOutput, CycleStats
@@ -66,14 +65,14 @@ class BlockCycleRunner:
         self.loaded = loaded
         self.model = loaded.model
         self.decoding = decoding
-        self.adapter = adapter_for(loaded.config)
+        self.quirks = loaded.family.quirks
         self.policy = make_policy(decoding.remasking)
         self.mask_id = loaded.config.mask_token_id
         self.pad_id = loaded.config.pad_token_id if loaded.config.pad_token_id is not None else 0
         self.record_trace = record_trace
         self.record_margins = record_margins
         self.trace: list[dict] = []  # row 0's forwards and their commits, across cycles, when recorded
-        self.step_cap = self.adapter.step_cap(
+        self.step_cap = self.quirks.step_cap(
             decoding.cache, decoding.steps_per_block, self.policy.quota_schedule
         )
         self.exact_steps = self.policy.quota_schedule and not decoding.uses_cache
@@ -130,7 +129,7 @@ class BlockCycleRunner:
         L = self.decoding.block_length
         canvas = build_canvas(rows, L, self.mask_id, self.pad_id, self.loaded.device)
         pick_r = torch.arange(len(rows), device=self.loaded.device).repeat_interleave(L)
-        source = canvas.block_slots.reshape(-1) - self.adapter.logit_shift
+        source = canvas.block_slots.reshape(-1) - self.quirks.logit_shift
         hidden = self.model.forward_full(
             canvas.tokens, canvas.position_ids, canvas.key_mask, None, (pick_r, source)
         )
@@ -183,7 +182,7 @@ class BlockCycleRunner:
     ) -> None:
         refresh = step == 0 or cache is None
         mask = rows.candidates
-        forced_start = refresh and cache is not None and self.adapter.commits_block_start_on_refresh
+        forced_start = refresh and cache is not None and self.quirks.commits_block_start_on_refresh
         if forced_start:
             mask = mask.clone()
             mask[:, 1:] = False
@@ -229,7 +228,7 @@ class BlockCycleRunner:
     ):
         index = None if rows.all_rows else rows.index
         take = (lambda t: t) if index is None else (lambda t: t[index])
-        source = take(canvas.block_slots)[pick_r, pick_k] - self.adapter.logit_shift
+        source = take(canvas.block_slots)[pick_r, pick_k] - self.quirks.logit_shift
         host = canvas.host
         stats.useful_positions += sum(host.context_lengths[r] for r in rows.members if host.active[r])
         if canvas.packed:
@@ -248,7 +247,7 @@ class BlockCycleRunner:
         block_window = self.decoding.cache == "dual"  # every row's window is its block, all cached
         slots = canvas.block_slots[index] if block_window else canvas.prefix_window()[0][index]
         stats.useful_positions += sum(canvas.host.active[r] for r in rows.members) * canvas.block_length
-        source = (pick_k - self.adapter.logit_shift).clamp(min=0)
+        source = (pick_k - self.quirks.logit_shift).clamp(min=0)
         if canvas.packed:
             lengths = [canvas.block_length] * len(rows.members) if block_window else None
             inputs = window_inputs(canvas, cache, index, slots, pick_r, source, rows.members, counts, lengths)

@@ -51,8 +51,8 @@ import torch
 
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.decoding.entropy_bound import EntropyBoundParams, SamplerColumns, denoise_step, start_canvas
-from engine_pod.models.diffusion_gemma.context_cache import ContextBatch, ContextCache, context_pool
-from engine_pod.models.diffusion_gemma.model import DiffusionGemmaModel
+from engine_pod.families.diffusion_gemma.context_cache import ContextBatch, ContextCache, context_pool
+from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.scheduler.cycle_row import CycleRow

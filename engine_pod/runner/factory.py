@@ -1,15 +1,16 @@
-"""The runner for a loaded model, above every family's runner: the dual-cache runner for LLaDA and Dream,
-the exact-cache runner for block-diffusion models (LLaDA2.0, SDAR), the canvas runner for DiffusionGemma."""
+"""The runner for a loaded model, chosen by its family's cache kind: the dual-cache runner (LLaDA, Dream),
+the paged exact-cache runner (block diffusion: LLaDA2.0, SDAR), the canvas runner (DiffusionGemma)."""
 
 from __future__ import annotations
 
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.models.diffusion_gemma.config import MODEL_TYPE as DIFFUSION_GEMMA
 from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.runner.canvas_cycle import CanvasCycleRunner
 from engine_pod.runner.contract import Runner
 from engine_pod.runner.paged_cycle import BlockDiffusionCycleRunner
+
+_POOLED_RUNNERS = {"paged": BlockDiffusionCycleRunner, "canvas": CanvasCycleRunner}
 
 
 def make_runner(
@@ -19,22 +20,13 @@ def make_runner(
     record_trace: bool = False,
     record_margins: bool = False,
 ) -> Runner:
-    """``pool_tokens`` sizes a block-diffusion model's KV pool and DiffusionGemma's context pool (the
-    token budget; LLaDA and Dream build their cache per cycle); ``record_trace`` (row 0's forwards and
-    commits) and ``record_margins`` (each committed position's top-two gap) are recorded by the
-    LLaDA/Dream runner and refused for a block-diffusion model or DiffusionGemma (its canvas runner),
-    which record neither."""
-    family = loaded.config.family
-    if not records_margins(loaded.config):
-        for name, asked in (("record_trace", record_trace), ("record_margins", record_margins)):
-            if asked:
-                raise ValueError(f"{name} is not supported for block-diffusion models ({family})")
-        if family == DIFFUSION_GEMMA:
-            return CanvasCycleRunner(loaded, decoding, pool_tokens)
-        return BlockDiffusionCycleRunner(loaded, decoding, pool_tokens)
-    return BlockCycleRunner(loaded, decoding, record_trace=record_trace, record_margins=record_margins)
-
-
-def records_margins(config) -> bool:
-    """Whether the family's runner can record margins and traces (LLaDA and Dream's runner does)."""
-    return not (config.block_diffusion or config.family == DIFFUSION_GEMMA)
+    """``pool_tokens`` sizes a pooled cache (the token budget; the dual cache is built per cycle);
+    ``record_trace`` (row 0's forwards and commits) and ``record_margins`` (each committed position's top-two
+    gap) are recorded by the dual-cache runner and refused for the others, which record neither."""
+    family = loaded.family
+    if family.records_margins:
+        return BlockCycleRunner(loaded, decoding, record_trace=record_trace, record_margins=record_margins)
+    for name, asked in (("record_trace", record_trace), ("record_margins", record_margins)):
+        if asked:
+            raise ValueError(f"{name} is not supported for {family.display_name} ({family.cache} cache)")
+    return _POOLED_RUNNERS[family.cache](loaded, decoding, pool_tokens)

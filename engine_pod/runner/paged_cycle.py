@@ -22,9 +22,8 @@ from engine_pod.scheduler.output import SchedulerOutput
 # what the remasking names mean for a block-diffusion model: its reference rule, with or without threshold
 BLOCK_THRESHOLDS = {"threshold": None, "scheduled_threshold": None, "low_confidence": float("inf")}
 DEFAULT_POOL_TOKENS = 1 << 16
-# families whose reference generate caps the steps per block at the generation length:
-# ``steps = min(steps, gen_length // minimal_topk)`` (LLaDA2.0's; SDAR's keeps every step)
-STEPS_CAPPED_BY_LENGTH = frozenset({"llada2"})
+# a family whose reference generate caps the steps per block at the generation length (its record's
+# steps_capped_by_length): ``steps = min(steps, gen_length // minimal_topk)`` (LLaDA2.0's; SDAR's keeps all)
 MINIMAL_TOPK = 1  # that generate's default
 
 
@@ -127,7 +126,7 @@ class BlockDiffusionCycleRunner:
     def _steps(self, row: CycleRow) -> int:
         """The row's steps per block: the engine's, capped as the family's reference caps them."""
         steps = self.decoding.steps_per_block
-        if row.max_tokens is None or self.loaded.config.family not in STEPS_CAPPED_BY_LENGTH:
+        if row.max_tokens is None or not self.loaded.family.steps_capped_by_length:
             return steps
         return max(1, min(steps, row.max_tokens // MINIMAL_TOPK))
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine_pod.models.block_config import LLADA2_DEFAULTS, SDAR_DEFAULTS
+from engine_pod.families.llada2 import LLADA2_DEFAULTS
+from engine_pod.families.sdar import SDAR_DEFAULTS
 from engine_pod.models.config import ModelConfigError
 from engine_pod.models.config_readers import config_from_dict
 from engine_pod.models.loader import build_model, load_model

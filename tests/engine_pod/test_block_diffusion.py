@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from dllm_contracts.scheduler_config import LAYOUTS, SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
+from engine_pod.families.registry import family_of
 from engine_pod.generation import generate_one
 from engine_pod.models.config import ModelConfigError
 from engine_pod.models.config_readers import config_from_dict
@@ -248,7 +249,7 @@ def test_a_config_the_reference_code_does_not_implement_is_refused():
     with pytest.raises(ModelConfigError, match="groups"):
         config_from_dict({**raw, "n_group": 3})
     config = config_from_dict(raw)
-    assert config.block_diffusion and config.moe.num_experts == 8 and config.rotary_dim == 8
+    assert family_of(config).cache == "paged" and config.moe.num_experts == 8 and config.rotary_dim == 8
 
 
 block_workloads = st.fixed_dictionaries(

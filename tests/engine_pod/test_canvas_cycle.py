@@ -18,6 +18,7 @@ from dllm_contracts.text import completion_tokens
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.engine import Engine
+from engine_pod.families.registry import family_of
 from engine_pod.models.loader import load_model
 from engine_pod.runner.contract import scheduling_facts
 from engine_pod.runner.factory import make_runner
@@ -211,7 +212,7 @@ def test_dllm_generate_reproduces_a_reference_run():
 
 def test_the_loaded_config_gives_what_the_engine_needs(base):
     config = base.config
-    assert config.family == "diffusion_gemma" and not config.block_diffusion
+    assert config.family == "diffusion_gemma" and family_of(config).cache == "canvas"
     assert config.eos_token_ids == (1,) and config.vocab_size == 256 and config.canvas_length == 16
 
 

@@ -17,13 +17,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from engine_pod.decoding.entropy_bound import EntropyBoundParams, denoise_step, start_canvas, temperatures
+from engine_pod.families.diffusion_gemma.config import config_from_dict
+from engine_pod.families.diffusion_gemma.context_cache import ContextCache
+from engine_pod.families.diffusion_gemma.generate import generate
+from engine_pod.families.diffusion_gemma.multimodal import MultimodalInputError, refuse_multimodal_inputs
+from engine_pod.families.diffusion_gemma.weights import load_model
+from engine_pod.models.checkpoint_files import CheckpointError
 from engine_pod.models.config import ModelConfigError
-from engine_pod.models.diffusion_gemma.config import config_from_dict
-from engine_pod.models.diffusion_gemma.context_cache import ContextCache
-from engine_pod.models.diffusion_gemma.generate import generate
-from engine_pod.models.diffusion_gemma.multimodal import MultimodalInputError, refuse_multimodal_inputs
-from engine_pod.models.diffusion_gemma.weights import load_model
-from engine_pod.models.weights import CheckpointError
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "diffusion_gemma_reference"
 TRACE = json.loads((REFERENCE / "trace.json").read_text())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_pod.models.diffusion_gemma.experts import GemmaExperts, GemmaRouter
+from engine_pod.families.diffusion_gemma.experts import GemmaExperts, GemmaRouter
 from engine_pod.models.loader import load_model
 from engine_pod.models.moe import MixtureOfExperts
 

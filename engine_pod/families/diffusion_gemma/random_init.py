@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from engine_pod.models.diffusion_gemma.model import DiffusionGemmaModel
+from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
 
 NEAR_ONE = ("norm.weight", "router.scale", "per_expert_scale")  # 1 + 0.2 N(0, 1)
 SHARP = ("q_proj.weight", "k_proj.weight", "router.proj.weight")  # 3 / sqrt(fan-in)

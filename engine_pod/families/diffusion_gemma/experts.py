@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine_pod.models.diffusion_gemma.blocks import UnscaledRMSNorm
-from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
+from engine_pod.families.diffusion_gemma.blocks import UnscaledRMSNorm
+from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
 from engine_pod.models.row_invariant import MIN_ROWS, RowInvariantLinear, linear
 
 GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from engine_pod.families.diffusion_gemma.multimodal import check_config_sections
 from engine_pod.models.config import ModelConfigError, as_tuple
-from engine_pod.models.diffusion_gemma.multimodal import check_config_sections
 
 logger = logging.getLogger(__name__)
 

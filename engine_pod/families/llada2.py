@@ -1,17 +1,21 @@
-"""config.json of the block-diffusion families, read into a ModelConfig.
-
-LLaDA2.0 (``model_type: llada2_moe``, inclusionAI's LLaDA2.0-mini and -flash): Ling's MoE
-architecture. SDAR (``model_type: sdar``, JetLM's SDAR-1.7B/4B/8B-Chat): Qwen3's dense architecture
-(per-head q/k RMSNorm, full RoPE). A field absent from config.json takes the default of the family's
-published configuration class (the tables below, each naming its source), as the reference loader
-does; a field the engine does not implement is refused by name unless it has the one value implemented.
-"""
+"""LLaDA2.0 (``model_type: llada2_moe``, inclusionAI's LLaDA2.0-mini and -flash): block diffusion on Ling's
+mixture-of-experts architecture, causal across blocks and bidirectional inside one, decoded with an exact
+KV cache of committed blocks. A field absent from config.json takes the default of its published
+configuration class (the table below, naming its source), as the reference loader does; a field the engine
+does not implement is refused by name unless it has the one value implemented."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
+from dllm_contracts.families import FamilyDecoding
+from engine_pod.families.record import ModelFamily
+from engine_pod.models.block_transformer import BlockDiffusionTransformer
 from engine_pod.models.config import ModelConfig, ModelConfigError, MoESpec, as_tuple
+from engine_pod.models.config_fields import check_fixed, needed, reader_with_defaults
+
+NAME = "llada2"
 
 # LLaDA2MoeConfig.__init__'s defaults: configuration_llada2_moe.py as published with
 # inclusionAI/LLaDA2.0-mini (mirrored in ZHZisZZ/dllm, dllm/pipelines/llada2/models, commit ca176752).
@@ -66,57 +70,6 @@ _LLADA2_FIXED = (
     "rope_scaling",
 )
 
-# SDARConfig.__init__'s defaults: configuration_sdar.py of JetAstra/SDAR
-# (training/model/SDAR-4B-Chat, commit c2041a8), the same class as published with JetLM's SDAR checkpoints.
-SDAR_DEFAULTS: dict[str, Any] = {
-    "vocab_size": 151936,
-    "hidden_size": 4096,
-    "intermediate_size": 22016,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 32,  # None: as many as the query heads
-    "head_dim": 128,
-    "hidden_act": "silu",
-    "max_position_embeddings": 32768,
-    "rms_norm_eps": 1e-06,
-    "tie_word_embeddings": False,
-    "rope_theta": 10000.0,
-    "rope_scaling": None,
-    "attention_bias": False,
-    "use_sliding_window": False,
-    "pad_token_id": None,  # PretrainedConfig's
-    # not in the class (its modelling reads config.mask_token_id): the SDAR tokenizer's ids
-    "mask_token_id": 151669,  # <|MASK|>
-    "eos_token_id": 151645,  # <|im_end|>: the end of a chat turn
-}
-SDAR_MASK_ID = SDAR_DEFAULTS["mask_token_id"]
-SDAR_EOS_ID = SDAR_DEFAULTS["eos_token_id"]
-_SDAR_FIXED = ("hidden_act", "use_sliding_window", "rope_scaling")
-
-
-def _reader(raw: dict[str, Any], defaults: dict[str, Any]):
-    """``get(key)``: config.json's value, or the reference class's default when the field is absent."""
-
-    def get(key: str) -> Any:
-        return raw[key] if key in raw else defaults[key]
-
-    return get
-
-
-def _check_fixed(family: str, get, defaults: dict[str, Any], fixed: tuple[str, ...]) -> None:
-    for key in fixed:
-        if get(key) != defaults[key]:
-            raise ModelConfigError(
-                f"{family} config field {key}={get(key)!r} is not supported (expected {defaults[key]!r})"
-            )
-
-
-def _needed(get, key: str, why: str) -> int:
-    value = get(key)
-    if value is None:
-        raise ModelConfigError(f"config.json has no {key}, which {why} need")
-    return int(value)
-
 
 def _llada2_moe(get) -> MoESpec | None:
     experts = get("num_experts")
@@ -125,7 +78,7 @@ def _llada2_moe(get) -> MoESpec | None:
     spec = MoESpec(
         num_experts=int(experts),
         experts_per_token=int(get("num_experts_per_tok")),
-        expert_intermediate_size=_needed(get, "moe_intermediate_size", "the mixture-of-experts layers"),
+        expert_intermediate_size=needed(get, "moe_intermediate_size", "the mixture-of-experts layers"),
         shared_experts=int(get("num_shared_experts") or 0),
         groups=int(get("n_group")),
         groups_per_token=int(get("topk_group")),
@@ -153,8 +106,8 @@ def _llada2_rotary(get, head_dim: int) -> int:
 
 def llada2_config(raw: dict[str, Any]) -> ModelConfig:
     """LLaDA2.0's config.json (the LLaDA2MoeConfig field set)."""
-    get = _reader(raw, LLADA2_DEFAULTS)
-    _check_fixed("LLaDA2", get, LLADA2_DEFAULTS, _LLADA2_FIXED)
+    get = reader_with_defaults(raw, LLADA2_DEFAULTS)
+    check_fixed("LLaDA2", get, LLADA2_DEFAULTS, _LLADA2_FIXED)
     heads = int(get("num_attention_heads"))
     hidden = int(get("hidden_size"))
     head_dim = int(get("head_dim") or hidden // heads)
@@ -162,12 +115,12 @@ def llada2_config(raw: dict[str, Any]) -> ModelConfig:
     layers = int(get("num_hidden_layers"))
     dense = moe is None or moe.first_dense_layers > 0
     return ModelConfig(
-        family="llada2",
+        family=NAME,
         hidden_size=hidden,
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(get("num_key_value_heads") or heads),
-        intermediate_size=_needed(get, "intermediate_size", "the dense layers") if dense else 0,
+        intermediate_size=needed(get, "intermediate_size", "the dense layers") if dense else 0,
         vocab_size=int(get("vocab_size")),
         rope_theta=float(get("rope_theta")),
         rms_norm_eps=float(get("rms_norm_eps")),
@@ -185,30 +138,55 @@ def llada2_config(raw: dict[str, Any]) -> ModelConfig:
     )
 
 
-def sdar_config(raw: dict[str, Any]) -> ModelConfig:
-    """SDAR's config.json (the SDARConfig field set, Qwen3's names)."""
-    get = _reader(raw, SDAR_DEFAULTS)
-    _check_fixed("SDAR", get, SDAR_DEFAULTS, _SDAR_FIXED)
-    heads = int(get("num_attention_heads"))
-    bias = bool(get("attention_bias"))
-    return ModelConfig(
-        family="sdar",
-        hidden_size=int(get("hidden_size")),
-        num_layers=int(get("num_hidden_layers")),
-        num_heads=heads,
-        num_kv_heads=int(get("num_key_value_heads") or heads),
-        intermediate_size=int(get("intermediate_size")),
-        vocab_size=int(get("vocab_size")),
-        rope_theta=float(get("rope_theta")),
-        rms_norm_eps=float(get("rms_norm_eps")),
-        qkv_bias=bias,
-        mask_token_id=int(get("mask_token_id")),
-        eos_token_ids=as_tuple(get("eos_token_id")) or (SDAR_EOS_ID,),
-        pad_token_id=get("pad_token_id"),
-        max_position_embeddings=int(get("max_position_embeddings")),
-        head_dim_override=int(get("head_dim") or int(get("hidden_size")) // heads),
-        qk_norm=True,
-        output_bias=bias,
-        tied_embeddings=bool(get("tie_word_embeddings")),
-        raw=raw,
-    )
+def _swiglu_names(prefix: str) -> list[str]:
+    return [f"{prefix}.{part}_proj.weight" for part in ("gate", "up", "down")]
+
+
+def _block_layer_names(config: ModelConfig, index: int) -> list[str]:
+    """Our (= the checkpoint's, less ``model.``) names of one LLaDA2.0 layer."""
+    names = ["input_layernorm.weight", "post_attention_layernorm.weight", "attention.query_key_value.weight"]
+    names += ["attention.query_key_value.bias"] if config.qkv_bias else []
+    names += ["attention.query_layernorm.weight", "attention.key_layernorm.weight"] if config.qk_norm else []
+    names += ["attention.dense.weight"] + (["attention.dense.bias"] if config.output_bias else [])
+    moe = config.moe
+    if moe is None or index < moe.first_dense_layers:
+        names += _swiglu_names("mlp")
+    else:
+        names += ["mlp.gate.weight", "mlp.gate.expert_bias"]
+        for expert in range(moe.num_experts):
+            names += _swiglu_names(f"mlp.experts.{expert}")
+        names += _swiglu_names("mlp.shared_experts") if moe.shared_experts else []
+    return [f"layers.{index}.{name}" for name in names]
+
+
+def _block_name_map(config: ModelConfig) -> dict[str, str]:
+    ours = ["word_embeddings.weight", "norm.weight"]
+    for index in range(config.num_layers):
+        ours += _block_layer_names(config, index)
+    mapping = {f"model.{name}": name for name in ours}
+    mapping["lm_head.weight"] = "lm_head.weight"
+    return mapping
+
+
+def llada2_name_map(config: ModelConfig) -> dict[str, str]:
+    """LLaDA2.0's checkpoint names -> ours (the same, less ``model.``), for every parameter."""
+    ours = ["word_embeddings.weight", "norm.weight"]
+    for index in range(config.num_layers):
+        ours += _block_layer_names(config, index)
+    mapping = {f"model.{name}": name for name in ours}
+    mapping["lm_head.weight"] = "lm_head.weight"
+    return mapping
+
+
+FAMILY = ModelFamily(
+    name=NAME,
+    display_name="LLaDA2.0",
+    summary="LLaDA2.0, block diffusion with an exact KV cache, a mixture of experts",
+    model_types=("llada2_moe",),
+    read_config=llada2_config,
+    architecture=BlockDiffusionTransformer,
+    cache="paged",
+    decoding=FamilyDecoding(block_length=DEFAULT_BLOCK_LENGTH, steps_per_block=DEFAULT_BLOCK_LENGTH),
+    name_map=llada2_name_map,
+    steps_capped_by_length=True,  # its reference generate caps a block's steps by the generation length
+)

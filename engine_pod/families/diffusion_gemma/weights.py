@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig, load_config
-from engine_pod.models.diffusion_gemma.layer import LAYER_NORMS
-from engine_pod.models.diffusion_gemma.model import DiffusionGemmaModel
-from engine_pod.models.diffusion_gemma.multimodal import is_vision_weight
-from engine_pod.models.weights import CheckpointError, iter_checkpoint
+from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig, load_config
+from engine_pod.families.diffusion_gemma.layer import LAYER_NORMS
+from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
+from engine_pod.families.diffusion_gemma.multimodal import is_vision_weight
+from engine_pod.models.checkpoint_files import CheckpointError, iter_checkpoint
 
 logger = logging.getLogger(__name__)
 

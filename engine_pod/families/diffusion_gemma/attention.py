@@ -26,12 +26,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine_pod.families.diffusion_gemma.blocks import UnscaledRMSNorm
+from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
+from engine_pod.families.diffusion_gemma.context_cache import ContextBatch
+from engine_pod.families.diffusion_gemma.rotary import rotate
 from engine_pod.models.attention_backends import ragged_attention
 from engine_pod.models.attention_rules import BIDIRECTIONAL, Masking, SdpaStyle
-from engine_pod.models.diffusion_gemma.blocks import UnscaledRMSNorm
-from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
-from engine_pod.models.diffusion_gemma.context_cache import ContextBatch
-from engine_pod.models.diffusion_gemma.rotary import rotate
 from engine_pod.models.layers import RMSNorm
 from engine_pod.models.row_invariant import RowInvariantLinear
 

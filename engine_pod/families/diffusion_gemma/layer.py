@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine_pod.models.diffusion_gemma.attention import GemmaAttention
-from engine_pod.models.diffusion_gemma.blocks import GeGLU
-from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
-from engine_pod.models.diffusion_gemma.context_cache import ContextBatch
-from engine_pod.models.diffusion_gemma.experts import GemmaExperts, GemmaRouter
+from engine_pod.families.diffusion_gemma.attention import GemmaAttention
+from engine_pod.families.diffusion_gemma.blocks import GeGLU
+from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
+from engine_pod.families.diffusion_gemma.context_cache import ContextBatch
+from engine_pod.families.diffusion_gemma.experts import GemmaExperts, GemmaRouter
 from engine_pod.models.layers import RMSNorm
 
 LAYER_NORMS = (

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
 from engine_pod.host_bundle import send
 from engine_pod.models.attention_rules import Masking, SdpaStyle
-from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
 from engine_pod.models.paged_kv import PagedKVPool
 from engine_pod.models.ragged import RaggedAttention, RowSpans, starts_of
 

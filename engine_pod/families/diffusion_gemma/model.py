@@ -18,11 +18,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine_pod.models.diffusion_gemma.blocks import GeGLU, UnscaledRMSNorm
-from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig
-from engine_pod.models.diffusion_gemma.context_cache import ContextBatch, ContextCache
-from engine_pod.models.diffusion_gemma.layer import GemmaLayer
-from engine_pod.models.diffusion_gemma.rotary import GemmaRotary
+from engine_pod.families.diffusion_gemma.blocks import GeGLU, UnscaledRMSNorm
+from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
+from engine_pod.families.diffusion_gemma.context_cache import ContextBatch, ContextCache
+from engine_pod.families.diffusion_gemma.layer import GemmaLayer
+from engine_pod.families.diffusion_gemma.rotary import GemmaRotary
 from engine_pod.models.layers import RMSNorm
 from engine_pod.models.row_invariant import RowInvariantLinear
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from engine_pod.models.diffusion_gemma.config import DiffusionGemmaConfig, RopeSpec
+from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig, RopeSpec
 
 
 def inverse_frequencies(spec: RopeSpec, head_dim: int) -> torch.Tensor:

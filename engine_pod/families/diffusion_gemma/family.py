@@ -1,0 +1,48 @@
+"""DiffusionGemma's record: its own config reader (config.json with generation_config.json), model,
+checkpoint layout, random weights and sampler, served on canvases over a kept causal context."""
+
+from __future__ import annotations
+
+import torch
+
+from dllm_contracts.canvas_sampler import DEFAULT_MAX_DENOISING_STEPS
+from dllm_contracts.families import FamilyDecoding
+from engine_pod.families.diffusion_gemma.config import MODEL_TYPE, TOP_DEFAULTS, config_from_dict, load_config
+from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
+from engine_pod.families.diffusion_gemma.random_init import random_init
+from engine_pod.families.diffusion_gemma.weights import load_model
+from engine_pod.families.record import ModelFamily
+
+
+def _finish_random(model: DiffusionGemmaModel, _config) -> None:
+    """A random model's constants: no checkpoint gives it its per-layer scalars (ones)."""
+    model.fill_constants(scalars=True)
+
+
+def _count_parameters(config) -> int:
+    """Counted on a meta model: shared tensors once, and meta experts cost nothing."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in DiffusionGemmaModel(config).parameters())
+
+
+FAMILY = ModelFamily(
+    name=MODEL_TYPE,
+    display_name="DiffusionGemma",
+    summary="DiffusionGemma, uniform-noise canvases over a kept causal context",
+    model_types=(MODEL_TYPE,),
+    read_config=config_from_dict,
+    read_directory=load_config,
+    architecture=DiffusionGemmaModel,
+    cache="canvas",
+    # its config's canvas_length and its generation config's max_denoising_steps (transformers 5.24.0,
+    # models/diffusion_gemma): a checkpoint with another canvas is served with decoding.blockLength set to it
+    decoding=FamilyDecoding(
+        block_length=int(TOP_DEFAULTS["canvas_length"]), steps_per_block=DEFAULT_MAX_DENOISING_STEPS
+    ),
+    load_weights=load_model,
+    random_init=random_init,
+    finish=_finish_random,
+    count_parameters=_count_parameters,
+    eos_from_directory=False,  # its generation config's EOS ids, as its reference generate's
+    entropy_sampler=True,
+)

@@ -1,0 +1,74 @@
+"""What the engine knows of a model family: one ``ModelFamily`` record, built in the family's own module
+and listed once in ``registry.py``. Nothing outside a family's module and the registry asks for a family
+by name: the engine reads these fields instead."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from dllm_contracts.families import FamilyDecoding
+
+# How a family's cycles keep keys and values, which decides its runner (runner/factory.py):
+# dual: LLaDA-style bidirectional models, Fast-dLLM's dual cache rebuilt each cycle;
+# paged: block diffusion, an exact cache of committed blocks in a paged pool;
+# canvas: uniform-noise canvases over a kept causal context in a paged pool.
+CacheKind = Literal["dual", "paged", "canvas"]
+CACHE_KINDS: tuple[CacheKind, ...] = ("dual", "paged", "canvas")
+
+
+@dataclass(frozen=True)
+class DualCacheQuirks:
+    """How a dual-cache family's reference decodes, kept out of the generic denoising loop."""
+
+    logit_shift: int = 0  # logits for position p come from hidden state p - shift (Dream: 1)
+    commits_block_start_on_refresh: bool = (
+        False  # with a cache, the block's first token comes from the refresh
+    )
+    caps_dual_cache_steps: bool = False  # with the dual cache, a block gets at most steps_per_block forwards
+
+    def step_cap(self, cache: str, steps_per_block: int, quota_schedule: bool) -> int | None:
+        """Most forwards one block may take, or None when only the block's completion ends it."""
+        if quota_schedule or (cache == "dual" and self.caps_dual_cache_steps):
+            return steps_per_block
+        return None
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One model family: how its checkpoints are read, built, loaded and decoded."""
+
+    name: str  # what a DLLMService's spec.model.family and ``--family`` say
+    display_name: str  # how users know it (help texts, README)
+    summary: str  # a few words for the CRD's description of spec.model.family
+    model_types: tuple[str, ...]  # config.json's model_type values it reads, lower case
+    read_config: Callable[[dict[str, Any]], Any]  # config.json's fields -> its config
+    architecture: Callable[[Any], Any]  # its config -> the model's modules (an nn.Module class)
+    cache: CacheKind
+    decoding: FamilyDecoding  # what a service decodes with when it does not say
+    # checkpoint parameter name -> the model's; None where ``load_weights`` reads its own layout
+    name_map: Callable[[Any], dict[str, str]] | None = None
+    read_directory: Callable[[Path], Any] | None = None  # the config from more than config.json
+    load_weights: Callable[..., Any] | None = None  # (model_dir, device, dtype) -> a ready model
+    random_init: Callable[[Any, int], None] | None = None  # (model, seed): a random preset's weights
+    finish: Callable[[Any, Any], None] | None = None  # (model, config) after its weights are in
+    count_parameters: Callable[[Any], int] | None = None  # (config) -> parameters, without weights
+    eos_from_directory: bool = True  # EOS ids also from generation_config.json and the tokenizer
+    quirks: DualCacheQuirks = DualCacheQuirks()
+    steps_capped_by_length: bool = False  # a row's steps per block capped by its generation budget
+    entropy_sampler: bool = False  # the entropy-bound sampler's settings apply (--entropy-bound, ...)
+
+    def __post_init__(self) -> None:
+        if self.cache not in CACHE_KINDS:
+            raise ValueError(f"family {self.name}: cache {self.cache!r} is not one of {CACHE_KINDS}")
+        if self.name_map is None and self.load_weights is None:
+            raise ValueError(f"family {self.name}: a name_map or its own load_weights is needed")
+        if not self.model_types or any(t != t.lower() for t in self.model_types):
+            raise ValueError(f"family {self.name}: model_types must be given in lower case")
+
+    @property
+    def records_margins(self) -> bool:
+        """Whether its runner can record each commit's top-two margin and row 0's trace."""
+        return self.cache == "dual"
