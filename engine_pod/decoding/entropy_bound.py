@@ -81,7 +81,7 @@ class SamplerColumns:
 
 
 @dataclass
-class CanvasRows:
+class CanvasSamplerState:
     """The sampling state of R rows between two steps, each row on its own canvas."""
 
     canvas: torch.Tensor  # [R, L] int64: the next decoder input (noisy tokens)
@@ -91,10 +91,10 @@ class CanvasRows:
     columns: SamplerColumns
     generators: list[torch.Generator]
 
-    def select(self, index: torch.Tensor, rows: list[int]) -> CanvasRows:
+    def select(self, index: torch.Tensor, rows: list[int]) -> CanvasSamplerState:
         """The state of ``rows`` alone (rows that go on stepping when the others have stopped); ``index``
         holds them on the device."""
-        return CanvasRows(
+        return CanvasSamplerState(
             canvas=self.canvas.index_select(0, index),
             steps_taken=self.steps_taken.index_select(0, index),
             stable_run=self.stable_run.index_select(0, index),
@@ -105,7 +105,7 @@ class CanvasRows:
 
 
 @dataclass
-class StepResult:
+class CanvasStepDecision:
     """What one step decided for each row."""
 
     processed_logits: torch.Tensor  # [R, L, V] float32: the next step's self-conditioning input
@@ -130,12 +130,12 @@ def start_canvas(
     length: int,
     vocab_size: int,
     device: torch.device,
-) -> CanvasRows:
+) -> CanvasSamplerState:
     """Rows at the first step of a fresh canvas (the reference draws it after encoding the context);
     their settings as a list (sent to the device here) or as columns already there."""
     rows = len(generators)
     columns = params if isinstance(params, SamplerColumns) else SamplerColumns.of(params, device)
-    return CanvasRows(
+    return CanvasSamplerState(
         canvas=uniform_tokens(generators, length, vocab_size, device),
         steps_taken=torch.zeros(rows, dtype=torch.int64, device=device),
         stable_run=torch.zeros(rows, dtype=torch.int64, device=device),
@@ -187,7 +187,7 @@ def accepted_positions(entropy: torch.Tensor, bounds: torch.Tensor) -> torch.Ten
     return torch.scatter(torch.zeros_like(within), dim=-1, index=order, src=within)
 
 
-def _stopped(rows: CanvasRows, argmax: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
+def _stopped(rows: CanvasSamplerState, argmax: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
     """Stable-and-confident adaptive stopping; updates each row's stability run."""
     same = (argmax == rows.argmax).all(dim=-1)
     rows.stable_run = torch.where(same, rows.stable_run + 1, torch.zeros_like(rows.stable_run))
@@ -199,7 +199,7 @@ class CanvasStep:
     the device's work (made here), the host's one read (``read``), and the rest (``finish``): ``rows``
     moves to its next canvas input; a row whose result says ``done`` commits ``argmax`` instead."""
 
-    def __init__(self, rows: CanvasRows, logits: torch.Tensor) -> None:
+    def __init__(self, rows: CanvasSamplerState, logits: torch.Tensor) -> None:
         columns = rows.columns
         self.rows = rows
         processed = logits / temperatures(columns, columns.limits - rows.steps_taken)[:, None, None]
@@ -213,7 +213,7 @@ class CanvasStep:
         rows.argmax = argmax
         rows.steps_taken = rows.steps_taken + 1
         done = stopped | (rows.steps_taken >= columns.limits)
-        self.partial = StepResult(processed, probabilities, argmax, done, [], [])
+        self.partial = CanvasStepDecision(processed, probabilities, argmax, done, [], [])
 
     def read(self) -> list[list[int]]:
         """The step's one device read: per row its done flag, whether its draws are valid, its argmax
@@ -222,7 +222,7 @@ class CanvasStep:
         flags = torch.stack([step.done, self.draws.valid.expand_as(step.done)], dim=1).to(torch.int64)
         return torch.cat([flags, step.argmax, self.draws.report], dim=1).tolist()
 
-    def finish(self, read: list[list[int]]) -> StepResult:
+    def finish(self, read: list[list[int]]) -> CanvasStepDecision:
         length = self.partial.argmax.shape[1]
         valid = all(values[1] for values in read)
         sampled = self.draws.finish([values[2 + length :] for values in read], valid)
@@ -233,7 +233,7 @@ class CanvasStep:
         return result
 
 
-def denoise_step(rows: CanvasRows, logits: torch.Tensor) -> StepResult:
+def entropy_bound_step(rows: CanvasSamplerState, logits: torch.Tensor) -> CanvasStepDecision:
     """One whole step (``CanvasStep``: its device work, its one read, the rest)."""
     step = CanvasStep(rows, logits)
     return step.finish(step.read())

@@ -14,7 +14,7 @@ done flag and argmax canvas, what its draws need to finish). The rows that go on
 picked out of the batch on the device (``ContextBatch.rows``), so a cycle costs the same copies whatever
 its rows' lengths and however they stop.
 
-Kept per request between its cycles: its context cache (``models/diffusion_gemma/context_cache.py``:
+Kept per request between its cycles: its context cache (``families/diffusion_gemma/context_cache.py``:
 its context's keys and values in pages of the runner's pool, every context token in every layer; a
 sliding layer reads the last window - 1), its ``torch.Generator`` (seeded with its ``SamplingParams.seed``,
 0 without one, so its first canvas is the reference's after ``torch.manual_seed(seed)``) and the lengths
@@ -50,7 +50,12 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
-from engine_pod.decoding.entropy_bound import EntropyBoundParams, SamplerColumns, denoise_step, start_canvas
+from engine_pod.decoding.entropy_bound import (
+    EntropyBoundParams,
+    SamplerColumns,
+    entropy_bound_step,
+    start_canvas,
+)
 from engine_pod.families.diffusion_gemma.context_cache import ContextBatch, ContextCache, context_pool
 from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
 from engine_pod.models.loader import LoadedModel
@@ -215,7 +220,7 @@ class CanvasCycleRunner:
             stats.forwards += 1
             stats.computed_positions += forward.rows * L
             stats.useful_positions += len(running) * L
-            result = denoise_step(rows, logits)
+            result = entropy_bound_step(rows, logits)
             for place, i in enumerate(running):
                 steps[i] += 1
                 if result.done_rows[place]:

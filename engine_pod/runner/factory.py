@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.models.loader import LoadedModel
-from engine_pod.runner.block_cycle import BlockCycleRunner
 from engine_pod.runner.canvas_cycle import CanvasCycleRunner
 from engine_pod.runner.contract import Runner
-from engine_pod.runner.paged_cycle import BlockDiffusionCycleRunner
+from engine_pod.runner.dual_cycle import DualCacheRunner
+from engine_pod.runner.paged_cycle import PagedCacheRunner
 
-_POOLED_RUNNERS = {"paged": BlockDiffusionCycleRunner, "canvas": CanvasCycleRunner}
+_POOLED_RUNNERS = {"paged": PagedCacheRunner, "canvas": CanvasCycleRunner}
 
 
 def make_runner(
@@ -25,7 +25,7 @@ def make_runner(
     gap) are recorded by the dual-cache runner and refused for the others, which record neither."""
     family = loaded.family
     if family.records_margins:
-        return BlockCycleRunner(loaded, decoding, record_trace=record_trace, record_margins=record_margins)
+        return DualCacheRunner(loaded, decoding, record_trace=record_trace, record_margins=record_margins)
     for name, asked in (("record_trace", record_trace), ("record_margins", record_margins)):
         if asked:
             raise ValueError(f"{name} is not supported for {family.display_name} ({family.cache} cache)")

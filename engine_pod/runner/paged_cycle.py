@@ -38,7 +38,7 @@ def block_threshold(decoding: DecodingConfig) -> float:
     return decoding.threshold if fixed is None else fixed
 
 
-class BlockDiffusionCycleRunner:
+class PagedCacheRunner:
     """The Runner contract for a model with an exact, persistent cache."""
 
     grid_aligned = True  # the scheduler puts blocks on the absolute grid

@@ -55,7 +55,7 @@ class TrainConfig:
     tasks: tuple[str, ...] | None = None  # None: every task of TASKS
 
 
-def llada_config(cfg: TrainConfig, tokenizer) -> dict:
+def llada_config_json(cfg: TrainConfig, tokenizer) -> dict:
     """A config.json with the real LLaDA field names and this model's sizes."""
     return {
         "architectures": ["LLaDAModelLM"],
@@ -145,7 +145,7 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         torch.set_num_threads(cfg.threads)
         self.tokenizer = build_tokenizer(cfg.vocab_size)
-        self.model_config = llada_config(cfg, self.tokenizer)
+        self.model_config = llada_config_json(cfg, self.tokenizer)
         self.model = build_model(config_from_dict(self.model_config), torch.device("cpu"), torch.float32)
         _init_weights(self.model, cfg.seed)
         ordered_embeddings(self.model, self.tokenizer)

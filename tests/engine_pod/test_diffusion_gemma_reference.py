@@ -16,12 +16,17 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from engine_pod.decoding.entropy_bound import EntropyBoundParams, denoise_step, start_canvas, temperatures
-from engine_pod.families.diffusion_gemma.config import config_from_dict
+from engine_pod.decoding.entropy_bound import (
+    EntropyBoundParams,
+    entropy_bound_step,
+    start_canvas,
+    temperatures,
+)
+from engine_pod.families.diffusion_gemma.config import diffusion_gemma_config
 from engine_pod.families.diffusion_gemma.context_cache import ContextCache
 from engine_pod.families.diffusion_gemma.generate import generate
 from engine_pod.families.diffusion_gemma.multimodal import MultimodalInputError, refuse_multimodal_inputs
-from engine_pod.families.diffusion_gemma.weights import load_model
+from engine_pod.families.diffusion_gemma.weights import load_diffusion_gemma
 from engine_pod.models.checkpoint_files import CheckpointError
 from engine_pod.models.config import ModelConfigError
 
@@ -42,7 +47,7 @@ PARAM_FIELDS = (
 
 @pytest.fixture(scope="module")
 def model():
-    return load_model(REFERENCE)
+    return load_diffusion_gemma(REFERENCE)
 
 
 def _params(args: dict) -> EntropyBoundParams:
@@ -106,7 +111,7 @@ def test_sampler_reproduces_the_reference_canvases_from_its_logits():
         rows = start_canvas([params], [generator], length, 256, torch.device("cpu"))
         for number, step in enumerate(steps, start=1):
             assert rows.canvas[0].tolist() == step["canvas_input"]
-            result = denoise_step(rows, logits[step["logits_key"]][None])
+            result = entropy_bound_step(rows, logits[step["logits_key"]][None])
             assert bool(result.done[0]) == (number == len(steps))
         assert result.argmax[0].tolist() == _committed(run, index)
 
@@ -122,11 +127,11 @@ def test_a_rows_draws_do_not_depend_on_its_batch():
     for row, param in enumerate(params):
         rows = start_canvas([param], [torch.Generator().manual_seed(7 + row)], 16, 256, torch.device("cpu"))
         rows.steps_taken += row  # the second row is one step further on
-        alone.append((denoise_step(rows, logits[f"step_{row}"][None]), rows.canvas))
+        alone.append((entropy_bound_step(rows, logits[f"step_{row}"][None]), rows.canvas))
     generators = [torch.Generator().manual_seed(7), torch.Generator().manual_seed(8)]
     batch = start_canvas(params, generators, 16, 256, torch.device("cpu"))
     batch.steps_taken += torch.tensor([0, 1])
-    together = denoise_step(batch, torch.stack([logits["step_0"], logits["step_1"]]))
+    together = entropy_bound_step(batch, torch.stack([logits["step_0"], logits["step_1"]]))
     for row, (result, canvas) in enumerate(alone):
         assert torch.equal(together.processed_logits[row], result.processed_logits[0])
         assert torch.equal(batch.canvas[row], canvas[0])
@@ -191,7 +196,7 @@ def _dropped(case: dict) -> dict:
 
 def _resolved(raw: dict) -> dict:
     """Our reader's view, in the names of the reference's resolved config (config_defaults.json)."""
-    config = config_from_dict(raw)
+    config = diffusion_gemma_config(raw)
     rope = {
         kind: {
             "rope_type": spec.rope_type,
@@ -248,7 +253,7 @@ def test_a_dropped_field_takes_the_reference_default(case):
     raw = _dropped(case)
     if "error" in case:  # the reference refuses it too
         with pytest.raises(ModelConfigError):
-            config_from_dict(raw)
+            diffusion_gemma_config(raw)
         return
     expected = _reference_view(case["resolved"])
     needed = [
@@ -258,7 +263,7 @@ def test_a_dropped_field_takes_the_reference_default(case):
     ]
     if needed:  # the reference config accepts it, its model cannot be built without it
         with pytest.raises(ModelConfigError, match=needed[0]):
-            config_from_dict(raw)
+            diffusion_gemma_config(raw)
         return
     assert _resolved(raw) == expected
 
@@ -290,7 +295,7 @@ def test_a_checkpoint_with_a_dropped_field_loads_and_runs(tmp_path, model, case)
         pytest.skip("the default changes the tensors' shapes or is refused: checked as a config only")
     same_forward = all(expected[f"text.{name}"] == base[f"text.{name}"] for name in FORWARD_FIELDS)
     directory = _checkpoint_with(tmp_path, _dropped(case))
-    assert _first_logits(load_model(directory)).equal(_first_logits(model)) == same_forward
+    assert _first_logits(load_diffusion_gemma(directory)).equal(_first_logits(model)) == same_forward
 
 
 def _checkpoint_with(tmp_path: Path, raw: dict, tensors: dict | None = None) -> Path:
@@ -341,19 +346,19 @@ def test_other_checkpoint_layouts_give_the_same_logits(tmp_path, model, layout):
     else:
         tensors = {k: v for k, v in tensors.items() if k not in shared or "self_conditioning" in k}
         tensors |= encoder
-    loaded = load_model(_checkpoint_with(tmp_path, raw, tensors))
+    loaded = load_diffusion_gemma(_checkpoint_with(tmp_path, raw, tensors))
     assert torch.equal(_first_logits(loaded), _first_logits(model))
 
 
 def test_an_unknown_or_missing_tensor_is_refused(tmp_path):
     raw, tensors = json.loads((REFERENCE / "config.json").read_text()), _tensors()
     with pytest.raises(CheckpointError, match="unexpected tensor 'model.decoder.extra'"):
-        load_model(
+        load_diffusion_gemma(
             _checkpoint_with(tmp_path / "extra", raw, {**tensors, "model.decoder.extra": torch.zeros(1)})
         )
     del tensors["model.decoder.layers.1.experts.down_proj"]
     with pytest.raises(CheckpointError, match="missing"):
-        load_model(_checkpoint_with(tmp_path / "missing", raw, tensors))
+        load_diffusion_gemma(_checkpoint_with(tmp_path / "missing", raw, tensors))
 
 
 # --- multimodal and unsupported configurations ----------------------------------------------------
@@ -375,7 +380,7 @@ def test_an_unsupported_config_is_refused_by_name(edit, named):
     raw = json.loads((REFERENCE / "config.json").read_text())
     edit(raw)
     with pytest.raises(ModelConfigError, match=named):
-        config_from_dict(raw)
+        diffusion_gemma_config(raw)
 
 
 def test_multimodal_inputs_are_refused_by_name(model):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_pod.decoding.entropy_bound import EntropyBoundParams, denoise_step, logsumexp, start_canvas
+from engine_pod.decoding.entropy_bound import EntropyBoundParams, entropy_bound_step, logsumexp, start_canvas
 from engine_pod.models.loader import load_model
 
 
@@ -26,6 +26,6 @@ def test_the_steps_probabilities_give_the_self_conditioning_its_own_softmax_woul
     generators = [torch.Generator().manual_seed(seed) for seed in range(3)]
     rows = start_canvas(params, generators, 32, 1024, torch.device("cpu"))
     logits = torch.tanh(torch.randn(3, 32, 1024, generator=generators[0])) * 30
-    result = denoise_step(rows, logits)
+    result = entropy_bound_step(rows, logits)
     alone = model.soft_embeddings(result.processed_logits)
     assert torch.equal(model.soft_embeddings(result.processed_logits, result.probabilities), alone)

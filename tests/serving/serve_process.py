@@ -21,14 +21,14 @@ from tests.serving_utils import wait_for
 
 
 class Serve:
-    def __init__(self, tmp: Path, *extra: str, env: dict | None = None) -> None:
+    def __init__(self, tmp: Path, *extra: str, env: dict | None = None, cwd: Path | None = None) -> None:
         self.port = 0  # known once it is ready
         self.log = tmp / "serve.log"
         argv = [sys.executable, "-m", "engine_pod.cli.main", "serve", "--port", "0"]
         argv += ["--data-dir", str(tmp / "data"), "--drain-timeout", "5", *extra]
         self.out = open(self.log, "w")  # noqa: SIM115 (closed in stop)
         env = os.environ | {"OMP_NUM_THREADS": "1"} | (env or {})  # one torch thread: the suite shares cores
-        self.process = subprocess.Popen(argv, stdout=self.out, stderr=subprocess.STDOUT, env=env)
+        self.process = subprocess.Popen(argv, stdout=self.out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
 
     @property
     def url(self) -> str:

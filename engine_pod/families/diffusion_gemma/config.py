@@ -237,7 +237,7 @@ def _check_supported(get) -> None:
         raise ModelConfigError("final_logit_softcapping must be a number (the reference divides by it)")
 
 
-def config_from_dict(raw: dict[str, Any]) -> DiffusionGemmaConfig:
+def diffusion_gemma_config(raw: dict[str, Any]) -> DiffusionGemmaConfig:
     """DiffusionGemma's config.json, with the reference configuration classes' defaults."""
     if raw.get("model_type", MODEL_TYPE) != MODEL_TYPE:
         raise ModelConfigError(f"model_type {raw.get('model_type')!r} is not {MODEL_TYPE!r}")
@@ -284,14 +284,14 @@ def config_from_dict(raw: dict[str, Any]) -> DiffusionGemmaConfig:
     )
 
 
-def load_config(model_dir: Path) -> DiffusionGemmaConfig:
+def load_diffusion_gemma_config(model_dir: Path) -> DiffusionGemmaConfig:
     """config.json with generation_config.json beside it, where there is one: the reference's generate
     takes its EOS ids from the generation config (the text config's where it names none) and its sampler
     settings from it."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise ModelConfigError(f"no config.json in {model_dir}")
-    config = config_from_dict(json.loads(path.read_text()))
+    config = diffusion_gemma_config(json.loads(path.read_text()))
     generation_path = Path(model_dir) / "generation_config.json"
     if not generation_path.is_file():
         return config

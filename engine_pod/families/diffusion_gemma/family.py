@@ -7,10 +7,15 @@ import torch
 
 from dllm_contracts.canvas_sampler import DEFAULT_MAX_DENOISING_STEPS
 from dllm_contracts.families import FamilyDecoding
-from engine_pod.families.diffusion_gemma.config import MODEL_TYPE, TOP_DEFAULTS, config_from_dict, load_config
+from engine_pod.families.diffusion_gemma.config import (
+    MODEL_TYPE,
+    TOP_DEFAULTS,
+    diffusion_gemma_config,
+    load_diffusion_gemma_config,
+)
 from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
 from engine_pod.families.diffusion_gemma.random_init import random_init
-from engine_pod.families.diffusion_gemma.weights import load_model
+from engine_pod.families.diffusion_gemma.weights import load_diffusion_gemma
 from engine_pod.families.record import ModelFamily
 
 
@@ -30,8 +35,8 @@ FAMILY = ModelFamily(
     display_name="DiffusionGemma",
     summary="DiffusionGemma, uniform-noise canvases over a kept causal context",
     model_types=(MODEL_TYPE,),
-    read_config=config_from_dict,
-    read_directory=load_config,
+    read_config=diffusion_gemma_config,
+    read_directory=load_diffusion_gemma_config,
     architecture=DiffusionGemmaModel,
     cache="canvas",
     # its config's canvas_length and its generation config's max_denoising_steps (transformers 5.24.0,
@@ -39,7 +44,7 @@ FAMILY = ModelFamily(
     decoding=FamilyDecoding(
         block_length=int(TOP_DEFAULTS["canvas_length"]), steps_per_block=DEFAULT_MAX_DENOISING_STEPS
     ),
-    load_weights=load_model,
+    load_weights=load_diffusion_gemma,
     random_init=random_init,
     finish=_finish_random,
     count_parameters=_count_parameters,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine_pod.decoding.entropy_bound import EntropyBoundParams, denoise_step, start_canvas
+from engine_pod.decoding.entropy_bound import EntropyBoundParams, entropy_bound_step, start_canvas
 from engine_pod.families.diffusion_gemma.context_cache import ContextCache
 from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
 from engine_pod.families.diffusion_gemma.multimodal import refuse_image_tokens
@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class GenerationResult:
+class CanvasGeneration:
     """A request's generated tokens and how they were made."""
 
     tokens: list[int]  # whole canvases, cut after the first EOS
@@ -51,7 +51,7 @@ def _denoise_canvas(
     rows = start_canvas([params], [generator], length, model.config.vocab_size, device)
     soft, steps = None, 0
     while True:
-        result = denoise_step(rows, model.denoise(rows.canvas, cache, soft))  # the step's one read
+        result = entropy_bound_step(rows, model.denoise(rows.canvas, cache, soft))  # the step's one read
         steps += 1
         if result.done_rows[0]:
             return result.committed[0], steps
@@ -67,7 +67,7 @@ def generate(
     seed: int = 0,
     eos_token_ids: tuple[int, ...] | None = None,
     canvas_length: int | None = None,
-) -> GenerationResult:
+) -> CanvasGeneration:
     """Generate for one request; its random draws come from a generator seeded with ``seed`` alone."""
     config = model.config
     if not prompt_ids:
@@ -84,7 +84,7 @@ def generate(
     dtype = model.embed_tokens.weight.dtype
     cache = ContextCache.alone(config, len(prompt_ids) + (canvases - 1) * length, dtype, device)
     model.encode(torch.tensor([prompt_ids], device=device), cache)
-    result = GenerationResult(tokens=[])
+    result = CanvasGeneration(tokens=[])
     for canvas_index in range(canvases):
         tokens, steps = _denoise_canvas(model, cache, params, generator, length)
         result.tokens += tokens

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig, load_config
+from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig, load_diffusion_gemma_config
 from engine_pod.families.diffusion_gemma.layer import LAYER_NORMS
 from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
 from engine_pod.families.diffusion_gemma.multimodal import is_vision_weight
@@ -48,7 +48,7 @@ def _stack_names(config: DiffusionGemmaConfig, prefix: str, ours: str) -> dict[s
     return mapping
 
 
-def name_map(config: DiffusionGemmaConfig) -> dict[str, str]:
+def diffusion_gemma_name_map(config: DiffusionGemmaConfig) -> dict[str, str]:
     """Checkpoint name -> our parameter name, for every parameter the text path needs (the layer
     scalars apart: see ``_scalars``)."""
     mapping = _stack_names(config, DECODER, "")
@@ -84,9 +84,9 @@ def _skipped(config: DiffusionGemmaConfig, key: str) -> bool:
     return is_vision_weight(key) or key in _UNUSED
 
 
-def load_state_dict(config: DiffusionGemmaConfig, model_dir: Path) -> dict[str, torch.Tensor]:
+def diffusion_gemma_state_dict(config: DiffusionGemmaConfig, model_dir: Path) -> dict[str, torch.Tensor]:
     """Our state dict from the checkpoint, every parameter present exactly once."""
-    mapping = name_map(config)
+    mapping = diffusion_gemma_name_map(config)
     state: dict[str, torch.Tensor] = {}
     scalars = {
         name: [None] * config.num_layers for name in ("encoder_layer_scalars", "decoder_layer_scalars")
@@ -115,15 +115,15 @@ def load_state_dict(config: DiffusionGemmaConfig, model_dir: Path) -> dict[str, 
     return state
 
 
-def load_model(
+def load_diffusion_gemma(
     model_dir: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
 ) -> DiffusionGemmaModel:
     """The text model of the checkpoint in ``model_dir``, its modules built once in ``dtype`` on ``device``."""
-    config = load_config(Path(model_dir))
+    config = load_diffusion_gemma_config(Path(model_dir))
     with torch.device("meta"):
         model = DiffusionGemmaModel(config)
     model = model.to(dtype).to_empty(device=device).eval()
-    state = load_state_dict(config, Path(model_dir))
+    state = diffusion_gemma_state_dict(config, Path(model_dir))
     expected = model.state_dict()
     for name, tensor in state.items():
         if tuple(expected[name].shape) != tuple(tensor.shape):

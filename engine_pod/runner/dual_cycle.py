@@ -47,7 +47,7 @@ class _HostState:
     first_masked: list[bool]
 
 
-class BlockCycleRunner:
+class DualCacheRunner:
     """Runs block cycles of one model with one decoding config (the Runner contract)."""
 
     grid_aligned = False  # blocks follow each request's prompt, wherever it ends
