@@ -1,17 +1,16 @@
 """The model families a DLLMService may name, and the decoding each one starts from (no torch).
 
 The operator fills a service's unset ``decoding.blockLength`` and ``decoding.stepsPerBlock`` from here and
-renders them as the engine's ``--block-length`` and ``--steps-per-block``. The CRD's CEL rules repeat these
-numbers (a schema cannot import them; tests/operator/test_crd.py holds them equal), and the engine's config
-readers own the checkpoint facts they stand for (tests hold those equal too).
+renders them as the engine's ``--block-length`` and ``--steps-per-block``. The engine's family registry
+(engine_pod/families/registry.py) owns them: scripts/generate_family_tables.py writes them into
+family_table.py and the CRD's CEL rules (tests fail when either drifts).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dllm_contracts.canvas_sampler import DEFAULT_MAX_DENOISING_STEPS
-from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
+from dllm_contracts.family_table import FAMILY_TABLE
 
 
 @dataclass(frozen=True)
@@ -22,28 +21,14 @@ class FamilyDecoding:
     steps_per_block: int  # denoising steps per block at most (DiffusionGemma: per canvas)
 
 
-MASKED = FamilyDecoding(block_length=DEFAULT_BLOCK_LENGTH, steps_per_block=DEFAULT_BLOCK_LENGTH)
-# DiffusionGemmaConfig.canvas_length and its generation config's max_denoising_steps (transformers 5.24.0,
-# models/diffusion_gemma): a checkpoint with another canvas is served with decoding.blockLength set to it
-DIFFUSION_GEMMA = FamilyDecoding(block_length=256, steps_per_block=DEFAULT_MAX_DENOISING_STEPS)
-
 FAMILY_DECODING: dict[str, FamilyDecoding] = {
-    "llada": MASKED,
-    "dream": MASKED,
-    "llada2": MASKED,  # block diffusion with an exact KV cache, a mixture of experts
-    "sdar": MASKED,
-    "diffusion_gemma": DIFFUSION_GEMMA,  # uniform noise on a canvas over a kept causal context
+    row["name"]: FamilyDecoding(block_length=row["block_length"], steps_per_block=row["steps_per_block"])
+    for row in FAMILY_TABLE
 }
 FAMILIES = tuple(FAMILY_DECODING)
 DEFAULT_FAMILY = FAMILIES[0]
 # how users know each family (help texts, the package summary and README name every one)
-FAMILY_NAMES: dict[str, str] = {
-    "llada": "LLaDA",
-    "dream": "Dream",
-    "llada2": "LLaDA2.0",
-    "sdar": "SDAR",
-    "diffusion_gemma": "DiffusionGemma",
-}
+FAMILY_NAMES: dict[str, str] = {row["name"]: row["display_name"] for row in FAMILY_TABLE}
 FAMILIES_IN_WORDS = ", ".join(FAMILY_NAMES[family] for family in FAMILIES)
 
 

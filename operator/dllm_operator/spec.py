@@ -8,7 +8,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dllm_contracts.families import DEFAULT_FAMILY, MASKED, FamilyDecoding, family_decoding
+from dllm_contracts.families import DEFAULT_FAMILY, FAMILY_DECODING, FamilyDecoding, family_decoding
 from dllm_contracts.model_identity import FINGERPRINT_CHARS, ModelIdentity
 from dllm_contracts.scheduler_config import DEFAULTS, SchedulerConfig, problems_of
 from dllm_operator import names
@@ -44,8 +44,9 @@ class ServiceSpec:
     s3_credentials: str | None = None  # a Secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (s3:// models)
     s3_endpoint_url: str | None = None  # an S3-compatible store's URL (None: AWS S3)
     download_timeout_s: int = DEFAULT_DOWNLOAD_TIMEOUT_S  # the init container that fetches the model
-    block_length: int = MASKED.block_length  # parse_spec: the family's default (dllm_contracts.families)
-    steps_per_block: int = MASKED.steps_per_block
+    # parse_spec: the family's defaults (dllm_contracts.families)
+    block_length: int = FAMILY_DECODING[DEFAULT_FAMILY].block_length
+    steps_per_block: int = FAMILY_DECODING[DEFAULT_FAMILY].steps_per_block
     remasking: str = "threshold"
     threshold: float = 0.9
     cache: str = "dual"

@@ -221,18 +221,19 @@ def test_diffusion_gemmas_defaults_are_its_checkpoints():
 
 
 def test_the_families_the_crd_and_the_chart_accept_are_the_engines():
-    """One list of model families: the engine's (engine_pod/models/config.py) is what the CRD, the chart's
-    values schema and default, and the operator's default accept."""
+    """One list of model families: the engine's registry (engine_pod/families/registry.py) is what the CRD,
+    the chart's values schema and default, dllm_contracts and the operator's default accept."""
     from dllm_operator.config import OperatorSettings
 
-    from engine_pod.models.config import FAMILIES
+    from engine_pod.families.registry import family_names
 
-    family = load_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
-        "properties"
-    ]
-    assert family["model"]["properties"]["family"]["enum"] == list(FAMILIES)
+    families = family_names()
+    spec = spec_schema(load_crd())["properties"]
+    assert spec["model"]["properties"]["family"]["enum"] == list(families)
+    assert spec["model"]["properties"]["family"]["default"] == families[0]
     chart = Path(__file__).resolve().parents[2] / "charts" / "dllm-operator"
     schema = json.loads((chart / "values.schema.json").read_text())
-    assert schema["properties"]["supportedFamilies"]["items"]["enum"] == list(FAMILIES)
-    assert yaml.safe_load((chart / "values.yaml").read_text())["supportedFamilies"] == list(FAMILIES)
-    assert OperatorSettings().supported_families == FAMILIES == tuple(FAMILY_DECODING)
+    assert schema["properties"]["supportedFamilies"]["items"]["enum"] == list(families)
+    assert schema["properties"]["example"]["properties"]["family"]["enum"] == list(families)
+    assert yaml.safe_load((chart / "values.yaml").read_text())["supportedFamilies"] == list(families)
+    assert OperatorSettings().supported_families == families == tuple(FAMILY_DECODING)

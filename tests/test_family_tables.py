@@ -1,0 +1,131 @@
+"""scripts/generate_family_tables.py: the CRD's, the chart's and dllm_contracts' family lists are what the
+engine's family registry gives, a drifted copy is caught and repaired, and a new family reaches them all."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from engine_pod.families.registry import family_names
+from tests.doc_commands import ROOT
+from tests.operator.crd_utils import admit, spec_schema
+
+SCRIPT = ROOT / "scripts" / "generate_family_tables.py"
+PLANTED = "not_a_family"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("generate_family_tables", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+generator = _load_script()
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        cwd=ROOT,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_repository_is_what_the_registry_gives():
+    done = run_script("--check")
+    assert done.returncode == 0, done.stderr
+
+
+def _drift_enum(text: str) -> str:
+    return text.replace(f", {family_names()[-1]}]", f", {PLANTED}]", 1)
+
+
+def _drift_table(text: str) -> str:
+    return text.replace(f'"name": "{family_names()[-1]}"', f'"name": "{PLANTED}"', 1)
+
+
+@pytest.mark.parametrize(
+    "path, drift",
+    [(generator.CRDS[0], _drift_enum), (generator.VALUES, _drift_enum), (generator.TABLE, _drift_table)],
+    ids=["crd", "values", "table"],
+)
+def test_a_drifted_file_is_named_by_check_and_repaired(tmp_path, path, drift):
+    for name in generator.FILES:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / name, tmp_path / name)
+    original = (ROOT / path).read_text()
+    drifted = drift(original)
+    assert drifted != original
+    (tmp_path / path).write_text(drifted)
+
+    done = run_script("--check", "--root", str(tmp_path))
+    assert done.returncode == 1, done.stderr
+    named = [name for name in generator.FILES if name in done.stderr]
+    assert named == [path], done.stderr
+    assert (tmp_path / path).read_text() == drifted  # --check writes nothing
+
+    done = run_script("--root", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / path).read_text() == original
+    assert run_script("--check", "--root", str(tmp_path)).returncode == 0
+
+
+NEW = generator.FamilyRow("tiny_canvas", "TinyCanvas", "TinyCanvas, a family made up for this test", 64, 16)
+
+
+def _service(**decoding) -> dict:
+    return {"model": {"uri": "x", "family": NEW.name}, "decoding": decoding}
+
+
+def test_a_new_family_reaches_the_crd_and_its_schema_accepts_a_service_of_it():
+    written = generator.generated(ROOT, (*generator.registry_rows(), NEW))
+    crd = yaml.safe_load(written[generator.CRDS[0]])
+    assert written[generator.CRDS[1]] == written[generator.CRDS[0]]
+    fields = spec_schema(crd)["properties"]
+    assert fields["model"]["properties"]["family"]["enum"] == [*family_names(), NEW.name]
+    assert f"{NEW.name} for {NEW.summary}" in fields["model"]["properties"]["family"]["description"]
+    assert "tiny_canvas 64" in fields["decoding"]["properties"]["blockLength"]["description"]
+    assert "tiny_canvas 16" in fields["decoding"]["properties"]["stepsPerBlock"]["description"]
+
+    assert admit(_service(maxGenerationTokens=128)) != []  # today's CRD knows no such family
+    assert admit(_service(maxGenerationTokens=128), crd) == []
+    # its defaults, not the default family's 32 and 32, are what the CEL rules hold a service to
+    assert any("must divide" in failure for failure in admit(_service(maxGenerationTokens=96), crd))
+    assert admit(_service(blockLength=16, maxGenerationTokens=128), crd) == []
+
+
+def test_a_new_family_reaches_the_chart_and_the_contracts_table():
+    written = generator.generated(ROOT, (*generator.registry_rows(), NEW))
+    families = [*family_names(), NEW.name]
+    assert yaml.safe_load(written[generator.VALUES])["supportedFamilies"] == families
+    schema = json.loads(written[generator.VALUES_SCHEMA])["properties"]
+    assert schema["supportedFamilies"]["items"]["enum"] == families
+    assert schema["example"]["properties"]["family"]["enum"] == families
+    table: dict = {}
+    exec(written[generator.TABLE], table)
+    assert [row["name"] for row in table["FAMILY_TABLE"]] == families
+    assert table["FAMILY_TABLE"][-1] == {
+        "name": NEW.name,
+        "display_name": NEW.display_name,
+        "summary": NEW.summary,
+        "block_length": 64,
+        "steps_per_block": 16,
+    }
+
+
+def test_a_family_name_the_crd_cannot_hold_is_refused(tmp_path):
+    rows = (*generator.registry_rows(), generator.FamilyRow("Tiny-Canvas", "T", "T", 64, 16))
+    assert generator.main(["--root", str(tmp_path)], rows=rows) == 2
+    assert not any(tmp_path.iterdir())
