@@ -79,7 +79,7 @@ def tree(tmp_path_factory) -> Path:
     text = registry.read_text()
     assert text.count(REGISTRY_LINE) == 1
     registry.write_text(text.replace(REGISTRY_LINE, REGISTRY_LINE + f'    "engine_pod.families.{NAME}",\n'))
-    pass  # TEMP run(root, "scripts/generate_family_tables.py")
+    run(root, "scripts/generate_family_tables.py")
     return root
 
 
