@@ -20,7 +20,7 @@ from engine_pod.bench.results import ModelSpec, PolicyRun
 from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.isolation import run_in_child
-from engine_pod.models.loader import LoadedModel, load_metadata, load_model
+from engine_pod.models.loader import LoadedModel
 
 logger = logging.getLogger(__name__)
 
@@ -71,20 +71,18 @@ def _calibrate(loaded: LoadedModel | None, cfg: BenchConfig, prompts: list[list[
 
 
 def _calibrate_fresh(cfg: BenchConfig, prompts: list[list[int]]) -> dict:
-    loaded = load_model(cfg.model.model, cfg.model.device, cfg.model.dtype, seed=cfg.seed)
+    loaded = cfg.model.load(cfg.seed)
     return calibrate_threshold(loaded, cfg.decoding, prompts, cfg.calibrate_fraction)
 
 
 def run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None = None) -> dict:
     """Every policy of ``cfg`` on its workload; ``on_policy`` gets the report so far after each one."""
     items = load_workload(cfg.workload)[: cfg.limit]
-    config, tokenizer = load_metadata(cfg.model.model)
+    config, tokenizer = cfg.model.metadata()
     requests = prepare_requests(items, config, tokenizer, cfg.seed)
     widths = static_widths(requests, cfg.decoding.block_length)
     batch = cfg.batch_size or static_batch_size_for(widths, cfg.scheduling.token_budget)
-    loaded = (
-        None if cfg.isolate else load_model(cfg.model.model, cfg.model.device, cfg.model.dtype, seed=cfg.seed)
-    )
+    loaded = None if cfg.isolate else cfg.model.load(cfg.seed)
     calibration = None
     if cfg.calibrate_fraction is not None:
         calibration = _calibrate(loaded, cfg, [r.prompt_ids for r in requests])

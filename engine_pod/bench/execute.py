@@ -21,7 +21,7 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.device_memory import peak_bytes, reset_peak
 from engine_pod.engine import Engine
 from engine_pod.isolation import ChildDied, run_in_child
-from engine_pod.models.loader import LoadedModel, load_model
+from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.contract import Runner
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.base import Scheduler
@@ -123,7 +123,7 @@ def _run_in_this_process(
     model: ModelSpec, decoding, spec, requests, record_margins, seed, pinning
 ) -> PolicyRun:
     torch.manual_seed(seed)
-    loaded = load_model(model.model, model.device, model.dtype, seed=seed)
+    loaded = model.load(seed)
     return run_policy(loaded, decoding, spec, requests, record_margins, pinning=pinning)
 
 

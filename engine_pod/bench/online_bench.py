@@ -17,7 +17,6 @@ from engine_pod.bench.prepare import prepare_requests
 from engine_pod.bench.results import ModelSpec
 from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.models.loader import load_metadata, load_model
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ class OnlineConfig:
 
 def _requests(cfg: OnlineConfig) -> list[OnlineRequest]:
     items = load_workload(cfg.workload)
-    config, tokenizer = load_metadata(cfg.model.model)
+    config, tokenizer = cfg.model.metadata()
     prepared = prepare_requests(items, config, tokenizer, cfg.seed)
     requests = [OnlineRequest(p, item.task or "all", item.prompt) for p, item in zip(prepared, items)]
     return repeat_to(requests, cfg.requests or len(requests))
@@ -76,7 +75,7 @@ def _runs(cfg: OnlineConfig, requests: list[OnlineRequest]):
                 ),
             )
         return
-    loaded = load_model(cfg.model.model, cfg.model.device, cfg.model.dtype, seed=cfg.seed)
+    loaded = cfg.model.load(cfg.seed)
     prepared = [r.request for r in requests]
     widths = static_widths(prepared, cfg.decoding.block_length)
     batch = static_batch_size_for(widths, cfg.scheduling.token_budget)

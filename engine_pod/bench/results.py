@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine_pod.engine import CycleRecord
+from engine_pod.models.loader import LoadedModel, load_metadata, load_model
 
 
 @dataclass(frozen=True)
@@ -13,6 +14,14 @@ class ModelSpec:
     model: str
     device: str
     dtype: str
+    family: str | None = None  # the family the checkpoint must be (None: any; another is refused)
+
+    def load(self, seed: int = 0) -> LoadedModel:
+        return load_model(self.model, self.device, self.dtype, seed=seed, family=self.family)
+
+    def metadata(self) -> tuple:
+        """The config and tokenizer, no weights read."""
+        return load_metadata(self.model, self.family)
 
 
 @dataclass

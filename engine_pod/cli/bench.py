@@ -184,7 +184,7 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) ->
 def _model_spec(args: argparse.Namespace):
     from engine_pod.bench.results import ModelSpec
 
-    return ModelSpec(args.model, args.device, args.dtype)
+    return ModelSpec(args.model, args.device, args.dtype, args.family)
 
 
 def run(args: argparse.Namespace) -> int:

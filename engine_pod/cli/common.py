@@ -8,7 +8,7 @@ from dataclasses import replace
 from dllm_contracts.canvas_sampler import SETTINGS as SAMPLER_SETTINGS
 from dllm_contracts.defaults import ASSETS_DIR, DEFAULT_BLOCK_LENGTH, DEFAULT_MODEL_NAME, DEFAULT_THRESHOLD
 from dllm_contracts.engine_env import THREADS_ENV
-from dllm_contracts.families import FAMILIES_IN_WORDS
+from dllm_contracts.families import FAMILIES, FAMILIES_IN_WORDS
 from engine_pod.decoding.config import CACHE_MODES, CANVAS_MODES, REMASKING, DecodingConfig
 from engine_pod.models.presets import PRESETS
 
@@ -36,6 +36,14 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "(fetched once into $DLLM_MODEL_CACHE; endpoint from AWS_ENDPOINT_URL, credentials from the AWS "
         f"variables); default: {DEFAULT_MODEL_NAME}. "
         "Weights larger than the device's memory are refused before loading",
+    )
+    group.add_argument(
+        "--family",
+        choices=FAMILIES,
+        metavar="NAME",
+        help=f"the model family the checkpoint must be ({', '.join(FAMILIES)}): a checkpoint of another "
+        "family is refused before its weights are read (default: whatever family the checkpoint is; the "
+        "operator sets it from a DLLMService's spec.model.family)",
     )
     group.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     group.add_argument(

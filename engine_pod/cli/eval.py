@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     tasks = parse_tasks(args.tasks)
     if args.n < 1:
         raise CliError("--n must be positive")
-    loaded = load_model(args.model, args.device, args.dtype)
+    loaded = load_model(args.model, args.device, args.dtype, family=args.family)
     cfg = EvalConfig(
         n=args.n, seed=args.seed, max_tokens=args.max_tokens, token_budget=resolve_budget(args), tasks=tasks
     )

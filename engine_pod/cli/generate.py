@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         steps = args.steps if args.steps is not None else args.gen_length
         spb = steps_per_block_for(args.gen_length, args.block_length, steps)
     decoding = decoding_config(args, spb)
-    loaded = with_sampler_args(args, load_model(args.model, args.device, args.dtype))
+    loaded = with_sampler_args(args, load_model(args.model, args.device, args.dtype, family=args.family))
     sampling = SamplingParams(seed=args.seed) if args.seed else None
     result = generate_one(loaded, _prompt_ids(args, loaded), args.gen_length, decoding, sampling=sampling)
     if args.json:

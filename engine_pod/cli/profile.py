@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         utilization=args.utilization,
         max_tokens=max_tokens,
         layout=args.layout,
+        family=args.family,
     )
     try:
         result = run_profile(config)

@@ -143,6 +143,7 @@ def _worker_args(args: argparse.Namespace, redis_url: str, identity: ModelIdenti
     ]
     return [
         *("--model", args.model, "--device", args.device, "--dtype", args.dtype),
+        *(["--family", args.family] if args.family else []),  # the worker refuses a checkpoint of another
         *(["--threads", args.threads] if args.threads is not None else []),  # run() sets serve's choice
         *("--redis", redis_url, "--service", args.service, *budget),
         *admission_flags(scheduler_config(args)),

@@ -102,7 +102,7 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Work
     if getattr(args, "batch_size", 1) < 1:
         raise CliError(f"--batch-size must be positive, got {args.batch_size}")
     tracing_config = _tracing_config()
-    loaded = load_model(args.model, args.device, args.dtype)
+    loaded = load_model(args.model, args.device, args.dtype, family=args.family)
     config = WorkerConfig(
         redis_url=redis_url,
         service=service,

@@ -68,6 +68,7 @@ class ProfileConfig:
     seed: int = 0
     layout: str = DEFAULT_LAYOUT  # how the engine lays batches out (the budget counts that layout's tokens)
     canvas: bool = False  # rows of one canvas each over a kept context (DiffusionGemma): set by run_profile
+    family: str | None = None  # the family the checkpoint must be (None: any)
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> Poin
 
 
 def _measure_fresh(cfg: ProfileConfig, point: Point) -> Point:
-    loaded = load_model(cfg.model, cfg.device, cfg.dtype, seed=cfg.seed)
+    loaded = load_model(cfg.model, cfg.device, cfg.dtype, seed=cfg.seed, family=cfg.family)
     return measure_point(loaded, point, cfg)
 
 
@@ -160,7 +161,7 @@ def check_shape(budget: int, cfg: ProfileConfig) -> Point:
 
 def for_model(cfg: ProfileConfig) -> ProfileConfig:
     """``cfg`` with what the model decides: whether its rows are canvases, the block length it takes."""
-    config, _ = load_metadata(cfg.model)
+    config, _ = load_metadata(cfg.model, cfg.family)
     canvas = family_of(config).cache == "canvas"
     block_length = cfg.block_length or (config.canvas_length if canvas else DEFAULT_BLOCK_LENGTH)
     if cfg.max_tokens < 4 * block_length:
@@ -176,7 +177,11 @@ def run_profile(cfg: ProfileConfig, progress: bool = True) -> dict:
     total, available = total_memory(device), available_memory(device)
     limit = cfg.memory_limit if cfg.memory_limit is not None else available
     usable = int(limit * cfg.utilization)
-    loaded = load_model(cfg.model, cfg.device, cfg.dtype, seed=cfg.seed) if device.type == "cuda" else None
+    loaded = (
+        load_model(cfg.model, cfg.device, cfg.dtype, seed=cfg.seed, family=cfg.family)
+        if device.type == "cuda"
+        else None
+    )
     weights = loaded.weights_bytes if loaded else _weights_bytes(cfg)
     if usable <= weights:
         raise ProfileError(
@@ -249,7 +254,7 @@ def _check_record(budget: int, point: Point, fit: MemoryFit, usable: int) -> dic
 
 def _weights_bytes(cfg: ProfileConfig) -> int:
     """Parameter bytes, from the config alone (no weights are loaded)."""
-    config, _ = load_metadata(cfg.model)
+    config, _ = load_metadata(cfg.model, cfg.family)
     model = build_model(config, torch.device("meta"), parse_dtype(cfg.dtype))
     return sum(p.numel() * p.element_size() for p in model.parameters())
 

@@ -85,3 +85,18 @@ def test_eos_stops_at_block_boundary_and_fills(tmp_path):
     assert result["finish_reason"] == "stop"
     assert result["completion_tokens"] == first_eos + 1
     assert result["num_forward_passes"] == (stop_block_end // 16) * 16
+
+
+def test_family_refuses_a_checkpoint_of_another_family_in_one_line_and_runs_its_own():
+    argv = [sys.executable, "-m", "engine_pod.cli.main", "generate", "--model", "builtin:tiny-llada"]
+    argv += ["--prompt-ids", "5,6,7", "--gen-length", "8", "--block-length", "8", "--json"]
+    refused = subprocess.run([*argv, "--family", "dream"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert refused.stdout == ""
+    assert refused.stderr.strip().splitlines() == [
+        "dllm generate: error: builtin:tiny-llada is a llada checkpoint, not the dream one expected "
+        "(--family dream, a DLLMService's spec.model.family): name its family, or another model"
+    ]
+    served = subprocess.run([*argv, "--family", "llada"], capture_output=True, text=True, timeout=300)
+    assert served.returncode == 0, served.stderr[-2000:]
+    assert json.loads(served.stdout)["completion_tokens"] >= 1

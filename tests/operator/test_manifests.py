@@ -153,6 +153,25 @@ def test_engine_pods_take_the_budget_from_the_profile_configmap():
     )
 
 
+@pytest.mark.parametrize(
+    ("example_file", "family"),
+    [
+        ("example-dllmservice.yaml", "llada"),
+        ("example-dream-dllmservice.yaml", "dream"),
+        ("example-diffusion-gemma-dllmservice.yaml", "diffusion_gemma"),
+    ],
+)
+def test_the_profiling_job_and_the_engines_expect_the_services_model_family(example_file, family):
+    """dllm profile and dllm worker get --family spec.model.family: a checkpoint of another family is
+    refused by the engine before it serves, instead of being served as whatever family it is."""
+    spec = yaml.safe_load((EXAMPLE_PATH.parent / example_file).read_text())["spec"]
+    manifests = all_manifests(parse_spec("svc", "default", spec))
+    job, engine = (manifests[i]["spec"]["template"]["spec"]["containers"][0]["command"] for i in (0, 2))
+    assert job[:2] == ["dllm", "profile"] and engine[:2] == ["dllm", "worker"]
+    assert build_parser().parse_args(job[1:]).family == family
+    assert build_parser().parse_args(engine[1:]).family == family
+
+
 def test_engine_command_is_what_dllm_worker_accepts_with_the_scheduling_fields():
     def worker_args(spec):
         command = all_manifests(spec)[2]["spec"]["template"]["spec"]["containers"][0]["command"]

@@ -194,6 +194,20 @@ def test_a_child_that_cannot_start_ends_serve_with_its_own_cause_and_status_2(tm
     ), last
 
 
+def test_a_checkpoint_of_another_family_ends_serve_with_the_workers_line_before_the_api_is_up(tmp_path):
+    done, _ = _serve_once(
+        *("--model", "builtin:tiny-llada", "--family", "dream", "--port", "0"),
+        *("--data-dir", str(tmp_path / "d")),
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "API at" not in done.stdout and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "dllm serve: error: the worker could not start: dllm worker: error: builtin:tiny-llada is a llada "
+        "checkpoint, not the dream one expected (--family dream, a DLLMService's spec.model.family): "
+        "name its family, or another model"
+    )
+
+
 def test_ctrl_c_twice_stops_at_once_and_the_accepted_work_is_served_at_the_next_start(tmp_path):
     lines = 300
     content = chat_batch_file(lines)

@@ -583,6 +583,18 @@ def test_worker_command_rejects_a_padding_rule_outside_zero_to_one(capsys):
     assert len(err) == 1 and "--min-padding-efficiency" in err[0]
 
 
+def test_a_worker_given_a_checkpoint_of_another_family_exits_with_one_line_before_touching_redis():
+    """No Redis answers at port 1: the refusal comes first, as the engine pod's last words."""
+    argv = worker_command("builtin:tiny-llada", "redis://127.0.0.1:1/0", "s", "--family", "dream")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "dllm worker: error: builtin:tiny-llada is a llada checkpoint, not the dream one expected "
+        "(--family dream, a DLLMService's spec.model.family): name its family, or another model"
+    )
+
+
 def test_a_worker_config_names_what_is_wrong_and_its_worker():
     settings = SchedulerConfig(1024)
     with pytest.raises(ValueError) as bad_policy:

@@ -100,9 +100,11 @@ def pod_identity(settings: OperatorSettings) -> dict[str, Any]:
 
 
 def model_args(spec: ServiceSpec) -> list[str]:
-    """Where a container finds the model: a path on the model volume, or a Hugging Face repo id."""
+    """Where a container finds the model (a path on the model volume, or a Hugging Face repo id) and the
+    family it must be: the engine refuses a checkpoint of another family in one line."""
     uri = model_location(spec)
-    return ["--model", uri, "--dtype", spec.dtype, "--device", "cuda" if spec.gpus else "cpu"]
+    device = "cuda" if spec.gpus else "cpu"
+    return ["--model", uri, "--family", spec.family, "--dtype", spec.dtype, "--device", device]
 
 
 def model_location(spec: ServiceSpec) -> str:
