@@ -1,5 +1,5 @@
 """Architectures of the real checkpoints, for randomly initialised models (``random:NAME``), as data: the
-engine builds a model from a preset's config (``engine_pod.models.presets``); the gateway, torch-free,
+engine builds a model from a preset's config (``engine_pod.loading.presets``); the gateway, torch-free,
 reads a preset's EOS ids beside the shipped tokenizer.
 
 A random model of the real shape measures speed and memory exactly as the real one does, without
@@ -58,6 +58,21 @@ PRESETS: dict[str, dict[str, Any]] = {
         "pad_token_id": 1001,
         "max_sequence_length": 4096,
     },
+    "dream-tiny": {  # the Dream architecture (q/k/v biases, grouped-query attention) at a CPU benchmark's size
+        "model_type": "Dream",
+        "hidden_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 384,
+        "vocab_size": 1024,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-06,
+        "mask_token_id": 1000,
+        "eos_token_id": 1001,
+        "pad_token_id": 1001,
+        "max_position_embeddings": 4096,
+    },
     "llada2-mini": {  # inclusionAI/LLaDA2.0-mini: 16B parameters, 1.4B active per token
         "model_type": "llada2_moe",
         "hidden_size": 2048,
@@ -107,6 +122,22 @@ PRESETS: dict[str, dict[str, Any]] = {
         "topk_group": 2,
         "moe_intermediate_size": 64,
         "first_k_dense_replace": 1,
+        "pad_token_id": 1001,
+        "eos_token_id": 1001,
+        "mask_token_id": 1000,
+    },
+    "sdar-tiny": {  # the SDAR architecture (Qwen3's: per-head q/k norms, full RoPE) at a CPU benchmark's size
+        "model_type": "sdar",
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "vocab_size": 1024,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-06,
+        "max_position_embeddings": 4096,
         "pad_token_id": 1001,
         "eos_token_id": 1001,
         "mask_token_id": 1000,

@@ -13,7 +13,7 @@ from engine_pod.bench.execute import run_policy
 from engine_pod.bench.policies import PolicySpec, static_batch_size_for
 from engine_pod.bench.results import PreparedRequest
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.models.loader import LoadedModel
+from engine_pod.loading.loader import LoadedModel
 from engine_pod.prompts import encode_prompt
 from engine_pod.training.tasks import Example, eval_set
 

@@ -9,7 +9,7 @@ from dllm_contracts.text import completion_tokens, decode_completion, within_lim
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.engine import Engine
-from engine_pod.models.loader import LoadedModel
+from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.contract import scheduling_facts
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.static import sequential_scheduler

@@ -31,7 +31,7 @@ from engine_pod.bench.policies import PolicySpec
 from engine_pod.bench.prepare import prepare_requests
 from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.models.loader import load_metadata, load_model
+from engine_pod.loading.loader import load_metadata, load_model
 
 
 class Recorder:

@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 from dllm_contracts.defaults import DEFAULT_MODEL
 from engine_pod.allocators import tune_cpu_allocator
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.models.loader import load_model
+from engine_pod.loading.loader import load_model
 from engine_pod.runner.dual_cycle import DualCacheRunner
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 
 from dllm_contracts.defaults import ASSETS_DIR
-from engine_pod.models.config_readers import config_from_dict
-from engine_pod.models.loader import _random_init, build_model
-from engine_pod.models.weights import save_checkpoint
+from engine_pod.loading.config_readers import config_from_dict
+from engine_pod.loading.loader import _random_init, build_model
+from engine_pod.loading.weights import save_checkpoint
 
 logger = logging.getLogger("make_builtin_block_models")
 TOKENIZER_SOURCE = ASSETS_DIR / "tiny-llada"

@@ -11,8 +11,8 @@ import torch
 
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
+from engine_pod.loading.loader import LoadedModel
 from engine_pod.models.block_batch import DenseBlockForward
-from engine_pod.models.loader import LoadedModel
 from engine_pod.runner.contract import scheduling_facts
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.base import Scheduler

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from engine_pod.loading.config_readers import config_from_dict
+from engine_pod.loading.weights import name_map
 from engine_pod.models.checkpoint_files import PART, part_sizes
-from engine_pod.models.config_readers import config_from_dict
-from engine_pod.models.weights import name_map
 
 VENDORED_REFERENCE = Path(__file__).resolve().parent / "data" / "reference"
 SHARED_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
@@ -183,7 +183,7 @@ def write_checkpoint(directory: Path, raw_config: dict, seed: int = 0) -> Path:
 
 
 def _shapes(config) -> dict[str, tuple[int, ...]]:
-    from engine_pod.models.loader import build_model
+    from engine_pod.loading.loader import build_model
 
     model = build_model(config, torch.device("meta"), torch.float32)
     ours = {name: tuple(p.shape) for name, p in model.named_parameters()}

@@ -67,7 +67,7 @@ def test_readmes_commands_table_lists_every_dllm_command():
 
 
 def test_readme_names_every_random_preset():
-    from engine_pod.models.presets import PRESETS
+    from engine_pod.loading.presets import PRESETS
 
     text = (ROOT / "README.md").read_text()
     missing = [name for name in PRESETS if f"`random:{name}`" not in text]

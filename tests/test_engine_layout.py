@@ -18,6 +18,8 @@ FAMILY_AGNOSTIC = {  # room -> the engine modules it may import from the rooms b
 }
 FAMILY_ROOMS = (
     "engine_pod.models",
+    "engine_pod.families",
+    "engine_pod.loading",
     "engine_pod.block_diffusion",
     "engine_pod.runner",
     "engine_pod.profiling",

@@ -20,7 +20,7 @@ from engine_pod.bench.results import ModelSpec, PolicyRun
 from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.isolation import run_in_child
-from engine_pod.models.loader import LoadedModel
+from engine_pod.loading.loader import LoadedModel
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.models.loader import LoadedModel
+from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.factory import make_runner
 
 SAMPLE_ROWS = 8  # prompts whose first block's confidences are sampled

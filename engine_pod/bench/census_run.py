@@ -1,31 +1,33 @@
 """Run block cycles of a model under the op census and reduce them to the figures a GPU cares about.
 
 A scenario is a model, a policy (static: a dense box, every row in every forward; BlockServe packed or
-dense: finished rows leave the forwards), a number of rows and how many distinct prompt lengths they
-have. Its cycles run back to back (each row's committed block joins its prefix, as the scheduler does);
-the first is the warm-up for "new attention shapes". ``dllm census`` runs the grid for every family and
-mix (engine_pod/cli/census.py).
+dense: finished rows leave the forwards), a number of rows, how many distinct prompt lengths they have,
+and what the requests ask: greedy tokens, sampled ones (temperature, top-p, top-k, each row its seed) or
+greedy tokens with log probabilities. As in real traffic, rows leave at different steps (each row its
+own confidence threshold, from committing everything at its first step to the engine's default) and at
+different cycles (a request ends after each cycle). Its cycles run back to back (each row's committed
+block joins its prefix, as the scheduler does); the first is the warm-up for "new attention shapes".
+``dllm census`` runs the grid for every family and mix (engine_pod/cli/census.py).
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from engine_pod.bench.census_grid import DEFAULT_REMASKING, POLICIES, REMASKINGS, REQUESTS, ROW_THRESHOLDS
 from engine_pod.bench.op_census import Census, Segment, counting
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.models.loader import LoadedModel, load_model
+from engine_pod.decoding.sampling_params import SamplingParams
+from engine_pod.loading.loader import LoadedModel, load_model
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 
 log = logging.getLogger(__name__)
-
-POLICIES = {"static": (False, False), "blockserve-packed": (True, True), "blockserve-dense": (True, False)}
-MODELS = ("random:llada-tiny", "random:llada2-tiny", "random:diffusion-gemma-tiny")
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class Scenario:
     rows: int
     distinct: int  # distinct prompt lengths among the rows
     cycles: int = 3
+    requests: str = "greedy"  # one of REQUESTS
+    remasking: str = "threshold"  # the engine's remasking rule
     shortest: int = 8  # the shortest prompt; the others are 5 tokens apart
 
 
@@ -58,22 +62,37 @@ def prompt_lengths(rows: int, distinct: int, shortest: int) -> list[int]:
     return [shortest + 5 * (i % distinct) for i in range(rows)]
 
 
-def _rows(loaded: LoadedModel, lengths: list[int], seed: int) -> list[CycleRow]:
+def _rows(loaded: LoadedModel, lengths: list[int], seed: int, requests: str = "greedy") -> list[CycleRow]:
+    """Rows of random prompts, each with its own threshold (and, as ``requests`` asks, its own sampling
+    seed or log probabilities)."""
     draw = random.Random(seed)
     vocab = loaded.config.vocab_size
     special = {loaded.config.mask_token_id, *getattr(loaded.config, "eos_token_ids", ())}
     words = [t for t in range(min(vocab, 4096)) if t not in special]
-    return [
-        CycleRow(tuple(draw.choice(words) for _ in range(n)), owner=f"census-{i}", max_tokens=512)
-        for i, n in enumerate(lengths)
-    ]
+    rows = []
+    for i, n in enumerate(lengths):
+        sampled = (
+            SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=i) if requests == "sampled" else None
+        )
+        rows.append(
+            CycleRow(
+                tuple(draw.choice(words) for _ in range(n)),
+                owner=f"census-{i}",
+                max_tokens=512,
+                threshold=ROW_THRESHOLDS[i % len(ROW_THRESHOLDS)],
+                sampling=sampled,
+                logprobs=2 if requests == "logprobs" else None,
+            )
+        )
+    return rows
 
 
 def run_scenario(loaded: LoadedModel, scenario: Scenario, decoding: DecodingConfig) -> Figures:
-    """Every cycle of the scenario under its own census."""
+    """Every cycle of the scenario under its own census; after each cycle one request ends."""
     gather_rows, packed = POLICIES[scenario.policy]
     runner = make_runner(loaded, decoding, pool_tokens=1 << 15)
-    rows = _rows(loaded, prompt_lengths(scenario.rows, scenario.distinct, scenario.shortest), 0)
+    lengths = prompt_lengths(scenario.rows, scenario.distinct, scenario.shortest)
+    rows = _rows(loaded, lengths, 0, scenario.requests)
     censuses = []
     for _ in range(scenario.cycles):
         cycle = SchedulerOutput.of_rows(rows, gather_rows=gather_rows, packed=packed)
@@ -81,9 +100,9 @@ def run_scenario(loaded: LoadedModel, scenario: Scenario, decoding: DecodingConf
             output = runner.run(cycle)
         censuses.append(census)
         rows = [
-            CycleRow(row.prefix_ids + tuple(block), owner=row.owner, max_tokens=row.max_tokens)
-            for row, block in zip(rows, output.blocks)
+            replace(row, prefix_ids=row.prefix_ids + tuple(block)) for row, block in zip(rows, output.blocks)
         ]
+        rows = rows[:-1] if len(rows) > 1 else rows
     runner.forget()
     return reduce(censuses)
 
@@ -127,29 +146,39 @@ def reduce(censuses: list[Census]) -> Figures:
     )
 
 
-def decoding_for(loaded: LoadedModel) -> DecodingConfig:
-    """The engine's default decoding, every family's (threshold decoding with the dual cache, blocks of 32)."""
-    return DecodingConfig()
+def decoding_for(loaded: LoadedModel, remasking: str = "threshold") -> DecodingConfig:
+    """The engine's default decoding, every family's (threshold decoding with the dual cache, blocks of 32),
+    or another remasking rule with it."""
+    return DecodingConfig(remasking=remasking)
 
 
 def run_census(
-    models: list[str], policies: list[str], row_counts: list[int], distinct: list[str], cycles: int
+    models: list[str],
+    policies: list[str],
+    row_counts: list[int],
+    distinct: list[str],
+    cycles: int,
+    requests: tuple[str, ...] = REQUESTS,
 ) -> list[dict]:
     """Every scenario of the grid, one torch thread (as the batch-invariance tests), each logged as it ends."""
     torch.set_num_threads(1)
+    grid = [
+        (policy, rows, text, kind)
+        for policy in policies
+        for rows in row_counts
+        for text in distinct
+        for kind in requests
+    ]
     results = []
-    total = len(models) * len(policies) * len(row_counts) * len(distinct)
     for spec in models:
         loaded = load_model(spec)
-        for policy in policies:
-            for rows in row_counts:
-                for text in distinct:
-                    scenario = Scenario(
-                        spec, policy, rows, rows if text == "all" else min(int(text), rows), cycles
-                    )
-                    figures = run_scenario(loaded, scenario, decoding_for(loaded))
-                    results.append({"scenario": asdict(scenario), "figures": asdict(figures)})
-                    log.info("scenario %d of %d: %s", len(results), total, _line(scenario, figures))
+        for policy, rows, text, kind in grid:
+            for remasking in REMASKINGS.get(spec, DEFAULT_REMASKING):
+                lengths = rows if text == "all" else min(int(text), rows)
+                scenario = Scenario(spec, policy, rows, lengths, cycles, requests=kind, remasking=remasking)
+                figures = run_scenario(loaded, scenario, decoding_for(loaded, remasking))
+                results.append({"scenario": asdict(scenario), "figures": asdict(figures)})
+                log.info("scenario %d: %s", len(results), _line(scenario, figures))
     return results
 
 
@@ -165,20 +194,25 @@ COLUMNS = (
 def markdown_table(results: list[dict]) -> str:
     """One row per model and policy: the worst of its mixes for each figure, and how much the first
     forward's ops and the MoE layers' ops vary across them (1 = not at all)."""
-    by_row: dict[tuple[str, str], list[dict]] = {}
+    by_row: dict[tuple[str, str, str], list[dict]] = {}
     for result in results:
         scenario = result["scenario"]
-        by_row.setdefault((scenario["model"], scenario["policy"]), []).append(result["figures"])
+        model = scenario["model"] + (
+            "" if scenario["remasking"] == "threshold" else f" ({scenario['remasking']})"
+        )
+        key = (model, scenario["policy"], scenario["requests"])
+        by_row.setdefault(key, []).append(result["figures"])
     header = [
         "model",
         "policy",
+        "requests",
         *(name for name, _, _ in COLUMNS),
         "first-forward ops, max/min",
         "MoE ops per call",
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for (model, policy), figures in by_row.items():
-        cells = [model, policy, *(f"{pick(f[key] for f in figures):g}" for _, key, pick in COLUMNS)]
+    for (model, policy, requests), figures in by_row.items():
+        cells = [model, policy, requests, *(f"{pick(f[key] for f in figures):g}" for _, key, pick in COLUMNS)]
         first = [f["first_forward_ops"] for f in figures]
         moe = sorted({n for f in figures for n in f["moe_ops_per_call"]})
         cells.append(f"{max(first) / min(first):.3f}")
@@ -194,7 +228,8 @@ def _line(scenario: Scenario, f: Figures) -> str:
     moe = f.moe_ops_per_call
     moe_text = "no MoE" if not moe else f"MoE ops per call {moe[0]}" + (f"-{moe[-1]}" if len(moe) > 1 else "")
     return (
-        f"{scenario.model} {scenario.policy}, {scenario.rows} rows of {scenario.distinct} prompt "
+        f"{scenario.model} {scenario.remasking} {scenario.policy} {scenario.requests}, {scenario.rows} rows of "
+        f"{scenario.distinct} prompt "
         f"length{'s' if scenario.distinct > 1 else ''}: "
         f"attention calls per layer {f.attention_calls_per_layer:.2f}, syncs {f.syncs_per_forward} per "
         f"forward / {f.syncs_per_step} per step / {f.syncs_per_cycle} per cycle, host-to-device copies "

@@ -21,7 +21,7 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.device_memory import peak_bytes, reset_peak
 from engine_pod.engine import Engine
 from engine_pod.isolation import ChildDied, run_in_child
-from engine_pod.models.loader import LoadedModel
+from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.contract import Runner
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.base import Scheduler

@@ -11,7 +11,7 @@ from engine_pod.bench.online import Load, Observed, OnlineRequest
 from engine_pod.bench.policies import PolicySpec, build_scheduler
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine, StepResult
-from engine_pod.models.loader import LoadedModel
+from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.request import Request
 

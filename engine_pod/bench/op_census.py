@@ -7,12 +7,15 @@ of host data is a transfer. Those costs hide on a CPU, but the operations that c
 per model forward (and the host work between forwards) while a runner executes cycles, and sorts them:
 
 - attention calls: SDPA kernels and the engine's attention op, with the shapes a backend specialises on;
-- syncs: ops whose result the host must wait for (``_local_scalar_dense`` behind ``item``/``int``/
-  ``bool``, ``nonzero``, ``masked_select``, ``unique``, ``bincount``, ``repeat_interleave`` with a
-  repeats tensor, indexing with a boolean mask) and host reads (``tolist``, ``numpy``), which on a CPU
-  tensor reach no dispatcher and are counted where they are called;
-- host-to-device copies: tensors made from host data (``torch.tensor(list)``, one transfer each on a
-  GPU) and copies between devices;
+- syncs: ops over device tensors whose result the host must wait for (``_local_scalar_dense`` behind
+  ``item``/``int``/``bool``, ``nonzero``, ``masked_select``, ``unique``, ``bincount``,
+  ``repeat_interleave`` with a repeats tensor, indexing with a boolean mask) and reads of device tensors
+  (``tolist``, ``numpy``, ``cpu``), which on a CPU reach no dispatcher and are counted where called;
+- host-to-device copies, as a GPU makes them: which tensors a GPU run keeps on the host is tracked
+  (``device_provenance.py``), so that a factory moved with ``.to(device)``, ``torch.tensor(data,
+  device=...)`` and a ``copy_`` from the host each count once, and reading a host tensor costs nothing;
+  the engine's attention op counts the metadata its GPU kernel copies (once per plan) and runs its CPU
+  kernel under the count, so a read inside it is seen;
 - MoE layers: the ops each mixture-of-experts call issues (a loop over the experts hit grows them).
 """
 
@@ -24,6 +27,10 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from engine_pod.bench.device_provenance import Provenance, flat_tensors
+from engine_pod.models import attention_backends
+from engine_pod.models.ragged import plan_of
 
 ATTENTION_OPS = frozenset(
     {
@@ -47,7 +54,15 @@ SYNC_OPS = frozenset(
         "aten.bincount",
     }
 )
-FORWARD_METHODS = ("forward_full", "forward_window", "forward_packed", "forward_blocks", "encode", "denoise")
+FORWARD_METHODS = (
+    "forward_full",
+    "forward_window",
+    "forward_packed",
+    "forward_blocks",
+    "encode",
+    "encode_chunks",
+)
+FORWARD_METHODS += ("denoise",)
 ATTENTION_MODULES = frozenset({"Attention", "BlockAttention", "GemmaAttention"})
 MOE_MODULES = frozenset({"MixtureOfExperts", "GemmaExperts"})
 
@@ -60,6 +75,7 @@ class Segment:
     ops: Counter = field(default_factory=Counter)
     syncs: Counter = field(default_factory=Counter)
     host_to_device: int = 0
+    copies: Counter = field(default_factory=Counter)  # the host-to-device copies by kind
     attention_calls: int = 0
     attention_shapes: set = field(default_factory=set)
     layers: int = 0  # attention layers run (a forward's)
@@ -88,17 +104,6 @@ def _is_sync(name: str, func, args, kwargs) -> bool:
     return False
 
 
-def _is_host_to_device(name: str, args, kwargs) -> bool:
-    if name in ("aten.lift_fresh", "aten.lift_fresh_copy"):
-        return True
-    if name == "aten._to_copy":
-        target = kwargs.get("device")
-        return target is not None and torch.device(target) != args[0].device
-    if name == "aten.copy_":
-        return args[0].device != args[1].device
-    return False
-
-
 def _attention_shape(name: str, args) -> tuple:
     """What a backend specialises on: every input's shape for SDPA; for the engine's ragged op (one
     varlen kernel on a GPU, built per head layout and dtype, not per length), heads, widths and dtype."""
@@ -116,8 +121,10 @@ class Census(TorchDispatchMode):
         super().__init__()
         self.segments: list[Segment] = [Segment("host")]
         self.moe_calls: list[int] = []  # aten ops of each MoE layer call
+        self.provenance = Provenance(self.host_to_device, self.host_read)
         self._moe_depth = 0
         self._moe_ops = 0
+        self._inside_op = 0  # inside the engine's attention op: its kernel's ops count, not as attention
         self._restore: list[tuple[object, str, object]] = []
 
     @property
@@ -128,20 +135,51 @@ class Census(TorchDispatchMode):
         kwargs = kwargs or {}
         name = _op_name(func)
         segment = self.current
-        segment.ops[name] += 1
+        if not self._inside_op:  # the op's CPU kernel's own ops are not a GPU's (its varlen kernel is one)
+            segment.ops[name] += 1
         if self._moe_depth:
             self._moe_ops += 1
-        if _is_sync(name, func, args, kwargs):
+        inputs = flat_tensors(args, kwargs)
+        on_device = any(not self.provenance.is_host(t) for t in inputs)
+        counted = name == "aten._local_scalar_dense" and self.provenance.reading  # by the read's own call
+        if on_device and not counted and _is_sync(name, func, args, kwargs):
             segment.syncs[name] += 1
-        if _is_host_to_device(name, args, kwargs):
-            segment.host_to_device += 1
-        if name in ATTENTION_OPS:
+        if name == "aten.copy_":
+            self._copy(args[0], args[1])
+        if name in ATTENTION_OPS and not self._inside_op:
             segment.attention_calls += 1
             segment.attention_shapes.add(_attention_shape(name, args))
-        return func(*args, **kwargs)
+        if name == "dllm.ragged_attention":
+            return self._ragged_attention(*args)
+        result = func(*args, **kwargs)
+        self.provenance.after_op(name, inputs, result)
+        return result
+
+    def _copy(self, destination: torch.Tensor, source: torch.Tensor) -> None:
+        """``copy_``: from the host into a device tensor is a copy; from the device into a host one a read."""
+        host_to, host_from = self.provenance.is_host(destination), self.provenance.is_host(source)
+        if host_from and not host_to:
+            self.host_to_device("copy_ from the host")
+        elif host_to and not host_from:
+            self.host_read("copy_ to the host")
+
+    def _ragged_attention(self, q, k, v, plan: int) -> torch.Tensor:
+        """The op as a GPU runs it: its kernel's metadata made (and copied, once per plan), then the
+        kernel, with every op inside counted."""
+        self._inside_op += 1
+        try:
+            with self:
+                attention_backends.varlen_batch(plan_of(plan), k.shape[0], q.device)
+                return attention_backends.cpu_kernel(q, k, v, plan)
+        finally:
+            self._inside_op -= 1
 
     def host_read(self, kind: str) -> None:
         self.current.syncs[kind] += 1
+
+    def host_to_device(self, kind: str) -> None:
+        self.current.host_to_device += 1
+        self.current.copies[kind] += 1
 
     # ---- instrumentation -------------------------------------------------------------------------
     def watch(self, model: torch.nn.Module) -> None:
@@ -206,26 +244,14 @@ class Census(TorchDispatchMode):
 
 @contextlib.contextmanager
 def counting(model: torch.nn.Module):
-    """A census of everything run inside the block (host reads of CPU tensors included)."""
+    """A census of everything run inside the block (reads of device tensors and copies from the host
+    included, as a GPU makes them)."""
     census = Census()
     census.watch(model)
-    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
-
-    def reader(name):
-        original = originals[name]
-
-        def read(tensor, *args, **kwargs):
-            census.host_read(f"Tensor.{name}")
-            return original(tensor, *args, **kwargs)
-
-        return read
-
-    for name in originals:
-        setattr(torch.Tensor, name, reader(name))
+    census.provenance.install()
     try:
         with census:
             yield census
     finally:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
+        census.provenance.uninstall()
         census.unwatch()

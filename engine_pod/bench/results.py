@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine_pod.engine import CycleRecord
-from engine_pod.models.loader import LoadedModel, load_metadata, load_model
+from engine_pod.loading.loader import LoadedModel, load_metadata, load_model
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from engine_pod.bench.policies import PolicySpec
 from engine_pod.bench.results import PolicyRun, PreparedRequest, RequestOutcome
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.device_memory import peak_bytes
-from engine_pod.models.loader import LoadedModel
+from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.factory import make_runner
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.preflight import reserve_port

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_pod.block_diffusion.batches import StepQueries, dense_forward, packed_forward
-from engine_pod.decoding.denoise_step import Candidates, DenoiseStep, LogprobRequests
+from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
+from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext
 from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
 from engine_pod.host_bundle import float64_bits, send
@@ -74,11 +75,11 @@ class BlockDiffusionRunner:
         self.policy = ScheduledThresholdPolicy()
         self.device = model.lm_head.weight.device
         self.score_dtype = torch.promote_types(model.lm_head.weight.dtype, torch.float32)
-        self.denoise = DenoiseStep(self.policy, self.score_dtype)
+        self.denoise = DenoiseStep(self.policy, self.score_dtype, self.mask_id)
         self.sampling = None
         self.computed_positions = 0  # query positions pushed through the model in the last cycle
         self.useful_positions = 0  # of those, the active rows' (no padding, no finished rows)
-        self.logprob_counts: list[int | None] | None = None  # per row: alternatives asked (None: none)
+        self.recorder: LogprobRecorder | None = None  # the cycle's log probabilities, read at its end
         # per row asking, per block position: its committed token's log probability (decoding/logprobs.py)
         self.logprobs: list[list | None] | None = None
 
@@ -100,9 +101,9 @@ class BlockDiffusionRunner:
         self.sampling = sampling
         self.computed_positions = self.useful_positions = 0
         asked = logprobs is not None and any(k is not None for k in logprobs)
-        self.logprob_counts = logprobs if asked else None
         L = self.block_length
         self.logprobs = [[None] * L if k is not None else None for k in logprobs] if asked else None
+        self.recorder = LogprobRecorder(logprobs, self.logprobs) if asked else None
         cycle = self._cycle(rows)
         build = packed_forward if packed else dense_forward
         steps = max(row.steps or self.steps for row in rows)
@@ -119,6 +120,8 @@ class BlockDiffusionRunner:
         if bool((cycle.blocks == self.mask_id).any()):
             raise RuntimeError(f"a block kept masks after {steps} steps; this is a bug")
         blocks = cycle.blocks.tolist()
+        if self.recorder is not None:
+            self.recorder.finish()
         for row, start, block in zip(rows, cycle.starts, blocks):
             row.tokens[start:] = block
         return blocks
@@ -202,9 +205,8 @@ class BlockDiffusionRunner:
             threshold=cycle.thresholds[rows],
             eps=0.0,
         )
-        logprobs = None if self.logprobs is None else LogprobRequests(self.logprob_counts, self.logprobs)
         commit = self.denoise(
-            hidden, candidates, queries.blocks, positions, index, self.sampling, context, logprobs
+            hidden, candidates, queries.blocks, positions, index, self.sampling, context, self.recorder
         )
         cycle.blocks[rows] = commit.blocks
         for i in live:

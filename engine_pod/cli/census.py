@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 
+from engine_pod.bench.census_grid import MODELS, POLICIES, REQUESTS
 from engine_pod.cli.common import CliError, parse_int_list
 
 
@@ -24,7 +25,13 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--model",
         action="append",
-        help="model spec, repeatable (default: random:llada-tiny, random:llada2-tiny, random:diffusion-gemma-tiny)",
+        help=f"model spec, repeatable (default: one CPU-sized model per family: {', '.join(MODELS)})",
+    )
+    parser.add_argument(
+        "--requests",
+        default=",".join(REQUESTS),
+        help="what the rows' requests ask, comma-separated: greedy, sampled (temperature, top-p, top-k, a seed "
+        f"per row), logprobs (default: {','.join(REQUESTS)})",
     )
     parser.add_argument(
         "--policy",
@@ -49,7 +56,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine_pod.bench.census_run import MODELS, POLICIES, markdown_table, run_census
+    from engine_pod.bench.census_run import markdown_table, run_census
 
     unknown = sorted(set(args.policy or ()) - set(POLICIES))
     if unknown:
@@ -60,8 +67,11 @@ def run(args: argparse.Namespace) -> int:
     if args.cycles < 2:
         raise CliError("--cycles must be at least 2 (the first is the warm-up)")
     rows = parse_int_list(args.rows, "--rows")
+    requests = tuple(part.strip() for part in args.requests.split(",") if part.strip())
+    if not requests or set(requests) - set(REQUESTS):
+        raise CliError(f"--requests takes {', '.join(REQUESTS)}, comma-separated; got {args.requests!r}")
     results = run_census(
-        args.model or list(MODELS), args.policy or sorted(POLICIES), rows, distinct, args.cycles
+        args.model or list(MODELS), args.policy or sorted(POLICIES), rows, distinct, args.cycles, requests
     )
     if args.json:
         with open(args.json, "w") as handle:

@@ -10,7 +10,7 @@ from dllm_contracts.defaults import ASSETS_DIR, DEFAULT_BLOCK_LENGTH, DEFAULT_MO
 from dllm_contracts.engine_env import THREADS_ENV
 from dllm_contracts.families import FAMILIES, FAMILIES_IN_WORDS
 from engine_pod.decoding.config import CACHE_MODES, CANVAS_MODES, REMASKING, DecodingConfig
-from engine_pod.models.presets import PRESETS
+from engine_pod.loading.presets import PRESETS
 
 
 class CliError(ValueError):

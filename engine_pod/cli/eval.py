@@ -50,7 +50,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine_pod.evaluation import EvalConfig, evaluate, write_outputs
-    from engine_pod.models.loader import load_model
+    from engine_pod.loading.loader import load_model
 
     apply_threads(args.threads, logging.DEBUG)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]

@@ -70,7 +70,7 @@ def _prompt_ids(args: argparse.Namespace, loaded) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from engine_pod.decoding.sampling_params import SamplingParams
     from engine_pod.generation import generate_one
-    from engine_pod.models.loader import load_model
+    from engine_pod.loading.loader import load_model
 
     threads = apply_threads(args.threads, logging.DEBUG)
     if args.steps_per_block is not None:

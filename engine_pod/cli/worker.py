@@ -90,7 +90,7 @@ def register(subparsers) -> None:
 
 def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Worker:
     from dllm_contracts.tracing import Tracing
-    from engine_pod.models.loader import load_model
+    from engine_pod.loading.loader import load_model
     from engine_pod.runner.factory import make_runner
     from engine_pod.worker.config import WorkerConfig
     from engine_pod.worker.worker import Worker

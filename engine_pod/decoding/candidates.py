@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from engine_pod.decoding.sampling import draw_keys, sample
+from engine_pod.decoding.logprobs import token_logprobs
+from engine_pod.decoding.sampling import distribution_logits, draw_keys, sample
 from engine_pod.decoding.scoring import Scorer
 
 
@@ -17,29 +18,52 @@ def score_candidates(
     positions: torch.Tensor,
     step: int,
     score_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    mask_id: int | None = None,
+    logprob_width: int | None = None,
+) -> tuple[torch.Tensor, ...]:
     """``logits``: the candidates' SelectedHidden, in candidate order; ``rows`` [n]: each candidate's row in
-    ``sampling`` (a RowSampling, or None when every row is greedy); ``positions`` [n]: absolute positions."""
-    if sampling is None or not bool(sampling.sampled[rows].any()):
-        return logits.map_logits(scorer)
+    ``sampling`` (a RowSampling, or None when every row is greedy); ``positions`` [n]: absolute positions;
+    ``mask_id``: a token sampled rows never draw; ``logprob_width``: unless None, each candidate's proposal's log
+    probability and its likeliest tokens' (that many) follow (decoding/logprobs.py), from the same logits."""
+    if sampling is None:
+
+        def greedy(chunk: torch.Tensor):
+            proposal, confidence = scorer(chunk)
+            if logprob_width is None:
+                return proposal, confidence
+            return proposal, confidence, *token_logprobs(chunk.to(score_dtype), proposal, logprob_width)
+
+        return logits.map_logits(greedy)
     keys = draw_keys(sampling.seeds[rows], positions, step)
     drawn, temperature = sampling.sampled[rows], sampling.temperature[rows]
     top_k, top_p = sampling.top_k[rows], sampling.top_p[rows]
     offset = 0
 
     def score(chunk: torch.Tensor):
+        """Every candidate scored both ways, each keeping its row's (nothing read to choose)."""
         nonlocal offset
         part = slice(offset, offset + chunk.shape[0])
         offset += chunk.shape[0]
         proposal, confidence = scorer(chunk)
+        picked, probability = sample(
+            chunk.to(score_dtype),
+            temperature[part],
+            top_k[part],
+            top_p[part],
+            keys[part],
+            mask_id,
+            sampling.filters,
+        )
         mine = drawn[part]
-        if bool(mine.any()):
-            take = lambda t: t[part][mine]  # noqa: E731
-            picked, probability = sample(
-                chunk[mine].to(score_dtype), take(temperature), take(top_k), take(top_p), take(keys)
-            )
-            proposal, confidence = proposal.clone(), confidence.clone()
-            proposal[mine], confidence[mine] = picked, probability.to(confidence.dtype)
-        return proposal, confidence
+        proposal = torch.where(mine, picked, proposal)
+        confidence = torch.where(mine, probability.to(confidence.dtype), confidence)
+        if logprob_width is None:
+            return proposal, confidence
+        scores = chunk.to(score_dtype)
+        tempered = distribution_logits(
+            scores, temperature[part], top_k[part], top_p[part], mask_id, sampling.filters
+        )
+        distribution = torch.where(mine[:, None], tempered, scores)
+        return proposal, confidence, *token_logprobs(distribution, proposal, logprob_width)
 
     return logits.map_logits(score)

@@ -61,8 +61,8 @@ class PendingDraws:
             self.report = probabilities.new_empty(rows, 0, dtype=torch.int64)
             return
         kept = suspects_kept(length * vocab)
-        self.report = torch.empty(rows, 2 * (kept + 1), dtype=torch.int64)
-        scratch = ExponentialScratch(length * vocab)
+        self.report = torch.empty(rows, 2 * (kept + 1), dtype=torch.int64, device=probabilities.device)
+        scratch = ExponentialScratch(length * vocab, probabilities.device)
         for row, generator in enumerate(generators):
             self.saved.append(generator.get_state())
             scratch.draw(generator, self.waits[row].view(-1), self.report[row])
@@ -104,11 +104,13 @@ def categorical_draws(probabilities: torch.Tensor, generators: list[torch.Genera
 class ExponentialScratch:
     """One row's buffers, reused row after row (a row's doubles stay in the processor's cache)."""
 
-    def __init__(self, size: int) -> None:
-        self.uniforms = torch.zeros(size + 1, dtype=torch.float64)  # the last: what an unused place reads
-        self.doubles = torch.empty(size, dtype=torch.float64)
-        self.low_bits = torch.empty(size, dtype=torch.int64)
-        self.near = torch.empty(size, dtype=torch.bool)
+    def __init__(self, size: int, device: torch.device) -> None:
+        self.uniforms = torch.zeros(
+            size + 1, dtype=torch.float64, device=device
+        )  # the last: an unused place's
+        self.doubles = torch.empty(size, dtype=torch.float64, device=device)
+        self.low_bits = torch.empty(size, dtype=torch.int64, device=device)
+        self.near = torch.empty(size, dtype=torch.bool, device=device)
 
     def draw(self, generator: torch.Generator, out: torch.Tensor, report: torch.Tensor) -> None:
         """``out`` (float32) = what ``out.exponential_(generator=generator)`` gives, the same draws, but for

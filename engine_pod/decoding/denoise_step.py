@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from engine_pod.decoding.candidates import score_candidates
-from engine_pod.decoding.logprobs import TokenLogprob, asked_and_committed, committed_logprobs
+from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import RemaskingPolicy, StepContext
 
 
@@ -35,14 +35,6 @@ class Candidates:
 
 
 @dataclass
-class LogprobRequests:
-    """The batch's asks for log probabilities and what the cycle recorded so far."""
-
-    counts: list[int | None]  # per batch row: alternatives asked (None: none)
-    values: list[list[TokenLogprob | None] | None]  # per batch row asking, per block position
-
-
-@dataclass
 class Commit:
     """What one step committed."""
 
@@ -57,6 +49,7 @@ class DenoiseStep:
 
     policy: RemaskingPolicy
     score_dtype: torch.dtype  # what scores are computed in
+    mask_id: int | None = None  # a sampled row never draws it (committing it would leave the position masked)
 
     def __call__(
         self,
@@ -67,14 +60,24 @@ class DenoiseStep:
         step: int,
         sampling,
         context: StepContext | None,
-        logprobs: LogprobRequests | None = None,
+        logprobs: LogprobRecorder | None = None,
     ) -> Commit:
         """``logits``: the candidates' SelectedHidden; ``block`` [R', L]: the stepping rows' blocks;
         ``positions`` [n]: the candidates' absolute positions; ``sampling``: a RowSampling over the batch
         (None: all greedy); ``context`` None commits every candidate (a forced commit)."""
-        proposal, confidence = score_candidates(
-            logits, self.policy.scorer, sampling, candidates.owner, positions, step, self.score_dtype
+        width = None if logprobs is None else logprobs.width
+        scored = score_candidates(
+            logits,
+            self.policy.scorer,
+            sampling,
+            candidates.owner,
+            positions,
+            step,
+            self.score_dtype,
+            self.mask_id,
+            width,
         )
+        proposal, confidence = scored[0], scored[1]
         proposals = block.clone()
         proposals[candidates.r, candidates.k] = proposal
         if context is None:
@@ -83,19 +86,6 @@ class DenoiseStep:
             scores = torch.full(block.shape, float("-inf"), dtype=confidence.dtype, device=block.device)
             scores[candidates.r, candidates.k] = confidence
             transfer = self.policy.select(scores, candidates.mask, context)
-        if logprobs is not None:
-            self._record_logprobs(logits, candidates, transfer, proposal, sampling, logprobs)
+        if logprobs is not None:  # read with the cycle's end
+            logprobs.keep(candidates.owner, candidates.k, transfer[candidates.r, candidates.k], scored[2:])
         return Commit(torch.where(transfer, proposals, block), transfer, proposals)
-
-    def _record_logprobs(self, logits, candidates: Candidates, transfer, proposal, sampling, into) -> None:
-        """Log probabilities of the tokens committed in this step, for the rows that asked."""
-        committed = transfer[candidates.r, candidates.k]
-        chosen = asked_and_committed(candidates.owner, committed, into.counts)
-        if chosen.numel() == 0:
-            return
-        owners = candidates.owner[chosen]
-        values = committed_logprobs(
-            logits, chosen, proposal[chosen], owners, into.counts, sampling, self.score_dtype
-        )
-        for value, r, k in zip(values, owners.tolist(), candidates.k[chosen].tolist()):
-            into.values[r][k] = value

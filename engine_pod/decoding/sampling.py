@@ -39,9 +39,10 @@ def draw_keys(seeds: torch.Tensor, positions: torch.Tensor, step: int) -> torch.
     return _mix(key ^ (step & _MASK32))
 
 
-def _filtered(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Logits with everything outside each row's top-k and top-p nucleus at -inf."""
-    if bool((top_k == 0).all()) and bool((top_p >= 1.0).all()):
+def _filtered(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, filters: bool) -> torch.Tensor:
+    """Logits with everything outside each row's top-k and top-p nucleus at -inf (``filters``: whether any
+    row keeps less than every token, which the host knows)."""
+    if not filters:
         return logits
     ordered, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(logits.shape[-1], device=logits.device)[None, :]
@@ -54,10 +55,19 @@ def _filtered(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) ->
 
 
 def distribution_logits(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    never: int | None = None,
+    filters: bool = True,
 ) -> torch.Tensor:
-    """The logits of the distribution a sampled row draws from: tempered, then top-k/top-p filtered."""
-    return _filtered(logits / temperature[:, None], top_k, top_p)
+    """The logits of the distribution a sampled row draws from: ``never`` (the mask token: a random or
+    undertrained model may rank it high) excluded, tempered, then top-k/top-p filtered."""
+    if never is not None:
+        logits = logits.clone()
+        logits[:, never] = float("-inf")
+    return _filtered(logits / temperature[:, None], top_k, top_p, filters)
 
 
 def sample(
@@ -66,9 +76,12 @@ def sample(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     keys: torch.Tensor,
+    never: int | None = None,
+    filters: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row of ``logits`` [n, V] (in the scores' dtype): the drawn token and its probability."""
-    tempered = distribution_logits(logits, temperature, top_k, top_p)
+    """Per row of ``logits`` [n, V] (in the scores' dtype): the drawn token and its probability; ``never``: a
+    token no row draws; ``filters``: whether any row filters by top-k or top-p."""
+    tempered = distribution_logits(logits, temperature, top_k, top_p, never, filters)
     noise = uniform_noise(keys, logits.shape[-1], logits.dtype)
     gumbel = -torch.log(-torch.log(noise))
     proposal = (tempered + gumbel).argmax(dim=-1)

@@ -24,7 +24,8 @@ from engine_pod.models.ragged import RaggedAttention, plan_of
 VARLEN_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: int) -> torch.Tensor:
+def cpu_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: int) -> torch.Tensor:
+    """The op's kernel on a CPU (and the op census's, run under its count): the plan's grouped SDPA."""
     return plan_of(plan).reference(q, k, v)
 
 
@@ -39,7 +40,7 @@ def _cuda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: int) -> torch
 # wrappers cost ~160 us a call and ~1.7 s and 70 MiB of imports at the first)
 _LIBRARY = torch.library.Library("dllm", "DEF")
 _LIBRARY.define("ragged_attention(Tensor q, Tensor k, Tensor v, int plan) -> Tensor")
-_LIBRARY.impl("ragged_attention", _reference, "CPU")
+_LIBRARY.impl("ragged_attention", cpu_kernel, "CPU")
 _LIBRARY.impl("ragged_attention", _cuda, "CUDA")
 _OP = torch.ops.dllm.ragged_attention.default
 
@@ -87,9 +88,7 @@ def varlen(plan: RaggedAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     from torch.nn.attention.varlen import varlen_attn
 
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
-    if "varlen_batch" not in plan.__dict__:  # at the forward's first layer; the others reuse it
-        plan.__dict__["varlen_batch"] = _varlen_batch(plan, k.shape[0], q.device)
-    batch = plan.__dict__["varlen_batch"]
+    batch = varlen_batch(plan, k.shape[0], q.device)
     if batch is None:
         return out if not plan.queries else plan.reference(q, k, v)
     first, last, max_q, max_k, meta = batch
@@ -107,6 +106,14 @@ def varlen(plan: RaggedAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
         seqused_k=meta[2][:-1],
     )
     return out
+
+
+def varlen_batch(plan: RaggedAttention, keys: int, device: torch.device) -> tuple | None:
+    """The plan's varlen batch (``_varlen_batch``), made at the forward's first layer and reused by the
+    others (the op census calls it too: what the GPU path copies, counted on any machine)."""
+    if "varlen_batch" not in plan.__dict__:
+        plan.__dict__["varlen_batch"] = _varlen_batch(plan, keys, device)
+    return plan.__dict__["varlen_batch"]
 
 
 def _varlen_batch(plan: RaggedAttention, keys: int, device: torch.device) -> tuple | None:

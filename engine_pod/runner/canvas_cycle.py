@@ -58,7 +58,7 @@ from engine_pod.decoding.entropy_bound import (
 )
 from engine_pod.families.diffusion_gemma.context_cache import ContextBatch, ContextCache, context_pool
 from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
-from engine_pod.models.loader import LoadedModel
+from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput

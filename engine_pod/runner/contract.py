@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the loaded model holds tensors: named here, never imported 
     from torch import Tensor
 
     from engine_pod.block_diffusion.prefix_cache import PrefixCacheStats
-    from engine_pod.models.loader import LoadedModel
+    from engine_pod.loading.loader import LoadedModel
 
 
 @dataclass

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import torch
 
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.decoding.denoise_step import Candidates, DenoiseStep, LogprobRequests
+from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
+from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext, make_policy
 from engine_pod.decoding.scoring import top_two_gap
-from engine_pod.models.loader import LoadedModel
+from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.canvas import Canvas, build_canvas
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.runner.packing import refresh_inputs, window_inputs
@@ -77,7 +78,7 @@ class DualCacheRunner:
         )
         self.exact_steps = self.policy.quota_schedule and not decoding.uses_cache
         self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)  # what scores are computed in
-        self.denoise = DenoiseStep(self.policy, self.score_dtype)
+        self.denoise = DenoiseStep(self.policy, self.score_dtype, self.mask_id)
 
     @torch.no_grad()
     def run(self, cycle: SchedulerOutput) -> CycleOutput:
@@ -100,20 +101,24 @@ class DualCacheRunner:
         steps_taken = torch.zeros(len(rows), dtype=torch.long, device=canvas.tokens.device)
         output = CycleOutput(blocks=[], steps=[], stats=CycleStats())
         margins = torch.full(canvas.block_slots.shape, float("inf"), device=canvas.tokens.device)
+        recorder = None
         if canvas.logprobs is not None:
             output.logprobs = [[None] * L if k is not None else None for k in canvas.logprobs]
+            recorder = LogprobRecorder(canvas.logprobs, output.logprobs)
         step = 0
         state = self._read_state(canvas, done)
         while not all(state.done):
             self._check_runaway(step)
             step_rows = self._step_rows(canvas, done, state, gather_rows and step > 0)
-            self._denoise_step(canvas, cache, step_rows, step, masks_at_start, output, margins)
+            self._denoise_step(canvas, cache, step_rows, step, masks_at_start, output, margins, recorder)
             steps_taken[step_rows.index] += (~done[step_rows.index]).long()
             step += 1
             done = done | self._finished(canvas, step)
             state = self._read_state(canvas, done)
         output.blocks = canvas.block_tokens().tolist()
         output.steps = steps_taken.tolist()
+        if recorder is not None:
+            recorder.finish()
         if self.record_margins:
             output.margins = margins.tolist()
         return output
@@ -179,6 +184,7 @@ class DualCacheRunner:
         masks_at_start: torch.Tensor,
         out: CycleOutput,
         margins: torch.Tensor,
+        logprobs: LogprobRecorder | None,
     ) -> None:
         refresh = step == 0 or cache is None
         mask = rows.candidates
@@ -192,7 +198,6 @@ class DualCacheRunner:
         logits = forward(canvas, cache, rows, candidates.r, candidates.k, out.stats, counts)
         positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
         context = None if forced_start else self._context(canvas, step, rows, masks_at_start)
-        logprobs = None if out.logprobs is None else LogprobRequests(canvas.logprobs, out.logprobs)
         commit = self.denoise(
             logits, candidates, rows.block, positions, step, canvas.sampling, context, logprobs
         )

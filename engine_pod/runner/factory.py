@@ -4,7 +4,7 @@ the paged exact-cache runner (block diffusion: LLaDA2.0, SDAR), the canvas runne
 from __future__ import annotations
 
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.models.loader import LoadedModel
+from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.canvas_cycle import CanvasCycleRunner
 from engine_pod.runner.contract import Runner
 from engine_pod.runner.dual_cycle import DualCacheRunner

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from dllm_contracts.defaults import ASSETS_DIR
-from engine_pod.models.presets import preset
+from engine_pod.loading.presets import preset
 
 SHIPPED_TOKENIZER = ASSETS_DIR / "tiny-llada"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")

@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from engine_pod.models.config_readers import config_from_dict
-from engine_pod.models.loader import build_model
+from engine_pod.loading.config_readers import config_from_dict
+from engine_pod.loading.loader import build_model
+from engine_pod.loading.weights import save_checkpoint
 from engine_pod.models.transformer import DiffusionTransformer
-from engine_pod.models.weights import save_checkpoint
 from engine_pod.training.batches import TrainingBatch, encode, make_batches
 from engine_pod.training.plots import plot_loss
 from engine_pod.training.tasks import generate_examples

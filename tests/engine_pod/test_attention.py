@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine_pod.loading.config_readers import config_from_dict
+from engine_pod.loading.loader import build_model
 from engine_pod.models import layers
-from engine_pod.models.config_readers import config_from_dict
-from engine_pod.models.loader import build_model
 from tests.factories import dream_config
 
 

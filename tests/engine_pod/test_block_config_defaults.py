@@ -15,9 +15,9 @@ from safetensors.torch import load_file
 
 from engine_pod.families.llada2 import LLADA2_DEFAULTS
 from engine_pod.families.sdar import SDAR_DEFAULTS
+from engine_pod.loading.config_readers import config_from_dict
+from engine_pod.loading.loader import build_model, load_model
 from engine_pod.models.config import ModelConfigError
-from engine_pod.models.config_readers import config_from_dict
-from engine_pod.models.loader import build_model, load_model
 from tests.engine_utils import block_causal_logits
 from tests.factories import BLOCK_REFERENCE_DIR, write_checkpoint
 

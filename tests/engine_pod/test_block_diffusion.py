@@ -20,9 +20,9 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
 from engine_pod.families.registry import family_of
 from engine_pod.generation import generate_one
+from engine_pod.loading.config_readers import config_from_dict
+from engine_pod.loading.loader import load_model
 from engine_pod.models.config import ModelConfigError
-from engine_pod.models.config_readers import config_from_dict
-from engine_pod.models.loader import load_model
 from engine_pod.runner.contract import scheduling_facts
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler

@@ -15,7 +15,7 @@ import pytest
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.cli.main import main
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.models.loader import load_model
+from engine_pod.loading.loader import load_model
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from tests.engine_pod.test_block_diffusion import ReferenceRun, _reference_runs
 from tests.engine_utils import run_workload

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from dllm_contracts.scheduler_config import LAYOUTS, SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling_params import SamplingParams
-from engine_pod.models.loader import load_model
+from engine_pod.loading.loader import load_model
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
 from tests.engine_utils import common_token, run_workload

@@ -17,7 +17,7 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.engine import Engine
 from engine_pod.families.diffusion_gemma.context_cache import ContextCache, context_pool
-from engine_pod.models.loader import load_model
+from engine_pod.loading.loader import load_model
 from engine_pod.runner.contract import scheduling_facts
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler

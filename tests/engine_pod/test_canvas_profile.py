@@ -12,9 +12,10 @@ import pytest
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling_params import SamplingParams
-from engine_pod.models.loader import load_model, parameter_count
+from engine_pod.loading.loader import load_model, parameter_count
 from engine_pod.profiling import profiler
-from engine_pod.profiling.profiler import Point, ProfileConfig, check_shape, for_model, grid, measure_point
+from engine_pod.profiling.grid import Point, grid
+from engine_pod.profiling.profiler import ProfileConfig, check_shape, for_model, measure_point
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.static import sequential_scheduler

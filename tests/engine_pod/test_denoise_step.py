@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine_pod.decoding.denoise_step import Candidates, DenoiseStep, LogprobRequests
+from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
+from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext
 from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
 from engine_pod.models.transformer import SelectedHidden
@@ -34,8 +35,10 @@ def test_a_forced_step_commits_every_candidate_and_records_only_the_rows_that_as
     block = torch.tensor([[MASK, 1, MASK], [2, MASK, 3]])
     step, candidates = step_for(block, [1, 0])  # the stepping rows are the batch's rows 1 and 0
     logits = logits_for([3, 4, 1], [2.0, 3.0, 4.0])
-    asked = LogprobRequests(counts=[2, None], values=[[None] * 3, None])
+    asked = LogprobRecorder(counts=[2, None], values=[[None] * 3, None])
     commit = step(logits, candidates, block, torch.tensor([10, 12, 21]), 0, None, None, asked)
+    assert asked.values[0] == [None] * 3  # read at the cycle's end, not in the step
+    asked.finish()
     assert torch.equal(commit.transfer, block == MASK)
     assert commit.blocks.tolist() == [[3, 1, 4], [2, 1, 3]]
     own, alternatives = asked.values[0][1]  # batch row 0 is the second stepping row

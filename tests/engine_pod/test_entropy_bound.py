@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine_pod.decoding.entropy_bound import EntropyBoundParams, entropy_bound_step, logsumexp, start_canvas
-from engine_pod.models.loader import load_model
+from engine_pod.loading.loader import load_model
 
 
 @pytest.mark.parametrize("temperature", [0.005, 0.02, 0.1, 0.4, 0.8, 3.0])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import engine_pod.models.loader as loader
+import engine_pod.loading.loader as loader
 from dllm_contracts.families import FAMILIES
 from dllm_contracts.model_source import ModelLoadError
 from engine_pod.bench.results import ModelSpec

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine_pod.families.diffusion_gemma.experts import GemmaExperts, GemmaRouter
-from engine_pod.models.loader import load_model
+from engine_pod.loading.loader import load_model
 from engine_pod.models.moe import MixtureOfExperts
 
 

@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from dllm_contracts.model_source import builtin_model_dir
-from engine_pod.models.loader import load_model
-from engine_pod.models.tokenizer_files import _END_TOKENS, LazyTokenizer, _end_token_ids, _load_tokenizer
+from engine_pod.loading.loader import load_model
+from engine_pod.loading.tokenizer_files import _END_TOKENS, LazyTokenizer, _end_token_ids, _load_tokenizer
 
 
 def _by_transformers(model_dir) -> list[int]:

@@ -11,9 +11,9 @@ import torch
 
 from engine_pod.cli.main import main
 from engine_pod.device_memory import total_memory
-from engine_pod.models.config_readers import config_from_dict
-from engine_pod.models.loader import build_model, parameter_count
-from engine_pod.models.presets import preset
+from engine_pod.loading.config_readers import config_from_dict
+from engine_pod.loading.loader import build_model, parameter_count
+from engine_pod.loading.presets import preset
 
 
 @pytest.mark.parametrize("name", ["llada-tiny", "llada2-tiny"])

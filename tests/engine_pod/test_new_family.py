@@ -112,7 +112,7 @@ def dllm(root: Path, *argv: str) -> str:
 
 def test_the_variant_loads_as_its_own_family_with_its_own_mlp(tree, checkpoint):
     probe = (
-        "from engine_pod.models.loader import load_model\n"
+        "from engine_pod.loading.loader import load_model\n"
         f"loaded = load_model({str(checkpoint)!r})\n"
         "print(loaded.config.family, type(loaded.model.layers[0].mlp).__name__, loaded.family.cache)\n"
     )

@@ -18,7 +18,7 @@ from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.engine import Engine
-from engine_pod.models.loader import load_model
+from engine_pod.loading.loader import load_model
 from engine_pod.models.paged_kv import PagedKVPool
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler

@@ -11,7 +11,7 @@ from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.bench.prepare import prepare_requests
 from engine_pod.bench.workloads import WorkloadError, load_workload
 from engine_pod.cli.main import main
-from engine_pod.models.loader import load_metadata
+from engine_pod.loading.loader import load_metadata
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.request import Request
 from tests.serving_utils import write_served_model

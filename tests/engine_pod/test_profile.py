@@ -154,7 +154,8 @@ def test_a_budget_far_past_the_grid_is_warned_about_in_the_terminal_and_the_json
     assert extrapolation["largest_measured_tokens"] == SMALL_MAX_TOKENS
     assert extrapolation["factor"] > 2 and extrapolation["beyond_grid"]
     assert extrapolation["r_squared"] == round(result["fit"]["r_squared"], 4)
-    (warning,) = [w for w in result["warnings"] if "--max-tokens" in w]
+    # (a loaded machine's noisy peaks may add the poor-fit warning, which names --max-tokens too)
+    (warning,) = [w for w in result["warnings"] if "extrapolated" in w]
     assert f"up to {SMALL_MAX_TOKENS} tokens" in warning and warning in logged
 
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from engine_pod.cli.main import main
-from engine_pod.models.loader import load_model
+from engine_pod.loading.loader import load_model
 from tests.factories import REFERENCE_DIR, SHARED_REFERENCE, VENDORED_REFERENCE
 
 FAMILIES = ["llada", "dream"]

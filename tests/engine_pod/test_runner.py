@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.models.loader import load_model
+from engine_pod.loading.loader import load_model
 from engine_pod.runner.canvas import build_canvas
 from engine_pod.runner.dual_cycle import DualCacheRunner
 from engine_pod.scheduler.cycle_row import CycleRow

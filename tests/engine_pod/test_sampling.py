@@ -12,11 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dllm_contracts.scheduler_config import SchedulerConfig
+from engine_pod.bench.census_run import Scenario, decoding_for, run_scenario
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling import sample, uniform_noise
 from engine_pod.decoding.sampling_params import SamplingError, SamplingParams
 from engine_pod.engine import Engine
-from engine_pod.models.loader import load_model
+from engine_pod.loading.loader import load_model
 from engine_pod.runner.dual_cycle import DualCacheRunner
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
@@ -126,6 +127,21 @@ def test_draws_follow_the_filtered_distribution():
     assert counts(0, 0.7)[2:].sum() == 0  # the nucleus of 0.7 holds the first two tokens only
     noise = uniform_noise(keys[:4], 1000, torch.float64)
     assert bool(((noise > 0) & (noise < 1)).all()) and abs(float(noise.mean()) - 0.5) < 0.02
+
+
+def test_a_sampled_row_never_draws_the_mask_token_even_where_the_model_ranks_it_first():
+    """Committing the mask token would leave its position masked: a block-diffusion cycle then ended with
+    masks (random weights rank the mask token high; SDAR's exact-cache runner raised)."""
+    logits = torch.tensor([[5.0, 1.0, 0.5, 0.2]], dtype=torch.float64).repeat(2_000, 1)  # token 0: the mask
+    keys = torch.arange(2_000, dtype=torch.int64) * 7919 + 11
+    ones = torch.ones(2_000, dtype=torch.float64)
+    everything = (torch.zeros(2_000, dtype=torch.int64), ones)
+    assert int((sample(logits, ones, *everything, keys)[0] == 0).sum()) > 1_000  # the check has teeth
+    drawn, probability = sample(logits, ones, *everything, keys, never=0)
+    assert int((drawn == 0).sum()) == 0 and bool((probability > 0).all())
+    loaded = load_model("random:sdar-tiny")  # the cycles that ended with masks, run again
+    scenario = Scenario("random:sdar-tiny", "static", 16, 1, cycles=3, requests="sampled")
+    assert run_scenario(loaded, scenario, decoding_for(loaded)).forwards > 0
 
 
 @pytest.mark.parametrize("values", [{"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"seed": -1}])

@@ -9,7 +9,7 @@ import pytest
 
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.models.loader import load_model
+from engine_pod.loading.loader import load_model
 from engine_pod.runner.dual_cycle import DualCacheRunner
 from engine_pod.serve.redis_server import RedisServer
 from engine_pod.worker.config import WorkerConfig

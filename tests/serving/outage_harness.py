@@ -20,7 +20,7 @@ from dllm_contracts.queue.keys import ServiceKeys
 from dllm_contracts.queue.messages import EVENT_FIELD, decode_event
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.generation import generate_one
-from engine_pod.models.loader import load_model
+from engine_pod.loading.loader import load_model
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import RedisServer, free_port
 from tests.redis_cluster import LocalRedisCluster

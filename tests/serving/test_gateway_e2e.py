@@ -209,7 +209,7 @@ def test_each_request_decodes_with_its_own_threshold(stack, served_model):
     alone at that threshold, and two thresholds give different texts (so the check has teeth)."""
     from engine_pod.decoding.config import DecodingConfig
     from engine_pod.generation import generate_one
-    from engine_pod.models.loader import load_model
+    from engine_pod.loading.loader import load_model
     from gateway.tokenizer import GatewayTokenizer
 
     loaded, tokenizer = load_model(str(served_model)), GatewayTokenizer(str(served_model))

@@ -17,7 +17,7 @@ from dllm_contracts.scheduler_config import SchedulerConfig
 from dllm_contracts.tracing import Tracing
 from dllm_contracts.tracing_config import TracingConfig
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.models.loader import load_model
+from engine_pod.loading.loader import load_model
 from engine_pod.runner.dual_cycle import DualCacheRunner
 from engine_pod.worker.config import WorkerConfig
 from engine_pod.worker.worker import Worker

@@ -27,7 +27,7 @@ from engine_pod.cli.main import build_parser, main
 from engine_pod.cli.worker import build_worker
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.generation import generate_one
-from engine_pod.models.loader import load_model
+from engine_pod.loading.loader import load_model
 from engine_pod.scheduler.request import Request
 from engine_pod.serve.redis_server import RedisServer, free_port
 from engine_pod.worker.config import WorkerConfig
@@ -783,7 +783,7 @@ def test_drain_hands_unfinished_work_back_with_its_blocks(redis_server, service,
     """SIGTERM with a short drain timeout: the request returns to the queue at once, blocks kept."""
     from dllm_contracts.scheduler_config import SchedulerConfig
     from engine_pod.decoding.config import DecodingConfig
-    from engine_pod.models.loader import load_model
+    from engine_pod.loading.loader import load_model
     from engine_pod.runner.dual_cycle import DualCacheRunner
     from engine_pod.worker.config import WorkerConfig
     from engine_pod.worker.worker import Worker
@@ -826,7 +826,7 @@ def _logprobs_worker(url: str, service: str, loaded, drain_timeout_s: float):
 def test_log_probabilities_survive_a_hand_over(redis_server, service, served_model):
     """A request asking for log probabilities, handed back mid-way by a draining worker and finished by
     another: every token has its entry, equal to an uninterrupted run's (greedy), stream events too."""
-    from engine_pod.models.loader import load_model
+    from engine_pod.loading.loader import load_model
 
     loaded = load_model(str(served_model))
     tokens = 64 * 8

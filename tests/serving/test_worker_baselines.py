@@ -17,7 +17,7 @@ from engine_pod.bench.execute import run_policy
 from engine_pod.bench.policies import PolicySpec
 from engine_pod.bench.results import PreparedRequest
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.models.loader import load_model
+from engine_pod.loading.loader import load_model
 from tests.serving_utils import BLOCK, wait_for
 
 PROMPT_LENGTHS = [20, 16, 12, 8, 4]  # later requests are shorter: arrival order is not length order

@@ -12,7 +12,7 @@ import pytest
 from engine_pod.cli.main import main
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.generation import generate_one
-from engine_pod.models.loader import load_model
+from engine_pod.loading.loader import load_model
 from engine_pod.prompts import encode_prompt
 from engine_pod.training.batches import SAMPLE_KINDS, _sample, encode
 from engine_pod.training.tasks import TASKS, Example, eval_set, generate_examples, is_held_out, parse_tasks

@@ -18,6 +18,5 @@ def timestep_quota(masks_now: torch.Tensor, step: int, steps_per_block: int, eps
         return masks_now.clone()
     timesteps = torch.linspace(1, eps, steps_per_block + 1, dtype=torch.float32)
     t, s = timesteps[step], timesteps[step + 1]
-    fraction = 1 - s / t
-    counts = masks_now.to(torch.float32).cpu() * fraction
-    return counts.to(torch.int64).to(masks_now.device)
+    fraction = 1 - s / t  # a host scalar: one float32 multiply per row on the device, rounded as on the host
+    return (masks_now.to(torch.float32) * fraction).to(torch.int64)

@@ -5,7 +5,7 @@ encoder contributes only its per-layer ``layer_scalar`` buffers (and, untied, it
 embeddings under ``model.encoder.language_model.*``, with an ``lm_head.weight``). A tied checkpoint
 written under the encoder's names loads too (the decoder's copy wins where both are present, as the
 reference's tying does). The vision tower's tensors are skipped (``multimodal.py``); any other name,
-or a missing one, is an error. Files are read with ``models/weights.py``'s readers.
+or a missing one, is an error. Files are read with ``loading/weights.py``'s readers.
 """
 
 from __future__ import annotations

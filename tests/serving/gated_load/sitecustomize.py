@@ -6,7 +6,7 @@ import time
 
 _gate = os.environ.get("DLLM_TEST_LOAD_GATE")
 if _gate:
-    import engine_pod.models.loader as _loader
+    import engine_pod.loading.loader as _loader
 
     _real_load = _loader.load_model
 

@@ -12,11 +12,11 @@ import torch
 from dllm_contracts.model_source import ModelLoadError, resolve_model_dir
 from engine_pod.families.record import ModelFamily
 from engine_pod.families.registry import family_of
+from engine_pod.loading.config_readers import load_config
+from engine_pod.loading.presets import preset_config
+from engine_pod.loading.tokenizer_files import LazyTokenizer, eos_ids, has_tokenizer
+from engine_pod.loading.weights import load_state_dict
 from engine_pod.models.config import ModelConfig
-from engine_pod.models.config_readers import load_config
-from engine_pod.models.presets import preset_config
-from engine_pod.models.tokenizer_files import LazyTokenizer, eos_ids, has_tokenizer
-from engine_pod.models.weights import load_state_dict
 
 logger = logging.getLogger(__name__)
 

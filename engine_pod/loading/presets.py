@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from dllm_contracts.model_presets import GENERATION_CONFIGS, PRESETS, preset
-from engine_pod.models.config_readers import config_from_dict
+from engine_pod.loading.config_readers import config_from_dict
 
 __all__ = ["GENERATION_CONFIGS", "PRESETS", "preset", "preset_config"]
 

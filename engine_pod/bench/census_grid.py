@@ -1,0 +1,20 @@
+"""The op census's grid (no torch: ``dllm census --help`` reads it): its policies, models and requests."""
+
+from __future__ import annotations
+
+# policy: (finished rows leave the forwards, packed layout)
+POLICIES = {"static": (False, False), "blockserve-packed": (True, True), "blockserve-dense": (True, False)}
+MODELS = (
+    "random:llada-tiny",
+    "random:dream-tiny",
+    "random:llada2-tiny",
+    "random:sdar-tiny",
+    "random:diffusion-gemma-tiny",
+)
+REQUESTS = ("greedy", "sampled", "logprobs")
+# remasking rules run besides the engine's default (threshold decoding): Dream's timestep schedule
+REMASKINGS = {"random:dream-tiny": ("threshold", "entropy")}
+DEFAULT_REMASKING = ("threshold",)
+# each row's own confidence threshold, in turn: 0 commits its whole block at its first step, None keeps
+# the engine's; rows of one cycle so leave its forwards at different steps, as real traffic's do
+ROW_THRESHOLDS = (0.0, None, 0.3, None)

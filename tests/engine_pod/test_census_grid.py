@@ -1,0 +1,45 @@
+"""The op census's grid: every family (and Dream's timestep schedule beside threshold decoding), static
+batching and BlockServe (packed and dense), greedy, sampled and log-probability requests, with rows leaving
+the cycle's forwards at different steps and a request ending after each cycle: every forward attends once
+per layer and reads nothing, every denoising step reads the device at most once, and packed forwards make
+no new attention shapes after the first cycle (dense ones at most 4). CI runs every family's packed forwards
+with each kind of request and static and dense batching with sampled requests; ``-m slow`` the rest."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_pod.bench.census_grid import MODELS, REMASKINGS, REQUESTS
+from tests.engine_pod.test_op_census import census_figures, census_models
+
+
+@pytest.fixture(scope="module")
+def models():
+    return census_models()
+
+
+def _marks(policy: str, requests: str) -> list:
+    """CI's share of the grid: packed with every kind of request, static and dense with sampled ones."""
+    return [] if policy == "blockserve-packed" or requests == "sampled" else [pytest.mark.slow]
+
+
+GRID = [
+    pytest.param(spec, policy, requests, remasking, marks=_marks(policy, requests))
+    for spec in MODELS
+    for remasking in REMASKINGS.get(spec, ("threshold",))
+    for policy in ("static", "blockserve-packed", "blockserve-dense")
+    for requests in REQUESTS
+]
+
+
+@pytest.mark.parametrize(("spec", "policy", "requests", "remasking"), GRID)
+def test_every_forward_attends_once_per_layer_and_every_step_reads_at_most_once(
+    models, spec, policy, requests, remasking
+):
+    """Rows with their own thresholds leave the cycle's forwards at different steps; a request ends after
+    each cycle; greedy, sampled (top-k, top-p, a seed per row) and log-probability requests alike."""
+    figures = census_figures(models[spec], spec, policy, requests, remasking)
+    assert figures.attention_calls_per_layer == 1
+    assert figures.syncs_per_forward == 0, figures.sync_kinds
+    assert figures.syncs_per_step <= 1, figures.sync_kinds
+    assert figures.new_attention_shapes <= (0 if policy == "blockserve-packed" else 4)
