@@ -22,6 +22,8 @@ from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
 from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext
 from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
+from engine_pod.decoding.row_sampling import RowSampling
+from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.host_bundle import float64_bits, send
 from engine_pod.models.block_transformer import BlockDiffusionTransformer
 from engine_pod.models.paged_kv import PagedKVPool
@@ -55,6 +57,7 @@ class _Cycle:
     steps: torch.Tensor  # [R] each row's denoising steps: its block completes within them
     thresholds: torch.Tensor  # [R] each row's confidence threshold (float64)
     starts_on_device: torch.Tensor  # [R] starts, on the device
+    sampling: RowSampling | None  # the rows' sampling settings (None: every row is greedy)
 
 
 class BlockDiffusionRunner:
@@ -93,18 +96,18 @@ class BlockDiffusionRunner:
         logprobs: list[int | None] | None = None,
     ) -> list[list[int]]:
         """Complete every row's active block; returns each row's block (L tokens, its fixed head included)
-        and leaves the rows' tokens extended to the block's end. ``sampling``: a RowSampling over the rows
-        (None: all greedy); ``gather_rows=False`` keeps rows whose block is complete in every forward
+        and leaves the rows' tokens extended to the block's end. ``sampling``: each row's settings (None:
+        greedy; sent with the cycle's layout); ``gather_rows=False`` keeps rows whose block is complete in every forward
         (static batching's cost); ``packed``: forwards without padding (else a padded box); ``logprobs``:
         per row, how many alternatives to record with each committed token (None: none), in
         ``self.logprobs`` after the cycle."""
-        self.sampling = sampling
         self.computed_positions = self.useful_positions = 0
         asked = logprobs is not None and any(k is not None for k in logprobs)
         L = self.block_length
         self.logprobs = [[None] * L if k is not None else None for k in logprobs] if asked else None
         self.recorder = LogprobRecorder(logprobs, self.logprobs) if asked else None
-        cycle = self._cycle(rows)
+        cycle = self._cycle(rows, sampling or [None] * len(rows))
+        self.sampling = cycle.sampling
         build = packed_forward if packed else dense_forward
         steps = max(row.steps or self.steps for row in rows)
         for step in range(steps):
@@ -138,7 +141,7 @@ class BlockDiffusionRunner:
         _, confidence = self.model.forward_blocks(batch, select).map_logits(self.policy.scorer)
         return confidence
 
-    def _cycle(self, rows: list[BlockRow]) -> _Cycle:
+    def _cycle(self, rows: list[BlockRow], sampling: list[SamplingParams | None]) -> _Cycle:
         """Reserve every row's pages up to its active block's end and lay out the blocks (fixed head, masks)."""
         L = self.block_length
         starts = [row.block_start(L) for row in rows]
@@ -151,11 +154,16 @@ class BlockDiffusionRunner:
         block_ids = [token for head in heads for token in head + [self.mask_id] * (L - len(head))]
         steps = [row.steps or self.steps for row in rows]
         bits = float64_bits([row.threshold for row in rows])
+        settings = RowSampling.host_columns(sampling)
+        flat = [value for row in settings or [] for value in row]
         # the cycle's one copy to the device
-        parts = send([slots, context_tokens, block_ids, steps, bits, starts], self.device)
+        parts = send([slots, context_tokens, block_ids, steps, bits, starts, flat], self.device)
         key_slots, contexts = list(parts[0].split(ends)), list(parts[1].split(starts))
         blocks, steps, thresholds = parts[2].view(len(rows), L), parts[3], parts[4].view(torch.float64)
-        return _Cycle(rows, starts, key_slots, contexts, blocks, steps, thresholds, parts[5])
+        on_device = None
+        if settings is not None:
+            on_device = RowSampling.from_device(parts[6].view(len(rows), -1), sampling, self.score_dtype)
+        return _Cycle(rows, starts, key_slots, contexts, blocks, steps, thresholds, parts[5], on_device)
 
     def _queries(
         self, cycle: _Cycle, live: list[int], index: torch.Tensor, candidates: int | None = None

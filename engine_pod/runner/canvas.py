@@ -78,18 +78,21 @@ def _row_tokens(row: CycleRow, block_length: int, mask_id: int) -> list[int]:
 
 
 def _host_rows(rows: list[CycleRow], block_length: int, mask_id: int, pad_id: int, threshold: float):
-    """One int64 matrix [R, W + 6]: left-padded tokens, the scratch column, then per row its length, block
-    start, hidden-suffix flag, active flag and threshold (float64 bits)."""
+    """One int64 matrix [R, W + 6 (+ the sampling columns)]: left-padded tokens, the scratch column, then per
+    row its length, block start, hidden-suffix flag, active flag and threshold (float64 bits), and, where a
+    row samples, every row's sampling settings (RowSampling.host_columns)."""
     contents = [_row_tokens(row, block_length, mask_id) for row in rows]
     width = max(len(c) for c in contents)
     thresholds = [threshold if r.threshold is None else r.threshold for r in rows]
     threshold_bits = float64_bits(thresholds)
+    sampling = RowSampling.host_columns([row.sampling for row in rows]) or [[] for _ in rows]
     matrix = [
         [pad_id] * (width - len(c))
         + c
         + [pad_id, len(c), width - len(c) + row.width]
         + [int(not row.suffix_visible), int(row.active), bits]
-        for c, row, bits in zip(contents, rows, threshold_bits)
+        + settings
+        for c, row, bits, settings in zip(contents, rows, threshold_bits, sampling)
     ]
     return torch.tensor(matrix, dtype=torch.long), width
 
@@ -107,7 +110,13 @@ def build_canvas(
     host, width = _host_rows(rows, block_length, mask_id, pad_id, threshold)
     packed = to_device(host, device)  # the one host-to-device copy
     tokens = packed[:, : width + 1].contiguous()
-    lengths, block_start, hidden, active, bits = packed[:, width + 1 :].unbind(1)
+    lengths, block_start, hidden, active, bits = packed[:, width + 1 : width + 6].unbind(1)
+    params = [row.sampling for row in rows]
+    sampling = (
+        None
+        if packed.shape[1] == width + 6
+        else RowSampling.from_device(packed[:, width + 6 :], params, score_dtype)
+    )
     columns = torch.arange(width, device=device)
     start = width - lengths
     real = columns[None, :] >= start[:, None]
@@ -127,7 +136,7 @@ def build_canvas(
         active=active.bool(),
         thresholds=bits.contiguous().view(torch.float64).to(score_dtype),
         block_length=block_length,
-        sampling=RowSampling.of([row.sampling for row in rows], device, score_dtype),
+        sampling=sampling,
         logprobs=[row.logprobs for row in rows] if any(row.logprobs is not None for row in rows) else None,
         host=CanvasRows.of(rows, block_length),
     )

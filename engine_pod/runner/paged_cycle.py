@@ -13,7 +13,6 @@ import torch
 from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache, PrefixCacheStats
 from engine_pod.block_diffusion.runner import BlockDiffusionRunner, BlockRow
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
-from engine_pod.decoding.row_sampling import RowSampling
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.scheduler.cycle_row import CycleRow
@@ -82,7 +81,7 @@ class PagedCacheRunner:
         hits = self._share(states, entering) if self.prefix_cache is not None else {}
         heads = [len(state.tokens) % self.decoding.block_length for state in states]
         forwards_before = [state.forwards for state in states]
-        sampling = RowSampling.of([row.sampling for row in rows], self.loaded.device, self.score_dtype)
+        sampling = [row.sampling for row in rows]
         counts = [row.logprobs for row in rows]
         blocks = self.runner.run_cycle(states, sampling, gather_rows, packed, counts)
         steps = [state.forwards - before for state, before in zip(states, forwards_before)]
