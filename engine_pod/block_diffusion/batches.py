@@ -10,11 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
+from engine_pod.host_bundle import send
+from engine_pod.models.attention_backends import varlen_rows
 from engine_pod.models.attention_rules import Masking
 from engine_pod.models.block_batch import BlockForward, DenseBlockForward, PackedBlockForward, block_causal
 from engine_pod.models.paged_kv import PagedKVPool
-from engine_pod.models.ragged import RaggedAttention, RowSpans
+from engine_pod.models.ragged import RaggedAttention, RowSpans, VarlenBatch, varlen_on_device
 
 Selection = tuple[torch.Tensor, torch.Tensor]  # (row of the forward's tokens, query index in it)
 
@@ -113,7 +116,9 @@ def packed_forward(step: StepQueries, pool: PagedKVPool) -> tuple[BlockForward, 
         write.append(step.key_slots[r][first:])
         key_slots.append(step.key_slots[r])
         queries, keys = queries + width, keys + end
-    plan = RaggedAttention(RowSpans(q_start, widths, k_start, ends), device, Masking(block=L))
+    spans = RowSpans(q_start, widths, k_start, ends)
+    offsets, varlen = _device_layout(step, spans, keys)
+    plan = RaggedAttention(spans, device, Masking(block=L), varlen=varlen)
     forward = PackedBlockForward(
         torch.cat(tokens)[None],
         torch.cat(positions)[None],
@@ -123,17 +128,27 @@ def packed_forward(step: StepQueries, pool: PagedKVPool) -> tuple[BlockForward, 
         pool,
     )
     pick_r, pick_k = step.masked()
-    return forward, (torch.zeros_like(pick_r), _block_offsets(step, q_start, widths)[pick_r] + pick_k)
+    return forward, (torch.zeros_like(pick_r), offsets[pick_r] + pick_k)
 
 
-def _block_offsets(step: StepQueries, q_start: list[int], widths: list[int]) -> torch.Tensor:
-    """[R] where each row's active block starts among the packed queries. Rows whose queries are their
-    block alone (every step but a cycle's first) are packed by start, latest first: found on the device;
-    otherwise sent (one copy)."""
+def _device_layout(step: StepQueries, spans: RowSpans, keys: int) -> tuple[torch.Tensor, VarlenBatch | None]:
+    """[R] where each row's active block starts among the packed queries, and the plan's varlen batch. Rows
+    whose queries are their block alone (every step but a cycle's first) are packed by start, latest
+    first: both are derived on the device from the starts it holds; otherwise both are sent, in one copy."""
     L, device = step.block_length, step.blocks.device
-    if step.starts_on_device is not None and all(width == L for width in widths):
+    rows = len(spans.q_len)
+    if step.starts_on_device is not None and all(width == L for width in spans.q_len):
         order = torch.argsort(-step.starts_on_device, stable=True)
         offsets = torch.empty_like(order)
-        offsets[order] = torch.arange(0, L * len(widths), L, device=device)
-        return offsets
-    return torch.tensor([q_start[r] + widths[r] - L for r in range(len(widths))], device=device)
+        offsets[order] = torch.arange(0, L * rows, L, device=device)
+        k_len = step.starts_on_device[order] + L
+        k_start = F.pad(k_len.cumsum(0), (1, 0))[:-1]
+        return offsets, varlen_on_device(torch.full_like(k_len, L), k_start, k_len, spans, keys)
+    offsets = [spans.q_start[r] + spans.q_len[r] - L for r in range(rows)]
+    host = varlen_rows(RaggedAttention(spans, device, Masking(block=L)), keys)
+    if host is None:
+        return torch.tensor(offsets, device=device), None
+    first, last, max_q, max_k, metadata = host
+    sent = send([offsets, *metadata], device)
+    varlen = VarlenBatch(first, last, max_q, max_k, torch.stack(sent[1:]).to(torch.int32))
+    return sent[0], varlen

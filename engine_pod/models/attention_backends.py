@@ -19,7 +19,7 @@ import torch
 
 from engine_pod.host_bundle import to_device
 from engine_pod.models.attention_rules import Masking
-from engine_pod.models.ragged import RaggedAttention, plan_of
+from engine_pod.models.ragged import RaggedAttention, VarlenBatch, plan_of
 
 VARLEN_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -84,22 +84,23 @@ def varlen_sequences(plan: RaggedAttention) -> tuple[list[int], list[int], list[
 
 
 def varlen(plan: RaggedAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """One varlen flash call over the plan's sequences (metadata: one host-to-device copy per forward)."""
+    """One varlen flash call over the plan's sequences (metadata: derived on the device by the plan's builder,
+    else one host-to-device copy per plan)."""
     from torch.nn.attention.varlen import varlen_attn
 
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
     batch = varlen_batch(plan, k.shape[0], q.device)
     if batch is None:
         return out if not plan.queries else plan.reference(q, k, v)
-    first, last, max_q, max_k, meta = batch
+    first, last, meta = batch.first, batch.last, batch.metadata
     out[first:last] = varlen_attn(
         q[first:last],
         k,
         v,
         meta[0],
         meta[1],
-        max_q,
-        max_k,
+        batch.max_q,
+        batch.max_k,
         scale=plan.style.scale,
         window_size=_window(plan.masking),
         enable_gqa=q.shape[1] != k.shape[1],
@@ -108,25 +109,34 @@ def varlen(plan: RaggedAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     return out
 
 
-def varlen_batch(plan: RaggedAttention, keys: int, device: torch.device) -> tuple | None:
-    """The plan's varlen batch (``_varlen_batch``), made at the forward's first layer and reused by the
-    others (the op census calls it too: what the GPU path copies, counted on any machine)."""
-    if "varlen_batch" not in plan.__dict__:
-        plan.__dict__["varlen_batch"] = _varlen_batch(plan, keys, device)
-    return plan.__dict__["varlen_batch"]
+def varlen_batch(plan: RaggedAttention, keys: int, device: torch.device) -> VarlenBatch | None:
+    """The plan's varlen batch: its builder's, or made from its spans at the forward's first layer and
+    reused by the others (the op census calls it too: what the GPU path copies, counted on any machine)."""
+    if not plan.varlen_made:
+        plan.varlen, plan.varlen_made = _varlen_batch(plan, keys, device), True
+    return plan.varlen
 
 
-def _varlen_batch(plan: RaggedAttention, keys: int, device: torch.device) -> tuple | None:
-    """(first query, last query, longest query run, longest key run, [3, n + 1] metadata on the device) of
-    the plan's sequences; None where there are none, or where rows leave gaps between their queries (not
-    one varlen batch: the reference runs instead)."""
+def _varlen_batch(plan: RaggedAttention, keys: int, device: torch.device) -> VarlenBatch | None:
+    """The plan's sequences' varlen batch, its metadata copied from the host; None where there are none, or
+    where rows leave gaps between their queries (not one varlen batch: the reference runs instead)."""
+    host = varlen_rows(plan, keys)
+    if host is None:
+        return None
+    first, last, max_q, max_k, rows = host
+    metadata = to_device(torch.tensor(rows, dtype=torch.int32), device)  # not blocking the host
+    return VarlenBatch(first, last, max_q, max_k, metadata)
+
+
+def varlen_rows(plan: RaggedAttention, keys: int) -> tuple[int, int, int, int, list[list[int]]] | None:
+    """(first query, last query, longest query run, longest key run, the metadata's three rows) on the host,
+    for a builder that sends them with its own copy; None where there is no varlen batch."""
     q_start, q_len, k_start, k_len = varlen_sequences(plan)
     if not q_len or any(q_start[i] + q_len[i] != q_start[i + 1] for i in range(len(q_len) - 1)):
         return None
     first, last = q_start[0], q_start[-1] + q_len[-1]
     rows = [[s - first for s in q_start] + [last - first], k_start + [keys], k_len + [0]]
-    metadata = to_device(torch.tensor(rows, dtype=torch.int32), device)  # not blocking the host
-    return first, last, max(q_len), max(k_len), metadata
+    return first, last, max(q_len), max(k_len), rows
 
 
 def _window(masking: Masking) -> tuple[int, int]:

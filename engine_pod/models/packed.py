@@ -26,6 +26,7 @@ class PackedKVCache:
         self.slot_of: torch.Tensor | None = None  # [R, W + 1] canvas column -> cache position (N: none)
         self.total = 0  # N: positions cached
         self.row_start_on_device: torch.Tensor | None = None  # row_start, [R] on the device
+        self.row_len_on_device: torch.Tensor | None = None  # row_len, [R] on the device
 
     def set_layout(
         self,
@@ -33,9 +34,10 @@ class PackedKVCache:
         row_start: list[int],
         row_len: list[int],
         row_start_on_device: torch.Tensor,
+        row_len_on_device: torch.Tensor,
     ) -> None:
         self.slot_of, self.row_start, self.row_len = slot_of, row_start, row_len
-        self.row_start_on_device = row_start_on_device
+        self.row_start_on_device, self.row_len_on_device = row_start_on_device, row_len_on_device
         self.total = sum(row_len)
 
     def store(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:

@@ -54,6 +54,33 @@ class RowSpans:
 
 
 @dataclass(frozen=True)
+class VarlenBatch:
+    """A plan as the GPU's varlen kernel takes it: its queries ``[first, last)``, the longest query and key
+    runs, and ``metadata`` [3, n + 1] int32 on the device (each sequence's query offset from ``first``,
+    key start and keys used, the first two closed by the totals)."""
+
+    first: int
+    last: int
+    max_q: int
+    max_k: int
+    metadata: torch.Tensor
+
+
+def varlen_on_device(
+    q_len: torch.Tensor, k_start: torch.Tensor, k_len: torch.Tensor, host: RowSpans, keys: int
+) -> VarlenBatch | None:
+    """The varlen batch of rows whose queries follow each other from 0 in the order given (``q_len``,
+    ``k_start``, ``k_len`` [R] on the device, in that order; ``host`` the same spans on the host, in any
+    order; ``keys`` the forward's keys): derived on the device from what it holds, no copy. None where a
+    row would need cutting (queries across several blocks of a block-causal plan: the host cuts them)."""
+    if not host.queries:
+        return None
+    cu_q = F.pad(q_len.cumsum(0), (1, 0))
+    metadata = torch.stack([cu_q, F.pad(k_start, (0, 1), value=keys), F.pad(k_len, (0, 1))])
+    return VarlenBatch(0, host.queries, max(host.q_len), max(host.k_len), metadata.to(torch.int32))
+
+
+@dataclass(frozen=True)
 class _Group:
     """One SDPA call. A span that is ``(start, count)`` is a contiguous run of ``count`` rows of one
     length (read as a view, no gather); an index tensor is a gather (padding: any real position)."""
@@ -115,12 +142,24 @@ class RaggedAttention:
         device: torch.device,
         masking: Masking = BIDIRECTIONAL,
         style: SdpaStyle = DEFAULT_STYLE,
+        varlen: VarlenBatch | None = None,
     ) -> None:
+        """``varlen``: the plan's varlen batch where its builder derived it on the device (else the GPU path
+        makes it from the spans, one copy)."""
         self.spans = spans
         self.queries = spans.queries
         self.masking, self.style = masking, style
         self.device = device
+        self.varlen = varlen
+        self.varlen_made = varlen is not None  # whether ``varlen`` is settled (None: no varlen batch)
         self.handle = register_plan(self)
+
+    @property
+    def cut(self) -> bool:
+        """Whether some row's queries span several blocks of a block-causal plan (the kernel's sequences
+        then cut them at their block boundaries)."""
+        block = self.masking.block
+        return bool(block) and any(n > block for n in self.spans.q_len)
 
     @functools.cached_property
     def groups(self) -> list[_Group]:

@@ -195,7 +195,8 @@ class DualCacheRunner:
         counts = [int(f) for f in rows.first_masked] if forced_start else rows.counts
         candidates = Candidates.of(mask, rows.index, sum(counts))
         forward = self._full_forward if refresh else self._window_forward
-        logits = forward(canvas, cache, rows, candidates.r, candidates.k, out.stats, counts)
+        picked = (counts, mask.sum(1))  # candidates per row, on the host and on the device
+        logits = forward(canvas, cache, rows, candidates.r, candidates.k, out.stats, picked)
         positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
         context = None if forced_start else self._context(canvas, step, rows, masks_at_start)
         commit = self.denoise(
@@ -229,7 +230,7 @@ class DualCacheRunner:
         )
 
     def _full_forward(
-        self, canvas: Canvas, cache, rows: _StepRows, pick_r, pick_k, stats: CycleStats, counts: list[int]
+        self, canvas: Canvas, cache, rows: _StepRows, pick_r, pick_k, stats: CycleStats, picked: tuple
     ):
         index = None if rows.all_rows else rows.index
         take = (lambda t: t) if index is None else (lambda t: t[index])
@@ -237,7 +238,7 @@ class DualCacheRunner:
         host = canvas.host
         stats.useful_positions += sum(host.context_lengths[r] for r in rows.members if host.active[r])
         if canvas.packed:
-            inputs = refresh_inputs(canvas, index, cache, pick_r, source, rows.members, counts)
+            inputs = refresh_inputs(canvas, index, cache, pick_r, source, rows.members, *picked)
             stats.computed_positions += inputs.computed
             return self.model.forward_packed(inputs.tokens, inputs.positions, inputs.context, inputs.select)
         stats.computed_positions += rows.index.shape[0] * canvas.width
@@ -246,7 +247,7 @@ class DualCacheRunner:
         )
 
     def _window_forward(
-        self, canvas: Canvas, cache, rows: _StepRows, pick_r, pick_k, stats: CycleStats, counts: list[int]
+        self, canvas: Canvas, cache, rows: _StepRows, pick_r, pick_k, stats: CycleStats, picked: tuple
     ):
         index = rows.index
         block_window = self.decoding.cache == "dual"  # every row's window is its block, all cached
@@ -255,7 +256,9 @@ class DualCacheRunner:
         source = (pick_k - self.quirks.logit_shift).clamp(min=0)
         if canvas.packed:
             lengths = [canvas.block_length] * len(rows.members) if block_window else None
-            inputs = window_inputs(canvas, cache, index, slots, pick_r, source, rows.members, counts, lengths)
+            inputs = window_inputs(
+                canvas, cache, index, slots, pick_r, source, rows.members, *picked, lengths
+            )
             stats.computed_positions += inputs.computed
             return self.model.forward_packed(inputs.tokens, inputs.positions, inputs.context, inputs.select)
         window_tokens = canvas.tokens_with_scratch[index].gather(1, slots)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from engine_pod.models.packed import PackedContext, PackedKVCache, selected_spans
-from engine_pod.models.ragged import RaggedAttention, RowSpans, starts_of
+from engine_pod.models.ragged import RaggedAttention, RowSpans, VarlenBatch, starts_of, varlen_on_device
 from engine_pod.runner.canvas import Canvas
 
 
@@ -38,27 +38,48 @@ def refresh_inputs(
     source: torch.Tensor,
     members: list[int],
     picked: list[int],
+    picked_on_device: torch.Tensor,
 ) -> PackedInputs:
     """A refresh over canvas rows ``index`` (None: all; ``members`` the same on the host);
-    ``(pick_r, source)`` the (row, column) pairs whose logits are needed, ``picked`` how many per row.
-    Lengths come from the host's record of the rows: the layout is one copy to the device, no read."""
+    ``(pick_r, source)`` the (row, column) pairs whose logits are needed, ``picked`` how many per row (and
+    the same on the device). Lengths come from the host's record of the rows: the layout is one copy to the
+    device, no read, and the attention plans' varlen batches are derived from it there."""
     take = (lambda t: t) if index is None else (lambda t: t[index])
     keep = take(canvas.key_mask)
     lengths = [canvas.host.key_lengths[r] for r in members]
     # packed order: longest first, rows of a length adjacent and in row order
     order = sorted(range(len(members)), key=lambda i: -lengths[i])
     spans = _spans_in_order(lengths, order)
-    sent = torch.tensor(order + spans.k_start).to(keep.device)  # the refresh's one copy
-    order_on_device, row_start = sent[: len(order)], sent[len(order) :]
+    sent = torch.tensor(order + spans.k_start + lengths).to(keep.device)  # the refresh's one copy
+    order_on_device, row_start, row_len = sent.view(3, -1).unbind(0)
     rows, columns, slot_of = _pack(keep, order_on_device, canvas.width + 1, sum(lengths))
     if cache is not None:
-        cache.set_layout(slot_of, spans.k_start, spans.k_len, row_start)
+        cache.set_layout(slot_of, spans.k_start, spans.k_len, row_start, row_len)
+    in_order = row_len[order_on_device]
+    every = varlen_on_device(in_order, row_start[order_on_device], in_order, spans, sum(lengths))
+    final = _final(spans, picked, picked_on_device, row_start, row_len, sum(lengths))
     return PackedInputs(
         take(canvas.tokens)[rows, columns],
         take(canvas.position_ids)[rows, columns],
-        _context(spans, picked, keep.device, cache),
+        _context(spans, final, keep.device, cache, every=every),
         slot_of[pick_r, source],
     )
+
+
+def _final(
+    spans: RowSpans,
+    picked: list[int],
+    picked_on_device: torch.Tensor,
+    k_start: torch.Tensor | None,
+    k_len: torch.Tensor | None,
+    keys: int,
+) -> tuple[RowSpans, VarlenBatch | None]:
+    """The last layer's spans (each row's picked positions, in row order, over its keys as before) and,
+    where the rows' keys are on the device (``k_start``, ``k_len`` [R], in row order), their varlen batch."""
+    spans = selected_spans(spans, picked)
+    if k_start is None or k_len is None:
+        return spans, None
+    return spans, varlen_on_device(picked_on_device, k_start, k_len, spans, keys)
 
 
 def _pack(
@@ -95,15 +116,17 @@ def _spans_in_order(lengths: list[int], order: list[int]) -> RowSpans:
 
 def _context(
     spans: RowSpans,
-    picked: list[int],
+    final: tuple[RowSpans, VarlenBatch | None],
     device: torch.device,
     cache: PackedKVCache | None,
     cache_positions: torch.Tensor | None = None,
+    every: VarlenBatch | None = None,
 ) -> PackedContext:
-    """Both attention plans: every position's, and the last layer's over the picked positions (``picked``
-    per row; picks come from a row-major nonzero, so they are grouped by row in order)."""
-    final = RaggedAttention(selected_spans(spans, picked), device)
-    return PackedContext(RaggedAttention(spans, device), final, cache, cache_positions)
+    """Both attention plans: every position's (``every``: its varlen batch, where derived on the device),
+    and the last layer's over the picked positions (``final``: their spans and varlen batch; picks come
+    from a row-major nonzero, so they are grouped by row in order)."""
+    last = RaggedAttention(final[0], device, varlen=final[1])
+    return PackedContext(RaggedAttention(spans, device, varlen=every), last, cache, cache_positions)
 
 
 def window_inputs(
@@ -115,6 +138,7 @@ def window_inputs(
     source: torch.Tensor,
     members: list[int],
     picked: list[int],
+    picked_on_device: torch.Tensor,
     lengths: list[int] | None = None,
 ) -> PackedInputs:
     """A window over canvas rows ``index`` (``members`` on the host) at canvas columns ``slots`` [R', Ww]
@@ -126,17 +150,24 @@ def window_inputs(
     k_start = [cache.row_start[r] for r in members]
     # packed in the cache's order, so that rows whose keys follow each other have their queries adjacent
     order = sorted(range(len(members)), key=k_start.__getitem__)
+    starts, ends = cache.row_start_on_device[index], cache.row_len_on_device[index]
+    every = None
     if lengths is None:
         lengths = keep.sum(1).tolist()
         rows, columns, window_slot = _pack(keep, torch.tensor(order, device=keep.device), keep.shape[1])
-    else:  # the same order found on the device (row starts are distinct)
-        on_device = torch.argsort(cache.row_start_on_device[index])
+        spans = RowSpans(_starts_in(order, lengths), lengths, k_start, [cache.row_len[r] for r in members])
+    else:  # the same order found on the device (row starts are distinct), and the plans derived there
+        on_device = torch.argsort(starts)
         rows, columns, window_slot = _pack(keep, on_device, keep.shape[1], sum(lengths))
-    spans = RowSpans(_starts_in(order, lengths), lengths, k_start, [cache.row_len[r] for r in members])
+        spans = RowSpans(_starts_in(order, lengths), lengths, k_start, [cache.row_len[r] for r in members])
+        if len(set(lengths)) == 1:  # every row's window is its block
+            q_len = torch.full_like(starts, lengths[0])
+            every = varlen_on_device(q_len, starts[on_device], ends[on_device], spans, cache.total)
+    final = _final(spans, picked, picked_on_device, starts, ends, cache.total)
     canvas_rows, canvas_columns = index[rows], slots[rows, columns]
     return PackedInputs(
         canvas.tokens_with_scratch[canvas_rows, canvas_columns],
         canvas.positions_with_scratch[canvas_rows, canvas_columns],
-        _context(spans, picked, keep.device, cache, cache_positions[rows, columns]),
+        _context(spans, final, keep.device, cache, cache_positions[rows, columns], every),
         window_slot[pick_r, source],
     )

@@ -38,7 +38,7 @@ from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
 from engine_pod.host_bundle import send
 from engine_pod.models.attention_rules import Masking, SdpaStyle
 from engine_pod.models.paged_kv import PagedKVPool
-from engine_pod.models.ragged import RaggedAttention, RowSpans, starts_of
+from engine_pod.models.ragged import RaggedAttention, RowSpans, VarlenBatch, starts_of, varlen_on_device
 
 
 def context_pool(
@@ -192,10 +192,14 @@ class ContextBatch:
         return self._plan(reach, masking, style), packed[0], packed[1]
 
     def _plan(self, reach: int | None, masking: Masking, style: SdpaStyle) -> RaggedAttention:
-        """Made once per batch for each reach, masking and style (host ints only)."""
+        """Made once per batch for each reach, masking and style: its spans from host ints, its varlen
+        batch derived on the device from the batch's copy."""
         key = (reach, masking, style)
         if key not in self._plans:
-            self._plans[key] = RaggedAttention(self.layouts[reach].spans, self.pool.device, masking, style)
+            layout = self.layouts[reach]
+            self._plans[key] = RaggedAttention(
+                layout.spans, self.pool.device, masking, style, layout.varlen()
+            )
         return self._plans[key]
 
 
@@ -220,7 +224,8 @@ def _new_slots(caches: list[ContextCache], tokens: list[int]) -> list[int]:
     return caches[0].pool.host_slots(spans)
 
 
-LAYOUT_LISTS = 4  # what _layout_lists gives a reach: slots, context places, new-token places, kept counts
+LAYOUT_LISTS = 5  # what _layout_lists gives a reach: slots, context places, new-token places, kept counts,
+# and its rows' [new tokens, key starts, keys] (RowSpans on the device)
 
 
 def _layout_lists(caches: list[ContextCache], spans: RowSpans, reach: int | None) -> list[list[int]]:
@@ -234,7 +239,7 @@ def _layout_lists(caches: list[ContextCache], spans: RowSpans, reach: int | None
     slots = caches[0].pool.host_slots(
         [(cache.owner, _start(cache.length, reach), cache.length) for cache in caches]
     )
-    return [slots, context_at, new_at, kept]
+    return [slots, context_at, new_at, kept, spans.q_len + spans.k_start + spans.k_len]
 
 
 @dataclass(frozen=True)
@@ -246,6 +251,12 @@ class _Layout:
     context_at: torch.Tensor  # where they go in the packed keys
     new_at: torch.Tensor  # where the rows' new tokens go, row after row
     kept: torch.Tensor  # [R] each row's kept context tokens
+    extents: torch.Tensor  # [3, R] each row's new tokens, key start and keys (spans' on the device)
+
+    def varlen(self) -> VarlenBatch | None:
+        """The varlen batch of these rows, whose queries follow each other in row order."""
+        q_len, k_start, k_len = self.extents.view(3, -1).unbind(0)
+        return varlen_on_device(q_len, k_start, k_len, self.spans, self.total)
 
     @property
     def total(self) -> int:
@@ -269,6 +280,7 @@ class _Layout:
             [spans.k_len[r] for r in keep],
         )
         new_at = self.new_at.view(-1, tokens).index_select(0, index).flatten()
-        return _Layout(
-            picked, self.slots.index_select(0, places), self.context_at.index_select(0, places), new_at, kept
-        )
+        extents = self.extents.view(3, -1).index_select(1, index)
+        extents[0] = tokens
+        slots, context_at = self.slots.index_select(0, places), self.context_at.index_select(0, places)
+        return _Layout(picked, slots, context_at, new_at, kept, extents)
