@@ -125,6 +125,7 @@ class Census(TorchDispatchMode):
         self._moe_depth = 0
         self._moe_ops = 0
         self._inside_op = 0  # inside the engine's attention op: its kernel's ops count, not as attention
+        self._cpu_kernel = False  # running the op's CPU kernel: its copies are not a GPU's (reads are)
         self._restore: list[tuple[object, str, object]] = []
 
     @property
@@ -164,20 +165,25 @@ class Census(TorchDispatchMode):
             self.host_read("copy_ to the host")
 
     def _ragged_attention(self, q, k, v, plan: int) -> torch.Tensor:
-        """The op as a GPU runs it: its kernel's metadata made (and copied, once per plan), then the
-        kernel, with every op inside counted."""
+        """The op as a GPU runs it: its varlen kernel's metadata made (copied where not derived on the
+        device), then the CPU kernel in its place, whose reads count (its ops, attention calls and copies,
+        the grouped SDPA's own, do not)."""
         self._inside_op += 1
         try:
             with self:
                 attention_backends.varlen_batch(plan_of(plan), k.shape[0], q.device)
+                self._cpu_kernel = True
                 return attention_backends.cpu_kernel(q, k, v, plan)
         finally:
             self._inside_op -= 1
+            self._cpu_kernel = False
 
     def host_read(self, kind: str) -> None:
         self.current.syncs[kind] += 1
 
     def host_to_device(self, kind: str) -> None:
+        if self._cpu_kernel:  # the grouped SDPA's gather indices: a GPU's half-precision kernel makes none
+            return
         self.current.host_to_device += 1
         self.current.copies[kind] += 1
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
 from dllm_contracts.families import FamilyDecoding
+from engine_pod.families.name_maps import layered_name_map
 from engine_pod.families.record import DualCacheQuirks, ModelFamily
 from engine_pod.models.config import ModelConfig, ModelConfigError, as_tuple, qwen_shape
 from engine_pod.models.transformer import DiffusionTransformer
@@ -54,13 +55,7 @@ def dream_config(raw: dict[str, Any]) -> ModelConfig:
 
 def dream_name_map(config: ModelConfig) -> dict[str, str]:
     """Dream's (Qwen2's) checkpoint names -> ours, for every parameter."""
-    mapping = dict(_TOP_LEVEL)
-    for index in range(config.num_layers):
-        for theirs, ours in _LAYER.items():
-            if theirs.endswith(".bias") and not config.qkv_bias:
-                continue
-            mapping[f"model.layers.{index}.{theirs}"] = f"layers.{index}.{ours}"
-    return mapping
+    return layered_name_map(config, _TOP_LEVEL, "model.layers.{}.", _LAYER)
 
 
 FAMILY = ModelFamily(

@@ -7,6 +7,7 @@ from typing import Any
 
 from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
 from dllm_contracts.families import FamilyDecoding
+from engine_pod.families.name_maps import layered_name_map
 from engine_pod.families.record import DualCacheQuirks, ModelFamily
 from engine_pod.models.config import ModelConfig, ModelConfigError, as_tuple, require
 from engine_pod.models.transformer import DiffusionTransformer
@@ -79,13 +80,7 @@ def llada_config(raw: dict[str, Any], family: str = NAME) -> ModelConfig:
 
 def llada_name_map(config: ModelConfig) -> dict[str, str]:
     """LLaDA's checkpoint names -> ours, for every parameter."""
-    mapping = dict(_TOP_LEVEL)
-    for index in range(config.num_layers):
-        for theirs, ours in _LAYER.items():
-            if theirs.endswith(".bias") and not config.qkv_bias:
-                continue
-            mapping[f"model.transformer.blocks.{index}.{theirs}"] = f"layers.{index}.{ours}"
-    return mapping
+    return layered_name_map(config, _TOP_LEVEL, "model.transformer.blocks.{}.", _LAYER)
 
 
 FAMILY = ModelFamily(

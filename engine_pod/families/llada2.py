@@ -159,15 +159,6 @@ def _block_layer_names(config: ModelConfig, index: int) -> list[str]:
     return [f"layers.{index}.{name}" for name in names]
 
 
-def _block_name_map(config: ModelConfig) -> dict[str, str]:
-    ours = ["word_embeddings.weight", "norm.weight"]
-    for index in range(config.num_layers):
-        ours += _block_layer_names(config, index)
-    mapping = {f"model.{name}": name for name in ours}
-    mapping["lm_head.weight"] = "lm_head.weight"
-    return mapping
-
-
 def llada2_name_map(config: ModelConfig) -> dict[str, str]:
     """LLaDA2.0's checkpoint names -> ours (the same, less ``model.``), for every parameter."""
     ours = ["word_embeddings.weight", "norm.weight"]

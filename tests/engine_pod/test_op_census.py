@@ -112,6 +112,7 @@ def test_packed_forwards_do_not_grow_with_the_lengths_and_moe_ops_do_not_depend_
     figures = {distinct: census_figures(loaded, spec, rows=16, distinct=distinct) for distinct in (1, 16)}
     first = [f.first_forward_ops for f in figures.values()]
     assert max(first) <= 1.05 * min(first), first
+    assert all(f.host_to_device_per_cycle <= 2 for f in figures.values())
     moe = {n for f in figures.values() for n in f.moe_ops_per_call}
     has_moe = spec in ("random:llada2-tiny", "random:diffusion-gemma-tiny")
     assert len(moe) == (1 if has_moe else 0), moe  # one count: the same ops every call
