@@ -106,7 +106,7 @@ class BlockDiffusionRunner:
         L = self.block_length
         self.logprobs = [[None] * L if k is not None else None for k in logprobs] if asked else None
         self.recorder = LogprobRecorder(logprobs, self.logprobs) if asked else None
-        cycle = self._cycle(rows, sampling or [None] * len(rows))
+        cycle = self._cycle(rows, sampling)
         self.sampling = cycle.sampling
         build = packed_forward if packed else dense_forward
         steps = max(row.steps or self.steps for row in rows)
@@ -141,7 +141,7 @@ class BlockDiffusionRunner:
         _, confidence = self.model.forward_blocks(batch, select).map_logits(self.policy.scorer)
         return confidence
 
-    def _cycle(self, rows: list[BlockRow], sampling: list[SamplingParams | None]) -> _Cycle:
+    def _cycle(self, rows: list[BlockRow], sampling: list[SamplingParams | None] | None = None) -> _Cycle:
         """Reserve every row's pages up to its active block's end and lay out the blocks (fixed head, masks)."""
         L = self.block_length
         starts = [row.block_start(L) for row in rows]
@@ -154,7 +154,7 @@ class BlockDiffusionRunner:
         block_ids = [token for head in heads for token in head + [self.mask_id] * (L - len(head))]
         steps = [row.steps or self.steps for row in rows]
         bits = float64_bits([row.threshold for row in rows])
-        settings = RowSampling.host_columns(sampling)
+        settings = RowSampling.host_columns(sampling or [None] * len(rows))
         flat = [value for row in settings or [] for value in row]
         # the cycle's one copy to the device
         parts = send([slots, context_tokens, block_ids, steps, bits, starts, flat], self.device)

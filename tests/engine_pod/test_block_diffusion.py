@@ -368,3 +368,15 @@ def test_the_paged_runner_frees_a_request_when_the_scheduler_names_it_released(l
     engine.add_request(scheduler.request_for("next", [7, 8], 4))
     assert engine.step().output.released == ["long"]
     assert set(runner.states) == {"next"} and not runner.pool.table("long")
+
+
+@pytest.mark.parametrize("spec", ["random:llada2-tiny", "random:sdar-tiny"])
+def test_a_threshold_is_calibrated_on_a_block_diffusion_models_first_step(spec):
+    """What ``dllm bench --calibrate-threshold`` runs: the first forward's confidences over a few prompts."""
+    from engine_pod.bench.calibrate import calibrate_threshold
+
+    loaded = load_model(spec)
+    calibrated = calibrate_threshold(
+        loaded, DecodingConfig(block_length=8, steps_per_block=8), [[5] * 9, [7] * 3], 0.5
+    )
+    assert calibrated["sampled_positions"] == 12 and 0 < calibrated["threshold"] <= 1
