@@ -35,6 +35,15 @@ class StepQueries:
     mask_id: int
     candidates: int | None = None  # masked positions in the blocks, where the host knows how many
     starts_on_device: torch.Tensor | None = None  # [R] starts, on the device
+    slots: torch.Tensor | None = None  # the cycle's key slots, every row's [0, end) one after another
+    slot_base: torch.Tensor | None = None  # [R] where each row's key slots start in ``slots``
+
+    @property
+    def blocks_only(self) -> bool:
+        """Whether every row's queries are its active block (every step of a cycle but its first), with
+        what the device needs to lay them out on its own."""
+        on_device = self.starts_on_device is not None and self.slots is not None
+        return on_device and all(first == start for first, start in zip(self.firsts, self.starts))
 
     @property
     def widths(self) -> list[int]:
@@ -106,29 +115,51 @@ def packed_forward(step: StepQueries, pool: PagedKVPool) -> tuple[BlockForward, 
     order = sorted(range(len(widths)), key=lambda r: (-step.starts[r], -widths[r]))
     ends = [start + L for start in step.starts]
     q_start, k_start = [0] * len(widths), [0] * len(widths)
-    tokens, positions, write, key_slots = [], [], [], []
     queries = keys = 0
     for r in order:
-        first, end, width = step.firsts[r], ends[r], widths[r]
         q_start[r], k_start[r] = queries, keys
-        tokens.append(torch.cat([step.committed[r], step.blocks[r]]) if width > L else step.blocks[r])
-        positions.append(torch.arange(first, end, device=device))
-        write.append(step.key_slots[r][first:])
-        key_slots.append(step.key_slots[r])
-        queries, keys = queries + width, keys + end
+        queries, keys = queries + widths[r], keys + ends[r]
     spans = RowSpans(q_start, widths, k_start, ends)
     offsets, varlen = _device_layout(step, spans, keys)
     plan = RaggedAttention(spans, device, Masking(block=L), varlen=varlen)
-    forward = PackedBlockForward(
-        torch.cat(tokens)[None],
-        torch.cat(positions)[None],
-        torch.cat(write)[None],
-        torch.cat(key_slots),
-        plan,
-        pool,
-    )
+    laid_out = _blocks_laid_out(step, keys) if step.blocks_only else _rows_laid_out(step, order, ends)
+    forward = PackedBlockForward(*laid_out, plan, pool)
     pick_r, pick_k = step.masked()
     return forward, (torch.zeros_like(pick_r), offsets[pick_r] + pick_k)
+
+
+def _blocks_laid_out(step: StepQueries, keys: int) -> tuple[torch.Tensor, ...]:
+    """(tokens, positions, write slots, key slots) of rows whose queries are their blocks, latest start
+    first, as batch operations on the device (no work per row)."""
+    L, device = step.block_length, step.blocks.device
+    order = torch.argsort(-step.starts_on_device, stable=True)
+    starts, base = step.starts_on_device[order], step.slot_base[order]
+    columns = torch.arange(L, device=device)
+    write = step.slots[(base + starts)[:, None] + columns]
+    ends = starts + L
+    shift = base - F.pad(ends.cumsum(0), (1, 0))[:-1]  # a row's slots in ``slots`` less its place in the keys
+    places = torch.repeat_interleave(shift, ends, output_size=keys) + torch.arange(keys, device=device)
+    positions = starts[:, None] + columns
+    return (
+        step.blocks[order].reshape(1, -1),
+        positions.reshape(1, -1),
+        write.reshape(1, -1),
+        step.slots[places],
+    )
+
+
+def _rows_laid_out(step: StepQueries, order: list[int], ends: list[int]) -> tuple[torch.Tensor, ...]:
+    """(tokens, positions, write slots, key slots) row by row, where rows reach back before their blocks
+    (a cycle's first step)."""
+    L, device = step.block_length, step.blocks.device
+    tokens, positions, write, key_slots = [], [], [], []
+    for r in order:
+        first, end = step.firsts[r], ends[r]
+        tokens.append(torch.cat([step.committed[r], step.blocks[r]]) if end - first > L else step.blocks[r])
+        positions.append(torch.arange(first, end, device=device))
+        write.append(step.key_slots[r][first:])
+        key_slots.append(step.key_slots[r])
+    return torch.cat(tokens)[None], torch.cat(positions)[None], torch.cat(write)[None], torch.cat(key_slots)
 
 
 def _device_layout(step: StepQueries, spans: RowSpans, keys: int) -> tuple[torch.Tensor, VarlenBatch | None]:

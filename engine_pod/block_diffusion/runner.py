@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from engine_pod.block_diffusion.batches import StepQueries, dense_forward, packed_forward
 from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
@@ -58,6 +59,8 @@ class _Cycle:
     thresholds: torch.Tensor  # [R] each row's confidence threshold (float64)
     starts_on_device: torch.Tensor  # [R] starts, on the device
     sampling: RowSampling | None  # the rows' sampling settings (None: every row is greedy)
+    slots: torch.Tensor  # every row's key slots [0, end), one row after another
+    slot_base: torch.Tensor  # [R] where each row's slots start in ``slots``
 
 
 class BlockDiffusionRunner:
@@ -163,7 +166,10 @@ class BlockDiffusionRunner:
         on_device = None
         if settings is not None:
             on_device = RowSampling.from_device(parts[6].view(len(rows), -1), sampling, self.score_dtype)
-        return _Cycle(rows, starts, key_slots, contexts, blocks, steps, thresholds, parts[5], on_device)
+        base = F.pad((parts[5] + L).cumsum(0), (1, 0))[:-1]
+        return _Cycle(
+            rows, starts, key_slots, contexts, blocks, steps, thresholds, parts[5], on_device, parts[0], base
+        )
 
     def _queries(
         self, cycle: _Cycle, live: list[int], index: torch.Tensor, candidates: int | None = None
@@ -181,6 +187,8 @@ class BlockDiffusionRunner:
             self.mask_id,
             candidates,
             cycle.starts_on_device[index],
+            cycle.slots,
+            cycle.slot_base[index],
         )
 
     @staticmethod
