@@ -17,6 +17,21 @@ def send(parts: list[list[int]], device: torch.device) -> list[torch.Tensor]:
     return list(sent.split([len(part) for part in parts]))
 
 
+class Floats(list):
+    """A list of floats for ``send_named``: its float64 bits travel in the int64 copy, and it arrives as a
+    float64 tensor."""
+
+
+def send_named(parts: dict[str, list[int] | Floats], device: torch.device) -> dict[str, torch.Tensor]:
+    """Each named list on ``device``, every one a slice of one copy, read back by its name: int lists as
+    int64, ``Floats`` as float64."""
+    sent = send([float64_bits(v) if isinstance(v, Floats) else v for v in parts.values()], device)
+    return {
+        name: part.view(torch.float64) if isinstance(values, Floats) else part
+        for (name, values), part in zip(parts.items(), sent)
+    }
+
+
 def to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """``host`` (a CPU tensor) on ``device``: on a GPU copied from pinned memory without blocking the host
     (torch's pinned-memory cache keeps the source until the copy has run); elsewhere ``host.to(device)``."""

@@ -25,7 +25,7 @@ from engine_pod.decoding.policies import StepContext
 from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
 from engine_pod.decoding.row_sampling import RowSampling
 from engine_pod.decoding.sampling_params import SamplingParams
-from engine_pod.host_bundle import float64_bits, send
+from engine_pod.host_bundle import Floats, send_named
 from engine_pod.models.block_transformer import BlockDiffusionTransformer
 from engine_pod.models.paged_kv import PagedKVPool
 
@@ -155,20 +155,36 @@ class BlockDiffusionRunner:
         context_tokens = [token for row, start in zip(rows, starts) for token in row.tokens[:start]]
         heads = [row.tokens[start:] for row, start in zip(rows, starts)]
         block_ids = [token for head in heads for token in head + [self.mask_id] * (L - len(head))]
-        steps = [row.steps or self.steps for row in rows]
-        bits = float64_bits([row.threshold for row in rows])
         settings = RowSampling.host_columns(sampling or [None] * len(rows))
-        flat = [value for row in settings or [] for value in row]
-        # the cycle's one copy to the device
-        parts = send([slots, context_tokens, block_ids, steps, bits, starts, flat], self.device)
-        key_slots, contexts = list(parts[0].split(ends)), list(parts[1].split(starts))
-        blocks, steps, thresholds = parts[2].view(len(rows), L), parts[3], parts[4].view(torch.float64)
+        sent = send_named(  # the cycle's one copy to the device
+            {
+                "slots": slots,
+                "context_tokens": context_tokens,
+                "blocks": block_ids,
+                "steps": [row.steps or self.steps for row in rows],
+                "thresholds": Floats(row.threshold for row in rows),
+                "starts": starts,
+                "sampling": [value for row in settings or [] for value in row],
+            },
+            self.device,
+        )
         on_device = None
         if settings is not None:
-            on_device = RowSampling.from_device(parts[6].view(len(rows), -1), sampling, self.score_dtype)
-        base = F.pad((parts[5] + L).cumsum(0), (1, 0))[:-1]
+            on_device = RowSampling.from_device(
+                sent["sampling"].view(len(rows), -1), sampling, self.score_dtype
+            )
         return _Cycle(
-            rows, starts, key_slots, contexts, blocks, steps, thresholds, parts[5], on_device, parts[0], base
+            rows,
+            starts,
+            list(sent["slots"].split(ends)),
+            list(sent["context_tokens"].split(starts)),
+            sent["blocks"].view(len(rows), L),
+            sent["steps"],
+            sent["thresholds"],
+            sent["starts"],
+            on_device,
+            sent["slots"],
+            F.pad((sent["starts"] + L).cumsum(0), (1, 0))[:-1],
         )
 
     def _queries(

@@ -39,7 +39,7 @@ import torch
 
 from dllm_contracts.canvas_sampler import EntropyBoundParams
 from engine_pod.decoding.categorical_draws import PendingDraws
-from engine_pod.host_bundle import float64_bits, send
+from engine_pod.host_bundle import Floats, send_named
 
 
 @dataclass
@@ -54,27 +54,27 @@ class SamplerColumns:
     bounds: torch.Tensor  # float32 entropy_bound
 
     @staticmethod
-    def host_lists(params: list[EntropyBoundParams]) -> list[list[int]]:
-        """The columns as int64 lists (floats as their float64 bits), for a caller's one copy."""
-        return [
-            [p.max_denoising_steps for p in params],
-            float64_bits([p.t_min for p in params]),
-            float64_bits([p.t_max - p.t_min for p in params]),
-            [p.stability_threshold for p in params],
-            float64_bits([p.confidence_threshold for p in params]),
-            float64_bits([p.entropy_bound for p in params]),
-        ]
+    def host_named(params: list[EntropyBoundParams]) -> dict[str, list[int] | Floats]:
+        """The columns by name, for a caller's one copy (``host_bundle.send_named``)."""
+        return {
+            "limits": [p.max_denoising_steps for p in params],
+            "t_low": Floats(p.t_min for p in params),
+            "t_span": Floats(p.t_max - p.t_min for p in params),
+            "needed": [p.stability_threshold for p in params],
+            "confidence": Floats(p.confidence_threshold for p in params),
+            "bounds": Floats(p.entropy_bound for p in params),
+        }
 
     @classmethod
-    def of_sent(cls, sent: list[torch.Tensor]) -> SamplerColumns:
-        """From ``host_lists`` on the device (floats rounded to float32 as ``torch.tensor`` rounds them)."""
-        limits, low, span, needed, confidence, bounds = sent
-        as_float = lambda bits: bits.view(torch.float64).to(torch.float32)  # noqa: E731
-        return cls(limits, as_float(low), as_float(span), needed, as_float(confidence), as_float(bounds))
+    def of_sent(cls, sent: dict[str, torch.Tensor]) -> SamplerColumns:
+        """From ``host_named`` on the device (floats rounded to float32 as ``torch.tensor`` rounds them)."""
+        as_float = lambda name: sent[name].to(torch.float32)  # noqa: E731
+        floats = {name: as_float(name) for name in ("t_low", "t_span", "confidence", "bounds")}
+        return cls(limits=sent["limits"], needed=sent["needed"], **floats)
 
     @classmethod
     def of(cls, params: list[EntropyBoundParams], device: torch.device) -> SamplerColumns:
-        return cls.of_sent(send(cls.host_lists(params), device))
+        return cls.of_sent(send_named(cls.host_named(params), device))
 
     def select(self, index: torch.Tensor) -> SamplerColumns:
         return SamplerColumns(*(column.index_select(0, index) for column in vars(self).values()))

@@ -204,9 +204,9 @@ class CanvasCycleRunner:
         batch = ContextBatch.of(
             [states[i].cache for i in computed],
             L,
-            [*SamplerColumns.host_lists(params), [places[i] for i in running]],
+            SamplerColumns.host_named(params) | {"running_at": [places[i] for i in running]},
         )
-        columns, running_at = SamplerColumns.of_sent(batch.extra[:-1]), batch.extra[-1]
+        columns, running_at = SamplerColumns.of_sent(batch.extra), batch.extra["running_at"]
         rows = start_canvas(
             columns,
             [states[i].generator for i in running],

@@ -30,15 +30,14 @@ the rows that go on when others stop (``rows``) are picked out of it on the devi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
-from engine_pod.host_bundle import send
+from engine_pod.families.diffusion_gemma.context_layout import ContextLayout
+from engine_pod.host_bundle import Floats, send_named
 from engine_pod.models.attention_rules import Masking, SdpaStyle
 from engine_pod.models.paged_kv import PagedKVPool
-from engine_pod.models.ragged import RaggedAttention, RowSpans, VarlenBatch, starts_of, varlen_on_device
+from engine_pod.models.ragged import RaggedAttention, RowSpans, starts_of
 
 
 def context_pool(
@@ -107,12 +106,12 @@ class ContextBatch:
         tokens: list[int],
         token_positions: torch.Tensor,
         new_slots: torch.Tensor,
-        layouts: dict[int | None, _Layout],
-        extra: list[torch.Tensor] = (),
+        layouts: dict[int | None, ContextLayout],
+        extra: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.caches, self.pool, self.tokens = caches, caches[0].pool, tokens
         self.token_positions, self.new_slots, self.layouts = token_positions, new_slots, layouts
-        self.extra = list(extra)  # the caller's lists, sent in the batch's copy
+        self.extra = extra or {}  # the caller's lists by name, sent in the batch's copy
         self._plans: dict[tuple, RaggedAttention] = {}
 
     @classmethod
@@ -120,27 +119,41 @@ class ContextBatch:
         cls,
         caches: list[ContextCache],
         tokens: int | list[int],
-        extra: list[list[int]] = (),
+        extra: dict[str, list[int] | Floats] | None = None,
         writing: bool = False,
     ) -> ContextBatch:
         """The batch of ``caches`` with ``tokens`` new tokens each (one count: every row's), its positions,
         where the new tokens go in the pool when ``writing`` (the encoder's: the caches reserved them),
-        each reach's layout and ``extra`` (int64 lists of the caller) sent to the device in one copy."""
+        each reach's layout and ``extra`` (the caller's lists, by name) sent to the device in one copy."""
         pool = caches[0].pool
         if any(cache.pool is not pool for cache in caches):
             raise ValueError("the rows of one forward must keep their contexts in one pool")
         tokens = [tokens] * len(caches) if isinstance(tokens, int) else list(tokens)
         reaches = sorted(set(caches[0].reach), key=lambda reach: (reach is None, reach or 0))
         spans = {reach: _spans(caches, tokens, reach) for reach in reaches}
-        parts = [_positions(caches, tokens), _new_slots(caches, tokens) if writing else []]
+        parts = {
+            "positions": _positions(caches, tokens),
+            "new_slots": _new_slots(caches, tokens) if writing else [],
+        }
         for reach in reaches:
-            parts += _layout_lists(caches, spans[reach], reach)
-        sent = send(parts + list(extra), pool.device)  # the batch's one copy
-        positions, new_slots, rest = sent[0], sent[1], sent[2:]
-        layouts = {}
-        for reach in reaches:
-            layouts[reach], rest = _Layout(spans[reach], *rest[:LAYOUT_LISTS]), rest[LAYOUT_LISTS:]
-        return cls(caches, tokens, positions, new_slots, layouts, rest)
+            parts |= {
+                f"{reach}/{name}": values
+                for name, values in _layout_lists(caches, spans[reach], reach).items()
+            }
+        extra = extra or {}
+        sent = send_named(parts | extra, pool.device)  # the batch's one copy
+        layouts = {
+            reach: ContextLayout(spans[reach], **{name: sent[f"{reach}/{name}"] for name in LAYOUT_FIELDS})
+            for reach in reaches
+        }
+        return cls(
+            caches,
+            tokens,
+            sent["positions"],
+            sent["new_slots"],
+            layouts,
+            {name: sent[name] for name in extra},
+        )
 
     def positions(self, shape: torch.Size) -> torch.Tensor:
         """The new tokens' positions (each row's continue its context), shaped as the forward's tokens."""
@@ -224,11 +237,12 @@ def _new_slots(caches: list[ContextCache], tokens: list[int]) -> list[int]:
     return caches[0].pool.host_slots(spans)
 
 
-LAYOUT_LISTS = 5  # what _layout_lists gives a reach: slots, context places, new-token places, kept counts,
-# and its rows' [new tokens, key starts, keys] (RowSpans on the device)
+# what _layout_lists gives a reach: pool slots of its kept context, their places and the new tokens' in the
+# packed keys, each row's kept count, and its rows' [new tokens, key starts, keys] (RowSpans on the device)
+LAYOUT_FIELDS = ("slots", "context_at", "new_at", "kept", "extents")
 
 
-def _layout_lists(caches: list[ContextCache], spans: RowSpans, reach: int | None) -> list[list[int]]:
+def _layout_lists(caches: list[ContextCache], spans: RowSpans, reach: int | None) -> dict[str, list[int]]:
     """[pool slots of every row's kept context, where they go in the packed keys, where the new tokens
     go, each row's kept count]."""
     kept = [k - t for k, t in zip(spans.k_len, spans.q_len)]
@@ -239,48 +253,5 @@ def _layout_lists(caches: list[ContextCache], spans: RowSpans, reach: int | None
     slots = caches[0].pool.host_slots(
         [(cache.owner, _start(cache.length, reach), cache.length) for cache in caches]
     )
-    return [slots, context_at, new_at, kept, spans.q_len + spans.k_start + spans.k_len]
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """A batch's keys in one layer, packed row after row: each row's kept context, then its new tokens."""
-
-    spans: RowSpans  # each row's queries and keys (host ints)
-    slots: torch.Tensor  # pool slots of every row's kept context, row after row
-    context_at: torch.Tensor  # where they go in the packed keys
-    new_at: torch.Tensor  # where the rows' new tokens go, row after row
-    kept: torch.Tensor  # [R] each row's kept context tokens
-    extents: torch.Tensor  # [3, R] each row's new tokens, key start and keys (spans' on the device)
-
-    def varlen(self) -> VarlenBatch | None:
-        """The varlen batch of these rows, whose queries follow each other in row order."""
-        q_len, k_start, k_len = self.extents.view(3, -1).unbind(0)
-        return varlen_on_device(q_len, k_start, k_len, self.spans, self.total)
-
-    @property
-    def total(self) -> int:
-        """The packed keys' length (up to the last row's end)."""
-        return self.spans.k_start[-1] + self.spans.k_len[-1] if self.spans.k_len else 0
-
-    def rows(self, keep: list[int], index: torch.Tensor, tokens: int) -> _Layout:
-        """Rows ``keep`` (``index`` on the device) of a layout of ``tokens`` new tokens per row: their
-        context's places in the lists found with one repeat_interleave sized from the host's counts."""
-        spans = self.spans
-        kept = self.kept.index_select(0, index)
-        firsts = (torch.cumsum(self.kept, 0) - self.kept).index_select(0, index)  # in this layout's lists
-        shift = firsts - (torch.cumsum(kept, 0) - kept)  # a row's place in them less its place in the pick
-        total = sum(spans.k_len[r] - tokens for r in keep)
-        places = torch.repeat_interleave(shift, kept, output_size=total)
-        places += torch.arange(total, device=places.device)
-        picked = RowSpans(
-            [j * tokens for j in range(len(keep))],
-            [tokens] * len(keep),
-            [spans.k_start[r] for r in keep],
-            [spans.k_len[r] for r in keep],
-        )
-        new_at = self.new_at.view(-1, tokens).index_select(0, index).flatten()
-        extents = self.extents.view(3, -1).index_select(1, index)
-        extents[0] = tokens
-        slots, context_at = self.slots.index_select(0, places), self.context_at.index_select(0, places)
-        return _Layout(picked, slots, context_at, new_at, kept, extents)
+    extents = spans.q_len + spans.k_start + spans.k_len
+    return {"slots": slots, "context_at": context_at, "new_at": new_at, "kept": kept, "extents": extents}

@@ -107,8 +107,8 @@ class DiffusionGemmaModel(nn.Module):
         for cache, chunk in zip(caches, chunks):
             cache.reserve(len(chunk))
         flat = [token for chunk in chunks for token in chunk]
-        contexts = ContextBatch.of(caches, [len(chunk) for chunk in chunks], [flat], writing=True)
-        self._encode(contexts.extra[0][None], contexts)
+        contexts = ContextBatch.of(caches, [len(chunk) for chunk in chunks], {"tokens": flat}, writing=True)
+        self._encode(contexts.extra["tokens"][None], contexts)
 
     def _encode(self, token_ids: torch.Tensor, contexts: ContextBatch) -> None:
         """The encoder over token_ids ([R, T], or [1, N] packed as ``contexts`` packs them), then the
