@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache, PrefixCacheStats
-from engine_pod.block_diffusion.runner import BlockDiffusionRunner, BlockRow
+from engine_pod.block_diffusion.stepper import BlockDiffusionStepper, BlockRow
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.contract import CycleOutput, CycleStats
@@ -49,7 +49,7 @@ class PagedCacheRunner:
         L = decoding.block_length
         pages = -(-(pool_tokens or DEFAULT_POOL_TOKENS) // L) + 1
         self.pool = loaded.model.new_pool(pages, L, loaded.device)
-        self.runner = BlockDiffusionRunner(
+        self.stepper = BlockDiffusionStepper(
             loaded.model, self.pool, L, decoding.steps_per_block, exact_cache=decoding.cache != "none"
         )
         self.states: dict[str, BlockRow] = {}
@@ -83,15 +83,15 @@ class PagedCacheRunner:
         forwards_before = [state.forwards for state in states]
         sampling = [row.sampling for row in rows]
         counts = [row.logprobs for row in rows]
-        blocks = self.runner.run_cycle(states, sampling, gather_rows, packed, counts)
+        blocks = self.stepper.run_cycle(states, sampling, gather_rows, packed, counts)
         steps = [state.forwards - before for state, before in zip(states, forwards_before)]
         stats = CycleStats(
             forwards=max(steps),
-            computed_positions=self.runner.computed_positions,
-            useful_positions=self.runner.useful_positions,
+            computed_positions=self.stepper.computed_positions,
+            useful_positions=self.stepper.useful_positions,
             cached_on_entry=hits,
         )
-        recorded = self.runner.logprobs
+        recorded = self.stepper.logprobs
         return CycleOutput(
             blocks=[block[head:] for block, head in zip(blocks, heads)],
             steps=steps,
@@ -117,7 +117,7 @@ class PagedCacheRunner:
         threshold calibration samples); their pages are given back."""
         rows = [BlockRow(f"calibration-{i}", list(p)) for i, p in enumerate(prompts)]
         try:
-            return self.runner.first_step_confidences(rows)
+            return self.stepper.first_step_confidences(rows)
         finally:
             for row in rows:
                 self.pool.release(row.owner)

@@ -63,7 +63,7 @@ class _Cycle:
     slot_base: torch.Tensor  # [R] where each row's slots start in ``slots``
 
 
-class BlockDiffusionRunner:
+class BlockDiffusionStepper:
     """Runs block cycles for rows of one block-diffusion model, greedily, with one block length."""
 
     def __init__(
