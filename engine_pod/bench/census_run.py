@@ -53,6 +53,9 @@ class Figures:
     host_to_device_per_cycle: int  # most host-to-device copies in one cycle
     new_attention_shapes: int  # most shapes first seen in one cycle after the first
     first_forward_ops: int  # aten ops of the first cycle's first forward
+    host_ops_per_step: (
+        int  # the median step's aten ops between its forward and the next (work per row grows it)
+    )
     forwards: int  # forwards of all cycles
     moe_ops_per_call: list[int]  # the distinct op counts of the MoE layer calls (empty: no MoE)
     sync_kinds: dict[str, int]  # every sync in the run, by kind
@@ -118,6 +121,10 @@ def _steps(segments: list[Segment]) -> list[int]:
     return steps
 
 
+def _median(values: list[int]) -> int:
+    return sorted(values)[len(values) // 2] if values else 0
+
+
 def reduce(censuses: list[Census]) -> Figures:
     forwards = [s for c in censuses for s in c.segments if s.kind != "host"]
     seen: set = set()
@@ -140,6 +147,9 @@ def reduce(censuses: list[Census]) -> Figures:
         host_to_device_per_cycle=max(sum(s.host_to_device for s in c.segments) for c in censuses),
         new_attention_shapes=max(new_shapes[1:], default=0),
         first_forward_ops=first.aten_ops,
+        host_ops_per_step=_median(
+            [s.aten_ops for c in censuses for s in c.segments[1:-1] if s.kind == "host"]
+        ),
         forwards=len(forwards),
         moe_ops_per_call=sorted({n for c in censuses for n in c.moe_calls}),
         sync_kinds=kinds,

@@ -119,7 +119,7 @@ class BlockDiffusionStepper:
             if not any(counts):
                 break
             live, index = self._live(masked, counts, gather_rows)
-            self._denoise(cycle, live, index, sum(counts[i] for i in live), step, build)
+            self._denoise(cycle, live, index, sum(counts[i] for i in live), step, build, packed)
             if self.exact_cache:
                 for i in live:
                     rows[i].cached = cycle.starts[i]
@@ -188,16 +188,24 @@ class BlockDiffusionStepper:
         )
 
     def _queries(
-        self, cycle: _Cycle, live: list[int], index: torch.Tensor, candidates: int | None = None
+        self,
+        cycle: _Cycle,
+        live: list[int],
+        index: torch.Tensor,
+        candidates: int | None = None,
+        packed: bool = True,
     ) -> StepQueries:
         """The live rows' queries (``index``: ``live`` on the device; ``candidates``: their masked positions
-        where the host knows them): from their first uncached position (0 without the exact cache)."""
+        where the host knows them): from their first uncached position (0 without the exact cache). Packed
+        rows whose queries are their blocks are laid out on the device: no per-row views are made for them."""
         firsts = [cycle.rows[i].cached if self.exact_cache else 0 for i in live]
+        starts = [cycle.starts[i] for i in live]
+        per_row = not packed or firsts != starts
         return StepQueries(
             firsts,
-            [cycle.starts[i] for i in live],
-            [cycle.contexts[i][first:] for i, first in zip(live, firsts)],
-            [cycle.key_slots[i] for i in live],
+            starts,
+            [cycle.contexts[i][first:] for i, first in zip(live, firsts)] if per_row else [],
+            [cycle.key_slots[i] for i in live] if per_row else [],
             cycle.blocks[index],
             self.block_length,
             self.mask_id,
@@ -217,11 +225,18 @@ class BlockDiffusionStepper:
         return live, torch.argsort((masked == 0).to(torch.int8), stable=True)[: len(live)]
 
     def _denoise(
-        self, cycle: _Cycle, live: list[int], rows: torch.Tensor, candidates: int, index: int, build
+        self,
+        cycle: _Cycle,
+        live: list[int],
+        rows: torch.Tensor,
+        candidates: int,
+        index: int,
+        build,
+        packed: bool,
     ) -> None:
         """One step of the ``live`` rows (``rows``: the same on the device; ``candidates``: their masked
         positions, counted on the host)."""
-        queries = self._queries(cycle, live, rows, candidates)
+        queries = self._queries(cycle, live, rows, candidates, packed)
         batch, select = build(queries, self.pool)
         hidden = self.model.forward_blocks(batch, select)
         self.computed_positions += batch.tokens.numel()

@@ -29,6 +29,7 @@ def score_candidates(
 
         def greedy(chunk: torch.Tensor):
             proposal, confidence = scorer(chunk)
+            proposal = _not_the_mask(chunk, proposal, mask_id)
             if logprob_width is None:
                 return proposal, confidence
             return proposal, confidence, *token_logprobs(chunk.to(score_dtype), proposal, logprob_width)
@@ -45,6 +46,7 @@ def score_candidates(
         part = slice(offset, offset + chunk.shape[0])
         offset += chunk.shape[0]
         proposal, confidence = scorer(chunk)
+        proposal = _not_the_mask(chunk, proposal, mask_id)
         picked, probability = sample(
             chunk.to(score_dtype),
             temperature[part],
@@ -67,3 +69,16 @@ def score_candidates(
         return proposal, confidence, *token_logprobs(distribution, proposal, logprob_width)
 
     return logits.map_logits(score)
+
+
+def _not_the_mask(logits: torch.Tensor, proposal: torch.Tensor, mask_id: int | None) -> torch.Tensor:
+    """``proposal`` with the runner-up token where the model ranks the mask token first (random or
+    undertrained weights do: committing it would leave the position masked and its block unfinished); the
+    confidence is the scorer's, and every other proposal is the scorer's own."""
+    if mask_id is None:
+        return proposal
+    kept = logits[:, mask_id].clone()
+    logits[:, mask_id] = float("-inf")
+    runner_up = logits.argmax(dim=-1)
+    logits[:, mask_id] = kept
+    return torch.where(proposal == mask_id, runner_up, proposal)

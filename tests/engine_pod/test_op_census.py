@@ -116,3 +116,14 @@ def test_packed_forwards_do_not_grow_with_the_lengths_and_moe_ops_do_not_depend_
     moe = {n for f in figures.values() for n in f.moe_ops_per_call}
     has_moe = spec in ("random:llada2-tiny", "random:diffusion-gemma-tiny")
     assert len(moe) == (1 if has_moe else 0), moe  # one count: the same ops every call
+
+
+@pytest.mark.parametrize(
+    "spec", ["random:llada-tiny", "random:dream-tiny", "random:llada2-tiny", "random:sdar-tiny"]
+)
+@pytest.mark.parametrize("requests", ["greedy", "sampled"])
+def test_the_work_between_packed_forwards_does_not_grow_with_the_rows(models, spec, requests):
+    """Batch operations, not work per row: a step's host work is the same for 4 rows and for 24."""
+    loaded = models[spec]
+    few, many = (census_figures(loaded, spec, requests=requests, rows=n, distinct=n) for n in (4, 24))
+    assert many.host_ops_per_step == few.host_ops_per_step, (few.host_ops_per_step, many.host_ops_per_step)
