@@ -119,20 +119,23 @@ def packed_forward(step: StepQueries, pool: PagedKVPool) -> tuple[BlockForward, 
     for r in order:
         q_start[r], k_start[r] = queries, keys
         queries, keys = queries + widths[r], keys + ends[r]
-    spans = RowSpans(q_start, widths, k_start, ends)
-    offsets, varlen = _device_layout(step, spans, keys)
-    plan = RaggedAttention(spans, device, Masking(block=L), varlen=varlen)
-    laid_out = _blocks_laid_out(step, keys) if step.blocks_only else _rows_laid_out(step, order, ends)
+    plan = RaggedAttention(RowSpans(q_start, widths, k_start, ends), device, Masking(block=L))
+    if step.blocks_only:  # latest start first, found on the device
+        on_device = torch.argsort(-step.starts_on_device, stable=True)
+        offsets = _blocks_planned(step, plan, keys, on_device)
+        laid_out = _blocks_laid_out(step, keys, on_device)
+    else:
+        offsets = _rows_planned(step, plan, keys)
+        laid_out = _rows_laid_out(step, order, ends)
     forward = PackedBlockForward(*laid_out, plan, pool)
     pick_r, pick_k = step.masked()
     return forward, (torch.zeros_like(pick_r), offsets[pick_r] + pick_k)
 
 
-def _blocks_laid_out(step: StepQueries, keys: int) -> tuple[torch.Tensor, ...]:
-    """(tokens, positions, write slots, key slots) of rows whose queries are their blocks, latest start
-    first, as batch operations on the device (no work per row)."""
+def _blocks_laid_out(step: StepQueries, keys: int, order: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(tokens, positions, write slots, key slots) of rows whose queries are their blocks, in ``order`` (on
+    the device), as batch operations (no work per row)."""
     L, device = step.block_length, step.blocks.device
-    order = torch.argsort(-step.starts_on_device, stable=True)
     starts, base = step.starts_on_device[order], step.slot_base[order]
     columns = torch.arange(L, device=device)
     write = step.slots[(base + starts)[:, None] + columns]
@@ -162,24 +165,28 @@ def _rows_laid_out(step: StepQueries, order: list[int], ends: list[int]) -> tupl
     return torch.cat(tokens)[None], torch.cat(positions)[None], torch.cat(write)[None], torch.cat(key_slots)
 
 
-def _device_layout(step: StepQueries, spans: RowSpans, keys: int) -> tuple[torch.Tensor, VarlenBatch | None]:
-    """[R] where each row's active block starts among the packed queries, and the plan's varlen batch. Rows
-    whose queries are their block alone (every step but a cycle's first) are packed by start, latest
-    first: both are derived on the device from the starts it holds; otherwise both are sent, in one copy."""
+def _blocks_planned(step: StepQueries, plan: RaggedAttention, keys: int, order: torch.Tensor) -> torch.Tensor:
+    """[R] where each row's active block starts among the packed queries, rows whose queries are their
+    blocks packed in ``order``; the plan's varlen batch derived on the device beside it (no copy)."""
     L, device = step.block_length, step.blocks.device
-    rows = len(spans.q_len)
-    if step.starts_on_device is not None and all(width == L for width in spans.q_len):
-        order = torch.argsort(-step.starts_on_device, stable=True)
-        offsets = torch.empty_like(order)
-        offsets[order] = torch.arange(0, L * rows, L, device=device)
-        k_len = step.starts_on_device[order] + L
-        k_start = F.pad(k_len.cumsum(0), (1, 0))[:-1]
-        return offsets, varlen_on_device(torch.full_like(k_len, L), k_start, k_len, spans, keys)
-    offsets = [spans.q_start[r] + spans.q_len[r] - L for r in range(rows)]
-    host = varlen_rows(RaggedAttention(spans, device, Masking(block=L)), keys)
+    offsets = torch.empty_like(order)
+    offsets[order] = torch.arange(0, L * order.shape[0], L, device=device)
+    k_len = step.starts_on_device[order] + L
+    k_start = F.pad(k_len.cumsum(0), (1, 0))[:-1]
+    plan.settle_varlen(varlen_on_device(torch.full_like(k_len, L), k_start, k_len, plan.spans, keys))
+    return offsets
+
+
+def _rows_planned(step: StepQueries, plan: RaggedAttention, keys: int) -> torch.Tensor:
+    """[R] where each row's active block starts among the packed queries, rows reaching back before their
+    blocks (a cycle's first step): sent with the plan's cut sequences, in one copy."""
+    L, device, spans = step.block_length, step.blocks.device, plan.spans
+    offsets = [spans.q_start[r] + spans.q_len[r] - L for r in range(len(spans.q_len))]
+    host = varlen_rows(plan, keys)
     if host is None:
-        return torch.tensor(offsets, device=device), None
+        plan.settle_varlen(None)
+        return torch.tensor(offsets, device=device)
     first, last, max_q, max_k, metadata = host
     sent = send([offsets, *metadata], device)
-    varlen = VarlenBatch(first, last, max_q, max_k, torch.stack(sent[1:]).to(torch.int32))
-    return sent[0], varlen
+    plan.settle_varlen(VarlenBatch(first, last, max_q, max_k, torch.stack(sent[1:]).to(torch.int32)))
+    return sent[0]

@@ -113,7 +113,7 @@ def varlen_batch(plan: RaggedAttention, keys: int, device: torch.device) -> Varl
     """The plan's varlen batch: its builder's, or made from its spans at the forward's first layer and
     reused by the others (the op census calls it too: what the GPU path copies, counted on any machine)."""
     if not plan.varlen_made:
-        plan.varlen, plan.varlen_made = _varlen_batch(plan, keys, device), True
+        plan.settle_varlen(_varlen_batch(plan, keys, device))
     return plan.varlen
 
 

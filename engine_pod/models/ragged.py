@@ -71,8 +71,9 @@ def varlen_on_device(
 ) -> VarlenBatch | None:
     """The varlen batch of rows whose queries follow each other from 0 in the order given (``q_len``,
     ``k_start``, ``k_len`` [R] on the device, in that order; ``host`` the same spans on the host, in any
-    order; ``keys`` the forward's keys): derived on the device from what it holds, no copy. None where a
-    row would need cutting (queries across several blocks of a block-causal plan: the host cuts them)."""
+    order; ``keys`` the forward's keys): derived on the device from what it holds, no copy; None where
+    there are no queries. The caller makes sure no row needs cutting (a block-causal row whose queries span
+    several blocks: the host cuts those)."""
     if not host.queries:
         return None
     cu_q = F.pad(q_len.cumsum(0), (1, 0))
@@ -150,16 +151,15 @@ class RaggedAttention:
         self.queries = spans.queries
         self.masking, self.style = masking, style
         self.device = device
-        self.varlen = varlen
-        self.varlen_made = varlen is not None  # whether ``varlen`` is settled (None: no varlen batch)
+        self.varlen: VarlenBatch | None = None
+        self.varlen_made = False  # whether ``varlen`` is settled (None then: no varlen batch)
+        if varlen is not None:
+            self.settle_varlen(varlen)
         self.handle = register_plan(self)
 
-    @property
-    def cut(self) -> bool:
-        """Whether some row's queries span several blocks of a block-causal plan (the kernel's sequences
-        then cut them at their block boundaries)."""
-        block = self.masking.block
-        return bool(block) and any(n > block for n in self.spans.q_len)
+    def settle_varlen(self, varlen: VarlenBatch | None) -> None:
+        """The plan's varlen batch, from its builder or from its spans (None: it has none)."""
+        self.varlen, self.varlen_made = varlen, True
 
     @functools.cached_property
     def groups(self) -> list[_Group]:
