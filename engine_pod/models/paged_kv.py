@@ -75,6 +75,30 @@ class PagedKVPool:
             self._refs[page] = 1
             table.append(page)
 
+    def reserve_run(self, owner: str, tokens: int) -> int:
+        """Consecutive pages for a new ``owner``'s positions ``[0, tokens)`` (the lowest free run): its first
+        slot, position p's slot being that plus p (a dual cache's one cycle, read as one range)."""
+        if self._tables.get(owner):
+            raise ValueError(f"{owner} already holds pages; a run is reserved at once")
+        needed, free = self.pages_for(tokens), sorted(self._free)
+        first = next(
+            (i for i in range(len(free) - needed + 1) if free[i + needed - 1] == free[i] + needed - 1), None
+        )
+        if first is None:
+            raise PoolExhausted(f"{owner} needs {needed} consecutive KV pages; no run of them is free")
+        run = free[first : first + needed]
+        taken = set(run)
+        self._free = [page for page in self._free if page not in taken]
+        for page in run:
+            self._refs[page] = 1
+        self._tables[owner] = run
+        return run[0] * self.page_size if run else 0
+
+    @property
+    def capacity(self) -> int:
+        """Slots in the pool (the scratch slot excluded)."""
+        return self.scratch
+
     def share(self, owner: str, pages: list[int]) -> None:
         """Start ``owner``'s table (empty until now) with ``pages`` held by others (a cached prefix)."""
         if self._tables.get(owner):
@@ -132,8 +156,9 @@ class PagedKVPool:
         return out
 
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.keys[layer][slots] = keys
-        self.values[layer][slots] = values
+        """Keys and values [n, kv_heads, head_dim] of ``layer`` at ``slots`` [n]."""
+        self.keys[layer].index_copy_(0, slots, keys)
+        self.values[layer].index_copy_(0, slots, values)
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[layer][slots], self.values[layer][slots]

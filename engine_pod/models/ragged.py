@@ -82,6 +82,18 @@ def varlen_on_device(
 
 
 @dataclass(frozen=True)
+class Box:
+    """A padded box: ``rows`` rows of ``q_width`` queries over ``k_width`` keys each, what each query may see
+    given by ``mask`` [rows, 1 or q_width, k_width] (static batching's layout, padding included): one SDPA
+    call under the mask, the grouped K/V heads repeated for every query head."""
+
+    rows: int
+    q_width: int
+    k_width: int
+    mask: torch.Tensor
+
+
+@dataclass(frozen=True)
 class _Group:
     """One SDPA call. A span that is ``(start, count)`` is a contiguous run of ``count`` rows of one
     length (read as a view, no gather); an index tensor is a gather (padding: any real position)."""
@@ -155,7 +167,21 @@ class RaggedAttention:
         self.varlen_made = False  # whether ``varlen`` is settled (None then: no varlen batch)
         if varlen is not None:
             self.settle_varlen(varlen)
+        self.box: Box | None = None
         self.handle = register_plan(self)
+
+    @classmethod
+    def over_box(cls, box: Box, device: torch.device) -> RaggedAttention:
+        """The plan of a padded box: row r's queries ``[r Q, (r + 1) Q)`` over its keys ``[r K, (r + 1) K)``
+        under the box's mask (no varlen batch: a GPU runs the masked SDPA too)."""
+        Q, K = box.q_width, box.k_width
+        rows = range(box.rows)
+        plan = cls(
+            RowSpans([r * Q for r in rows], [Q] * box.rows, [r * K for r in rows], [K] * box.rows), device
+        )
+        plan.box = box
+        plan.settle_varlen(None)
+        return plan
 
     def settle_varlen(self, varlen: VarlenBatch | None) -> None:
         """The plan's varlen batch, from its builder or from its spans (None: it has none)."""
@@ -188,6 +214,8 @@ class RaggedAttention:
 
     def reference(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [Nq, H, hd], k/v [Nk, Hkv, hd] -> [Nq, H, hd]: every row over its own keys, group by group."""
+        if self.box is not None:
+            return self._box(q, k, v, self.box)
         if len(self.groups) == 1 and self.groups[0].q_write is None:  # every query, in place
             return self._run(self.groups[0], q, k, v).reshape(q.shape)
         out = q.new_empty(self.queries + 1, *q.shape[1:])
@@ -199,6 +227,17 @@ class RaggedAttention:
             else:
                 out[group.q_write] = result
         return out[: self.queries]
+
+    @staticmethod
+    def _box(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, box: Box) -> torch.Tensor:
+        """The box's one SDPA call: [R Q, H, hd] over [R K, Hkv, hd] under its mask."""
+        heads = q.shape[1]
+        queries = q.view(box.rows, box.q_width, *q.shape[1:]).transpose(1, 2)
+        keys, values = (t.view(box.rows, box.k_width, *t.shape[1:]).transpose(1, 2) for t in (k, v))
+        out = F.scaled_dot_product_attention(
+            queries, expand_heads(keys, heads), expand_heads(values, heads), attn_mask=box.mask[:, None]
+        )
+        return out.transpose(1, 2).reshape(q.shape[0], heads, -1)
 
     @staticmethod
     def _take(values: torch.Tensor, span: tuple[int, int] | torch.Tensor, width: int) -> torch.Tensor:
