@@ -12,7 +12,8 @@ import torch
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
 from engine_pod.loading.loader import LoadedModel
-from engine_pod.models.block_batch import DenseBlockForward
+from engine_pod.models.forward_batch import ForwardBatch, KeyLayout, PoolSlots
+from engine_pod.models.ragged import Box, RaggedAttention
 from engine_pod.runner.contract import scheduling_facts
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.base import Scheduler
@@ -58,9 +59,10 @@ def block_causal_logits(model, ids: list[int], block_length: int) -> torch.Tenso
     slots = pool.slots("case", 0, n)[None]
     positions = torch.arange(n)
     mask = (positions[None, :] // block_length <= positions[:, None] // block_length)[None]
-    batch = DenseBlockForward(torch.tensor([ids]), positions[None], slots, slots, mask, pool)
+    layout = KeyLayout(RaggedAttention.over_box(Box(1, n, n, mask), pool.device), PoolSlots(slots[0]))
+    batch = ForwardBatch(torch.tensor([ids]), positions[None], {None: layout}, pool, slots[0])
     with torch.no_grad():
-        return model.forward_blocks(batch, (torch.zeros(n, dtype=torch.long), positions)).logits()
+        return model.forward_batch(batch, (torch.zeros(n, dtype=torch.long), positions)).logits()
 
 
 def dllm_generate_json(model, prompt_ids: list[int], *flags: str) -> dict:

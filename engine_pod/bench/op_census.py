@@ -55,10 +55,7 @@ SYNC_OPS = frozenset(
     }
 )
 FORWARD_METHODS = (
-    "forward_full",
-    "forward_window",
-    "forward_packed",
-    "forward_blocks",
+    "forward_batch",
     "encode",
     "encode_chunks",
 )

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from engine_pod.host_bundle import send
 from engine_pod.models.attention_backends import varlen_rows
 from engine_pod.models.attention_rules import Masking
-from engine_pod.models.block_batch import BlockForward, DenseBlockForward, PackedBlockForward, block_causal
+from engine_pod.models.forward_batch import ForwardBatch, KeyLayout, PoolSlots
 from engine_pod.models.paged_kv import PagedKVPool
-from engine_pod.models.ragged import RaggedAttention, RowSpans, VarlenBatch, varlen_on_device
+from engine_pod.models.ragged import Box, RaggedAttention, RowSpans, VarlenBatch, varlen_on_device
 
 Selection = tuple[torch.Tensor, torch.Tensor]  # (row of the forward's tokens, query index in it)
 
@@ -58,7 +58,13 @@ class StepQueries:
         return torch.nonzero_static(masked, size=self.candidates).unbind(1)
 
 
-def dense_forward(step: StepQueries, pool: PagedKVPool) -> tuple[BlockForward, Selection]:
+def block_causal(queries: torch.Tensor, keys: torch.Tensor, block_length: int) -> torch.Tensor:
+    """[..., Q, K] from query positions [..., Q] and key positions [K]: a query at position p may attend
+    the key at position j iff j's block is p's block or an earlier one."""
+    return keys // block_length <= queries[..., None] // block_length
+
+
+def dense_forward(step: StepQueries, pool: PagedKVPool) -> tuple[ForwardBatch, Selection]:
     """Rows padded to the widest row's queries and keys; padded queries write the scratch slot."""
     L, device = step.block_length, step.blocks.device
     widths = step.widths
@@ -77,10 +83,10 @@ def dense_forward(step: StepQueries, pool: PagedKVPool) -> tuple[BlockForward, S
     mask = _dense_mask(positions, widths_on_device, ends_on_device, keys, L)
     pick_r, pick_k = step.masked()
     offsets = widths_on_device - L
-    return DenseBlockForward(tokens, positions, write, key_slots, mask, pool), (
-        pick_r,
-        offsets[pick_r] + pick_k,
-    )
+    plan = RaggedAttention.over_box(Box(rows, queries, keys, mask), device)
+    layout = KeyLayout(plan, PoolSlots(key_slots.flatten()))
+    forward = ForwardBatch(tokens, positions, {None: layout}, pool, write.flatten())
+    return forward, (pick_r, offsets[pick_r] + pick_k)
 
 
 def _row_extents(step: StepQueries, widths: list[int], ends: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,7 +112,7 @@ def _dense_mask(
     return mask
 
 
-def packed_forward(step: StepQueries, pool: PagedKVPool) -> tuple[BlockForward, Selection]:
+def packed_forward(step: StepQueries, pool: PagedKVPool) -> tuple[ForwardBatch, Selection]:
     """Rows one after another, those of one (end, width) adjacent, and their keys in the same order: the
     plan attends each row over exactly its keys, one call per layer. Only a row whose queries reach back
     before its active block needs a mask."""
@@ -127,7 +133,8 @@ def packed_forward(step: StepQueries, pool: PagedKVPool) -> tuple[BlockForward, 
     else:
         offsets = _rows_planned(step, plan, keys)
         laid_out = _rows_laid_out(step, order, ends)
-    forward = PackedBlockForward(*laid_out, plan, pool)
+    tokens, positions, write, key_slots = laid_out
+    forward = ForwardBatch(tokens, positions, {None: KeyLayout(plan, PoolSlots(key_slots))}, pool, write[0])
     pick_r, pick_k = step.masked()
     return forward, (torch.zeros_like(pick_r), offsets[pick_r] + pick_k)
 

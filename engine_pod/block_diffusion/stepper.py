@@ -141,7 +141,7 @@ class BlockDiffusionStepper:
         batch, select = packed_forward(
             self._queries(cycle, every, torch.arange(len(rows), device=self.device)), self.pool
         )
-        _, confidence = self.model.forward_blocks(batch, select).map_logits(self.policy.scorer)
+        _, confidence = self.model.forward_batch(batch, select).map_logits(self.policy.scorer)
         return confidence
 
     def _cycle(self, rows: list[BlockRow], sampling: list[SamplingParams | None] | None = None) -> _Cycle:
@@ -238,7 +238,7 @@ class BlockDiffusionStepper:
         positions, counted on the host)."""
         queries = self._queries(cycle, live, rows, candidates, packed)
         batch, select = build(queries, self.pool)
-        hidden = self.model.forward_blocks(batch, select)
+        hidden = self.model.forward_batch(batch, select)
         self.computed_positions += batch.tokens.numel()
         self.useful_positions += sum(w for w, i in zip(queries.widths, live) if cycle.rows[i].active)
         mask = queries.blocks == self.mask_id

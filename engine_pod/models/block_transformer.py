@@ -7,7 +7,7 @@ key_layernorm, dense}, post_attention_layernorm, mlp}``, ``norm``, ``lm_head``. 
 
 Every forward reads and writes a paged KV pool (models/paged_kv.py): the queries' keys and values are
 written at their slots first, then each row attends over its key slots under a block-causal mask, in
-the forward's layout (models/block_batch.py: a padded box or packed rows). A row's queries are its
+the forward's layout (models/forward_batch.py, built by block_diffusion/batches.py: a padded box or packed rows). A row's queries are its
 not-yet-cached committed tokens (stored for good) and its active block.
 """
 
@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine_pod.models.block_batch import BlockForward
 from engine_pod.models.config import ModelConfig
+from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
 from engine_pod.models.moe import MixtureOfExperts
-from engine_pod.models.paged_kv import PagedKVPool
+from engine_pod.models.paged_kv import PagedKVPool, model_pool
 from engine_pod.models.transformer import SelectedHidden
 
 
@@ -48,20 +48,14 @@ class BlockAttention(nn.Module):
             return rotated
         return torch.cat([rotated, x[..., self.rotary_dim :].to(rotated.dtype)], dim=-1)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: BlockForward, layer: int):
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch, layer: int):
         rows, queries, _ = x.shape
         qkv = self.query_key_value(x).view(rows, queries, self.heads + 2 * self.kv_heads, self.head_dim)
         q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=2)
         if self.qk_norm:
             q, k = self.query_layernorm(q), self.key_layernorm(k)
         q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-        batch.pool.write(
-            layer,
-            batch.write_slots.reshape(-1),
-            k.transpose(1, 2).reshape(-1, *k.shape[1::2]),
-            v.reshape(-1, self.kv_heads, self.head_dim),
-        )
-        return self.dense(batch.attend(q, layer).reshape(rows, queries, -1))
+        return self.dense(batch.attend(layer, q, k.transpose(1, 2), v).reshape(rows, queries, -1))
 
 
 class BlockDecoderLayer(nn.Module):
@@ -75,7 +69,7 @@ class BlockDecoderLayer(nn.Module):
         self.index = index
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: BlockForward
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
         x = x + self.attention(self.input_layernorm(x), cos, sin, batch, self.index)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -101,15 +95,9 @@ class BlockDiffusionTransformer(nn.Module):
                 module.stack_experts()
 
     def new_pool(self, num_pages: int, page_size: int, device: torch.device) -> PagedKVPool:
-        dtype = self.lm_head.weight.dtype
-        config = self.config
-        return PagedKVPool(
-            config.num_layers, num_pages, page_size, config.num_kv_heads, config.head_dim, dtype, device
-        )
+        return model_pool(self.config, num_pages, page_size, self.lm_head.weight.dtype, device)
 
-    def forward_blocks(
-        self, batch: BlockForward, select: tuple[torch.Tensor, torch.Tensor]
-    ) -> SelectedHidden:
+    def forward_batch(self, batch: ForwardBatch, select: tuple[torch.Tensor, torch.Tensor]) -> SelectedHidden:
         """Hidden states of the selected (row, query) pairs, after writing every query's K/V to the pool."""
         hidden = self.word_embeddings(batch.tokens)
         cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)

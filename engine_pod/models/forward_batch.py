@@ -22,7 +22,7 @@ import torch
 
 from engine_pod.models.attention_backends import ragged_attention
 from engine_pod.models.paged_kv import PagedKVPool
-from engine_pod.models.ragged import RaggedAttention
+from engine_pod.models.ragged import Box, RaggedAttention
 
 
 class KeySource(Protocol):
@@ -117,6 +117,16 @@ class ForwardBatch:
     final: KeyLayout | None = None
     layer_groups: Sequence[Hashable] | None = None
 
+    @classmethod
+    def box_over_itself(
+        cls, tokens: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor
+    ) -> ForwardBatch:
+        """A forward of rows [R, T] padded to a box, each over its own tokens where ``key_mask`` [R, T] is
+        True, nothing cached (a plain full forward; training's)."""
+        rows, width = tokens.shape
+        plan = RaggedAttention.over_box(Box(rows, width, width, key_mask[:, None, :]), tokens.device)
+        return cls(tokens, positions, {None: KeyLayout(plan)})
+
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, final: bool = False
     ) -> torch.Tensor:
@@ -134,8 +144,10 @@ class ForwardBatch:
         stored_v = None if self.pool is None else self.pool.values[layer]
         keys, values = layout.source.read(stored_k, own_k), layout.source.read(stored_v, own_v)
         rows, heads, tokens, width = q.shape
-        out = ragged_attention(q.transpose(1, 2).flatten(0, 1), keys, values, layout.plan)
-        return out.view(rows, tokens, heads, width)
+        queries = q.transpose(1, 2).flatten(0, 1)
+        if torch.is_grad_enabled() and q.requires_grad:  # training: the op has no autograd formula
+            return layout.plan.reference(queries, keys, values).view(rows, tokens, heads, width)
+        return ragged_attention(queries, keys, values, layout.plan).view(rows, tokens, heads, width)
 
     def layout(self, layer: int, final: bool = False) -> KeyLayout:
         if final:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine_pod.models.config import ModelConfig
-from engine_pod.models.kv_cache import KVCache
+from engine_pod.models.forward_batch import ForwardBatch
 
 
 class RMSNorm(nn.Module):
@@ -80,33 +80,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return out.to(x.dtype)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-    """Bidirectional attention of q [R,H,Tq,hd] over k/v [R,Hkv,Tk,hd]; key_mask [R,Tk] bool, or None
-    where every key may be attended. One SDPA call: on the CPU its flash kernel takes the mask and
-    works block by block (measured: 17 MiB above the inputs where 8 x 6 x 2048^2 scores would be 768 MiB,
-    float32, float64 and bfloat16), so memory stays linear in the batch's tokens without chunking.
-
-    Grouped-query K/V are expanded to one head per query head first: SDPA's
-    ``enable_gqa`` together with a mask leaves only the math kernel on CUDA (its score matrix grows with
-    the square of the box width), while expanded heads keep the memory-efficient kernel, whose memory
-    is linear in the width. The expansion costs keys x query heads, also linear."""
-    heads = q.shape[1]
-    mask = None if key_mask is None else key_mask[:, None, None, :]
-    return F.scaled_dot_product_attention(q, expand_heads(k, heads), expand_heads(v, heads), attn_mask=mask)
-
-
-def expand_heads(keys: torch.Tensor, heads: int) -> torch.Tensor:
-    """Grouped keys or values [R, Hkv, T, hd] repeated for each of ``heads`` query heads."""
-    groups = heads // keys.shape[1]
-    return keys.repeat_interleave(groups, dim=1) if groups > 1 else keys
-
-
 class Attention(nn.Module):
-    """Multi-head attention with grouped KV heads; reads and writes the runner's KV cache."""
+    """Multi-head attention with grouped KV heads, through the forward's batch (its KV pool and plan)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         hd, kv = config.head_dim, config.num_kv_heads
+        self.layer = layer
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, kv, hd
         self.q_proj = nn.Linear(config.hidden_size, config.num_heads * hd, bias=config.qkv_bias)
         self.k_proj = nn.Linear(config.hidden_size, kv * hd, bias=config.qkv_bias)
@@ -144,7 +124,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        ctx: AttentionContext,
+        batch: ForwardBatch,
         queries: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention output of every position, or of the ``queries`` positions only (a packed batch's
@@ -163,45 +143,8 @@ class Attention(nn.Module):
             q_all = None if fused is None else q_all[:, queries]
         q = self.q_proj(x) if fused is None else q_all
         q = apply_rotary(q.view(*x.shape[:2], self.num_heads, self.head_dim).transpose(1, 2), cos, sin)
-        out = ctx.attention(q, k, v, final=queries is not None)  # token-major [R, Tq, H, hd]
+        out = batch.attend(self.layer, q, k, v, final=queries is not None)  # token-major [R, Tq, H, hd]
         return self.o_proj(out.reshape(*x.shape[:2], -1))
-
-
-class AttentionContext:
-    """Where one layer's keys come from: the inputs themselves, a fresh cache, or a cached window."""
-
-    def __init__(
-        self,
-        key_mask: torch.Tensor | None,
-        cache: KVCache | None = None,
-        rows: torch.Tensor | None = None,
-        slots: torch.Tensor | None = None,
-    ) -> None:
-        self.key_mask = key_mask  # [R, T] for full forwards
-        self.cache = cache
-        self.rows = rows  # cache rows of a window forward (None: all rows in order)
-        self.slots = slots  # [R, W] cache slots of the window tokens; None for a full forward
-        self.layer = 0
-
-    def attention(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, final: bool = False
-    ) -> torch.Tensor:
-        """q [R, H, T, hd] over this context's keys -> token-major [R, T, H, hd]."""
-        if final:
-            raise ValueError("a dense forward computes every query in every layer")
-        keys, values, key_mask = self.keys_values(k, v)
-        return attend(q, keys.transpose(1, 2), values.transpose(1, 2), key_mask).transpose(1, 2)
-
-    def keys_values(self, k: torch.Tensor, v: torch.Tensor):
-        layer, self.layer = self.layer, self.layer + 1
-        if self.slots is None:
-            if self.cache is not None:
-                self.cache.store(layer, k, v)
-            return k, v, self.key_mask
-        rows = self.rows if self.rows is not None else torch.arange(k.shape[0], device=k.device)
-        self.cache.scatter(layer, rows, self.slots, k, v)
-        keys, values = self.cache.gather_rows(layer, self.rows)
-        return keys, values, self.cache.keys_mask_for(self.rows)
 
 
 class SwiGLU(nn.Module):
@@ -224,10 +167,10 @@ class SwiGLU(nn.Module):
 class DecoderBlock(nn.Module):
     """Pre-norm block: residual after attention and after the MLP."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.attn = Attention(config)
+        self.attn = Attention(config, layer)
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SwiGLU(config)
 
@@ -236,10 +179,10 @@ class DecoderBlock(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        ctx: AttentionContext,
+        batch: ForwardBatch,
         queries: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Every position's output, or only the ``queries`` positions' (see ``Attention.forward``)."""
-        attended = self.attn(self.attn_norm(x), cos, sin, ctx, queries)
+        attended = self.attn(self.attn_norm(x), cos, sin, batch, queries)
         x = (x if queries is None else x[:, queries]) + attended
         return x + self.mlp(self.mlp_norm(x))

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine_pod.host_bundle import to_device
+from engine_pod.models.config import ModelConfig
 
 
 class PoolExhausted(RuntimeError):
@@ -160,9 +161,6 @@ class PagedKVPool:
         self.keys[layer].index_copy_(0, slots, keys)
         self.values[layer].index_copy_(0, slots, values)
 
-    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.keys[layer][slots], self.values[layer][slots]
-
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.keys) + sum(t.nbytes for t in self.values)
 
@@ -176,3 +174,12 @@ def _per_layer(
     if len(heads) != num_layers or len(dims) != num_layers:
         raise ValueError(f"kv_heads and head_dim must be one value or one per layer ({num_layers})")
     return list(zip(heads, dims))
+
+
+def model_pool(
+    config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device
+) -> PagedKVPool:
+    """A pool for a model of ``config``'s layers and heads (every layer alike)."""
+    return PagedKVPool(
+        config.num_layers, num_pages, page_size, config.num_kv_heads, config.head_dim, dtype, device
+    )

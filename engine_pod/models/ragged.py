@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_pod.models.attention_rules import BIDIRECTIONAL, DEFAULT_STYLE, Masking, SdpaStyle
-from engine_pod.models.layers import attend, expand_heads
+from engine_pod.models.sdpa import attend, expand_heads
 
 # a group's rows are at least (1 - this) x its widest row. Measured on the heterogeneous workload (same
 # runs, this CPU): 6394 tokens/s with groups of one length (0) against 4293 with 0.1 (gathers, padding).

@@ -18,8 +18,11 @@ from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext, make_policy
 from engine_pod.decoding.scoring import top_two_gap
 from engine_pod.loading.loader import LoadedModel
+from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.runner.canvas import Canvas, build_canvas
 from engine_pod.runner.contract import CycleOutput, CycleStats
+from engine_pod.runner.dual_batches import box_refresh, box_window
+from engine_pod.runner.dual_cache import DualCache, DualCachePool
 from engine_pod.runner.packing import refresh_inputs, window_inputs
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
@@ -60,9 +63,12 @@ class DualCacheRunner:
         self,
         loaded: LoadedModel,
         decoding: DecodingConfig,
+        pool_tokens: int | None = None,
         record_trace: bool = False,
         record_margins: bool = False,
     ) -> None:
+        """``pool_tokens``: the dual cache's pool is sized for this many positions first (the token budget),
+        and grows when a cycle needs more."""
         self.loaded = loaded
         self.model = loaded.model
         self.decoding = decoding
@@ -79,6 +85,9 @@ class DualCacheRunner:
         self.exact_steps = self.policy.quota_schedule and not decoding.uses_cache
         self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)  # what scores are computed in
         self.denoise = DenoiseStep(self.policy, self.score_dtype, self.mask_id)
+        L = decoding.block_length
+        new_pool = lambda pages: self.model.new_pool(pages, L, loaded.device)  # noqa: E731
+        self.cache_pool = DualCachePool(new_pool, L, pool_tokens) if decoding.uses_cache else None
 
     @torch.no_grad()
     def run(self, cycle: SchedulerOutput) -> CycleOutput:
@@ -93,9 +102,15 @@ class DualCacheRunner:
             rows, L, self.mask_id, self.pad_id, self.loaded.device, self.decoding.threshold, self.score_dtype
         )
         canvas.packed = packed
-        cache = None
-        if self.decoding.uses_cache:
-            cache = self.model.new_packed_cache() if packed else self.model.new_cache()
+        cache = None if self.cache_pool is None else DualCache(self.cache_pool)
+        try:
+            return self._run(canvas, cache, gather_rows)
+        finally:
+            if cache is not None:
+                cache.release()
+
+    def _run(self, canvas: Canvas, cache: DualCache | None, gather_rows: bool) -> CycleOutput:
+        L, rows = self.decoding.block_length, canvas.active
         masks_at_start = (canvas.block_tokens() == self.mask_id).sum(1)
         done = ~canvas.active
         steps_taken = torch.zeros(len(rows), dtype=torch.long, device=canvas.tokens.device)
@@ -135,9 +150,8 @@ class DualCacheRunner:
         canvas = build_canvas(rows, L, self.mask_id, self.pad_id, self.loaded.device)
         pick_r = torch.arange(len(rows), device=self.loaded.device).repeat_interleave(L)
         source = canvas.block_slots.reshape(-1) - self.quirks.logit_shift
-        hidden = self.model.forward_full(
-            canvas.tokens, canvas.position_ids, canvas.key_mask, None, (pick_r, source)
-        )
+        batch = ForwardBatch.box_over_itself(canvas.tokens, canvas.position_ids, canvas.key_mask)
+        hidden = self.model.forward_batch(batch, (pick_r, source))
         _, confidence = hidden.map_logits(self.policy.scorer)
         return confidence
 
@@ -233,18 +247,16 @@ class DualCacheRunner:
         self, canvas: Canvas, cache, rows: _StepRows, pick_r, pick_k, stats: CycleStats, picked: tuple
     ):
         index = None if rows.all_rows else rows.index
-        take = (lambda t: t) if index is None else (lambda t: t[index])
-        source = take(canvas.block_slots)[pick_r, pick_k] - self.quirks.logit_shift
+        block_slots = canvas.block_slots if index is None else canvas.block_slots[index]
+        source = block_slots[pick_r, pick_k] - self.quirks.logit_shift
         host = canvas.host
         stats.useful_positions += sum(host.context_lengths[r] for r in rows.members if host.active[r])
         if canvas.packed:
             inputs = refresh_inputs(canvas, index, cache, pick_r, source, rows.members, *picked)
             stats.computed_positions += inputs.computed
-            return self.model.forward_packed(inputs.tokens, inputs.positions, inputs.context, inputs.select)
+            return self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
         stats.computed_positions += rows.index.shape[0] * canvas.width
-        return self.model.forward_full(
-            take(canvas.tokens), take(canvas.position_ids), take(canvas.key_mask), cache, (pick_r, source)
-        )
+        return self.model.forward_batch(box_refresh(canvas, index, cache), (pick_r, source))
 
     def _window_forward(
         self, canvas: Canvas, cache, rows: _StepRows, pick_r, pick_k, stats: CycleStats, picked: tuple
@@ -260,12 +272,10 @@ class DualCacheRunner:
                 canvas, cache, index, slots, pick_r, source, rows.members, *picked, lengths
             )
             stats.computed_positions += inputs.computed
-            return self.model.forward_packed(inputs.tokens, inputs.positions, inputs.context, inputs.select)
-        window_tokens = canvas.tokens_with_scratch[index].gather(1, slots)
-        window_positions = canvas.positions_with_scratch[index].gather(1, slots)
+            return self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
         stats.computed_positions += slots.numel()
-        return self.model.forward_window(
-            window_tokens, window_positions, cache, None if rows.all_rows else index, slots, (pick_r, source)
+        return self.model.forward_batch(
+            box_window(canvas, cache, index, rows.all_rows, slots), (pick_r, source)
         )
 
     def _trace(self, canvas: Canvas, rows: _StepRows, refresh: bool, transfer, proposals) -> None:

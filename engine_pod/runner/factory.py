@@ -20,12 +20,12 @@ def make_runner(
     record_trace: bool = False,
     record_margins: bool = False,
 ) -> Runner:
-    """``pool_tokens`` sizes a pooled cache (the token budget; the dual cache is built per cycle);
+    """``pool_tokens`` sizes the KV pool (the token budget);
     ``record_trace`` (row 0's forwards and commits) and ``record_margins`` (each committed position's top-two
     gap) are recorded by the dual-cache runner and refused for the others, which record neither."""
     family = loaded.family
     if family.records_margins:
-        return DualCacheRunner(loaded, decoding, record_trace=record_trace, record_margins=record_margins)
+        return DualCacheRunner(loaded, decoding, pool_tokens, record_trace, record_margins)
     for name, asked in (("record_trace", record_trace), ("record_margins", record_margins)):
         if asked:
             raise ValueError(f"{name} is not supported for {family.display_name} ({family.cache} cache)")

@@ -1,10 +1,12 @@
-"""From the dense canvas (the runner's bookkeeping) to a packed forward's inputs: only the positions that
-exist, rows one after another (models/packed.py).
+"""From the dense canvas (the runner's bookkeeping) to a packed forward batch (models/forward_batch.py):
+only the positions that exist, rows one after another, each attending over its own keys in one call per
+layer, the last layer computing only the positions whose logits are needed.
 
 A refresh forward computes each row's attended positions (prompt, committed blocks, active block, and
 the suffix where attention sees it; a hidden suffix is neither a key nor read, so it is skipped). A
 window forward computes the window positions that exist and writes their keys at their rows' cache
-positions. The canvas columns map to packed positions through ``slot_of``.
+positions. The canvas columns map to places in the cycle's dual cache through ``slot_of``
+(runner/dual_cache.py: a refresh's packed positions are those places).
 """
 
 from __future__ import annotations
@@ -13,27 +15,26 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_pod.models.packed import PackedContext, PackedKVCache, selected_spans
+from engine_pod.models.forward_batch import ForwardBatch, KeyLayout, OwnKeys, PoolRange
 from engine_pod.models.ragged import RaggedAttention, RowSpans, VarlenBatch, starts_of, varlen_on_device
 from engine_pod.runner.canvas import Canvas
+from engine_pod.runner.dual_cache import DualCache
 
 
 @dataclass(frozen=True)
 class PackedInputs:
-    tokens: torch.Tensor  # [N] token ids
-    positions: torch.Tensor  # [N] position ids
-    context: PackedContext
+    batch: ForwardBatch  # tokens and positions [1, N]
     select: torch.Tensor  # [n] packed positions whose logits are needed, in the caller's order
 
     @property
     def computed(self) -> int:
-        return self.tokens.shape[0]
+        return self.batch.tokens.shape[1]
 
 
 def refresh_inputs(
     canvas: Canvas,
     index: torch.Tensor | None,
-    cache: PackedKVCache | None,
+    cache: DualCache | None,
     pick_r: torch.Tensor,
     source: torch.Tensor,
     members: list[int],
@@ -52,18 +53,19 @@ def refresh_inputs(
     spans = _spans_in_order(lengths, order)
     sent = torch.tensor(order + spans.k_start + lengths).to(keep.device)  # the refresh's one copy
     order_on_device, row_start, row_len = sent.view(3, -1).unbind(0)
-    rows, columns, slot_of = _pack(keep, order_on_device, canvas.width + 1, sum(lengths))
+    total = sum(lengths)
+    rows, columns, slot_of = _pack(keep, order_on_device, canvas.width + 1, total)
+    write = None
     if cache is not None:
-        cache.set_layout(slot_of, spans.k_start, spans.k_len, row_start, row_len)
+        cache.reserve(total)
+        cache.set_packed_layout(slot_of, spans.k_start, spans.k_len, row_start, row_len)
+        write = cache.slots(torch.arange(total, device=keep.device))
     in_order = row_len[order_on_device]
-    every = varlen_on_device(in_order, row_start[order_on_device], in_order, spans, sum(lengths))
-    final = _final(spans, picked, picked_on_device, row_start, row_len, sum(lengths))
-    return PackedInputs(
-        take(canvas.tokens)[rows, columns],
-        take(canvas.position_ids)[rows, columns],
-        _context(spans, final, keep.device, cache, every=every),
-        slot_of[pick_r, source],
-    )
+    every = varlen_on_device(in_order, row_start[order_on_device], in_order, spans, total)
+    final = _final(spans, picked, picked_on_device, row_start, row_len, total)
+    tokens, positions = take(canvas.tokens)[rows, columns], take(canvas.position_ids)[rows, columns]
+    batch = _batch(tokens, positions, spans, final, every, OwnKeys(), cache, write)
+    return PackedInputs(batch, slot_of[pick_r, source])
 
 
 def _final(
@@ -74,9 +76,10 @@ def _final(
     k_len: torch.Tensor | None,
     keys: int,
 ) -> tuple[RowSpans, VarlenBatch | None]:
-    """The last layer's spans (each row's picked positions, in row order, over its keys as before) and,
+    """The last layer's spans (each row's picked positions, consecutive in row order, over its keys as
+    before) and,
     where the rows' keys are on the device (``k_start``, ``k_len`` [R], in row order), their varlen batch."""
-    spans = selected_spans(spans, picked)
+    spans = RowSpans(starts_of(picked), list(picked), spans.k_start, spans.k_len)
     if k_start is None or k_len is None:
         return spans, None
     return spans, varlen_on_device(picked_on_device, k_start, k_len, spans, keys)
@@ -114,24 +117,29 @@ def _spans_in_order(lengths: list[int], order: list[int]) -> RowSpans:
     return RowSpans(starts, lengths, starts, lengths)
 
 
-def _context(
+def _batch(
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
     spans: RowSpans,
     final: tuple[RowSpans, VarlenBatch | None],
-    device: torch.device,
-    cache: PackedKVCache | None,
-    cache_positions: torch.Tensor | None = None,
-    every: VarlenBatch | None = None,
-) -> PackedContext:
-    """Both attention plans: every position's (``every``: its varlen batch, where derived on the device),
-    and the last layer's over the picked positions (``final``: their spans and varlen batch; picks come
-    from a row-major nonzero, so they are grouped by row in order)."""
-    last = RaggedAttention(final[0], device, varlen=final[1])
-    return PackedContext(RaggedAttention(spans, device, varlen=every), last, cache, cache_positions)
+    every: VarlenBatch | None,
+    source: OwnKeys | PoolRange,
+    cache: DualCache | None,
+    write: torch.Tensor | None,
+) -> ForwardBatch:
+    """The packed forward batch: every layer's plan (``every``: its varlen batch, where derived on the
+    device) and the last layer's over the picked positions (``final``: their spans and varlen batch; picks
+    come from a row-major nonzero, so they are grouped by row in order), both reading keys from ``source``."""
+    device = tokens.device
+    layout = KeyLayout(RaggedAttention(spans, device, varlen=every), source)
+    last = KeyLayout(RaggedAttention(final[0], device, varlen=final[1]), source)
+    pool = None if cache is None else cache.pool
+    return ForwardBatch(tokens[None], positions[None], {None: layout}, pool, write, last)
 
 
 def window_inputs(
     canvas: Canvas,
-    cache: PackedKVCache,
+    cache: DualCache,
     index: torch.Tensor,
     slots: torch.Tensor,
     pick_r: torch.Tensor,
@@ -165,9 +173,9 @@ def window_inputs(
             every = varlen_on_device(q_len, starts[on_device], ends[on_device], spans, cache.total)
     final = _final(spans, picked, picked_on_device, starts, ends, cache.total)
     canvas_rows, canvas_columns = index[rows], slots[rows, columns]
-    return PackedInputs(
-        canvas.tokens_with_scratch[canvas_rows, canvas_columns],
-        canvas.positions_with_scratch[canvas_rows, canvas_columns],
-        _context(spans, final, keep.device, cache, cache_positions[rows, columns], every),
-        window_slot[pick_r, source],
-    )
+    tokens = canvas.tokens_with_scratch[canvas_rows, canvas_columns]
+    positions = canvas.positions_with_scratch[canvas_rows, canvas_columns]
+    write = cache.slots(cache_positions[rows, columns])
+    reads = PoolRange(cache.base, cache.base + cache.total)
+    batch = _batch(tokens, positions, spans, final, every, reads, cache, write)
+    return PackedInputs(batch, window_slot[pick_r, source])

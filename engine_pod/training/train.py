@@ -23,6 +23,7 @@ from tqdm import tqdm
 from engine_pod.loading.config_readers import config_from_dict
 from engine_pod.loading.loader import build_model
 from engine_pod.loading.weights import save_checkpoint
+from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.transformer import DiffusionTransformer
 from engine_pod.training.batches import TrainingBatch, encode, make_batches
 from engine_pod.training.plots import plot_loss
@@ -121,7 +122,8 @@ def ordered_embeddings(model: DiffusionTransformer, tokenizer) -> None:
 
 def loss_of(model: DiffusionTransformer, batch: TrainingBatch) -> torch.Tensor:
     rows, cols = (batch.loss_weight > 0).nonzero(as_tuple=True)
-    selected = model.forward_full(batch.input_ids, batch.position_ids, batch.key_mask, None, (rows, cols))
+    forward = ForwardBatch.box_over_itself(batch.input_ids, batch.position_ids, batch.key_mask)
+    selected = model.forward_batch(forward, (rows, cols))
     ce = F.cross_entropy(selected.logits(), batch.targets[rows, cols], reduction="none")
     return (ce * batch.loss_weight[rows, cols]).sum() / batch.normaliser
 

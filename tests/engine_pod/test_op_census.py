@@ -23,7 +23,7 @@ DEVICE = torch.device("cpu")  # the engine's device, named as the engine names i
 
 
 class _Tiny(torch.nn.Module):
-    def forward_full(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_batch(self, x: torch.Tensor) -> torch.Tensor:
         return x * 2
 
 
@@ -43,9 +43,9 @@ def test_the_census_counts_copies_from_the_host_and_reads_of_the_device_as_a_gpu
         x.nonzero()
         x[x > 2]  # a boolean mask: nonzero inside the index
         x.cpu().tolist()  # one read (cpu); the host list is free
-        model.forward_full(x).tolist()  # a forward of its own, then a read
+        model.forward_batch(x).tolist()  # a forward of its own, then a read
     host_segment, forward, after = census.segments
-    assert (forward.kind, forward.sync_count, forward.ops["aten.mul"]) == ("forward_full", 0, 1)
+    assert (forward.kind, forward.sync_count, forward.ops["aten.mul"]) == ("forward_batch", 0, 1)
     assert host_segment.host_to_device == 4, host_segment.copies
     assert host_segment.syncs == {
         "Tensor.item": 1,

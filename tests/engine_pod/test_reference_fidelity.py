@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 from contextlib import redirect_stdout
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ from safetensors.torch import load_file
 
 from engine_pod.cli.main import main
 from engine_pod.loading.loader import load_model
+from engine_pod.runner.dual_batches import box_refresh, box_window
+from engine_pod.runner.dual_cache import DualCache, DualCachePool
 from tests.factories import REFERENCE_DIR, SHARED_REFERENCE, VENDORED_REFERENCE
 
 FAMILIES = ["llada", "dream"]
@@ -45,19 +48,47 @@ def test_cache_case_logits(family_model):
     x0, x1 = torch.tensor([case["x0"]]), torch.tensor([case["x1"]])
     s, e, n = case["block_start"], case["block_end"], x0.shape[1]
     model = loaded.model
-    positions = torch.arange(n)[None]
     with torch.no_grad():
-        cache = model.new_cache()
-        full = model.forward_full(x0, positions, torch.ones(1, n, dtype=torch.bool), cache)
+        full, cache = _refresh(model, x0)
         assert torch.allclose(full[0], expected[case["keys"]["full_x0"]], atol=LOGIT_ATOL)
-        dual_slots = torch.arange(s, e)[None]
-        dual = model.forward_window(x1[:, s:e], dual_slots, cache, None, dual_slots)
+        dual = _window(model, x1, cache, torch.arange(s, e)[None])
         assert torch.allclose(dual[0], expected[case["keys"]["dual_block_x1"]], atol=LOGIT_ATOL)
-        cache = model.new_cache()
-        model.forward_full(x0, positions, torch.ones(1, n, dtype=torch.bool), cache)
-        prefix_slots = torch.arange(s, n)[None]
-        prefix = model.forward_window(x1[:, s:], prefix_slots, cache, None, prefix_slots)
+        _, cache = _refresh(model, x0)
+        prefix = _window(model, x1, cache, torch.arange(s, n)[None])
         assert torch.allclose(prefix[0], expected[case["keys"]["prefix_suffix_x1"]], atol=LOGIT_ATOL)
+
+
+def _refresh(model, x0: torch.Tensor):
+    """One row's full forward filling a dual cache (the engine's own builder): its logits and the cache."""
+    n = x0.shape[1]
+    canvas = _canvas(x0)
+    cache = DualCache(DualCachePool(lambda pages: model.new_pool(pages, 16, x0.device), 16, None))
+    every = torch.arange(n)
+    logits = model.forward_batch(box_refresh(canvas, None, cache), (every * 0, every)).logits()
+    return logits[None], (cache, canvas)
+
+
+def _window(model, x1: torch.Tensor, cached, columns: torch.Tensor) -> torch.Tensor:
+    """The logits of ``x1``'s ``columns`` [1, W] from a window forward over ``cached``."""
+    cache, canvas = cached
+    canvas.tokens_with_scratch[:, :-1] = x1
+    every = torch.arange(columns.shape[1])
+    batch = box_window(canvas, cache, torch.zeros(1, dtype=torch.long), True, columns)
+    return model.forward_batch(batch, (every * 0, every)).logits()[None]
+
+
+def _canvas(x0: torch.Tensor) -> SimpleNamespace:
+    """What the dual batches read of a canvas, for one unpadded row."""
+    n = x0.shape[1]
+    tokens = torch.cat([x0, torch.zeros(1, 1, dtype=torch.long)], 1)
+    positions = torch.cat([torch.arange(n), torch.zeros(1, dtype=torch.long)])[None]
+    return SimpleNamespace(
+        tokens=tokens[:, :n],
+        tokens_with_scratch=tokens,
+        position_ids=positions[:, :n],
+        positions_with_scratch=positions,
+        key_mask=torch.ones(1, n, dtype=torch.bool),
+    )
 
 
 def reference_options(family: str, run: dict) -> list[str]:

@@ -1,0 +1,89 @@
+"""A block cycle's dual cache (Fast-dLLM): the keys and values of every position of the cycle's rows,
+computed by the cycle's first forward (the refresh) and read by its window forwards, which rewrite their
+own positions' entries first.
+
+They live in the runner's KV pool (models/paged_kv.py, the one KV store of every family) as one run of
+consecutive pages that the refresh reserves and the cycle's end gives back: nothing is kept across cycles
+(the next cycle's refresh recomputes every key, as the dual cache prescribes). A position's slot is the
+run's first slot plus its place in the run:
+- packed rows: row r's keys one after another from ``row_start[r]`` (``slot_of`` maps canvas columns to
+  places; runner/packing.py);
+- a dense box: row r's ``W + 1`` canvas columns from ``r (W + 1)``, the last a scratch column that window
+  padding writes and no query attends (runner/dual_batches.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from engine_pod.models.paged_kv import PagedKVPool
+
+OWNER = "dual-cache"  # the run's owner in the runner's pool (one cycle at a time)
+
+
+class DualCache:
+    """One cycle's dual cache: its run in the pool, and where each row's positions are in it."""
+
+    def __init__(self, pool_for: Callable[[int], PagedKVPool]) -> None:
+        self._pool_for = pool_for  # a pool with at least this many free slots in one run
+        self.pool: PagedKVPool | None = None
+        self.base = 0  # the run's first slot
+        self.total = 0  # places in the run
+        # packed: each canvas column's place (``total``: not cached), each row's keys, host and device
+        self.slot_of: torch.Tensor | None = None
+        self.row_start: list[int] = []
+        self.row_len: list[int] = []
+        self.row_start_on_device: torch.Tensor | None = None
+        self.row_len_on_device: torch.Tensor | None = None
+        # dense: the box's row width (W + 1) and which of its keys attention may see [R, W + 1]
+        self.row_width = 0
+        self.key_mask: torch.Tensor | None = None
+
+    def reserve(self, places: int) -> None:
+        """The run for ``places`` positions (the refresh's), its first slot ``base``."""
+        self.release()
+        self.pool = self._pool_for(places)
+        self.base, self.total = self.pool.reserve_run(OWNER, places), places
+
+    def release(self) -> None:
+        """Give the run back (the cycle ended)."""
+        if self.pool is not None:
+            self.pool.release(OWNER)
+            self.pool = None
+
+    def set_packed_layout(
+        self,
+        slot_of: torch.Tensor,
+        row_start: list[int],
+        row_len: list[int],
+        row_start_on_device: torch.Tensor,
+        row_len_on_device: torch.Tensor,
+    ) -> None:
+        self.slot_of, self.row_start, self.row_len = slot_of, row_start, row_len
+        self.row_start_on_device, self.row_len_on_device = row_start_on_device, row_len_on_device
+
+    def slots(self, places: torch.Tensor) -> torch.Tensor:
+        """The pool slots of these places in the run."""
+        return places + self.base if self.base else places
+
+
+class DualCachePool:
+    """The runner's pool for its cycles' dual caches: one pool, sized first for ``initial`` places (where
+    the budget is known) and replaced by a larger one when a cycle needs more (nothing is held between
+    cycles, so nothing moves)."""
+
+    def __init__(self, new_pool: Callable[[int], PagedKVPool], page_size: int, initial: int | None) -> None:
+        self.new_pool, self.page_size = new_pool, page_size
+        self.pool: PagedKVPool | None = None
+        if initial:
+            self(initial)
+
+    def __call__(self, places: int) -> PagedKVPool:
+        """The pool, with room for ``places`` positions in one run."""
+        pages = -(-max(places, 1) // self.page_size)
+        if self.pool is None or self.pool.capacity < pages * self.page_size:
+            self.pool = None  # the old pool goes before the new one is allocated
+            self.pool = self.new_pool(pages)
+        return self.pool
