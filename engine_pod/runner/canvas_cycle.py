@@ -11,7 +11,7 @@ What the host and the device exchange in a cycle: one copy for the encoder's for
 of any lengths, packed into one forward with their positions, slots and attention layout), one for the
 decoder's batch (its layout, the rows' sampler settings), and one read per denoising step (each row's
 done flag and argmax canvas, what its draws need to finish). The rows that go on when others stop are
-picked out of the batch on the device (``ContextBatch.rows``), so a cycle costs the same copies whatever
+picked out of the batch on the device (``ContextRows.rows``), so a cycle costs the same copies whatever
 its rows' lengths and however they stop.
 
 Kept per request between its cycles: its context cache (``families/diffusion_gemma/context_cache.py``:
@@ -56,7 +56,7 @@ from engine_pod.decoding.entropy_bound import (
     entropy_bound_step,
     start_canvas,
 )
-from engine_pod.families.diffusion_gemma.context_cache import ContextBatch, ContextCache, context_pool
+from engine_pod.families.diffusion_gemma.context_cache import ContextCache, ContextRows, context_pool
 from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.contract import CycleOutput, CycleStats
@@ -201,7 +201,7 @@ class CanvasCycleRunner:
             return CycleOutput(blocks=blocks, steps=steps, stats=stats)
         params = [cycle.rows[i].sampler or self.canvas_sampler for i in running]
         places = {row: place for place, row in enumerate(computed)}
-        batch = ContextBatch.of(
+        batch = ContextRows.of(
             [states[i].cache for i in computed],
             L,
             SamplerColumns.host_named(params) | {"running_at": [places[i] for i in running]},
@@ -256,7 +256,7 @@ class _Forward:
     stopped rows keep their last input, unsampled ones their padding)."""
 
     def __init__(
-        self, model: DiffusionGemmaModel, batch: ContextBatch, running_at: torch.Tensor, gather_rows: bool
+        self, model: DiffusionGemmaModel, batch: ContextRows, running_at: torch.Tensor, gather_rows: bool
     ) -> None:
         self.model, self.batch, self.gather_rows = model, batch, gather_rows
         self.running_at = running_at  # the running rows' places in a static batch

@@ -15,7 +15,7 @@ import torch
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling_params import SamplingParams
-from engine_pod.families.diffusion_gemma.context_cache import ContextBatch, ContextCache, context_pool
+from engine_pod.families.diffusion_gemma.context_cache import ContextCache, ContextRows, context_pool
 from engine_pod.loading.loader import load_model
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
@@ -166,11 +166,11 @@ def test_rows_picked_out_of_a_batch_on_the_device_see_what_a_batch_of_them_sees(
     model.encode_chunks(prompts, caches)
     canvas = torch.randint(0, 1024, (6, 32), generator=generator)
     soft = torch.randn(6, 32, 128, generator=generator)
-    batch = ContextBatch.of(caches, 32)
+    batch = ContextRows.of(caches, 32)
     for keep in ([0, 2, 3, 5], [5], [1, 4]):
         index = torch.tensor(keep)
         picked = model.denoise(canvas[keep], batch.rows(keep, index), soft[keep])
-        alone = model.denoise(canvas[keep], ContextBatch.of([caches[r] for r in keep], 32), soft[keep])
+        alone = model.denoise(canvas[keep], ContextRows.of([caches[r] for r in keep], 32), soft[keep])
         assert torch.equal(picked, alone), keep
     twice = batch.rows([0, 2, 3, 5], torch.tensor([0, 2, 3, 5])).rows([1, 3], torch.tensor([1, 3]))
     assert torch.equal(

@@ -10,15 +10,17 @@ Decoder: the canvas attends with no mask over what the context cache holds of th
 context in a full layer, its last ``sliding_window - 1`` tokens in a sliding one) followed by the
 canvas itself, whatever the canvas length: the reference's decoder passes no sliding mask.
 
-A batched forward takes its rows' contexts (``ContextBatch``: one context cache per row, in pages of one
-pool): the projections, norms and output run over every row at once; the encoder writes the new tokens'
-keys and values into the rows' pages; then every row attends over its kept context (read from the pool
+A batched forward attends through its ``ForwardBatch`` (models/forward_batch.py, made of the rows'
+contexts by ``context_cache.ContextRows``: one context cache per row, in pages of one pool): the
+projections, norms and output run over every row at once; ``batch.attend`` writes the encoder's new
+keys and values into the rows' pages, then every row attends over its kept context (read from the pool
 in one gather per layer) and its new tokens in one call of the engine's attention op
 (models/attention_backends.py), no padding, no row seeing another's keys.
 
-SDPA is called as the reference calls it (``transformers`` ``sdpa_attention_forward``): no mask and
-``is_causal`` where the mask would be plainly causal, ``enable_gqa`` without a mask for heads up to
-256 wide, the K/V heads repeated otherwise; so a single request reproduces the reference bit for bit.
+SDPA is called as the reference calls it (``transformers`` ``sdpa_attention_forward``, the batch's plans
+say how: ``context_cache.sdpa_style``): no mask and ``is_causal`` where the mask would be plainly causal,
+``enable_gqa`` without a mask for heads up to 256 wide, the K/V heads repeated otherwise; so a single
+request reproduces the reference bit for bit.
 """
 
 from __future__ import annotations
@@ -28,14 +30,10 @@ from torch import nn
 
 from engine_pod.families.diffusion_gemma.blocks import UnscaledRMSNorm
 from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
-from engine_pod.families.diffusion_gemma.context_cache import ContextBatch
 from engine_pod.families.diffusion_gemma.rotary import rotate
-from engine_pod.models.attention_backends import ragged_attention
-from engine_pod.models.attention_rules import BIDIRECTIONAL, Masking, SdpaStyle
+from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.layers import RMSNorm
 from engine_pod.models.row_invariant import RowInvariantLinear
-
-_GQA_MAX_HEAD_DIM = 256  # the reference lets SDPA group the heads only up to this width
 
 
 class GemmaAttention(nn.Module):
@@ -45,59 +43,48 @@ class GemmaAttention(nn.Module):
         super().__init__()
         hd, kv, bias = config.layer_head_dims[layer], config.layer_kv_heads[layer], config.attention_bias
         self.layer, self.head_dim, self.num_heads, self.num_kv_heads = layer, hd, config.num_heads, kv
-        self.sliding = config.is_sliding(layer)
-        self.window = config.sliding_window
+        sliding = config.is_sliding(layer)
         self.q_proj = RowInvariantLinear(config.hidden_size, config.num_heads * hd, bias=bias)
         self.k_proj = RowInvariantLinear(config.hidden_size, kv * hd, bias=bias)
-        self.v_proj = RowInvariantLinear(config.hidden_size, kv * hd, bias=bias) if self.sliding else None
+        self.v_proj = RowInvariantLinear(config.hidden_size, kv * hd, bias=bias) if sliding else None
         self.o_proj = RowInvariantLinear(config.num_heads * hd, config.hidden_size, bias=bias)
         self.q_norm = RMSNorm(hd, config.rms_norm_eps)
         self.k_norm = RMSNorm(hd, config.rms_norm_eps)
         self.v_norm = UnscaledRMSNorm(hd, config.rms_norm_eps)
-        # as the reference calls SDPA: scale 1, grouped heads natively up to 256 wide where no mask is given
-        self.style = SdpaStyle(scale=1.0, native_gqa=hd <= _GQA_MAX_HEAD_DIM, head_major=True)
 
     def _project(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [R, H, T, hd], k and v [R, Hkv, T, hd] of x [R, T, D]."""
+        """q [R, H, T, hd], k and v token-major [R, T, Hkv, hd] of x [R, T, D]."""
         rows, tokens, _ = x.shape
         q = rotate(self.q_norm(self.q_proj(x).view(rows, tokens, -1, self.head_dim)), cos, sin)
         k = self.k_proj(x).view(rows, tokens, -1, self.head_dim)
         v = k if self.v_proj is None else self.v_proj(x).view(rows, tokens, -1, self.head_dim)
         k = rotate(self.k_norm(k), cos, sin)
         v = self.v_norm(v)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        return q.transpose(1, 2), k, v
 
     def encode(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, contexts: ContextBatch
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
-        """New context tokens x [R, T, D] (or [1, N, D]: rows of any lengths, packed as ``contexts`` packs
-        them), row r at positions contexts.caches[r].length.. : their keys and values go to the row's
-        pages; causal attention over the row's kept context and themselves."""
-        q, k, v = self._project(x, cos, sin)
-        contexts.write(self.layer, k, v)
-        masking = Masking(causal=True, window=self.window if self.sliding else None)
-        return self._output(x, self._attend_rows(q, k, v, contexts, masking))
+        """New context tokens x [R, T, D] (or [1, N, D]: rows of any lengths, packed as ``batch`` packs
+        them), each row's positions continuing its context: their keys and values go to the row's pages
+        (the batch's write slots); causal attention over the row's kept context and themselves."""
+        if batch.write_slots is None:
+            raise ValueError("an encoder forward needs slots for its new context tokens, and this has none")
+        return self._attend(x, cos, sin, batch)
 
     def decode(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, contexts: ContextBatch
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:
-        """The canvases x [R, L, D], row r over contexts.caches[r]: bidirectional over the layer's kept
-        context and the canvas, no mask, no row seeing another's keys."""
+        """The canvases x [R, L, D], each row over its context in ``batch``: bidirectional over the layer's
+        kept context and the canvas, no mask, no row seeing another's keys."""
+        return self._attend(x, cos, sin, batch)
+
+    def _attend(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """o_proj of every row's attention over what ``batch`` lays out for this layer: one attention call."""
         q, k, v = self._project(x, cos, sin)
-        return self._output(x, self._attend_rows(q, k, v, contexts, BIDIRECTIONAL))
-
-    def _attend_rows(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, contexts: ContextBatch, masking: Masking
-    ) -> torch.Tensor:
-        """q [R, H, T, hd] over each row's kept context and k/v [R, Hkv, T, hd] (or [1, ., N, hd]: rows of
-        any lengths, packed): one attention call."""
-        rows, heads, tokens, width = q.shape
-        plan, keys, values = contexts.keys_values(self.layer, masking, self.style, k, v)
-        out = ragged_attention(q.transpose(1, 2).flatten(0, 1), keys, values, plan)
-        return out.view(rows, tokens, heads, width).transpose(1, 2)
-
-    def _output(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """o_proj of the heads' outputs out [R, H, T, hd]."""
-        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
+        out = batch.attend(self.layer, q, k, v)  # token-major [R, T, H, hd]
+        return self.o_proj(out.reshape(*x.shape[:2], -1))

@@ -18,14 +18,16 @@ groups would save memory only where contexts are longer than the window, at the 
 per request.
 
 ``ContextCache`` is one request's handle (its owner in the pool and its length; its slots are the pool's page table);
-``ContextBatch`` holds a forward's rows, each with its own number of new tokens (the encoder's chunks,
-packed one row after another; the decoder's canvases, one length): it writes the encoder's new keys and
-values into their slots and lays out what a layer attends over for the attention op (models/ragged.py):
-every row's kept context, read from the pool in one gather, then the row's new tokens, with the plan that
-attends each row over its own keys. Everything the device needs of a batch (the tokens' positions, the
-encoder's slots, each reach's layout, and lists the caller adds) goes in one copy when the batch is made;
-the rows that go on when others stop (``rows``) are picked out of it on the device, with no copy.
-``ContextCache.alone`` gives a request a pool of its own (``generate.py``, one request).
+``ContextRows`` holds a forward's rows, each with its own number of new tokens (the encoder's chunks,
+packed one row after another; the decoder's canvases, one length), and makes the ``ForwardBatch``
+(models/forward_batch.py) the layers attend through: the encoder's new keys and values go into their
+slots, and each group of layers (one reach, one head width) attends over every row's kept context, read
+from the pool in one gather (``ContextThenOwn``), then the row's new tokens, with the plan that attends
+each row over its own keys (models/ragged.py), causal in the encoder, unmasked in the decoder. Everything
+the device needs of the rows (the tokens' positions, the encoder's slots, each reach's layout, and lists
+the caller adds) goes in one copy when they are made; the rows that go on when others stop (``rows``)
+are picked out of them on the device, with no copy. ``ContextCache.alone`` gives a request a pool of its
+own (``generate.py``, one request).
 """
 
 from __future__ import annotations
@@ -35,9 +37,12 @@ import torch
 from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
 from engine_pod.families.diffusion_gemma.context_layout import ContextLayout
 from engine_pod.host_bundle import Floats, send_named
-from engine_pod.models.attention_rules import Masking, SdpaStyle
+from engine_pod.models.attention_rules import BIDIRECTIONAL, Masking, SdpaStyle
+from engine_pod.models.forward_batch import ContextThenOwn, ForwardBatch, KeyLayout
 from engine_pod.models.paged_kv import PagedKVPool
 from engine_pod.models.ragged import RaggedAttention, RowSpans, starts_of
+
+_GQA_MAX_HEAD_DIM = 256  # the reference lets SDPA group the heads only up to this width
 
 
 def context_pool(
@@ -55,11 +60,17 @@ def context_pool(
     )
 
 
+def sdpa_style(head_dim: int) -> SdpaStyle:
+    """How the reference calls SDPA in a layer of heads ``head_dim`` wide: scale 1 (the norms fix the
+    logits' size), the grouped heads natively up to 256 wide where no mask is given."""
+    return SdpaStyle(scale=1.0, native_gqa=head_dim <= _GQA_MAX_HEAD_DIM, head_major=True)
+
+
 class ContextCache:
     """One request's context in the pool: ``length`` tokens encoded, their slots in position order."""
 
     def __init__(self, pool: PagedKVPool, owner: str, config: DiffusionGemmaConfig) -> None:
-        self.pool, self.owner = pool, owner
+        self.pool, self.owner, self.config = pool, owner, config
         reach = config.sliding_window - 1
         # per layer: how many of the last context positions it attends to (None: all)
         self.reach = [reach if config.is_sliding(layer) else None for layer in range(config.num_layers)]
@@ -72,15 +83,6 @@ class ContextCache:
         """A request's context of up to ``tokens`` tokens, in a pool of its own."""
         page = config.canvas_length
         return cls(context_pool(config, -(-tokens // page), page, dtype, device), "alone", config)
-
-    def start(self, layer: int) -> int:
-        """The first context position ``layer`` attends to."""
-        reach = self.reach[layer]
-        return 0 if reach is None else max(0, self.length - reach)
-
-    def kept(self, layer: int) -> int:
-        """How many context tokens ``layer`` attends to (the last ones)."""
-        return self.length - self.start(layer)
 
     def reserve(self, tokens: int) -> None:
         """Pages for ``tokens`` more context tokens (raises ``PoolExhausted`` when the pool is short)."""
@@ -96,23 +98,27 @@ class ContextCache:
         self.length = 0
 
 
-class ContextBatch:
+class ContextRows:
     """The rows of one forward, row r over ``caches[r]`` (every cache in one pool) with ``tokens[r]`` new
-    tokens: a batch made by ``of`` (one copy to the device) or picked out of one by ``rows`` (none)."""
+    tokens: rows made by ``of`` (one copy to the device) or picked out of others by ``rows`` (none), and
+    the ``ForwardBatch`` their forwards attend through (``forward``), its plans made once for all of them."""
 
     def __init__(
         self,
         caches: list[ContextCache],
         tokens: list[int],
-        token_positions: torch.Tensor,
-        new_slots: torch.Tensor,
+        positions: torch.Tensor,
         layouts: dict[int | None, ContextLayout],
+        write_slots: torch.Tensor | None = None,
         extra: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.caches, self.pool, self.tokens = caches, caches[0].pool, tokens
-        self.token_positions, self.new_slots, self.layouts = token_positions, new_slots, layouts
-        self.extra = extra or {}  # the caller's lists by name, sent in the batch's copy
-        self._plans: dict[tuple, RaggedAttention] = {}
+        self.positions, self.layouts, self.write_slots = positions, layouts, write_slots
+        self.extra = extra or {}  # the caller's lists by name, sent in the rows' copy
+        config = caches[0].config
+        # a layer's group: its reach (its layout) and its heads' width (its SDPA style)
+        self.layer_groups = list(zip(caches[0].reach, config.layer_head_dims))
+        self.key_layouts = {group: self._key_layout(*group) for group in dict.fromkeys(self.layer_groups)}
 
     @classmethod
     def of(
@@ -120,28 +126,28 @@ class ContextBatch:
         caches: list[ContextCache],
         tokens: int | list[int],
         extra: dict[str, list[int] | Floats] | None = None,
-        writing: bool = False,
-    ) -> ContextBatch:
-        """The batch of ``caches`` with ``tokens`` new tokens each (one count: every row's), its positions,
-        where the new tokens go in the pool when ``writing`` (the encoder's: the caches reserved them),
-        each reach's layout and ``extra`` (the caller's lists, by name) sent to the device in one copy."""
+        encoding: bool = False,
+    ) -> ContextRows:
+        """The rows of ``caches`` with ``tokens`` new tokens each (one count: every row's), their positions,
+        each reach's layout, where the new tokens go in the pool when ``encoding`` (the encoder's forward:
+        the caches reserved them; else the decoder's, which writes nothing) and ``extra`` (the caller's
+        lists, by name) sent to the device in one copy."""
         pool = caches[0].pool
         if any(cache.pool is not pool for cache in caches):
             raise ValueError("the rows of one forward must keep their contexts in one pool")
         tokens = [tokens] * len(caches) if isinstance(tokens, int) else list(tokens)
         reaches = sorted(set(caches[0].reach), key=lambda reach: (reach is None, reach or 0))
         spans = {reach: _spans(caches, tokens, reach) for reach in reaches}
-        parts = {
-            "positions": _positions(caches, tokens),
-            "new_slots": _new_slots(caches, tokens) if writing else [],
-        }
+        parts = {"positions": _positions(caches, tokens)}
+        if encoding:
+            parts["write_slots"] = _new_slots(caches, tokens)
         for reach in reaches:
             parts |= {
                 f"{reach}/{name}": values
                 for name, values in _layout_lists(caches, spans[reach], reach).items()
             }
         extra = extra or {}
-        sent = send_named(parts | extra, pool.device)  # the batch's one copy
+        sent = send_named(parts | extra, pool.device)  # the rows' one copy
         layouts = {
             reach: ContextLayout(spans[reach], **{name: sent[f"{reach}/{name}"] for name in LAYOUT_FIELDS})
             for reach in reaches
@@ -150,70 +156,47 @@ class ContextBatch:
             caches,
             tokens,
             sent["positions"],
-            sent["new_slots"],
             layouts,
+            sent.get("write_slots"),
             {name: sent[name] for name in extra},
         )
 
-    def positions(self, shape: torch.Size) -> torch.Tensor:
-        """The new tokens' positions (each row's continue its context), shaped as the forward's tokens."""
-        return self.token_positions.view(shape)
+    def forward(self, token_ids: torch.Tensor) -> ForwardBatch:
+        """The forward of these rows' new tokens token_ids [R, T] (or [1, N], packed as the rows pack them)."""
+        positions = self.positions.view(token_ids.shape)
+        return ForwardBatch(
+            token_ids,
+            positions,
+            self.key_layouts,
+            self.pool,
+            self.write_slots,
+            layer_groups=self.layer_groups,
+        )
 
-    def rows(self, keep: list[int], index: torch.Tensor) -> ContextBatch:
-        """The batch of rows ``keep`` alone (``index``: them on the device), laid out on the device from this
-        one: their keys stay where this batch packs them, nothing is copied from the host."""
+    def rows(self, keep: list[int], index: torch.Tensor) -> ContextRows:
+        """The decoder's rows ``keep`` alone (``index``: them on the device), laid out on the device from
+        these: their keys stay where these rows pack them, nothing is copied from the host."""
         tokens = self.tokens[0]
-        if any(count != tokens for count in self.tokens):
-            raise ValueError("only a batch of one new-token count (the decoder's) can drop rows")
-        return ContextBatch(
+        if self.write_slots is not None or any(count != tokens for count in self.tokens):
+            raise ValueError("only the decoder's rows (one canvas each) can be picked out")
+        return ContextRows(
             [self.caches[r] for r in keep],
             [tokens] * len(keep),
-            self.token_positions.view(-1, tokens).index_select(0, index).flatten(),
-            self.new_slots[:0],
+            self.positions.view(-1, tokens).index_select(0, index).flatten(),
             {reach: layout.rows(keep, index, tokens) for reach, layout in self.layouts.items()},
         )
 
-    def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """The new context tokens' keys/values [R, Hkv, T, hd] (or [1, Hkv, N, hd] packed) into the slots
-        each row reserved."""
-        if self.new_slots.numel() != sum(self.tokens):
-            raise ValueError("a batch made without writing has no slots for new context tokens")
-        self.pool.keys[layer].index_copy_(0, self.new_slots, keys.transpose(1, 2).flatten(0, 1))
-        self.pool.values[layer].index_copy_(0, self.new_slots, values.transpose(1, 2).flatten(0, 1))
-
-    def keys_values(
-        self,
-        layer: int,
-        masking: Masking,
-        style: SdpaStyle,
-        keys: torch.Tensor,
-        values: torch.Tensor,
-    ) -> tuple[RaggedAttention, torch.Tensor, torch.Tensor]:
-        """The attention plan of the new tokens in ``layer`` and the keys and values it reads [N, Hkv, hd]:
-        row after row, the context the layer keeps (one gather from the pool) then the rows' new
-        keys/values [R, Hkv, T, hd] (or packed [1, Hkv, N, hd]). Layers of one reach share the layout."""
-        reach = self.caches[0].reach[layer]
-        layout = self.layouts[reach]
-        stored = (self.pool.keys[layer], self.pool.values[layer])
-        packed = []
-        for pool_entries, new in zip(stored, (keys, values)):
-            out = pool_entries.new_empty(layout.total, *pool_entries.shape[1:])
-            if layout.slots.numel():
-                out.index_copy_(0, layout.context_at, pool_entries.index_select(0, layout.slots))
-            out.index_copy_(0, layout.new_at, new.transpose(1, 2).flatten(0, 1))
-            packed.append(out)
-        return self._plan(reach, masking, style), packed[0], packed[1]
-
-    def _plan(self, reach: int | None, masking: Masking, style: SdpaStyle) -> RaggedAttention:
-        """Made once per batch for each reach, masking and style: its spans from host ints, its varlen
-        batch derived on the device from the batch's copy."""
-        key = (reach, masking, style)
-        if key not in self._plans:
-            layout = self.layouts[reach]
-            self._plans[key] = RaggedAttention(
-                layout.spans, self.pool.device, masking, style, layout.varlen()
-            )
-        return self._plans[key]
+    def _key_layout(self, reach: int | None, width: int) -> KeyLayout:
+        """What the layers of one group attend over: row after row, the context they keep then the row's
+        new tokens; the encoder causally (a sliding layer within its window), the decoder with no mask.
+        The plan's varlen batch is derived on the device from the rows' copy."""
+        layout, config = self.layouts[reach], self.caches[0].config
+        if self.write_slots is None:
+            masking = BIDIRECTIONAL
+        else:
+            masking = Masking(causal=True, window=None if reach is None else config.sliding_window)
+        plan = RaggedAttention(layout.spans, self.pool.device, masking, sdpa_style(width), layout.varlen())
+        return KeyLayout(plan, ContextThenOwn(layout.slots, layout.context_at, layout.new_at, layout.total))
 
 
 def _start(length: int, reach: int | None) -> int:

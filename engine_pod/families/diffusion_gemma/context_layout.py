@@ -1,4 +1,4 @@
-"""A context batch's keys in one layer, packed row after row (each row's kept context, then its new
+"""Context rows' keys in one layer, packed row after row (each row's kept context, then its new
 tokens): where they come from in the pool and go in the packed keys, on the device, and the rows' spans."""
 
 from __future__ import annotations

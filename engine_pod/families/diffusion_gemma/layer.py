@@ -16,8 +16,8 @@ from torch import nn
 from engine_pod.families.diffusion_gemma.attention import GemmaAttention
 from engine_pod.families.diffusion_gemma.blocks import GeGLU
 from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
-from engine_pod.families.diffusion_gemma.context_cache import ContextBatch
 from engine_pod.families.diffusion_gemma.experts import GemmaExperts, GemmaRouter
+from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.layers import RMSNorm
 
 LAYER_NORMS = (
@@ -48,15 +48,15 @@ class GemmaLayer(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        contexts: ContextBatch,
+        batch: ForwardBatch,
         scalar: torch.Tensor,
         encoding: bool,
     ) -> torch.Tensor:
         """x [R, T, D], row r a request's: new context tokens (``encoding``: causal, written to row r's
-        context in ``contexts``) or a canvas (bidirectional, reading it); ``scalar`` is this layer's
+        context through ``batch``) or a canvas (bidirectional, reading it); ``scalar`` is this layer's
         encoder or decoder scalar."""
         attend = self.self_attn.encode if encoding else self.self_attn.decode
-        x = x + self.post_attention_layernorm(attend(self.input_layernorm(x), cos, sin, contexts))
+        x = x + self.post_attention_layernorm(attend(self.input_layernorm(x), cos, sin, batch))
         dense = self.post_feedforward_layernorm_1(self.mlp(self.pre_feedforward_layernorm(x)))
         flat = x.reshape(-1, x.shape[-1])
         experts, weights = self.router(flat)

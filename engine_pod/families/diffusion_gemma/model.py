@@ -20,9 +20,10 @@ from torch import nn
 
 from engine_pod.families.diffusion_gemma.blocks import GeGLU, UnscaledRMSNorm
 from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
-from engine_pod.families.diffusion_gemma.context_cache import ContextBatch, ContextCache
+from engine_pod.families.diffusion_gemma.context_cache import ContextCache, ContextRows
 from engine_pod.families.diffusion_gemma.layer import GemmaLayer
 from engine_pod.families.diffusion_gemma.rotary import GemmaRotary
+from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.layers import RMSNorm
 from engine_pod.models.row_invariant import RowInvariantLinear
 
@@ -78,17 +79,16 @@ class DiffusionGemmaModel(nn.Module):
         self,
         x: torch.Tensor,
         layers: nn.ModuleList,
-        contexts: ContextBatch,
+        batch: ForwardBatch,
         scalars: torch.Tensor,
         encoding: bool,
     ) -> torch.Tensor:
-        positions = contexts.positions(x.shape[:2])
         tables = {
-            kind: self.rotary.cos_sin(positions, kind, x.dtype) for kind in set(self.config.layer_types)
+            kind: self.rotary.cos_sin(batch.positions, kind, x.dtype) for kind in set(self.config.layer_types)
         }
         for index, layer in enumerate(layers):
             cos, sin = tables[self.config.layer_types[index]]
-            x = layer(x, cos, sin, contexts, scalars[index : index + 1], encoding)
+            x = layer(x, cos, sin, batch, scalars[index : index + 1], encoding)
         return x
 
     @torch.no_grad()
@@ -98,7 +98,7 @@ class DiffusionGemmaModel(nn.Module):
         caches = _rows(caches)
         for cache in caches:
             cache.reserve(token_ids.shape[1])
-        self._encode(token_ids, ContextBatch.of(caches, token_ids.shape[1], writing=True))
+        self._encode(token_ids, ContextRows.of(caches, token_ids.shape[1], encoding=True))
 
     @torch.no_grad()
     def encode_chunks(self, chunks: list[tuple[int, ...]], caches: list[ContextCache]) -> None:
@@ -107,33 +107,34 @@ class DiffusionGemmaModel(nn.Module):
         for cache, chunk in zip(caches, chunks):
             cache.reserve(len(chunk))
         flat = [token for chunk in chunks for token in chunk]
-        contexts = ContextBatch.of(caches, [len(chunk) for chunk in chunks], {"tokens": flat}, writing=True)
-        self._encode(contexts.extra["tokens"][None], contexts)
+        rows = ContextRows.of(caches, [len(chunk) for chunk in chunks], {"tokens": flat}, encoding=True)
+        self._encode(rows.extra["tokens"][None], rows)
 
-    def _encode(self, token_ids: torch.Tensor, contexts: ContextBatch) -> None:
-        """The encoder over token_ids ([R, T], or [1, N] packed as ``contexts`` packs them), then the
+    def _encode(self, token_ids: torch.Tensor, rows: ContextRows) -> None:
+        """The encoder over token_ids ([R, T], or [1, N] packed as ``rows`` packs them), then the
         caches account for the tokens written."""
         table, layers = self._encoder_parts()
-        self._run(self._embed(table, token_ids), layers, contexts, self.encoder_layer_scalars, encoding=True)
-        for cache, tokens in zip(contexts.caches, contexts.tokens):
+        batch = rows.forward(token_ids)
+        self._run(self._embed(table, token_ids), layers, batch, self.encoder_layer_scalars, encoding=True)
+        for cache, tokens in zip(rows.caches, rows.tokens):
             cache.advance(tokens)
 
     @torch.no_grad()
     def denoise(
         self,
         canvas: torch.Tensor,
-        caches: ContextCache | list[ContextCache] | ContextBatch,
+        caches: ContextCache | list[ContextCache] | ContextRows,
         soft: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Softcapped float32 logits [R, L, V] of the canvases [R, L], row r over caches[r] (positions
         caches[r].length..), given the previous step's soft embeddings ``soft`` [R, L, D] (None: the
-        canvases' first step). A ``ContextBatch`` of the caches may be reused over the steps of a canvas."""
-        if not isinstance(caches, ContextBatch):
-            caches = ContextBatch.of(_rows(caches), canvas.shape[1])
+        canvases' first step). ``ContextRows`` of the caches may be reused over the steps of a canvas."""
+        rows = caches if isinstance(caches, ContextRows) else ContextRows.of(_rows(caches), canvas.shape[1])
+        batch = rows.forward(canvas)
         embeddings = self._embed(self.embed_tokens, canvas)
         soft = torch.zeros_like(embeddings) if soft is None else soft
         x = self.self_conditioning(embeddings, soft)
-        x = self.norm(self._run(x, self.layers, caches, self.decoder_layer_scalars, encoding=False))
+        x = self.norm(self._run(x, self.layers, batch, self.decoder_layer_scalars, encoding=False))
         head = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
         logits = nn.functional.linear(x, head).to(torch.float32)
         cap = self.config.final_logit_softcapping
