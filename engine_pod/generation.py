@@ -65,5 +65,5 @@ def generate_one(
         finish_reason=reason,
         num_forward_passes=sum(r.forwards for r in engine.records),
         elapsed_s=elapsed,
-        trace=list(runner.trace) if trace else [],
+        trace=list(runner.stepper.trace) if trace else [],
     )

@@ -22,7 +22,8 @@ from dllm_contracts.defaults import DEFAULT_MODEL
 from engine_pod.allocators import tune_cpu_allocator
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.loading.loader import load_model
-from engine_pod.runner.dual_cycle import DualCacheRunner
+from engine_pod.runner.contract import Runner
+from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 
@@ -86,7 +87,7 @@ def _arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _timed(runner: DualCacheRunner, cycle: SchedulerOutput, device: torch.device):
+def _timed(runner: Runner, cycle: SchedulerOutput, device: torch.device):
     """One cycle, its wall time (the device's queue drained)."""
     start = time.perf_counter()
     out = runner.run(cycle)
@@ -118,7 +119,7 @@ def main() -> None:
     decoding = DecodingConfig(
         block_length=32, steps_per_block=args.steps, remasking="threshold", threshold=0.9
     )
-    runner = DualCacheRunner(loaded, decoding)
+    runner = make_runner(loaded, decoding)
     rng = random.Random(0)
     vocab = min(loaded.config.vocab_size, 300)
     widths = [rng.randint(7, args.width) if args.mixed else args.width for _ in range(args.rows)]

@@ -1,4 +1,5 @@
-"""The engine's runner for DiffusionGemma: a block cycle is one canvas per row.
+"""DiffusionGemma's stepper, run by the cycle driver (runner/cycle_driver.py): a block cycle is one canvas
+per row.
 
 The scheduler's block is the model's canvas (``decoding.block_length`` must be its ``canvas_length``). A
 cycle encodes each row's context tokens not encoded yet (the prompt at first, then the canvas committed
@@ -51,14 +52,15 @@ import torch
 
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.decoding.entropy_bound import (
+    CanvasSamplerState,
     EntropyBoundParams,
     SamplerColumns,
     entropy_bound_step,
     start_canvas,
 )
 from engine_pod.families.diffusion_gemma.context_cache import ContextCache, ContextRows, context_pool
-from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
 from engine_pod.loading.loader import LoadedModel
+from engine_pod.runner.canvas_forward import CanvasForward
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
@@ -94,8 +96,21 @@ class CanvasRequest:
         return chunks + ([prefix[start:]] if len(prefix) > start else [])
 
 
-class CanvasCycleRunner:
-    """The Runner contract for DiffusionGemma."""
+@dataclass
+class _CanvasCycle:
+    """One cycle's state between its steps."""
+
+    blocks: list[list[int]]  # per row: its committed canvas (padding until it stops)
+    steps: list[int]
+    stats: CycleStats
+    running: list[int] = field(default_factory=list)  # the rows still sampled
+    rows: CanvasSamplerState | None = None  # their canvases and sampler state
+    forward: CanvasForward | None = None
+    limit: int = 0  # the most steps a row's canvas takes
+
+
+class CanvasStepper:
+    """DiffusionGemma's part of a block cycle (a ``Stepper`` of runner/cycle_driver.py)."""
 
     grid_aligned = False  # canvases follow the prompt, wherever it ends
     shares_blocks = False
@@ -121,16 +136,29 @@ class CanvasCycleRunner:
         self.states: dict[str, CanvasRequest] = {}
         self.suspended: OrderedDict[str, tuple[torch.Tensor, list[int]]] = OrderedDict()
 
-    def run(self, cycle: SchedulerOutput) -> CycleOutput:
-        if not cycle.rows:
-            raise ValueError("a block cycle needs at least one row")
+    def begin(self, cycle: SchedulerOutput) -> _CanvasCycle:
+        """Released requests give their pages back; every computed row's pending context is encoded, and
+        its canvas drawn (the decoder's layout and the rows' sampler settings in one copy)."""
         self._release(cycle.released, set(cycle.preempted))
         self._check_budget(cycle.rows)
         rows = list(zip(cycle.request_ids, cycle.rows))
         computed = [i for i, (_, row) in enumerate(rows) if row.active or not cycle.gather_rows]
         states = {i: self._state(*rows[i]) for i in computed}
         encoded = self._encode([(states[i], rows[i][1].prefix_ids) for i in computed])
-        return self._denoise(cycle, states, encoded)
+        return self._start(cycle, states, encoded)
+
+    def most_steps(self, state: _CanvasCycle) -> int:
+        return state.limit
+
+    def going_on(self, state: _CanvasCycle, step: int) -> bool:
+        """Whether a row is still sampled (each step's read is its sampler's, in ``step``)."""
+        return bool(state.running)
+
+    def finish(self, state: _CanvasCycle) -> CycleOutput:
+        return CycleOutput(blocks=state.blocks, steps=state.steps, stats=state.stats)
+
+    def end(self, state: _CanvasCycle) -> None:
+        """Nothing: the requests' contexts are kept for their next cycle."""
 
     def _release(self, released: list[str], preempted: set[str]) -> None:
         """Released requests give their pages back, oldest first (the pool's free order); a preempted
@@ -187,18 +215,20 @@ class CanvasCycleRunner:
             round_ += 1
         return encoded
 
-    def _denoise(self, cycle: SchedulerOutput, states: dict[int, CanvasRequest], encoded: int) -> CycleOutput:
-        """Every computed row's canvas, stepped together until each stops; rows that stopped leave the
-        forwards when the cycle gathers rows. The host sends the batch's layout and the rows' sampler
-        settings in one copy and reads the device once per step."""
+    def _start(self, cycle: SchedulerOutput, states: dict[int, CanvasRequest], encoded: int) -> _CanvasCycle:
+        """Every computed row's canvas, to be stepped together until each stops; rows that stopped leave
+        the forwards when the cycle gathers rows. The host sends the batch's layout and the rows' sampler
+        settings in one copy."""
         L, R = self.decoding.block_length, len(cycle.rows)
-        blocks = [[self.pad_id] * L for _ in range(R)]
-        steps = [0] * R
-        stats = CycleStats(computed_positions=encoded, useful_positions=encoded)
+        state = _CanvasCycle(
+            [[self.pad_id] * L for _ in range(R)],
+            [0] * R,
+            CycleStats(computed_positions=encoded, useful_positions=encoded),
+        )
         computed = list(states)
         running = [i for i in computed if cycle.rows[i].active]  # the rows sampled
         if not running:
-            return CycleOutput(blocks=blocks, steps=steps, stats=stats)
+            return state
         params = [cycle.rows[i].sampler or self.canvas_sampler for i in running]
         places = {row: place for place, row in enumerate(computed)}
         batch = ContextRows.of(
@@ -207,35 +237,40 @@ class CanvasCycleRunner:
             SamplerColumns.host_named(params) | {"running_at": [places[i] for i in running]},
         )
         columns, running_at = SamplerColumns.of_sent(batch.extra), batch.extra["running_at"]
-        rows = start_canvas(
+        state.rows = start_canvas(
             columns,
             [states[i].generator for i in running],
             L,
             self.model.config.vocab_size,
             batch.pool.device,
         )
-        forward = _Forward(self.model, batch, running_at, cycle.gather_rows)
-        while running:
-            logits = forward.logits(rows.canvas)
-            stats.forwards += 1
-            stats.computed_positions += forward.rows * L
-            stats.useful_positions += len(running) * L
-            result = entropy_bound_step(rows, logits)
-            for place, i in enumerate(running):
-                steps[i] += 1
-                if result.done_rows[place]:
-                    blocks[i] = result.committed[place]
-            keep = [place for place, stopped in enumerate(result.done_rows) if not stopped]
-            if keep:
-                processed, probabilities = result.processed_logits, result.probabilities
-                if len(keep) < len(running):  # the rows going on, picked out on the device
-                    index = torch.argsort(result.done.to(torch.int8), stable=True)[: len(keep)]
-                    processed, probabilities = processed[index], probabilities[index]
-                    rows = rows.select(index, keep)
-                    forward.keep(keep, index)
-                forward.condition(self.model.soft_embeddings(processed, probabilities))
-            running = [running[place] for place in keep]
-        return CycleOutput(blocks=blocks, steps=steps, stats=stats)
+        state.forward = CanvasForward(self.model, batch, running_at, cycle.gather_rows)
+        state.running, state.limit = running, max(p.max_denoising_steps for p in params) + 1
+        return state
+
+    def step(self, state: _CanvasCycle, step: int) -> None:
+        """One decoder forward of the running rows, their sampler's step (its one read) and the rows that
+        stopped leaving."""
+        L, forward, running = self.decoding.block_length, state.forward, state.running
+        logits = forward.logits(state.rows.canvas)
+        state.stats.forwards += 1
+        state.stats.computed_positions += forward.rows * L
+        state.stats.useful_positions += len(running) * L
+        result = entropy_bound_step(state.rows, logits)
+        for place, i in enumerate(running):
+            state.steps[i] += 1
+            if result.done_rows[place]:
+                state.blocks[i] = result.committed[place]
+        keep = [place for place, stopped in enumerate(result.done_rows) if not stopped]
+        if keep:
+            processed, probabilities = result.processed_logits, result.probabilities
+            if len(keep) < len(running):  # the rows going on, picked out on the device
+                index = torch.argsort(result.done.to(torch.int8), stable=True)[: len(keep)]
+                processed, probabilities = processed[index], probabilities[index]
+                state.rows = state.rows.select(index, keep)
+                forward.keep(keep, index)
+            forward.condition(self.model.soft_embeddings(processed, probabilities))
+        state.running = [running[place] for place in keep]
 
     def forget(self) -> None:
         """Let go of every request's state and pages (a benchmark's warm-up leaves nothing behind)."""
@@ -248,48 +283,3 @@ class CanvasCycleRunner:
         raise ValueError(
             "threshold calibration does not apply to diffusion_gemma: its sampler accepts by entropy"
         )
-
-
-class _Forward:
-    """What the decoder's forwards of one cycle take: the rows sampled (``gather_rows``: only those still
-    running, picked out of the batch on the device as rows stop) or every computed row (a static batch:
-    stopped rows keep their last input, unsampled ones their padding)."""
-
-    def __init__(
-        self, model: DiffusionGemmaModel, batch: ContextRows, running_at: torch.Tensor, gather_rows: bool
-    ) -> None:
-        self.model, self.batch, self.gather_rows = model, batch, gather_rows
-        self.running_at = running_at  # the running rows' places in a static batch
-        self.rows = len(running_at) if gather_rows else len(batch.caches)
-        self.soft: torch.Tensor | None = None  # the self-conditioning input (None: the first step's zeros)
-        self.canvas: torch.Tensor | None = None  # a static batch's canvases, every computed row's
-        self.everyone = not gather_rows and len(running_at) == len(batch.caches)
-
-    def logits(self, canvas: torch.Tensor) -> torch.Tensor:
-        """The running rows' logits [n, L, V] for their canvases [n, L]."""
-        if self.gather_rows:
-            return self.model.denoise(canvas, self.batch, self.soft)
-        if self.canvas is None:
-            pad = self.model.config.pad_token_id or 0
-            self.canvas = canvas.new_full((len(self.batch.caches), canvas.shape[1]), pad)
-        self.canvas.index_copy_(0, self.running_at, canvas)
-        logits = self.model.denoise(self.canvas, self.batch, self.soft)
-        return logits if self.everyone else logits.index_select(0, self.running_at)
-
-    def keep(self, keep: list[int], index: torch.Tensor) -> None:
-        """Only the running rows at ``keep`` (``index`` on the device) go on."""
-        self.everyone = False
-        if self.gather_rows:
-            self.batch = self.batch.rows(keep, index)
-            self.rows = len(keep)
-        else:
-            self.running_at = self.running_at.index_select(0, index)
-
-    def condition(self, soft: torch.Tensor) -> None:
-        """The running rows' next self-conditioning input [n, L, D]."""
-        if self.gather_rows:
-            self.soft = soft
-            return
-        if self.soft is None:
-            self.soft = soft.new_zeros(len(self.batch.caches), *soft.shape[1:])
-        self.soft.index_copy_(0, self.running_at, soft)

@@ -1,9 +1,10 @@
-"""The one denoising loop: run one block cycle for every row of a mixed-state batch.
+"""The dual-cache families' stepper (LLaDA, Dream), run by the cycle driver (runner/cycle_driver.py).
 
-A block cycle starts with a full forward over the box (which refreshes the KV cache), then runs
-cached window forwards (the active block, or the block and its suffix) until every row's block is
-complete. Rows whose block is complete stop costing compute when ``gather_rows`` is set (BlockServe);
-without it every row stays in every forward (static batching, as Fast-dLLM does).
+A block cycle starts with a full forward over its rows (which refreshes the dual cache,
+runner/dual_cache.py), then runs cached window forwards (the active block, or the block and its suffix)
+until every row's block is complete. Rows whose block is complete stop costing compute when
+``gather_rows`` is set (BlockServe); without it every row stays in every forward (static batching, as
+Fast-dLLM does). Nothing is kept across cycles: every cycle starts from the scheduler's rows.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
 from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext, make_policy
-from engine_pod.decoding.scoring import top_two_gap
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.runner.canvas import Canvas, build_canvas
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.runner.dual_batches import box_refresh, box_window
 from engine_pod.runner.dual_cache import DualCache, DualCachePool
+from engine_pod.runner.dual_records import record_margins, trace_entry
 from engine_pod.runner.packing import refresh_inputs, window_inputs
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
@@ -51,8 +52,24 @@ class _HostState:
     first_masked: list[bool]
 
 
-class DualCacheRunner:
-    """Runs block cycles of one model with one decoding config (the Runner contract)."""
+@dataclass
+class _DualCycle:
+    """One cycle's state between its steps."""
+
+    canvas: Canvas
+    cache: DualCache | None
+    gather_rows: bool
+    masks_at_start: torch.Tensor  # [R] masks in each row's block when the cycle began
+    done: torch.Tensor  # [R] rows whose block is complete (or that never commit)
+    steps_taken: torch.Tensor  # [R] forwards each row's block took
+    output: CycleOutput
+    margins: torch.Tensor  # [R, L] each committed position's top-two gap, where recorded
+    recorder: LogprobRecorder | None
+    host: _HostState | None = None  # the last step's read
+
+
+class DualCacheStepper:
+    """The dual-cache families' part of a block cycle (a ``Stepper`` of runner/cycle_driver.py)."""
 
     grid_aligned = False  # blocks follow each request's prompt, wherever it ends
     shares_blocks = False
@@ -89,57 +106,64 @@ class DualCacheRunner:
         new_pool = lambda pages: self.model.new_pool(pages, L, loaded.device)  # noqa: E731
         self.cache_pool = DualCachePool(new_pool, L, pool_tokens) if decoding.uses_cache else None
 
-    @torch.no_grad()
-    def run(self, cycle: SchedulerOutput) -> CycleOutput:
-        """One block cycle over the scheduler's rows; packed: compute only the positions that exist (no
-        padding, no hidden suffix), else the dense box. Nothing is kept across cycles, so the requests it
-        names as released have nothing to free."""
-        rows, gather_rows, packed = cycle.rows, cycle.gather_rows, cycle.packed
-        if not rows:
-            raise ValueError("a block cycle needs at least one row")
-        L = self.decoding.block_length
+    def begin(self, cycle: SchedulerOutput) -> _DualCycle:
+        """The cycle's canvas (one copy to the device); packed: forwards compute only the positions that
+        exist (no padding, no hidden suffix), else the dense box."""
+        L, device = self.decoding.block_length, self.loaded.device
         canvas = build_canvas(
-            rows, L, self.mask_id, self.pad_id, self.loaded.device, self.decoding.threshold, self.score_dtype
+            cycle.rows, L, self.mask_id, self.pad_id, device, self.decoding.threshold, self.score_dtype
         )
-        canvas.packed = packed
-        cache = None if self.cache_pool is None else DualCache(self.cache_pool)
-        try:
-            return self._run(canvas, cache, gather_rows)
-        finally:
-            if cache is not None:
-                cache.release()
-
-    def _run(self, canvas: Canvas, cache: DualCache | None, gather_rows: bool) -> CycleOutput:
-        L, rows = self.decoding.block_length, canvas.active
-        masks_at_start = (canvas.block_tokens() == self.mask_id).sum(1)
-        done = ~canvas.active
-        steps_taken = torch.zeros(len(rows), dtype=torch.long, device=canvas.tokens.device)
+        canvas.packed = cycle.packed
+        R = len(cycle.rows)
         output = CycleOutput(blocks=[], steps=[], stats=CycleStats())
-        margins = torch.full(canvas.block_slots.shape, float("inf"), device=canvas.tokens.device)
         recorder = None
         if canvas.logprobs is not None:
             output.logprobs = [[None] * L if k is not None else None for k in canvas.logprobs]
             recorder = LogprobRecorder(canvas.logprobs, output.logprobs)
-        step = 0
-        state = self._read_state(canvas, done)
-        while not all(state.done):
-            self._check_runaway(step)
-            step_rows = self._step_rows(canvas, done, state, gather_rows and step > 0)
-            self._denoise_step(canvas, cache, step_rows, step, masks_at_start, output, margins, recorder)
-            steps_taken[step_rows.index] += (~done[step_rows.index]).long()
-            step += 1
-            done = done | self._finished(canvas, step)
-            state = self._read_state(canvas, done)
-        output.blocks = canvas.block_tokens().tolist()
-        output.steps = steps_taken.tolist()
-        if recorder is not None:
-            recorder.finish()
+        return _DualCycle(
+            canvas,
+            None if self.cache_pool is None else DualCache(self.cache_pool),
+            cycle.gather_rows,
+            (canvas.block_tokens() == self.mask_id).sum(1),
+            ~canvas.active,
+            torch.zeros(R, dtype=torch.long, device=device),
+            output,
+            torch.full(canvas.block_slots.shape, float("inf"), device=device),
+            recorder,
+        )
+
+    def most_steps(self, state: _DualCycle) -> int:
+        return self.decoding.block_length + self.decoding.steps_per_block + 2
+
+    @torch.no_grad()
+    def going_on(self, state: _DualCycle, step: int) -> bool:
+        if step:
+            state.done = state.done | self._finished(state.canvas, step)
+        state.host = self._read_state(state.canvas, state.done)
+        return not all(state.host.done)
+
+    @torch.no_grad()
+    def step(self, state: _DualCycle, step: int) -> None:
+        rows = self._step_rows(state.canvas, state.done, state.host, state.gather_rows and step > 0)
+        self._denoise_step(state, rows, step)
+        state.steps_taken[rows.index] += (~state.done[rows.index]).long()
+
+    def finish(self, state: _DualCycle) -> CycleOutput:
+        output = state.output
+        output.blocks = state.canvas.block_tokens().tolist()
+        output.steps = state.steps_taken.tolist()
+        if state.recorder is not None:
+            state.recorder.finish()
         if self.record_margins:
-            output.margins = margins.tolist()
+            output.margins = state.margins.tolist()
         return output
 
+    def end(self, state: _DualCycle) -> None:
+        if state.cache is not None:
+            state.cache.release()
+
     def forget(self) -> None:
-        """Nothing to let go of: every cycle starts from the scheduler's rows."""
+        """Nothing to let go of: nothing is kept across cycles."""
 
     @torch.no_grad()
     def first_block_confidences(self, prompts: list[list[int]]) -> torch.Tensor:
@@ -154,11 +178,6 @@ class DualCacheRunner:
         hidden = self.model.forward_batch(batch, (pick_r, source))
         _, confidence = hidden.map_logits(self.policy.scorer)
         return confidence
-
-    def _check_runaway(self, step: int) -> None:
-        limit = self.decoding.block_length + self.decoding.steps_per_block + 1
-        if step > limit:
-            raise RuntimeError(f"block did not complete within {limit} forwards; this is a bug")
 
     def _finished(self, canvas: Canvas, step: int) -> torch.Tensor:
         at_cap = self.step_cap is not None and step >= self.step_cap
@@ -189,17 +208,8 @@ class DualCacheRunner:
         first = [not state.done[r] and state.first_masked[r] for r in members]
         return _StepRows(index, len(members) == rows, block, candidates, members, counts, first)
 
-    def _denoise_step(
-        self,
-        canvas: Canvas,
-        cache,
-        rows: _StepRows,
-        step: int,
-        masks_at_start: torch.Tensor,
-        out: CycleOutput,
-        margins: torch.Tensor,
-        logprobs: LogprobRecorder | None,
-    ) -> None:
+    def _denoise_step(self, state: _DualCycle, rows: _StepRows, step: int) -> None:
+        canvas, cache, out = state.canvas, state.cache, state.output
         refresh = step == 0 or cache is None
         mask = rows.candidates
         forced_start = refresh and cache is not None and self.quirks.commits_block_start_on_refresh
@@ -212,24 +222,17 @@ class DualCacheRunner:
         picked = (counts, mask.sum(1))  # candidates per row, on the host and on the device
         logits = forward(canvas, cache, rows, candidates.r, candidates.k, out.stats, picked)
         positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
-        context = None if forced_start else self._context(canvas, step, rows, masks_at_start)
+        context = None if forced_start else self._context(canvas, step, rows, state.masks_at_start)
         commit = self.denoise(
-            logits, candidates, rows.block, positions, step, canvas.sampling, context, logprobs
+            logits, candidates, rows.block, positions, step, canvas.sampling, context, state.recorder
         )
         canvas.write_block(rows.index, commit.blocks)
         if self.record_margins:
-            self._record_margins(logits, candidates.r, candidates.k, commit.transfer, rows.index, margins)
+            record_margins(logits, candidates.r, candidates.k, commit.transfer, rows.index, state.margins)
         out.stats.forwards += 1
-        if self.record_trace:
-            self._trace(canvas, rows, refresh, commit.transfer, commit.proposals)
-
-    @staticmethod
-    def _record_margins(logits, pick_r, pick_k, transfer, index, margins: torch.Tensor) -> None:
-        (gaps,) = logits.map_logits(lambda x: (top_two_gap(x),))
-        grid = torch.full(transfer.shape, float("inf"), dtype=margins.dtype, device=margins.device)
-        grid[pick_r, pick_k] = gaps.to(margins.dtype)
-        committed = margins[index]
-        margins[index] = torch.where(transfer, grid, committed)
+        if self.record_trace and int(rows.index[0]) == 0:
+            kind = "full" if refresh else self.decoding.cache
+            self.trace.append(trace_entry(canvas, kind, self.decoding.block_length, commit))
 
     def _context(
         self, canvas: Canvas, step: int, rows: _StepRows, masks_at_start: torch.Tensor
@@ -277,16 +280,3 @@ class DualCacheRunner:
         return self.model.forward_batch(
             box_window(canvas, cache, index, rows.all_rows, slots), (pick_r, source)
         )
-
-    def _trace(self, canvas: Canvas, rows: _StepRows, refresh: bool, transfer, proposals) -> None:
-        if int(rows.index[0]) != 0:
-            return
-        positions = canvas.position_ids[0].gather(0, canvas.block_slots[0])
-        start = int(positions[0])
-        kind = "full" if refresh else self.decoding.cache
-        offset = 0 if refresh else start
-        input_len = int(canvas.real[0].sum()) - offset
-        if kind == "dual":
-            input_len = self.decoding.block_length
-        commits = [[int(positions[k]), int(proposals[0, k])] for k in transfer[0].nonzero(as_tuple=True)[0]]
-        self.trace.append({"kind": kind, "offset": offset, "input_len": input_len, "commits": commits})

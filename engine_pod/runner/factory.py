@@ -1,16 +1,18 @@
-"""The runner for a loaded model, chosen by its family's cache kind: the dual-cache runner (LLaDA, Dream),
-the paged exact-cache runner (block diffusion: LLaDA2.0, SDAR), the canvas runner (DiffusionGemma)."""
+"""The runner for a loaded model: the one cycle driver with the stepper of its family's cache kind, the
+dual cache's (LLaDA, Dream), the paged exact cache's (block diffusion: LLaDA2.0, SDAR) or the canvases'
+(DiffusionGemma)."""
 
 from __future__ import annotations
 
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.loading.loader import LoadedModel
-from engine_pod.runner.canvas_cycle import CanvasCycleRunner
+from engine_pod.runner.canvas_cycle import CanvasStepper
 from engine_pod.runner.contract import Runner
-from engine_pod.runner.dual_cycle import DualCacheRunner
-from engine_pod.runner.paged_cycle import PagedCacheRunner
+from engine_pod.runner.cycle_driver import CycleRunner
+from engine_pod.runner.dual_cycle import DualCacheStepper
+from engine_pod.runner.paged_cycle import PagedCacheStepper
 
-_POOLED_RUNNERS = {"paged": PagedCacheRunner, "canvas": CanvasCycleRunner}
+_POOLED_STEPPERS = {"paged": PagedCacheStepper, "canvas": CanvasStepper}
 
 
 def make_runner(
@@ -25,8 +27,9 @@ def make_runner(
     gap) are recorded by the dual-cache runner and refused for the others, which record neither."""
     family = loaded.family
     if family.records_margins:
-        return DualCacheRunner(loaded, decoding, pool_tokens, record_trace, record_margins)
+        stepper = DualCacheStepper(loaded, decoding, pool_tokens, record_trace, record_margins)
+        return CycleRunner(loaded, decoding, stepper)
     for name, asked in (("record_trace", record_trace), ("record_margins", record_margins)):
         if asked:
             raise ValueError(f"{name} is not supported for {family.display_name} ({family.cache} cache)")
-    return _POOLED_RUNNERS[family.cache](loaded, decoding, pool_tokens)
+    return CycleRunner(loaded, decoding, _POOLED_STEPPERS[family.cache](loaded, decoding, pool_tokens))

@@ -1,18 +1,27 @@
-"""The engine's runner for block-diffusion models: the scheduler's cycle in, committed tokens out.
+"""The block-diffusion families' stepper (LLaDA2.0, SDAR), run by the cycle driver (runner/cycle_driver.py).
 
 Keeps each request's place in the exact KV cache across block cycles, keyed by the row's owner: a row
 whose committed tokens are the ones cached last cycle reuses them; a request the scheduler names as
 released (finished, cancelled, preempted) gives its pages back, and one that comes back recomputes its
-cache from its committed tokens at its next cycle. The pool holds the token budget's pages.
+cache from its committed tokens at its next cycle. The pool holds the token budget's pages. A cycle's
+layout and each step's queries: block_diffusion/cycle_layout.py; its forward batches:
+block_diffusion/batches.py.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
+from engine_pod.block_diffusion.batches import dense_forward, packed_forward
+from engine_pod.block_diffusion.cycle_layout import BlockCycle, BlockRow, lay_out, live_rows, step_queries
 from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache, PrefixCacheStats
-from engine_pod.block_diffusion.stepper import BlockDiffusionStepper, BlockRow
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
+from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
+from engine_pod.decoding.logprobs import LogprobRecorder
+from engine_pod.decoding.policies import StepContext
+from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.scheduler.cycle_row import CycleRow
@@ -37,8 +46,26 @@ def block_threshold(decoding: DecodingConfig) -> float:
     return decoding.threshold if fixed is None else fixed
 
 
-class PagedCacheRunner:
-    """The Runner contract for a model with an exact, persistent cache."""
+@dataclass
+class _PagedCycle:
+    """One cycle's state between its steps."""
+
+    layout: BlockCycle
+    heads: list[int]  # each row's fixed head in its block (the prompt's tail on the grid)
+    forwards_before: list[int]
+    hits: dict[str, int]  # tokens found in the prefix cache, per row entering the batch
+    gather_rows: bool
+    packed: bool
+    steps: int  # the most steps a row's block takes
+    recorder: LogprobRecorder | None
+    logprobs: list[list | None] | None
+    masked: torch.Tensor | None = None  # [R] masks left in each row's block, after the last read
+    counts: list[int] = field(default_factory=list)  # the same, read
+    stats: CycleStats = field(default_factory=CycleStats)
+
+
+class PagedCacheStepper:
+    """The block-diffusion families' part of a block cycle (a ``Stepper`` of runner/cycle_driver.py)."""
 
     grid_aligned = True  # the scheduler puts blocks on the absolute grid
     canvas_sampler = None  # no entropy-bound sampler
@@ -48,14 +75,16 @@ class PagedCacheRunner:
         self.threshold = block_threshold(decoding)
         L = decoding.block_length
         pages = -(-(pool_tokens or DEFAULT_POOL_TOKENS) // L) + 1
-        self.pool = loaded.model.new_pool(pages, L, loaded.device)
-        self.stepper = BlockDiffusionStepper(
-            loaded.model, self.pool, L, decoding.steps_per_block, exact_cache=decoding.cache != "none"
-        )
+        self.model = loaded.model
+        self.pool = self.model.new_pool(pages, L, loaded.device)
+        self.exact_cache = decoding.cache != "none"
+        self.mask_id = self.model.config.mask_token_id
+        self.policy = ScheduledThresholdPolicy()
         self.states: dict[str, BlockRow] = {}
         shares = decoding.prefix_cache and decoding.uses_cache  # shared keys must never be recomputed
         self.prefix_cache = BlockPrefixCache(self.pool, L) if shares else None
         self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)
+        self.denoise = DenoiseStep(self.policy, self.score_dtype, self.mask_id)
 
     @property
     def shares_blocks(self) -> bool:
@@ -65,10 +94,10 @@ class PagedCacheRunner:
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         return None if self.prefix_cache is None else self.prefix_cache.stats
 
-    def run(self, cycle: SchedulerOutput) -> CycleOutput:
-        rows, gather_rows, packed = cycle.rows, cycle.gather_rows, cycle.packed
-        if not rows:
-            raise ValueError("a block cycle needs at least one row")
+    def begin(self, cycle: SchedulerOutput) -> _PagedCycle:
+        """Released rows give their pages back; every row takes its place in the cache (its cached blocks
+        where it enters the batch), its pages up to its block's end, and the cycle's layout (one copy)."""
+        rows, L = cycle.rows, self.decoding.block_length
         released = set(cycle.released)
         for owner in [o for o in self.states if o in released]:  # oldest first: the pool's free order
             self._forget(owner)
@@ -79,27 +108,105 @@ class PagedCacheRunner:
         ]
         states = [self._state(owner, row) for owner, row in zip(owners, rows)]
         hits = self._share(states, entering) if self.prefix_cache is not None else {}
-        heads = [len(state.tokens) % self.decoding.block_length for state in states]
-        forwards_before = [state.forwards for state in states]
-        sampling = [row.sampling for row in rows]
         counts = [row.logprobs for row in rows]
-        blocks = self.stepper.run_cycle(states, sampling, gather_rows, packed, counts)
-        steps = [state.forwards - before for state, before in zip(states, forwards_before)]
-        stats = CycleStats(
-            forwards=max(steps),
-            computed_positions=self.stepper.computed_positions,
-            useful_positions=self.stepper.useful_positions,
-            cached_on_entry=hits,
+        asked = any(k is not None for k in counts)
+        logprobs = [[None] * L if k is not None else None for k in counts] if asked else None
+        layout = lay_out(
+            states,
+            self.pool,
+            L,
+            self.decoding.steps_per_block,
+            self.mask_id,
+            self.score_dtype,
+            [row.sampling for row in rows],
         )
-        recorded = self.stepper.logprobs
+        return _PagedCycle(
+            layout,
+            [len(state.tokens) % L for state in states],
+            [state.forwards for state in states],
+            hits,
+            cycle.gather_rows,
+            cycle.packed,
+            max(state.steps or self.decoding.steps_per_block for state in states),
+            LogprobRecorder(counts, logprobs) if asked else None,
+            logprobs,
+        )
+
+    def most_steps(self, state: _PagedCycle) -> int:
+        return state.steps
+
+    @torch.no_grad()
+    def going_on(self, state: _PagedCycle, step: int) -> bool:
+        """Whether a block has masks left (the step's one read), within the cycle's steps."""
+        if step >= state.steps:
+            return False
+        state.masked = (state.layout.blocks == self.mask_id).sum(1)
+        state.counts = state.masked.tolist()
+        return any(state.counts)
+
+    @torch.no_grad()
+    def step(self, state: _PagedCycle, step: int) -> None:
+        """One step of the rows with masks left (every row, where the cycle keeps them all)."""
+        cycle, counts = state.layout, state.counts
+        live, rows = live_rows(state.masked, counts, state.gather_rows)
+        candidates = sum(counts[i] for i in live)
+        queries = step_queries(cycle, live, rows, self.exact_cache, self.mask_id, candidates, state.packed)
+        build = packed_forward if state.packed else dense_forward
+        batch, select = build(queries, self.pool)
+        hidden = self.model.forward_batch(batch, select)
+        state.stats.computed_positions += batch.tokens.numel()
+        state.stats.useful_positions += sum(w for w, i in zip(queries.widths, live) if cycle.rows[i].active)
+        mask = queries.blocks == self.mask_id
+        context = StepContext(
+            step=step,
+            steps_per_block=cycle.steps[rows],
+            masks_at_block_start=mask.sum(1),
+            masks_now=mask.sum(1),
+            threshold=cycle.thresholds[rows],
+            eps=0.0,
+        )
+        positions = batch.positions[select[0], select[1]]
+        commit = self.denoise(
+            hidden,
+            Candidates.of(mask, rows, queries.candidates),
+            queries.blocks,
+            positions,
+            step,
+            cycle.sampling,
+            context,
+            state.recorder,
+        )
+        cycle.blocks[rows] = commit.blocks
+        for i in live:
+            cycle.rows[i].forwards += 1
+            if self.exact_cache:
+                cycle.rows[i].cached = cycle.starts[i]
+
+    def finish(self, state: _PagedCycle) -> CycleOutput:
+        """Every row's block (its fixed head left out), its tokens extended to the block's end."""
+        cycle = state.layout
+        if bool((cycle.blocks == self.mask_id).any()):
+            raise RuntimeError(f"a block kept masks after {state.steps} steps; this is a bug")
+        blocks = cycle.blocks.tolist()
+        if state.recorder is not None:
+            state.recorder.finish()
+        for row, start, block in zip(cycle.rows, cycle.starts, blocks):
+            row.tokens[start:] = block
+        steps = [row.forwards - before for row, before in zip(cycle.rows, state.forwards_before)]
+        state.stats.forwards = max(steps)
+        state.stats.cached_on_entry = state.hits
+        heads, recorded = state.heads, state.logprobs
         return CycleOutput(
             blocks=[block[head:] for block, head in zip(blocks, heads)],
             steps=steps,
-            stats=stats,
+            stats=state.stats,
             logprobs=None
             if recorded is None
             else [r if r is None else r[h:] for r, h in zip(recorded, heads)],
         )
+
+    def end(self, state: _PagedCycle) -> None:
+        """Nothing: the rows' pages are kept for their next cycle."""
 
     def _state(self, owner: str, row: CycleRow) -> BlockRow:
         prefix = list(row.prefix_ids)
@@ -117,7 +224,16 @@ class PagedCacheRunner:
         threshold calibration samples); their pages are given back."""
         rows = [BlockRow(f"calibration-{i}", list(p)) for i, p in enumerate(prompts)]
         try:
-            return self.stepper.first_step_confidences(rows)
+            L, steps = self.decoding.block_length, self.decoding.steps_per_block
+            cycle = lay_out(rows, self.pool, L, steps, self.mask_id, self.score_dtype)
+            every = list(range(len(rows)))
+            index = torch.arange(len(rows), device=self.pool.device)
+            batch, select = packed_forward(
+                step_queries(cycle, every, index, self.exact_cache, self.mask_id), self.pool
+            )
+            with torch.no_grad():
+                _, confidence = self.model.forward_batch(batch, select).map_logits(self.policy.scorer)
+            return confidence
         finally:
             for row in rows:
                 self.pool.release(row.owner)

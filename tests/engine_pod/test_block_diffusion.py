@@ -359,15 +359,15 @@ def test_the_paged_runner_frees_a_request_when_the_scheduler_names_it_released(l
     for request_id, tokens in (("short", 4), ("long", 12)):
         engine.add_request(scheduler.request_for(request_id, [3, 4, 5, 6], tokens))
     finished = engine.step().finished
-    assert [r.request_id for r in finished] == ["short"] and set(runner.states) == {"short", "long"}
-    held = runner.pool.table("long")
+    assert [r.request_id for r in finished] == ["short"] and set(runner.stepper.states) == {"short", "long"}
+    held = runner.stepper.pool.table("long")
     assert engine.step().output.released == ["short"]
-    assert set(runner.states) == {"long"} and not runner.pool.table("short")
-    assert runner.pool.table("long")[: len(held)] == held
+    assert set(runner.stepper.states) == {"long"} and not runner.stepper.pool.table("short")
+    assert runner.stepper.pool.table("long")[: len(held)] == held
     scheduler.cancel("long")
     engine.add_request(scheduler.request_for("next", [7, 8], 4))
     assert engine.step().output.released == ["long"]
-    assert set(runner.states) == {"next"} and not runner.pool.table("long")
+    assert set(runner.stepper.states) == {"next"} and not runner.stepper.pool.table("long")
 
 
 @pytest.mark.parametrize("spec", ["random:llada2-tiny", "random:sdar-tiny"])

@@ -143,7 +143,7 @@ def test_a_preempted_request_resumes_with_its_reference_tokens(base):
     order = random.Random(0).sample(indices, len(indices))
     generated, engine = _run(base, indices, _blockserve(_widest(indices)), order)
     assert sum(record.preempted for record in engine.records) >= 2
-    assert not engine.runner.suspended  # every preempted request came back and took its state
+    assert not engine.runner.stepper.suspended  # every preempted request came back and took its state
     _assert_reproduced(indices, generated)
 
 
@@ -242,13 +242,13 @@ def test_released_requests_are_forgotten_and_preempted_ones_keep_their_generator
     runner = make_runner(base, DecodingConfig(block_length=16, steps_per_block=2), pool_tokens=256)
     a, b = CycleRow((3, 4, 5), owner="a"), CycleRow((6, 7), owner="b")
     first = runner.run(SchedulerOutput.of_rows([a, b]))
-    assert set(runner.states) == {"a", "b"} and runner.states["a"].chunks == [3]
+    assert set(runner.stepper.states) == {"a", "b"} and runner.stepper.states["a"].chunks == [3]
     grown = CycleRow(a.prefix_ids + tuple(first.blocks[0]), owner="a")
     second = SchedulerOutput.of_rows([grown])
     second.released = ["b"]
     runner.run(second)
-    assert set(runner.states) == {"a"} and runner.states["a"].chunks == [3, 16]
+    assert set(runner.stepper.states) == {"a"} and runner.stepper.states["a"].chunks == [3, 16]
     third = SchedulerOutput.of_rows([CycleRow((8,), owner="c")])
     third.released, third.preempted = ["a"], ["a"]
     runner.run(third)
-    assert set(runner.states) == {"c"} and runner.suspended["a"][1] == [3, 16]
+    assert set(runner.stepper.states) == {"c"} and runner.stepper.suspended["a"][1] == [3, 16]

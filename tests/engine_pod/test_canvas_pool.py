@@ -40,14 +40,14 @@ def _pages(tokens: int, page: int = 16) -> int:
 
 def test_the_pool_is_sized_by_the_token_budget(base):
     runner = make_runner(base, DecodingConfig(block_length=16, steps_per_block=2), pool_tokens=100)
-    assert runner.pool.free_pages == _pages(100) and runner.pool.page_size == 16
-    shapes = [tuple(keys.shape[1:]) for keys in runner.pool.keys]
+    assert runner.stepper.pool.free_pages == _pages(100) and runner.stepper.pool.page_size == 16
+    shapes = [tuple(keys.shape[1:]) for keys in runner.stepper.pool.keys]
     assert shapes == [(2, 16), (2, 16), (1, 32)]  # sliding layers' heads, the full layer's wider one
 
 
 def test_released_and_preempted_requests_give_their_pages_back(base):
     runner = make_runner(base, DecodingConfig(block_length=16, steps_per_block=2), pool_tokens=256)
-    pool, total = runner.pool, runner.pool.free_pages
+    pool, total = runner.stepper.pool, runner.stepper.pool.free_pages
     a, b = CycleRow((3, 4, 5), owner="a"), CycleRow((6, 7), owner="b")
     first = runner.run(SchedulerOutput.of_rows([a, b]))
     assert len(pool.table("a")) == len(pool.table("b")) == 1 and pool.free_pages == total - 2
@@ -61,16 +61,16 @@ def test_released_and_preempted_requests_give_their_pages_back(base):
     runner.run(third)
     assert not pool.table("a") and len(pool.table("c")) == 1 and pool.free_pages == total - 1
     back = SchedulerOutput.of_rows([CycleRow((8,), owner="c"), grown])  # rebuilt at its return
-    assert runner.run(back) and len(pool.table("a")) == 2 and runner.states["a"].cache.length == 19
+    assert runner.run(back) and len(pool.table("a")) == 2 and runner.stepper.states["a"].cache.length == 19
     runner.forget()
     assert pool.free_pages == total
 
 
 def _held_pages(runner) -> int:
     """Pages the runner's requests hold, each checked against its context (no page lost or kept)."""
-    for owner, state in runner.states.items():
-        assert len(runner.pool.table(owner)) == _pages(state.cache.length), owner
-    return sum(len(runner.pool.table(owner)) for owner in runner.states)
+    for owner, state in runner.stepper.states.items():
+        assert len(runner.stepper.pool.table(owner)) == _pages(state.cache.length), owner
+    return sum(len(runner.stepper.pool.table(owner)) for owner in runner.stepper.states)
 
 
 def test_a_blockserve_run_with_preemption_stays_within_the_pools_pages(base):
@@ -99,7 +99,7 @@ def test_a_blockserve_run_with_preemption_stays_within_the_pools_pages(base):
     assert sum(record.preempted for record in engine.records) >= 1
     assert max(held) <= _pages(budget) and max(held) > _pages(budget) // 2
     runner.forget()
-    assert runner.pool.free_pages == _pages(budget)
+    assert runner.stepper.pool.free_pages == _pages(budget)
 
 
 def _trace_logits(model, cache: ContextCache, before=lambda: None) -> list[torch.Tensor]:

@@ -52,10 +52,10 @@ def test_a_profiled_canvas_cycle_is_measured_with_its_context_pool_allocated(mon
         profiler, "make_runner", lambda *a, **k: runners.append(make_runner(*a, **k)) or runners[-1]
     )
     monkeypatch.setattr(
-        profiler, "reset_peak", lambda device: pool_at_reset.append(runners[-1].pool.nbytes())
+        profiler, "reset_peak", lambda device: pool_at_reset.append(runners[-1].stepper.pool.nbytes())
     )
     measure_point(loaded, Point(6, 17), cfg)
-    pool = runners[0].pool
+    pool = runners[0].stepper.pool
     per_slot = sum(keys[0].nbytes + values[0].nbytes for keys, values in zip(pool.keys, pool.values))
     assert pool_at_reset == [pool.nbytes()] == [(7 * 16 + 1) * per_slot]  # ceil(6 x 17 / 16) pages
     assert pool.free_pages == 1  # each row's one-token context holds a page

@@ -180,7 +180,9 @@ def test_the_prefix_cache_never_changes_a_requests_tokens(model, case):
         model, partial(BlockServeScheduler, block, [], scheduling), decoding, turns, budget
     )
     assert shared == alone
-    assert runner.prefix_cache is not None and runner.prefix_cache.stats.attached_rows >= len(turns)
+    assert runner.stepper.prefix_cache is not None and runner.stepper.prefix_cache.stats.attached_rows >= len(
+        turns
+    )
 
 
 def test_shared_blocks_are_hit_evicted_and_survive_preemption_with_the_same_tokens(model):
@@ -199,7 +201,7 @@ def test_shared_blocks_are_hit_evicted_and_survive_preemption_with_the_same_toke
         model, partial(BlockServeScheduler, block, [], scheduling), decoding, turns, budget
     )
     assert shared == without
-    stats = runner.prefix_cache.stats
+    stats = runner.stepper.prefix_cache.stats
     assert stats.hit_tokens > 0 and stats.evicted_tokens > 0
     assert sum(record.preempted for record in engine.records) > 0
     assert max(record.cost for record in engine.records) <= budget

@@ -12,7 +12,7 @@ import torch
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.loading.loader import load_model
 from engine_pod.runner.canvas import build_canvas
-from engine_pod.runner.dual_cycle import DualCacheRunner
+from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from tests.factories import REFERENCE_DIR
@@ -28,12 +28,12 @@ def loaded():
 def test_rows_with_their_own_thresholds_decode_as_they_would_alone(loaded):
     decoding = DecodingConfig(block_length=16, steps_per_block=16, threshold=0.9, cache="dual")
     thresholds = [0.99, 0.3, None]
-    mixed = DualCacheRunner(loaded, decoding).run(
+    mixed = make_runner(loaded, decoding).run(
         SchedulerOutput.of_rows([CycleRow(p, threshold=t) for p, t in zip(PROMPTS, thresholds)])
     )
     for index, (prompt, threshold) in enumerate(zip(PROMPTS, thresholds)):
         alone_config = dataclasses.replace(decoding, threshold=threshold if threshold is not None else 0.9)
-        alone = DualCacheRunner(loaded, alone_config).run(SchedulerOutput.of_rows([CycleRow(prompt)]))
+        alone = make_runner(loaded, alone_config).run(SchedulerOutput.of_rows([CycleRow(prompt)]))
         assert mixed.blocks[index] == alone.blocks[0]
         assert mixed.steps[index] == alone.steps[0]
     assert mixed.steps[0] > mixed.steps[1]  # a stricter threshold needs more steps
@@ -54,7 +54,7 @@ def test_canvas_left_pads_and_positions_start_at_zero():
 def test_padding_efficiency_counts_only_live_prompt_and_block_positions(loaded):
     decoding = DecodingConfig(block_length=8, steps_per_block=8, remasking="low_confidence", cache="dual")
     rows = [CycleRow(tuple(range(1, 21))), CycleRow((5,))]
-    out = DualCacheRunner(loaded, decoding).run(SchedulerOutput.of_rows(rows))
+    out = make_runner(loaded, decoding).run(SchedulerOutput.of_rows(rows))
     refresh_computed = 2 * 28
     window_computed = (out.stats.forwards - 1) * 2 * 8
     assert out.stats.computed_positions == refresh_computed + window_computed

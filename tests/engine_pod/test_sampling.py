@@ -18,7 +18,6 @@ from engine_pod.decoding.sampling import sample, uniform_noise
 from engine_pod.decoding.sampling_params import SamplingError, SamplingParams
 from engine_pod.engine import Engine
 from engine_pod.loading.loader import load_model
-from engine_pod.runner.dual_cycle import DualCacheRunner
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.request import Request
@@ -35,7 +34,7 @@ def models():
 
 
 def _run(loaded, scheduler, decoding, workload, sampling: dict, order=None) -> dict[str, list[int]]:
-    engine = Engine(DualCacheRunner(loaded, decoding), scheduler)
+    engine = Engine(make_runner(loaded, decoding), scheduler)
     for request_id, prompt, budget in workload if order is None else [workload[i] for i in order]:
         request = Request.from_tokens(request_id, prompt, budget, BLOCK)
         request.sampling = sampling.get(request_id)

@@ -10,7 +10,7 @@ import pytest
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.loading.loader import load_model
-from engine_pod.runner.dual_cycle import DualCacheRunner
+from engine_pod.runner.factory import make_runner
 from engine_pod.serve.redis_server import RedisServer
 from engine_pod.worker.config import WorkerConfig
 from engine_pod.worker.worker import Worker
@@ -81,7 +81,7 @@ def make_worker(served_model):
         config = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, **decoding)
         settings = SchedulerConfig(token_budget, **(scheduling or {}))
         worker_config = WorkerConfig(redis_url, service, settings, **({"lease_ms": 3000} | (worker or {})))
-        return WorkerThread(Worker(DualCacheRunner(loaded, config), worker_config))
+        return WorkerThread(Worker(make_runner(loaded, config), worker_config))
 
     return build
 

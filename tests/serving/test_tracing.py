@@ -18,7 +18,7 @@ from dllm_contracts.tracing import Tracing
 from dllm_contracts.tracing_config import TracingConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.loading.loader import load_model
-from engine_pod.runner.dual_cycle import DualCacheRunner
+from engine_pod.runner.factory import make_runner
 from engine_pod.worker.config import WorkerConfig
 from engine_pod.worker.worker import Worker
 from tests.serving.conftest import WorkerThread
@@ -70,7 +70,7 @@ def traced_stack(served_model, redis_server, service):
     decoding = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK)
     config = WorkerConfig(redis_server.url, service, SchedulerConfig(2048), lease_ms=3000)
     worker = Worker(
-        DualCacheRunner(loaded, decoding),
+        make_runner(loaded, decoding),
         config,
         tracing=Tracing.exporting(SimpleSpanProcessor(worker_spans), "dllm-worker"),
     )

@@ -784,7 +784,7 @@ def test_drain_hands_unfinished_work_back_with_its_blocks(redis_server, service,
     from dllm_contracts.scheduler_config import SchedulerConfig
     from engine_pod.decoding.config import DecodingConfig
     from engine_pod.loading.loader import load_model
-    from engine_pod.runner.dual_cycle import DualCacheRunner
+    from engine_pod.runner.factory import make_runner
     from engine_pod.worker.config import WorkerConfig
     from engine_pod.worker.worker import Worker
     from tests.serving.conftest import WorkerThread
@@ -795,7 +795,7 @@ def test_drain_hands_unfinished_work_back_with_its_blocks(redis_server, service,
     config = WorkerConfig(
         redis_server.url, service, SchedulerConfig(2048), lease_ms=60_000, drain_timeout_s=0.0
     )
-    thread = WorkerThread(Worker(DualCacheRunner(loaded, decoding), config))
+    thread = WorkerThread(Worker(make_runner(loaded, decoding), config))
     with thread:
         queue = _enqueue(redis_server.url, service, "r-back", 5, max_tokens=64 * 8)
         _wait_for_block(queue, "r-back")
@@ -811,7 +811,7 @@ def test_drain_hands_unfinished_work_back_with_its_blocks(redis_server, service,
 
 def _logprobs_worker(url: str, service: str, loaded, drain_timeout_s: float):
     from engine_pod.decoding.config import DecodingConfig
-    from engine_pod.runner.dual_cycle import DualCacheRunner
+    from engine_pod.runner.factory import make_runner
     from engine_pod.worker.config import WorkerConfig
     from engine_pod.worker.worker import Worker
     from tests.serving.conftest import WorkerThread
@@ -820,7 +820,7 @@ def _logprobs_worker(url: str, service: str, loaded, drain_timeout_s: float):
     config = WorkerConfig(
         url, service, SchedulerConfig(2048), lease_ms=60_000, drain_timeout_s=drain_timeout_s
     )
-    return WorkerThread(Worker(DualCacheRunner(loaded, decoding), config))
+    return WorkerThread(Worker(make_runner(loaded, decoding), config))
 
 
 def test_log_probabilities_survive_a_hand_over(redis_server, service, served_model):

@@ -1,0 +1,110 @@
+"""The engine's one cycle driver: every family's block cycle is the same loop.
+
+``begin`` lays the cycle out (its rows' layout in one copy to the device, their pages in the KV pool, new
+context encoded where the family has an encoder); then, step by step, ``step`` runs one denoising step
+(the step's forward batch, the model's forward, the commits) and ``going_on`` makes the step's one read
+of the device (which rows go on: a row whose block is complete leaves the next forwards where the cycle
+gathers rows), until no row goes on; ``finish`` reads the committed blocks, and ``end`` gives back what
+the cycle held, however it ended.
+
+What differs by the family's cache kind is the stepper: the dual cache's (runner/dual_cycle.py), block
+diffusion's paged cache (runner/paged_cycle.py) and DiffusionGemma's canvases (runner/canvas_cycle.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from dllm_contracts.canvas_sampler import EntropyBoundParams
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.runner.contract import CycleOutput
+from engine_pod.scheduler.output import SchedulerOutput
+
+if TYPE_CHECKING:  # tensors: named here, never imported at run time
+    from torch import Tensor
+
+    from engine_pod.block_diffusion.prefix_cache import PrefixCacheStats
+    from engine_pod.loading.loader import LoadedModel
+
+
+class Stepper(Protocol):
+    """A cache kind's part of a block cycle; the driver runs the loop. A cycle's state is the stepper's own."""
+
+    grid_aligned: bool
+    shares_blocks: bool
+    prefix_cache_stats: PrefixCacheStats | None
+    canvas_sampler: EntropyBoundParams | None
+
+    def begin(self, cycle: SchedulerOutput) -> Any:
+        """The cycle laid out: its state."""
+        ...
+
+    def most_steps(self, state: Any) -> int:
+        """Steps within which every row's block completes (more: a bug)."""
+        ...
+
+    def going_on(self, state: Any, step: int) -> bool:
+        """After ``step`` steps: whether a row steps again (the step's one read)."""
+        ...
+
+    def step(self, state: Any, step: int) -> None:
+        """Denoising step ``step`` of the rows going on."""
+        ...
+
+    def finish(self, state: Any) -> CycleOutput:
+        """The committed blocks, the rows' steps and the cycle's costs."""
+        ...
+
+    def end(self, state: Any) -> None:
+        """Give back what the cycle held (run however the cycle ended)."""
+        ...
+
+    def forget(self) -> None: ...
+
+    def first_block_confidences(self, prompts: list[list[int]]) -> Tensor: ...
+
+
+class CycleRunner:
+    """The Runner contract (runner/contract.py) of every family: this loop over its cache kind's stepper."""
+
+    def __init__(self, loaded: LoadedModel, decoding: DecodingConfig, stepper: Stepper) -> None:
+        self.loaded, self.decoding, self.stepper = loaded, decoding, stepper
+
+    @property
+    def grid_aligned(self) -> bool:
+        return self.stepper.grid_aligned
+
+    @property
+    def shares_blocks(self) -> bool:
+        return self.stepper.shares_blocks
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        return self.stepper.prefix_cache_stats
+
+    @property
+    def canvas_sampler(self) -> EntropyBoundParams | None:
+        return self.stepper.canvas_sampler
+
+    def run(self, cycle: SchedulerOutput) -> CycleOutput:
+        """One block cycle over the scheduler's rows."""
+        if not cycle.rows:
+            raise ValueError("a block cycle needs at least one row")
+        state = self.stepper.begin(cycle)
+        try:
+            limit, step = self.stepper.most_steps(state), 0
+            while self.stepper.going_on(state, step):
+                if step >= limit:
+                    raise RuntimeError(f"a block did not complete within {limit} forwards; this is a bug")
+                self.stepper.step(state, step)
+                step += 1
+            return self.stepper.finish(state)
+        finally:
+            self.stepper.end(state)
+
+    def forget(self) -> None:
+        """Let go of every request's state kept across cycles."""
+        self.stepper.forget()
+
+    def first_block_confidences(self, prompts: list[list[int]]) -> Tensor:
+        return self.stepper.first_block_confidences(prompts)
