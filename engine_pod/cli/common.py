@@ -52,6 +52,54 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     add_threads_arg(group)
 
 
+def add_tensor_parallel_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the model across N processes on this machine (N GPUs from --device's index on, or N CPU "
+        "processes sharing the threads): attention heads, MLP units and the vocabulary divided among them; "
+        "the same tokens as one process (default: 1; LLaDA and Dream)",
+    )
+
+
+def add_nodes_args(parser: argparse.ArgumentParser) -> None:
+    """A tensor-parallel group over several machines (a LeaderWorkerSet's pods)."""
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="machines the --tensor-parallel ranks span, each running "
+        "this command with its --node-rank (default: 1)",
+    )
+    parser.add_argument(
+        "--node-rank",
+        type=int,
+        default=0,
+        help="this machine's place among --nodes: 0 serves, the others only compute (default: 0)",
+    )
+    parser.add_argument(
+        "--group-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="where node 0's ranks meet the others (needed with --nodes above 1; the port free on node 0)",
+    )
+
+
+def group_place(args: argparse.Namespace):
+    """The tensor-parallel group these flags describe (one line for flags that do not fit together)."""
+    from engine_pod.runner.group_processes import GroupPlace
+
+    nodes = getattr(args, "nodes", 1)
+    try:
+        return GroupPlace(
+            args.tensor_parallel, nodes, getattr(args, "node_rank", 0), getattr(args, "group_address", None)
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
 def add_threads_arg(parser) -> None:
     """``--threads``: torch's threads in the engine (engine_pod/cpu_threads.py chooses and checks them)."""
     parser.add_argument(

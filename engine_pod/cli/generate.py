@@ -12,7 +12,9 @@ from engine_pod.cli.common import (
     add_decoding_args,
     add_model_args,
     add_sampler_args,
+    add_tensor_parallel_arg,
     decoding_config,
+    group_place,
     parse_int_list,
     with_sampler_args,
 )
@@ -50,6 +52,7 @@ def register(subparsers) -> None:
     )
     add_decoding_args(parser)
     add_sampler_args(parser)
+    add_tensor_parallel_arg(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     parser.set_defaults(handler=run)
 
@@ -68,9 +71,11 @@ def _prompt_ids(args: argparse.Namespace, loaded) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from engine_pod.decoding.sampling_params import SamplingParams
     from engine_pod.generation import generate_one
-    from engine_pod.loading.loader import load_model
+    from engine_pod.runner.group_processes import ModelArgs, tensor_parallel_group
 
     threads = apply_threads(args.threads, logging.DEBUG)
     if args.steps_per_block is not None:
@@ -81,9 +86,15 @@ def run(args: argparse.Namespace) -> int:
         steps = args.steps if args.steps is not None else args.gen_length
         spb = steps_per_block_for(args.gen_length, args.block_length, steps)
     decoding = decoding_config(args, spb)
-    loaded = with_sampler_args(args, load_model(args.model, args.device, args.dtype, family=args.family))
-    sampling = SamplingParams(seed=args.seed) if args.seed else None
-    result = generate_one(loaded, _prompt_ids(args, loaded), args.gen_length, decoding, sampling=sampling)
+    place = group_place(args)
+    per_rank = max(1, threads.threads // args.tensor_parallel)
+    model = ModelArgs(args.model, args.device, args.dtype, family=args.family, threads=per_rank)
+    if args.tensor_parallel > 1:
+        torch.set_num_threads(per_rank)
+    with tensor_parallel_group(place, model) as loaded:
+        loaded = with_sampler_args(args, loaded)
+        sampling = SamplingParams(seed=args.seed) if args.seed else None
+        result = generate_one(loaded, _prompt_ids(args, loaded), args.gen_length, decoding, sampling=sampling)
     if args.json:
         payload = {
             "token_ids": result.token_ids,

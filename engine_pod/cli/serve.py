@@ -150,6 +150,7 @@ def _worker_args(args: argparse.Namespace, redis_url: str, identity: ModelIdenti
         *("--steps-per-block", str(args.steps_per_block)),
         *("--lease-ms", str(args.lease_ms), "--drain-timeout", str(args.drain_timeout)),
         *("--result-ttl", str(args.result_ttl), "--model-identity", identity.text),
+        *("--tensor-parallel", str(args.tensor_parallel)),
         *decoding,
     ]
 

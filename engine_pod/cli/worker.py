@@ -9,11 +9,20 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
 from dllm_contracts.model_identity import MODEL_IDENTITY_ENV, ModelIdentity
 from dllm_contracts.queue.keys import RESULT_TTL_S
-from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config
+from engine_pod.cli.common import (
+    CliError,
+    add_decoding_args,
+    add_model_args,
+    add_nodes_args,
+    add_tensor_parallel_arg,
+    decoding_config,
+    group_place,
+)
 from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
 from engine_pod.cpu_threads import apply_threads
 from engine_pod.scheduler.serving import SERVING_POLICIES
@@ -26,8 +35,10 @@ TRACED_AS = "dllm-worker"  # the traces' service.name unless OTEL_SERVICE_NAME s
 
 
 def add_worker_args(parser: argparse.ArgumentParser) -> None:
-    """The worker's flags that ``dllm serve`` shares: BlockServe's (budget included), leases, draining."""
+    """The worker's flags that ``dllm serve`` shares: BlockServe's (budget included), leases, draining,
+    tensor parallelism."""
     add_scheduler_args(parser)
+    add_tensor_parallel_arg(parser)
     parser.add_argument(
         "--steps-per-block", type=int, default=32, help="denoising steps per block (default: 32)"
     )
@@ -78,6 +89,7 @@ def register(subparsers) -> None:
         f"these weights (default: ${MODEL_IDENTITY_ENV}; unset: no check; dllm serve and the operator set it)",
     )
     add_worker_args(parser)
+    add_nodes_args(parser)
     parser.add_argument(
         "--host", default="0.0.0.0", help="address of /metrics, /healthz, /readyz (default: 0.0.0.0)"
     )
@@ -88,10 +100,12 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
-def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Worker:
+def build_worker(args: argparse.Namespace, redis_url: str, service: str, held: ExitStack) -> Worker:
+    """The worker of these flags; ``held`` keeps its tensor-parallel group (the other ranks' processes)
+    for as long as the worker runs."""
     from dllm_contracts.tracing import Tracing
-    from engine_pod.loading.loader import load_model
     from engine_pod.runner.factory import make_runner
+    from engine_pod.runner.group_processes import tensor_parallel_group
     from engine_pod.worker.config import WorkerConfig
     from engine_pod.worker.worker import Worker
 
@@ -102,7 +116,7 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Work
     if getattr(args, "batch_size", 1) < 1:
         raise CliError(f"--batch-size must be positive, got {args.batch_size}")
     tracing_config = _tracing_config()
-    loaded = load_model(args.model, args.device, args.dtype, family=args.family)
+    loaded = held.enter_context(tensor_parallel_group(group_place(args), model_args(args)))
     config = WorkerConfig(
         redis_url=redis_url,
         service=service,
@@ -117,6 +131,31 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str) -> Work
     )
     runner = make_runner(loaded, decoding, scheduling.token_budget)
     return Worker(runner, config, tracing=Tracing.start(tracing_config))
+
+
+def model_args(args: argparse.Namespace):
+    """What each rank of the worker's group loads, with its share of this process's threads."""
+    import torch
+
+    from engine_pod.runner.group_processes import ModelArgs
+
+    per_node = max(1, args.tensor_parallel // max(1, getattr(args, "nodes", 1)))
+    per_rank = max(1, torch.get_num_threads() // per_node)
+    if per_node > 1:
+        torch.set_num_threads(per_rank)
+    return ModelArgs(args.model, args.device, args.dtype, family=args.family, threads=per_rank)
+
+
+def follow_group(args: argparse.Namespace) -> int:
+    """Another node's ranks of the group: compute what node 0 sends until it stops (no queue, no probes
+    of a worker: the pod lives as long as its group)."""
+    from engine_pod.runner.factory import make_runner
+    from engine_pod.runner.group_processes import tensor_parallel_group
+    from engine_pod.runner.tensor_parallel import follow
+
+    with tensor_parallel_group(group_place(args), model_args(args)) as loaded:
+        follow(loaded, make_runner)
+    return 0
 
 
 def _tracing_config():
@@ -140,14 +179,22 @@ def run(args: argparse.Namespace) -> int:
     from engine_pod.worker.http import ProbeSource, serve_probes
 
     apply_threads(args.threads)
+    if group_place(args).node > 0:
+        return follow_group(args)
     probes = ProbeSource()  # up before the model loads: a long download is alive, not restarted
     server = serve_probes(args.host, args.port, probes) if args.port else None
-    try:
-        worker = build_worker(args, args.redis, args.service)
-    except BaseException:
-        if server is not None:
-            server.shutdown()
-        raise
+    with ExitStack() as held:
+        try:
+            worker = build_worker(args, args.redis, args.service, held)
+        except BaseException:
+            if server is not None:
+                server.shutdown()
+            raise
+        return _serve(worker, args, server, probes)
+
+
+def _serve(worker: Worker, args: argparse.Namespace, server, probes) -> int:
+    """Run the built worker until it stops (its probes' server shut down then)."""
     worker.install_signal_handlers()
     probes.attach(worker.metrics.registry, worker.ready)
     logger.info(

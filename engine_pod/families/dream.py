@@ -12,6 +12,7 @@ from engine_pod.families.name_maps import layered_name_map
 from engine_pod.families.record import DualCacheQuirks, ModelFamily
 from engine_pod.models.config import ModelConfig, ModelConfigError, as_tuple, qwen_shape
 from engine_pod.models.transformer import DiffusionTransformer
+from engine_pod.parallel.llama_shards import LlamaShards
 
 NAME = "dream"
 
@@ -68,5 +69,6 @@ FAMILY = ModelFamily(
     cache="dual",
     decoding=FamilyDecoding(block_length=DEFAULT_BLOCK_LENGTH, steps_per_block=DEFAULT_BLOCK_LENGTH),
     name_map=dream_name_map,
+    tensor_parallel=LlamaShards,
     quirks=DualCacheQuirks(logit_shift=1, commits_block_start_on_refresh=True),
 )

@@ -11,6 +11,7 @@ from engine_pod.families.name_maps import layered_name_map
 from engine_pod.families.record import DualCacheQuirks, ModelFamily
 from engine_pod.models.config import ModelConfig, ModelConfigError, as_tuple, require
 from engine_pod.models.transformer import DiffusionTransformer
+from engine_pod.parallel.llama_shards import LlamaShards
 
 NAME = "llada"
 
@@ -93,6 +94,7 @@ FAMILY = ModelFamily(
     cache="dual",
     decoding=FamilyDecoding(block_length=DEFAULT_BLOCK_LENGTH, steps_per_block=DEFAULT_BLOCK_LENGTH),
     name_map=llada_name_map,
+    tensor_parallel=LlamaShards,
     # Fast-dLLM's LLaDA dual-cache sampler gives a block at most S forwards, even with threshold decoding
     quirks=DualCacheQuirks(caps_dual_cache_steps=True),
 )

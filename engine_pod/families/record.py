@@ -59,6 +59,8 @@ class ModelFamily:
     quirks: DualCacheQuirks = DualCacheQuirks()
     steps_capped_by_length: bool = False  # a row's steps per block capped by its generation budget
     entropy_sampler: bool = False  # the entropy-bound sampler's settings apply (--entropy-bound, ...)
+    # (config, TensorParallel) -> its rank's shards (build(), shard(name, tensor)); None: one process only
+    tensor_parallel: Callable[[Any, Any], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.cache not in CACHE_KINDS:

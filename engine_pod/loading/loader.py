@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -17,6 +17,7 @@ from engine_pod.loading.presets import preset_config
 from engine_pod.loading.tokenizer_files import LazyTokenizer, eos_ids, has_tokenizer
 from engine_pod.loading.weights import load_state_dict
 from engine_pod.models.config import ModelConfig
+from engine_pod.parallel.group import TensorParallel
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ class LoadedModel:
     source: str
     device: torch.device
     dtype: torch.dtype
+    parallel: TensorParallel = field(default_factory=TensorParallel)  # its rank's place (one: the whole)
 
     @property
     def family(self) -> ModelFamily:
@@ -84,7 +86,7 @@ _INITIALISERS = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "on
 
 
 @contextlib.contextmanager
-def _no_initial_draws():
+def no_initial_draws():
     """Modules built without drawing their initial weights, which are loaded (or drawn) afterwards: even on
     the meta device a draw imports torch's compiler stack, most of a second of every model load."""
     saved = {name: getattr(torch.nn.init, name) for name in _INITIALISERS}
@@ -102,7 +104,7 @@ def build_model(config: Any, device: torch.device, dtype: torch.dtype) -> torch.
     architecture = family_of(config).architecture
     if device.type != "meta":
         check_weights_fit(config, device, dtype)
-    with torch.device("meta"), _no_initial_draws():
+    with torch.device("meta"), no_initial_draws():
         model = architecture(config)
     return model.to(dtype).to_empty(device=device).eval()
 
@@ -113,10 +115,10 @@ def parameter_count(config: Any) -> int:
     is alike), in milliseconds where building all of a large MoE's experts takes seconds."""
     family = family_of(config)
     if family.count_parameters is not None:
-        with _no_initial_draws():
+        with no_initial_draws():
             return family.count_parameters(config)
     distinct = min(config.num_layers, (config.moe.first_dense_layers if config.moe else 0) + 1)
-    with torch.device("meta"), _no_initial_draws():
+    with torch.device("meta"), no_initial_draws():
         model = family.architecture(replace(config, num_layers=distinct))
     last = sum(p.numel() for p in model.layers[-1].parameters())
     tied = (
@@ -125,12 +127,15 @@ def parameter_count(config: Any) -> int:
     return sum(p.numel() for p in model.parameters()) + (config.num_layers - distinct) * last - tied
 
 
-def check_weights_fit(config: Any, device: torch.device, dtype: torch.dtype) -> None:
+def check_weights_fit(
+    config: Any, device: torch.device, dtype: torch.dtype, parameters: int | None = None
+) -> None:
     """Refuse, in one line naming both sizes, weights larger than the memory the device has for them
-    (before any is allocated: a model that cannot fit would otherwise be killed for memory much later)."""
+    (before any is allocated: a model that cannot fit would otherwise be killed for memory much later);
+    ``parameters``: those this process holds (a tensor-parallel rank's), else the whole model's."""
     from engine_pod.device_memory import available_memory
 
-    needed = parameter_count(config) * dtype.itemsize
+    needed = (parameter_count(config) if parameters is None else parameters) * dtype.itemsize
     available = available_memory(device)
     if needed > available:
         name = str(dtype).removeprefix("torch.")

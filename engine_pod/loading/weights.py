@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,8 +24,11 @@ def name_map(config: ModelConfig) -> dict[str, str]:
     return mapping(config)
 
 
-def load_state_dict(config: ModelConfig, model_dir: Path) -> dict[str, torch.Tensor]:
-    """Our state dict from the checkpoint, checking that every parameter is present exactly once."""
+def load_state_dict(
+    config: ModelConfig, model_dir: Path, keep: Callable[[str, torch.Tensor], torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """Our state dict from the checkpoint, checking that every parameter is present exactly once; ``keep``:
+    what to keep of each tensor as it is read (a tensor-parallel rank's slice: the whole is never held)."""
     mapping = name_map(config)
     state: dict[str, torch.Tensor] = {}
     tensors = tqdm(  # a bar on a terminal only (an 8B checkpoint takes a while to read)
@@ -39,7 +43,7 @@ def load_state_dict(config: ModelConfig, model_dir: Path) -> dict[str, torch.Ten
             if key.endswith("rotary_emb.inv_freq"):
                 continue
             raise CheckpointError(f"unexpected parameter {key!r} for a {config.family} checkpoint")
-        state[mapping[key]] = tensor
+        state[mapping[key]] = tensor if keep is None else keep(mapping[key], tensor)
     missing = sorted(set(mapping) - {k for k, v in mapping.items() if v in state})
     if missing:
         raise CheckpointError(f"checkpoint is missing {len(missing)} parameters, e.g. {missing[0]!r}")

@@ -11,6 +11,7 @@ from engine_pod.runner.contract import Runner
 from engine_pod.runner.cycle_driver import CycleRunner
 from engine_pod.runner.dual_cycle import DualCacheStepper
 from engine_pod.runner.paged_cycle import PagedCacheStepper
+from engine_pod.runner.tensor_parallel import lead
 
 _POOLED_STEPPERS = {"paged": PagedCacheStepper, "canvas": CanvasStepper}
 
@@ -24,12 +25,15 @@ def make_runner(
 ) -> Runner:
     """``pool_tokens`` sizes the KV pool (the token budget);
     ``record_trace`` (row 0's forwards and commits) and ``record_margins`` (each committed position's top-two
-    gap) are recorded by the dual-cache runner and refused for the others, which record neither."""
+    gap) are recorded by the dual-cache runner and refused for the others, which record neither. Rank 0
+    of a tensor-parallel group tells the other ranks to build theirs alike (runner/tensor_parallel.py)."""
+    recipe = (decoding, pool_tokens, record_trace, record_margins)
     family = loaded.family
     if family.records_margins:
         stepper = DualCacheStepper(loaded, decoding, pool_tokens, record_trace, record_margins)
-        return CycleRunner(loaded, decoding, stepper)
+        return lead(CycleRunner(loaded, decoding, stepper), loaded, recipe)
     for name, asked in (("record_trace", record_trace), ("record_margins", record_margins)):
         if asked:
             raise ValueError(f"{name} is not supported for {family.display_name} ({family.cache} cache)")
-    return CycleRunner(loaded, decoding, _POOLED_STEPPERS[family.cache](loaded, decoding, pool_tokens))
+    stepper = _POOLED_STEPPERS[family.cache](loaded, decoding, pool_tokens)
+    return lead(CycleRunner(loaded, decoding, stepper), loaded, recipe)

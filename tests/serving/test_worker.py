@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -571,7 +572,8 @@ def test_an_eos_inside_an_ignore_eos_answer_neither_ends_nor_cuts_it(
 def test_worker_command_passes_its_admission_settings_to_its_scheduler(redis_server, service):
     argv = ["worker", "--redis", redis_server.url, "--service", service, "--min-padding-efficiency", "0.25"]
     argv += ["--max-wait", "1.5", "--max-rows", "7", "--admission", "projected", "--token-budget", "999"]
-    worker = build_worker(build_parser().parse_args(argv), redis_server.url, service)
+    with ExitStack() as held:
+        worker = build_worker(build_parser().parse_args(argv), redis_server.url, service, held)
     assert worker.scheduler.config == SchedulerConfig(999, 7, "projected", 0.25, 1.5)
     assert worker.config.scheduling is worker.scheduler.config
 

@@ -1,0 +1,89 @@
+"""A tensor-parallel group: this process's rank among the group's processes, and the collectives a sharded
+model makes (torch.distributed: gloo on CPUs, NCCL on GPUs), counted.
+
+Every collective is bounded by the group's timeout: a rank that dies or hangs ends the others' next
+collective with an error within it, so the whole group ends rather than waiting forever.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+COLLECTIVE_TIMEOUT_S = 30.0  # how long a collective waits for the other ranks
+
+
+@dataclass
+class TensorParallel:
+    """This process's place in a tensor-parallel group of ``size`` processes (rank 0 decides; the others
+    follow), and how many collectives it has made, by kind."""
+
+    rank: int = 0
+    size: int = 1
+    counts: Counter = field(default_factory=Counter)
+
+    @property
+    def leads(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` summed over the ranks, in place."""
+        if self.size > 1:
+            self.counts["all_reduce"] += 1
+            dist.all_reduce(tensor)
+        return tensor
+
+    def all_gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` side by side along its last dimension, in rank order."""
+        if self.size == 1:
+            return tensor
+        self.counts["all_gather"] += 1
+        tensor = tensor.contiguous()
+        parts = [torch.empty_like(tensor) for _ in range(self.size)]
+        dist.all_gather(parts, tensor)
+        return torch.cat(parts, -1)
+
+    def broadcast(self, message: Any = None) -> Any:
+        """Rank 0's ``message`` (a picklable object), on every rank."""
+        if self.size == 1:
+            return message
+        self.counts["broadcast"] += 1
+        box = [message]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+SINGLE = TensorParallel()  # one process: every collective is the identity
+
+
+def free_address() -> str:
+    """A loopback address with a free port, for a group's rendezvous."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
+def join_group(
+    rank: int, size: int, address: str, device: torch.device, timeout_s: float = COLLECTIVE_TIMEOUT_S
+) -> TensorParallel:
+    """Join the group at ``address`` as ``rank`` of ``size`` (NCCL on GPUs, gloo elsewhere)."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{address}",
+        rank=rank,
+        world_size=size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    return TensorParallel(rank, size)
+
+
+def leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

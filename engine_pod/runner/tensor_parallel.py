@@ -1,0 +1,80 @@
+"""One scheduler for a tensor-parallel group: rank 0 decides, every rank computes.
+
+Rank 0 (the leader) admits requests and runs the cycle driver as one process does; before each cycle it
+broadcasts the cycle (the scheduler's output) to the other ranks in one collective, and each of them runs
+the same cycle on its shard of the model (``follow``). The layers' all-reduces make every rank's hidden
+states, logits and so commits the same, so the ranks never decide anything themselves and their batches
+never diverge. The step's one read stays one on each rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.loading.loader import LoadedModel
+from engine_pod.runner.contract import CycleOutput, Runner
+from engine_pod.scheduler.output import SchedulerOutput
+
+STOP = ("stop",)
+
+
+class LeaderRunner:
+    """Rank 0's runner: each call is broadcast to the group first, then run on rank 0's shard."""
+
+    def __init__(self, runner: Runner, loaded: LoadedModel) -> None:
+        self.runner, self.loaded, self.parallel = runner, loaded, loaded.parallel
+        self.decoding: DecodingConfig = runner.decoding
+        self.grid_aligned = runner.grid_aligned
+        self.shares_blocks = runner.shares_blocks
+        self.canvas_sampler = runner.canvas_sampler
+
+    @property
+    def prefix_cache_stats(self):
+        return self.runner.prefix_cache_stats
+
+    @property
+    def stepper(self):
+        return self.runner.stepper
+
+    def run(self, cycle: SchedulerOutput) -> CycleOutput:
+        self.parallel.broadcast(("run", cycle))
+        return self.runner.run(cycle)
+
+    def forget(self) -> None:
+        self.parallel.broadcast(("forget",))
+        self.runner.forget()
+
+    def first_block_confidences(self, prompts: list[list[int]]):
+        self.parallel.broadcast(("confidences", prompts))
+        return self.runner.first_block_confidences(prompts)
+
+
+def lead(runner: Runner, loaded: LoadedModel, recipe: tuple[Any, ...]) -> Runner:
+    """Rank 0's runner for a group (``runner`` itself for one process): the others are told the runner's
+    ``recipe`` (make_runner's arguments after the model) and build theirs alike."""
+    if loaded.parallel.size == 1 or not loaded.parallel.leads:
+        return runner
+    loaded.parallel.broadcast(("runner", *recipe))
+    return LeaderRunner(runner, loaded)
+
+
+def follow(loaded: LoadedModel, make_runner) -> None:
+    """A follower rank's loop: build the runner rank 0 names, run what it broadcasts, until it stops."""
+    runner = None
+    while True:
+        kind, *body = loaded.parallel.broadcast()
+        if kind == "stop":
+            return
+        if kind == "runner":
+            runner = make_runner(loaded, *body)
+        elif runner is None:
+            raise RuntimeError(f"rank {loaded.parallel.rank} was sent {kind!r} before its runner")
+        elif kind == "run":
+            runner.run(*body)
+        elif kind == "forget":
+            runner.forget()
+        elif kind == "confidences":
+            runner.first_block_confidences(*body)
+        else:
+            raise RuntimeError(f"rank {loaded.parallel.rank} was sent an unknown message {kind!r}")

@@ -1,0 +1,91 @@
+"""Tensor parallelism on CPUs (gloo, real processes): a model split across ranks answers with the tokens
+of one process, each rank holds its share of the weights, and the collectives are those the split makes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine_pod.decoding.config import DecodingConfig
+from engine_pod.decoding.sampling_params import SamplingParams
+from engine_pod.generation import generate_one
+from engine_pod.loading.loader import load_model
+from engine_pod.runner.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
+
+PROMPT = [5, 17, 33, 8, 101, 64, 12]
+TIMEOUT_S = 300  # a bound on a whole `dllm generate` run, however slow the machine
+
+
+def _generate(model: str, ranks: int, *flags: str) -> tuple[int, dict | None, str]:
+    """`dllm generate --json` in its own process: exit status, payload, stderr."""
+    command = [sys.executable, "-m", "engine_pod.cli.main", "generate", "--model", model, "--dtype", "float64"]
+    command += ["--prompt-ids", ",".join(map(str, PROMPT)), "--gen-length", "16", "--block-length", "8"]
+    command += ["--threads", "1", "--tensor-parallel", str(ranks), "--json", *flags]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=os.environ.copy())
+    payload = json.loads(done.stdout) if done.returncode == 0 else None
+    return done.returncode, payload, done.stderr
+
+
+@pytest.mark.parametrize("model", ["random:llada-tiny", "random:dream-tiny"])
+def test_dllm_generate_on_two_ranks_gives_the_tokens_of_one(model):
+    code, one, err = _generate(model, 1)
+    assert code == 0, err
+    code, two, err = _generate(model, 2)
+    assert code == 0, err
+    assert two["token_ids"] == one["token_ids"]
+    assert two["num_forward_passes"] == one["num_forward_passes"]
+
+
+@pytest.mark.parametrize("model", ["random:llada-tiny", "random:dream-tiny"])
+def test_a_seeded_sampled_request_draws_the_same_tokens_on_two_ranks(model):
+    torch.set_num_threads(1)
+    decoding = DecodingConfig(block_length=8, steps_per_block=4, threshold=0.5, remasking="threshold")
+    sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
+    one = generate_one(load_model(model, dtype="float64"), PROMPT, 16, decoding, sampling=sampling)
+    with tensor_parallel_group(GroupPlace(2), ModelArgs(model, dtype="float64")) as loaded:
+        two = generate_one(loaded, PROMPT, 16, decoding, sampling=sampling)
+    assert two.token_ids == one.token_ids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["random:llada-tiny", "random:dream-tiny"])
+def test_four_ranks_generate_the_tokens_of_one(model):
+    one, four = _generate(model, 1)[1], _generate(model, 4)[1]
+    assert four["token_ids"] == one["token_ids"]
+
+
+def test_a_split_the_model_does_not_divide_is_refused_in_one_line():
+    code, _, err = _generate("builtin:tiny-llada", 4)  # 6 heads over 4 ranks
+    lines = [line for line in err.strip().splitlines() if "Traceback" in line or "does not divide" in line]
+    assert code != 0 and lines and all("Traceback" not in line for line in lines), err
+
+
+def test_a_family_without_a_split_is_refused_in_one_line():
+    code, _, err = _generate("random:llada2-tiny", 2)
+    assert code != 0 and "does not run tensor-parallel" in err and "Traceback" not in err, err
+
+
+def test_each_rank_holds_its_share_and_a_forward_makes_two_all_reduces_per_layer():
+    torch.set_num_threads(1)
+    whole = load_model("random:llada-tiny", dtype="float64").model
+    decoding = DecodingConfig(block_length=8, steps_per_block=4, cache="dual")
+    with tensor_parallel_group(GroupPlace(2), ModelArgs("random:llada-tiny", dtype="float64")) as loaded:
+        held = sum(p.numel() for p in loaded.model.parameters())
+        counts = loaded.parallel.counts
+        counts.clear()
+        result = generate_one(loaded, PROMPT, 16, decoding)
+        made = dict(counts)
+    layers = len(whole.layers)
+    norms = sum(p.numel() for name, p in whole.named_parameters() if "norm" in name)
+    assert held <= (sum(p.numel() for p in whole.parameters()) - norms) / 2 + norms
+    forwards = result.num_forward_passes
+    assert made["all_reduce"] == forwards * (2 * layers + 1)  # o_proj and down_proj per layer, embedding
+    cycles = 16 // decoding.block_length
+    assert made["broadcast"] == 1 + cycles  # the runner's recipe, then one per cycle
+    assert made["all_gather"] >= forwards  # the selected positions' logits, once per LM-head chunk
