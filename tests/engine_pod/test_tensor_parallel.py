@@ -24,7 +24,16 @@ TIMEOUT_S = 300  # a bound on a whole `dllm generate` run, however slow the mach
 
 def _generate(model: str, ranks: int, *flags: str) -> tuple[int, dict | None, str]:
     """`dllm generate --json` in its own process: exit status, payload, stderr."""
-    command = [sys.executable, "-m", "engine_pod.cli.main", "generate", "--model", model, "--dtype", "float64"]
+    command = [
+        sys.executable,
+        "-m",
+        "engine_pod.cli.main",
+        "generate",
+        "--model",
+        model,
+        "--dtype",
+        "float64",
+    ]
     command += ["--prompt-ids", ",".join(map(str, PROMPT)), "--gen-length", "16", "--block-length", "8"]
     command += ["--threads", "1", "--tensor-parallel", str(ranks), "--json", *flags]
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=os.environ.copy())
