@@ -7,8 +7,10 @@ collective with an error within it, so the whole group ends rather than waiting 
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -17,6 +19,23 @@ import torch
 import torch.distributed as dist
 
 COLLECTIVE_TIMEOUT_S = 30.0  # how long a collective waits for the other ranks
+
+
+class GroupFailed(ConnectionError):
+    """A rank of the group stopped or stopped answering: the whole group ends."""
+
+
+@contextlib.contextmanager
+def _collective(kind: str) -> Iterator[None]:
+    """A collective whose failure (a rank gone, or silent past the timeout) ends this rank in one line."""
+    try:
+        yield
+    except RuntimeError as exc:  # gloo and NCCL report a lost peer or a timeout as RuntimeError
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise GroupFailed(
+            f"the tensor-parallel group failed in {kind}: a rank stopped or did not answer within "
+            f"{COLLECTIVE_TIMEOUT_S:.0f} s ({reason[:200]})"
+        ) from None
 
 
 @dataclass
@@ -36,7 +55,8 @@ class TensorParallel:
         """``tensor`` summed over the ranks, in place."""
         if self.size > 1:
             self.counts["all_reduce"] += 1
-            dist.all_reduce(tensor)
+            with _collective("an all-reduce"):
+                dist.all_reduce(tensor)
         return tensor
 
     def all_gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -46,7 +66,8 @@ class TensorParallel:
         self.counts["all_gather"] += 1
         tensor = tensor.contiguous()
         parts = [torch.empty_like(tensor) for _ in range(self.size)]
-        dist.all_gather(parts, tensor)
+        with _collective("an all-gather"):
+            dist.all_gather(parts, tensor)
         return torch.cat(parts, -1)
 
     def broadcast(self, message: Any = None) -> Any:
@@ -55,7 +76,8 @@ class TensorParallel:
             return message
         self.counts["broadcast"] += 1
         box = [message]
-        dist.broadcast_object_list(box, src=0)
+        with _collective("a broadcast"):
+            dist.broadcast_object_list(box, src=0)
         return box[0]
 
 
@@ -74,13 +96,14 @@ def join_group(
 ) -> TensorParallel:
     """Join the group at ``address`` as ``rank`` of ``size`` (NCCL on GPUs, gloo elsewhere)."""
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{address}",
-        rank=rank,
-        world_size=size,
-        timeout=timedelta(seconds=timeout_s),
-    )
+    with _collective("joining the group"):
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{address}",
+            rank=rank,
+            world_size=size,
+            timeout=timedelta(seconds=timeout_s),
+        )
     return TensorParallel(rank, size)
 
 
