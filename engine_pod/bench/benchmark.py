@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -71,18 +72,23 @@ def _calibrate(loaded: LoadedModel | None, cfg: BenchConfig, prompts: list[list[
 
 
 def _calibrate_fresh(cfg: BenchConfig, prompts: list[list[int]]) -> dict:
-    loaded = cfg.model.load(cfg.seed)
-    return calibrate_threshold(loaded, cfg.decoding, prompts, cfg.calibrate_fraction)
+    with cfg.model.loaded(cfg.seed) as loaded:
+        return calibrate_threshold(loaded, cfg.decoding, prompts, cfg.calibrate_fraction)
 
 
 def run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None = None) -> dict:
     """Every policy of ``cfg`` on its workload; ``on_policy`` gets the report so far after each one."""
+    with contextlib.ExitStack() as held:
+        return _run_benchmark(cfg, on_policy, held)
+
+
+def _run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None, held) -> dict:
     items = load_workload(cfg.workload)[: cfg.limit]
     config, tokenizer = cfg.model.metadata()
     requests = prepare_requests(items, config, tokenizer, cfg.seed)
     widths = static_widths(requests, cfg.decoding.block_length)
     batch = cfg.batch_size or static_batch_size_for(widths, cfg.scheduling.token_budget)
-    loaded = None if cfg.isolate else cfg.model.load(cfg.seed)
+    loaded = None if cfg.isolate else held.enter_context(cfg.model.loaded(cfg.seed))
     calibration = None
     if cfg.calibrate_fraction is not None:
         calibration = _calibrate(loaded, cfg, [r.prompt_ids for r in requests])

@@ -123,8 +123,8 @@ def _run_in_this_process(
     model: ModelSpec, decoding, spec, requests, record_margins, seed, pinning
 ) -> PolicyRun:
     torch.manual_seed(seed)
-    loaded = model.load(seed)
-    return run_policy(loaded, decoding, spec, requests, record_margins, pinning=pinning)
+    with model.loaded(seed) as loaded:
+        return run_policy(loaded, decoding, spec, requests, record_margins, pinning=pinning)
 
 
 def run_policy_isolated(

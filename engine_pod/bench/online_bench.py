@@ -75,27 +75,27 @@ def _runs(cfg: OnlineConfig, requests: list[OnlineRequest]):
                 ),
             )
         return
-    loaded = cfg.model.load(cfg.seed)
-    prepared = [r.request for r in requests]
-    widths = static_widths(prepared, cfg.decoding.block_length)
-    batch = static_batch_size_for(widths, cfg.scheduling.token_budget)
-    for name in cfg.policies:
-        spec = PolicySpec(name, cfg.scheduling, batch)
-        for load in cfg.loads:
-            if spec.through_gateway:
-                yield (
-                    name,
-                    load,
-                    lambda load=load, spec=spec: _through_gateway(loaded, cfg, spec, requests, load),
-                )
-            else:
-                yield (
-                    name,
-                    load,
-                    lambda load=load, spec=spec: run_engine_online(
-                        loaded, cfg.decoding, spec, requests, load
-                    ),
-                )
+    with cfg.model.loaded(cfg.seed) as loaded:  # for as long as the runs are drawn
+        prepared = [r.request for r in requests]
+        widths = static_widths(prepared, cfg.decoding.block_length)
+        batch = static_batch_size_for(widths, cfg.scheduling.token_budget)
+        for name in cfg.policies:
+            spec = PolicySpec(name, cfg.scheduling, batch)
+            for load in cfg.loads:
+                if spec.through_gateway:
+                    yield (
+                        name,
+                        load,
+                        lambda load=load, spec=spec: _through_gateway(loaded, cfg, spec, requests, load),
+                    )
+                else:
+                    yield (
+                        name,
+                        load,
+                        lambda load=load, spec=spec: run_engine_online(
+                            loaded, cfg.decoding, spec, requests, load
+                        ),
+                    )
 
 
 def _through_gateway(loaded, cfg: OnlineConfig, spec: PolicySpec, requests: list[OnlineRequest], load: Load):

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from engine_pod.engine import CycleRecord
-from engine_pod.loading.loader import LoadedModel, load_metadata, load_model
+from engine_pod.loading.loader import LoadedModel, load_metadata
 
 
 @dataclass(frozen=True)
@@ -15,9 +17,21 @@ class ModelSpec:
     device: str
     dtype: str
     family: str | None = None  # the family the checkpoint must be (None: any; another is refused)
+    tensor_parallel: int = 1  # ranks the model is split across (this process and spawned ones)
 
-    def load(self, seed: int = 0) -> LoadedModel:
-        return load_model(self.model, self.device, self.dtype, seed=seed, family=self.family)
+    @contextlib.contextmanager
+    def loaded(self, seed: int = 0) -> Iterator[LoadedModel]:
+        """The model (this process's rank of it), for as long as the context lasts."""
+        import torch
+
+        from engine_pod.runner.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
+
+        threads = max(1, torch.get_num_threads() // self.tensor_parallel)
+        if self.tensor_parallel > 1:
+            torch.set_num_threads(threads)
+        args = ModelArgs(self.model, self.device, self.dtype, seed, self.family, threads)
+        with tensor_parallel_group(GroupPlace(self.tensor_parallel), args) as loaded:
+            yield loaded
 
     def metadata(self) -> tuple:
         """The config and tokenizer, no weights read."""

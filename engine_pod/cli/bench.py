@@ -11,7 +11,13 @@ from pathlib import Path
 from engine_pod.bench.policies import POLICIES
 from engine_pod.bench.workloads import named_workloads
 from engine_pod.cli.budget import read_profile
-from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config
+from engine_pod.cli.common import (
+    CliError,
+    add_decoding_args,
+    add_model_args,
+    add_tensor_parallel_arg,
+    decoding_config,
+)
 from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
 from engine_pod.cpu_threads import PINNED, apply_threads
 
@@ -104,6 +110,7 @@ def register(subparsers) -> None:
         help="model name sent to --url (default: the one the server lists at /v1/models)",
     )
     add_decoding_args(parser, compare_prefix_cache=True)
+    add_tensor_parallel_arg(parser)
     parser.set_defaults(handler=run)
 
 
@@ -184,7 +191,9 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) ->
 def _model_spec(args: argparse.Namespace):
     from engine_pod.bench.results import ModelSpec
 
-    return ModelSpec(args.model, args.device, args.dtype, args.family)
+    if args.tensor_parallel < 1:
+        raise CliError("--tensor-parallel must be at least 1")
+    return ModelSpec(args.model, args.device, args.dtype, args.family, args.tensor_parallel)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,17 +6,23 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
+from functools import partial
 
 import pytest
 import torch
 
+from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.generation import generate_one
 from engine_pod.loading.loader import load_model
 from engine_pod.runner.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
+from engine_pod.scheduler.blockserve import BlockServeScheduler
+from tests.engine_utils import run_workload
+from tests.factories import random_workload
 
 PROMPT = [5, 17, 33, 8, 101, 64, 12]
 TIMEOUT_S = 300  # a bound on a whole `dllm generate` run, however slow the machine
@@ -98,3 +104,33 @@ def test_each_rank_holds_its_share_and_a_forward_makes_two_all_reduces_per_layer
     cycles = 16 // decoding.block_length
     assert made["broadcast"] == 1 + cycles  # the runner's recipe, then one per cycle
     assert made["all_gather"] >= forwards  # the selected positions' logits, once per LM-head chunk
+
+
+@pytest.mark.parametrize("model", ["random:llada-tiny", "random:dream-tiny"])
+def test_a_blockserve_batch_on_two_ranks_gives_every_request_the_tokens_of_one_process(model):
+    """Mixed rows, leaving at different cycles and steps (threshold decoding, EOS at a common token)."""
+    torch.set_num_threads(1)
+    decoding = DecodingConfig(block_length=8, steps_per_block=8, threshold=0.6, remasking="threshold")
+    workload = random_workload(random.Random(3), 10, 1024, 8, max_prompt=30, max_blocks=3)
+    blockserve = partial(BlockServeScheduler, 8, [], SchedulerConfig(token_budget=512), ignore_eos=True)
+    one = run_workload(load_model(model, dtype="float64"), blockserve, decoding, workload)
+    with tensor_parallel_group(GroupPlace(2), ModelArgs(model, dtype="float64")) as loaded:
+        two = run_workload(loaded, blockserve, decoding, workload)
+    assert two == one
+
+
+def test_dllm_bench_runs_blockserve_and_static_on_two_ranks():
+    command = [sys.executable, "-m", "engine_pod.cli.main", "bench", "--model", "random:llada-tiny"]
+    command += [
+        "--workload",
+        "heterogeneous",
+        "--limit",
+        "8",
+        "--policy",
+        "static,blockserve",
+        "--no-margins",
+    ]
+    command += ["--threads", "2", "--tensor-parallel", "2", "--dtype", "float64"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    assert "outputs identical across policies: True" in done.stdout
