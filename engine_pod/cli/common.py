@@ -52,6 +52,42 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     add_threads_arg(group)
 
 
+def add_tensor_parallel_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the model across N processes on this machine (N GPUs from --device's index on, or N CPU "
+        "processes sharing the threads): attention heads, MLP units and the vocabulary divided among them; "
+        "the same tokens as one process (default: 1; LLaDA and Dream)",
+    )
+
+
+def add_group_args(parser: argparse.ArgumentParser) -> None:
+    """A tensor-parallel group over several machines (one process per machine, --tensor-parallel counting
+    the ranks of all of them): node 0 leads, the others follow it."""
+    group = parser.add_argument_group("multi-node group")
+    group.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        metavar="M",
+        help="machines in the group, each running the same share of the --tensor-parallel ranks (default: 1)",
+    )
+    group.add_argument(
+        "--node-rank",
+        type=int,
+        default=0,
+        metavar="K",
+        help="this machine's place in the group: 0 leads (claims work and serves), the others follow it "
+        "(default: 0)",
+    )
+    group.add_argument(
+        "--group-address", metavar="HOST:PORT", help="where node 0 gathers the group (with --nodes above 1)"
+    )
+
+
 def add_threads_arg(parser) -> None:
     """``--threads``: torch's threads in the engine (engine_pod/cpu_threads.py chooses and checks them)."""
     parser.add_argument(

@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING
 
 from dllm_contracts.model_identity import MODEL_IDENTITY_ENV, ModelIdentity
 from dllm_contracts.queue.keys import RESULT_TTL_S
-from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config
+from engine_pod.cli.common import (
+    CliError,
+    add_decoding_args,
+    add_group_args,
+    add_model_args,
+    add_tensor_parallel_arg,
+    decoding_config,
+)
 from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
 from engine_pod.cpu_threads import apply_threads
 from engine_pod.scheduler.serving import SERVING_POLICIES
@@ -26,8 +33,10 @@ TRACED_AS = "dllm-worker"  # the traces' service.name unless OTEL_SERVICE_NAME s
 
 
 def add_worker_args(parser: argparse.ArgumentParser) -> None:
-    """The worker's flags that ``dllm serve`` shares: BlockServe's (budget included), leases, draining."""
+    """The worker's flags that ``dllm serve`` shares: BlockServe's (budget included), leases, draining,
+    tensor parallelism."""
     add_scheduler_args(parser)
+    add_tensor_parallel_arg(parser)
     parser.add_argument(
         "--steps-per-block", type=int, default=32, help="denoising steps per block (default: 32)"
     )
@@ -78,6 +87,7 @@ def register(subparsers) -> None:
         f"these weights (default: ${MODEL_IDENTITY_ENV}; unset: no check; dllm serve and the operator set it)",
     )
     add_worker_args(parser)
+    add_group_args(parser)
     parser.add_argument(
         "--host", default="0.0.0.0", help="address of /metrics, /healthz, /readyz (default: 0.0.0.0)"
     )
@@ -139,6 +149,8 @@ def _identity(text: str) -> ModelIdentity | None:
 def run(args: argparse.Namespace) -> int:
     from engine_pod.worker.http import ProbeSource, serve_probes
 
+    if args.nodes > 1:
+        raise CliError("dllm worker --nodes above 1 is not supported yet")
     apply_threads(args.threads)
     probes = ProbeSource()  # up before the model loads: a long download is alive, not restarted
     server = serve_probes(args.host, args.port, probes) if args.port else None
