@@ -3,6 +3,8 @@ GPU: one group of 4 ranks per pod (a Deployment), and groups of 8 ranks over 2 n
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 from dllm_operator.config import OperatorSettings
@@ -13,7 +15,7 @@ from dllm_operator.parallelism import GROUP_PORT, Parallelism
 from dllm_operator.spec import SpecError, parse_spec
 
 from engine_pod.cli.main import build_parser
-from tests.operator.crd_utils import EXAMPLE_PATH, admit, apply_defaults, load_crd, spec_schema
+from tests.operator.crd_utils import EXAMPLE_PATH, ROOT, admit, apply_defaults, load_crd, spec_schema
 from tests.operator.lws_schema import validate_group_set
 from tests.operator.test_manifests import OWNER, all_manifests, validate
 
@@ -162,3 +164,15 @@ def test_keda_scales_the_leader_worker_set_by_whole_groups():
     }
     single = scaled_object(parsed(tensor=4), OWNER, "redis://r:6379/0")["spec"]["scaleTargetRef"]
     assert single == {"name": "llada-8b-engine"}
+
+
+def test_the_documented_services_are_admitted_and_render_what_the_guide_says():
+    guide = (ROOT / "docs" / "kubernetes.md").read_text()
+    section = guide[guide.index("## Models larger than one GPU") :].split("\n## ", 1)[0]
+    services = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", section, re.S)]
+    assert [s["spec"]["parallelism"] for s in services] == [{"tensor": 4}, {"tensor": 8, "nodes": 2}]
+    for service in services:
+        assert admit(service["spec"]) == []
+        spec = parse_spec(service["metadata"]["name"], "default", service["spec"])
+        assert f"nvidia.com/gpu: {spec.parallelism.ranks_per_pod}" in section
+        assert f"sizeLimit: {spec.parallelism.shm_size()}" in section or spec.parallelism.multi_node
