@@ -37,6 +37,9 @@ class ProfileSummary:
     gpu_product: str | None = None  # the measured node's nvidia.com/gpu.product label (operator)
     dtype: str | None = None
     layout: str | None = None  # the batch layout the budget was measured in (packed or dense)
+    # the tensor-parallel size it was measured at (ranks of one engine group; the budget is per rank and
+    # holds at that size only); a summary without it was measured at 1
+    tensor_parallel: int = 1
     total_memory_bytes: int | None = None
     usable_memory_bytes: int | None = None
     weights_bytes: int | None = None
@@ -46,8 +49,8 @@ class ProfileSummary:
     held_out_max_error: float | None = None
 
     @classmethod
-    def from_spec(cls, token_budget: int) -> ProfileSummary:
-        return cls.parse({"token_budget": token_budget, "source": "spec"})
+    def from_spec(cls, token_budget: int, tensor_parallel: int = 1) -> ProfileSummary:
+        return cls.parse({"token_budget": token_budget, "source": "spec", "tensor_parallel": tensor_parallel})
 
     @classmethod
     def from_result(cls, result: dict[str, Any]) -> ProfileSummary:
@@ -81,6 +84,8 @@ class ProfileSummary:
         summary = cls(**data) if "token_budget" in data else None
         if summary is None or summary.token_budget < 1:
             raise ProfileFormatError("a profile result has a positive integer token_budget")
+        if not isinstance(summary.tensor_parallel, int) or summary.tensor_parallel < 1:
+            raise ProfileFormatError("profile field tensor_parallel must be at least 1")
         if summary.source not in SOURCES:
             raise ProfileFormatError(f"profile source must be one of {', '.join(SOURCES)}")
         missing = [key for key in _MEASURED_KEYS if summary.source == "measured" and data.get(key) is None]
@@ -100,8 +105,10 @@ class ProfileSummary:
         return self if not product else ProfileSummary(**(asdict(self) | {"gpu_product": product}))
 
     def as_dict(self) -> dict[str, Any]:
-        """The fields that hold a value (what status, the ConfigMap and the termination message carry)."""
-        return {key: value for key, value in asdict(self).items() if value is not None}
+        """The fields that hold a value (what status, the ConfigMap and the termination message carry);
+        tensor_parallel only above 1 (what a reader that predates it also accepts)."""
+        held = {key: value for key, value in asdict(self).items() if value is not None}
+        return {key: value for key, value in held.items() if (key, value) != ("tensor_parallel", 1)}
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), separators=(",", ":"))
@@ -116,7 +123,7 @@ class ProfileSummary:
 
 
 # fields a measured profile must carry (the rest may be absent)
-_OPTIONAL_KEYS = ("layout",)  # carried from a full result when it has them
+_OPTIONAL_KEYS = ("layout", "tensor_parallel")  # carried from a full result when it has them
 _MEASURED_KEYS = (
     "device",
     "device_name",

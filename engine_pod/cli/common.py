@@ -64,26 +64,27 @@ def add_tensor_parallel_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_nodes_args(parser: argparse.ArgumentParser) -> None:
-    """A tensor-parallel group over several machines (a LeaderWorkerSet's pods)."""
-    parser.add_argument(
+def add_group_args(parser: argparse.ArgumentParser) -> None:
+    """A tensor-parallel group over several machines (one process per machine, --tensor-parallel counting
+    the ranks of all of them): node 0 leads, the others follow it."""
+    group = parser.add_argument_group("multi-node group")
+    group.add_argument(
         "--nodes",
         type=int,
         default=1,
-        help="machines the --tensor-parallel ranks span, each running "
-        "this command with its --node-rank (default: 1)",
+        metavar="M",
+        help="machines in the group, each running the same share of the --tensor-parallel ranks (default: 1)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--node-rank",
         type=int,
         default=0,
-        help="this machine's place among --nodes: 0 serves, the others only compute (default: 0)",
+        metavar="K",
+        help="this machine's place in the group: 0 leads (claims work and serves), the others follow it "
+        "(default: 0)",
     )
-    parser.add_argument(
-        "--group-address",
-        default=None,
-        metavar="HOST:PORT",
-        help="where node 0's ranks meet the others (needed with --nodes above 1; the port free on node 0)",
+    group.add_argument(
+        "--group-address", metavar="HOST:PORT", help="where node 0 gathers the group (with --nodes above 1)"
     )
 
 

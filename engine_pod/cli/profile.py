@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dllm_contracts.profile_summary import ProfileSummary, failure_message
 from dllm_contracts.scheduler_config import DEFAULT_LAYOUT, LAYOUTS
-from engine_pod.cli.common import CliError, add_model_args
+from engine_pod.cli.common import CliError, add_model_args, add_tensor_parallel_arg
 from engine_pod.cpu_threads import apply_threads
 
 logger = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ def register(subparsers) -> None:
         "peak = weights + a + b x tokens and write the token budget that fits the usable memory.",
     )
     add_model_args(parser)
+    add_tensor_parallel_arg(parser)
     limit = parser.add_mutually_exclusive_group()
     limit.add_argument(
         "--memory-limit",
@@ -88,6 +89,10 @@ def run_profile(config):
 def run(args: argparse.Namespace) -> int:
     from engine_pod.profiling.profiler import ProfileConfig
 
+    if args.tensor_parallel < 1:
+        raise CliError(f"--tensor-parallel must be at least 1, got {args.tensor_parallel}")
+    if args.tensor_parallel > 1:
+        raise CliError("dllm profile --tensor-parallel above 1 is not supported yet")
     apply_threads(args.threads)
     if not 0 < args.utilization <= 1:
         raise CliError(f"--utilization must be in (0, 1], got {args.utilization}")
@@ -109,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
         family=args.family,
     )
     try:
-        result = run_profile(config)
+        result = run_profile(config) | {
+            "tensor_parallel": args.tensor_parallel
+        }  # the size it was measured at
     except Exception as exc:  # any failure (a bad limit, CUDA out of memory, a missing model): say why
         if args.termination_log:  # the operator reads why from the pod status
             Path(args.termination_log).write_text(_error_message(exc))

@@ -17,8 +17,8 @@ from dllm_contracts.queue.keys import RESULT_TTL_S
 from engine_pod.cli.common import (
     CliError,
     add_decoding_args,
+    add_group_args,
     add_model_args,
-    add_nodes_args,
     add_tensor_parallel_arg,
     decoding_config,
     group_place,
@@ -89,7 +89,7 @@ def register(subparsers) -> None:
         f"these weights (default: ${MODEL_IDENTITY_ENV}; unset: no check; dllm serve and the operator set it)",
     )
     add_worker_args(parser)
-    add_nodes_args(parser)
+    add_group_args(parser)
     parser.add_argument(
         "--host", default="0.0.0.0", help="address of /metrics, /healthz, /readyz (default: 0.0.0.0)"
     )

@@ -30,6 +30,7 @@ _PLURALS = {
     "NetworkPolicy": "networkpolicies",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "ServiceMonitor": "servicemonitors",
+    "LeaderWorkerSet": "leaderworkersets",
 }
 
 

@@ -69,6 +69,12 @@ def _job_finished(job: dict[str, Any]) -> str | None:
     return None
 
 
+def _at_size(summary: ProfileSummary | None, spec: ServiceSpec) -> ProfileSummary | None:
+    """The summary if it was measured at the service's tensor-parallel size: a budget is per rank of a
+    group of one size, and never used at another (whatever hash it was stored under)."""
+    return summary if summary is not None and summary.tensor_parallel == spec.parallelism.tensor else None
+
+
 def _stored_summary(stored: dict[str, Any], profile_hash: str) -> ProfileSummary | None:
     """The summary in status from an earlier resync, if it belongs to this hash and reads as one."""
     if stored.get("hash") != profile_hash or not stored.get("result"):
@@ -104,9 +110,12 @@ def ensure_profile(
 ) -> ProfileState:
     """``stored``: the service's ``status.profile`` (hash, tokenBudget, result) from earlier resyncs."""
     profile_hash = spec.profile_hash(settings.engine_image)
+    tensor = spec.parallelism.tensor
     if spec.token_budget is not None:
-        return ProfileState("ready", profile_hash, ProfileSummary.from_spec(spec.token_budget))
-    summary = _stored_summary(stored or {}, profile_hash) or _configmap_summary(client, spec, profile_hash)
+        return ProfileState("ready", profile_hash, ProfileSummary.from_spec(spec.token_budget, tensor))
+    summary = _at_size(_stored_summary(stored or {}, profile_hash), spec) or _at_size(
+        _configmap_summary(client, spec, profile_hash), spec
+    )
     if summary is not None:  # a stored fact: never read from the Job again, whatever became of it
         return ProfileState("ready", profile_hash, summary)
     name = job_name(spec, profile_hash)
@@ -131,5 +140,12 @@ def ensure_profile(
         return ProfileState("failed", profile_hash, message=str(exc))
     if finished == "Failed":
         return ProfileState("failed", profile_hash, message=f"profiling Job {name} failed")
+    if summary.tensor_parallel != tensor:  # an engine image that ran the profile at another size
+        return ProfileState(
+            "failed",
+            profile_hash,
+            message=f"profiling Job {name} measured a budget at tensor-parallel size {summary.tensor_parallel}, "
+            f"and the service runs at {tensor} (does the engine image support --tensor-parallel?)",
+        )
     product = _gpu_product(client, node) if spec.gpus else None
     return ProfileState("ready", profile_hash, summary.with_gpu_product(product))

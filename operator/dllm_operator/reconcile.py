@@ -18,6 +18,12 @@ from dllm_operator.config import OperatorSettings
 from dllm_operator.k8s import ChildRejected, KubeClient, collection_path, object_path
 from dllm_operator.manifests import common
 from dllm_operator.manifests.engine import engine_deployment, profile_configmap
+from dllm_operator.manifests.engine_group import (
+    engine_group_set,
+    engine_kind,
+    group_api_installed,
+    other_engine_kind,
+)
 from dllm_operator.manifests.gateway import (
     files_volume_claim,
     gateway_deployment,
@@ -76,6 +82,13 @@ class Reconciler:
             self._check_supported(spec)
         except SpecError as exc:
             return self._degraded(conditions, generation, "InvalidSpec", str(exc))
+        if spec.parallelism.multi_node and not group_api_installed(self.client):
+            message = (
+                f"parallelism.nodes {spec.parallelism.nodes} runs each engine group as a LeaderWorkerSet, and "
+                "the LeaderWorkerSet controller (API leaderworkerset.x-k8s.io/v1) is not installed in this "
+                "cluster: install it, or set parallelism.nodes to 1"
+            )
+            return self._degraded(conditions, generation, "LeaderWorkerSetNotInstalled", message)
         owner = {"name": meta["name"], "uid": meta["uid"]}
         try:
             redis_url = self._ensure_redis(spec, owner)
@@ -200,15 +213,18 @@ class Reconciler:
         self.client.apply(profile_configmap(spec, owner, summary.to_json(), profile["hash"]))
         replicas = status.get("replicas", spec.min_replicas)
         replicas = max(spec.min_replicas, min(spec.max_replicas, int(replicas)))
-        deployment = engine_deployment(
+        build = engine_group_set if spec.parallelism.multi_node else engine_deployment
+        engine = build(
             spec, owner, self.settings, redis_url, replicas, profile["hash"], profile.get("gpuProduct")
         )
         if spec.keda:
-            deployment["spec"].pop("replicas")
+            engine["spec"].pop("replicas")
             self.client.apply(scaled_object(spec, owner, redis_url))
         else:  # switched off: a ScaledObject left behind would have its HPA fight the operator
             self._delete_child(spec, "keda.sh/v1alpha1", "ScaledObject", "engine")
-        self.client.apply(deployment)
+        # parallelism.nodes crossed 1: the engine of the other kind goes (its GPUs are the new one's)
+        self._delete_child(spec, *other_engine_kind(spec), "engine")
+        self.client.apply(engine)
 
     def _delete_child(self, spec: ServiceSpec, api_version: str, kind: str, component: str) -> None:
         path = f"{collection_path(api_version, kind, spec.namespace)}/{common.name_of(spec, component)}"
@@ -218,7 +234,7 @@ class Reconciler:
             )
 
     def _with_readiness(self, spec, status: dict, conditions: list, generation: int, events: list) -> Outcome:
-        engine, gateway = self._deployment(spec, "engine"), self._deployment(spec, "gateway")
+        engine, gateway = self._engine(spec), self._deployment(spec, "gateway")
         engine_ready = int((engine.get("status") or {}).get("readyReplicas") or 0)
         gateway_ready = int((gateway.get("status") or {}).get("readyReplicas") or 0)
         scaled_to_zero = bool(engine) and int((engine.get("spec") or {}).get("replicas", 1)) == 0
@@ -253,6 +269,11 @@ class Reconciler:
             if stuck:
                 return stuck
         return None
+
+    def _engine(self, spec: ServiceSpec) -> dict[str, Any]:
+        """The engine Deployment, or LeaderWorkerSet (its replicas and readyReplicas count whole groups)."""
+        path = f"{collection_path(*engine_kind(spec), spec.namespace)}/{common.name_of(spec, 'engine')}"
+        return self.client.get(path) or {}
 
     def _deployment(self, spec: ServiceSpec, component: str) -> dict[str, Any]:
         path = f"{collection_path('apps/v1', 'Deployment', spec.namespace)}/{common.name_of(spec, component)}"
@@ -290,6 +311,7 @@ class Reconciler:
             ("v1", "PersistentVolumeClaim"),
             ("policy/v1", "PodDisruptionBudget"),
             ("monitoring.coreos.com/v1", "ServiceMonitor"),
+            ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
         ]
         deleted = 0
         for api_version, kind in kinds:

@@ -12,6 +12,7 @@ from dllm_operator import autoscale
 from dllm_operator.conditions import condition, set_condition
 from dllm_operator.k8s import KubeClient, collection_path
 from dllm_operator.manifests import common
+from dllm_operator.manifests.engine_group import engine_kind
 from dllm_operator.manifests.redis import password_ref
 from dllm_operator.spec import ServiceSpec
 
@@ -55,7 +56,7 @@ def autoscale_engine(
     if decision.replicas != current:
         name = common.name_of(spec, "engine")
         client.patch(
-            f"{collection_path('apps/v1', 'Deployment', spec.namespace)}/{name}",
+            f"{collection_path(*engine_kind(spec), spec.namespace)}/{name}",
             {"spec": {"replicas": decision.replicas}},
         )
         events.append(

@@ -13,6 +13,7 @@ from dllm_contracts.model_identity import FINGERPRINT_CHARS, ModelIdentity
 from dllm_contracts.scheduler_config import DEFAULTS, SchedulerConfig, problems_of
 from dllm_operator import names
 from dllm_operator.model_spec import DEFAULT_DOWNLOAD_TIMEOUT_S, source_fields, source_problems
+from dllm_operator.parallelism import Parallelism, parse_parallelism
 
 LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -60,13 +61,14 @@ class ServiceSpec:
     batch_max_wait_s: float = DEFAULTS.batch_max_wait_s
     batch_max_rows: int = DEFAULTS.batch_max_rows
     image: str | None = None
-    gpus: int = 1
+    gpus: int = 1  # per rank: a pod requests parallelism.pod_gpus(gpus)
     gpu_resource: str = "nvidia.com/gpu"
     memory: str = "64Gi"
     cpu: str = "8"
     node_selector: dict[str, str] = field(default_factory=dict)
     pin_gpu_product: bool = True  # engines run on the GPU product the profile measured
     tolerations: list[dict[str, Any]] = field(default_factory=list)
+    parallelism: Parallelism = Parallelism()  # ranks per engine group, and the nodes they spread over
     profiling_enabled: bool = True
     utilization: float = 0.9
     profiling_timeout_s: int = 3600
@@ -135,6 +137,10 @@ class ServiceSpec:
             "image": self.image or engine_image,
             "node_selector": self.node_selector,
         } | ({"revision": self.revision} if self.revision else {})  # absent: the hashes of before
+        if (
+            self.parallelism.tensor > 1
+        ):  # a budget is per rank of a group of this size (1: the hashes of before)
+            memory_fields["tensor_parallel"] = self.parallelism.tensor
         return hashlib.sha256(json.dumps(memory_fields, sort_keys=True).encode()).hexdigest()[:10]
 
     def as_dict(self) -> dict[str, Any]:
@@ -213,6 +219,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         node_selector=dict(resources.get("nodeSelector") or {}),
         pin_gpu_product=bool(resources.get("pinGpuProduct", True)),
         tolerations=list(resources.get("tolerations") or []),
+        parallelism=parse_parallelism(spec.get("parallelism")),
         profiling_enabled=bool(profiling.get("enabled", budget is None)),
         utilization=float(profiling.get("utilization", 0.9)),
         profiling_timeout_s=int(profiling.get("timeoutSeconds", 3600)),
@@ -292,7 +299,12 @@ def _check(spec: ServiceSpec) -> None:
         ),
         (
             not 0 <= spec.gpus <= 1,
-            "resources.gpus must be 0 or 1 (one worker per pod; scale out with replicas)",
+            "resources.gpus must be 0 or 1 (GPUs per rank; parallelism.tensor sets the ranks, replicas the "
+            "groups)",
+        ),
+        (
+            spec.parallelism.multi_node and spec.token_budget is None,
+            "parallelism.nodes above 1 needs profiling.tokenBudget (a profile runs in one pod)",
         ),
         (
             spec.steps_per_block > spec.block_length,
@@ -303,6 +315,7 @@ def _check(spec: ServiceSpec) -> None:
     problems += [
         (True, f"scheduling.{SCHEDULING_FIELDS[name]} {text}") for name, text in _scheduling_problems(spec)
     ]
+    problems += [(True, text) for text in spec.parallelism.problems()]
     problems += [  # the CRD cannot afford this check (a regular expression over map keys is over its budget)
         (True, f"resources.nodeSelector key {key!r} is not a label key (optional-prefix/name)")
         for key in spec.node_selector

@@ -94,6 +94,7 @@ def test_the_termination_message_is_the_summary_the_operator_reads(small_profile
     assert summary == ProfileSummary.from_result(result)
     assert summary.source == "measured" and summary.token_budget == result["token_budget"]
     assert summary.device == "cpu" and summary.usable_memory_bytes == result["usable_memory_bytes"]
+    assert result["tensor_parallel"] == summary.tensor_parallel == 1  # the size it was measured at
 
 
 @pytest.mark.slow
@@ -127,6 +128,7 @@ def test_blockserve_at_the_profiled_budget_stays_under_the_limit(profile):
         (["--device", "cuda:3"], "CUDA is not available"),
         (["--max-tokens", "10"], "--max-tokens must be at least"),
         (["--utilization", "1.5"], "--utilization"),
+        (["--tensor-parallel", "2"], "--tensor-parallel above 1 is not supported yet"),
     ],
 )
 def test_bad_input_fails_with_one_line(capsys, tmp_path, extra, message):

@@ -106,3 +106,17 @@ def test_worker_profile_flag_turns_a_bad_file_into_one_line(tmp_path):
         read_profile(str(bad))
     with pytest.raises(CliError, match="does not exist"):
         read_profile(str(tmp_path / "missing.json"))
+
+
+def test_a_summary_records_the_tensor_parallel_size_it_was_measured_at():
+    """A budget is per rank of a group of that size: the size travels with it, 1 when a summary lacks it
+    (summaries of before, and every size-1 summary, which leaves it out for readers that predate it)."""
+    summary = ProfileSummary.from_result(FULL_RESULT | {"tensor_parallel": 4})
+    assert summary.tensor_parallel == 4
+    assert read_termination_message(summary.termination_message()).tensor_parallel == 4
+    assert ProfileSummary.from_result(FULL_RESULT).tensor_parallel == 1
+    assert "tensor_parallel" not in ProfileSummary.from_result(FULL_RESULT).as_dict()
+    assert ProfileSummary.from_spec(4096, tensor_parallel=8).as_dict()["tensor_parallel"] == 8
+    for bad in (0, "4", True):
+        with pytest.raises(ProfileFormatError, match="tensor_parallel"):
+            ProfileSummary.parse(json.loads(summary.to_json()) | {"tensor_parallel": bad})

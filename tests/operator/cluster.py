@@ -16,6 +16,7 @@ CRD_VERBS = {"get", "list", "watch", "create", "patch", "update", "delete"}
 TEST_AGENT = "dllm-tests"  # the User-Agent of the tests' own client: its calls are not the operator's
 # (API group, resource[/subresource], RBAC verb) of every call anything but the tests made: the operator's
 OPERATOR_CALLS: set[tuple[str, str, str]] = set()
+LWS_RESOURCE = "leaderworkerset.x-k8s.io/v1/leaderworkersets"  # installed unless a test uninstalls it
 HELD_POLL_S = 0.05  # how often a held watch looks whether it may go on
 
 
@@ -106,6 +107,9 @@ class EmulatedCluster:
         )
         self.emulator.resources["monitoring.coreos.com/v1/servicemonitors"] = kmock.ResourceInfo(
             kind="ServiceMonitor", namespaced=True, verbs=CRD_VERBS, subresources=set()
+        )
+        self.emulator.resources[LWS_RESOURCE] = kmock.ResourceInfo(
+            kind="LeaderWorkerSet", namespaced=True, verbs=CRD_VERBS, subresources={"status", "scale"}
         )
         self.url = ""
         self._ready = threading.Event()
@@ -216,6 +220,17 @@ class Kube:
         }
         children = {kind: [i.metadata.name for i in call(namespace).items] for kind, call in listed.items()}
         return {"phase": status.get("phase"), "conditions": conditions, **children}
+
+    def group_set(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        """A LeaderWorkerSet (None when absent)."""
+        try:
+            return self.custom.get_namespaced_custom_object(
+                "leaderworkerset.x-k8s.io", "v1", namespace, "leaderworkersets", name
+            )
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def jobs(self, namespace: str = "default") -> list[dict[str, Any]]:
         listed = self.batch.list_namespaced_job(namespace)

@@ -25,7 +25,7 @@ from dllm_contracts.queue.sync_client import SyncQueue
 from engine_pod.cli.budget import read_profile
 from engine_pod.serve.redis_server import RedisServer
 from tests.charts.test_chart import CHART, helm
-from tests.operator.cluster import OPERATOR_CALLS, EmulatedCluster, Kube
+from tests.operator.cluster import LWS_RESOURCE, OPERATOR_CALLS, EmulatedCluster, Kube
 from tests.operator.crd_utils import EXAMPLE_PATH
 from tests.serving_utils import wait_for
 
@@ -746,6 +746,124 @@ def test_a_service_monitor_follows_its_setting(cluster, operator):
     assert len(monitors()) == 1
     kube.patch_service(NAME, {"spec": {"monitoring": {"serviceMonitor": False}}})
     until(kube, lambda: not monitors(), what="the ServiceMonitor removed")
+
+
+def _argument(command: list[str], flag: str) -> str | None:
+    return command[command.index(flag) + 1] if flag in command else None
+
+
+def _profile_status(kube: Kube) -> dict:
+    return (kube.service(NAME).get("status") or {}).get("profile") or {}
+
+
+def test_a_budget_measured_at_one_tensor_size_is_not_used_at_another(cluster, operator):
+    """A budget is per rank of a group of one size: a new parallelism.tensor is profiled again, at the new
+    size and with its engine pods' GPUs and shared memory; the engine as it was serves meanwhile."""
+    kube = cluster.client()
+    kube.create_service(example())
+    complete_profiling(kube, budget=131072)
+    until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
+    assert _argument(engine_command(kube), "--tensor-parallel") is None
+    jobs = len(kube.jobs())
+    kube.patch_service(NAME, {"spec": {"parallelism": {"tensor": 4}}})
+    job = until(kube, lambda: len(kube.jobs()) > jobs and _newest_unfinished_job(kube), what="a new Job")
+    pod = job["spec"]["template"]["spec"]
+    assert _argument(pod["containers"][0]["command"], "--tensor-parallel") == "4"
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}} in pod["volumes"]
+    until(
+        kube,
+        lambda: (kube.condition(NAME, "Profiled") or {}).get("reason") == "Reprofiling",
+        what="Reprofiling",
+    )
+    assert _argument(engine_command(kube), "--tensor-parallel") is None  # its budget is a size-1 budget
+    at_four = replace(measured(65536), tensor_parallel=4)
+    complete_profiling(kube, budget=65536, message=at_four.termination_message())
+    until(kube, lambda: _argument(engine_command(kube), "--tensor-parallel") == "4", what="the engine at 4")
+    engine = kube.deployment(f"{NAME}-engine")["spec"]["template"]["spec"]
+    assert engine["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    configmap = kube.core.read_namespaced_config_map(f"{NAME}-profile", "default")
+    stored = json.loads(configmap.data["profile.json"])
+    assert (stored["token_budget"], stored["tensor_parallel"]) == (65536, 4)
+    until(kube, lambda: _profile_status(kube).get("tokenBudget") == 65536, what="the new budget in status")
+
+
+def test_a_profile_measured_at_another_size_than_asked_fails_the_service(cluster, operator):
+    """An engine image that ran the profile at another size (one without --tensor-parallel, say) gives no
+    budget: Degraded ProfilingFailed saying both sizes, and no engine."""
+    kube = cluster.client()
+    manifest = example()
+    manifest["spec"]["parallelism"] = {"tensor": 4}
+    kube.create_service(manifest)
+    complete_profiling(kube, budget=131072)  # a summary of size 1
+    until(
+        kube,
+        lambda: (kube.condition(NAME, "Degraded") or {}).get("reason") == "ProfilingFailed",
+        what="Degraded ProfilingFailed",
+    )
+    assert "tensor-parallel size 1, and the service runs at 4" in kube.condition(NAME, "Degraded")["message"]
+    assert kube.deployment(f"{NAME}-engine") is None
+
+
+def _group_command(group_set: dict, role: str) -> list[str]:
+    return group_set["spec"]["leaderWorkerTemplate"][role]["spec"]["containers"][0]["command"]
+
+
+def test_eight_ranks_over_two_nodes_serve_as_a_leader_worker_set(cluster, operator):
+    """parallelism.nodes 2: the engine is a LeaderWorkerSet of groups of two pods, ready when its groups
+    are; back to one node, a Deployment takes its place."""
+    kube = cluster.client()
+    manifest = example()
+    manifest["spec"] |= {"parallelism": {"tensor": 8, "nodes": 2}, "profiling": {"tokenBudget": 65536}}
+    kube.create_service(manifest)
+    group_set = until(kube, lambda: kube.group_set(f"{NAME}-engine"), what="the engine LeaderWorkerSet")
+    assert (
+        group_set["spec"]["leaderWorkerTemplate"]["size"] == 2 and kube.deployment(f"{NAME}-engine") is None
+    )
+    leader, worker = (_group_command(group_set, role) for role in ("leaderTemplate", "workerTemplate"))
+    assert (_argument(leader, "--tensor-parallel"), _argument(leader, "--nodes")) == ("8", "2")
+    assert (_argument(leader, "--node-rank"), _argument(worker, "--node-rank")) == (
+        "0",
+        "$(LWS_WORKER_INDEX)",
+    )
+    kube.custom.patch_namespaced_custom_object_status(
+        "leaderworkerset.x-k8s.io",
+        "v1",
+        "default",
+        "leaderworkersets",
+        f"{NAME}-engine",
+        {"status": {"readyReplicas": 1, "replicas": 1}},
+    )
+    mark_ready(kube, f"{NAME}-gateway")
+    until(kube, lambda: (kube.condition(NAME, "Ready") or {}).get("status") == "True", what="Ready")
+    assert kube.service(NAME)["status"]["readyReplicas"] == 1
+    kube.patch_service(NAME, {"spec": {"parallelism": {"nodes": 1}}})
+    deployment = until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
+    assert (
+        deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+        == "8"
+    )
+    until(kube, lambda: kube.group_set(f"{NAME}-engine") is None, what="the LeaderWorkerSet deleted")
+
+
+def test_a_multi_node_service_without_the_leader_worker_set_api_says_so(cluster, operator):
+    """Without the LeaderWorkerSet controller (its API absent from discovery) a multi-node service is
+    Degraded with the reason and what to do; once it is installed, the next resync renders the group."""
+    kube = cluster.client()
+    installed = cluster.emulator.resources.pop(LWS_RESOURCE)
+    manifest = example()
+    manifest["spec"] |= {"parallelism": {"tensor": 8, "nodes": 2}, "profiling": {"tokenBudget": 65536}}
+    kube.create_service(manifest)
+    until(
+        kube,
+        lambda: (kube.condition(NAME, "Degraded") or {}).get("reason") == "LeaderWorkerSetNotInstalled",
+        what="Degraded LeaderWorkerSetNotInstalled",
+    )
+    message = kube.condition(NAME, "Degraded")["message"]
+    assert "LeaderWorkerSet controller" in message and "set parallelism.nodes to 1" in message
+    assert kube.service(NAME)["status"]["phase"] == "Failed"
+    cluster.emulator.resources[LWS_RESOURCE] = installed
+    until(kube, lambda: kube.group_set(f"{NAME}-engine"), what="the LeaderWorkerSet once its API is there")
 
 
 def test_the_charts_rbac_grants_exactly_the_calls_the_operator_made(request):

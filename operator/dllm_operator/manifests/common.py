@@ -107,6 +107,13 @@ def model_args(spec: ServiceSpec) -> list[str]:
     return ["--model", uri, "--family", spec.family, "--dtype", spec.dtype, "--device", device]
 
 
+def tensor_parallel_args(spec: ServiceSpec) -> list[str]:
+    """``--tensor-parallel N`` for a group of more than one rank (at 1, the engine's default, the flag is
+    left out: engine images that predate it run as before)."""
+    tensor = spec.parallelism.tensor
+    return ["--tensor-parallel", str(tensor)] if tensor > 1 else []
+
+
 def model_location(spec: ServiceSpec) -> str:
     """The model argument containers get: a path on the model volume, builtin:NAME, or a repo id
     (``REPO@REVISION`` when the spec pins a revision)."""
@@ -129,6 +136,18 @@ def volumes(spec: ServiceSpec, shared_cache: bool = True) -> tuple[list[dict], l
             {"name": "models", "persistentVolumeClaim": {"claimName": spec.volume_claim, "readOnly": True}}
         )
         mounts.append({"name": "models", "mountPath": "/models", "readOnly": True})
+    return vols, mounts
+
+
+def engine_volumes(spec: ServiceSpec) -> tuple[list[dict], list[dict]]:
+    """An engine or profiling pod's (volumes, mounts): ``volumes`` and, for a pod of more than one rank, a
+    memory-backed /dev/shm for their collectives (the container runtime's default is 64 MiB), sized
+    SHM_PER_RANK_GI per rank on the pod. Its pages count towards the pod's memory."""
+    vols, mounts = volumes(spec)
+    size = spec.parallelism.shm_size()
+    if size:
+        vols.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": size}})
+        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
     return vols, mounts
 
 
@@ -208,9 +227,11 @@ def threads_env() -> dict[str, Any]:
 
 
 def resources(spec: ServiceSpec) -> dict[str, Any]:
+    """An engine or profiling pod's: resources.gpus per rank, times the ranks on the pod."""
     limits: dict[str, Any] = {"memory": spec.memory}
-    if spec.gpus:
-        limits[spec.gpu_resource] = str(spec.gpus)
+    gpus = spec.parallelism.pod_gpus(spec.gpus)
+    if gpus:
+        limits[spec.gpu_resource] = str(gpus)
     return {"requests": {"cpu": spec.cpu, "memory": spec.memory}, "limits": limits}
 
 

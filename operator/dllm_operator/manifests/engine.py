@@ -45,21 +45,9 @@ def _probe(path: str, delay: int) -> dict[str, Any]:
     }
 
 
-def engine_deployment(
-    spec: ServiceSpec,
-    owner: dict,
-    settings: OperatorSettings,
-    redis_url: str,
-    replicas: int,
-    profile_hash: str,
-    gpu_product: str | None = None,
-) -> dict[str, Any]:
-    """``gpu_product``: the GPU the budget was measured on; the pods are pinned to it unless the spec
-    says otherwise (resources.pinGpuProduct: false, or its own nodeSelector for that label)."""
-    vols, mounts = common.volumes(spec)
-    vols.append({"name": "profile", "configMap": {"name": common.name_of(spec, "profile")}})
-    mounts.append({"name": "profile", "mountPath": PROFILE_MOUNT, "readOnly": True})
-    command = [
+def worker_command(spec: ServiceSpec) -> list[str]:
+    """`dllm worker` as every engine pod runs it (a multi-node group's pods add their place in the group)."""
+    return [
         "dllm",
         "worker",
         *common.model_args(spec),
@@ -80,6 +68,7 @@ def engine_deployment(
         "--cache",
         spec.cache,
         *admission_flags(scheduler_settings(spec)),
+        *common.tensor_parallel_args(spec),
         "--port",
         str(METRICS_PORT),
         "--drain-timeout",
@@ -87,6 +76,23 @@ def engine_deployment(
         "--model-identity",
         spec.model_identity,
     ]
+
+
+def engine_pod_spec(
+    spec: ServiceSpec,
+    settings: OperatorSettings,
+    redis_url: str,
+    command: list[str],
+    gpu_product: str | None,
+    leads: bool = True,
+    ports: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """An engine pod: ``command`` in the engine container. ``leads``: it claims work and serves (a
+    Deployment's pods, a group's node 0), so it is probed; a follower of a multi-node group is not (its
+    group is restarted as one when any of its pods fails)."""
+    vols, mounts = common.engine_volumes(spec)
+    vols.append({"name": "profile", "configMap": {"name": common.name_of(spec, "profile")}})
+    mounts.append({"name": "profile", "mountPath": PROFILE_MOUNT, "readOnly": True})
     image = spec.image or settings.engine_image
     container = {
         "name": "engine",
@@ -97,21 +103,36 @@ def engine_deployment(
         + common.cache_env(spec)
         + [common.threads_env()]
         + common.tracing_env(spec),
-        "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT}, *(ports or [])],
         "resources": common.resources(spec),
         "volumeMounts": mounts,
-        # the probe server answers from the start; startup waits for the model to load (its download was
-        # the init container's) up to STARTUP_BUDGET_S, and only then does liveness count
-        "startupProbe": {
-            "httpGet": {"path": "/startupz", "port": "metrics"},
-            "periodSeconds": 10,
-            "failureThreshold": STARTUP_BUDGET_S // 10,
-        },
-        "livenessProbe": _probe("/healthz", 0),
-        "readinessProbe": _probe("/readyz", 0),
-        "securityContext": common.container_security(),
     }
-    template_meta = {
+    if leads:
+        container |= {
+            # the probe server answers from the start; startup waits for the model to load (its download
+            # was the init container's) up to STARTUP_BUDGET_S, and only then does liveness count
+            "startupProbe": {
+                "httpGet": {"path": "/startupz", "port": "metrics"},
+                "periodSeconds": 10,
+                "failureThreshold": STARTUP_BUDGET_S // 10,
+            },
+            "livenessProbe": _probe("/healthz", 0),
+            "readinessProbe": _probe("/readyz", 0),
+        }
+    container["securityContext"] = common.container_security()
+    return {
+        "terminationGracePeriodSeconds": DRAIN_S + GRACE_MARGIN_S,
+        "securityContext": common.pod_security(),
+        **common.pod_identity(settings),
+        "initContainers": fetch_init_containers(spec, image, settings.image_pull_policy, mounts),
+        "containers": [container],
+        "volumes": vols,
+        **_placement(spec, gpu_product),
+    }
+
+
+def engine_template_metadata(spec: ServiceSpec, profile_hash: str) -> dict[str, Any]:
+    return {
         "labels": common.labels(spec, "engine"),
         "annotations": {
             "dllm.dev/profile-hash": profile_hash,
@@ -119,6 +140,21 @@ def engine_deployment(
             "prometheus.io/port": str(METRICS_PORT),
         },
     }
+
+
+def engine_deployment(
+    spec: ServiceSpec,
+    owner: dict,
+    settings: OperatorSettings,
+    redis_url: str,
+    replicas: int,
+    profile_hash: str,
+    gpu_product: str | None = None,
+) -> dict[str, Any]:
+    """One engine group per pod (parallelism.nodes 1). ``gpu_product``: the GPU the budget was measured
+    on; the pods are pinned to it unless the spec says otherwise (resources.pinGpuProduct: false, or its
+    own nodeSelector for that label)."""
+    pod = engine_pod_spec(spec, settings, redis_url, worker_command(spec), gpu_product)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -130,18 +166,7 @@ def engine_deployment(
             if spec.gpus
             else {"type": "RollingUpdate"},
             "selector": {"matchLabels": common.selector_labels(spec, "engine")},
-            "template": {
-                "metadata": template_meta,
-                "spec": {
-                    "terminationGracePeriodSeconds": DRAIN_S + GRACE_MARGIN_S,
-                    "securityContext": common.pod_security(),
-                    **common.pod_identity(settings),
-                    "initContainers": fetch_init_containers(spec, image, settings.image_pull_policy, mounts),
-                    "containers": [container],
-                    "volumes": vols,
-                    **_placement(spec, gpu_product),
-                },
-            },
+            "template": {"metadata": engine_template_metadata(spec, profile_hash), "spec": pod},
         },
     }
 

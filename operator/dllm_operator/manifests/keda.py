@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV, is_cluster_url
 from dllm_contracts.queue.keys import ServiceKeys
 from dllm_operator.manifests import common
+from dllm_operator.manifests.engine_group import engine_kind
 from dllm_operator.manifests.redis import password_ref
 from dllm_operator.spec import ServiceSpec
 
@@ -31,6 +32,14 @@ def _trigger(spec: ServiceSpec, redis_url: str, key: str) -> dict[str, Any]:
     return trigger
 
 
+def _target(spec: ServiceSpec) -> dict[str, Any]:
+    """The engine: a Deployment (KEDA's default kind) or a LeaderWorkerSet (through its scale subresource,
+    whose replicas are whole groups)."""
+    api_version, kind = engine_kind(spec)
+    target = {"name": common.name_of(spec, "engine")}
+    return target if kind == "Deployment" else {"apiVersion": api_version, "kind": kind} | target
+
+
 def scaled_object(spec: ServiceSpec, owner: dict, redis_url: str) -> dict[str, Any]:
     keys = ServiceKeys(spec.queue_service)
     return {
@@ -38,7 +47,7 @@ def scaled_object(spec: ServiceSpec, owner: dict, redis_url: str) -> dict[str, A
         "kind": "ScaledObject",
         "metadata": common.metadata(spec, "engine", owner),
         "spec": {
-            "scaleTargetRef": {"name": common.name_of(spec, "engine")},
+            "scaleTargetRef": _target(spec),
             "minReplicaCount": spec.min_replicas,
             "maxReplicaCount": spec.max_replicas,
             "cooldownPeriod": spec.scale_down_delay_s,  # KEDA's own: only for scaling to zero

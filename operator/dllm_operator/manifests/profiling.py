@@ -19,7 +19,7 @@ def job_name(spec: ServiceSpec, profile_hash: str) -> str:
 def profiling_job(
     spec: ServiceSpec, owner: dict, settings: OperatorSettings, profile_hash: str
 ) -> dict[str, Any]:
-    vols, mounts = common.volumes(spec)
+    vols, mounts = common.engine_volumes(spec)
     command = [
         "dllm",
         "profile",
@@ -28,6 +28,7 @@ def profiling_job(
         str(spec.utilization),
         "--block-length",
         str(spec.block_length),
+        *common.tensor_parallel_args(spec),  # the size the engines run at: the budget is per rank of it
         "--json",
         "/tmp/profile.json",
         "--termination-log",
