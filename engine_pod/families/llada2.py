@@ -14,6 +14,7 @@ from engine_pod.families.record import ModelFamily
 from engine_pod.models.block_transformer import BlockDiffusionTransformer
 from engine_pod.models.config import ModelConfig, ModelConfigError, MoESpec, as_tuple
 from engine_pod.models.config_fields import check_fixed, needed, reader_with_defaults
+from engine_pod.parallel.block_shards import BlockShards
 
 NAME = "llada2"
 
@@ -179,5 +180,6 @@ FAMILY = ModelFamily(
     cache="paged",
     decoding=FamilyDecoding(block_length=DEFAULT_BLOCK_LENGTH, steps_per_block=DEFAULT_BLOCK_LENGTH),
     name_map=llada2_name_map,
+    tensor_parallel=BlockShards,
     steps_capped_by_length=True,  # its reference generate caps a block's steps by the generation length
 )

@@ -14,6 +14,7 @@ from engine_pod.models.block_transformer import BlockDiffusionTransformer
 from engine_pod.models.checkpoint_files import PART
 from engine_pod.models.config import ModelConfig, as_tuple
 from engine_pod.models.config_fields import check_fixed, reader_with_defaults
+from engine_pod.parallel.block_shards import BlockShards
 
 NAME = "sdar"
 
@@ -114,4 +115,5 @@ FAMILY = ModelFamily(
     cache="paged",
     decoding=FamilyDecoding(block_length=DEFAULT_BLOCK_LENGTH, steps_per_block=DEFAULT_BLOCK_LENGTH),
     name_map=sdar_name_map,
+    tensor_parallel=BlockShards,
 )

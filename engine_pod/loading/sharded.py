@@ -62,6 +62,7 @@ def load_shard(
     else:
         state = load_state_dict(config, model_dir, keep=shards.shard)
     model.load_state_dict({name: tensor.to(torch_dtype) for name, tensor in state.items()})
+    shards.finish(model)  # tied embeddings: one tensor again
     model.fuse_projections()
     tokenizer = LazyTokenizer(model_dir) if model_dir is not None and has_tokenizer(model_dir) else None
     config = config.with_eos(eos_ids(config, model_dir))

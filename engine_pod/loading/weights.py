@@ -43,11 +43,15 @@ def load_state_dict(
             if key.endswith("rotary_emb.inv_freq"):
                 continue
             raise CheckpointError(f"unexpected parameter {key!r} for a {config.family} checkpoint")
-        state[mapping[key]] = tensor if keep is None else keep(mapping[key], tensor)
+        ours = mapping[key]
+        state[ours] = tensor if keep is None or PART in ours else keep(ours, tensor)
     missing = sorted(set(mapping) - {k for k, v in mapping.items() if v in state})
     if missing:
         raise CheckpointError(f"checkpoint is missing {len(missing)} parameters, e.g. {missing[0]!r}")
+    joined = {key.split(PART)[0] for key in state if PART in key}
     state = join_parts(state)
+    for name in joined if keep is not None else ():  # a fused parameter is cut once it is whole
+        state[name] = keep(name, state[name])
     if config.tied_embeddings:
         state["lm_head.weight"] = state["word_embeddings.weight"]
     return state

@@ -25,6 +25,11 @@ from engine_pod.parallel.layers import RowParallelLinear, VocabParallelEmbedding
 _LAYER = re.compile(r"layers\.\d+\.(attn|mlp)\.(\w+)\.(weight|bias)")
 
 
+def vocab_rows_of(config: ModelConfig, parallel: TensorParallel) -> int:
+    """Rows of the vocabulary each rank holds (the last rank's run padded with zero rows)."""
+    return -(-config.vocab_size // parallel.size)
+
+
 @dataclass(frozen=True)
 class LlamaShards:
     """One rank's part of a Llama-style model of ``config``."""
@@ -58,7 +63,7 @@ class LlamaShards:
 
     @property
     def vocab_rows(self) -> int:
-        return -(-self.config.vocab_size // self.parallel.size)
+        return vocab_rows_of(self.config, self.parallel)
 
     def rank_config(self) -> ModelConfig:
         config = self.config
@@ -82,6 +87,9 @@ class LlamaShards:
         model.embed_tokens = VocabParallelEmbedding(rows, hidden, parallel.rank * rows, parallel)
         model.lm_head = VocabParallelHead(hidden, rows, config.vocab_size, parallel)
         return model  # its config is this rank's: its KV pool holds this rank's K/V heads
+
+    def finish(self, model) -> None:
+        """Nothing after loading (tied embeddings are refused)."""
 
     def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the whole model's parameter ``name`` (a copy: the whole is not kept)."""

@@ -25,6 +25,7 @@ from tests.engine_utils import run_workload
 from tests.factories import random_workload
 
 PROMPT = [5, 17, 33, 8, 101, 64, 12]
+SPLIT = ["random:llada-tiny", "random:dream-tiny", "random:llada2-tiny", "random:sdar-tiny"]
 TIMEOUT_S = 300  # a bound on a whole `dllm generate` run, however slow the machine
 
 
@@ -47,8 +48,9 @@ def _generate(model: str, ranks: int, *flags: str) -> tuple[int, dict | None, st
     return done.returncode, payload, done.stderr
 
 
-@pytest.mark.parametrize("model", ["random:llada-tiny", "random:dream-tiny"])
+@pytest.mark.parametrize("model", [*SPLIT, "builtin:tiny-llada", "builtin:tiny-llada2-random"])
 def test_dllm_generate_on_two_ranks_gives_the_tokens_of_one(model):
+    """Random presets (drawn whole, then cut) and checkpoints (each tensor cut as it is read)."""
     code, one, err = _generate(model, 1)
     assert code == 0, err
     code, two, err = _generate(model, 2)
@@ -57,7 +59,7 @@ def test_dllm_generate_on_two_ranks_gives_the_tokens_of_one(model):
     assert two["num_forward_passes"] == one["num_forward_passes"]
 
 
-@pytest.mark.parametrize("model", ["random:llada-tiny", "random:dream-tiny"])
+@pytest.mark.parametrize("model", SPLIT)
 def test_a_seeded_sampled_request_draws_the_same_tokens_on_two_ranks(model):
     torch.set_num_threads(1)
     decoding = DecodingConfig(block_length=8, steps_per_block=4, threshold=0.5, remasking="threshold")
@@ -69,7 +71,7 @@ def test_a_seeded_sampled_request_draws_the_same_tokens_on_two_ranks(model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["random:llada-tiny", "random:dream-tiny"])
+@pytest.mark.parametrize("model", SPLIT)
 def test_four_ranks_generate_the_tokens_of_one(model):
     one, four = _generate(model, 1)[1], _generate(model, 4)[1]
     assert four["token_ids"] == one["token_ids"]
@@ -82,7 +84,7 @@ def test_a_split_the_model_does_not_divide_is_refused_in_one_line():
 
 
 def test_a_family_without_a_split_is_refused_in_one_line():
-    code, _, err = _generate("random:llada2-tiny", 2)
+    code, _, err = _generate("random:diffusion-gemma-tiny", 2)
     assert code != 0 and "does not run tensor-parallel" in err and "Traceback" not in err, err
 
 
@@ -106,7 +108,7 @@ def test_each_rank_holds_its_share_and_a_forward_makes_two_all_reduces_per_layer
     assert made["all_gather"] >= forwards  # the selected positions' logits, once per LM-head chunk
 
 
-@pytest.mark.parametrize("model", ["random:llada-tiny", "random:dream-tiny"])
+@pytest.mark.parametrize("model", SPLIT)
 def test_a_blockserve_batch_on_two_ranks_gives_every_request_the_tokens_of_one_process(model):
     """Mixed rows, leaving at different cycles and steps (threshold decoding, EOS at a common token)."""
     torch.set_num_threads(1)
