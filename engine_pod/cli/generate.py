@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         loaded = with_sampler_args(args, loaded)
         sampling = SamplingParams(seed=args.seed) if args.seed else None
         result = generate_one(loaded, _prompt_ids(args, loaded), args.gen_length, decoding, sampling=sampling)
+        weights_bytes = loaded.weights_bytes  # rank 0's, the most any rank holds
     if args.json:
         payload = {
             "token_ids": result.token_ids,
@@ -104,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
             "num_forward_passes": result.num_forward_passes,
             "elapsed_s": round(result.elapsed_s, 6),
             "torch_threads": threads.threads,
+            "tensor_parallel": args.tensor_parallel,
+            "weights_bytes_per_rank": weights_bytes,
         }
         sys.stdout.write(json.dumps(payload) + "\n")
     else:

@@ -141,7 +141,7 @@ def check_weights_fit(
         name = str(dtype).removeprefix("torch.")
         raise ModelLoadError(
             f"the model's weights need {_gib(needed)} in {name}, more than the {_gib(available)} of "
-            f"memory on {device}; choose a smaller model, a lower-precision --dtype or a larger device"
+            f"memory on {device}; choose a smaller model, a lower-precision --dtype, a larger device or more --tensor-parallel ranks"
         )
 
 

@@ -14,6 +14,7 @@ from functools import partial
 import pytest
 import torch
 
+from dllm_contracts.model_source import ModelLoadError
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling_params import SamplingParams
@@ -136,3 +137,33 @@ def test_dllm_bench_runs_blockserve_and_static_on_two_ranks():
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr
     assert "outputs identical across policies: True" in done.stdout
+
+
+REPEATED = ("norm", ".gate.weight", "expert_bias")  # on every rank whole: norms, routers
+
+
+@pytest.mark.parametrize("model", SPLIT)
+def test_each_rank_holds_at_most_its_share_of_the_split_weights_plus_the_repeated_ones(model):
+    """K/V heads fewer than the ranks are shared by several ranks (each holds one of them)."""
+    loaded = load_model(model, dtype="float64")
+    config, whole = loaded.config, dict(loaded.model.named_parameters())
+    repeated = sum(p.numel() for name, p in whole.items() if any(part in name for part in REPEATED))
+    total = sum(p.numel() for p in whole.values())
+    kv = config.num_layers * 2 * config.num_kv_heads * config.head_dim * (config.hidden_size + config.qkv_bias)
+    for ranks in (2, 4):
+        code, payload, err = _generate(model, ranks)
+        assert code == 0, err
+        held = payload["weights_bytes_per_rank"] // 8  # float64
+        share = (total - repeated - kv) / ranks + repeated + kv / min(ranks, config.num_kv_heads)
+        assert held <= share, (ranks, held, total)
+
+
+def test_a_model_the_preflight_refuses_on_one_rank_under_a_memory_cap_loads_on_two(monkeypatch):
+    whole = load_model("builtin:tiny-llada", dtype="float64").weights_bytes  # a checkpoint: cut as read
+    monkeypatch.setattr("engine_pod.device_memory.total_memory", lambda device: whole * 3 // 4)
+    with pytest.raises(ModelLoadError, match="more than the"):
+        load_model("builtin:tiny-llada", dtype="float64")
+    decoding = DecodingConfig(block_length=8, steps_per_block=4)
+    with tensor_parallel_group(GroupPlace(2), ModelArgs("builtin:tiny-llada", dtype="float64")) as loaded:
+        assert loaded.weights_bytes <= whole * 3 // 4
+        assert len(generate_one(loaded, PROMPT, 8, decoding).token_ids) == 8
