@@ -91,8 +91,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.tensor_parallel < 1:
         raise CliError(f"--tensor-parallel must be at least 1, got {args.tensor_parallel}")
-    if args.tensor_parallel > 1:
-        raise CliError("dllm profile --tensor-parallel above 1 is not supported yet")
     apply_threads(args.threads)
     if not 0 < args.utilization <= 1:
         raise CliError(f"--utilization must be in (0, 1], got {args.utilization}")
@@ -112,11 +110,10 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=max_tokens,
         layout=args.layout,
         family=args.family,
+        tensor_parallel=args.tensor_parallel,
     )
     try:
-        result = run_profile(config) | {
-            "tensor_parallel": args.tensor_parallel
-        }  # the size it was measured at
+        result = run_profile(config) | {"tensor_parallel": args.tensor_parallel}  # the size measured at
     except Exception as exc:  # any failure (a bad limit, CUDA out of memory, a missing model): say why
         if args.termination_log:  # the operator reads why from the pod status
             Path(args.termination_log).write_text(_error_message(exc))

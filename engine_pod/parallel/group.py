@@ -59,6 +59,16 @@ class TensorParallel:
                 dist.all_reduce(tensor)
         return tensor
 
+    def max_of(self, value: int) -> int:
+        """The largest of every rank's ``value``."""
+        if self.size == 1:
+            return value
+        self.counts["max"] += 1
+        box = torch.tensor([value], dtype=torch.long)
+        with _collective("an all-reduce"):
+            dist.all_reduce(box, op=dist.ReduceOp.MAX)
+        return int(box.item())
+
     def all_gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every rank's ``tensor`` side by side along its last dimension, in rank order."""
         if self.size == 1:

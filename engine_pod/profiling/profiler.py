@@ -13,6 +13,7 @@ budget the fit gives is then measured once at its own size and lowered until tha
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -28,8 +29,6 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.device_memory import (
     available_memory,
     peak_allocated_bytes,
-    peak_bytes,
-    reset_peak,
     total_memory,
 )
 from engine_pod.families.registry import family_of
@@ -38,14 +37,17 @@ from engine_pod.loading.loader import (
     LoadedModel,
     build_model,
     load_metadata,
-    load_model,
+    no_initial_draws,
     parse_device,
     parse_dtype,
 )
+from engine_pod.parallel.group import TensorParallel
 from engine_pod.profiling.extrapolation import Extrapolation
 from engine_pod.profiling.fit import MemoryFit, fit_peak
 from engine_pod.profiling.grid import Point, grid
 from engine_pod.runner.factory import make_runner
+from engine_pod.runner.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
+from engine_pod.runner.tensor_parallel import group_peak, group_reset_peak
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 
@@ -70,6 +72,7 @@ class ProfileConfig:
     layout: str = DEFAULT_LAYOUT  # how the engine lays batches out (the budget counts that layout's tokens)
     canvas: bool = False  # rows of one canvas each over a kept context (DiffusionGemma): set by run_profile
     family: str | None = None  # the family the checkpoint must be (None: any)
+    tensor_parallel: int = 1  # ranks the model is split across: each rank's peak measured, the worst kept
 
 
 def _rows_for(point: Point, loaded: LoadedModel, block_length: int, seed: int) -> list[CycleRow]:
@@ -94,15 +97,21 @@ def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> Poin
     )
     runner = make_runner(loaded, decoding, pool_tokens=point.tokens)  # a KV pool for every token
     rows = _rows_for(point, loaded, cfg.block_length, cfg.seed)
-    reset_peak(loaded.device)
+    group_reset_peak(loaded)
     runner.run(SchedulerOutput.of_rows(rows, gather_rows=False, packed=cfg.layout == "packed"))
-    peak, allocated = peak_bytes(loaded.device), peak_allocated_bytes(loaded.device)
+    peak, allocated = group_peak(loaded), peak_allocated_bytes(loaded.device)  # the worst rank's peak
     return Point(point.rows, point.width, peak, point.held_out, allocated)
 
 
+def _model(cfg: ProfileConfig):
+    """The model (this process's rank of it) for as long as the context lasts."""
+    args = ModelArgs(cfg.model, cfg.device, cfg.dtype, cfg.seed, cfg.family)
+    return tensor_parallel_group(GroupPlace(cfg.tensor_parallel), args)
+
+
 def _measure_fresh(cfg: ProfileConfig, point: Point) -> Point:
-    loaded = load_model(cfg.model, cfg.device, cfg.dtype, seed=cfg.seed, family=cfg.family)
-    return measure_point(loaded, point, cfg)
+    with _model(cfg) as loaded:
+        return measure_point(loaded, point, cfg)
 
 
 def _measure(cfg: ProfileConfig, loaded: LoadedModel | None, point: Point) -> Point:
@@ -144,11 +153,14 @@ def run_profile(cfg: ProfileConfig, progress: bool = True) -> dict:
     total, available = total_memory(device), available_memory(device)
     limit = cfg.memory_limit if cfg.memory_limit is not None else available
     usable = int(limit * cfg.utilization)
-    loaded = (
-        load_model(cfg.model, cfg.device, cfg.dtype, seed=cfg.seed, family=cfg.family)
-        if device.type == "cuda"
-        else None
-    )
+    with contextlib.ExitStack() as held:
+        loaded = held.enter_context(_model(cfg)) if device.type == "cuda" else None
+        return _profile(cfg, device, loaded, total, available, limit, usable, progress)
+
+
+def _profile(
+    cfg, device, loaded, total: int, available: int, limit: int, usable: int, progress: bool
+) -> dict:
     weights = loaded.weights_bytes if loaded else _weights_bytes(cfg)
     if usable <= weights:
         raise ProfileError(
@@ -222,7 +234,17 @@ def _check_record(budget: int, point: Point, fit: MemoryFit, usable: int) -> dic
 def _weights_bytes(cfg: ProfileConfig) -> int:
     """Parameter bytes, from the config alone (no weights are loaded)."""
     config, _ = load_metadata(cfg.model, cfg.family)
-    model = build_model(config, torch.device("meta"), parse_dtype(cfg.dtype))
+    if cfg.tensor_parallel > 1:  # rank 0's part (the most any rank holds)
+        record = family_of(config)
+        if record.tensor_parallel is None:
+            raise ProfileError(
+                f"{record.display_name} does not run tensor-parallel yet: use --tensor-parallel 1"
+            )
+        shards = record.tensor_parallel(config, TensorParallel(0, cfg.tensor_parallel))
+        with torch.device("meta"), no_initial_draws():
+            model = shards.build().to(parse_dtype(cfg.dtype))
+    else:
+        model = build_model(config, torch.device("meta"), parse_dtype(cfg.dtype))
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.device_memory import peak_bytes, reset_peak
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.contract import CycleOutput, Runner
 from engine_pod.scheduler.output import SchedulerOutput
@@ -59,6 +60,18 @@ def lead(runner: Runner, loaded: LoadedModel, recipe: tuple[Any, ...]) -> Runner
     return LeaderRunner(runner, loaded)
 
 
+def group_reset_peak(loaded: LoadedModel) -> None:
+    """A new peak window on every rank's device (rank 0 asks)."""
+    loaded.parallel.broadcast(("reset_peak",))
+    reset_peak(loaded.device)
+
+
+def group_peak(loaded: LoadedModel) -> int:
+    """The worst rank's peak memory since its window began (rank 0 asks)."""
+    loaded.parallel.broadcast(("peak",))
+    return loaded.parallel.max_of(peak_bytes(loaded.device))
+
+
 def follow(loaded: LoadedModel, make_runner) -> None:
     """A follower rank's loop: build the runner rank 0 names, run what it broadcasts, until it stops."""
     runner = None
@@ -68,7 +81,7 @@ def follow(loaded: LoadedModel, make_runner) -> None:
             return
         if kind == "runner":
             runner = make_runner(loaded, *body)
-        elif runner is None:
+        elif runner is None and kind in ("run", "forget", "confidences"):
             raise RuntimeError(f"rank {loaded.parallel.rank} was sent {kind!r} before its runner")
         elif kind == "run":
             runner.run(*body)
@@ -76,5 +89,9 @@ def follow(loaded: LoadedModel, make_runner) -> None:
             runner.forget()
         elif kind == "confidences":
             runner.first_block_confidences(*body)
+        elif kind == "reset_peak":
+            reset_peak(loaded.device)
+        elif kind == "peak":
+            loaded.parallel.max_of(peak_bytes(loaded.device))
         else:
             raise RuntimeError(f"rank {loaded.parallel.rank} was sent an unknown message {kind!r}")

@@ -49,7 +49,14 @@ def _generate(model: str, ranks: int, *flags: str) -> tuple[int, dict | None, st
     return done.returncode, payload, done.stderr
 
 
-@pytest.mark.parametrize("model", [*SPLIT, "builtin:tiny-llada", "builtin:tiny-llada2-random"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        *(pytest.param(model, marks=pytest.mark.slow) for model in SPLIT),  # in-process below, in CI
+        "builtin:tiny-llada",
+        "builtin:tiny-llada2-random",
+    ],
+)
 def test_dllm_generate_on_two_ranks_gives_the_tokens_of_one(model):
     """Random presets (drawn whole, then cut) and checkpoints (each tensor cut as it is read)."""
     code, one, err = _generate(model, 1)
@@ -142,14 +149,18 @@ def test_dllm_bench_runs_blockserve_and_static_on_two_ranks():
 REPEATED = ("norm", ".gate.weight", "expert_bias")  # on every rank whole: norms, routers
 
 
-@pytest.mark.parametrize("model", SPLIT)
+@pytest.mark.parametrize(
+    "model", ["random:dream-tiny", *(pytest.param(m, marks=pytest.mark.slow) for m in SPLIT[::2] + SPLIT[3:])]
+)
 def test_each_rank_holds_at_most_its_share_of_the_split_weights_plus_the_repeated_ones(model):
     """K/V heads fewer than the ranks are shared by several ranks (each holds one of them)."""
     loaded = load_model(model, dtype="float64")
     config, whole = loaded.config, dict(loaded.model.named_parameters())
     repeated = sum(p.numel() for name, p in whole.items() if any(part in name for part in REPEATED))
     total = sum(p.numel() for p in whole.values())
-    kv = config.num_layers * 2 * config.num_kv_heads * config.head_dim * (config.hidden_size + config.qkv_bias)
+    kv = (
+        config.num_layers * 2 * config.num_kv_heads * config.head_dim * (config.hidden_size + config.qkv_bias)
+    )
     for ranks in (2, 4):
         code, payload, err = _generate(model, ranks)
         assert code == 0, err
@@ -167,3 +178,15 @@ def test_a_model_the_preflight_refuses_on_one_rank_under_a_memory_cap_loads_on_t
     with tensor_parallel_group(GroupPlace(2), ModelArgs("builtin:tiny-llada", dtype="float64")) as loaded:
         assert loaded.weights_bytes <= whole * 3 // 4
         assert len(generate_one(loaded, PROMPT, 8, decoding).token_ids) == 8
+
+
+@pytest.mark.slow
+def test_dllm_profile_on_two_ranks_records_its_size_and_a_budget(tmp_path):
+    out = tmp_path / "profile.json"
+    command = [sys.executable, "-m", "engine_pod.cli.main", "profile", "--model", "random:llada-tiny"]
+    command += ["--tensor-parallel", "2", "--max-tokens", "1024", "--memory-limit", str(4 << 30)]
+    command += ["--threads", "2", "--json", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["tensor_parallel"] == 2 and result["token_budget"] > 0
