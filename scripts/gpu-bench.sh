@@ -22,6 +22,9 @@
 #   6. llada2/         the profile and the fixed-steps bench for a random model of the LLaDA2.0-mini shape
 #                    (block diffusion, 256 experts; its exact KV cache sized by the profiled budget),
 #                    BlockServe against static batching (skip with BLOCK_MODEL=)
+#   7. tp/               on a machine with several GPUs (or with TENSOR_PARALLEL=N): `dllm generate` at 1 and
+#                    N ranks (the same tokens) and the mixed-workload BlockServe bench at N ranks beside
+#                    step 4's one (tp/bench.json; TENSOR_PARALLEL=1 skips it)
 # summary.txt holds every printed table. Eight files in all (bench.png too with PLOT=1), what one device
 # lease brings back.
 # Usage: bash scripts/gpu-bench.sh [OUT_DIR]          (default OUT_DIR: runs/gpu)
@@ -104,6 +107,24 @@ if [ -n "$block_model" ]; then
     --workload "${BLOCK_WORKLOAD:-synthetic:n=16,prompt=32-512,gen=32-256,seed=0}" \
     --policy blockserve,static "${fixed[@]}" --no-isolate --no-margins \
     --json "$out/llada2/bench-fixed.json" | tee -a "$out/summary.txt" || status=$?
+fi
+
+tp=${TENSOR_PARALLEL:-}
+if [ -z "$tp" ] && [ "${device%%:*}" = cuda ]; then
+  tp=$("$python" -c 'import torch; print(min(torch.cuda.device_count(), 8))')
+fi
+if [ -n "$tp" ] && [ "$tp" -gt 1 ]; then
+  step "tensor parallel: $tp ranks ($model)"
+  mkdir -p "$out/tp"
+  for ranks in 1 "$tp"; do
+    timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main generate --model "$model" --device "$device" \
+      --dtype "$dtype" --prompt-ids 5,17,33,8,101,64,12 --gen-length 64 --tensor-parallel "$ranks" --json \
+      > "$out/tp/generate-$ranks.json" || status=$?
+  done
+  timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model "$model" --device "$device" \
+    --dtype "$dtype" --profile "$out/profile.json" --workload "$workload" --policy blockserve \
+    --calibrate-threshold "$calibrate" --no-margins --tensor-parallel "$tp" --json "$out/tp/bench.json" \
+    | tee -a "$out/summary.txt" || status=$?
 fi
 
 step "done (bench exit status $status)"

@@ -103,10 +103,12 @@ def _is_sync(name: str, func, args, kwargs) -> bool:
 
 def _attention_shape(name: str, args) -> tuple:
     """What a backend specialises on: every input's shape for SDPA; for the engine's ragged op (one
-    varlen kernel on a GPU, built per head layout and dtype, not per length), heads, widths and dtype."""
+    varlen kernel on a GPU, built per head layout and dtype, not per length), heads, widths and dtype,
+    but for a padded box (one masked SDPA call on a GPU too) the box's rows and widths as well."""
     if name == "dllm.ragged_attention":
-        q, k = args[0], args[1]
-        return (name, q.shape[1:], k.shape[1:], q.dtype)
+        q, k, box = args[0], args[1], plan_of(args[3]).box
+        extent = () if box is None else (box.rows, box.q_width, box.k_width)
+        return (name, *extent, q.shape[1:], k.shape[1:], q.dtype)
     tensors = [a for a in args if isinstance(a, torch.Tensor)][:3]
     return (name, *((tuple(t.shape), t.dtype) for t in tensors))
 

@@ -18,6 +18,8 @@ from engine_pod.bench.op_census import counting
 from engine_pod.families.diffusion_gemma.attention import GemmaAttention
 from engine_pod.loading.loader import load_model
 from engine_pod.models import attention_backends
+from engine_pod.models.attention_backends import ragged_attention
+from engine_pod.models.ragged import Box, RaggedAttention, RowSpans
 
 DEVICE = torch.device("cpu")  # the engine's device, named as the engine names it
 
@@ -127,3 +129,30 @@ def test_the_work_between_packed_forwards_does_not_grow_with_the_rows(models, sp
     loaded = models[spec]
     few, many = (census_figures(loaded, spec, requests=requests, rows=n, distinct=n) for n in (4, 24))
     assert many.host_ops_per_step == few.host_ops_per_step, (few.host_ops_per_step, many.host_ops_per_step)
+
+
+class _Attends(torch.nn.Module):
+    """A forward that attends once over the plan it is given."""
+
+    def forward_batch(self, q: torch.Tensor, plan: RaggedAttention) -> torch.Tensor:
+        return ragged_attention(q, q, q, plan)
+
+
+def test_a_padded_box_is_a_new_attention_shape_for_each_extent_and_packed_rows_are_not():
+    model, heads = _Attends(), 2
+    boxes = [
+        Box(rows, width, width, torch.ones(rows, 1, width, dtype=torch.bool))
+        for rows, width in ((2, 4), (3, 5))
+    ]
+    packed = [RowSpans([0, n], [n, n], [0, n], [n, n]) for n in (4, 5)]
+    with counting(model) as census:
+        for box in boxes:
+            model.forward_batch(
+                torch.ones(box.rows * box.q_width, heads, 8), RaggedAttention.over_box(box, DEVICE)
+            )
+        for spans in packed:
+            model.forward_batch(torch.ones(spans.queries, heads, 8), RaggedAttention(spans, DEVICE))
+    forwards = [segment for segment in census.segments if segment.kind == "forward_batch"]
+    box_shapes = set().union(*(segment.attention_shapes for segment in forwards[:2]))
+    packed_shapes = set().union(*(segment.attention_shapes for segment in forwards[2:]))
+    assert len(box_shapes) == 2 and len(packed_shapes) == 1
