@@ -20,10 +20,9 @@ import torch
 from torch import nn
 
 from engine_pod.models.block_transformer import BlockDiffusionTransformer
-from engine_pod.models.config import ModelConfig, ModelConfigError
-from engine_pod.parallel.group import TensorParallel
+from engine_pod.models.config import ModelConfig
+from engine_pod.parallel.head_split import HeadSplit
 from engine_pod.parallel.layers import VocabParallelEmbedding, VocabParallelHead
-from engine_pod.parallel.llama_shards import vocab_rows_of
 
 _ATTENTION = re.compile(r"layers\.\d+\.attention\.(query_key_value|dense)\.(weight|bias)")
 _MLP = re.compile(
@@ -32,31 +31,12 @@ _MLP = re.compile(
 
 
 @dataclass(frozen=True)
-class BlockShards:
+class BlockShards(HeadSplit):
     """One rank's part of a block-diffusion model of ``config``."""
 
-    config: ModelConfig
-    parallel: TensorParallel
-
     def __post_init__(self) -> None:
-        config, size = self.config, self.parallel.size
-        kv, moe = config.num_kv_heads, config.moe
-        widths = [config.intermediate_size] + ([moe.expert_intermediate_size] if moe else [])
-        if config.num_heads % size or (kv % size and size % kv) or any(w % size for w in widths):
-            raise ModelConfigError(
-                f"--tensor-parallel {size} does not divide the model: {config.num_heads} heads, {kv} KV "
-                f"heads and MLP widths {widths} must each split evenly (or the KV heads divide the ranks)"
-            )
-
-    @property
-    def heads(self) -> int:
-        return self.config.num_heads // self.parallel.size
-
-    @property
-    def kv_heads(self) -> tuple[int, int]:
-        """(first, count) of this rank's K/V heads."""
-        kv, size, rank = self.config.num_kv_heads, self.parallel.size, self.parallel.rank
-        return (rank * (kv // size), kv // size) if kv % size == 0 else (rank * kv // size, 1)
+        moe = self.config.moe
+        self.check([self.config.intermediate_size] + ([moe.expert_intermediate_size] if moe else []))
 
     def rank_config(self) -> ModelConfig:
         config, size = self.config, self.parallel.size
@@ -80,7 +60,7 @@ class BlockShards:
         for layer in model.layers:
             layer.attention.dense.register_forward_hook(summed)
             layer.mlp.register_forward_hook(summed)
-        rows, hidden = vocab_rows_of(config, parallel), config.hidden_size
+        rows, hidden = self.vocab_rows, config.hidden_size
         model.word_embeddings = VocabParallelEmbedding(rows, hidden, parallel.rank * rows, parallel)
         model.lm_head = VocabParallelHead(hidden, rows, config.vocab_size, parallel)
         return model
@@ -93,7 +73,7 @@ class BlockShards:
     def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the whole model's parameter ``name`` (a copy)."""
         if name in ("word_embeddings.weight", "lm_head.weight"):
-            return _vocab_slice(tensor, vocab_rows_of(self.config, self.parallel), self.parallel.rank)
+            return self.vocab_slice(tensor)
         rank, size = self.parallel.rank, self.parallel.size
         attention = _ATTENTION.fullmatch(name)
         if attention is not None:
@@ -121,10 +101,3 @@ class BlockShards:
         k = tensor[heads * hd + first * hd :][: count * hd]
         v = tensor[(heads + kv) * hd + first * hd :][: count * hd]
         return torch.cat([q, k, v])
-
-
-def _vocab_slice(tensor: torch.Tensor, rows: int, rank: int) -> torch.Tensor:
-    out = tensor.new_zeros(rows, *tensor.shape[1:])
-    piece = tensor[rank * rows : (rank + 1) * rows]
-    out[: piece.shape[0]] = piece
-    return out

@@ -19,51 +19,20 @@ import torch
 
 from engine_pod.models.config import ModelConfig, ModelConfigError
 from engine_pod.models.transformer import DiffusionTransformer
-from engine_pod.parallel.group import TensorParallel
+from engine_pod.parallel.head_split import HeadSplit
 from engine_pod.parallel.layers import RowParallelLinear, VocabParallelEmbedding, VocabParallelHead
 
 _LAYER = re.compile(r"layers\.\d+\.(attn|mlp)\.(\w+)\.(weight|bias)")
 
 
-def vocab_rows_of(config: ModelConfig, parallel: TensorParallel) -> int:
-    """Rows of the vocabulary each rank holds (the last rank's run padded with zero rows)."""
-    return -(-config.vocab_size // parallel.size)
-
-
 @dataclass(frozen=True)
-class LlamaShards:
+class LlamaShards(HeadSplit):
     """One rank's part of a Llama-style model of ``config``."""
 
-    config: ModelConfig
-    parallel: TensorParallel
-
     def __post_init__(self) -> None:
-        config, size = self.config, self.parallel.size
-        kv = config.num_kv_heads
-        if config.num_heads % size or config.intermediate_size % size or (kv % size and size % kv):
-            raise ModelConfigError(
-                f"--tensor-parallel {size} does not divide the model: {config.num_heads} heads, {kv} KV "
-                f"heads and {config.intermediate_size} MLP units must each split evenly (or the KV heads "
-                "divide the ranks)"
-            )
-        if config.tied_embeddings:
+        if self.config.tied_embeddings:
             raise ModelConfigError("tensor parallelism of a model with tied embeddings is not supported")
-
-    @property
-    def heads(self) -> int:
-        return self.config.num_heads // self.parallel.size
-
-    @property
-    def kv_heads(self) -> tuple[int, int]:
-        """(first, count) of this rank's K/V heads."""
-        kv, size, rank = self.config.num_kv_heads, self.parallel.size, self.parallel.rank
-        if kv % size == 0:
-            return rank * (kv // size), kv // size
-        return rank * kv // size, 1  # the K/V head this rank's query heads share
-
-    @property
-    def vocab_rows(self) -> int:
-        return vocab_rows_of(self.config, self.parallel)
+        self.check([self.config.intermediate_size])
 
     def rank_config(self) -> ModelConfig:
         config = self.config
@@ -94,7 +63,7 @@ class LlamaShards:
     def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the whole model's parameter ``name`` (a copy: the whole is not kept)."""
         if name in ("embed_tokens.weight", "lm_head.weight"):
-            return self._vocab_rows(tensor)
+            return self.vocab_slice(tensor)
         found = _LAYER.fullmatch(name)
         if found is None:
             return tensor  # norms: repeated on every rank
@@ -113,10 +82,3 @@ class LlamaShards:
         if projection == "down_proj":
             return tensor[:, rank * width : (rank + 1) * width].clone()
         raise ModelConfigError(f"no tensor-parallel split is known for parameter {name!r}")
-
-    def _vocab_rows(self, tensor: torch.Tensor) -> torch.Tensor:
-        rows, start = self.vocab_rows, self.parallel.rank * self.vocab_rows
-        out = tensor.new_zeros(rows, *tensor.shape[1:])
-        piece = tensor[start : start + rows]
-        out[: piece.shape[0]] = piece
-        return out

@@ -222,3 +222,15 @@ def results_published_twice(client: redis.Redis, service: str) -> int:
         dones = sum(decode_event(f[EVENT_FIELD.encode()]).type == "done" for _, f in client.xrange(key))
         extra += max(0, dones - 1)
     return extra
+
+
+def assert_nothing_lost(tally: Tally, duplicated: int, sent: int) -> None:
+    """Every request sent completed, none twice, none with a 5xx (the first failures named)."""
+    failed = [(o.prompt, o.status, o.error) for o in tally.outcomes if not o.completed][:3]
+    assert tally.row() | {"duplicated": duplicated} == {
+        "sent": sent,
+        "completed": sent,
+        "lost": 0,
+        "duplicated": 0,
+        "5xx": 0,
+    }, failed
