@@ -60,7 +60,7 @@ def add_tensor_parallel_arg(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="split the model across N processes on this machine (N GPUs from --device's index on, or N CPU "
         "processes sharing the threads): attention heads, MLP units and the vocabulary divided among them; "
-        "the same tokens as one process (default: 1; LLaDA and Dream)",
+        "the same tokens as one process (default: 1)",
     )
 
 

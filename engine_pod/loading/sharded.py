@@ -55,17 +55,16 @@ def load_shard(
         model = shards.build()
     check_weights_fit(config, torch_device, torch_dtype, sum(p.numel() for p in model.parameters()))
     model = model.to(torch_dtype).to_empty(device=torch_device).eval()
-    if random:
+    if random or record.name_map is None:  # drawn whole, or read by the family's own loader: then cut
         whole = load_model(spec, "cpu", dtype, seed, family).model.state_dict()
         state = {name: shards.shard(name, tensor) for name, tensor in whole.items()}
         del whole
     else:
         state = load_state_dict(config, model_dir, keep=shards.shard)
     model.load_state_dict({name: tensor.to(torch_dtype) for name, tensor in state.items()})
-    shards.finish(model)  # tied embeddings: one tensor again
-    model.fuse_projections()
+    shards.finish(model)  # the family's inference layout (fused projections, tied embeddings, constants)
     tokenizer = LazyTokenizer(model_dir) if model_dir is not None and has_tokenizer(model_dir) else None
     config = config.with_eos(eos_ids(config, model_dir))
-    logger.info("loaded rank %d of %d of %s on %s", parallel.rank, parallel.size, spec, torch_device)
+    logger.debug("loaded rank %d of %d of %s on %s", parallel.rank, parallel.size, spec, torch_device)
     source = spec if random else str(model_dir)
     return LoadedModel(model, config, tokenizer, source, torch_device, torch_dtype, parallel)

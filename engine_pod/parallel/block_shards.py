@@ -66,9 +66,11 @@ class BlockShards(HeadSplit):
         return model
 
     def finish(self, model: nn.Module) -> None:
-        """Tied embeddings: the LM head is the embedding's rows (the same run of the vocabulary)."""
+        """Tied embeddings: the LM head is the embedding's rows (the same run of the vocabulary); the experts
+        stacked for grouped matmuls."""
         if self.config.tied_embeddings:
             model.lm_head.weight = model.word_embeddings.weight
+        model.fuse_projections()
 
     def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the whole model's parameter ``name`` (a copy)."""

@@ -58,7 +58,8 @@ class LlamaShards(HeadSplit):
         return model  # its config is this rank's: its KV pool holds this rank's K/V heads
 
     def finish(self, model) -> None:
-        """Nothing after loading (tied embeddings are refused)."""
+        """The inference layout: q, k and v fused (tied embeddings are refused)."""
+        model.fuse_projections()
 
     def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the whole model's parameter ``name`` (a copy: the whole is not kept)."""

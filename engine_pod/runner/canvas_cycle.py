@@ -131,7 +131,10 @@ class CanvasStepper:
         self.canvas_sampler = EntropyBoundParams.for_service(config.generation, decoding.steps_per_block)
         self.pool_tokens = pool_tokens or DEFAULT_POOL_TOKENS
         pages = -(-self.pool_tokens // decoding.block_length)  # a row's pages never exceed its tokens
-        self.pool = context_pool(config, pages, decoding.block_length, loaded.dtype, loaded.device)
+        # this process's heads (a tensor-parallel rank's share)
+        self.pool = context_pool(
+            loaded.model.config, pages, decoding.block_length, loaded.dtype, loaded.device
+        )
         self.pad_id = config.pad_token_id or 0
         self.states: dict[str, CanvasRequest] = {}
         self.suspended: OrderedDict[str, tuple[torch.Tensor, list[int]]] = OrderedDict()

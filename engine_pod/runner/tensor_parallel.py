@@ -56,7 +56,7 @@ def lead(runner: Runner, loaded: LoadedModel, recipe: tuple[Any, ...]) -> Runner
     ``recipe`` (make_runner's arguments after the model) and build theirs alike."""
     if loaded.parallel.size == 1 or not loaded.parallel.leads:
         return runner
-    loaded.parallel.broadcast(("runner", *recipe))
+    loaded.parallel.broadcast(("runner", loaded.config, *recipe))  # rank 0's config (its sampler too)
     return LeaderRunner(runner, loaded)
 
 
@@ -80,7 +80,8 @@ def follow(loaded: LoadedModel, make_runner) -> None:
         if kind == "stop":
             return
         if kind == "runner":
-            runner = make_runner(loaded, *body)
+            loaded.config, *recipe = body
+            runner = make_runner(loaded, *recipe)
         elif runner is None and kind in ("run", "forget", "confidences"):
             raise RuntimeError(f"rank {loaded.parallel.rank} was sent {kind!r} before its runner")
         elif kind == "run":

@@ -48,8 +48,8 @@ def test_benchmarks_and_the_profiler_load_with_the_family_they_were_given(no_wei
     spec = ModelSpec("builtin:tiny-llada", "cpu", "float32", family="dream")
     with pytest.raises(ModelLoadError, match="a llada checkpoint, not the dream one"):
         spec.metadata()
-    with pytest.raises(ModelLoadError, match="a llada checkpoint, not the dream one"):
-        spec.load(seed=0)
+    with pytest.raises(ModelLoadError, match="a llada checkpoint, not the dream one"), spec.loaded(seed=0):
+        pass
     with pytest.raises(ModelLoadError, match="a llada checkpoint, not the dream one"):
         for_model(ProfileConfig(model="builtin:tiny-llada", family="dream"))
 

@@ -128,7 +128,7 @@ def test_blockserve_at_the_profiled_budget_stays_under_the_limit(profile):
         (["--device", "cuda:3"], "CUDA is not available"),
         (["--max-tokens", "10"], "--max-tokens must be at least"),
         (["--utilization", "1.5"], "--utilization"),
-        (["--tensor-parallel", "2"], "--tensor-parallel above 1 is not supported yet"),
+        (["--tensor-parallel", "0"], "--tensor-parallel must be at least 1"),
     ],
 )
 def test_bad_input_fails_with_one_line(capsys, tmp_path, extra, message):

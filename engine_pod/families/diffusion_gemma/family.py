@@ -15,6 +15,7 @@ from engine_pod.families.diffusion_gemma.config import (
 )
 from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
 from engine_pod.families.diffusion_gemma.random_init import random_init
+from engine_pod.families.diffusion_gemma.shards import GemmaShards
 from engine_pod.families.diffusion_gemma.weights import load_diffusion_gemma
 from engine_pod.families.record import ModelFamily
 
@@ -50,4 +51,5 @@ FAMILY = ModelFamily(
     count_parameters=_count_parameters,
     eos_from_directory=False,  # its generation config's EOS ids, as its reference generate's
     entropy_sampler=True,
+    tensor_parallel=GemmaShards,
 )

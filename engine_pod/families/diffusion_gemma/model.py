@@ -26,6 +26,7 @@ from engine_pod.families.diffusion_gemma.rotary import GemmaRotary
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.layers import RMSNorm
 from engine_pod.models.row_invariant import RowInvariantLinear
+from engine_pod.parallel.group import SINGLE, TensorParallel
 
 
 class SelfConditioning(GeGLU):
@@ -42,6 +43,10 @@ class SelfConditioning(GeGLU):
 
 class DiffusionGemmaModel(nn.Module):
     """Embeddings, layers (decoder's; the encoder's when untied), self-conditioning, final norm, LM head."""
+
+    parallel: TensorParallel = (
+        SINGLE  # a rank of a tensor-parallel group: its run of the vocabulary (shards.py)
+    )
 
     def __init__(self, config: DiffusionGemmaConfig) -> None:
         super().__init__()
@@ -136,7 +141,8 @@ class DiffusionGemmaModel(nn.Module):
         x = self.self_conditioning(embeddings, soft)
         x = self.norm(self._run(x, self.layers, batch, self.decoder_layer_scalars, encoding=False))
         head = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        logits = nn.functional.linear(x, head).to(torch.float32)
+        logits = self.parallel.all_gather_last(nn.functional.linear(x, head))[..., : self.config.vocab_size]
+        logits = logits.to(torch.float32)
         cap = self.config.final_logit_softcapping
         return logits.div_(cap).tanh_().mul_(cap)  # tanh(logits / cap) * cap, in the linear's output
 
@@ -150,8 +156,17 @@ class DiffusionGemmaModel(nn.Module):
         weight = self.embed_tokens.weight
         if probabilities is None or weight.dtype.itemsize < 4:
             probabilities = processed_logits.to(weight.dtype).softmax(dim=-1, dtype=torch.float32)
-        probabilities = probabilities.to(weight.dtype)
-        return torch.matmul(probabilities, weight) * self._embed_scale(weight.dtype)
+        probabilities = self._own_vocabulary(probabilities.to(weight.dtype), weight.shape[0])
+        return self.parallel.all_reduce(torch.matmul(probabilities, weight)) * self._embed_scale(weight.dtype)
+
+    def _own_vocabulary(self, probabilities: torch.Tensor, rows: int) -> torch.Tensor:
+        """This rank's run of the vocabulary's probabilities (all of them for one process)."""
+        if self.parallel.size == 1:
+            return probabilities
+        start, padded = self.parallel.rank * rows, rows * self.parallel.size
+        return nn.functional.pad(probabilities, (0, padded - probabilities.shape[-1]))[
+            ..., start : start + rows
+        ]
 
     def fill_constants(self, scalars: bool = False) -> None:
         """The constant buffers that no checkpoint holds (after building on the meta device); ``scalars``:
