@@ -31,18 +31,14 @@ TIMEOUT_S = 300  # a bound on a whole `dllm generate` run, however slow the mach
 
 
 def _generate(model: str, ranks: int, *flags: str) -> tuple[int, dict | None, str]:
-    """`dllm generate --json` in its own process: exit status, payload, stderr."""
-    command = [
-        sys.executable,
-        "-m",
-        "engine_pod.cli.main",
-        "generate",
-        "--model",
-        model,
-        "--dtype",
-        "float64",
-    ]
-    command += ["--prompt-ids", ",".join(map(str, PROMPT)), "--gen-length", "16", "--block-length", "8"]
+    """`dllm generate --json` in its own process: exit status, payload, stderr (DiffusionGemma: its canvas is
+    its block, its noise seeded)."""
+    command = [sys.executable, "-m", "engine_pod.cli.main", "generate", "--model", model]
+    command += ["--dtype", "float64", "--prompt-ids", ",".join(map(str, PROMPT))]
+    if "gemma" in model:
+        command += ["--gen-length", "32", "--seed", "3"]
+    else:
+        command += ["--gen-length", "16", "--block-length", "8"]
     command += ["--threads", "1", "--tensor-parallel", str(ranks), "--json", *flags]
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=os.environ.copy())
     payload = json.loads(done.stdout) if done.returncode == 0 else None
