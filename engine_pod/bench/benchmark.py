@@ -16,7 +16,7 @@ from engine_pod.bench.execute import run_policy, run_policy_isolated
 from engine_pod.bench.pinning import Pinning
 from engine_pod.bench.policies import PolicySpec, static_batch_size_for, static_widths
 from engine_pod.bench.prepare import prepare_requests
-from engine_pod.bench.report import compare_outputs, policy_metrics, summarise, timeline
+from engine_pod.bench.report import compare_outputs, outputs_digest, policy_metrics, summarise, timeline
 from engine_pod.bench.results import ModelSpec, PolicyRun
 from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
@@ -198,6 +198,9 @@ def _report(
         "policies": policies,
         "outputs_identical": comparison["outputs_identical"],
         "output_comparison": comparison,
+        # each policy's answers, as one hash: two runs (another tensor-parallel size, another machine) compare
+        "outputs_sha256": {name: outputs_digest(run) for name, run in runs.items()},
+        "tensor_parallel": cfg.model.tensor_parallel,
         "latencies": {name: [o.latency_s for o in run.outcomes.values()] for name, run in runs.items()},
         "timelines": {name: timeline(run) for name, run in runs.items()},
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import statistics
 from dataclasses import asdict
 
@@ -120,3 +122,9 @@ def summarise(values: list[int]) -> dict:
         "max": max(values),
         "mean": round(statistics.mean(values), 2),
     }
+
+
+def outputs_digest(run: PolicyRun) -> str:
+    """SHA-256 of every request's generated tokens, by request id."""
+    answers = {request_id: outcome.generated for request_id, outcome in run.outcomes.items()}
+    return hashlib.sha256(json.dumps(answers, sort_keys=True).encode()).hexdigest()
