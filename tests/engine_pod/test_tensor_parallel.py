@@ -64,7 +64,9 @@ def test_dllm_generate_on_two_ranks_gives_the_tokens_of_one(model):
     assert two["num_forward_passes"] == one["num_forward_passes"]
 
 
-@pytest.mark.parametrize("model", SPLIT)
+@pytest.mark.parametrize(  # Dream and SDAR (K/V heads shared by ranks, dense block layers) behind -m slow
+    "model", [*SPLIT[::2], *(pytest.param(model, marks=pytest.mark.slow) for model in SPLIT[1::2])]
+)
 def test_a_seeded_sampled_request_draws_the_same_tokens_on_two_ranks(model):
     torch.set_num_threads(1)
     decoding = DecodingConfig(block_length=8, steps_per_block=4, threshold=0.5, remasking="threshold")
@@ -108,7 +110,9 @@ def test_each_rank_holds_its_share_and_a_forward_makes_two_all_reduces_per_layer
     assert made["all_gather"] >= forwards  # the selected positions' logits, once per LM-head chunk
 
 
-@pytest.mark.parametrize("model", SPLIT)
+@pytest.mark.parametrize(  # Dream and SDAR (K/V heads shared by ranks, dense block layers) behind -m slow
+    "model", [*SPLIT[::2], *(pytest.param(model, marks=pytest.mark.slow) for model in SPLIT[1::2])]
+)
 def test_a_blockserve_batch_on_two_ranks_gives_every_request_the_tokens_of_one_process(model):
     """Mixed rows, leaving at different cycles and steps (threshold decoding, EOS at a common token)."""
     torch.set_num_threads(1)
