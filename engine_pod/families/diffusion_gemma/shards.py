@@ -19,7 +19,7 @@ import torch
 from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
 from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
 from engine_pod.models.config import ModelConfigError
-from engine_pod.parallel.group import TensorParallel
+from engine_pod.parallel.head_split import HeadSplit
 from engine_pod.parallel.layers import VocabParallelEmbedding
 
 _LAYER = re.compile(r"(?:encoder_)?layers\.(\d+)\.(self_attn|mlp|experts)\.(\w+?)(?:\.weight)?")
@@ -27,11 +27,10 @@ _VOCAB = ("embed_tokens.weight", "encoder_embed_tokens.weight", "lm_head.weight"
 
 
 @dataclass(frozen=True)
-class GemmaShards:
-    """One rank's part of a DiffusionGemma model of ``config``."""
+class GemmaShards(HeadSplit):
+    """One rank's part of a DiffusionGemma model of ``config`` (its K/V heads differ by layer)."""
 
     config: DiffusionGemmaConfig
-    parallel: TensorParallel
 
     def __post_init__(self) -> None:
         config, size = self.config, self.parallel.size
@@ -48,25 +47,17 @@ class GemmaShards:
                 "the K/V heads divide the ranks)"
             )
 
-    @property
-    def heads(self) -> int:
-        return self.config.num_heads // self.parallel.size
-
-    def kv_heads(self, layer: int) -> tuple[int, int]:
+    def kv_heads_of(self, layer: int) -> tuple[int, int]:
         """(first, count) of this rank's K/V heads in ``layer``."""
         kv, size, rank = self.config.layer_kv_heads[layer], self.parallel.size, self.parallel.rank
         return (rank * (kv // size), kv // size) if kv % size == 0 else (rank * kv // size, 1)
-
-    @property
-    def vocab_rows(self) -> int:
-        return -(-self.config.vocab_size // self.parallel.size)
 
     def rank_config(self) -> DiffusionGemmaConfig:
         config, size = self.config, self.parallel.size
         return replace(
             config,
             num_heads=self.heads,
-            layer_kv_heads=tuple(self.kv_heads(layer)[1] for layer in range(config.num_layers)),
+            layer_kv_heads=tuple(self.kv_heads_of(layer)[1] for layer in range(config.num_layers)),
             intermediate_size=config.intermediate_size // size,
             moe_intermediate_size=config.moe_intermediate_size // size,
         )
@@ -97,10 +88,7 @@ class GemmaShards:
     def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's slice of the whole model's parameter ``name`` (a copy)."""
         if name in _VOCAB:
-            out = tensor.new_zeros(self.vocab_rows, *tensor.shape[1:])
-            piece = tensor[self.parallel.rank * self.vocab_rows :][: self.vocab_rows]
-            out[: piece.shape[0]] = piece
-            return out
+            return self.vocab_slice(tensor)
         found = _LAYER.fullmatch(name)
         if found is None:
             return tensor  # norms, router, self-conditioning, scalars: repeated
@@ -118,7 +106,7 @@ class GemmaShards:
         if projection == "q_proj":
             return tensor[rank * self.heads * hd :][: self.heads * hd].clone()
         if projection in ("k_proj", "v_proj"):
-            first, count = self.kv_heads(layer)
+            first, count = self.kv_heads_of(layer)
             return tensor[first * hd : (first + count) * hd].clone()
         if projection == "o_proj":
             return tensor[:, rank * self.heads * hd :][:, : self.heads * hd].clone()
