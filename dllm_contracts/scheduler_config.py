@@ -17,6 +17,8 @@ LAYOUTS = ("packed", "dense")
 
 
 DEFAULT_LAYOUT = LAYOUTS[0]
+DEFAULT_REFRESH_QUOTA = 0.4  # SchedulerConfig.refresh_quota's default
+DEFAULT_BATCH_REFRESH_QUOTA = 0.7  # SchedulerConfig.batch_refresh_quota's default
 BATCH_WINDOW_S = 0.15  # SchedulerConfig.batch_window_s's default
 BURST_QUIET_S = 0.02  # a pause in arrivals this long ends a batch window: the burst is in (5 ms let a
 # gateway's hiccup on a busy host start a burst of 128 with 1 or 105 of them; 20 ms took all 122)
@@ -65,6 +67,15 @@ class SchedulerConfig:
     # starts as one batch rather than as its first request and a late rest (which would finish a block
     # cycle later). Costs a request that arrives alone at an idle worker one pause. 0: claim at once.
     batch_window_s: float = BATCH_WINDOW_S
+    # dLLM-Serve (policy dllm-serve): the share of the token budget one step may spend on refreshes while an
+    # interactive request is in the batch, and while only batch lines are (its design document's 40% and
+    # 70%); each row's refresh interval in forwards (0: at its block's first forward only, Fast-dLLM's dual
+    # cache); and the share of a token's profiled peak that its cache holds for the row's whole life (the
+    # rest is the refresh forward's and passes; 1: unknown, admit as BlockServe does)
+    refresh_quota: float = DEFAULT_REFRESH_QUOTA
+    batch_refresh_quota: float = DEFAULT_BATCH_REFRESH_QUOTA
+    refresh_interval: int = 0
+    cache_share: float = 1.0
 
     def __post_init__(self) -> None:
         raise_problems(self.problems())
@@ -88,6 +99,9 @@ def problems_of(settings: dict, block_length: int | None = None) -> dict[str, st
     batch_wait = settings.get("batch_max_wait_s", 0.0)
     batch_rows = settings.get("batch_max_rows", 0)
     window = settings.get("batch_window_s", BATCH_WINDOW_S)
+    quota = settings.get("refresh_quota", DEFAULT_REFRESH_QUOTA)
+    batch_quota = settings.get("batch_refresh_quota", DEFAULT_BATCH_REFRESH_QUOTA)
+    interval, share = settings.get("refresh_interval", 0), settings.get("cache_share", 1.0)
     checks = {
         "token_budget": (budget < 1, f"must be positive, got {budget}"),
         "max_rows": (rows < 1, f"must be positive, got {rows}"),
@@ -104,6 +118,10 @@ def problems_of(settings: dict, block_length: int | None = None) -> dict[str, st
             not 0.0 <= window <= MAX_BATCH_WINDOW_S,
             f"must be in [0, {MAX_BATCH_WINDOW_S}] seconds, got {window}",
         ),
+        "refresh_quota": (not 0.0 < quota <= 1.0, f"must be in (0, 1], got {quota}"),
+        "batch_refresh_quota": (not 0.0 < batch_quota <= 1.0, f"must be in (0, 1], got {batch_quota}"),
+        "refresh_interval": (interval < 0, f"must be at least 0 forwards, got {interval}"),
+        "cache_share": (not 0.0 < share <= 1.0, f"must be in (0, 1], got {share}"),
     }
     if block_length is not None and budget < block_length + 1:
         checks["token_budget"] = (True, f"{budget} cannot hold even one block of {block_length}")
@@ -125,4 +143,11 @@ def admission_flags(config: SchedulerConfig) -> list[str]:
         ),
         *("--batch-max-wait", str(config.batch_max_wait_s), "--batch-max-rows", str(config.batch_max_rows)),
         *("--layout", config.layout, "--batch-window", str(config.batch_window_s)),
+        *(
+            "--refresh-quota",
+            str(config.refresh_quota),
+            "--batch-refresh-quota",
+            str(config.batch_refresh_quota),
+        ),
+        *("--refresh-interval", str(config.refresh_interval), "--cache-share", str(config.cache_share)),
     ]

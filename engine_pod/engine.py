@@ -33,6 +33,9 @@ class CycleRecord:
     admitted: int
     preempted: int
     finished: int
+    refresh_positions: int = 0  # positions computed by refreshes (forwards that rewrite a dual cache)
+    peak_refresh_positions: int = 0  # of those, in the cycle's largest
+    refresh_quota: int | None = None  # the most one step could refresh (None: no quota)
 
 
 @dataclass
@@ -107,6 +110,9 @@ class Engine:
                 admitted=len(output.admitted),
                 preempted=len(output.preempted),
                 finished=len(finished),
+                refresh_positions=cycle.stats.refresh_positions,
+                peak_refresh_positions=cycle.stats.peak_refresh_positions,
+                refresh_quota=output.refresh_quota,
             )
         )
         return StepResult(output, cycle.blocks, finished, cycle.logprobs, cycle.stats)

@@ -77,6 +77,35 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
         f"starts as one batch (default: {DEFAULTS.batch_window_s}; a pause of {BURST_QUIET_S * 1000:g} ms "
         "ends it; 0: claim at once)",
     )
+    phases = parser.add_argument_group("dLLM-Serve phases (--policy dllm-serve)")
+    phases.add_argument(
+        "--refresh-quota",
+        type=float,
+        default=DEFAULTS.refresh_quota,
+        help="share of the token budget one step may spend on refreshes while an interactive request runs "
+        f"(default: {DEFAULTS.refresh_quota})",
+    )
+    phases.add_argument(
+        "--batch-refresh-quota",
+        type=float,
+        default=DEFAULTS.batch_refresh_quota,
+        help=f"the same while only batch lines run (default: {DEFAULTS.batch_refresh_quota})",
+    )
+    phases.add_argument(
+        "--refresh-interval",
+        type=int,
+        default=DEFAULTS.refresh_interval,
+        help="a row refreshes its cache every this many of its forwards as well as at its block's first "
+        f"(default: {DEFAULTS.refresh_interval}: at the first only)",
+    )
+    phases.add_argument(
+        "--cache-share",
+        type=float,
+        default=DEFAULTS.cache_share,
+        help="share of a token's profiled peak memory its cache holds (the rest is the refresh forward's): "
+        "dLLM-Serve admits more cached tokens the lower it is; `dllm profile` reports it "
+        f"(default: {DEFAULTS.cache_share}: admit as BlockServe)",
+    )
 
 
 FLAGS = {
@@ -89,6 +118,10 @@ FLAGS = {
     "batch_max_rows": "--batch-max-rows",
     "layout": "--layout",
     "batch_window_s": "--batch-window",
+    "refresh_quota": "--refresh-quota",
+    "batch_refresh_quota": "--batch-refresh-quota",
+    "refresh_interval": "--refresh-interval",
+    "cache_share": "--cache-share",
 }  # SchedulerConfig's field -> the flag that sets it
 
 
@@ -110,6 +143,10 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
         batch_max_rows=args.batch_max_rows,
         layout=args.layout,
         batch_window_s=args.batch_window,
+        refresh_quota=args.refresh_quota,
+        batch_refresh_quota=args.batch_refresh_quota,
+        refresh_interval=args.refresh_interval,
+        cache_share=args.cache_share,
     )
     problems = problems_of(settings)
     if problems:

@@ -25,6 +25,14 @@ class CycleStats:
     useful_positions: int = 0  # of those, positions of live requests' prompts and blocks
     # rows that entered the batch this cycle: their tokens found in a prefix cache (runners that have one)
     cached_on_entry: dict[str, int] = field(default_factory=dict)
+    # positions computed by refreshes (forwards that rewrite a dual cache), in all and in the cycle's largest
+    refresh_positions: int = 0
+    peak_refresh_positions: int = 0
+
+    def add_refresh(self, positions: int) -> None:
+        """A forward's refresh positions."""
+        self.refresh_positions += positions
+        self.peak_refresh_positions = max(self.peak_refresh_positions, positions)
 
 
 @dataclass

@@ -66,6 +66,7 @@ class _DualCycle:
     margins: torch.Tensor  # [R, L] each committed position's top-two gap, where recorded
     recorder: LogprobRecorder | None
     host: _HostState | None = None  # the last step's read
+    phases: object | None = None  # each row's refresh schedule, where the cycle staggers refreshes
 
 
 class DualCacheStepper:
@@ -257,8 +258,10 @@ class DualCacheStepper:
         if canvas.packed:
             inputs = refresh_inputs(canvas, index, cache, pick_r, source, rows.members, *picked)
             stats.computed_positions += inputs.computed
+            stats.add_refresh(inputs.computed)
             return self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
         stats.computed_positions += rows.index.shape[0] * canvas.width
+        stats.add_refresh(rows.index.shape[0] * canvas.width)
         return self.model.forward_batch(box_refresh(canvas, index, cache), (pick_r, source))
 
     def _window_forward(

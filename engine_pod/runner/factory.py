@@ -1,5 +1,5 @@
 """The runner for a loaded model: the one cycle driver with the stepper of its family's cache kind, the
-dual cache's (LLaDA, Dream), the paged exact cache's (block diffusion: LLaDA2.0, SDAR) or the canvases'
+dual cache's (LLaDA, Dream; with dLLM-Serve's staggered refreshes where a cycle asks), the paged exact cache's (block diffusion: LLaDA2.0, SDAR) or the canvases'
 (DiffusionGemma)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.canvas_cycle import CanvasStepper
 from engine_pod.runner.contract import Runner
 from engine_pod.runner.cycle_driver import CycleRunner
-from engine_pod.runner.dual_cycle import DualCacheStepper
 from engine_pod.runner.paged_cycle import PagedCacheStepper
+from engine_pod.runner.phase_cycle import PhaseStepper
 from engine_pod.runner.tensor_parallel import lead
 
 _POOLED_STEPPERS = {"paged": PagedCacheStepper, "canvas": CanvasStepper}
@@ -30,7 +30,7 @@ def make_runner(
     recipe = (decoding, pool_tokens, record_trace, record_margins)
     family = loaded.family
     if family.records_margins:
-        stepper = DualCacheStepper(loaded, decoding, pool_tokens, record_trace, record_margins)
+        stepper = PhaseStepper(loaded, decoding, pool_tokens, record_trace, record_margins)
         return lead(CycleRunner(loaded, decoding, stepper), loaded, recipe)
     for name, asked in (("record_trace", record_trace), ("record_margins", record_margins)):
         if asked:

@@ -46,26 +46,56 @@ def refresh_inputs(
     the same on the device). Lengths come from the host's record of the rows: the layout is one copy to the
     device, no read, and the attention plans' varlen batches are derived from it there."""
     take = (lambda t: t) if index is None else (lambda t: t[index])
-    keep = take(canvas.key_mask)
-    lengths = [canvas.host.key_lengths[r] for r in members]
-    # packed order: longest first, rows of a length adjacent and in row order
-    order = sorted(range(len(members)), key=lambda i: -lengths[i])
-    spans = _spans_in_order(lengths, order)
-    sent = torch.tensor(order + spans.k_start + lengths).to(keep.device)  # the refresh's one copy
-    order_on_device, row_start, row_len = sent.view(3, -1).unbind(0)
-    total = sum(lengths)
-    rows, columns, slot_of = _pack(keep, order_on_device, canvas.width + 1, total)
+    layout = packed_layout(canvas, index, members)
+    spans, total, row_start, row_len = layout.spans, layout.total, layout.row_start, layout.row_len
+    order_on_device, rows, columns = layout.order, layout.rows, layout.columns
     write = None
     if cache is not None:
-        cache.reserve(total)
-        cache.set_packed_layout(slot_of, spans.k_start, spans.k_len, row_start, row_len)
-        write = cache.slots(torch.arange(total, device=keep.device))
+        layout.keep_in(cache)
+        write = cache.slots(torch.arange(total, device=rows.device))
     in_order = row_len[order_on_device]
     every = varlen_on_device(in_order, row_start[order_on_device], in_order, spans, total)
     final = _final(spans, picked, picked_on_device, row_start, row_len, total)
     tokens, positions = take(canvas.tokens)[rows, columns], take(canvas.position_ids)[rows, columns]
     batch = _batch(tokens, positions, spans, final, every, OwnKeys(), cache, write)
-    return PackedInputs(batch, slot_of[pick_r, source])
+    return PackedInputs(batch, layout.slot_of[pick_r, source])
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Canvas rows packed one after another (longest first, rows of a length adjacent and in row order):
+    each row's span, on the host and (``order``, ``row_start``, ``row_len``) on the device, each packed
+    position's canvas (row, column) and the map ``slot_of`` [R, W + 1] from canvas columns to packed
+    places (the total where a column is not packed). A dual cache keeps its places in this order."""
+
+    spans: RowSpans
+    total: int
+    order: torch.Tensor
+    row_start: torch.Tensor
+    row_len: torch.Tensor
+    rows: torch.Tensor
+    columns: torch.Tensor
+    slot_of: torch.Tensor
+
+    def keep_in(self, cache: DualCache) -> None:
+        """Reserve ``cache``'s run for these places and record where each row's are."""
+        cache.reserve(self.total)
+        spans = self.spans
+        cache.set_packed_layout(self.slot_of, spans.k_start, spans.k_len, self.row_start, self.row_len)
+
+
+def packed_layout(canvas: Canvas, index: torch.Tensor | None, members: list[int]) -> PackedLayout:
+    """Canvas rows ``index`` (None: all; ``members`` the same on the host) packed over the positions
+    attention sees, from the host's record of their lengths: one copy to the device, no read."""
+    keep = canvas.key_mask if index is None else canvas.key_mask[index]
+    lengths = [canvas.host.key_lengths[r] for r in members]
+    order = sorted(range(len(members)), key=lambda i: -lengths[i])
+    spans = _spans_in_order(lengths, order)
+    sent = torch.tensor(order + spans.k_start + lengths).to(keep.device)  # the layout's one copy
+    order_on_device, row_start, row_len = sent.view(3, -1).unbind(0)
+    total = sum(lengths)
+    rows, columns, slot_of = _pack(keep, order_on_device, canvas.width + 1, total)
+    return PackedLayout(spans, total, order_on_device, row_start, row_len, rows, columns, slot_of)
 
 
 def _final(

@@ -20,6 +20,10 @@ class SchedulerOutput:
     released: list[str] = field(default_factory=list)
     packed: bool = False  # run packed (rows concatenated, no padding) rather than as a dense box
     row_total: int = 0  # the rows' widths summed, blocks included: what a packed batch holds
+    # dLLM-Serve's phase multiplexing (scheduler/refresh_phases.py): the most positions one step refreshes
+    # (None: every row refreshes at its block's first forward, all at once) and each row's refresh interval
+    refresh_quota: int | None = None
+    refresh_interval: int = 0
 
     @classmethod
     def of_rows(cls, rows: list[CycleRow], gather_rows: bool = True, packed: bool = False) -> SchedulerOutput:

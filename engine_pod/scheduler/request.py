@@ -55,6 +55,7 @@ class Request:
     sampler: EntropyBoundParams | None = None  # the entropy-bound sampler's (DiffusionGemma); None: runner's
     logprobs: int | None = None  # None: no log probabilities; k: the committed token's and k alternatives
     max_tokens: int | None = None  # the generation budget asked for (max_blocks derives from it)
+    in_batch: bool = False  # a batch line (the queue's batch lane), not an interactive request
     # block-diffusion models put blocks on the absolute grid: the prompt's last grid_head tokens share the
     # first block with the first generated tokens (from_tokens sets it; 0 for LLaDA and Dream)
     grid_head: int = 0

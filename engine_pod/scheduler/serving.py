@@ -11,9 +11,10 @@ from collections.abc import Iterable
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.scheduler.base import Scheduler
 from engine_pod.scheduler.blockserve import BlockServeScheduler
+from engine_pod.scheduler.dllm_serve import DllmServeScheduler
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
 
-SERVING_POLICIES = ("blockserve", "static", "sequential")
+SERVING_POLICIES = ("blockserve", "dllm-serve", "static", "sequential")
 
 
 def serving_scheduler(
@@ -24,10 +25,12 @@ def serving_scheduler(
     batch_size: int = 1,
     **common,
 ) -> Scheduler:
-    """``policy``'s scheduler: BlockServe with ``config``, static batches of ``batch_size`` (in arrival
+    """``policy``'s scheduler: BlockServe or dLLM-Serve with ``config``, static batches of ``batch_size`` (in arrival
     order, each run until its slowest row is done) or sequential."""
     if policy == "blockserve":
         return BlockServeScheduler(block_length, eos_ids, config, **common)
+    if policy == "dllm-serve":
+        return DllmServeScheduler(block_length, eos_ids, config, **common)
     if policy == "static":
         return StaticScheduler(block_length, eos_ids, batch_size=batch_size, **common)
     if policy == "sequential":

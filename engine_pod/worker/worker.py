@@ -191,6 +191,7 @@ class Worker:
         served = self._served[payload.id] = ServedRequest.claimed(
             claimed, request, sampler, self.config.model_identity
         )
+        request.in_batch = served.in_batch
         if served.error is None:
             request.finish_reason = self.scheduler.finish_reason_for(request)
         if request.finish_reason is not None:  # refused, or its last block was stored and its result not

@@ -1,0 +1,180 @@
+"""The dual-cache stepper with dLLM-Serve's phase multiplexing (scheduler/refresh_phases.py).
+
+A cycle whose scheduler sets a refresh quota or a refresh interval runs each row on its own schedule: the
+cycle's dual cache is laid out for every row at its start (runner/packing.py's layout, one copy), and at
+each step the rows due for a refresh within the quota compute every position they attend, rewriting their
+places of the cache, while the others reuse theirs and compute their block only. Both kinds share the
+step's one forward (their queries packed together, each row reading its run of the cache after its new
+keys are written), so the step makes one attention call per layer and one read, as a plain cycle does.
+A row due beyond the quota waits the step out. A cycle without either setting is the plain dual cycle
+(runner/dual_cycle.py).
+
+Each row's forwards are those it takes alone, in the same order: its tokens are the same whatever the
+quota and whatever rows share its steps. The policy's decision must not depend on the step's number
+(threshold decoding); seeded draws use each row's own forward count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from engine_pod.decoding.denoise_step import Candidates
+from engine_pod.runner.dual_cycle import DualCacheStepper, _DualCycle, _StepRows
+from engine_pod.runner.packing import packed_layout, window_inputs
+from engine_pod.scheduler.output import SchedulerOutput
+from engine_pod.scheduler.refresh_phases import StepPhases, step_phases
+
+STEP_FREE_POLICIES = ("threshold",)  # policies whose commits do not depend on the step's number
+
+
+class PhaseScheduleError(ValueError):
+    """A cycle asks for phase multiplexing where this engine cannot stagger refreshes."""
+
+
+@dataclass
+class _Phases:
+    """Each row's refresh schedule, on the host."""
+
+    quota: int | None
+    interval: int
+    widths: list[int]  # positions a refresh of the row computes
+    forwards: list[int]  # the row's forwards in its block so far
+    waited: list[int] = field(default_factory=list)  # steps the row has waited for its refresh
+
+
+class PhaseStepper(DualCacheStepper):
+    """The dual-cache stepper, staggering its rows' refreshes where the cycle asks."""
+
+    def begin(self, cycle: SchedulerOutput) -> _DualCycle:
+        state = super().begin(cycle)
+        if cycle.refresh_quota is None and cycle.refresh_interval == 0:
+            return state
+        self._check_stagger(cycle)
+        rows = len(cycle.rows)
+        packed_layout(state.canvas, None, list(range(rows))).keep_in(state.cache)
+        widths = list(state.canvas.host.key_lengths)
+        state.phases = _Phases(cycle.refresh_quota, cycle.refresh_interval, widths, [0] * rows, [0] * rows)
+        return state
+
+    def _check_stagger(self, cycle: SchedulerOutput) -> None:
+        if self.cache_pool is None:
+            raise PhaseScheduleError("staggered refreshes need the dual cache (decoding cache 'dual')")
+        if self.decoding.cache != "dual":
+            raise PhaseScheduleError(f"staggered refreshes need the dual cache, not {self.decoding.cache!r}")
+        if not cycle.packed:
+            raise PhaseScheduleError("staggered refreshes need the packed layout")
+        if self.policy.name not in STEP_FREE_POLICIES:
+            raise PhaseScheduleError(
+                f"staggered refreshes need a policy whose commits do not depend on the step's number "
+                f"({', '.join(STEP_FREE_POLICIES)}), not {self.policy.name!r}"
+            )
+        if cycle.refresh_quota is not None and cycle.refresh_quota < 1:
+            raise PhaseScheduleError(f"a refresh quota must be positive, got {cycle.refresh_quota}")
+
+    def most_steps(self, state: _DualCycle) -> int:
+        rows = 1 if state.phases is None else len(state.phases.widths)
+        return super().most_steps(state) * rows  # each step moves at least one row on
+
+    @torch.no_grad()
+    def going_on(self, state: _DualCycle, step: int) -> bool:
+        if state.phases is None:
+            return super().going_on(state, step)
+        if step:
+            complete = (state.canvas.block_tokens() != self.mask_id).all(1)
+            capped = complete if self.step_cap is None else complete | (state.steps_taken >= self.step_cap)
+            state.done = state.done | capped
+        state.host = self._read_state(state.canvas, state.done)
+        return not all(state.host.done)
+
+    @torch.no_grad()
+    def step(self, state: _DualCycle, step: int) -> None:
+        phases = state.phases
+        if phases is None:
+            super().step(state, step)
+            return
+        going_on = [not done for done in state.host.done]
+        plan = step_phases(
+            going_on, phases.forwards, phases.waited, phases.widths, phases.interval, phases.quota
+        )
+        for row in plan.waiting:
+            phases.waited[row] += 1
+        rows, refreshing = self._phase_rows(state, plan)
+        self._phase_step(state, plan, rows, refreshing)
+        for row in rows.members:
+            phases.forwards[row] += 1
+            phases.waited[row] = 0
+        state.steps_taken[rows.index] += 1
+
+    def _phase_rows(self, state: _DualCycle, plan: StepPhases) -> tuple[_StepRows, torch.Tensor]:
+        """The stepping rows (in row order) and which of them refresh, in one copy to the device."""
+        members = plan.stepping
+        refresh = set(plan.refresh)
+        sent = torch.tensor(members + [int(r in refresh) for r in members]).to(state.done.device)
+        index, refreshing = sent.view(2, -1).unbind(0)
+        block = state.canvas.block_tokens(index)
+        host = state.host
+        rows = _StepRows(
+            index,
+            len(members) == len(host.done),
+            block,
+            block == self.mask_id,
+            members,
+            [host.masked[r] for r in members],
+            [host.first_masked[r] for r in members],
+        )
+        return rows, refreshing.bool()
+
+    def _phase_step(self, state: _DualCycle, plan: StepPhases, rows: _StepRows, refreshing: torch.Tensor):
+        canvas, phases = state.canvas, state.phases
+        mask, counts = rows.candidates, rows.counts
+        first = [phases.forwards[r] == 0 for r in rows.members]
+        if self.quirks.commits_block_start_on_refresh and any(first):
+            # the block's first forward commits only its start: the threshold policy always commits a row's
+            # best candidate, here its only one, as the plain cycle's forced commit does
+            mask = mask.clone()
+            mask[torch.tensor(first).to(mask.device), 1:] = False
+            counts = [int(m) if f else c for f, m, c in zip(first, rows.first_masked, counts)]
+        candidates = Candidates.of(mask, rows.index, sum(counts))
+        logits = self._mixed_forward(state, rows, plan, refreshing, candidates, counts, mask.sum(1))
+        positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
+        own_step = state.steps_taken[candidates.owner]  # each row's forwards so far: its draws' step
+        context = self._context(canvas, 0, rows, state.masks_at_start)
+        commit = self.denoise(
+            logits, candidates, rows.block, positions, own_step, canvas.sampling, context, state.recorder
+        )
+        canvas.write_block(rows.index, commit.blocks)
+        state.output.stats.forwards += 1
+
+    def _mixed_forward(
+        self, state, rows: _StepRows, plan: StepPhases, refreshing, candidates, counts, on_device
+    ):
+        """One forward of the stepping rows: a refreshing row's every attended position, a reusing row's
+        block, each row over its run of the cache."""
+        canvas, cache, stats = state.canvas, state.cache, state.output.stats
+        L, width = canvas.block_length, canvas.width
+        block_slots = canvas.block_slots[rows.index]
+        pick_r, pick_k = candidates.r, candidates.k
+        refresh = set(plan.refresh)
+        lengths = [canvas.host.key_lengths[r] if r in refresh else L for r in rows.members]
+        if plan.refresh:
+            every_column = torch.arange(width, device=block_slots.device).expand(len(rows.members), width)
+            slots = torch.where(
+                refreshing[:, None], every_column, F.pad(block_slots, (0, width - L), value=width)
+            )
+            column = torch.where(refreshing[pick_r], block_slots[pick_r, pick_k], pick_k)
+        else:
+            slots, column = block_slots, pick_k
+        source = (column - self.quirks.logit_shift).clamp(min=0)
+        inputs = window_inputs(
+            canvas, cache, rows.index, slots, pick_r, source, rows.members, counts, on_device, lengths
+        )
+        stats.computed_positions += inputs.computed
+        stats.add_refresh(plan.refresh_tokens)
+        host = canvas.host
+        stats.useful_positions += sum(
+            (host.context_lengths[r] if r in refresh else L) for r in rows.members if host.active[r]
+        )
+        return self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
