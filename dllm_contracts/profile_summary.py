@@ -40,6 +40,9 @@ class ProfileSummary:
     # the tensor-parallel size it was measured at (ranks of one engine group; the budget is per rank and
     # holds at that size only); a summary without it was measured at 1
     tensor_parallel: int = 1
+    # the share of a token's peak (bytes_per_token) that its dual cache holds for the row's whole life (the
+    # rest is the refresh forward's): what dLLM-Serve's admission counts (scheduler/dllm_serve.py)
+    cache_share: float | None = None
     total_memory_bytes: int | None = None
     usable_memory_bytes: int | None = None
     weights_bytes: int | None = None
@@ -123,7 +126,7 @@ class ProfileSummary:
 
 
 # fields a measured profile must carry (the rest may be absent)
-_OPTIONAL_KEYS = ("layout", "tensor_parallel")  # carried from a full result when it has them
+_OPTIONAL_KEYS = ("layout", "tensor_parallel", "cache_share")  # carried from a full result when it has them
 _MEASURED_KEYS = (
     "device",
     "device_name",

@@ -19,6 +19,7 @@ POLICIES = (
     "blockserve-projected",
     "blockserve-dense",
     "blockserve-packed",
+    "dllm-serve",
     "gateway",
     "gateway-static",
     "gateway-sequential",

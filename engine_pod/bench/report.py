@@ -46,7 +46,22 @@ def policy_metrics(run: PolicyRun, eos_ids) -> dict:
         }
         | ({"cores": run.cores} if run.cores else {})
         | _cpu_metrics(run, generated)
+        | _refresh_metrics(run, computed)
     )
+
+
+def _refresh_metrics(run: PolicyRun, computed: int) -> dict:
+    """Refreshes (forwards that rewrite a dual cache): their share of the positions computed, the most one
+    step computed and the quota it was held to (dLLM-Serve's; None: none)."""
+    refreshed = sum(c.refresh_positions for c in run.cycles)
+    if not refreshed:
+        return {}
+    quotas = [c.refresh_quota for c in run.cycles if c.refresh_quota is not None]
+    return {
+        "refresh_share": round(refreshed / computed, 4) if computed else 0.0,
+        "peak_refresh_positions": max(c.peak_refresh_positions for c in run.cycles),
+        "refresh_quota_positions": max(quotas) if quotas else None,
+    }
 
 
 def _cpu_metrics(run: PolicyRun, generated: int) -> dict:

@@ -101,10 +101,10 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
     phases.add_argument(
         "--cache-share",
         type=float,
-        default=DEFAULTS.cache_share,
+        default=None,
         help="share of a token's profiled peak memory its cache holds (the rest is the refresh forward's): "
-        "dLLM-Serve admits more cached tokens the lower it is; `dllm profile` reports it "
-        f"(default: {DEFAULTS.cache_share}: admit as BlockServe)",
+        "dLLM-Serve admits more cached tokens the lower it is (default: the --profile's, where it "
+        f"measured one, else {DEFAULTS.cache_share}: admit as BlockServe)",
     )
 
 
@@ -125,9 +125,19 @@ FLAGS = {
 }  # SchedulerConfig's field -> the flag that sets it
 
 
+def _cache_share(args: argparse.Namespace, profile) -> float:
+    """--cache-share, else the profile's measure, else the default (admit as BlockServe)."""
+    if args.cache_share is not None:
+        return args.cache_share
+    if profile is not None and profile.cache_share is not None:
+        return profile.cache_share
+    return DEFAULTS.cache_share
+
+
 def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
     """The validated settings; a bad one is a CliError naming its flag."""
-    measured = read_profile(args.profile).layout if args.profile else None
+    profile = read_profile(args.profile) if args.profile else None
+    measured = profile.layout if profile else None
     if measured is not None and measured != args.layout:
         raise CliError(
             f"--profile {args.profile} counts tokens of the {measured} layout: run with --layout {measured}, "
@@ -146,7 +156,7 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
         refresh_quota=args.refresh_quota,
         batch_refresh_quota=args.batch_refresh_quota,
         refresh_interval=args.refresh_interval,
-        cache_share=args.cache_share,
+        cache_share=_cache_share(args, profile),
     )
     problems = problems_of(settings)
     if problems:

@@ -147,6 +147,7 @@ def _worker_args(args: argparse.Namespace, redis_url: str, identity: ModelIdenti
         *(["--threads", args.threads] if args.threads is not None else []),  # run() sets serve's choice
         *("--redis", redis_url, "--service", args.service, *budget),
         *admission_flags(scheduler_config(args)),
+        *("--policy", args.policy, "--batch-size", str(args.batch_size)),
         *("--steps-per-block", str(args.steps_per_block)),
         *("--lease-ms", str(args.lease_ms), "--drain-timeout", str(args.drain_timeout)),
         *("--result-ttl", str(args.result_ttl), "--model-identity", identity.text),

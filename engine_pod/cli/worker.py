@@ -35,9 +35,19 @@ TRACED_AS = "dllm-worker"  # the traces' service.name unless OTEL_SERVICE_NAME s
 
 
 def add_worker_args(parser: argparse.ArgumentParser) -> None:
-    """The worker's flags that ``dllm serve`` shares: BlockServe's (budget included), leases, draining,
-    tensor parallelism."""
+    """The worker's flags that ``dllm serve`` shares: the policy, its settings (budget included), leases,
+    draining, tensor parallelism."""
     add_scheduler_args(parser)
+    parser.add_argument(
+        "--policy",
+        choices=SERVING_POLICIES,
+        default=SERVING_POLICIES[0],
+        help="blockserve (the default); dllm-serve (BlockServe's batches with each step's refreshes held to "
+        "--refresh-quota, so a budget admits more rows); or a baseline behind the same queue to measure "
+        "against them: static (batches of --batch-size in arrival order, each run until its slowest row is "
+        "done, as Fast-dLLM does) or sequential (one request at a time)",
+    )
+    parser.add_argument("--batch-size", type=int, default=1, help="static's batch size (default: 1)")
     add_tensor_parallel_arg(parser)
     parser.add_argument(
         "--steps-per-block", type=int, default=32, help="denoising steps per block (default: 32)"
@@ -72,15 +82,6 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--service", required=True, help="service name (queue key prefix)")
     parser.add_argument("--worker-id", default="", help="default: hostname-pid")
-    parser.add_argument(
-        "--policy",
-        choices=SERVING_POLICIES,
-        default=SERVING_POLICIES[0],
-        help="blockserve (the default), or a baseline behind the same queue to measure against it: static "
-        "(batches of --batch-size in arrival order, each run until its slowest row is done, as Fast-dLLM "
-        "does) or sequential (one request at a time)",
-    )
-    parser.add_argument("--batch-size", type=int, default=1, help="static's batch size (default: 1)")
     parser.add_argument(
         "--model-identity",
         default=os.environ.get(MODEL_IDENTITY_ENV, ""),

@@ -42,6 +42,7 @@ from engine_pod.loading.loader import (
     parse_dtype,
 )
 from engine_pod.parallel.group import TensorParallel
+from engine_pod.profiling.cache_share import cache_share
 from engine_pod.profiling.extrapolation import Extrapolation
 from engine_pod.profiling.fit import MemoryFit, fit_peak
 from engine_pod.profiling.grid import Point, grid
@@ -277,7 +278,9 @@ def _result(
         "extrapolation": extrapolation.as_json(),
         "warnings": extrapolation.warnings(),
         "token_budget": budget,
-    }
+    } | cache_share(
+        load_metadata(cfg.model, cfg.family)[0], cfg.dtype, cfg.tensor_parallel, fit.bytes_per_token
+    )
 
 
 def _held_out_error(fit: MemoryFit, point: Point) -> dict:

@@ -90,8 +90,27 @@ class WorkerMetrics:
         self.prefix_evicted_tokens = Counter(
             "dllm_prefix_cache_evicted_tokens", "Tokens evicted from the prefix cache", registry=r
         )
+        self.refresh_positions = Counter(
+            "dllm_refresh_positions",
+            "Positions computed by refreshes (forwards that rewrite a request's dual cache)",
+            registry=r,
+        )
+        self.refresh_share = Gauge(
+            "dllm_refresh_share", "Refresh positions / computed positions, since start", registry=r
+        )
+        self.peak_refresh_positions = Gauge(
+            "dllm_peak_refresh_positions",
+            "Most positions one step of the last block cycle refreshed",
+            registry=r,
+        )
+        self.refresh_quota_positions = Gauge(
+            "dllm_refresh_quota_positions",
+            "Most positions one step may refresh (dLLM-Serve's quota; 0: no quota)",
+            registry=r,
+        )
         self._useful = 0
         self._computed = 0
+        self._refreshed = 0
         self._seen = None  # the prefix cache's totals at the last scrape of them
 
     def record_cycle(
@@ -105,6 +124,15 @@ class WorkerMetrics:
         self._computed += computed
         if self._computed:
             self.padding_efficiency.set(self._useful / self._computed)
+
+    def record_refreshes(self, refreshed: int, peak: int, quota: int | None) -> None:
+        """A block cycle's refresh positions, its largest step's and its quota (after record_cycle)."""
+        self.refresh_positions.inc(refreshed)
+        self._refreshed += refreshed
+        if self._computed:
+            self.refresh_share.set(self._refreshed / self._computed)
+        self.peak_refresh_positions.set(peak)
+        self.refresh_quota_positions.set(quota or 0)
 
     def record_prefix_cache(self, stats, hits: dict[str, int]) -> None:
         """The prefix cache's totals (PrefixCacheStats) and the last cycle's hits, per entering row."""

@@ -226,6 +226,9 @@ class Worker:
             record.computed_positions,
             record.preempted,
         )
+        self.metrics.record_refreshes(
+            record.refresh_positions, record.peak_refresh_positions, record.refresh_quota
+        )
         cache = self.engine.runner.prefix_cache_stats
         if cache is not None:
             self.metrics.record_prefix_cache(cache, result.stats.cached_on_entry)

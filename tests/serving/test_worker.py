@@ -601,7 +601,10 @@ def test_a_worker_config_names_what_is_wrong_and_its_worker():
     settings = SchedulerConfig(1024)
     with pytest.raises(ValueError) as bad_policy:
         WorkerConfig("redis://127.0.0.1:1", "s", settings, policy="fastest")
-    assert str(bad_policy.value) == "policy must be one of blockserve, static, sequential, got 'fastest'"
+    assert (
+        str(bad_policy.value)
+        == "policy must be one of blockserve, dllm-serve, static, sequential, got 'fastest'"
+    )
     with pytest.raises(ValueError, match="^batch size must be positive, got 0$"):
         WorkerConfig("redis://127.0.0.1:1", "s", settings, policy="static", batch_size=0)
     assert WorkerConfig("redis://127.0.0.1:1", "s", settings, worker_id="w-1").resolved_id() == "w-1"

@@ -1,0 +1,52 @@
+"""``dllm serve --policy dllm-serve`` on the product path: concurrent chat requests through the official
+client are answered with the tokens BlockServe gives them, while the worker's /metrics show every step's
+refreshes held to the quota the flags set."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from engine_pod.serve.redis_server import free_port
+from tests.serving.conftest import SERVED
+from tests.serving.serve_process import openai_client, running
+
+PROMPTS = [f"count to {n} and then say the alphabet backwards, slowly {'.' * n}" for n in range(8, 40, 4)]
+BUDGET, QUOTA = 1024, 0.1  # 102 positions a step: far fewer than a batch of these rows refreshes at once
+
+
+def _answers(server) -> dict[str, str]:
+    client = openai_client(server)
+
+    def ask(prompt: str) -> str:
+        reply = client.chat.completions.create(
+            model=SERVED, messages=[{"role": "user", "content": prompt}], max_tokens=32, temperature=0
+        )
+        return reply.choices[0].message.content
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        return dict(zip(PROMPTS, pool.map(ask, PROMPTS)))
+
+
+def _metric(text: str, name: str) -> float:
+    (value,) = [float(line.split()[-1]) for line in text.splitlines() if line.split(" ")[0] == name]
+    return value
+
+
+def test_dllm_serve_answers_as_blockserve_and_holds_refreshes_to_its_quota(tmp_path):
+    common = ["--token-budget", str(BUDGET)]
+    for name in ("blockserve", "dllm-serve"):
+        (tmp_path / name).mkdir()
+    with running(tmp_path / "blockserve", *common) as server:
+        expected = _answers(server)
+    port = free_port()
+    flags = ["--policy", "dllm-serve", "--refresh-quota", str(QUOTA), "--batch-refresh-quota", str(QUOTA)]
+    with running(tmp_path / "dllm-serve", *common, *flags, "--metrics-port", str(port)) as server:
+        assert _answers(server) == expected
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    quota = int(QUOTA * BUDGET)
+    assert _metric(metrics, "dllm_refresh_quota_positions") == quota
+    assert 0 < _metric(metrics, "dllm_peak_refresh_positions") <= quota
+    assert _metric(metrics, "dllm_refresh_positions_total") > quota  # spread over several steps
+    assert 0 < _metric(metrics, "dllm_refresh_share") <= 1
