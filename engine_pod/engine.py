@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.runner.contract import CycleStats, Runner, scheduling_facts
 from engine_pod.scheduler.base import Scheduler
+from engine_pod.scheduler.dllm_serve import stagger_problem
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.request import Request
 from engine_pod.scheduler.serving import serving_scheduler
@@ -63,6 +64,11 @@ class Engine:
                     f"the scheduler was built with {fact}={getattr(scheduler, fact)} and the runner's model "
                     f"has {getattr(runner, fact)}: build it with scheduling_facts(runner)"
                 )
+        if scheduler.staggers_refreshes and not runner.staggers_refreshes:
+            family, decoding = runner.loaded.family, runner.decoding
+            raise ValueError(
+                stagger_problem(family.display_name, family.cache, decoding.cache, decoding.remasking)
+            )
         self.runner = runner
         self.scheduler = scheduler
         self.clock = clock

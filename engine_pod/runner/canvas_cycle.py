@@ -114,6 +114,7 @@ class CanvasStepper:
 
     grid_aligned = False  # canvases follow the prompt, wherever it ends
     shares_blocks = False
+    staggers_refreshes = False  # an exact context cache: nothing to refresh
     prefix_cache_stats = None
 
     def __init__(self, loaded: LoadedModel, decoding: DecodingConfig, pool_tokens: int | None = None) -> None:

@@ -58,6 +58,7 @@ class Runner(Protocol):
     # the entropy-bound sampler's settings a request starts from (DiffusionGemma's; a row's ``sampler``
     # replaces them); None: the family has no such sampler and a request that sets any is refused
     canvas_sampler: EntropyBoundParams | None
+    staggers_refreshes: bool  # staggers a cycle's dual-cache refreshes under its quota (dLLM-Serve's phases)
 
     def run(self, cycle: SchedulerOutput) -> CycleOutput:
         """One block cycle over ``cycle.rows``: ``gather_rows`` drops rows whose block is complete from

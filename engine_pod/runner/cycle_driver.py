@@ -34,6 +34,7 @@ class Stepper(Protocol):
     shares_blocks: bool
     prefix_cache_stats: PrefixCacheStats | None
     canvas_sampler: EntropyBoundParams | None
+    staggers_refreshes: bool  # runs a cycle's refresh quota (dLLM-Serve's phases)
 
     def begin(self, cycle: SchedulerOutput) -> Any:
         """The cycle laid out: its state."""
@@ -85,6 +86,10 @@ class CycleRunner:
     @property
     def canvas_sampler(self) -> EntropyBoundParams | None:
         return self.stepper.canvas_sampler
+
+    @property
+    def staggers_refreshes(self) -> bool:
+        return self.stepper.staggers_refreshes
 
     def run(self, cycle: SchedulerOutput) -> CycleOutput:
         """One block cycle over the scheduler's rows."""

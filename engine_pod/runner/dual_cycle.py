@@ -76,6 +76,9 @@ class DualCacheStepper:
     shares_blocks = False
     prefix_cache_stats = None  # no prefix cache: every cycle computes its rows' caches afresh
     canvas_sampler = None  # no entropy-bound sampler
+    staggers_refreshes = (
+        False  # every row refreshes at its block's first forward (runner/phase_cycle.py can stagger)
+    )
 
     def __init__(
         self,

@@ -68,6 +68,7 @@ class PagedCacheStepper:
     """The block-diffusion families' part of a block cycle (a ``Stepper`` of runner/cycle_driver.py)."""
 
     grid_aligned = True  # the scheduler puts blocks on the absolute grid
+    staggers_refreshes = False  # an exact cache: nothing to refresh
     canvas_sampler = None  # no entropy-bound sampler
 
     def __init__(self, loaded: LoadedModel, decoding: DecodingConfig, pool_tokens: int | None = None) -> None:

@@ -24,10 +24,9 @@ import torch.nn.functional as F
 from engine_pod.decoding.denoise_step import Candidates
 from engine_pod.runner.dual_cycle import DualCacheStepper, _DualCycle, _StepRows
 from engine_pod.runner.packing import packed_layout, window_inputs
+from engine_pod.scheduler.dllm_serve import STEP_FREE_POLICIES
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.refresh_phases import StepPhases, step_phases
-
-STEP_FREE_POLICIES = ("threshold",)  # policies whose commits do not depend on the step's number
 
 
 class PhaseScheduleError(ValueError):
@@ -47,6 +46,11 @@ class _Phases:
 
 class PhaseStepper(DualCacheStepper):
     """The dual-cache stepper, staggering its rows' refreshes where the cycle asks."""
+
+    @property
+    def staggers_refreshes(self) -> bool:
+        """Whether it can: the dual cache, and a policy that does not count steps."""
+        return self.decoding.cache == "dual" and self.policy.name in STEP_FREE_POLICIES
 
     def begin(self, cycle: SchedulerOutput) -> _DualCycle:
         state = super().begin(cycle)

@@ -28,6 +28,7 @@ class LeaderRunner:
         self.decoding: DecodingConfig = runner.decoding
         self.grid_aligned = runner.grid_aligned
         self.shares_blocks = runner.shares_blocks
+        self.staggers_refreshes = runner.staggers_refreshes
         self.canvas_sampler = runner.canvas_sampler
 
     @property

@@ -27,6 +27,7 @@ class Scheduler:
     worker drawing from a shared queue, what to claim (``claim_plan``, ``choose``, ``unadmittable``)."""
 
     gather_rows = True  # rows whose block is complete leave the forwards early
+    staggers_refreshes = False  # its cycles carry a refresh quota (dLLM-Serve): the runner must run it
 
     def __init__(
         self,

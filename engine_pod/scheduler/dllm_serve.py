@@ -26,8 +26,23 @@ from engine_pod.scheduler.box import BatchBox
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.request import Request, RequestError
 
+STEP_FREE_POLICIES = ("threshold",)  # remasking policies whose commits do not depend on the step's number
+
+
+def stagger_problem(family: str, family_cache: str, cache: str, remasking: str) -> str | None:
+    """Why a model and decoding cannot run dllm-serve's staggered refreshes (None: they can)."""
+    if family_cache == "dual" and cache == "dual" and remasking in STEP_FREE_POLICIES:
+        return None
+    return (
+        "policy dllm-serve staggers the dual cache's refreshes: it runs LLaDA or Dream with --cache dual and "
+        f"--remasking {' or '.join(STEP_FREE_POLICIES)}, not {family} with --cache {cache} and --remasking "
+        f"{remasking}"
+    )
+
 
 class DllmServeScheduler(BlockServeScheduler):
+    staggers_refreshes = True
+
     def __init__(self, block_length: int, eos_ids, config: SchedulerConfig, **kwargs) -> None:
         super().__init__(block_length, eos_ids, config, **kwargs)
         share = config.cache_share

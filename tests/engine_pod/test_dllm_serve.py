@@ -107,7 +107,13 @@ def test_no_step_refreshes_more_than_the_quota_and_refreshes_are_spread(models):
 def test_a_policy_that_counts_steps_is_refused_in_one_line(models):
     decoding = DecodingConfig(block_length=BLOCK, steps_per_block=4, cache="dual", remasking="low_confidence")
     runner = make_runner(models["llada"], decoding, BUDGET)
-    engine = Engine(runner, DllmServeScheduler(BLOCK, [], _config(0.5), ignore_eos=True))
-    engine.add_request(engine.scheduler.request_for("a", [1, 2, 3], BLOCK))
+    assert not runner.staggers_refreshes
+    with pytest.raises(
+        ValueError, match="--remasking threshold, not LLaDA with --cache dual and --remasking low"
+    ):
+        Engine(runner, DllmServeScheduler(BLOCK, [], _config(0.5), ignore_eos=True))
+    # a cycle that asks anyway (no engine between) is refused by the runner
+    cycle = DllmServeScheduler(BLOCK, [], _config(0.5))
+    cycle.add(cycle.request_for("a", [1, 2, 3], BLOCK))
     with pytest.raises(PhaseScheduleError, match="threshold"):
-        engine.step()
+        runner.run(cycle.schedule())
