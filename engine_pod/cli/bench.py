@@ -16,6 +16,7 @@ from engine_pod.cli.common import (
     add_decoding_args,
     add_model_args,
     add_tensor_parallel_arg,
+    check_logit_args,
     decoding_config,
 )
 from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
@@ -199,6 +200,7 @@ def _model_spec(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from engine_pod.bench.benchmark import BenchConfig, run_benchmark
 
+    check_logit_args(args)
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:

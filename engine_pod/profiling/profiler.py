@@ -73,6 +73,7 @@ class ProfileConfig:
     canvas: bool = False  # rows of one canvas each over a kept context (DiffusionGemma): set by run_profile
     family: str | None = None  # the family the checkpoint must be (None: any)
     tensor_parallel: int = 1  # ranks the model is split across: each rank's peak measured, the worst kept
+    max_materialized_logits: int | None = None  # the engine's logit budget (DecodingConfig), in force
 
 
 def _rows_for(point: Point, loaded: LoadedModel, block_length: int, seed: int) -> list[CycleRow]:
@@ -93,7 +94,10 @@ CORRECTION_MARGIN = (
 def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> Point:
     """One real block cycle at this shape (low-confidence quota: exactly cfg.steps forwards), measured."""
     decoding = DecodingConfig(
-        block_length=cfg.block_length, steps_per_block=cfg.steps, remasking="low_confidence"
+        block_length=cfg.block_length,
+        steps_per_block=cfg.steps,
+        remasking="low_confidence",
+        max_materialized_logits=cfg.max_materialized_logits,
     )
     runner = make_runner(loaded, decoding, pool_tokens=point.tokens)  # a KV pool for every token
     rows = _rows_for(point, loaded, cfg.block_length, cfg.seed)

@@ -69,6 +69,12 @@ class CycleRunner:
 
     def __init__(self, loaded: LoadedModel, decoding: DecodingConfig, stepper: Stepper) -> None:
         self.loaded, self.decoding, self.stepper = loaded, decoding, stepper
+        self.logit_budget = decoding.logit_budget
+
+    def _arm(self) -> None:
+        """The model's LM head materializes logits as this runner's decoding asks (several runners may
+        share one model: each sets its own before it runs)."""
+        self.loaded.model.logit_budget = self.logit_budget
 
     @property
     def grid_aligned(self) -> bool:
@@ -90,6 +96,7 @@ class CycleRunner:
         """One block cycle over the scheduler's rows."""
         if not cycle.rows:
             raise ValueError("a block cycle needs at least one row")
+        self._arm()
         state = self.stepper.begin(cycle)
         try:
             limit, step = self.stepper.most_steps(state), 0
@@ -107,4 +114,5 @@ class CycleRunner:
         self.stepper.forget()
 
     def first_block_confidences(self, prompts: list[list[int]]) -> Tensor:
+        self._arm()
         return self.stepper.first_block_confidences(prompts)
