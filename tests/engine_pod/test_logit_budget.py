@@ -101,3 +101,20 @@ def test_every_command_refuses_a_budget_below_one_position_in_one_line(command, 
     assert main([command, "--max-materialized-logits", "0", *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--max-materialized-logits" in err and "at least 1" in err, err
+
+
+def test_the_profiler_measures_with_the_budget_in_force():
+    from engine_pod.profiling.grid import Point
+    from engine_pod.profiling.profiler import ProfileConfig, measure_point
+
+    loaded = load_model(str(REFERENCE_DIR / "llada"))
+    cfg = ProfileConfig(model="unused", block_length=BLOCK, steps=2, max_materialized_logits=5)
+    calls = []
+    head = loaded.model.lm_head
+    handle = head.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape[0]))
+    try:
+        measure_point(loaded, Point(3, 24), cfg)
+    finally:
+        handle.remove()
+    assert loaded.model.logit_budget.positions == 5
+    assert calls and max(calls) == 16  # chunks of 5 positions, each padded to the head's 16 rows
