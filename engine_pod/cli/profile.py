@@ -120,11 +120,13 @@ def run(args: argparse.Namespace) -> int:
         family=args.family,
         tensor_parallel=args.tensor_parallel,
         max_materialized_logits=args.max_materialized_logits,
+        logit_candidates=args.logit_candidates,
     )
     try:
         result = run_profile(config) | {
             "tensor_parallel": args.tensor_parallel,
             "max_materialized_logits": args.max_materialized_logits,
+            "logit_candidates": args.logit_candidates,
         }  # the size measured at
     except Exception as exc:  # any failure (a bad limit, CUDA out of memory, a missing model): say why
         if args.termination_log:  # the operator reads why from the pod status

@@ -15,7 +15,7 @@ from torch import nn
 from engine_pod.models.config import ModelConfig
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.layers import DecoderBlock, RMSNorm, RotaryEmbedding
-from engine_pod.models.logit_budget import LogitBudget, apply_head, chunked_rows
+from engine_pod.models.logit_budget import LogitBudget, apply_head, candidate_logits, chunked_rows
 from engine_pod.models.paged_kv import PagedKVPool, model_pool
 
 
@@ -34,16 +34,38 @@ class SelectedHidden:
         self.vocab = getattr(lm_head, "vocab_size", lm_head.out_features)  # a split head: all ranks'
         self.chunk = self.budget.chunk(self.vocab)
 
-    def map_logits(self, fn):
-        """Apply ``fn(logits) -> tuple of [n, ...] tensors`` chunk by chunk and concatenate the results."""
-        parts = [
-            fn(apply_head(self.lm_head, piece))
-            for piece in chunked_rows(self.hidden, self.budget, self.vocab)
-        ]
+    @property
+    def restricts(self) -> bool:
+        """Whether ``map_logits`` gives ``fn`` candidate columns rather than the whole vocabulary."""
+        return self.budget.columns(self.vocab) < self.vocab
+
+    def map_logits(self, fn, tokens: tuple[int, ...] = (), never: int | None = None):
+        """Apply ``fn(logits) -> tuple of [n, ...] tensors`` chunk by chunk and concatenate the results.
+        Where candidates restrict the columns, ``fn`` gets each position's candidates' logits [n, k]
+        (``never``: a token id never among them) and its outputs at ``tokens`` (column indices) are
+        mapped back to token ids."""
+        k = self.budget.columns(self.vocab)
+        parts = []
+        for piece in chunked_rows(self.hidden, self.budget, self.vocab):
+            if k == self.vocab:
+                parts.append(fn(apply_head(self.lm_head, piece)))
+                continue
+            logits, ids = candidate_logits(piece, self.lm_head, k, never)
+            out = list(fn(logits))
+            for index in tokens:
+                out[index] = _token_ids(ids, out[index])
+            parts.append(tuple(out))
         return tuple(torch.cat(items) for items in zip(*parts))
 
     def logits(self) -> torch.Tensor:
         return self.lm_head(self.hidden)
+
+
+def _token_ids(ids: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """Candidate columns [n] or [n, w] as the token ids ``ids`` [n, k] gives them."""
+    if columns.dim() == 1:
+        return ids.gather(1, columns[:, None])[:, 0]
+    return ids.gather(1, columns)
 
 
 class DiffusionTransformer(nn.Module):

@@ -74,6 +74,7 @@ class ProfileConfig:
     family: str | None = None  # the family the checkpoint must be (None: any)
     tensor_parallel: int = 1  # ranks the model is split across: each rank's peak measured, the worst kept
     max_materialized_logits: int | None = None  # the engine's logit budget (DecodingConfig), in force
+    logit_candidates: int = 0  # and its candidates (0: the whole vocabulary)
 
 
 def _rows_for(point: Point, loaded: LoadedModel, block_length: int, seed: int) -> list[CycleRow]:
@@ -98,6 +99,7 @@ def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> Poin
         steps_per_block=cfg.steps,
         remasking="low_confidence",
         max_materialized_logits=cfg.max_materialized_logits,
+        logit_candidates=cfg.logit_candidates,
     )
     runner = make_runner(loaded, decoding, pool_tokens=point.tokens)  # a KV pool for every token
     rows = _rows_for(point, loaded, cfg.block_length, cfg.seed)
