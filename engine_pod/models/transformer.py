@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine_pod.logit_count import LOGITS
 from engine_pod.models.config import ModelConfig
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.layers import DecoderBlock, RMSNorm, RotaryEmbedding
@@ -47,6 +48,7 @@ class SelectedHidden:
         k = self.budget.columns(self.vocab)
         parts = []
         for piece in chunked_rows(self.hidden, self.budget, self.vocab):
+            LOGITS.add(piece.shape[0], k)
             if k == self.vocab:
                 parts.append(fn(apply_head(self.lm_head, piece)))
                 continue

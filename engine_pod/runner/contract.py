@@ -25,6 +25,8 @@ class CycleStats:
     useful_positions: int = 0  # of those, positions of live requests' prompts and blocks
     # rows that entered the batch this cycle: their tokens found in a prefix cache (runners that have one)
     cached_on_entry: dict[str, int] = field(default_factory=dict)
+    logits_materialized: int = 0  # LM head outputs computed: positions x columns (vocabulary or k)
+    peak_logits: int = 0  # the most of them that existed at once (one chunk)
 
 
 @dataclass

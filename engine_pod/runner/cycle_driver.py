@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dllm_contracts.canvas_sampler import EntropyBoundParams
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.logit_count import LOGITS
 from engine_pod.runner.contract import CycleOutput
 from engine_pod.scheduler.output import SchedulerOutput
 
@@ -97,6 +98,7 @@ class CycleRunner:
         if not cycle.rows:
             raise ValueError("a block cycle needs at least one row")
         self._arm()
+        mark = LOGITS.start()
         state = self.stepper.begin(cycle)
         try:
             limit, step = self.stepper.most_steps(state), 0
@@ -105,7 +107,9 @@ class CycleRunner:
                     raise RuntimeError(f"a block did not complete within {limit} forwards; this is a bug")
                 self.stepper.step(state, step)
                 step += 1
-            return self.stepper.finish(state)
+            out = self.stepper.finish(state)
+            out.stats.logits_materialized, out.stats.peak_logits = LOGITS.since(mark)
+            return out
         finally:
             self.stepper.end(state)
 

@@ -23,6 +23,7 @@ from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
 from engine_pod.families.diffusion_gemma.context_cache import ContextCache, ContextRows
 from engine_pod.families.diffusion_gemma.layer import GemmaLayer
 from engine_pod.families.diffusion_gemma.rotary import GemmaRotary
+from engine_pod.logit_count import LOGITS
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.layers import RMSNorm
 from engine_pod.models.logit_budget import LogitBudget, apply_head, chunked_rows
@@ -159,6 +160,7 @@ class DiffusionGemmaModel(nn.Module):
         out = torch.empty(x.shape[0], vocab, dtype=torch.float32, device=x.device)
         start = 0
         for piece in chunked_rows(x, self.logit_budget, vocab):
+            LOGITS.add(piece.shape[0], vocab)
             out[start : start + piece.shape[0]] = apply_head(apply, piece)
             start += piece.shape[0]
         return out
