@@ -31,6 +31,8 @@ class CycleRecord:
     forwards: int
     computed_positions: int
     useful_positions: int
+    logits_materialized: int  # LM head outputs: positions x columns (the vocabulary, or k candidates)
+    peak_logits: int  # the most of them at once
     admitted: int
     preempted: int
     finished: int
@@ -113,6 +115,8 @@ class Engine:
                 forwards=cycle.stats.forwards,
                 computed_positions=cycle.stats.computed_positions,
                 useful_positions=cycle.stats.useful_positions,
+                logits_materialized=cycle.stats.logits_materialized,
+                peak_logits=cycle.stats.peak_logits,
                 admitted=len(output.admitted),
                 preempted=len(output.preempted),
                 finished=len(finished),

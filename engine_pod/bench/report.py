@@ -43,6 +43,8 @@ def policy_metrics(run: PolicyRun, eos_ids) -> dict:
             "preemptions": sum(c.preempted for c in run.cycles),
             "peak_memory_bytes": run.peak_memory_bytes,
             "computed_positions": computed,
+            "logits_materialized": sum(c.logits_materialized for c in run.cycles),
+            "peak_logits_at_once": max((c.peak_logits for c in run.cycles), default=0),
         }
         | ({"cores": run.cores} if run.cores else {})
         | _cpu_metrics(run, generated)

@@ -16,9 +16,10 @@ from engine_pod.cli.common import (
     add_decoding_args,
     add_model_args,
     add_tensor_parallel_arg,
+    check_logit_args,
     decoding_config,
 )
-from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
+from engine_pod.cli.scheduling import add_scheduler_args, check_stagger, scheduler_config
 from engine_pod.cpu_threads import PINNED, apply_threads
 
 logger = logging.getLogger(__name__)
@@ -196,21 +197,10 @@ def _model_spec(args: argparse.Namespace):
     return ModelSpec(args.model, args.device, args.dtype, args.family, args.tensor_parallel)
 
 
-def _check_stagger(args: argparse.Namespace) -> None:
-    """dllm-serve's model and decoding, refused in one line before any run."""
-    from engine_pod.families.registry import family_of
-    from engine_pod.loading.loader import load_metadata
-    from engine_pod.scheduler.dllm_serve import stagger_problem
-
-    family = family_of(load_metadata(args.model, args.family)[0])
-    problem = stagger_problem(family.display_name, family.cache, args.cache, args.remasking)
-    if problem:
-        raise CliError(problem)
-
-
 def run(args: argparse.Namespace) -> int:
     from engine_pod.bench.benchmark import BenchConfig, run_benchmark
 
+    check_logit_args(args)
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
@@ -220,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         raise CliError("--repeat must be positive")
     if "dllm-serve" in policies:
-        _check_stagger(args)
+        check_stagger(args)
     online = bool(args.arrival_rate) or args.concurrency is not None
     threads = None if args.url else _threads(args, online)  # --url: the server's engine, not this process
     if online:

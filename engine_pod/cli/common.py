@@ -170,6 +170,48 @@ def add_decoding_args(parser: argparse.ArgumentParser, compare_prefix_cache: boo
     group.add_argument(
         "--ignore-eos", action="store_true", help="do not stop after a block that contains EOS"
     )
+    add_logit_args(group)
+
+
+def add_logit_args(group) -> None:
+    """The logit budget: how many positions' logits the LM head materializes at once."""
+    group.add_argument(
+        "--max-materialized-logits",
+        type=int,
+        metavar="N",
+        help="the most positions whose full-vocabulary logits exist at once: the LM head runs in chunks of N "
+        "positions, bounding the logits' memory at N x vocabulary entries; the outputs are the same for "
+        "every N (default: automatic, about 2^24 entries per chunk, 16 to 1024 positions)",
+    )
+    group.add_argument(
+        "--logit-candidates",
+        type=int,
+        default=0,
+        metavar="K",
+        help="score only each position's K likeliest tokens under the LM head in bfloat16: their exact "
+        "logits alone are computed, and the proposal, its confidence (a softmax over the K), a sampled draw "
+        "and log probabilities are over them; changes outputs; not for DiffusionGemma or --tensor-parallel "
+        "above 1 (default: 0, the whole vocabulary)",
+    )
+
+
+def check_logit_args(args: argparse.Namespace) -> None:
+    """Refuse an out-of-range logit budget in one line, before anything starts."""
+    try:
+        DecodingConfig(max_materialized_logits=args.max_materialized_logits)
+    except ValueError as exc:
+        raise CliError(f"--max-materialized-logits: {exc}") from None
+    candidates = getattr(args, "logit_candidates", 0)
+    if candidates < 0:
+        raise CliError(f"--logit-candidates must be at least 0 (0: the whole vocabulary), got {candidates}")
+
+
+def logit_flags(args: argparse.Namespace) -> list[str]:
+    """The flags that ask another ``dllm`` command for ``args``'s logit budget."""
+    flags = ["--logit-candidates", str(args.logit_candidates)] if args.logit_candidates else []
+    if args.max_materialized_logits is None:
+        return flags
+    return ["--max-materialized-logits", str(args.max_materialized_logits), *flags]
 
 
 SAMPLER_FLAGS = tuple(name for name in SAMPLER_SETTINGS if name != "max_denoising_steps")  # --steps-per-block
@@ -208,6 +250,8 @@ def decoding_config(args: argparse.Namespace, steps_per_block: int) -> DecodingC
         canvas=args.canvas,
         ignore_eos=args.ignore_eos,
         prefix_cache=args.prefix_cache[0],
+        max_materialized_logits=args.max_materialized_logits,
+        logit_candidates=getattr(args, "logit_candidates", 0),
     )
 
 

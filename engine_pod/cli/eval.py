@@ -9,7 +9,13 @@ import sys
 from pathlib import Path
 
 from engine_pod.cli.budget import add_budget_args, resolve_budget
-from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, decoding_config
+from engine_pod.cli.common import (
+    CliError,
+    add_decoding_args,
+    add_model_args,
+    check_logit_args,
+    decoding_config,
+)
 from engine_pod.cpu_threads import apply_threads
 from engine_pod.training.tasks import EXTRA_TASKS, TASKS, parse_tasks
 
@@ -52,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from engine_pod.evaluation import EvalConfig, evaluate, write_outputs
     from engine_pod.loading.loader import load_model
 
+    check_logit_args(args)
     apply_threads(args.threads, logging.DEBUG)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     if not policies or any(p not in POLICIES for p in policies):

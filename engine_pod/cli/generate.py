@@ -13,6 +13,7 @@ from engine_pod.cli.common import (
     add_model_args,
     add_sampler_args,
     add_tensor_parallel_arg,
+    check_logit_args,
     decoding_config,
     group_place,
     parse_int_list,
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from engine_pod.generation import generate_one
     from engine_pod.runner.group_processes import ModelArgs, tensor_parallel_group
 
+    check_logit_args(args)
     threads = apply_threads(args.threads, logging.DEBUG)
     if args.steps_per_block is not None:
         if args.steps_per_block < 1 or args.gen_length < 1:

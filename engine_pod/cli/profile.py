@@ -11,7 +11,13 @@ from pathlib import Path
 
 from dllm_contracts.profile_summary import ProfileSummary, failure_message
 from dllm_contracts.scheduler_config import DEFAULT_LAYOUT, LAYOUTS
-from engine_pod.cli.common import CliError, add_model_args, add_tensor_parallel_arg
+from engine_pod.cli.common import (
+    CliError,
+    add_logit_args,
+    add_model_args,
+    add_tensor_parallel_arg,
+    check_logit_args,
+)
 from engine_pod.cpu_threads import apply_threads
 
 logger = logging.getLogger(__name__)
@@ -61,6 +67,7 @@ def register(subparsers) -> None:
         default=DEFAULT_LAYOUT,
         help=f"the batch layout the engine will run (default: {DEFAULT_LAYOUT}); see `dllm worker --help`",
     )
+    add_logit_args(parser)
     parser.add_argument(
         "--json",
         dest="json_out",
@@ -96,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--utilization must be in (0, 1], got {args.utilization}")
     if (args.block_length is not None and args.block_length < 1) or args.steps < 1:
         raise CliError("--block-length and --steps must be positive")
+    check_logit_args(args)
     max_tokens = args.max_tokens or (65536 if args.device.startswith("cuda") else 16384)
     if args.block_length is not None and max_tokens < 4 * args.block_length:  # else checked with the model's
         raise CliError(f"--max-tokens must be at least {4 * args.block_length}")
@@ -111,9 +119,15 @@ def run(args: argparse.Namespace) -> int:
         layout=args.layout,
         family=args.family,
         tensor_parallel=args.tensor_parallel,
+        max_materialized_logits=args.max_materialized_logits,
+        logit_candidates=args.logit_candidates,
     )
     try:
-        result = run_profile(config) | {"tensor_parallel": args.tensor_parallel}  # the size measured at
+        result = run_profile(config) | {
+            "tensor_parallel": args.tensor_parallel,
+            "max_materialized_logits": args.max_materialized_logits,
+            "logit_candidates": args.logit_candidates,
+        }  # the size measured at
     except Exception as exc:  # any failure (a bad limit, CUDA out of memory, a missing model): say why
         if args.termination_log:  # the operator reads why from the pod status
             Path(args.termination_log).write_text(_error_message(exc))

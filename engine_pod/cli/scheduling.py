@@ -162,3 +162,15 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
     if problems:
         raise CliError("; ".join(f"{FLAGS[name]} {message}" for name, message in problems.items()))
     return SchedulerConfig(**settings)
+
+
+def check_stagger(args: argparse.Namespace) -> None:
+    """dllm-serve's model and decoding, refused in one line before any run."""
+    from engine_pod.families.registry import family_of
+    from engine_pod.loading.loader import load_metadata
+    from engine_pod.scheduler.dllm_serve import stagger_problem
+
+    family = family_of(load_metadata(args.model, args.family)[0])
+    problem = stagger_problem(family.display_name, family.cache, args.cache, args.remasking)
+    if problem:
+        raise CliError(problem)

@@ -21,7 +21,7 @@ from dllm_contracts.model_identity import ModelIdentity, ServedRecord
 from dllm_contracts.model_source import portable_name
 from dllm_contracts.scheduler_config import admission_flags
 from engine_pod.cli.budget import resolve_budget
-from engine_pod.cli.common import CliError, add_decoding_args, add_model_args
+from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, check_logit_args, logit_flags
 from engine_pod.cli.scheduling import scheduler_config
 from engine_pod.cli.serve_settings import (
     data_dir_of,
@@ -140,6 +140,7 @@ def _worker_args(args: argparse.Namespace, redis_url: str, identity: ModelIdenti
         *("--threshold", str(args.threshold), "--cache", args.cache, "--canvas", args.canvas),
         *(["--ignore-eos"] if args.ignore_eos else []),
         *("--prefix-cache", "on" if args.prefix_cache[0] else "off"),
+        *logit_flags(args),
     ]
     return [
         *("--model", args.model, "--device", args.device, "--dtype", args.dtype),
@@ -177,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
     from engine_pod.serve.worker_process import WorkerProcess
     from gateway.api_keys import keys_state
 
+    check_logit_args(args)
     _quiet_terminal()
     # a bad count ends serve here, before anything starts; the default keeps a CPU for the gateway and Redis
     threads = choose_threads(args.threads, reserve=1)

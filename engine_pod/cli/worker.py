@@ -20,6 +20,7 @@ from engine_pod.cli.common import (
     add_group_args,
     add_model_args,
     add_tensor_parallel_arg,
+    check_logit_args,
     decoding_config,
     group_place,
 )
@@ -179,6 +180,7 @@ def _identity(text: str) -> ModelIdentity | None:
 def run(args: argparse.Namespace) -> int:
     from engine_pod.worker.http import ProbeSource, serve_probes
 
+    check_logit_args(args)
     apply_threads(args.threads)
     if group_place(args).node > 0:
         return follow_group(args)

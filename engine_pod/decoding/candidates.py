@@ -25,6 +25,8 @@ def score_candidates(
     ``sampling`` (a RowSampling, or None when every row is greedy); ``positions`` [n]: absolute positions;
     ``mask_id``: a token sampled rows never draw; ``logprob_width``: unless None, each candidate's proposal's log
     probability and its likeliest tokens' (that many) follow (decoding/logprobs.py), from the same logits."""
+    tokens = (0, 4) if logprob_width is not None else (0,)  # proposals and alternatives: token ids
+    never, mask_id = (mask_id, None) if logits.restricts else (None, mask_id)  # the mask: no candidate
     if sampling is None:
 
         def greedy(chunk: torch.Tensor):
@@ -34,7 +36,7 @@ def score_candidates(
                 return proposal, confidence
             return proposal, confidence, *token_logprobs(chunk.to(score_dtype), proposal, logprob_width)
 
-        return logits.map_logits(greedy)
+        return logits.map_logits(greedy, tokens, never)
     keys = draw_keys(sampling.seeds[rows], positions, step)
     drawn, temperature = sampling.sampled[rows], sampling.temperature[rows]
     top_k, top_p = sampling.top_k[rows], sampling.top_p[rows]
@@ -68,7 +70,7 @@ def score_candidates(
         distribution = torch.where(mine[:, None], tempered, scores)
         return proposal, confidence, *token_logprobs(distribution, proposal, logprob_width)
 
-    return logits.map_logits(score)
+    return logits.map_logits(score, tokens, never)
 
 
 def _not_the_mask(logits: torch.Tensor, proposal: torch.Tensor, mask_id: int | None) -> torch.Tensor:

@@ -9,6 +9,30 @@ CACHE_MODES = ("none", "prefix", "dual")
 CANVAS_MODES = ("block", "full")
 
 
+AUTO_ENTRIES = 1 << 24  # the automatic chunk: about this many vocabulary entries (64 MB in float32)
+AUTO_MIN_POSITIONS, AUTO_MAX_POSITIONS = 16, 1024
+
+
+@dataclass(frozen=True)
+class LogitBudget:
+    """How the LM head materializes logits (models/logit_budget.py applies it): ``positions``, the most
+    positions whose logits exist at once (None: automatic, about ``AUTO_ENTRIES`` entries and 16 to 1024
+    positions); ``candidates``, k."""
+
+    positions: int | None = None
+    candidates: int = 0  # k: the logits of each position's k candidates only (0: the whole vocabulary)
+
+    def columns(self, vocab: int) -> int:
+        """Logits per position: k where candidates restrict the vocabulary, else all of it."""
+        return self.candidates if 0 < self.candidates < vocab else vocab
+
+    def chunk(self, vocab: int) -> int:
+        """Positions per chunk for a head of ``vocab`` columns."""
+        if self.positions is not None:
+            return self.positions
+        return max(AUTO_MIN_POSITIONS, min(AUTO_MAX_POSITIONS, AUTO_ENTRIES // vocab))
+
+
 class DecodingConfigError(ValueError):
     """Decoding options that cannot work together."""
 
@@ -29,6 +53,14 @@ class DecodingConfig:
     # with the same leading tokens and keep a finished request's blocks (docs/design.md); exact, so on by
     # default. LLaDA and Dream attend both ways: nothing is shared whatever this says.
     prefix_cache: bool = True
+    # the most positions whose full-vocabulary logits exist at once: the LM head runs over the selected
+    # positions in chunks of this many (None: automatic, about 2**24 vocabulary entries per chunk, 16 to
+    # 1024 positions: 132 for a 126,464-token vocabulary). Outputs are the same bits for every value.
+    max_materialized_logits: int | None = None
+    # k > 0: each position's k likeliest tokens under the LM head in bfloat16 are its candidates, and only
+    # their exact logits are computed; proposals, confidences (a softmax over the k), draws and log
+    # probabilities are over them (models/logit_budget.py). 0: the whole vocabulary. Changes outputs.
+    logit_candidates: int = 0
 
     def __post_init__(self) -> None:
         if self.block_length < 1:
@@ -41,8 +73,18 @@ class DecodingConfig:
             raise DecodingConfigError(f"unknown cache mode {self.cache!r}; choose one of {CACHE_MODES}")
         if self.canvas not in CANVAS_MODES:
             raise DecodingConfigError(f"unknown canvas {self.canvas!r}; choose one of {CANVAS_MODES}")
+        if self.max_materialized_logits is not None and self.max_materialized_logits < 1:
+            raise DecodingConfigError(
+                f"max materialized logits must be at least 1 position, got {self.max_materialized_logits}"
+            )
+        if self.logit_candidates < 0:
+            raise DecodingConfigError(f"logit candidates must be at least 0, got {self.logit_candidates}")
         if not 0.0 < self.threshold <= 1.0:
             raise DecodingConfigError(f"threshold must be in (0, 1], got {self.threshold}")
+
+    @property
+    def logit_budget(self) -> LogitBudget:
+        return LogitBudget(self.max_materialized_logits, self.logit_candidates)
 
     @property
     def uses_cache(self) -> bool:

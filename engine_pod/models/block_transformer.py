@@ -19,6 +19,7 @@ from torch import nn
 from engine_pod.models.config import ModelConfig
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
+from engine_pod.models.logit_budget import LogitBudget
 from engine_pod.models.moe import MixtureOfExperts
 from engine_pod.models.paged_kv import PagedKVPool, model_pool
 from engine_pod.models.transformer import SelectedHidden
@@ -86,6 +87,7 @@ class BlockDiffusionTransformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.rotary_dim or config.head_dim, config.rope_theta)
+        self.logit_budget = LogitBudget()  # the runner's (CycleRunner sets it from its DecodingConfig)
 
     def fuse_projections(self) -> None:
         """Inference layout: q, k and v are one projection in the checkpoint already; each MoE layer's
@@ -103,4 +105,4 @@ class BlockDiffusionTransformer(nn.Module):
         cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, batch)
-        return SelectedHidden(self.norm(hidden[select[0], select[1]]), self.lm_head)
+        return SelectedHidden(self.norm(hidden[select[0], select[1]]), self.lm_head, self.logit_budget)

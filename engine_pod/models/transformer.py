@@ -12,36 +12,62 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine_pod.logit_count import LOGITS
 from engine_pod.models.config import ModelConfig
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.layers import DecoderBlock, RMSNorm, RotaryEmbedding
+from engine_pod.models.logit_budget import LogitBudget, apply_head, candidate_logits, chunked_rows
 from engine_pod.models.paged_kv import PagedKVPool, model_pool
 
 
 class SelectedHidden:
-    """Final hidden states of selected positions; the LM head is applied in chunks by ``map_logits``.
+    """Final hidden states of selected positions; the LM head is applied by ``map_logits`` in the chunks
+    and over the columns its ``LogitBudget`` (models/logit_budget.py) decides.
 
     Chunking bounds the logits' memory (rows x block x vocabulary would dominate with 126k-152k
     vocabularies) by a constant, so peak memory stays linear in the tokens of the batch.
     """
 
-    LOGITS_PER_CHUNK = 1 << 24  # vocabulary entries per chunk (64 MB in float32)
-    MAX_ROWS_PER_CHUNK = 1024  # small vocabularies: still a bounded number of positions per chunk
-
-    def __init__(self, hidden: torch.Tensor, lm_head: nn.Linear) -> None:
+    def __init__(self, hidden: torch.Tensor, lm_head: nn.Linear, budget: LogitBudget | None = None) -> None:
         self.hidden = hidden
         self.lm_head = lm_head
-        self.chunk = max(16, min(self.MAX_ROWS_PER_CHUNK, self.LOGITS_PER_CHUNK // lm_head.out_features))
+        self.budget = budget or LogitBudget()
+        self.vocab = getattr(lm_head, "vocab_size", lm_head.out_features)  # a split head: all ranks'
+        self.chunk = self.budget.chunk(self.vocab)
 
-    def map_logits(self, fn):
-        """Apply ``fn(logits) -> tuple of [n] tensors`` chunk by chunk and concatenate the results."""
-        if self.hidden.shape[0] == 0:
-            return fn(self.lm_head(self.hidden))
-        parts = [fn(self.lm_head(piece)) for piece in self.hidden.split(self.chunk)]
+    @property
+    def restricts(self) -> bool:
+        """Whether ``map_logits`` gives ``fn`` candidate columns rather than the whole vocabulary."""
+        return self.budget.columns(self.vocab) < self.vocab
+
+    def map_logits(self, fn, tokens: tuple[int, ...] = (), never: int | None = None):
+        """Apply ``fn(logits) -> tuple of [n, ...] tensors`` chunk by chunk and concatenate the results.
+        Where candidates restrict the columns, ``fn`` gets each position's candidates' logits [n, k]
+        (``never``: a token id never among them) and its outputs at ``tokens`` (column indices) are
+        mapped back to token ids."""
+        k = self.budget.columns(self.vocab)
+        parts = []
+        for piece in chunked_rows(self.hidden, self.budget, self.vocab):
+            LOGITS.add(piece.shape[0], k)
+            if k == self.vocab:
+                parts.append(fn(apply_head(self.lm_head, piece)))
+                continue
+            logits, ids = candidate_logits(piece, self.lm_head, k, never)
+            out = list(fn(logits))
+            for index in tokens:
+                out[index] = _token_ids(ids, out[index])
+            parts.append(tuple(out))
         return tuple(torch.cat(items) for items in zip(*parts))
 
     def logits(self) -> torch.Tensor:
         return self.lm_head(self.hidden)
+
+
+def _token_ids(ids: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """Candidate columns [n] or [n, w] as the token ids ``ids`` [n, k] gives them."""
+    if columns.dim() == 1:
+        return ids.gather(1, columns[:, None])[:, 0]
+    return ids.gather(1, columns)
 
 
 class DiffusionTransformer(nn.Module):
@@ -55,6 +81,7 @@ class DiffusionTransformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.logit_budget = LogitBudget()  # the runner's (CycleRunner sets it from its DecodingConfig)
 
     def fuse_projections(self) -> None:
         """Inference: each layer's q, k and v projections as one matmul (see ``Attention.fuse_projections``)."""
@@ -75,9 +102,9 @@ class DiffusionTransformer(nn.Module):
             hidden = layer(hidden, cos, sin, batch)
         if batch.final is None:
             hidden = self.layers[-1](hidden, cos, sin, batch)
-            return SelectedHidden(self.norm(hidden[select[0], select[1]]), self.lm_head)
+            return SelectedHidden(self.norm(hidden[select[0], select[1]]), self.lm_head, self.logit_budget)
         hidden = self.layers[-1](hidden, cos, sin, batch, select[1])
-        return SelectedHidden(self.norm(hidden[0]), self.lm_head)
+        return SelectedHidden(self.norm(hidden[0]), self.lm_head, self.logit_budget)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Plain batch-1-style forward over unpadded rows: logits for every token."""

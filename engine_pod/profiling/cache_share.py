@@ -3,15 +3,17 @@ refresh forward's and passes): dLLM-Serve's admission counts the two apart (sche
 
 from __future__ import annotations
 
-from typing import Any
-
 from engine_pod.families.registry import family_of
-from engine_pod.loading.loader import parse_dtype
+from engine_pod.loading.loader import load_metadata, parse_dtype
 
 
-def cache_share(config: Any, dtype: str, tensor_parallel: int, bytes_per_token: float) -> dict:
-    """``cache_bytes_per_token`` (a dual-cache family's keys and values of one token, per rank) and its
-    ``cache_share`` of the profiled ``bytes_per_token``; nothing for a family without a dual cache."""
+def cache_share(
+    model: str, family: str | None, dtype: str, tensor_parallel: int, bytes_per_token: float
+) -> dict:
+    """``cache_bytes_per_token`` (a dual-cache family's keys and values of one token, per rank, of
+    ``model``) and its ``cache_share`` of the profiled ``bytes_per_token``; nothing for a family without a
+    dual cache."""
+    config, _ = load_metadata(model, family)
     if family_of(config).cache != "dual":
         return {}
     kv_heads = config.num_kv_heads // tensor_parallel if config.num_kv_heads >= tensor_parallel else 1

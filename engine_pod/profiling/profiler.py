@@ -74,6 +74,8 @@ class ProfileConfig:
     canvas: bool = False  # rows of one canvas each over a kept context (DiffusionGemma): set by run_profile
     family: str | None = None  # the family the checkpoint must be (None: any)
     tensor_parallel: int = 1  # ranks the model is split across: each rank's peak measured, the worst kept
+    max_materialized_logits: int | None = None  # the engine's logit budget (DecodingConfig), in force
+    logit_candidates: int = 0  # and its candidates (0: the whole vocabulary)
 
 
 def _rows_for(point: Point, loaded: LoadedModel, block_length: int, seed: int) -> list[CycleRow]:
@@ -94,7 +96,11 @@ CORRECTION_MARGIN = (
 def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> Point:
     """One real block cycle at this shape (low-confidence quota: exactly cfg.steps forwards), measured."""
     decoding = DecodingConfig(
-        block_length=cfg.block_length, steps_per_block=cfg.steps, remasking="low_confidence"
+        block_length=cfg.block_length,
+        steps_per_block=cfg.steps,
+        remasking="low_confidence",
+        max_materialized_logits=cfg.max_materialized_logits,
+        logit_candidates=cfg.logit_candidates,
     )
     runner = make_runner(loaded, decoding, pool_tokens=point.tokens)  # a KV pool for every token
     rows = _rows_for(point, loaded, cfg.block_length, cfg.seed)
@@ -278,9 +284,7 @@ def _result(
         "extrapolation": extrapolation.as_json(),
         "warnings": extrapolation.warnings(),
         "token_budget": budget,
-    } | cache_share(
-        load_metadata(cfg.model, cfg.family)[0], cfg.dtype, cfg.tensor_parallel, fit.bytes_per_token
-    )
+    } | cache_share(cfg.model, cfg.family, cfg.dtype, cfg.tensor_parallel, fit.bytes_per_token)
 
 
 def _held_out_error(fit: MemoryFit, point: Point) -> dict:

@@ -28,6 +28,8 @@ class CycleStats:
     # positions computed by refreshes (forwards that rewrite a dual cache), in all and in the cycle's largest
     refresh_positions: int = 0
     peak_refresh_positions: int = 0
+    logits_materialized: int = 0  # LM head outputs computed: positions x columns (vocabulary or k)
+    peak_logits: int = 0  # the most of them that existed at once (one chunk)
 
     def add_refresh(self, positions: int) -> None:
         """A forward's refresh positions."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dllm_contracts.canvas_sampler import EntropyBoundParams
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.logit_count import LOGITS
 from engine_pod.runner.contract import CycleOutput
 from engine_pod.scheduler.output import SchedulerOutput
 
@@ -70,6 +71,12 @@ class CycleRunner:
 
     def __init__(self, loaded: LoadedModel, decoding: DecodingConfig, stepper: Stepper) -> None:
         self.loaded, self.decoding, self.stepper = loaded, decoding, stepper
+        self.logit_budget = decoding.logit_budget
+
+    def _arm(self) -> None:
+        """The model's LM head materializes logits as this runner's decoding asks (several runners may
+        share one model: each sets its own before it runs)."""
+        self.loaded.model.logit_budget = self.logit_budget
 
     @property
     def grid_aligned(self) -> bool:
@@ -95,6 +102,8 @@ class CycleRunner:
         """One block cycle over the scheduler's rows."""
         if not cycle.rows:
             raise ValueError("a block cycle needs at least one row")
+        self._arm()
+        mark = LOGITS.start()
         state = self.stepper.begin(cycle)
         try:
             limit, step = self.stepper.most_steps(state), 0
@@ -103,7 +112,9 @@ class CycleRunner:
                     raise RuntimeError(f"a block did not complete within {limit} forwards; this is a bug")
                 self.stepper.step(state, step)
                 step += 1
-            return self.stepper.finish(state)
+            out = self.stepper.finish(state)
+            out.stats.logits_materialized, out.stats.peak_logits = LOGITS.since(mark)
+            return out
         finally:
             self.stepper.end(state)
 
@@ -112,4 +123,5 @@ class CycleRunner:
         self.stepper.forget()
 
     def first_block_confidences(self, prompts: list[list[int]]) -> Tensor:
+        self._arm()
         return self.stepper.first_block_confidences(prompts)

@@ -180,7 +180,7 @@ class DualCacheStepper:
         source = canvas.block_slots.reshape(-1) - self.quirks.logit_shift
         batch = ForwardBatch.box_over_itself(canvas.tokens, canvas.position_ids, canvas.key_mask)
         hidden = self.model.forward_batch(batch, (pick_r, source))
-        _, confidence = hidden.map_logits(self.policy.scorer)
+        _, confidence = hidden.map_logits(self.policy.scorer, (0,))
         return confidence
 
     def _finished(self, canvas: Canvas, step: int) -> torch.Tensor:

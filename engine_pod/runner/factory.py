@@ -29,6 +29,7 @@ def make_runner(
     of a tensor-parallel group tells the other ranks to build theirs alike (runner/tensor_parallel.py)."""
     recipe = (decoding, pool_tokens, record_trace, record_margins)
     family = loaded.family
+    refuse_candidates(loaded, decoding)
     if family.records_margins:
         stepper = PhaseStepper(loaded, decoding, pool_tokens, record_trace, record_margins)
         return lead(CycleRunner(loaded, decoding, stepper), loaded, recipe)
@@ -37,3 +38,17 @@ def make_runner(
             raise ValueError(f"{name} is not supported for {family.display_name} ({family.cache} cache)")
     stepper = _POOLED_STEPPERS[family.cache](loaded, decoding, pool_tokens)
     return lead(CycleRunner(loaded, decoding, stepper), loaded, recipe)
+
+
+def refuse_candidates(loaded: LoadedModel, decoding: DecodingConfig) -> None:
+    """Logit candidates need the whole head on one process and a sampler that reads positions' logits
+    one by one: DiffusionGemma's self-conditions on the whole vocabulary's softmax."""
+    if not decoding.logit_candidates:
+        return
+    if loaded.family.entropy_sampler:
+        raise ValueError(
+            f"--logit-candidates: {loaded.family.display_name} conditions each step on the whole "
+            "vocabulary's softmax; use 0"
+        )
+    if loaded.parallel.size > 1:
+        raise ValueError("--logit-candidates needs the whole LM head in one process: use --tensor-parallel 1")

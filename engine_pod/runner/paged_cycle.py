@@ -233,7 +233,7 @@ class PagedCacheStepper:
                 step_queries(cycle, every, index, self.exact_cache, self.mask_id), self.pool
             )
             with torch.no_grad():
-                _, confidence = self.model.forward_batch(batch, select).map_logits(self.policy.scorer)
+                _, confidence = self.model.forward_batch(batch, select).map_logits(self.policy.scorer, (0,))
             return confidence
         finally:
             for row in rows:

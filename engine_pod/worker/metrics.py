@@ -65,6 +65,17 @@ class WorkerMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )
+        self.logits_materialized = Counter(
+            "dllm_logits_materialized",
+            "LM head outputs computed: positions x vocabulary entries (x k with --logit-candidates)",
+            registry=r,
+        )
+        self.peak_logits = Gauge(
+            "dllm_logits_at_once",
+            "The most LM head outputs that existed at once in the last block cycle (one chunk of positions: "
+            "--max-materialized-logits bounds it)",
+            registry=r,
+        )
         self.preemptions = Counter(
             "dllm_preemptions", "Rows sent back to the local queue by the budget", registry=r
         )
@@ -125,14 +136,21 @@ class WorkerMetrics:
         if self._computed:
             self.padding_efficiency.set(self._useful / self._computed)
 
-    def record_refreshes(self, refreshed: int, peak: int, quota: int | None) -> None:
-        """A block cycle's refresh positions, its largest step's and its quota (after record_cycle)."""
+    def record_refreshes(self, record) -> None:
+        """A block cycle's refresh positions, its largest step's and its quota (its engine CycleRecord,
+        after record_cycle)."""
+        refreshed, peak, quota = record.refresh_positions, record.peak_refresh_positions, record.refresh_quota
         self.refresh_positions.inc(refreshed)
         self._refreshed += refreshed
         if self._computed:
             self.refresh_share.set(self._refreshed / self._computed)
         self.peak_refresh_positions.set(peak)
         self.refresh_quota_positions.set(quota or 0)
+
+    def record_logits(self, materialized: int, peak: int) -> None:
+        """One block cycle's logits (CycleStats.logits_materialized and peak_logits)."""
+        self.logits_materialized.inc(materialized)
+        self.peak_logits.set(peak)
 
     def record_prefix_cache(self, stats, hits: dict[str, int]) -> None:
         """The prefix cache's totals (PrefixCacheStats) and the last cycle's hits, per entering row."""

@@ -226,9 +226,8 @@ class Worker:
             record.computed_positions,
             record.preempted,
         )
-        self.metrics.record_refreshes(
-            record.refresh_positions, record.peak_refresh_positions, record.refresh_quota
-        )
+        self.metrics.record_refreshes(record)
+        self.metrics.record_logits(result.stats.logits_materialized, result.stats.peak_logits)
         cache = self.engine.runner.prefix_cache_stats
         if cache is not None:
             self.metrics.record_prefix_cache(cache, result.stats.cached_on_entry)

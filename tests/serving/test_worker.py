@@ -97,6 +97,9 @@ def test_probes_and_metrics(redis_server, service, make_worker):
                 assert _sample(metrics, f'dllm_queue_depth{{state="{state}"}}') in (0, 1)
             budget = [line for line in metrics.splitlines() if line.startswith("dllm_token_budget")]
             assert budget and float(budget[0].split()[-1]) == worker.config.scheduling.token_budget
+            logits = sum(record.logits_materialized for record in worker.engine.records)
+            assert _sample(metrics, "dllm_logits_materialized_total") == logits > 0  # positions x vocabulary
+            assert 0 < _sample(metrics, "dllm_logits_at_once") <= logits
             for name in (
                 "dllm_generated_tokens_total",
                 "dllm_queue_depth",

@@ -23,8 +23,10 @@ from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
 from engine_pod.families.diffusion_gemma.context_cache import ContextCache, ContextRows
 from engine_pod.families.diffusion_gemma.layer import GemmaLayer
 from engine_pod.families.diffusion_gemma.rotary import GemmaRotary
+from engine_pod.logit_count import LOGITS
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.layers import RMSNorm
+from engine_pod.models.logit_budget import LogitBudget, apply_head, chunked_rows
 from engine_pod.models.row_invariant import RowInvariantLinear
 from engine_pod.parallel.group import SINGLE, TensorParallel
 
@@ -63,6 +65,7 @@ class DiffusionGemmaModel(nn.Module):
             self.encoder_layers = nn.ModuleList(GemmaLayer(config, i) for i in range(config.num_layers))
             self.lm_head = RowInvariantLinear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = GemmaRotary(config)
+        self.logit_budget = LogitBudget()  # the runner's (CycleRunner sets it from its DecodingConfig)
 
     def _encoder_parts(self) -> tuple[nn.Embedding, nn.ModuleList]:
         if self.config.tie_word_embeddings:
@@ -140,11 +143,27 @@ class DiffusionGemmaModel(nn.Module):
         soft = torch.zeros_like(embeddings) if soft is None else soft
         x = self.self_conditioning(embeddings, soft)
         x = self.norm(self._run(x, self.layers, batch, self.decoder_layer_scalars, encoding=False))
-        head = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        logits = self.parallel.all_gather_last(nn.functional.linear(x, head))[..., : self.config.vocab_size]
-        logits = logits.to(torch.float32)
+        logits = self._head_logits(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
         cap = self.config.final_logit_softcapping
         return logits.div_(cap).tanh_().mul_(cap)  # tanh(logits / cap) * cap, in the linear's output
+
+    def _head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Float32 logits [n, V] of ``x`` [n, D], the head applied in ``logit_budget``'s chunks of positions
+        (the sampler reads a canvas's logits whole: the chunks bound the head's own output in the weights'
+        dtype and its gathered copy, not the float32 result)."""
+        head = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+        vocab = self.config.vocab_size
+
+        def apply(piece: torch.Tensor) -> torch.Tensor:
+            return self.parallel.all_gather_last(nn.functional.linear(piece, head))[..., :vocab]
+
+        out = torch.empty(x.shape[0], vocab, dtype=torch.float32, device=x.device)
+        start = 0
+        for piece in chunked_rows(x, self.logit_budget, vocab):
+            LOGITS.add(piece.shape[0], vocab)
+            out[start : start + piece.shape[0]] = apply_head(apply, piece)
+            start += piece.shape[0]
+        return out
 
     @torch.no_grad()
     def soft_embeddings(
