@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 # policy: (finished rows leave the forwards, packed layout)
-POLICIES = {"static": (False, False), "blockserve-packed": (True, True), "blockserve-dense": (True, False)}
+POLICIES = {
+    "static": (False, False),
+    "blockserve-packed": (True, True),
+    "blockserve-dense": (True, False),
+    "dllm-serve": (True, True),
+}
+# policies whose cycles stagger their refreshes: one step refreshes at most this share of the cycle's rows'
+# positions (or its widest row), so refreshing and reusing rows share steps (dual-cache models only)
+STAGGERED = {"dllm-serve": 0.3}
 MODELS = (
     "random:llada-tiny",
     "random:dream-tiny",

@@ -1,7 +1,7 @@
 """Run block cycles of a model under the op census and reduce them to the figures a GPU cares about.
 
 A scenario is a model, a policy (static: a dense box, every row in every forward; BlockServe packed or
-dense: finished rows leave the forwards), a number of rows, how many distinct prompt lengths they have,
+dense: finished rows leave the forwards; dLLM-Serve: packed, its refreshes staggered under a quota), a number of rows, how many distinct prompt lengths they have,
 and what the requests ask: greedy tokens, sampled ones (temperature, top-p, top-k, each row its seed) or
 greedy tokens with log probabilities. As in real traffic, rows leave at different steps (each row its
 own confidence threshold, from committing everything at its first step to the engine's default) and at
@@ -18,13 +18,21 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from engine_pod.bench.census_grid import DEFAULT_REMASKING, POLICIES, REMASKINGS, REQUESTS, ROW_THRESHOLDS
+from engine_pod.bench.census_grid import (
+    DEFAULT_REMASKING,
+    POLICIES,
+    REMASKINGS,
+    REQUESTS,
+    ROW_THRESHOLDS,
+    STAGGERED,
+)
 from engine_pod.bench.op_census import Census, Segment, counting
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.loading.loader import LoadedModel, load_model
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
+from engine_pod.scheduler.dllm_serve import stagger_problem
 from engine_pod.scheduler.output import SchedulerOutput
 
 log = logging.getLogger(__name__)
@@ -99,6 +107,9 @@ def run_scenario(loaded: LoadedModel, scenario: Scenario, decoding: DecodingConf
     censuses = []
     for _ in range(scenario.cycles):
         cycle = SchedulerOutput.of_rows(rows, gather_rows=gather_rows, packed=packed)
+        if scenario.policy in STAGGERED:
+            widths = [row.width + decoding.block_length for row in rows]
+            cycle.refresh_quota = max(max(widths), int(STAGGERED[scenario.policy] * sum(widths)))
         with counting(loaded.model) as census:
             output = runner.run(cycle)
         censuses.append(census)
@@ -184,6 +195,10 @@ def run_census(
         loaded = load_model(spec)
         for policy, rows, text, kind in grid:
             for remasking in REMASKINGS.get(spec, DEFAULT_REMASKING):
+                if policy in STAGGERED and stagger_problem(
+                    loaded.family.name, loaded.family.cache, "dual", remasking
+                ):
+                    continue  # staggered refreshes need a dual cache and a policy that does not count steps
                 lengths = rows if text == "all" else min(int(text), rows)
                 scenario = Scenario(spec, policy, rows, lengths, cycles, requests=kind, remasking=remasking)
                 figures = run_scenario(loaded, scenario, decoding_for(loaded, remasking))

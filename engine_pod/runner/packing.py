@@ -178,11 +178,13 @@ def window_inputs(
     picked: list[int],
     picked_on_device: torch.Tensor,
     lengths: list[int] | None = None,
+    lengths_on_device: torch.Tensor | None = None,
 ) -> PackedInputs:
     """A window over canvas rows ``index`` (``members`` on the host) at canvas columns ``slots`` [R', Ww]
     (the scratch column where a row's window is shorter); ``(pick_r, source)`` rows of ``index`` and
     window columns, ``picked`` how many per row; ``lengths``: each row's window positions where the host
-    knows them (every row's block: nothing is read back), else counted on the device."""
+    knows them (every row's block: nothing is read back; ``lengths_on_device`` the same, where they
+    differ), else counted on the device."""
     cache_positions = cache.slot_of[index[:, None], slots]
     keep = cache_positions < cache.total  # absent columns (scratch, hidden suffix) map to the total
     k_start = [cache.row_start[r] for r in members]
@@ -198,9 +200,9 @@ def window_inputs(
         on_device = torch.argsort(starts)
         rows, columns, window_slot = _pack(keep, on_device, keep.shape[1], sum(lengths))
         spans = RowSpans(_starts_in(order, lengths), lengths, k_start, [cache.row_len[r] for r in members])
-        if len(set(lengths)) == 1:  # every row's window is its block
-            q_len = torch.full_like(starts, lengths[0])
-            every = varlen_on_device(q_len, starts[on_device], ends[on_device], spans, cache.total)
+        if lengths_on_device is not None or len(set(lengths)) == 1:  # the plans derived on the device
+            q_len = torch.full_like(starts, lengths[0]) if lengths_on_device is None else lengths_on_device
+            every = varlen_on_device(q_len[on_device], starts[on_device], ends[on_device], spans, cache.total)
     final = _final(spans, picked, picked_on_device, starts, ends, cache.total)
     canvas_rows, canvas_columns = index[rows], slots[rows, columns]
     tokens = canvas.tokens_with_scratch[canvas_rows, canvas_columns]

@@ -33,6 +33,18 @@ class PhaseScheduleError(ValueError):
     """A cycle asks for phase multiplexing where this engine cannot stagger refreshes."""
 
 
+@dataclass(frozen=True)
+class _PhaseLayout:
+    """One step's stepping rows: which refresh and which take their block's first forward (on the device,
+    and on the host), and the positions each computes."""
+
+    refreshing: torch.Tensor
+    first: torch.Tensor
+    first_on_host: list[bool]
+    lengths: list[int]
+    lengths_on_device: torch.Tensor
+
+
 @dataclass
 class _Phases:
     """Each row's refresh schedule, on the host."""
@@ -105,19 +117,30 @@ class PhaseStepper(DualCacheStepper):
         )
         for row in plan.waiting:
             phases.waited[row] += 1
-        rows, refreshing = self._phase_rows(state, plan)
-        self._phase_step(state, plan, rows, refreshing)
+        rows, layout = self._phase_rows(state, plan)
+        self._phase_step(state, plan, rows, layout)
         for row in rows.members:
             phases.forwards[row] += 1
             phases.waited[row] = 0
         state.steps_taken[rows.index] += 1
 
-    def _phase_rows(self, state: _DualCycle, plan: StepPhases) -> tuple[_StepRows, torch.Tensor]:
-        """The stepping rows (in row order) and which of them refresh, in one copy to the device."""
-        members = plan.stepping
-        refresh = set(plan.refresh)
-        sent = torch.tensor(members + [int(r in refresh) for r in members]).to(state.done.device)
-        index, refreshing = sent.view(2, -1).unbind(0)
+    def _phase_rows(self, state: _DualCycle, plan: StepPhases) -> tuple[_StepRows, _PhaseLayout]:
+        """The stepping rows (in row order), which of them refresh, which take their block's first forward
+        and how many positions each computes: the step's one copy to the device (none where every row going on
+        reuses its cache: the device finds them, as a plain cycle's do)."""
+        members, refresh, phases = plan.stepping, set(plan.refresh), state.phases
+        lengths = [phases.widths[r] if r in refresh else state.canvas.block_length for r in members]
+        first = [phases.forwards[r] == 0 for r in members]
+        if not plan.refresh and not plan.waiting:  # every row going on reuses: the device knows which
+            index = torch.argsort(state.done.to(torch.int8), stable=True)[: len(members)]
+            no = torch.zeros_like(index, dtype=torch.bool)
+            on_device = torch.full_like(index, state.canvas.block_length)
+            refreshing, firsts = no, no
+        else:
+            flags = [int(r in refresh) for r in members] + [int(f) for f in first]
+            sent = torch.tensor(members + flags + lengths).to(state.done.device)
+            index, refreshing, firsts, on_device = sent.view(4, -1).unbind(0)
+            refreshing, firsts = refreshing.bool(), firsts.bool()
         block = state.canvas.block_tokens(index)
         host = state.host
         rows = _StepRows(
@@ -129,20 +152,19 @@ class PhaseStepper(DualCacheStepper):
             [host.masked[r] for r in members],
             [host.first_masked[r] for r in members],
         )
-        return rows, refreshing.bool()
+        return rows, _PhaseLayout(refreshing, firsts, first, lengths, on_device)
 
-    def _phase_step(self, state: _DualCycle, plan: StepPhases, rows: _StepRows, refreshing: torch.Tensor):
-        canvas, phases = state.canvas, state.phases
+    def _phase_step(self, state: _DualCycle, plan: StepPhases, rows: _StepRows, layout: _PhaseLayout):
+        canvas = state.canvas
         mask, counts = rows.candidates, rows.counts
-        first = [phases.forwards[r] == 0 for r in rows.members]
-        if self.quirks.commits_block_start_on_refresh and any(first):
+        if self.quirks.commits_block_start_on_refresh and any(layout.first_on_host):
             # the block's first forward commits only its start: the threshold policy always commits a row's
             # best candidate, here its only one, as the plain cycle's forced commit does
-            mask = mask.clone()
-            mask[torch.tensor(first).to(mask.device), 1:] = False
-            counts = [int(m) if f else c for f, m, c in zip(first, rows.first_masked, counts)]
+            later = torch.arange(mask.shape[1], device=mask.device) >= 1
+            mask = mask & ~(layout.first[:, None] & later[None, :])
+            counts = [int(m) if f else c for f, m, c in zip(layout.first_on_host, rows.first_masked, counts)]
         candidates = Candidates.of(mask, rows.index, sum(counts))
-        logits = self._mixed_forward(state, rows, plan, refreshing, candidates, counts, mask.sum(1))
+        logits = self._mixed_forward(state, rows, plan, layout, candidates, counts, mask.sum(1))
         positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
         own_step = state.steps_taken[candidates.owner]  # each row's forwards so far: its draws' step
         context = self._context(canvas, 0, rows, state.masks_at_start)
@@ -153,7 +175,7 @@ class PhaseStepper(DualCacheStepper):
         state.output.stats.forwards += 1
 
     def _mixed_forward(
-        self, state, rows: _StepRows, plan: StepPhases, refreshing, candidates, counts, on_device
+        self, state, rows: _StepRows, plan: StepPhases, layout: _PhaseLayout, candidates, counts, on_device
     ):
         """One forward of the stepping rows: a refreshing row's every attended position, a reusing row's
         block, each row over its run of the cache."""
@@ -161,10 +183,9 @@ class PhaseStepper(DualCacheStepper):
         L, width = canvas.block_length, canvas.width
         block_slots = canvas.block_slots[rows.index]
         pick_r, pick_k = candidates.r, candidates.k
-        refresh = set(plan.refresh)
-        lengths = [canvas.host.key_lengths[r] if r in refresh else L for r in rows.members]
         if plan.refresh:
             every_column = torch.arange(width, device=block_slots.device).expand(len(rows.members), width)
+            refreshing = layout.refreshing
             slots = torch.where(
                 refreshing[:, None], every_column, F.pad(block_slots, (0, width - L), value=width)
             )
@@ -173,11 +194,21 @@ class PhaseStepper(DualCacheStepper):
             slots, column = block_slots, pick_k
         source = (column - self.quirks.logit_shift).clamp(min=0)
         inputs = window_inputs(
-            canvas, cache, rows.index, slots, pick_r, source, rows.members, counts, on_device, lengths
+            canvas,
+            cache,
+            rows.index,
+            slots,
+            pick_r,
+            source,
+            rows.members,
+            counts,
+            on_device,
+            layout.lengths,
+            layout.lengths_on_device,
         )
         stats.computed_positions += inputs.computed
         stats.add_refresh(plan.refresh_tokens)
-        host = canvas.host
+        host, refresh = canvas.host, set(plan.refresh)
         stats.useful_positions += sum(
             (host.context_lengths[r] if r in refresh else L) for r in rows.members if host.active[r]
         )
