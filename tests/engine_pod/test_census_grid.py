@@ -45,3 +45,26 @@ def test_every_forward_attends_once_per_layer_and_every_step_reads_at_most_once(
     assert figures.syncs_per_step <= 1, figures.sync_kinds
     assert figures.host_to_device_per_cycle <= 2  # the varlen kernel's metadata included
     assert figures.new_attention_shapes <= (0 if policy == "blockserve-packed" else 4)
+
+
+CI_STAGGERED = {("random:llada-tiny", "logprobs"), ("random:dream-tiny", "sampled")}
+STAGGERED_GRID = [
+    pytest.param(spec, requests, marks=[] if (spec, requests) in CI_STAGGERED else [pytest.mark.slow])
+    for spec in ("random:llada-tiny", "random:dream-tiny")
+    for requests in REQUESTS
+]
+
+
+@pytest.mark.parametrize(("spec", "requests"), STAGGERED_GRID)
+def test_staggered_refreshes_attend_once_per_layer_read_once_per_step_and_copy_once_per_refresh_step(
+    models, spec, requests
+):
+    """dLLM-Serve's cycles (a quota of 0.3 of the rows' positions per step): refreshing and reusing rows
+    share each step's one forward; the step's phase plan is its one copy, made only where a row refreshes
+    (a plain cycle's two copies, and one per step that refreshes: each of 8 rows refreshes once)."""
+    figures = census_figures(models[spec], spec, "dllm-serve", requests)
+    assert figures.attention_calls_per_layer == 1
+    assert figures.syncs_per_forward == 0, figures.sync_kinds
+    assert figures.syncs_per_step <= 1, figures.sync_kinds
+    assert 2 < figures.host_to_device_per_cycle <= 2 + 8  # one per refresh step, at most one step per row
+    assert figures.new_attention_shapes == 0
