@@ -14,6 +14,8 @@ ADMISSION_MODES = ("preempt", "projected")
 # packed: rows concatenated with no padding, a batch costs the sum of its rows' widths;
 # dense: rows left-padded to the widest one, a batch costs |A| x box width (DESIGN.md section 2)
 LAYOUTS = ("packed", "dense")
+# which scheduler serves a worker's queue (engine_pod/scheduler/serving.py); the first is the default
+SERVING_POLICIES = ("blockserve", "dllm-serve", "static", "sequential")
 
 
 DEFAULT_LAYOUT = LAYOUTS[0]
@@ -131,8 +133,9 @@ def problems_of(settings: dict, block_length: int | None = None) -> dict[str, st
 DEFAULTS = SchedulerConfig()
 
 
-def admission_flags(config: SchedulerConfig) -> list[str]:
-    """The command line that asks another ``dllm`` command for ``config``'s admission (not its budget)."""
+def admission_flags(config: SchedulerConfig, cache_share: bool = True) -> list[str]:
+    """The command line that asks another ``dllm`` command for ``config``'s admission (not its budget).
+    ``cache_share`` False leaves ``--cache-share`` out, so that the command takes its ``--profile``'s."""
     return [
         *("--max-rows", str(config.max_rows), "--admission", config.admission),
         *(
@@ -149,5 +152,6 @@ def admission_flags(config: SchedulerConfig) -> list[str]:
             "--batch-refresh-quota",
             str(config.batch_refresh_quota),
         ),
-        *("--refresh-interval", str(config.refresh_interval), "--cache-share", str(config.cache_share)),
+        *("--refresh-interval", str(config.refresh_interval)),
+        *(("--cache-share", str(config.cache_share)) if cache_share else ()),
     ]

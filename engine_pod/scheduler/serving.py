@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from dllm_contracts.scheduler_config import SchedulerConfig
+from dllm_contracts.scheduler_config import SERVING_POLICIES, SchedulerConfig
 from engine_pod.scheduler.base import Scheduler
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.dllm_serve import DllmServeScheduler
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
-
-SERVING_POLICIES = ("blockserve", "dllm-serve", "static", "sequential")
 
 
 def serving_scheduler(

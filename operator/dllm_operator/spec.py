@@ -10,10 +10,11 @@ from typing import Any
 
 from dllm_contracts.families import DEFAULT_FAMILY, FAMILY_DECODING, FamilyDecoding, family_decoding
 from dllm_contracts.model_identity import FINGERPRINT_CHARS, ModelIdentity
-from dllm_contracts.scheduler_config import DEFAULTS, SchedulerConfig, problems_of
+from dllm_contracts.scheduler_config import DEFAULTS
 from dllm_operator import names
 from dllm_operator.model_spec import DEFAULT_DOWNLOAD_TIMEOUT_S, source_fields, source_problems
 from dllm_operator.parallelism import Parallelism, parse_parallelism
+from dllm_operator.scheduling import DEFAULT_POLICY, scheduling_fields, scheduling_problems
 
 LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -60,6 +61,11 @@ class ServiceSpec:
     batch_window_s: float = DEFAULTS.batch_window_s
     batch_max_wait_s: float = DEFAULTS.batch_max_wait_s
     batch_max_rows: int = DEFAULTS.batch_max_rows
+    policy: str = DEFAULT_POLICY  # which scheduler the engines run (dllm worker --policy)
+    refresh_quota: float = DEFAULTS.refresh_quota
+    batch_refresh_quota: float = DEFAULTS.batch_refresh_quota
+    refresh_interval: int = DEFAULTS.refresh_interval
+    cache_share: float | None = None  # None: the profile's measure, else SchedulerConfig's default
     image: str | None = None
     gpus: int = 1  # per rank: a pod requests parallelism.pod_gpus(gpus)
     gpu_resource: str = "nvidia.com/gpu"
@@ -180,7 +186,6 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         raise SpecError("spec.model.uri is required")
     decoding, resources = spec.get("decoding") or {}, spec.get("resources") or {}
     profiling, replicas = spec.get("profiling") or {}, spec.get("replicas") or {}
-    scheduling = spec.get("scheduling") or {}
     redis, gateway = spec.get("redis") or {"managed": True}, spec.get("gateway") or {}
     budget = profiling.get("tokenBudget")
     family, decoded = _family(model)
@@ -204,13 +209,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         cache=decoding.get("cache", "dual"),
         max_prompt_tokens=int(decoding.get("maxPromptTokens", 2048)),
         max_generation_tokens=int(decoding.get("maxGenerationTokens", 512)),
-        admission=scheduling.get("admission", DEFAULTS.admission),
-        min_padding_efficiency=float(scheduling.get("minPaddingEfficiency", DEFAULTS.min_padding_efficiency)),
-        max_rows=int(scheduling.get("maxRows", DEFAULTS.max_rows)),
-        max_wait_s=float(scheduling.get("maxWaitSeconds", DEFAULTS.max_wait_s)),
-        batch_window_s=float(scheduling.get("batchWindowSeconds", DEFAULTS.batch_window_s)),
-        batch_max_wait_s=float(scheduling.get("batchMaxWaitSeconds", DEFAULTS.batch_max_wait_s)),
-        batch_max_rows=int(scheduling.get("batchMaxRows", DEFAULTS.batch_max_rows)),
+        **scheduling_fields(spec.get("scheduling") or {}),
         image=resources.get("image"),
         gpus=int(resources.get("gpus", 1)),
         gpu_resource=resources.get("gpuResourceName", "nvidia.com/gpu"),
@@ -247,28 +246,6 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
     )
     _check(parsed)
     return parsed
-
-
-SCHEDULING_FIELDS = {
-    "admission": "admission",
-    "min_padding_efficiency": "minPaddingEfficiency",
-    "max_rows": "maxRows",
-    "max_wait_s": "maxWaitSeconds",
-    "batch_window_s": "batchWindowSeconds",
-    "batch_max_wait_s": "batchMaxWaitSeconds",
-    "batch_max_rows": "batchMaxRows",
-}  # SchedulerConfig's field -> its name under spec.scheduling
-
-
-def scheduler_settings(spec: ServiceSpec) -> SchedulerConfig:
-    """The engines' admission settings (their token budget comes from the profile, not from here)."""
-    return SchedulerConfig(**{name: getattr(spec, name) for name in SCHEDULING_FIELDS})
-
-
-def _scheduling_problems(spec: ServiceSpec) -> list[tuple[str, str]]:
-    """SchedulerConfig's own range checks (the one home of them), for the fields a spec sets."""
-    settings = asdict(DEFAULTS) | {name: getattr(spec, name) for name in SCHEDULING_FIELDS}
-    return [(name, text) for name, text in problems_of(settings).items() if name in SCHEDULING_FIELDS]
 
 
 def _check(spec: ServiceSpec) -> None:
@@ -312,9 +289,7 @@ def _check(spec: ServiceSpec) -> None:
             f"({spec.family}: {spec.steps_per_block} and {spec.block_length})",
         ),
     ]
-    problems += [
-        (True, f"scheduling.{SCHEDULING_FIELDS[name]} {text}") for name, text in _scheduling_problems(spec)
-    ]
+    problems += [(True, text) for text in scheduling_problems(spec)]
     problems += [(True, text) for text in spec.parallelism.problems()]
     problems += [  # the CRD cannot afford this check (a regular expression over map keys is over its budget)
         (True, f"resources.nodeSelector key {key!r} is not a label key (optional-prefix/name)")

@@ -9,10 +9,11 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from dllm_operator.spec import SCHEDULING_FIELDS, parse_spec
+from dllm_operator.scheduling import SCHEDULING_FIELDS, UNSET_BY_DEFAULT
+from dllm_operator.spec import parse_spec
 
 from dllm_contracts.families import FAMILY_DECODING
-from dllm_contracts.scheduler_config import ADMISSION_MODES, DEFAULTS
+from dllm_contracts.scheduler_config import ADMISSION_MODES, DEFAULTS, SERVING_POLICIES
 from tests.operator.crd_utils import EXAMPLE_PATH, admit, apply_defaults, load_crd, spec_schema
 
 K8S_VERSION = "1.33.0"
@@ -141,6 +142,14 @@ INVALID = [
     ("scheduling.batchMaxRows", -1),
     ("scheduling.batchMaxWaitSeconds", -5),
     ("scheduling.batchMaxLines", 4),
+    ("scheduling.policy", "fifo"),
+    ("scheduling.refreshQuota", 0),
+    ("scheduling.refreshQuota", 1.5),
+    ("scheduling.batchRefreshQuota", 0),
+    ("scheduling.refreshInterval", -1),
+    ("scheduling.refreshInterval", 1.5),
+    ("scheduling.cacheShare", 0),
+    ("scheduling.cacheShare", 1.2),
 ]
 
 
@@ -168,6 +177,12 @@ VALID = [
     ("scheduling.maxRows", 64),
     ("scheduling.batchMaxRows", 0),
     ("scheduling.batchMaxWaitSeconds", 600),
+    ("scheduling.policy", "dllm-serve"),
+    ("scheduling.refreshQuota", 1),
+    ("scheduling.batchRefreshQuota", 0.05),
+    ("scheduling.refreshInterval", 8),
+    ("scheduling.cacheShare", 0.35),
+    ("scheduling.cacheShare", 1),
 ]
 
 
@@ -180,10 +195,18 @@ def test_the_crd_scheduling_defaults_and_ranges_are_the_scheduler_configs():
     """One home for BlockServe's settings: the CRD repeats SchedulerConfig's defaults (a schema cannot
     import them), and this keeps the two the same."""
     fields = spec_schema(load_crd())["properties"]["scheduling"]["properties"]
-    assert {name: fields[name]["default"] for name in SCHEDULING_FIELDS.values()} == {
-        crd_name: getattr(DEFAULTS, name) for name, crd_name in SCHEDULING_FIELDS.items()
+    defaulted = {name: crd for name, crd in SCHEDULING_FIELDS.items() if name not in UNSET_BY_DEFAULT}
+    assert {crd: fields[crd]["default"] for crd in defaulted.values()} == {
+        crd: getattr(DEFAULTS, name) for name, crd in defaulted.items()
     }
     assert fields["admission"]["enum"] == list(ADMISSION_MODES)
+    assert fields["policy"]["enum"] == list(SERVING_POLICIES)
+    assert fields["policy"]["default"] == SERVING_POLICIES[0]
+    assert set(fields) == {"policy", *SCHEDULING_FIELDS.values()}
+    # absent, the engines take the profile's measure: a default would hide it
+    assert all("default" not in fields[SCHEDULING_FIELDS[name]] for name in UNSET_BY_DEFAULT)
+    defaults = apply_defaults({"model": {"uri": "x"}}, spec_schema(load_crd()))["scheduling"]
+    assert defaults["policy"] == "blockserve" and "cacheShare" not in defaults
 
 
 @pytest.mark.parametrize("family", FAMILY_DECODING)

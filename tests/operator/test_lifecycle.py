@@ -23,6 +23,8 @@ from dllm_contracts.queue.messages import DoneEvent, QueuedRequest
 from dllm_contracts.queue.ops import QueueOps
 from dllm_contracts.queue.sync_client import SyncQueue
 from engine_pod.cli.budget import read_profile
+from engine_pod.cli.main import build_parser
+from engine_pod.cli.scheduling import scheduler_config
 from engine_pod.serve.redis_server import RedisServer
 from tests.charts.test_chart import CHART, helm
 from tests.operator.cluster import LWS_RESOURCE, OPERATOR_CALLS, EmulatedCluster, Kube
@@ -284,6 +286,32 @@ def test_the_engine_reads_the_budget_the_operator_stored(cluster, operator, tmp_
     path.write_text(configmap.data["profile.json"])
     assert read_profile_file(path) == measured(98304)
     assert read_profile(str(path)).token_budget == 98304
+
+
+def test_dllm_serve_engines_take_the_cache_share_the_profile_measured(cluster, operator, tmp_path):
+    """The profiling Job's cache_share travels through the status and the profile ConfigMap to the engine,
+    which runs --policy dllm-serve with the spec's quota and, the spec setting no cacheShare, takes the
+    profile's; a share out of range degrades the service with the field named."""
+    kube = cluster.client()
+    manifest = example()
+    manifest["spec"]["scheduling"] |= {"policy": "dllm-serve", "refreshQuota": 0.3}
+    kube.create_service(manifest)
+    complete_profiling(kube, 98304, message=replace(measured(98304), cache_share=0.35).termination_message())
+    until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
+    stored = until(kube, lambda: kube.service(NAME)["status"].get("profile", {}).get("result"), "the profile")
+    assert stored["cache_share"] == 0.35
+    path = tmp_path / "profile.json"
+    path.write_text(kube.core.read_namespaced_config_map(f"{NAME}-profile", "default").data["profile.json"])
+    args = build_parser().parse_args(engine_command(kube)[1:])
+    assert args.policy == "dllm-serve"
+    args.profile = str(path)  # where the pod mounts that ConfigMap
+    config = scheduler_config(args)
+    assert (config.refresh_quota, config.cache_share, config.token_budget) == (0.3, 0.35, 98304)
+    kube.patch_service(NAME, {"spec": {"scheduling": {"cacheShare": 0}}})
+    degraded = until(
+        kube, lambda: (c := kube.condition(NAME, "Degraded")) and c["status"] == "True" and c, what="Degraded"
+    )
+    assert "scheduling.cacheShare must be in (0, 1], got 0" in degraded["message"]
 
 
 def engine_command(kube: Kube) -> list[str]:

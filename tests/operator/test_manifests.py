@@ -35,8 +35,10 @@ from dllm_operator.manifests.redis import (
 from dllm_operator.spec import SpecError, parse_spec
 
 from dllm_contracts.engine_env import THREADS_ENV
-from dllm_contracts.scheduler_config import DEFAULTS
+from dllm_contracts.profile_summary import ProfileSummary
+from dllm_contracts.scheduler_config import DEFAULTS, SERVING_POLICIES
 from engine_pod.cli.main import build_parser
+from engine_pod.cli.scheduling import scheduler_config
 from gateway.settings import EXIT_AFTER_DRAIN_S
 from tests.operator.crd_utils import EXAMPLE_PATH, admit
 
@@ -104,6 +106,12 @@ def all_manifests(spec) -> list[dict]:
             "gateway__apiKeySecretRef": {"name": "keys", "key": "api-keys"},
         },
         {"resources__gpus": 0, "model__dtype": "float32"},
+        {
+            "scheduling__policy": "dllm-serve",
+            "scheduling__refreshQuota": 0.3,
+            "scheduling__refreshInterval": 4,
+            "scheduling__cacheShare": 0.5,
+        },
     ],
 )
 def test_every_child_manifest_passes_strict_validation(changes):
@@ -211,6 +219,66 @@ def test_engine_command_is_what_dllm_worker_accepts_with_the_scheduling_fields()
         DEFAULTS.batch_max_wait_s,
         DEFAULTS.batch_max_rows,
     )
+
+
+def engine_worker_args(spec):
+    """The engine container's command as `dllm worker` parses it."""
+    command = all_manifests(spec)[2]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["dllm", "worker"]
+    return build_parser().parse_args(command[1:])
+
+
+def test_the_scheduling_policy_and_its_refresh_settings_reach_dllm_worker():
+    args = engine_worker_args(
+        example(
+            scheduling__policy="dllm-serve",
+            scheduling__refreshQuota=0.25,
+            scheduling__batchRefreshQuota=0.9,
+            scheduling__refreshInterval=4,
+            scheduling__cacheShare=0.5,
+        )
+    )
+    assert (args.policy, args.refresh_quota, args.batch_refresh_quota) == ("dllm-serve", 0.25, 0.9)
+    assert (args.refresh_interval, args.cache_share) == (4, 0.5)
+    defaults = engine_worker_args(example())
+    assert (defaults.policy, defaults.refresh_quota, defaults.batch_refresh_quota) == (
+        SERVING_POLICIES[0],
+        DEFAULTS.refresh_quota,
+        DEFAULTS.batch_refresh_quota,
+    )
+    assert defaults.refresh_interval == DEFAULTS.refresh_interval
+    assert defaults.cache_share is None  # no --cache-share: the worker takes its profile's
+
+
+def test_engines_take_the_profiles_cache_share_unless_the_spec_sets_one(tmp_path):
+    """A spec without scheduling.cacheShare leaves the measure to the profile the engine mounts."""
+    profile = tmp_path / "profile.json"
+
+    def cache_share(spec) -> float:
+        args = engine_worker_args(spec)
+        args.profile = str(profile)  # the mounted ConfigMap's file, here
+        return scheduler_config(args).cache_share
+
+    profile.write_text(ProfileSummary(token_budget=100000, source="spec", cache_share=0.35).to_json())
+    assert cache_share(example(scheduling__policy="dllm-serve")) == 0.35
+    assert cache_share(example(scheduling__policy="dllm-serve", scheduling__cacheShare=0.5)) == 0.5
+    profile.write_text(ProfileSummary(token_budget=100000, source="spec").to_json())
+    assert cache_share(example(scheduling__policy="dllm-serve")) == DEFAULTS.cache_share
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("policy", "fifo", "scheduling.policy must be one of blockserve, dllm-serve, static, sequential"),
+        ("refreshQuota", 0, r"scheduling.refreshQuota must be in \(0, 1\], got 0"),
+        ("batchRefreshQuota", 1.5, r"scheduling.batchRefreshQuota must be in \(0, 1\], got 1.5"),
+        ("refreshInterval", -1, "scheduling.refreshInterval must be at least 0 forwards, got -1"),
+        ("cacheShare", 0, r"scheduling.cacheShare must be in \(0, 1\], got 0"),
+    ],
+)
+def test_the_operator_refuses_scheduling_settings_out_of_range(field, value, message):
+    with pytest.raises(SpecError, match=message):
+        example(**{f"scheduling__{field}": value})
 
 
 def test_profile_job_uses_the_termination_log_and_never_restarts():

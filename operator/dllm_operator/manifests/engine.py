@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV
-from dllm_contracts.scheduler_config import admission_flags
 from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests import common
 from dllm_operator.manifests.model_fetch import fetch_init_containers
 from dllm_operator.manifests.redis import password_ref
 from dllm_operator.profile_state import GPU_PRODUCT_LABEL
-from dllm_operator.spec import ServiceSpec, scheduler_settings
+from dllm_operator.scheduling import worker_flags
+from dllm_operator.spec import ServiceSpec
 
 PROFILE_MOUNT = "/etc/dllm/profile"
 METRICS_PORT = 9090
@@ -67,7 +67,7 @@ def worker_command(spec: ServiceSpec) -> list[str]:
         str(spec.threshold),
         "--cache",
         spec.cache,
-        *admission_flags(scheduler_settings(spec)),
+        *worker_flags(spec),
         *common.tensor_parallel_args(spec),
         "--port",
         str(METRICS_PORT),
