@@ -1,13 +1,14 @@
-"""The dual-cache stepper with dLLM-Serve's phase multiplexing (scheduler/refresh_phases.py).
+"""The dual-cache stepper with dLLM-Serve's phase multiplexing (runner/phase_plan.py decides the phases).
 
 A cycle whose scheduler sets a refresh quota or a refresh interval runs each row on its own schedule: the
 cycle's dual cache is laid out for every row at its start (runner/packing.py's layout, one copy), and at
 each step the rows due for a refresh within the quota compute every position they attend, rewriting their
 places of the cache, while the others reuse theirs and compute their block only. Both kinds share the
 step's one forward (their queries packed together, each row reading its run of the cache after its new
-keys are written), so the step makes one attention call per layer and one read, as a plain cycle does.
-A row due beyond the quota waits the step out. A cycle without either setting is the plain dual cycle
-(runner/dual_cycle.py).
+keys are written), so the step makes one attention call per layer and one read, as a plain cycle does;
+the step's plan is made on the device and comes to the host with that read, so no step copies anything
+to the device. A row due beyond the quota waits the step out. A cycle without either setting is the plain
+dual cycle (runner/dual_cycle.py).
 
 Each row's forwards are those it takes alone, in the same order: its tokens are the same whatever the
 quota and whatever rows share its steps. The policy's decision must not depend on the step's number
@@ -16,17 +17,17 @@ quota and whatever rows share its steps. The policy's decision must not depend o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from engine_pod.decoding.denoise_step import Candidates
-from engine_pod.runner.dual_cycle import DualCacheStepper, _DualCycle, _StepRows
+from engine_pod.runner.dual_cycle import DualCacheStepper, _DualCycle, _HostState, _StepRows
 from engine_pod.runner.packing import packed_layout, window_inputs
+from engine_pod.runner.phase_plan import PhasePlan, plan_phases
 from engine_pod.scheduler.dllm_serve import STEP_FREE_POLICIES
 from engine_pod.scheduler.output import SchedulerOutput
-from engine_pod.scheduler.refresh_phases import StepPhases, step_phases
 
 
 class PhaseScheduleError(ValueError):
@@ -47,13 +48,17 @@ class _PhaseLayout:
 
 @dataclass
 class _Phases:
-    """Each row's refresh schedule, on the host."""
+    """Each row's refresh schedule: its widths, forwards and waits, and the next step's plan."""
 
     quota: int | None
     interval: int
     widths: list[int]  # positions a refresh of the row computes
-    forwards: list[int]  # the row's forwards in its block so far
-    waited: list[int] = field(default_factory=list)  # steps the row has waited for its refresh
+    widths_on_device: torch.Tensor
+    forwards: list[int]  # the row's forwards in its block so far (the device's are steps_taken)
+    waited: torch.Tensor  # [R] steps each row has waited for its refresh
+    plan: PhasePlan | None = None  # the next step's, on the device
+    refresh: tuple[int, ...] = ()  # the same on the host: the rows that refresh,
+    stepping: tuple[int, ...] = ()  # and every row that steps, in row order
 
 
 class PhaseStepper(DualCacheStepper):
@@ -70,9 +75,13 @@ class PhaseStepper(DualCacheStepper):
             return state
         self._check_stagger(cycle)
         rows = len(cycle.rows)
-        packed_layout(state.canvas, None, list(range(rows))).keep_in(state.cache)
+        layout = packed_layout(state.canvas, None, list(range(rows)))
+        layout.keep_in(state.cache)
         widths = list(state.canvas.host.key_lengths)
-        state.phases = _Phases(cycle.refresh_quota, cycle.refresh_interval, widths, [0] * rows, [0] * rows)
+        waited = torch.zeros_like(state.steps_taken)
+        state.phases = _Phases(
+            cycle.refresh_quota, cycle.refresh_interval, widths, layout.row_len, [0] * rows, waited
+        )
         return state
 
     def _check_stagger(self, cycle: SchedulerOutput) -> None:
@@ -96,13 +105,33 @@ class PhaseStepper(DualCacheStepper):
 
     @torch.no_grad()
     def going_on(self, state: _DualCycle, step: int) -> bool:
-        if state.phases is None:
+        """The rows' completion, then the next step's plan, made on the device and read with the rows'
+        state in the step's one read."""
+        phases = state.phases
+        if phases is None:
             return super().going_on(state, step)
+        canvas = state.canvas
         if step:
-            complete = (state.canvas.block_tokens() != self.mask_id).all(1)
+            complete = (canvas.block_tokens() != self.mask_id).all(1)
             capped = complete if self.step_cap is None else complete | (state.steps_taken >= self.step_cap)
             state.done = state.done | capped
-        state.host = self._read_state(state.canvas, state.done)
+        plan = plan_phases(
+            ~state.done,
+            state.steps_taken,
+            phases.waited,
+            phases.widths_on_device,
+            phases.interval,
+            phases.quota,
+        )
+        masked = canvas.block_tokens() == self.mask_id
+        read = torch.stack(
+            [state.done.long(), masked.sum(1), masked[:, 0].long(), plan.refresh.long(), plan.reuse.long()]
+        ).tolist()
+        done, counts, first, refresh, reuse = read
+        state.host = _HostState([bool(d) for d in done], counts, [bool(f) for f in first])
+        phases.plan = plan
+        phases.refresh = tuple(r for r, flag in enumerate(refresh) if flag)
+        phases.stepping = tuple(r for r, (a, b) in enumerate(zip(refresh, reuse)) if a or b)
         return not all(state.host.done)
 
     @torch.no_grad()
@@ -111,38 +140,26 @@ class PhaseStepper(DualCacheStepper):
         if phases is None:
             super().step(state, step)
             return
-        going_on = [not done for done in state.host.done]
-        plan = step_phases(
-            going_on, phases.forwards, phases.waited, phases.widths, phases.interval, phases.quota
-        )
-        for row in plan.waiting:
-            phases.waited[row] += 1
-        rows, layout = self._phase_rows(state, plan)
-        self._phase_step(state, plan, rows, layout)
+        plan = phases.plan
+        stepping = plan.refresh | plan.reuse
+        phases.waited = torch.where(plan.waiting, phases.waited + 1, torch.where(stepping, 0, phases.waited))
+        rows, layout = self._phase_rows(state, stepping)
+        self._phase_step(state, rows, layout)
         for row in rows.members:
             phases.forwards[row] += 1
-            phases.waited[row] = 0
         state.steps_taken[rows.index] += 1
 
-    def _phase_rows(self, state: _DualCycle, plan: StepPhases) -> tuple[_StepRows, _PhaseLayout]:
+    def _phase_rows(self, state: _DualCycle, stepping: torch.Tensor) -> tuple[_StepRows, _PhaseLayout]:
         """The stepping rows (in row order), which of them refresh, which take their block's first forward
-        and how many positions each computes: the step's one copy to the device (none where every row going on
-        reuses its cache: the device finds them, as a plain cycle's do)."""
-        members, refresh, phases = plan.stepping, set(plan.refresh), state.phases
-        lengths = [phases.widths[r] if r in refresh else state.canvas.block_length for r in members]
+        and how many positions each computes, on the host and on the device (found there: no copy)."""
+        phases, canvas, host = state.phases, state.canvas, state.host
+        members, refresh = list(phases.stepping), set(phases.refresh)
+        lengths = [phases.widths[r] if r in refresh else canvas.block_length for r in members]
         first = [phases.forwards[r] == 0 for r in members]
-        if not plan.refresh and not plan.waiting:  # every row going on reuses: the device knows which
-            index = torch.argsort(state.done.to(torch.int8), stable=True)[: len(members)]
-            no = torch.zeros_like(index, dtype=torch.bool)
-            on_device = torch.full_like(index, state.canvas.block_length)
-            refreshing, firsts = no, no
-        else:
-            flags = [int(r in refresh) for r in members] + [int(f) for f in first]
-            sent = torch.tensor(members + flags + lengths).to(state.done.device)
-            index, refreshing, firsts, on_device = sent.view(4, -1).unbind(0)
-            refreshing, firsts = refreshing.bool(), firsts.bool()
-        block = state.canvas.block_tokens(index)
-        host = state.host
+        index = torch.argsort((~stepping).to(torch.int8), stable=True)[: len(members)]
+        refreshing = phases.plan.refresh[index]
+        on_device = torch.where(refreshing, phases.widths_on_device[index], canvas.block_length)
+        block = canvas.block_tokens(index)
         rows = _StepRows(
             index,
             len(members) == len(host.done),
@@ -152,9 +169,9 @@ class PhaseStepper(DualCacheStepper):
             [host.masked[r] for r in members],
             [host.first_masked[r] for r in members],
         )
-        return rows, _PhaseLayout(refreshing, firsts, first, lengths, on_device)
+        return rows, _PhaseLayout(refreshing, state.steps_taken[index] == 0, first, lengths, on_device)
 
-    def _phase_step(self, state: _DualCycle, plan: StepPhases, rows: _StepRows, layout: _PhaseLayout):
+    def _phase_step(self, state: _DualCycle, rows: _StepRows, layout: _PhaseLayout):
         canvas = state.canvas
         mask, counts = rows.candidates, rows.counts
         if self.quirks.commits_block_start_on_refresh and any(layout.first_on_host):
@@ -164,7 +181,7 @@ class PhaseStepper(DualCacheStepper):
             mask = mask & ~(layout.first[:, None] & later[None, :])
             counts = [int(m) if f else c for f, m, c in zip(layout.first_on_host, rows.first_masked, counts)]
         candidates = Candidates.of(mask, rows.index, sum(counts))
-        logits = self._mixed_forward(state, rows, plan, layout, candidates, counts, mask.sum(1))
+        logits = self._mixed_forward(state, rows, layout, candidates, counts, mask.sum(1))
         positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
         own_step = state.steps_taken[candidates.owner]  # each row's forwards so far: its draws' step
         context = self._context(canvas, 0, rows, state.masks_at_start)
@@ -174,16 +191,15 @@ class PhaseStepper(DualCacheStepper):
         canvas.write_block(rows.index, commit.blocks)
         state.output.stats.forwards += 1
 
-    def _mixed_forward(
-        self, state, rows: _StepRows, plan: StepPhases, layout: _PhaseLayout, candidates, counts, on_device
-    ):
+    def _mixed_forward(self, state, rows: _StepRows, layout: _PhaseLayout, candidates, counts, on_device):
         """One forward of the stepping rows: a refreshing row's every attended position, a reusing row's
         block, each row over its run of the cache."""
         canvas, cache, stats = state.canvas, state.cache, state.output.stats
         L, width = canvas.block_length, canvas.width
         block_slots = canvas.block_slots[rows.index]
         pick_r, pick_k = candidates.r, candidates.k
-        if plan.refresh:
+        refresh = set(state.phases.refresh)
+        if refresh:
             every_column = torch.arange(width, device=block_slots.device).expand(len(rows.members), width)
             refreshing = layout.refreshing
             slots = torch.where(
@@ -207,8 +223,8 @@ class PhaseStepper(DualCacheStepper):
             layout.lengths_on_device,
         )
         stats.computed_positions += inputs.computed
-        stats.add_refresh(plan.refresh_tokens)
-        host, refresh = canvas.host, set(plan.refresh)
+        stats.add_refresh(sum(state.phases.widths[r] for r in refresh))
+        host = canvas.host
         stats.useful_positions += sum(
             (host.context_lengths[r] if r in refresh else L) for r in rows.members if host.active[r]
         )
