@@ -57,21 +57,26 @@ def run_online_benchmark(cfg: OnlineConfig, on_run: Callable[[dict], None] | Non
     }
     for name, load, run in _runs(cfg, requests):
         logger.info("%s under %s: %d requests", name, load.label, len(requests))
-        report["runs"].setdefault(name, {})[load.label] = online_metrics(run())
+        observed, engine_figures = run()
+        report["runs"].setdefault(name, {})[load.label] = online_metrics(observed) | engine_figures
         if on_run is not None:
             on_run(report)
     return report
 
 
 def _runs(cfg: OnlineConfig, requests: list[OnlineRequest]):
-    """(policy, load, a function that runs it) for every pair, in the order they run."""
+    """(policy, load, a function that runs it) for every pair, in the order they run: each run gives its
+    requests as observed and the engine's figures where the engine runs in this process."""
     if cfg.url:
         for load in cfg.loads:
             yield (
                 "server",
                 load,
-                lambda load=load: asyncio.run(
-                    drive(cfg.url, requests, load, cfg.served_model, chat=True, api_key=cfg.api_key)
+                lambda load=load: (
+                    asyncio.run(
+                        drive(cfg.url, requests, load, cfg.served_model, chat=True, api_key=cfg.api_key)
+                    ),
+                    {},
                 ),
             )
         return
@@ -102,7 +107,10 @@ def _through_gateway(loaded, cfg: OnlineConfig, spec: PolicySpec, requests: list
     from engine_pod.bench.through_gateway import serving_stack
 
     with serving_stack(loaded, cfg.decoding, spec, [r.request for r in requests]) as stack:
-        return stack.serve_while(lambda: asyncio.run(drive(stack.url, requests, load, "bench", chat=False)))
+        observed = stack.serve_while(
+            lambda: asyncio.run(drive(stack.url, requests, load, "bench", chat=False))
+        )
+    return observed, {}  # the engine's figures are the worker's (its /metrics)
 
 
 def online_summary(report: dict) -> str:

@@ -48,20 +48,21 @@ def policy_metrics(run: PolicyRun, eos_ids) -> dict:
         }
         | ({"cores": run.cores} if run.cores else {})
         | _cpu_metrics(run, generated)
-        | _refresh_metrics(run, computed)
+        | refresh_metrics(run.cycles)
     )
 
 
-def _refresh_metrics(run: PolicyRun, computed: int) -> dict:
-    """Refreshes (forwards that rewrite a dual cache): their share of the positions computed, the most one
-    step computed and the quota it was held to (dLLM-Serve's; None: none)."""
-    refreshed = sum(c.refresh_positions for c in run.cycles)
+def refresh_metrics(cycles) -> dict:
+    """Refreshes (forwards that rewrite a dual cache) over the engine's cycle records: their share of the
+    positions computed, the most one step computed and the quota it was held to (dLLM-Serve's; None: none)."""
+    refreshed = sum(c.refresh_positions for c in cycles)
     if not refreshed:
         return {}
-    quotas = [c.refresh_quota for c in run.cycles if c.refresh_quota is not None]
+    computed = sum(c.computed_positions for c in cycles)
+    quotas = [c.refresh_quota for c in cycles if c.refresh_quota is not None]
     return {
         "refresh_share": round(refreshed / computed, 4) if computed else 0.0,
-        "peak_refresh_positions": max(c.peak_refresh_positions for c in run.cycles),
+        "peak_refresh_positions": max(c.peak_refresh_positions for c in cycles),
         "refresh_quota_positions": max(quotas) if quotas else None,
     }
 

@@ -256,3 +256,28 @@ def test_repeated_rounds_give_every_policy_every_place_in_a_round(model, tmp_pat
         "static": 4,
         "blockserve": 4,
     }
+
+
+def test_bench_runs_dllm_serve_beside_blockserve_and_reports_its_refreshes_within_the_quota(model, tmp_path):
+    """Offline and under an arrival rate: every policy's tokens identical, dllm-serve's steps held to its
+    refresh quota (0.2 of the budget: 409 positions, the widest request 338), BlockServe's refreshing its batch at once."""
+    out = tmp_path / "b.json"
+    argv = heterogeneous_float64_bench(model, out, 16, "blockserve,dllm-serve") + ["--refresh-quota", "0.2"]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["outputs_identical"] is True
+    staggered, plain = report["policies"]["dllm-serve"], report["policies"]["blockserve"]
+    assert staggered["refresh_quota_positions"] == 409 and plain["refresh_quota_positions"] is None
+    assert 0 < staggered["peak_refresh_positions"] <= 409 < plain["peak_refresh_positions"]
+    assert 0 < staggered["refresh_share"] <= 1
+    online = tmp_path / "online.json"
+    argv = [*_online_bench(model, online, "--arrival-rate", "400"), "--refresh-quota", "0.2"]
+    argv[argv.index("sequential,static,blockserve,gateway")] = "blockserve,dllm-serve"
+    assert main(argv) == 0
+    runs = json.loads(online.read_text())["runs"]
+    figures = runs["dllm-serve"]["rate 400/s"]
+    assert 0 < figures["peak_refresh_positions"] <= figures["refresh_quota_positions"] == 409
+    assert (
+        runs["dllm-serve"]["rate 400/s"]["generated_tokens"]
+        == runs["blockserve"]["rate 400/s"]["generated_tokens"]
+    )
