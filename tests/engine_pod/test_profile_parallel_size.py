@@ -1,6 +1,7 @@
 """A budget measured at one tensor-parallel size is never used at another: `dllm worker`, `dllm bench` and
 `dllm serve` refuse a profile of another size with one line (exit status 2), before any model is looked at
-(the model named here does not exist: a command that went on would fail on it, with another line)."""
+(the model named here does not exist: a command that went on would fail on it, with another line); and
+`dllm profile` measures a group on one machine only."""
 
 from __future__ import annotations
 
@@ -59,3 +60,10 @@ def test_dllm_serve_refuses_a_profile_of_another_parallel_size_before_starting_a
     lines = done.stderr.strip().splitlines()
     assert "Traceback" not in done.stderr and "was measured at --tensor-parallel 1" in lines[-1], done.stderr
     assert not (tmp_path / "data").exists()  # nothing started
+
+
+def test_dllm_profile_refuses_a_group_over_several_machines_in_one_line(tmp_path, capsys):
+    argv = ["profile", "--model", str(tmp_path / "none"), "--tensor-parallel", "4", "--nodes", "2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--nodes 2: dllm profile measures a group on one machine only" in err[0], err
