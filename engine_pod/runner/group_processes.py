@@ -45,14 +45,12 @@ class ModelArgs:
 @dataclass(frozen=True)
 class GroupPlace:
     """A group of ``size`` ranks over ``nodes`` machines, this one ``node`` (its ranks ``first`` to
-    ``first + per_node - 1``), meeting at ``address`` (node 0's HOST:PORT; None on one machine); each
-    collective waits ``timeout_s`` for the other ranks."""
+    ``first + per_node - 1``), meeting at ``address`` (node 0's HOST:PORT; None on one machine)."""
 
     size: int = 1
     nodes: int = 1
     node: int = 0
     address: str | None = None
-    timeout_s: float = COLLECTIVE_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.size < 1 or self.nodes < 1 or self.size % self.nodes:
@@ -83,19 +81,19 @@ def tensor_parallel_group(place: GroupPlace, model: ModelArgs) -> Iterator[Loade
     address, size, first = place.address or free_address(), place.size, place.first
     spawn = multiprocessing.get_context("spawn")
     followers = [
-        spawn.Process(target=_follower, args=(first + i, place, address, model, i), daemon=True)
+        spawn.Process(target=_follower, args=(first + i, size, address, model, i), daemon=True)
         for i in range(1, place.per_node)
     ]
     for process in followers:
         process.start()
     try:
-        parallel = join_group(first, size, address, torch.device(model.on_rank(0)), place.timeout_s)
+        parallel = join_group(first, size, address, torch.device(model.on_rank(0)))
         loaded = load_shard(model.spec, parallel, model.on_rank(0), model.dtype, model.seed, model.family)
         yield loaded
         if parallel.leads:
             parallel.broadcast(STOP)
         for process in followers:
-            process.join(timeout=place.timeout_s)
+            process.join(timeout=COLLECTIVE_TIMEOUT_S)
     finally:  # a failure (or a follower that did not stop) ends every rank now
         for process in followers:
             if process.is_alive():
@@ -104,12 +102,12 @@ def tensor_parallel_group(place: GroupPlace, model: ModelArgs) -> Iterator[Loade
         leave_group()
 
 
-def _follower(rank: int, place: GroupPlace, address: str, model: ModelArgs, local: int) -> None:
+def _follower(rank: int, size: int, address: str, model: ModelArgs, local: int) -> None:
     """A spawned rank (``local``: its place on this machine): join, load its shard, follow rank 0 until told
     to stop; an error ends it in one line (rank 0 reports the group's failure)."""
     torch.set_num_threads(model.threads)
     try:
-        parallel = join_group(rank, place.size, address, torch.device(model.on_rank(local)), place.timeout_s)
+        parallel = join_group(rank, size, address, torch.device(model.on_rank(local)))
         loaded = load_shard(model.spec, parallel, model.on_rank(local), model.dtype, model.seed, model.family)
         follow(loaded, make_runner)
     except Exception as exc:  # noqa: BLE001 - a rank's failure ends it with one line, not a traceback
