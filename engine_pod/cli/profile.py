@@ -43,6 +43,14 @@ def register(subparsers) -> None:
     )
     add_model_args(parser)
     add_tensor_parallel_arg(parser)
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        metavar="M",
+        help="machines the group spans: 1 only, a profile measures a group on one machine; a group over "
+        "several machines takes --token-budget (default: 1)",
+    )
     limit = parser.add_mutually_exclusive_group()
     limit.add_argument(
         "--memory-limit",
@@ -98,6 +106,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.tensor_parallel < 1:
         raise CliError(f"--tensor-parallel must be at least 1, got {args.tensor_parallel}")
+    if args.nodes != 1:
+        raise CliError(
+            f"--nodes {args.nodes}: dllm profile measures a group on one machine only; profile "
+            f"--tensor-parallel {args.tensor_parallel} on one machine that holds the whole group, or give the "
+            "workers of a group over several machines --token-budget (a DLLMService: profiling.tokenBudget)"
+        )
     apply_threads(args.threads)
     if not 0 < args.utilization <= 1:
         raise CliError(f"--utilization must be in (0, 1], got {args.utilization}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from dllm_contracts.profile_summary import ProfileSummary
 from dllm_contracts.scheduler_config import (
     ADMISSION_MODES,
     BURST_QUIET_S,
@@ -137,12 +138,8 @@ def _cache_share(args: argparse.Namespace, profile) -> float:
 def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
     """The validated settings; a bad one is a CliError naming its flag."""
     profile = read_profile(args.profile) if args.profile else None
-    measured = profile.layout if profile else None
-    if measured is not None and measured != args.layout:
-        raise CliError(
-            f"--profile {args.profile} counts tokens of the {measured} layout: run with --layout {measured}, "
-            f"or profile again with --layout {args.layout}"
-        )
+    if profile is not None:
+        _check_profile_fits(args, profile)
     settings = dict(
         token_budget=resolve_budget(args),
         max_rows=args.max_rows,
@@ -162,6 +159,22 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
     if problems:
         raise CliError("; ".join(f"{FLAGS[name]} {message}" for name, message in problems.items()))
     return SchedulerConfig(**settings)
+
+
+def _check_profile_fits(args: argparse.Namespace, profile: ProfileSummary) -> None:
+    """A profile's budget holds for the layout and the tensor-parallel size it was measured at only."""
+    if profile.layout is not None and profile.layout != args.layout:
+        raise CliError(
+            f"--profile {args.profile} counts tokens of the {profile.layout} layout: run with --layout "
+            f"{profile.layout}, or profile again with --layout {args.layout}"
+        )
+    ranks = getattr(args, "tensor_parallel", 1)
+    if profile.tensor_parallel != ranks:
+        raise CliError(
+            f"--profile {args.profile} was measured at --tensor-parallel {profile.tensor_parallel} (its budget "
+            f"is per rank of a group of that size): run with --tensor-parallel {profile.tensor_parallel}, or "
+            f"profile again with --tensor-parallel {ranks}"
+        )
 
 
 def check_stagger(args: argparse.Namespace) -> None:

@@ -184,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
     threads = choose_threads(args.threads, reserve=1)
     args.threads = str(threads.threads)  # the worker's, as chosen here
     queue_settings(args)
+    scheduler_config(args)  # a bad flag, or a profile of another layout or parallel size, ends serve here
     model_dir = _served_model_dir(args)
     if not (model_dir / "tokenizer.json").is_file():
         raise CliError(f"{model_dir} has no tokenizer.json; the gateway needs one")

@@ -52,6 +52,9 @@ class ModelFamily:
     name_map: Callable[[Any], dict[str, str]] | None = None
     read_directory: Callable[[Path], Any] | None = None  # the config from more than config.json
     load_weights: Callable[..., Any] | None = None  # (model_dir, device, dtype) -> a ready model
+    # (config, model_dir, keep) -> its own layout as the model's state dict, ``keep(name, tensor)`` kept of
+    # each tensor as it is read (a tensor-parallel rank's slices); None: read whole by ``load_weights``
+    read_state: Callable[[Any, Path, Callable], dict[str, Any]] | None = None
     random_init: Callable[[Any, int], None] | None = None  # (model, seed): a random preset's weights
     finish: Callable[[Any, Any], None] | None = None  # (model, config) after its weights are in
     count_parameters: Callable[[Any], int] | None = None  # (config) -> parameters, without weights

@@ -189,6 +189,7 @@ def load_model(
     config = expect_family(load_config(model_dir), family, spec)
     record = family_of(config)
     if record.load_weights is not None:  # its own checkpoint layout
+        check_weights_fit(config, torch_device, torch_dtype)
         model = record.load_weights(model_dir, torch_device, torch_dtype)
     else:
         model = build_model(config, torch_device, torch_dtype)

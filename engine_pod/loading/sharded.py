@@ -55,12 +55,14 @@ def load_shard(
         model = shards.build()
     check_weights_fit(config, torch_device, torch_dtype, sum(p.numel() for p in model.parameters()))
     model = model.to(torch_dtype).to_empty(device=torch_device).eval()
-    if random or record.name_map is None:  # drawn whole, or read by the family's own loader: then cut
+    if model_dir is not None and record.name_map is not None:
+        state = load_state_dict(config, model_dir, keep=shards.shard)
+    elif model_dir is not None and record.read_state is not None:  # the family's own layout, cut as read
+        state = record.read_state(config, model_dir, shards.shard)
+    else:  # drawn whole (or a layout only its family's loader reads): then cut
         whole = load_model(spec, "cpu", dtype, seed, family).model.state_dict()
         state = {name: shards.shard(name, tensor) for name, tensor in whole.items()}
         del whole
-    else:
-        state = load_state_dict(config, model_dir, keep=shards.shard)
     model.load_state_dict({name: tensor.to(torch_dtype) for name, tensor in state.items()})
     shards.finish(model)  # the family's inference layout (fused projections, tied embeddings, constants)
     tokenizer = LazyTokenizer(model_dir) if model_dir is not None and has_tokenizer(model_dir) else None

@@ -2,7 +2,9 @@
 model makes (torch.distributed: gloo on CPUs, NCCL on GPUs), counted.
 
 Every collective is bounded by the group's timeout: a rank that dies or hangs ends the others' next
-collective with an error within it, so the whole group ends rather than waiting forever.
+collective with an error within it, so the whole group ends rather than waiting forever. A follower waits
+for the leader's next message under the same bound, so an idle leader sends one every ``pulse_s``
+(runner/tensor_parallel.py): an idle group stays up, and a rank lost meanwhile is found within a pulse.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 COLLECTIVE_TIMEOUT_S = 30.0  # how long a collective waits for the other ranks
+PULSES_PER_TIMEOUT = 6  # an idle leader's keep-alive messages within one collective timeout
 
 
 class GroupFailed(ConnectionError):
@@ -46,10 +49,17 @@ class TensorParallel:
     rank: int = 0
     size: int = 1
     counts: Counter = field(default_factory=Counter)
+    timeout_s: float = COLLECTIVE_TIMEOUT_S  # how long each collective waits for the other ranks
 
     @property
     def leads(self) -> bool:
         return self.rank == 0
+
+    @property
+    def pulse_s(self) -> float:
+        """How often an idle leader tells the followers it is there: well within the timeout their wait
+        for its next message has."""
+        return self.timeout_s / PULSES_PER_TIMEOUT
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` summed over the ranks, in place."""
@@ -114,7 +124,7 @@ def join_group(
             world_size=size,
             timeout=timedelta(seconds=timeout_s),
         )
-    return TensorParallel(rank, size)
+    return TensorParallel(rank, size, timeout_s=timeout_s)
 
 
 def leave_group() -> None:

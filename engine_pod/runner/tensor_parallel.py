@@ -4,11 +4,14 @@ Rank 0 (the leader) admits requests and runs the cycle driver as one process doe
 broadcasts the cycle (the scheduler's output) to the other ranks in one collective, and each of them runs
 the same cycle on its shard of the model (``follow``). The layers' all-reduces make every rank's hidden
 states, logits and so commits the same, so the ranks never decide anything themselves and their batches
-never diverge. The step's one read stays one on each rank.
+never diverge. The step's one read stays one on each rank. While no cycle runs, the leader's worker
+calls ``keep_alive`` on each turn of its loop: a message every ``pulse_s`` keeps the followers' wait for
+the next one within its timeout, and finds a lost rank (GroupFailed) while the group is idle.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from engine_pod.decoding.config import DecodingConfig
@@ -18,6 +21,7 @@ from engine_pod.runner.contract import CycleOutput, Runner
 from engine_pod.scheduler.output import SchedulerOutput
 
 STOP = ("stop",)
+PULSE = ("pulse",)  # the leader is there; nothing to do
 
 
 class LeaderRunner:
@@ -30,6 +34,7 @@ class LeaderRunner:
         self.shares_blocks = runner.shares_blocks
         self.staggers_refreshes = runner.staggers_refreshes
         self.canvas_sampler = runner.canvas_sampler
+        self._last_told = time.monotonic()
 
     @property
     def prefix_cache_stats(self):
@@ -40,16 +45,25 @@ class LeaderRunner:
         return self.runner.stepper
 
     def run(self, cycle: SchedulerOutput) -> CycleOutput:
-        self.parallel.broadcast(("run", cycle))
+        self._tell(("run", cycle))
         return self.runner.run(cycle)
 
     def forget(self) -> None:
-        self.parallel.broadcast(("forget",))
+        self._tell(("forget",))
         self.runner.forget()
 
     def first_block_confidences(self, prompts: list[list[int]]):
-        self.parallel.broadcast(("confidences", prompts))
+        self._tell(("confidences", prompts))
         return self.runner.first_block_confidences(prompts)
+
+    def keep_alive(self) -> None:
+        """A pulse to the followers if nothing was sent for ``pulse_s`` (GroupFailed: a rank is lost)."""
+        if time.monotonic() - self._last_told >= self.parallel.pulse_s:
+            self._tell(PULSE)
+
+    def _tell(self, message: tuple) -> None:
+        self.parallel.broadcast(message)
+        self._last_told = time.monotonic()
 
 
 def lead(runner: Runner, loaded: LoadedModel, recipe: tuple[Any, ...]) -> Runner:
@@ -59,6 +73,12 @@ def lead(runner: Runner, loaded: LoadedModel, recipe: tuple[Any, ...]) -> Runner
         return runner
     loaded.parallel.broadcast(("runner", loaded.config, *recipe))  # rank 0's config (its sampler too)
     return LeaderRunner(runner, loaded)
+
+
+def keep_alive(runner: Runner) -> None:
+    """Rank 0 of a group, idle: keep its followers waiting (a pulse when one is due); else nothing."""
+    if isinstance(runner, LeaderRunner):
+        runner.keep_alive()
 
 
 def group_reset_peak(loaded: LoadedModel) -> None:
@@ -80,6 +100,8 @@ def follow(loaded: LoadedModel, make_runner) -> None:
         kind, *body = loaded.parallel.broadcast()
         if kind == "stop":
             return
+        if kind == "pulse":
+            continue
         if kind == "runner":
             loaded.config, *recipe = body
             runner = make_runner(loaded, *recipe)

@@ -126,10 +126,10 @@ def test_a_blockserve_batch_on_two_ranks_gives_every_request_the_tokens_of_one_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", SPLIT)
+@pytest.mark.parametrize("model", [*SPLIT, "random:diffusion-gemma-tiny"])
 def test_dllm_bench_on_two_ranks_answers_every_request_as_one_process(model, tmp_path):
     """BlockServe and static batching through `dllm bench`: each policy's answers hashed, equal at 1 and 2
-    ranks."""
+    ranks (DiffusionGemma: its canvas, 32, is the default block length; each request's noise seeded)."""
     digests = {}
     for ranks in (1, 2):
         out = tmp_path / f"bench-{ranks}.json"

@@ -16,7 +16,7 @@ from engine_pod.families.diffusion_gemma.config import (
 from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
 from engine_pod.families.diffusion_gemma.random_init import random_init
 from engine_pod.families.diffusion_gemma.shards import GemmaShards
-from engine_pod.families.diffusion_gemma.weights import load_diffusion_gemma
+from engine_pod.families.diffusion_gemma.weights import diffusion_gemma_state_dict, load_diffusion_gemma
 from engine_pod.families.record import ModelFamily
 
 
@@ -46,6 +46,7 @@ FAMILY = ModelFamily(
         block_length=int(TOP_DEFAULTS["canvas_length"]), steps_per_block=DEFAULT_MAX_DENOISING_STEPS
     ),
     load_weights=load_diffusion_gemma,
+    read_state=diffusion_gemma_state_dict,
     random_init=random_init,
     finish=_finish_random,
     count_parameters=_count_parameters,

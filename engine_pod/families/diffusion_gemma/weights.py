@@ -5,12 +5,14 @@ encoder contributes only its per-layer ``layer_scalar`` buffers (and, untied, it
 embeddings under ``model.encoder.language_model.*``, with an ``lm_head.weight``). A tied checkpoint
 written under the encoder's names loads too (the decoder's copy wins where both are present, as the
 reference's tying does). The vision tower's tensors are skipped (``multimodal.py``); any other name,
-or a missing one, is an error. Files are read with ``loading/weights.py``'s readers.
+or a missing one, is an error. Files are read with ``loading/weights.py``'s readers; a tensor-parallel rank
+keeps only its slice of each tensor as it is read.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -26,6 +28,11 @@ logger = logging.getLogger(__name__)
 DECODER, ENCODER = "model.decoder.", "model.encoder.language_model."
 _SCALAR = "layer_scalar"
 _UNUSED = (ENCODER + "norm.weight",)
+Keep = Callable[[str, torch.Tensor], torch.Tensor]  # (our name, the tensor read) -> what is kept of it
+
+
+def _whole(_name: str, tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def _layer_names(config: DiffusionGemmaConfig, index: int) -> list[str]:
@@ -84,8 +91,12 @@ def _skipped(config: DiffusionGemmaConfig, key: str) -> bool:
     return is_vision_weight(key) or key in _UNUSED
 
 
-def diffusion_gemma_state_dict(config: DiffusionGemmaConfig, model_dir: Path) -> dict[str, torch.Tensor]:
-    """Our state dict from the checkpoint, every parameter present exactly once."""
+def diffusion_gemma_state_dict(
+    config: DiffusionGemmaConfig, model_dir: Path, keep: Keep | None = None
+) -> dict[str, torch.Tensor]:
+    """Our state dict from the checkpoint, every parameter present exactly once; ``keep``: what to keep of
+    each tensor as it is read (a tensor-parallel rank's slice: the whole is never held)."""
+    keep = keep or _whole
     mapping = diffusion_gemma_name_map(config)
     state: dict[str, torch.Tensor] = {}
     scalars = {
@@ -101,7 +112,7 @@ def diffusion_gemma_state_dict(config: DiffusionGemmaConfig, model_dir: Path) ->
         elif _alias(config, key) in mapping:
             name = mapping[_alias(config, key)]
             if name not in state or key.startswith(DECODER):
-                state[name] = tensor
+                state[name] = keep(name, tensor)
         else:
             raise CheckpointError(f"unexpected tensor {key!r} in a diffusion_gemma checkpoint")
     missing = sorted(name for name in mapping.values() if name not in state)
@@ -110,7 +121,7 @@ def diffusion_gemma_state_dict(config: DiffusionGemmaConfig, model_dir: Path) ->
     for name, values in scalars.items():
         if any(value is None for value in values):
             raise CheckpointError(f"checkpoint lacks a layer_scalar of some layer ({name})")
-        state[name] = torch.stack(values)
+        state[name] = keep(name, torch.stack(values))
     logger.info("read %d tensors; skipped %d (vision tower and unused)", len(state), skipped)
     return state
 
