@@ -72,6 +72,11 @@ class Runner(Protocol):
         """Let go of every request's state kept across cycles (a benchmark's warm-up leaves nothing)."""
         ...
 
+    def keep_alive(self) -> None:
+        """Called on each turn of an idle serving loop: rank 0 of a tensor-parallel group keeps its
+        followers waiting (a pulse when one is due); one process has nothing to do."""
+        ...
+
     def first_block_confidences(self, prompts: list[list[int]]) -> Tensor:
         """The remasking policy's confidence at every masked position of each prompt's first block, from
         its first forward (a threshold calibration samples them); nothing is kept."""

@@ -122,6 +122,9 @@ class CycleRunner:
         """Let go of every request's state kept across cycles."""
         self.stepper.forget()
 
+    def keep_alive(self) -> None:
+        """One process: no group to keep waiting."""
+
     def first_block_confidences(self, prompts: list[list[int]]) -> Tensor:
         self._arm()
         return self.stepper.first_block_confidences(prompts)

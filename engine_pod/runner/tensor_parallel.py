@@ -75,12 +75,6 @@ def lead(runner: Runner, loaded: LoadedModel, recipe: tuple[Any, ...]) -> Runner
     return LeaderRunner(runner, loaded)
 
 
-def keep_alive(runner: Runner) -> None:
-    """Rank 0 of a group, idle: keep its followers waiting (a pulse when one is due); else nothing."""
-    if isinstance(runner, LeaderRunner):
-        runner.keep_alive()
-
-
 def group_reset_peak(loaded: LoadedModel) -> None:
     """A new peak window on every rank's device (rank 0 asks)."""
     loaded.parallel.broadcast(("reset_peak",))

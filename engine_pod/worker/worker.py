@@ -31,7 +31,6 @@ from dllm_contracts.queue.sync_client import SyncQueue
 from dllm_contracts.tracing import Tracing
 from engine_pod.engine import Engine, StepResult
 from engine_pod.runner.contract import Runner
-from engine_pod.runner.tensor_parallel import keep_alive
 from engine_pod.scheduler.request import Request, RequestError
 from engine_pod.worker.claims import Claims
 from engine_pod.worker.config import WorkerConfig
@@ -105,7 +104,7 @@ class Worker:
         freeze_loaded_objects()
         try:
             while not self._should_stop():
-                keep_alive(self.engine.runner)  # a tensor-parallel group's followers, however idle
+                self.engine.runner.keep_alive()  # a tensor-parallel group's followers, however idle
                 try:
                     self._iterate()
                     self.redis_link.reached()
