@@ -33,6 +33,8 @@ class CycleRecord:
     admitted: int
     preempted: int
     finished: int
+    kv_dense_bytes: int = 0  # the dual cache's keys and values of every cached position
+    kv_kept_bytes: int = 0  # of those, what it held (all, unless head-sparse)
 
 
 @dataclass
@@ -107,6 +109,8 @@ class Engine:
                 admitted=len(output.admitted),
                 preempted=len(output.preempted),
                 finished=len(finished),
+                kv_dense_bytes=cycle.stats.kv_dense_bytes,
+                kv_kept_bytes=cycle.stats.kv_kept_bytes,
             )
         )
         return StepResult(output, cycle.blocks, finished, cycle.logprobs, cycle.stats)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from engine_pod.head_sparse.config import HeadSparseConfig
 
 REMASKING = ("low_confidence", "threshold", "scheduled_threshold", "entropy", "maskgit_plus", "topk_margin")
 CACHE_MODES = ("none", "prefix", "dual")
@@ -29,6 +31,8 @@ class DecodingConfig:
     # with the same leading tokens and keep a finished request's blocks (docs/design.md); exact, so on by
     # default. LLaDA and Dream attend both ways: nothing is shared whatever this says.
     prefix_cache: bool = True
+    # LLaDA and Dream: each attention head keeps part of the dual cache (head_sparse/config.py); off by default
+    sparse: HeadSparseConfig = field(default_factory=HeadSparseConfig)
 
     def __post_init__(self) -> None:
         if self.block_length < 1:
@@ -43,6 +47,10 @@ class DecodingConfig:
             raise DecodingConfigError(f"unknown canvas {self.canvas!r}; choose one of {CANVAS_MODES}")
         if not 0.0 < self.threshold <= 1.0:
             raise DecodingConfigError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.sparse.on and self.cache != "dual":
+            raise DecodingConfigError(
+                f"the head-sparse cache is a dual cache; it needs cache 'dual', not {self.cache!r}"
+            )
 
     @property
     def uses_cache(self) -> bool:

@@ -26,8 +26,13 @@ OWNER = "dual-cache"  # the run's owner in the runner's pool (one cycle at a tim
 class DualCache:
     """One cycle's dual cache: its run in the pool, and where each row's positions are in it."""
 
-    def __init__(self, pool_for: Callable[[int], PagedKVPool]) -> None:
-        self._pool_for = pool_for  # a pool with at least this many free slots in one run
+    def __init__(self, pool_for: Callable[[int], PagedKVPool] | None, heads=None) -> None:
+        self._pool_for = pool_for  # a pool with at least this many free slots in one run; None: no pool
+        self.heads = (
+            heads  # head-sparse: the runner's HeadSparse (head_sparse/store.py), whose stores hold it
+        )
+        self.store = None  # head-sparse: this cycle's CycleStore, made by the refresh
+        self.owners: list[str] = []  # head-sparse: the request behind each row
         self.pool: PagedKVPool | None = None
         self.base = 0  # the run's first slot
         self.total = 0  # places in the run
@@ -44,11 +49,15 @@ class DualCache:
     def reserve(self, places: int) -> None:
         """The run for ``places`` positions (the refresh's), its first slot ``base``."""
         self.release()
+        if self._pool_for is None:  # head-sparse: the refresh's stores hold what is kept
+            self.base, self.total = 0, places
+            return
         self.pool = self._pool_for(places)
         self.base, self.total = self.pool.reserve_run(OWNER, places), places
 
     def release(self) -> None:
         """Give the run back (the cycle ended)."""
+        self.store = None
         if self.pool is not None:
             self.pool.release(OWNER)
             self.pool = None

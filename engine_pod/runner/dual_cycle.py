@@ -17,6 +17,8 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
 from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext, make_policy
+from engine_pod.head_sparse.hooks import RefreshHeads, WindowHeads
+from engine_pod.head_sparse.store import CycleStore, HeadSparse
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.runner.canvas import Canvas, build_canvas
@@ -103,8 +105,20 @@ class DualCacheStepper:
         self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)  # what scores are computed in
         self.denoise = DenoiseStep(self.policy, self.score_dtype, self.mask_id)
         L = decoding.block_length
+        config = loaded.config
+        self.heads = None  # head-sparse: each head keeps what it attends to (no pool: its stores hold it)
+        if decoding.sparse.on:
+            if loaded.parallel.size > 1:
+                raise ValueError("the head-sparse cache runs in one process (no tensor parallelism)")
+            heads = (config.num_layers, config.num_heads, config.num_kv_heads)
+            self.heads = HeadSparse(decoding.sparse, *heads, loaded.device)
+        # a position's keys and values in every layer (what a dense cache holds of it)
+        self.position_bytes = (
+            2 * config.num_layers * config.num_kv_heads * config.head_dim * loaded.dtype.itemsize
+        )
         new_pool = lambda pages: self.model.new_pool(pages, L, loaded.device)  # noqa: E731
-        self.cache_pool = DualCachePool(new_pool, L, pool_tokens) if decoding.uses_cache else None
+        pooled = decoding.uses_cache and self.heads is None
+        self.cache_pool = DualCachePool(new_pool, L, pool_tokens) if pooled else None
 
     def begin(self, cycle: SchedulerOutput) -> _DualCycle:
         """The cycle's canvas (one copy to the device); packed: forwards compute only the positions that
@@ -115,6 +129,12 @@ class DualCacheStepper:
         )
         canvas.packed = cycle.packed
         R = len(cycle.rows)
+        cache = DualCache(self.cache_pool, self.heads) if self.decoding.uses_cache else None
+        if self.heads is not None:
+            if not cycle.packed:
+                raise ValueError("the head-sparse cache runs packed rows only (BlockServe's layout)")
+            self.heads.release(cycle.released)
+            cache.owners = [row.owner for row in cycle.rows]
         output = CycleOutput(blocks=[], steps=[], stats=CycleStats())
         recorder = None
         if canvas.logprobs is not None:
@@ -122,7 +142,7 @@ class DualCacheStepper:
             recorder = LogprobRecorder(canvas.logprobs, output.logprobs)
         return _DualCycle(
             canvas,
-            None if self.cache_pool is None else DualCache(self.cache_pool),
+            cache,
             cycle.gather_rows,
             (canvas.block_tokens() == self.mask_id).sum(1),
             ~canvas.active,
@@ -163,7 +183,9 @@ class DualCacheStepper:
             state.cache.release()
 
     def forget(self) -> None:
-        """Nothing to let go of: nothing is kept across cycles."""
+        """Let go of what is kept across cycles: the head-sparse rankings of each request, if any."""
+        if self.heads is not None:
+            self.heads.forget()
 
     @torch.no_grad()
     def first_block_confidences(self, prompts: list[list[int]]) -> torch.Tensor:
@@ -257,9 +279,27 @@ class DualCacheStepper:
         if canvas.packed:
             inputs = refresh_inputs(canvas, index, cache, pick_r, source, rows.members, *picked)
             stats.computed_positions += inputs.computed
-            return self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
-        stats.computed_positions += rows.index.shape[0] * canvas.width
-        return self.model.forward_batch(box_refresh(canvas, index, cache), (pick_r, source))
+            if cache is not None and cache.heads is not None:
+                inputs.batch.heads = self._sparse_refresh(canvas, cache, picked[0])
+            hidden = self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
+        else:
+            stats.computed_positions += rows.index.shape[0] * canvas.width
+            hidden = self.model.forward_batch(box_refresh(canvas, index, cache), (pick_r, source))
+        if cache is not None:
+            stats.kv_dense_bytes += cache.total * self.position_bytes
+            kept = cache.store.kept_bytes() if cache.store is not None else cache.total * self.position_bytes
+            stats.kv_kept_bytes += kept
+        return hidden
+
+    def _sparse_refresh(self, canvas: Canvas, cache: DualCache, picked: list[int]) -> RefreshHeads:
+        """The head-sparse cycle's store, filled by the refresh's layers (every row of the cycle)."""
+        L = canvas.block_length
+        block_start = [n - L for n in canvas.host.context_lengths]
+        cache.store = CycleStore(
+            cache.heads, cache.owners, cache.row_start, cache.row_len, block_start, L, self.loaded.device
+        )
+        places = cache.slot_of.gather(1, canvas.block_slots)
+        return RefreshHeads(cache.store, places, picked, self.loaded.config.num_layers)
 
     def _window_forward(
         self, canvas: Canvas, cache, rows: _StepRows, pick_r, pick_k, stats: CycleStats, picked: tuple
@@ -275,6 +315,9 @@ class DualCacheStepper:
                 canvas, cache, index, slots, pick_r, source, rows.members, *picked, lengths
             )
             stats.computed_positions += inputs.computed
+            if cache.store is not None:
+                in_cache_order = sorted(rows.members, key=cache.row_start.__getitem__)
+                inputs.batch.heads = WindowHeads(cache.store, in_cache_order, rows.members, picked[0])
             return self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
         stats.computed_positions += slots.numel()
         return self.model.forward_batch(
