@@ -43,6 +43,10 @@ def policy_metrics(run: PolicyRun, eos_ids) -> dict:
             "preemptions": sum(c.preempted for c in run.cycles),
             "peak_memory_bytes": run.peak_memory_bytes,
             "computed_positions": computed,
+            # the dual cache's keys and values over the run's cycles (every cached position), and what
+            # it held (less under the head-sparse cache)
+            "kv_dense_bytes": sum(c.kv_dense_bytes for c in run.cycles),
+            "kv_kept_bytes": sum(c.kv_kept_bytes for c in run.cycles),
         }
         | ({"cores": run.cores} if run.cores else {})
         | _cpu_metrics(run, generated)

@@ -24,6 +24,7 @@ from engine_pod.cli.common import (
     group_place,
 )
 from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
+from engine_pod.cli.sparse_args import add_sparse_args
 from engine_pod.cpu_threads import apply_threads
 from engine_pod.scheduler.serving import SERVING_POLICIES
 
@@ -97,6 +98,7 @@ def register(subparsers) -> None:
         "--port", type=int, default=9090, help="port of /metrics, /healthz, /readyz (0: none)"
     )
     add_decoding_args(parser)
+    add_sparse_args(parser)
     parser.set_defaults(handler=run)
 
 
