@@ -88,3 +88,20 @@ class WindowHeads:
             plan = self.final_plans[g] if final else self.plans[g]
             out[:, qh] = ragged_attention(queries[:, qh], stored_k, stored_v, plan)
         return out.view(rows, tokens, heads, width)
+
+
+def refresh_heads(canvas, cache, picked: list[int], layers: int) -> RefreshHeads:
+    """A packed refresh's attention (its layout already in ``cache``, runner/packing.py): the cycle's store,
+    filled by its layers (every row of the cycle, ``picked``: each row's last-layer queries)."""
+    L = canvas.block_length
+    block_start = [n - L for n in canvas.host.context_lengths]
+    device = cache.slot_of.device
+    cache.store = CycleStore(
+        cache.heads, cache.owners, cache.row_start, cache.row_len, block_start, L, device
+    )
+    return RefreshHeads(cache.store, cache.slot_of.gather(1, canvas.block_slots), picked, layers)
+
+
+def window_heads(cache, members: list[int], picked: list[int]) -> WindowHeads:
+    """A packed window's attention over the cycle's store (rows ``members``, each row's block)."""
+    return WindowHeads(cache.store, sorted(members, key=cache.row_start.__getitem__), members, picked)

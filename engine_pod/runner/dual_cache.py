@@ -10,6 +10,9 @@ run's first slot plus its place in the run:
   places; runner/packing.py);
 - a dense box: row r's ``W + 1`` canvas columns from ``r (W + 1)``, the last a scratch column that window
   padding writes and no query attends (runner/dual_batches.py).
+
+Under the head-sparse cache (head_sparse/, packed rows only) the cycle reserves no run: the refresh keeps
+each head group's chosen entries in the cycle's own compact stores (``store``), which the windows read.
 """
 
 from __future__ import annotations

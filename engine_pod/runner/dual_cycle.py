@@ -17,8 +17,8 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
 from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext, make_policy
-from engine_pod.head_sparse.hooks import RefreshHeads, WindowHeads
-from engine_pod.head_sparse.store import CycleStore, HeadSparse
+from engine_pod.head_sparse.hooks import refresh_heads, window_heads
+from engine_pod.head_sparse.store import HeadSparse
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.runner.canvas import Canvas, build_canvas
@@ -280,7 +280,7 @@ class DualCacheStepper:
             inputs = refresh_inputs(canvas, index, cache, pick_r, source, rows.members, *picked)
             stats.computed_positions += inputs.computed
             if cache is not None and cache.heads is not None:
-                inputs.batch.heads = self._sparse_refresh(canvas, cache, picked[0])
+                inputs.batch.heads = refresh_heads(canvas, cache, picked[0], self.loaded.config.num_layers)
             hidden = self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
         else:
             stats.computed_positions += rows.index.shape[0] * canvas.width
@@ -290,16 +290,6 @@ class DualCacheStepper:
             kept = cache.store.kept_bytes() if cache.store is not None else cache.total * self.position_bytes
             stats.kv_kept_bytes += kept
         return hidden
-
-    def _sparse_refresh(self, canvas: Canvas, cache: DualCache, picked: list[int]) -> RefreshHeads:
-        """The head-sparse cycle's store, filled by the refresh's layers (every row of the cycle)."""
-        L = canvas.block_length
-        block_start = [n - L for n in canvas.host.context_lengths]
-        cache.store = CycleStore(
-            cache.heads, cache.owners, cache.row_start, cache.row_len, block_start, L, self.loaded.device
-        )
-        places = cache.slot_of.gather(1, canvas.block_slots)
-        return RefreshHeads(cache.store, places, picked, self.loaded.config.num_layers)
 
     def _window_forward(
         self, canvas: Canvas, cache, rows: _StepRows, pick_r, pick_k, stats: CycleStats, picked: tuple
@@ -316,8 +306,7 @@ class DualCacheStepper:
             )
             stats.computed_positions += inputs.computed
             if cache.store is not None:
-                in_cache_order = sorted(rows.members, key=cache.row_start.__getitem__)
-                inputs.batch.heads = WindowHeads(cache.store, in_cache_order, rows.members, picked[0])
+                inputs.batch.heads = window_heads(cache, rows.members, picked[0])
             return self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
         stats.computed_positions += slots.numel()
         return self.model.forward_batch(
