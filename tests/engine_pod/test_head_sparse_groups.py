@@ -98,3 +98,10 @@ def test_dllm_heads_writes_layer_normalised_scores_deterministically(tmp_path, c
     scores = runs[0]["importance"]
     assert len(scores) == 4 and all(len(layer) == 6 for layer in scores)
     assert all(abs(sum(layer) - 1) < 1e-4 and min(layer) > 0 for layer in scores)
+
+
+def test_dllm_eval_reports_what_the_sparse_cache_kept(capsys):
+    argv = ["eval", "--n", "8", "--threads", "1", "--json", "--sparse-cache", "uniform", "--retention", "0.3"]
+    assert main(argv) == 0
+    generation = json.loads(capsys.readouterr().out)["policies"]["blockserve"]["generation"]
+    assert 0 < generation["kv_kept_bytes"] < generation["kv_dense_bytes"]
