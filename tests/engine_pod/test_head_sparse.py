@@ -160,3 +160,17 @@ def test_cross_step_consistency_keeps_a_similar_heads_previous_ranking():
     assert kept[0, 0, :3].tolist() == previous[0, 0, :3].tolist() and kept[0, 0, 3] == similar[0, 0, 3]
     assert torch.equal(consistent_ranking(different, previous, length, 0.9), different)
     assert torch.equal(consistent_ranking(similar, previous, length, 1.0), similar)
+
+
+def test_dream_grouped_query_heads_at_retention_one_give_the_dense_cache_outputs():
+    """Dream: two query heads per K/V head, logits shifted by one, the block's start committed at the
+    refresh."""
+    dream = load_model("random:dream-tiny")
+    generator = torch.Generator().manual_seed(0)
+    work = [
+        (f"r{i}", torch.randint(5, 200, (n,), generator=generator).tolist(), 64)
+        for i, n in enumerate([5, 40, 90])
+    ]
+    dense = DecodingConfig(remasking="low_confidence")
+    full = DecodingConfig(remasking="low_confidence", sparse=HeadSparseConfig(mode="uniform", retention=1.0))
+    assert _outputs(dream, work, full) == _outputs(dream, work, dense)
