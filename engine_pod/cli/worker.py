@@ -115,6 +115,8 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str, held: E
     scheduling = scheduler_config(args)
     if args.result_ttl < 1:
         raise CliError(f"--result-ttl must be positive, got {args.result_ttl}")
+    if decoding.sparse.on and scheduling.layout != "packed":
+        raise CliError("--sparse-cache runs packed rows only: drop --layout dense")
     if getattr(args, "batch_size", 1) < 1:
         raise CliError(f"--batch-size must be positive, got {args.batch_size}")
     tracing_config = _tracing_config()
