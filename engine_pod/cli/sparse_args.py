@@ -1,9 +1,10 @@
-"""The head-sparse cache's command-line flags (``dllm generate``, ``eval``, ``bench``, ``worker``): defaults
-and ranges are HeadSparseConfig's (head_sparse/config.py)."""
+"""The head-sparse cache's command-line flags (``dllm generate``, ``eval``, ``bench``, ``worker``, ``serve``):
+defaults and ranges are HeadSparseConfig's (head_sparse/config.py)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from engine_pod.head_sparse.config import MODES, HeadSparseConfig
 
@@ -64,4 +65,18 @@ def sparse_config(args: argparse.Namespace) -> HeadSparseConfig:
         minor_retention=args.minor_retention,
         consistency=args.sparse_consistency,
         importance=args.head_importance,
+    )
+
+
+def sparse_flags(args: argparse.Namespace) -> list[str]:
+    """The flags that give a ``dllm worker`` these settings (checked first; nothing when the cache is off;
+    the importance file's path made absolute)."""
+    config = sparse_config(args)
+    if not config.on:
+        return []
+    flags = ["--sparse-cache", config.mode, "--retention", str(config.retention)]
+    flags += ["--minor-retention", str(config.minor_retention), "--core-share", str(config.core_share)]
+    flags += ["--minor-share", str(config.minor_share), "--sparse-consistency", str(config.consistency)]
+    return flags + (
+        ["--head-importance", str(Path(config.importance).resolve())] if config.importance else []
     )

@@ -105,3 +105,24 @@ def test_dllm_eval_reports_what_the_sparse_cache_kept(capsys):
     assert main(argv) == 0
     generation = json.loads(capsys.readouterr().out)["policies"]["blockserve"]["generation"]
     assert 0 < generation["kv_kept_bytes"] < generation["kv_dense_bytes"]
+
+
+def test_serve_hands_its_sparse_cache_settings_to_the_worker(tmp_path):
+    from engine_pod.cli.main import build_parser
+    from engine_pod.cli.serve import _worker_args
+    from tests.engine_pod.test_cli_threads import IDENTITY
+
+    heads = tmp_path / "heads.json"
+    argv = ["serve", "--token-budget", "4096", "--sparse-cache", "head-centric", "--retention", "0.3"]
+    given = build_parser().parse_args([*argv, "--head-importance", str(heads)])
+    given.service = "default"
+    worker_argv = _worker_args(given, "redis://127.0.0.1:1/0", IDENTITY)
+    parsed = build_parser().parse_args(["worker", *worker_argv])
+    assert (parsed.sparse_cache, parsed.retention, parsed.head_importance) == (
+        "head-centric",
+        0.3,
+        str(heads),
+    )
+    plain = build_parser().parse_args(["serve", "--token-budget", "4096"])
+    plain.service = "default"
+    assert "--sparse-cache" not in _worker_args(plain, "redis://127.0.0.1:1/0", IDENTITY)
