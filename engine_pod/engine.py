@@ -39,6 +39,8 @@ class CycleRecord:
     refresh_positions: int = 0  # positions computed by refreshes (forwards that rewrite a dual cache)
     peak_refresh_positions: int = 0  # of those, in the cycle's largest
     refresh_quota: int | None = None  # the most one step could refresh (None: no quota)
+    kv_dense_bytes: int = 0  # the dual cache's keys and values of every cached position
+    kv_kept_bytes: int = 0  # of those, what it held (all, unless head-sparse)
 
 
 @dataclass
@@ -68,9 +70,14 @@ class Engine:
                 )
         if scheduler.staggers_refreshes and not runner.staggers_refreshes:
             family, decoding = runner.loaded.family, runner.decoding
-            raise ValueError(
-                stagger_problem(family.display_name, family.cache, decoding.cache, decoding.remasking)
+            facts = (
+                family.display_name,
+                family.cache,
+                decoding.cache,
+                decoding.remasking,
+                decoding.sparse.on,
             )
+            raise ValueError(stagger_problem(*facts))
         self.runner = runner
         self.scheduler = scheduler
         self.clock = clock
@@ -123,6 +130,8 @@ class Engine:
                 refresh_positions=cycle.stats.refresh_positions,
                 peak_refresh_positions=cycle.stats.peak_refresh_positions,
                 refresh_quota=output.refresh_quota,
+                kv_dense_bytes=cycle.stats.kv_dense_bytes,
+                kv_kept_bytes=cycle.stats.kv_kept_bytes,
             )
         )
         return StepResult(output, cycle.blocks, finished, cycle.logprobs, cycle.stats)

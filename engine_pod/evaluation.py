@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from dllm_contracts.scheduler_config import SchedulerConfig
@@ -75,7 +75,7 @@ def evaluate(loaded: LoadedModel, decoding: DecodingConfig, policies: list[str],
     requests = _prepare(loaded, examples, cfg.max_tokens)
     widths = [len(r.prompt_ids) + cfg.max_tokens for r in requests]
     batch = static_batch_size_for(widths, cfg.token_budget)
-    report: dict = {"n": len(examples), "seed": cfg.seed, "decoding": decoding.__dict__, "policies": {}}
+    report: dict = {"n": len(examples), "seed": cfg.seed, "decoding": asdict(decoding), "policies": {}}
     outputs: dict[str, list[dict]] = {}
     for name in policies:
         run = run_policy(
@@ -92,6 +92,9 @@ def evaluate(loaded: LoadedModel, decoding: DecodingConfig, policies: list[str],
             "wall_s": round(run.wall_s, 3),
             "tokens_per_s": round(generated / run.wall_s, 2),
             "num_forward_passes": sum(c.forwards for c in run.cycles),
+            # the dual cache's keys and values over the run's cycles: all of them, and what was kept
+            "kv_dense_bytes": sum(c.kv_dense_bytes for c in run.cycles),
+            "kv_kept_bytes": sum(c.kv_kept_bytes for c in run.cycles),
         }
         report["policies"][name] = _summary(scored) | {"generation": stats}
     report |= _agreement(outputs)

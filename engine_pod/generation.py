@@ -44,6 +44,7 @@ def generate_one(
         eos,
         ignore_eos=decoding.ignore_eos,
         canvas=decoding.canvas,
+        layout="packed" if decoding.sparse.on else "dense",  # the head-sparse cache runs packed rows only
         **scheduling_facts(runner),
     )
     engine = Engine(runner, scheduler)

@@ -34,7 +34,8 @@ def warm_up(runner: Runner, requests: list[PreparedRequest]) -> None:
     """One untimed block cycle, so that one-off kernel and allocator set-up is not charged to a policy
     (and nothing it computed is left cached for the timed run)."""
     if requests:
-        runner.run(SchedulerOutput.of_rows([CycleRow(tuple(requests[0].prompt_ids))]))
+        packed = runner.decoding.sparse.on  # the head-sparse cache runs packed rows only
+        runner.run(SchedulerOutput.of_rows([CycleRow(tuple(requests[0].prompt_ids))], packed=packed))
         runner.forget()
 
 

@@ -45,6 +45,10 @@ def policy_metrics(run: PolicyRun, eos_ids) -> dict:
             "computed_positions": computed,
             "logits_materialized": sum(c.logits_materialized for c in run.cycles),
             "peak_logits_at_once": max((c.peak_logits for c in run.cycles), default=0),
+            # the dual cache's keys and values over the run's cycles (every cached position), and what
+            # it held (less under the head-sparse cache)
+            "kv_dense_bytes": sum(c.kv_dense_bytes for c in run.cycles),
+            "kv_kept_bytes": sum(c.kv_kept_bytes for c in run.cycles),
         }
         | ({"cores": run.cores} if run.cores else {})
         | _cpu_metrics(run, generated)

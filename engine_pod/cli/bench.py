@@ -20,6 +20,7 @@ from engine_pod.cli.common import (
     decoding_config,
 )
 from engine_pod.cli.scheduling import add_scheduler_args, check_stagger, scheduler_config
+from engine_pod.cli.sparse_args import add_sparse_args
 from engine_pod.cpu_threads import PINNED, apply_threads
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ def register(subparsers) -> None:
         help="model name sent to --url (default: the one the server lists at /v1/models)",
     )
     add_decoding_args(parser, compare_prefix_cache=True)
+    add_sparse_args(parser)
     add_tensor_parallel_arg(parser)
     parser.set_defaults(handler=run)
 

@@ -16,6 +16,7 @@ from engine_pod.cli.common import (
     check_logit_args,
     decoding_config,
 )
+from engine_pod.cli.sparse_args import add_sparse_args
 from engine_pod.cpu_threads import apply_threads
 from engine_pod.training.tasks import EXTRA_TASKS, TASKS, parse_tasks
 
@@ -51,6 +52,7 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--outputs", help="write every example's generated text to this JSONL file")
     add_decoding_args(parser)
+    add_sparse_args(parser)
     parser.set_defaults(handler=run)
 
 

@@ -19,6 +19,7 @@ from engine_pod.cli.common import (
     parse_int_list,
     with_sampler_args,
 )
+from engine_pod.cli.sparse_args import add_sparse_args
 from engine_pod.cpu_threads import apply_threads
 from engine_pod.decoding.config import steps_per_block_for
 
@@ -52,6 +53,7 @@ def register(subparsers) -> None:
         "LLaDA2.0 caps them at the gen length as its reference does",
     )
     add_decoding_args(parser)
+    add_sparse_args(parser)
     add_sampler_args(parser)
     add_tensor_parallel_arg(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text")

@@ -13,9 +13,9 @@ if __name__ == "__main__":  # python -m engine_pod.cli.main: restart under huge 
 
 from dllm_contracts.families import FAMILIES_IN_WORDS
 from engine_pod.allocators import configure_cuda_allocator, tune_cpu_allocator
-from engine_pod.cli import bench, census, eval, generate, profile, serve, train, worker
+from engine_pod.cli import bench, census, eval, generate, heads, profile, serve, train, worker
 
-_COMMANDS = [generate, serve, bench, eval, profile, train, worker, census]
+_COMMANDS = [generate, serve, bench, eval, profile, heads, train, worker, census]
 
 
 class _DefaultsShown(argparse.HelpFormatter):

@@ -184,6 +184,7 @@ def check_stagger(args: argparse.Namespace) -> None:
     from engine_pod.scheduler.dllm_serve import stagger_problem
 
     family = family_of(load_metadata(args.model, args.family)[0])
-    problem = stagger_problem(family.display_name, family.cache, args.cache, args.remasking)
+    sparse = getattr(args, "sparse_cache", "off") != "off"
+    problem = stagger_problem(family.display_name, family.cache, args.cache, args.remasking, sparse)
     if problem:
         raise CliError(problem)

@@ -29,6 +29,7 @@ from engine_pod.cli.serve_settings import (
     queue_settings,
     warn_if_exposed,
 )
+from engine_pod.cli.sparse_args import add_sparse_args, sparse_flags
 from engine_pod.cli.worker import add_worker_args
 from engine_pod.cpu_threads import choose_threads
 from engine_pod.serve.queue_owner import ON_MODEL_CHANGE
@@ -129,6 +130,7 @@ def register(subparsers) -> None:
     )
     add_worker_args(parser)
     add_decoding_args(parser)
+    add_sparse_args(parser)
     parser.set_defaults(handler=run)
 
 
@@ -141,6 +143,7 @@ def _worker_args(args: argparse.Namespace, redis_url: str, identity: ModelIdenti
         *(["--ignore-eos"] if args.ignore_eos else []),
         *("--prefix-cache", "on" if args.prefix_cache[0] else "off"),
         *logit_flags(args),
+        *sparse_flags(args),
     ]
     return [
         *("--model", args.model, "--device", args.device, "--dtype", args.dtype),
@@ -185,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
     args.threads = str(threads.threads)  # the worker's, as chosen here
     queue_settings(args)
     scheduler_config(args)  # a bad flag, or a profile of another layout or parallel size, ends serve here
+    sparse_flags(args)  # bad head-sparse settings end serve here too
     model_dir = _served_model_dir(args)
     if not (model_dir / "tokenizer.json").is_file():
         raise CliError(f"{model_dir} has no tokenizer.json; the gateway needs one")

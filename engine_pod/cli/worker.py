@@ -25,6 +25,7 @@ from engine_pod.cli.common import (
     group_place,
 )
 from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
+from engine_pod.cli.sparse_args import add_sparse_args
 from engine_pod.cpu_threads import apply_threads
 from engine_pod.scheduler.serving import SERVING_POLICIES
 
@@ -99,6 +100,7 @@ def register(subparsers) -> None:
         "--port", type=int, default=9090, help="port of /metrics, /healthz, /readyz (0: none)"
     )
     add_decoding_args(parser)
+    add_sparse_args(parser)
     parser.set_defaults(handler=run)
 
 
@@ -115,6 +117,8 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str, held: E
     scheduling = scheduler_config(args)
     if args.result_ttl < 1:
         raise CliError(f"--result-ttl must be positive, got {args.result_ttl}")
+    if decoding.sparse.on and scheduling.layout != "packed":
+        raise CliError("--sparse-cache runs packed rows only: drop --layout dense")
     if getattr(args, "batch_size", 1) < 1:
         raise CliError(f"--batch-size must be positive, got {args.batch_size}")
     tracing_config = _tracing_config()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from engine_pod.decoding.head_sparse_config import HeadSparseConfig
 
 REMASKING = ("low_confidence", "threshold", "scheduled_threshold", "entropy", "maskgit_plus", "topk_margin")
 CACHE_MODES = ("none", "prefix", "dual")
@@ -61,6 +63,8 @@ class DecodingConfig:
     # their exact logits are computed; proposals, confidences (a softmax over the k), draws and log
     # probabilities are over them (models/logit_budget.py). 0: the whole vocabulary. Changes outputs.
     logit_candidates: int = 0
+    # LLaDA and Dream: each attention head keeps part of the dual cache (decoding/head_sparse_config.py); off by default
+    sparse: HeadSparseConfig = field(default_factory=HeadSparseConfig)
 
     def __post_init__(self) -> None:
         if self.block_length < 1:
@@ -81,6 +85,10 @@ class DecodingConfig:
             raise DecodingConfigError(f"logit candidates must be at least 0, got {self.logit_candidates}")
         if not 0.0 < self.threshold <= 1.0:
             raise DecodingConfigError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.sparse.on and self.cache != "dual":
+            raise DecodingConfigError(
+                f"the head-sparse cache is a dual cache; it needs cache 'dual', not {self.cache!r}"
+            )
 
     @property
     def logit_budget(self) -> LogitBudget:

@@ -94,6 +94,14 @@ def _stored(stored: torch.Tensor | None) -> torch.Tensor:
     return stored
 
 
+class HeadAttention(Protocol):
+    """Attention that replaces ``attend_dense`` for a forward (the head-sparse cache's)."""
+
+    def attend(
+        self, batch: ForwardBatch, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, final: bool
+    ) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class KeyLayout:
     """What a layer attends over: its plan and where the keys the plan reads come from."""
@@ -116,6 +124,8 @@ class ForwardBatch:
     write_slots: torch.Tensor | None = None
     final: KeyLayout | None = None
     layer_groups: Sequence[Hashable] | None = None
+    # a head-sparse cycle's forwards attend through it (head_sparse/hooks.py); None: ``attend_dense``
+    heads: HeadAttention | None = None
 
     @classmethod
     def box_over_itself(
@@ -134,6 +144,14 @@ class ForwardBatch:
         the keys and values stored where the batch has slots for them, then every row over its own keys
         in one call. ``final``: the queries are the last layer's selected ones (the keys still every
         position's)."""
+        if self.heads is not None:
+            return self.heads.attend(self, layer, q, k, v, final)
+        return self.attend_dense(layer, q, k, v, final)
+
+    def attend_dense(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, final: bool = False
+    ) -> torch.Tensor:
+        """``attend`` with every head over the batch's key layout (what a batch without ``heads`` does)."""
         own_k, own_v = k.flatten(0, 1), v.flatten(0, 1)
         if self.write_slots is not None:
             if self.pool is None:

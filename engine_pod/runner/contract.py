@@ -23,6 +23,8 @@ class CycleStats:
     forwards: int = 0  # model forward calls
     computed_positions: int = 0  # query token positions pushed through the model
     useful_positions: int = 0  # of those, positions of live requests' prompts and blocks
+    kv_dense_bytes: int = 0  # dual cache: keys and values of every cached position, every layer and head
+    kv_kept_bytes: int = 0  # of those, what the cache holds (all of them, unless head-sparse)
     # rows that entered the batch this cycle: their tokens found in a prefix cache (runners that have one)
     cached_on_entry: dict[str, int] = field(default_factory=dict)
     # positions computed by refreshes (forwards that rewrite a dual cache), in all and in the cycle's largest

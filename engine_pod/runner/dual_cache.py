@@ -10,6 +10,9 @@ run's first slot plus its place in the run:
   places; runner/packing.py);
 - a dense box: row r's ``W + 1`` canvas columns from ``r (W + 1)``, the last a scratch column that window
   padding writes and no query attends (runner/dual_batches.py).
+
+Under the head-sparse cache (head_sparse/, packed rows only) the cycle reserves no run: the refresh keeps
+each head group's chosen entries in the cycle's own compact stores (``store``), which the windows read.
 """
 
 from __future__ import annotations
@@ -26,8 +29,13 @@ OWNER = "dual-cache"  # the run's owner in the runner's pool (one cycle at a tim
 class DualCache:
     """One cycle's dual cache: its run in the pool, and where each row's positions are in it."""
 
-    def __init__(self, pool_for: Callable[[int], PagedKVPool]) -> None:
-        self._pool_for = pool_for  # a pool with at least this many free slots in one run
+    def __init__(self, pool_for: Callable[[int], PagedKVPool] | None, heads=None) -> None:
+        self._pool_for = pool_for  # a pool with at least this many free slots in one run; None: no pool
+        self.heads = (
+            heads  # head-sparse: the runner's HeadSparse (head_sparse/store.py), whose stores hold it
+        )
+        self.store = None  # head-sparse: this cycle's CycleStore, made by the refresh
+        self.owners: list[str] = []  # head-sparse: the request behind each row
         self.pool: PagedKVPool | None = None
         self.base = 0  # the run's first slot
         self.total = 0  # places in the run
@@ -44,11 +52,15 @@ class DualCache:
     def reserve(self, places: int) -> None:
         """The run for ``places`` positions (the refresh's), its first slot ``base``."""
         self.release()
+        if self._pool_for is None:  # head-sparse: the refresh's stores hold what is kept
+            self.base, self.total = 0, places
+            return
         self.pool = self._pool_for(places)
         self.base, self.total = self.pool.reserve_run(OWNER, places), places
 
     def release(self) -> None:
         """Give the run back (the cycle ended)."""
+        self.store = None
         if self.pool is not None:
             self.pool.release(OWNER)
             self.pool = None
@@ -63,6 +75,12 @@ class DualCache:
     ) -> None:
         self.slot_of, self.row_start, self.row_len = slot_of, row_start, row_len
         self.row_start_on_device, self.row_len_on_device = row_start_on_device, row_len_on_device
+
+    def count_bytes(self, stats, position_bytes: int) -> None:
+        """A refresh's cache in a cycle's stats (CycleStats): the dense cache's bytes, and what it keeps."""
+        dense = self.total * position_bytes
+        stats.kv_dense_bytes += dense
+        stats.kv_kept_bytes += self.store.kept_bytes() if self.store is not None else dense
 
     def slots(self, places: torch.Tensor) -> torch.Tensor:
         """The pool slots of these places in the run."""

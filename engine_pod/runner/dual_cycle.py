@@ -17,6 +17,8 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
 from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext, make_policy
+from engine_pod.head_sparse.hooks import refresh_heads, window_heads
+from engine_pod.head_sparse.store import HeadSparse, position_bytes
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.runner.canvas import Canvas, build_canvas
@@ -24,32 +26,10 @@ from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.runner.dual_batches import box_refresh, box_window
 from engine_pod.runner.dual_cache import DualCache, DualCachePool
 from engine_pod.runner.dual_records import record_margins, trace_entry
+from engine_pod.runner.dual_rows import HostState, StepRows
 from engine_pod.runner.packing import refresh_inputs, window_inputs
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
-
-
-@dataclass
-class _StepRows:
-    """The rows taking part in one forward and what they may commit."""
-
-    index: torch.Tensor  # [R'] row numbers in the canvas
-    all_rows: bool  # index covers every row in order (lets the cache skip a gather)
-    block: torch.Tensor  # [R', L] current block tokens
-    candidates: torch.Tensor  # [R', L] masked positions that may be committed now
-    members: list[int]  # index, on the host
-    counts: list[int]  # candidates of each of those rows, on the host
-    first_masked: list[bool]  # whether each of those rows' blocks starts with a mask
-
-
-@dataclass(frozen=True)
-class _HostState:
-    """What the host reads of the batch once per step: each row's done flag, its block's masked positions
-    and whether its block starts with a mask."""
-
-    done: list[bool]
-    masked: list[int]
-    first_masked: list[bool]
 
 
 @dataclass
@@ -65,7 +45,7 @@ class _DualCycle:
     output: CycleOutput
     margins: torch.Tensor  # [R, L] each committed position's top-two gap, where recorded
     recorder: LogprobRecorder | None
-    host: _HostState | None = None  # the last step's read
+    host: HostState | None = None  # the last step's read
     phases: object | None = None  # each row's refresh schedule, where the cycle staggers refreshes
 
 
@@ -107,8 +87,11 @@ class DualCacheStepper:
         self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)  # what scores are computed in
         self.denoise = DenoiseStep(self.policy, self.score_dtype, self.mask_id)
         L = decoding.block_length
+        self.heads = HeadSparse.of(loaded, decoding.sparse)  # None: every head keeps every position
+        self.position_bytes = position_bytes(loaded.config, loaded.dtype)
         new_pool = lambda pages: self.model.new_pool(pages, L, loaded.device)  # noqa: E731
-        self.cache_pool = DualCachePool(new_pool, L, pool_tokens) if decoding.uses_cache else None
+        pooled = decoding.uses_cache and self.heads is None
+        self.cache_pool = DualCachePool(new_pool, L, pool_tokens) if pooled else None
 
     def begin(self, cycle: SchedulerOutput) -> _DualCycle:
         """The cycle's canvas (one copy to the device); packed: forwards compute only the positions that
@@ -119,6 +102,12 @@ class DualCacheStepper:
         )
         canvas.packed = cycle.packed
         R = len(cycle.rows)
+        cache = DualCache(self.cache_pool, self.heads) if self.decoding.uses_cache else None
+        if self.heads is not None:
+            if not cycle.packed:
+                raise ValueError("the head-sparse cache runs packed rows only (BlockServe's layout)")
+            self.heads.release(cycle.released)
+            cache.owners = [row.owner for row in cycle.rows]
         output = CycleOutput(blocks=[], steps=[], stats=CycleStats())
         recorder = None
         if canvas.logprobs is not None:
@@ -126,7 +115,7 @@ class DualCacheStepper:
             recorder = LogprobRecorder(canvas.logprobs, output.logprobs)
         return _DualCycle(
             canvas,
-            None if self.cache_pool is None else DualCache(self.cache_pool),
+            cache,
             cycle.gather_rows,
             (canvas.block_tokens() == self.mask_id).sum(1),
             ~canvas.active,
@@ -167,7 +156,9 @@ class DualCacheStepper:
             state.cache.release()
 
     def forget(self) -> None:
-        """Nothing to let go of: nothing is kept across cycles."""
+        """Let go of what is kept across cycles: the head-sparse rankings of each request, if any."""
+        if self.heads is not None:
+            self.heads.forget()
 
     @torch.no_grad()
     def first_block_confidences(self, prompts: list[list[int]]) -> torch.Tensor:
@@ -190,15 +181,15 @@ class DualCacheStepper:
         complete = (canvas.block_tokens() != self.mask_id).all(1)
         return complete | at_cap
 
-    def _read_state(self, canvas: Canvas, done: torch.Tensor) -> _HostState:
+    def _read_state(self, canvas: Canvas, done: torch.Tensor) -> HostState:
         """The step's one read from the device."""
         masked = canvas.block_tokens() == self.mask_id
         done_list, counts, first = torch.stack([done.long(), masked.sum(1), masked[:, 0].long()]).tolist()
-        return _HostState([bool(d) for d in done_list], counts, [bool(f) for f in first])
+        return HostState([bool(d) for d in done_list], counts, [bool(f) for f in first])
 
     def _step_rows(
-        self, canvas: Canvas, done: torch.Tensor, state: _HostState, only_unfinished: bool
-    ) -> _StepRows:
+        self, canvas: Canvas, done: torch.Tensor, state: HostState, only_unfinished: bool
+    ) -> StepRows:
         rows = len(state.done)
         if only_unfinished:
             members = [r for r in range(rows) if not state.done[r]]
@@ -210,9 +201,9 @@ class DualCacheStepper:
         candidates = (block == self.mask_id) & ~done[index, None]
         counts = [0 if state.done[r] else state.masked[r] for r in members]
         first = [not state.done[r] and state.first_masked[r] for r in members]
-        return _StepRows(index, len(members) == rows, block, candidates, members, counts, first)
+        return StepRows(index, len(members) == rows, block, candidates, members, counts, first)
 
-    def _denoise_step(self, state: _DualCycle, rows: _StepRows, step: int) -> None:
+    def _denoise_step(self, state: _DualCycle, rows: StepRows, step: int) -> None:
         canvas, cache, out = state.canvas, state.cache, state.output
         refresh = step == 0 or cache is None
         mask = rows.candidates
@@ -239,7 +230,7 @@ class DualCacheStepper:
             self.trace.append(trace_entry(canvas, kind, self.decoding.block_length, commit))
 
     def _context(
-        self, canvas: Canvas, step: int, rows: _StepRows, masks_at_start: torch.Tensor
+        self, canvas: Canvas, step: int, rows: StepRows, masks_at_start: torch.Tensor
     ) -> StepContext:
         return StepContext(
             step=step,
@@ -251,7 +242,7 @@ class DualCacheStepper:
         )
 
     def _full_forward(
-        self, canvas: Canvas, cache, rows: _StepRows, pick_r, pick_k, stats: CycleStats, picked: tuple
+        self, canvas: Canvas, cache, rows: StepRows, pick_r, pick_k, stats: CycleStats, picked: tuple
     ):
         index = None if rows.all_rows else rows.index
         block_slots = canvas.block_slots if index is None else canvas.block_slots[index]
@@ -262,13 +253,19 @@ class DualCacheStepper:
             inputs = refresh_inputs(canvas, index, cache, pick_r, source, rows.members, *picked)
             stats.computed_positions += inputs.computed
             stats.add_refresh(inputs.computed)
-            return self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
-        stats.computed_positions += rows.index.shape[0] * canvas.width
-        stats.add_refresh(rows.index.shape[0] * canvas.width)
-        return self.model.forward_batch(box_refresh(canvas, index, cache), (pick_r, source))
+            if cache is not None and cache.heads is not None:
+                inputs.batch.heads = refresh_heads(canvas, cache, picked[0], self.loaded.config.num_layers)
+            hidden = self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
+        else:
+            stats.computed_positions += rows.index.shape[0] * canvas.width
+            stats.add_refresh(rows.index.shape[0] * canvas.width)
+            hidden = self.model.forward_batch(box_refresh(canvas, index, cache), (pick_r, source))
+        if cache is not None:
+            cache.count_bytes(stats, self.position_bytes)
+        return hidden
 
     def _window_forward(
-        self, canvas: Canvas, cache, rows: _StepRows, pick_r, pick_k, stats: CycleStats, picked: tuple
+        self, canvas: Canvas, cache, rows: StepRows, pick_r, pick_k, stats: CycleStats, picked: tuple
     ):
         index = rows.index
         block_window = self.decoding.cache == "dual"  # every row's window is its block, all cached
@@ -281,6 +278,8 @@ class DualCacheStepper:
                 canvas, cache, index, slots, pick_r, source, rows.members, *picked, lengths
             )
             stats.computed_positions += inputs.computed
+            if cache.store is not None:
+                inputs.batch.heads = window_heads(cache, rows.members, picked[0])
             return self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
         stats.computed_positions += slots.numel()
         return self.model.forward_batch(

@@ -33,6 +33,10 @@ def make_runner(
     if family.records_margins:
         stepper = PhaseStepper(loaded, decoding, pool_tokens, record_trace, record_margins)
         return lead(CycleRunner(loaded, decoding, stepper), loaded, recipe)
+    if decoding.sparse.on:
+        raise ValueError(
+            f"the head-sparse cache supports LLaDA and Dream (dual cache), not {family.display_name}"
+        )
     for name, asked in (("record_trace", record_trace), ("record_margins", record_margins)):
         if asked:
             raise ValueError(f"{name} is not supported for {family.display_name} ({family.cache} cache)")

@@ -52,7 +52,8 @@ def refresh_inputs(
     write = None
     if cache is not None:
         layout.keep_in(cache)
-        write = cache.slots(torch.arange(total, device=rows.device))
+        if cache.pool is not None:  # else head-sparse: nothing goes to the pool
+            write = cache.slots(torch.arange(total, device=rows.device))
     in_order = row_len[order_on_device]
     every = varlen_on_device(in_order, row_start[order_on_device], in_order, spans, total)
     final = _final(spans, picked, picked_on_device, row_start, row_len, total)
@@ -207,7 +208,7 @@ def window_inputs(
     canvas_rows, canvas_columns = index[rows], slots[rows, columns]
     tokens = canvas.tokens_with_scratch[canvas_rows, canvas_columns]
     positions = canvas.positions_with_scratch[canvas_rows, canvas_columns]
-    write = cache.slots(cache_positions[rows, columns])
+    write = None if cache.pool is None else cache.slots(cache_positions[rows, columns])
     reads = PoolRange(cache.base, cache.base + cache.total)
     batch = _batch(tokens, positions, spans, final, every, reads, cache, write)
     return PackedInputs(batch, window_slot[pick_r, source])

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from engine_pod.decoding.denoise_step import Candidates
-from engine_pod.runner.dual_cycle import DualCacheStepper, _DualCycle, _HostState, _StepRows
+from engine_pod.runner.dual_cycle import DualCacheStepper, _DualCycle
+from engine_pod.runner.dual_rows import HostState, StepRows
 from engine_pod.runner.packing import packed_layout, window_inputs
 from engine_pod.runner.phase_plan import PhasePlan, plan_phases
 from engine_pod.scheduler.dllm_serve import STEP_FREE_POLICIES
@@ -67,7 +68,7 @@ class PhaseStepper(DualCacheStepper):
     @property
     def staggers_refreshes(self) -> bool:
         """Whether it can: the dual cache, and a policy that does not count steps."""
-        return self.decoding.cache == "dual" and self.policy.name in STEP_FREE_POLICIES
+        return self.decoding.cache == "dual" and self.policy.name in STEP_FREE_POLICIES and self.heads is None
 
     def begin(self, cycle: SchedulerOutput) -> _DualCycle:
         state = super().begin(cycle)
@@ -86,7 +87,7 @@ class PhaseStepper(DualCacheStepper):
 
     def _check_stagger(self, cycle: SchedulerOutput) -> None:
         if self.cache_pool is None:
-            raise PhaseScheduleError("staggered refreshes need the dual cache (decoding cache 'dual')")
+            raise PhaseScheduleError("staggered refreshes need the dual cache in the pool (not head-sparse)")
         if self.decoding.cache != "dual":
             raise PhaseScheduleError(f"staggered refreshes need the dual cache, not {self.decoding.cache!r}")
         if not cycle.packed:
@@ -128,7 +129,7 @@ class PhaseStepper(DualCacheStepper):
             [state.done.long(), masked.sum(1), masked[:, 0].long(), plan.refresh.long(), plan.reuse.long()]
         ).tolist()
         done, counts, first, refresh, reuse = read
-        state.host = _HostState([bool(d) for d in done], counts, [bool(f) for f in first])
+        state.host = HostState([bool(d) for d in done], counts, [bool(f) for f in first])
         phases.plan = plan
         phases.refresh = tuple(r for r, flag in enumerate(refresh) if flag)
         phases.stepping = tuple(r for r, (a, b) in enumerate(zip(refresh, reuse)) if a or b)
@@ -149,7 +150,7 @@ class PhaseStepper(DualCacheStepper):
             phases.forwards[row] += 1
         state.steps_taken[rows.index] += 1
 
-    def _phase_rows(self, state: _DualCycle, stepping: torch.Tensor) -> tuple[_StepRows, _PhaseLayout]:
+    def _phase_rows(self, state: _DualCycle, stepping: torch.Tensor) -> tuple[StepRows, _PhaseLayout]:
         """The stepping rows (in row order), which of them refresh, which take their block's first forward
         and how many positions each computes, on the host and on the device (found there: no copy)."""
         phases, canvas, host = state.phases, state.canvas, state.host
@@ -160,7 +161,7 @@ class PhaseStepper(DualCacheStepper):
         refreshing = phases.plan.refresh[index]
         on_device = torch.where(refreshing, phases.widths_on_device[index], canvas.block_length)
         block = canvas.block_tokens(index)
-        rows = _StepRows(
+        rows = StepRows(
             index,
             len(members) == len(host.done),
             block,
@@ -171,7 +172,7 @@ class PhaseStepper(DualCacheStepper):
         )
         return rows, _PhaseLayout(refreshing, state.steps_taken[index] == 0, first, lengths, on_device)
 
-    def _phase_step(self, state: _DualCycle, rows: _StepRows, layout: _PhaseLayout):
+    def _phase_step(self, state: _DualCycle, rows: StepRows, layout: _PhaseLayout):
         canvas = state.canvas
         mask, counts = rows.candidates, rows.counts
         if self.quirks.commits_block_start_on_refresh and any(layout.first_on_host):
@@ -191,7 +192,7 @@ class PhaseStepper(DualCacheStepper):
         canvas.write_block(rows.index, commit.blocks)
         state.output.stats.forwards += 1
 
-    def _mixed_forward(self, state, rows: _StepRows, layout: _PhaseLayout, candidates, counts, on_device):
+    def _mixed_forward(self, state, rows: StepRows, layout: _PhaseLayout, candidates, counts, on_device):
         """One forward of the stepping rows: a refreshing row's every attended position, a reusing row's
         block, each row over its run of the cache."""
         canvas, cache, stats = state.canvas, state.cache, state.output.stats

@@ -1,0 +1,82 @@
+"""The head-sparse cache's command-line flags (``dllm generate``, ``eval``, ``bench``, ``worker``, ``serve``):
+defaults and ranges are HeadSparseConfig's (decoding/head_sparse_config.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from engine_pod.decoding.head_sparse_config import MODES, HeadSparseConfig
+
+_DEFAULTS = HeadSparseConfig()
+
+
+def add_sparse_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("head-sparse cache (LLaDA, Dream; packed rows, dual cache)")
+    group.add_argument(
+        "--sparse-cache",
+        choices=MODES,
+        default=_DEFAULTS.mode,
+        help="each attention head keeps part of each row's cached context: uniform (every head keeps "
+        "--retention) or head-centric (by importance, see `dllm heads`: core heads whole, regular at "
+        f"--retention, minor at --minor-retention) (default: {_DEFAULTS.mode})",
+    )
+    group.add_argument(
+        "--retention",
+        type=float,
+        default=_DEFAULTS.retention,
+        help=f"share of each row's context a regular (or uniform) head keeps, in (0, 1] (default: {_DEFAULTS.retention})",
+    )
+    group.add_argument(
+        "--minor-retention",
+        type=float,
+        default=_DEFAULTS.minor_retention,
+        help=f"head-centric: the least important heads' retention, in (0, 0.2] (default: {_DEFAULTS.minor_retention})",
+    )
+    group.add_argument(
+        "--core-share",
+        type=float,
+        default=_DEFAULTS.core_share,
+        help=f"head-centric: share of each layer's heads kept whole (default: {_DEFAULTS.core_share})",
+    )
+    group.add_argument(
+        "--minor-share",
+        type=float,
+        default=_DEFAULTS.minor_share,
+        help=f"head-centric: share of each layer's heads at the minor retention (default: {_DEFAULTS.minor_share})",
+    )
+    group.add_argument(
+        "--sparse-consistency",
+        type=float,
+        default=_DEFAULTS.consistency,
+        help="cross-step consistency: a head whose new scores have a cosine similarity above this with the "
+        "ranking of its request's previous refresh keeps that ranking; 1 turns it off "
+        f"(default: {_DEFAULTS.consistency})",
+    )
+    group.add_argument("--head-importance", help="head-centric: the JSON file `dllm heads` wrote")
+
+
+def sparse_config(args: argparse.Namespace) -> HeadSparseConfig:
+    return HeadSparseConfig(
+        mode=args.sparse_cache,
+        retention=args.retention,
+        core_share=args.core_share,
+        minor_share=args.minor_share,
+        minor_retention=args.minor_retention,
+        consistency=args.sparse_consistency,
+        importance=args.head_importance,
+    )
+
+
+def sparse_flags(args: argparse.Namespace) -> list[str]:
+    """The flags that give a ``dllm worker`` these settings (checked first; nothing when the cache is off;
+    the importance file's path made absolute)."""
+    config = sparse_config(args)
+    if not config.on:
+        return []
+    flags = ["--sparse-cache", config.mode, "--retention", str(config.retention)]
+    flags += ["--minor-retention", str(config.minor_retention), "--core-share", str(config.core_share)]
+    flags += ["--minor-share", str(config.minor_share), "--sparse-consistency", str(config.consistency)]
+    return flags + (
+        ["--head-importance", str(Path(config.importance).resolve())] if config.importance else []
+    )

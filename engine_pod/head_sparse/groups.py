@@ -1,0 +1,80 @@
+"""Which heads of a layer keep how much (torch-free): head groups and kept counts.
+
+A group is a set of a layer's K/V heads with one retention, so every head of a group keeps the same
+number of positions of a row: its entries of all rows form one compact store and one attention call.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine_pod.decoding.head_sparse_config import HeadSparseConfig, HeadSparseConfigError
+
+
+@dataclass(frozen=True)
+class HeadGroup:
+    name: str  # core, regular, minor (head-centric) or all (uniform)
+    retention: float  # share of each row's context its heads keep
+    heads: tuple[int, ...]  # the layer's K/V heads in the group, ascending
+
+
+def kept_context(retention: float, context: int) -> int:
+    """Context positions a head at ``retention`` keeps of a row with ``context`` of them:
+    ceil(retention x context), computed without the float's last-bit noise (0.3 x 10 keeps 3)."""
+    return min(context, math.ceil(round(retention * context, 9)))
+
+
+def _share(share: float, heads: int) -> int:
+    return math.floor(share * heads + 0.5)  # rounded half up: 0.2 of 6 heads is 1, of 32 is 6
+
+
+def layer_groups(config: HeadSparseConfig, importance: list[float] | None, heads: int) -> list[HeadGroup]:
+    """One layer's non-empty groups. Head-centric: heads ranked by ``importance`` (one score per K/V head,
+    ties to the lower head), the most important core share kept whole, the least important minor share at
+    the minor retention, the rest at ``retention``."""
+    if config.mode == "uniform":
+        return [HeadGroup("all", config.retention, tuple(range(heads)))]
+    if importance is None or len(importance) != heads:
+        raise HeadSparseConfigError(f"head-centric groups need one importance per head ({heads})")
+    ranked = sorted(range(heads), key=lambda h: (-importance[h], h))
+    core = min(_share(config.core_share, heads), heads)
+    minor = min(_share(config.minor_share, heads), heads - core)
+    parts = (ranked[:core], ranked[core : heads - minor], ranked[heads - minor :])
+    names = ("core", "regular", "minor")
+    return [
+        HeadGroup(name, retention, tuple(sorted(part)))
+        for name, retention, part in zip(names, config.group_retentions(), parts)
+        if part
+    ]
+
+
+def model_groups(
+    config: HeadSparseConfig, layers: int, heads: int, queries_per_head: int = 1
+) -> list[list[HeadGroup]]:
+    """Every layer's groups; head-centric reads the importance file (its query heads' scores summed over
+    each K/V head's ``queries_per_head``)."""
+    if config.mode != "head-centric":
+        return [layer_groups(config, None, heads) for _ in range(layers)]
+    scores = read_importance(config.importance, layers, heads * queries_per_head)
+    per_kv = [
+        [sum(layer[h * queries_per_head : (h + 1) * queries_per_head]) for h in range(heads)]
+        for layer in scores
+    ]
+    return [layer_groups(config, layer, heads) for layer in per_kv]
+
+
+def read_importance(path: str | None, layers: int, heads: int) -> list[list[float]]:
+    """The per-layer, per-head scores of a ``dllm heads`` file, checked against the model's shape."""
+    try:
+        data = json.loads(Path(str(path)).read_text())
+        scores = data["importance"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise HeadSparseConfigError(f"cannot read head importance from {path}: {error}") from None
+    if len(scores) != layers or any(len(layer) != heads for layer in scores):
+        raise HeadSparseConfigError(
+            f"head importance in {path} is not for this model ({layers} layers of {heads} heads)"
+        )
+    return [[float(s) for s in layer] for layer in scores]
