@@ -17,6 +17,7 @@ import torch
 from engine_pod.block_diffusion.batches import dense_forward, packed_forward
 from engine_pod.block_diffusion.cycle_layout import BlockCycle, BlockRow, lay_out, live_rows, step_queries
 from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache, PrefixCacheStats
+from engine_pod.block_diffusion.warm_prefix import fill_prefix
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
 from engine_pod.decoding.logprobs import LogprobRecorder
@@ -238,6 +239,10 @@ class PagedCacheStepper:
         finally:
             for row in rows:
                 self.pool.release(row.owner)
+
+    def warm_prefix(self, tokens: list[int]) -> int:
+        """Compute ``tokens``' whole blocks into the prefix cache and pin them: the tokens newly pinned."""
+        return fill_prefix(self, tokens)
 
     def _steps(self, row: CycleRow) -> int:
         """The row's steps per block: the engine's, capped as the family's reference caps them."""

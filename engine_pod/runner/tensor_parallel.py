@@ -51,6 +51,10 @@ class LeaderRunner:
         self.parallel.broadcast(("confidences", prompts))
         return self.runner.first_block_confidences(prompts)
 
+    def warm_prefix(self, tokens: list[int]) -> int:
+        self.parallel.broadcast(("warm", tokens))
+        return self.runner.warm_prefix(tokens)
+
 
 def lead(runner: Runner, loaded: LoadedModel, recipe: tuple[Any, ...]) -> Runner:
     """Rank 0's runner for a group (``runner`` itself for one process): the others are told the runner's
@@ -83,7 +87,7 @@ def follow(loaded: LoadedModel, make_runner) -> None:
         if kind == "runner":
             loaded.config, *recipe = body
             runner = make_runner(loaded, *recipe)
-        elif runner is None and kind in ("run", "forget", "confidences"):
+        elif runner is None and kind in ("run", "forget", "confidences", "warm"):
             raise RuntimeError(f"rank {loaded.parallel.rank} was sent {kind!r} before its runner")
         elif kind == "run":
             runner.run(*body)
@@ -91,6 +95,8 @@ def follow(loaded: LoadedModel, make_runner) -> None:
             runner.forget()
         elif kind == "confidences":
             runner.first_block_confidences(*body)
+        elif kind == "warm":
+            runner.warm_prefix(*body)
         elif kind == "reset_peak":
             reset_peak(loaded.device)
         elif kind == "peak":

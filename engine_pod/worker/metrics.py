@@ -82,6 +82,11 @@ class WorkerMetrics:
         self.prefix_cached_tokens = Gauge(
             "dllm_prefix_cache_tokens", "Tokens whose KV the block prefix cache holds", registry=r
         )
+        self.prefix_pinned_tokens = Gauge(
+            "dllm_prefix_cache_pinned_tokens",
+            "Tokens of warm prefixes (--warm-prefix) computed at start and pinned in the block prefix cache",
+            registry=r,
+        )
         self.prefix_lookup_tokens = Counter(
             "dllm_prefix_cache_lookup_tokens",
             "Whole-block tokens of rows entering the batch, looked up in the prefix cache",
