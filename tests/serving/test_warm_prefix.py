@@ -11,11 +11,13 @@ import time
 import pytest
 import redis
 
+from dllm_contracts.model_identity import ModelIdentity
 from dllm_contracts.queue.messages import DoneEvent, QueuedRequest
 from dllm_contracts.queue.ops import QueueOps
 from dllm_contracts.queue.sync_client import SyncQueue
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.cli.main import build_parser, main
+from engine_pod.cli.serve import _worker_args
 from engine_pod.cli.warm_prefix import warm_prefix_ids
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.loading.loader import load_model
@@ -84,6 +86,8 @@ def test_a_chat_that_starts_with_the_warmed_system_prompt_finds_it_cached_and_an
         )
         stats = thread.worker.engine.runner.prefix_cache_stats
         assert stats.cached_tokens == stats.pinned_tokens == (whole if prefixes else 0)  # before any claim
+        pinned = thread.worker.metrics.registry.get_sample_value("dllm_prefix_cache_pinned_tokens")
+        assert pinned == (whole if prefixes else 0)  # the worker's /metrics says what it warmed
         hits.append(_entry_hits(thread.worker))
         with thread:
             answers.append(_answer(redis_server.url, service + name, "chat", prompt).token_ids)
@@ -134,3 +138,20 @@ def test_llada_and_dream_refuse_warm_prefixes_in_one_line(tmp_path, capsys, fami
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert "\n" not in err and "bidirectional" in err and "approximate" in err, err
+
+
+def test_serve_hands_its_warm_prefixes_to_its_worker(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "system.txt").write_text("system:be brief")
+    flags = ["--warm-prefix", "system:hi", "--warm-prefix", "plain", "--warm-prefix-file", "system.txt"]
+    given = build_parser().parse_args(["serve", "--token-budget", "4096", *flags])
+    given.service = "default"
+    argv = _worker_args(given, "redis://127.0.0.1:1/0", ModelIdentity("m", "0123456789abcdef"))
+    passed = [(flag, value) for flag, value in zip(argv, argv[1:]) if flag.startswith("--warm-prefix")]
+    assert passed == [
+        ("--warm-prefix", "system:hi"),
+        ("--warm-prefix", "plain"),
+        ("--warm-prefix-file", str(tmp_path / "system.txt")),
+    ]
+    worker = build_parser().parse_args(["worker", "--redis", "redis://x", "--service", "s", *argv])
+    assert worker.warm_prefix == ["system:hi", "plain"]
