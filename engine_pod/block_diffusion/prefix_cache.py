@@ -12,8 +12,8 @@ blocks and computes only the rest. Each cycle it ``extend``s the tree with its b
 block (their keys become final in the cycle's first forward, where every layer writes its keys before any
 row reads them, so a row attached in the same cycle reads them as written). Nodes count the rows whose
 prefix runs through them; when the pool runs short of pages, leaves no row uses are evicted, least
-recently used first. Not for LLaDA or Dream: with bidirectional attention a prefix's keys depend on
-what follows it.
+recently used first; pinned nodes (a warmed prefix: ``pin``) never are. Not for LLaDA or Dream: with
+bidirectional attention a prefix's keys depend on what follows it.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class _Node:
     children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
     users: int = 0  # rows whose prefix runs through this node
     last_used: int = 0  # the cache's clock when a row last used it
+    pinned: bool = False  # a warmed prefix's block: never evicted
 
 
 @dataclass
@@ -44,6 +45,7 @@ class PrefixCacheStats:
     attached_rows: int = 0
     evicted_tokens: int = 0
     cached_tokens: int = 0  # tokens the tree holds now
+    pinned_tokens: int = 0  # of those, warmed prefixes' (never evicted)
 
 
 class BlockPrefixCache:
@@ -93,6 +95,19 @@ class BlockPrefixCache:
             node = child
         self._use(owner, added)
 
+    def pin(self, tokens: list[int]) -> int:
+        """Keep the cached blocks of ``tokens``' whole blocks (a warmed prefix) for good: eviction passes
+        them by. Returns the tokens pinned now (blocks another prefix pinned already are not counted)."""
+        L, node, pinned = self.block_length, self.root, 0
+        for b in range(len(tokens) // L):
+            node = node.children.get(tuple(tokens[b * L : (b + 1) * L]))
+            if node is None:
+                raise ValueError(f"block {b} of the prefix to pin is not cached")
+            pinned += 0 if node.pinned else L
+            node.pinned = True
+        self.stats.pinned_tokens += pinned
+        return pinned
+
     def detach(self, owner: str) -> None:
         """``owner`` left the batch: its nodes count one user fewer (the pool releases its pages)."""
         now = next(self._clock)
@@ -103,7 +118,7 @@ class BlockPrefixCache:
     def evict(self, pages: int) -> int:
         """Free at least ``pages`` pages if it can: drop unused leaves, least recently used first (a
         parent whose last child goes becomes a candidate in turn). Returns the pages freed."""
-        heap = [(n.last_used, id(n), n) for n in self._nodes() if not n.children and n.users == 0]
+        heap = [(n.last_used, id(n), n) for n in self._nodes() if not n.children and _unused(n)]
         heapq.heapify(heap)
         freed = 0
         while heap and freed < pages:
@@ -114,12 +129,12 @@ class BlockPrefixCache:
             self.pool.drop(node.page)
             self.stats.cached_tokens -= self.block_length
             self.stats.evicted_tokens += self.block_length
-            if parent is not self.root and not parent.children and parent.users == 0:
+            if parent is not self.root and not parent.children and _unused(parent):
                 heapq.heappush(heap, (parent.last_used, id(parent), parent))
         return freed
 
     def clear(self) -> None:
-        """Evict every block no row uses."""
+        """Evict every block no row uses (pinned ones stay)."""
         self.evict(self.stats.cached_tokens // self.block_length)
 
     def _use(self, owner: str, nodes: list[_Node]) -> None:
@@ -135,3 +150,8 @@ class BlockPrefixCache:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
+
+
+def _unused(node: _Node) -> bool:
+    """Whether eviction may take ``node`` once it is a leaf: no row uses it and it is not pinned."""
+    return node.users == 0 and not node.pinned

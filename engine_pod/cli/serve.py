@@ -30,6 +30,7 @@ from engine_pod.cli.serve_settings import (
     warn_if_exposed,
 )
 from engine_pod.cli.sparse_args import add_sparse_args, sparse_flags
+from engine_pod.cli.warm_prefix import check_warm_family, warm_prefix_flags, warm_texts
 from engine_pod.cli.worker import add_worker_args
 from engine_pod.cpu_threads import choose_threads
 from engine_pod.serve.queue_owner import ON_MODEL_CHANGE
@@ -156,6 +157,7 @@ def _worker_args(args: argparse.Namespace, redis_url: str, identity: ModelIdenti
         *("--lease-ms", str(args.lease_ms), "--drain-timeout", str(args.drain_timeout)),
         *("--result-ttl", str(args.result_ttl), "--model-identity", identity.text),
         *("--tensor-parallel", str(args.tensor_parallel)),
+        *warm_prefix_flags(args),
         *decoding,
     ]
 
@@ -182,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
     from gateway.api_keys import keys_state
 
     check_logit_args(args)
+    check_warm_family(args)  # refused here, before anything starts
+    warm_texts(args)  # a file that cannot be read, too
     _quiet_terminal()
     # a bad count ends serve here, before anything starts; the default keeps a CPU for the gateway and Redis
     threads = choose_threads(args.threads, reserve=1)

@@ -26,6 +26,7 @@ from engine_pod.cli.common import (
 )
 from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
 from engine_pod.cli.sparse_args import add_sparse_args
+from engine_pod.cli.warm_prefix import add_warm_prefix_args, check_warm_family, warm_prefix_ids
 from engine_pod.cpu_threads import apply_threads
 from engine_pod.scheduler.serving import SERVING_POLICIES
 
@@ -66,6 +67,7 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
         default=RESULT_TTL_S,
         help=f"seconds a finished request's record and result stay in Redis (default: {RESULT_TTL_S})",
     )
+    add_warm_prefix_args(parser)
 
 
 def register(subparsers) -> None:
@@ -122,6 +124,8 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str, held: E
     if getattr(args, "batch_size", 1) < 1:
         raise CliError(f"--batch-size must be positive, got {args.batch_size}")
     tracing_config = _tracing_config()
+    check_warm_family(args)  # before any weight is read
+    warm_prefixes = warm_prefix_ids(args)
     loaded = held.enter_context(tensor_parallel_group(group_place(args), model_args(args)))
     config = WorkerConfig(
         redis_url=redis_url,
@@ -134,6 +138,7 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str, held: E
         policy=getattr(args, "policy", SERVING_POLICIES[0]),
         batch_size=getattr(args, "batch_size", 1),
         model_identity=_identity(getattr(args, "model_identity", "")),
+        warm_prefixes=warm_prefixes,
     )
     runner = make_runner(loaded, decoding, scheduling.token_budget)
     return Worker(runner, config, tracing=Tracing.start(tracing_config))

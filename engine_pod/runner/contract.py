@@ -84,6 +84,11 @@ class Runner(Protocol):
         its first forward (a threshold calibration samples them); nothing is kept."""
         ...
 
+    def warm_prefix(self, tokens: list[int]) -> int:
+        """Compute ``tokens``' whole blocks into the prefix cache and pin them there for good (a warm
+        prefix); returns the tokens newly pinned. ValueError for a model without an exact prefix cache."""
+        ...
+
 
 def scheduling_facts(runner: Runner) -> dict[str, bool]:
     """What a scheduler is built knowing about the runner's model (keyword arguments of every scheduler):

@@ -20,6 +20,7 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.logit_count import LOGITS
 from engine_pod.runner.contract import CycleOutput
 from engine_pod.scheduler.output import SchedulerOutput
+from engine_pod.scheduler.warm_prefixes import warm_prefix_problem
 
 if TYPE_CHECKING:  # tensors: named here, never imported at run time
     from torch import Tensor
@@ -128,3 +129,15 @@ class CycleRunner:
     def first_block_confidences(self, prompts: list[list[int]]) -> Tensor:
         self._arm()
         return self.stepper.first_block_confidences(prompts)
+
+    def warm_prefix(self, tokens: list[int]) -> int:
+        """Compute ``tokens``' whole blocks into the prefix cache and pin them (the paged stepper's); a
+        family or decoding without an exact prefix cache is refused in one line."""
+        family, decoding = self.loaded.family, self.decoding
+        problem = warm_prefix_problem(
+            family.display_name, family.cache, decoding.cache, decoding.prefix_cache
+        )
+        if problem is not None:
+            raise ValueError(problem)
+        self._arm()
+        return self.stepper.warm_prefix(tokens)

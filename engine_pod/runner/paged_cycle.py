@@ -24,6 +24,7 @@ from engine_pod.decoding.policies import StepContext
 from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.contract import CycleOutput, CycleStats
+from engine_pod.runner.paged_warm_prefix import fill_prefix
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 
@@ -238,6 +239,10 @@ class PagedCacheStepper:
         finally:
             for row in rows:
                 self.pool.release(row.owner)
+
+    def warm_prefix(self, tokens: list[int]) -> int:
+        """Compute ``tokens``' whole blocks into the prefix cache and pin them: the tokens newly pinned."""
+        return fill_prefix(self, tokens)
 
     def _steps(self, row: CycleRow) -> int:
         """The row's steps per block: the engine's, capped as the family's reference caps them."""

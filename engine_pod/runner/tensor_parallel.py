@@ -61,6 +61,10 @@ class LeaderRunner:
         if time.monotonic() - self._last_told >= self.parallel.pulse_s:
             self._tell(PULSE)
 
+    def warm_prefix(self, tokens: list[int]) -> int:
+        self._tell(("warm", tokens))
+        return self.runner.warm_prefix(tokens)
+
     def _tell(self, message: tuple) -> None:
         self.parallel.broadcast(message)
         self._last_told = time.monotonic()
@@ -99,7 +103,7 @@ def follow(loaded: LoadedModel, make_runner) -> None:
         if kind == "runner":
             loaded.config, *recipe = body
             runner = make_runner(loaded, *recipe)
-        elif runner is None and kind in ("run", "forget", "confidences"):
+        elif runner is None and kind in ("run", "forget", "confidences", "warm"):
             raise RuntimeError(f"rank {loaded.parallel.rank} was sent {kind!r} before its runner")
         elif kind == "run":
             runner.run(*body)
@@ -107,6 +111,8 @@ def follow(loaded: LoadedModel, make_runner) -> None:
             runner.forget()
         elif kind == "confidences":
             runner.first_block_confidences(*body)
+        elif kind == "warm":
+            runner.warm_prefix(*body)
         elif kind == "reset_peak":
             reset_peak(loaded.device)
         elif kind == "peak":

@@ -33,7 +33,7 @@ from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.pending_queue import PendingQueue
 from engine_pod.scheduler.request import Request, RequestError, RequestState
-from engine_pod.scheduler.shared_blocks import block_keys, shared_tokens
+from engine_pod.scheduler.shared_blocks import PinnedBlocks, block_keys, shared_tokens
 
 
 class BlockServeScheduler(Scheduler):
@@ -43,10 +43,18 @@ class BlockServeScheduler(Scheduler):
         self.config = config
         self.pending = PendingQueue()
         self.active: list[Request] = []  # in admission order
+        self.pinned = PinnedBlocks()  # warm prefixes' blocks, held by the runner's prefix cache for good
 
     @property
     def token_budget(self) -> int:
-        return self.config.token_budget
+        """The budget rows are admitted against: the configured one less the warm prefixes' tokens."""
+        return self.config.token_budget - self.pinned.tokens
+
+    def pin_prefix(self, tokens: list[int]) -> int:
+        """Count a warm prefix's whole blocks as held for good (the runner pinned them): their tokens come
+        out of the budget, and a row holding them costs nothing more for them in a packed batch (as a
+        block the batch's rows share does). Returns the tokens newly pinned."""
+        return self.pinned.add(tokens, self.block_length)
 
     # -- widths and cost ------------------------------------------------------------------------
     def row_width(self, request: Request) -> int:
@@ -66,6 +74,8 @@ class BlockServeScheduler(Scheduler):
 
     def _box_of(self, requests: list[Request]) -> BatchBox:
         box = BatchBox(packed=self.packed)
+        if self.shares_blocks and self.packed:
+            box.held_blocks.update(self.pinned.keys)
         for request in requests:
             self._add(box, request)
         return box
@@ -103,7 +113,7 @@ class BlockServeScheduler(Scheduler):
             raise RequestError(
                 f"request {request.request_id} needs {request.peak_width(self.block_length)} tokens at its "
                 f"last block (prompt {request.prompt_len} + {request.max_blocks} blocks of "
-                f"{self.block_length}), more than the token budget {self.token_budget}"
+                f"{self.block_length}), more than the token budget {self.token_budget}{self.pinned.note()}"
             )
 
     # -- scheduling -----------------------------------------------------------------------------

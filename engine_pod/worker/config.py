@@ -32,6 +32,8 @@ class WorkerConfig:
     result_ttl_s: int = RESULT_TTL_S  # how long a finished request's record and result stay in Redis
     # the model it serves: a request stamped for another is refused, not answered (None: no check)
     model_identity: ModelIdentity | None = None
+    # token ids of fixed prefixes (system prompts) computed into the prefix cache at start and pinned there
+    warm_prefixes: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.policy not in SERVING_POLICIES:

@@ -82,6 +82,11 @@ class WorkerMetrics:
         self.prefix_cached_tokens = Gauge(
             "dllm_prefix_cache_tokens", "Tokens whose KV the block prefix cache holds", registry=r
         )
+        self.prefix_pinned_tokens = Gauge(
+            "dllm_prefix_cache_pinned_tokens",
+            "Tokens of warm prefixes (--warm-prefix) computed at start and pinned in the block prefix cache",
+            registry=r,
+        )
         self.prefix_lookup_tokens = Counter(
             "dllm_prefix_cache_lookup_tokens",
             "Whole-block tokens of rows entering the batch, looked up in the prefix cache",
@@ -124,21 +129,17 @@ class WorkerMetrics:
         self._refreshed = 0
         self._seen = None  # the prefix cache's totals at the last scrape of them
 
-    def record_cycle(
-        self, rows: int, box_width: int, seconds: float, useful: int, computed: int, preempted: int
-    ) -> None:
-        self.active_rows.set(rows)
-        self.box_width.set(box_width)
+    def record_cycle(self, record, seconds: float) -> None:
+        """A block cycle (the engine's CycleRecord) that took ``seconds`` on this worker's loop: its rows,
+        box, padding, preemptions and refreshes (the refresh positions, its largest step's and its quota)."""
+        self.active_rows.set(record.rows)
+        self.box_width.set(record.box_width)
         self.cycle_seconds.observe(seconds)
-        self.preemptions.inc(preempted)
-        self._useful += useful
-        self._computed += computed
+        self.preemptions.inc(record.preempted)
+        self._useful += record.useful_positions
+        self._computed += record.computed_positions
         if self._computed:
             self.padding_efficiency.set(self._useful / self._computed)
-
-    def record_refreshes(self, record) -> None:
-        """A block cycle's refresh positions, its largest step's and its quota (its engine CycleRecord,
-        after record_cycle)."""
         refreshed, peak, quota = record.refresh_positions, record.peak_refresh_positions, record.refresh_quota
         self.refresh_positions.inc(refreshed)
         self._refreshed += refreshed

@@ -39,6 +39,7 @@ from engine_pod.worker.observed import RequestObserver
 from engine_pod.worker.redis_link import RedisLink
 from engine_pod.worker.served import ServedRequest
 from engine_pod.worker.wakeups import Wakeups
+from engine_pod.worker.warm_up import warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class Worker:
         self.scheduler = config.scheduler_for(runner)
         self.engine = Engine(runner, self.scheduler, record_window=RECORD_WINDOW)
         self.metrics = WorkerMetrics(config.model_name)
+        self.metrics.prefix_pinned_tokens.set(warm_up(runner, self.scheduler, config.warm_prefixes))
         self.tracing = tracing or Tracing.off()
         self.observer = RequestObserver(self.metrics, self.tracing, self.worker_id)
         self.metrics.token_budget.set(config.scheduling.token_budget)
@@ -219,15 +221,7 @@ class Worker:
         for request in result.finished:
             self._stage_done(request)
         self._commit()
-        self.metrics.record_cycle(
-            record.rows,
-            record.box_width,
-            time.perf_counter() - begin,
-            record.useful_positions,
-            record.computed_positions,
-            record.preempted,
-        )
-        self.metrics.record_refreshes(record)
+        self.metrics.record_cycle(record, time.perf_counter() - begin)
         self.metrics.record_logits(result.stats.logits_materialized, result.stats.peak_logits)
         cache = self.engine.runner.prefix_cache_stats
         if cache is not None:

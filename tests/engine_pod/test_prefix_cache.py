@@ -78,6 +78,38 @@ def test_unused_blocks_are_evicted_least_recently_used_first_and_used_ones_never
         pool.reserve("w", 12)  # "busy" and "z" hold theirs: nothing more to evict
 
 
+def test_pinned_blocks_are_never_evicted_and_count_once():
+    pool = _pool(4)
+    cache = BlockPrefixCache(pool, 4)
+    warm = list(range(8))
+    pool.reserve("warm", 12)
+    cache.extend("warm", warm, 8)
+    assert cache.pin(warm) == 8 and cache.pin(warm[:4]) == 0  # the second pins nothing new
+    pool.release("warm")
+    cache.detach("warm")
+    cache.clear()
+    assert cache.stats.cached_tokens == cache.stats.pinned_tokens == 8
+    with pytest.raises(Exception, match="KV pages"):
+        pool.reserve("x", 12)  # two pages are free; the pinned two are not taken back
+    assert cache.attach("y", [*warm, 50]) == 8
+    with pytest.raises(ValueError, match="not cached"):
+        cache.pin([9, 9, 9, 9])
+
+
+def test_a_warm_prefix_comes_out_of_the_budget_once():
+    """Its tokens leave the budget; a row starting with it costs only what follows (packed)."""
+    scheduler = BlockServeScheduler(4, [0], SchedulerConfig(40), grid_aligned=True, shares_blocks=True)
+    warm = list(range(1, 17))
+    assert scheduler.pin_prefix(warm) == 16 and scheduler.pin_prefix(warm[:8]) == 0
+    assert scheduler.token_budget == 24
+    rows = [scheduler.request_for(f"r{i}", [*warm, 90 + i], 4) for i in range(4)]
+    for row in rows:
+        scheduler.add(row)
+    assert len(scheduler.schedule().request_ids) == 4  # each holds 1 + 4 beyond the pinned 16: 20 of 24
+    alone = scheduler.request_for("long", list(range(100, 129)), 4)
+    assert not scheduler.fits(alone)  # 28 whole + 4 would fit 40, not the 24 left
+
+
 @dataclass(frozen=True)
 class Turn:
     request_id: str

@@ -1,11 +1,13 @@
 """The block prefix cache through ``dllm serve``: a conversation's second turn, which resends the first,
-finds its blocks cached (the worker's /metrics says so) and is answered as with the cache off."""
+finds its blocks cached (the worker's /metrics says so) and is answered as with the cache off; a warmed
+system prompt (``--warm-prefix system:...``) is hit by the first chat that sends it."""
 
 from __future__ import annotations
 
 import re
 
 import httpx
+import pytest
 
 from engine_pod.serve.redis_server import free_port
 from tests.serving.serve_process import openai_client, running
@@ -49,3 +51,25 @@ def test_a_second_turn_hits_the_first_turns_blocks_and_answers_as_without_the_ca
     without_cache, _, _ = _conversation(tmp_path, model, "off")
     assert first_hits == 0 < second_hits
     assert with_cache == without_cache
+
+
+def _pinned_tokens(port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    match = re.search(r"^dllm_prefix_cache_pinned_tokens (\S+)$", text, re.MULTILINE)
+    assert match is not None, "dllm_prefix_cache_pinned_tokens is not in /metrics"
+    return float(match.group(1))
+
+
+@pytest.mark.slow  # a dllm serve of its own (~10 s); tests/serving/test_warm_prefix.py covers the worker in CI
+def test_a_warmed_system_prompt_is_hit_by_the_first_chat_that_sends_it(tmp_path):
+    """``dllm serve --warm-prefix system:...``: the first chat, with nothing before it, finds the system
+    prompt's blocks cached (the worker's /metrics), warmed before the API answered."""
+    model = write_served_model(tmp_path / "tiny-llada2", family="llada2")
+    port = free_port()
+    argv = ("--model", str(model), "--metrics-port", str(port), "--warm-prefix", f"system:{SYSTEM}")
+    with running(tmp_path, *argv) as server:
+        pinned = _pinned_tokens(port)
+        assert pinned > 0 and _hit_tokens(port) == 0
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "count to 5 ."}]
+        openai_client(server).chat.completions.create(model=model.name, messages=messages, max_tokens=8)
+        wait_for(lambda: _hit_tokens(port) == pinned, WAIT_S, 0.1)
