@@ -8,7 +8,7 @@ take the profile's measure (``dllm worker --profile``), else 1.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dllm_contracts.scheduler_config import (
     DEFAULTS,
@@ -18,8 +18,14 @@ from dllm_contracts.scheduler_config import (
     problems_of,
 )
 
-if TYPE_CHECKING:
-    from dllm_operator.spec import ServiceSpec
+
+class ServiceSpec(Protocol):
+    """What these functions read of a parsed spec (dllm_operator.spec.ServiceSpec): its policy and, by name,
+    every field of SCHEDULING_FIELDS."""
+
+    policy: str
+    cache_share: float | None
+
 
 DEFAULT_POLICY = SERVING_POLICIES[0]
 SCHEDULING_FIELDS = {
