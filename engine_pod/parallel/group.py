@@ -5,6 +5,9 @@ Every collective is bounded by the group's timeout: a rank that dies or hangs en
 collective with an error within it, so the whole group ends rather than waiting forever. A follower waits
 for the leader's next message under the same bound, so an idle leader sends one every ``pulse_s``
 (runner/tensor_parallel.py): an idle group stays up, and a rank lost meanwhile is found within a pulse.
+Until the group has started (``started``: rank 0 has told the others their runner), its collectives wait
+``START_TIMEOUT_S`` instead: the ranks of a multi-node group start as their pods do, and load their shards
+at their own pace.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 COLLECTIVE_TIMEOUT_S = 30.0  # how long a collective waits for the other ranks
+START_TIMEOUT_S = 600.0  # how long joining and the collectives before the runner starts wait
 PULSES_PER_TIMEOUT = 6  # an idle leader's keep-alive messages within one collective timeout
 
 
@@ -29,15 +33,15 @@ class GroupFailed(ConnectionError):
 
 
 @contextlib.contextmanager
-def _collective(kind: str) -> Iterator[None]:
-    """A collective whose failure (a rank gone, or silent past the timeout) ends this rank in one line."""
+def _collective(kind: str, timeout_s: float) -> Iterator[None]:
+    """A collective whose failure (a rank gone, or silent past ``timeout_s``) ends this rank in one line."""
     try:
         yield
     except RuntimeError as exc:  # gloo and NCCL report a lost peer or a timeout as RuntimeError
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise GroupFailed(
             f"the tensor-parallel group failed in {kind}: a rank stopped or did not answer within "
-            f"{COLLECTIVE_TIMEOUT_S:.0f} s ({reason[:200]})"
+            f"{timeout_s:.0f} s ({reason[:200]})"
         ) from None
 
 
@@ -50,6 +54,20 @@ class TensorParallel:
     size: int = 1
     counts: Counter = field(default_factory=Counter)
     timeout_s: float = COLLECTIVE_TIMEOUT_S  # how long each collective waits for the other ranks
+    steady: Any = None  # the process group with that timeout (None: the default one, which waits longer)
+    starting: bool = True  # collectives run in the default group, under START_TIMEOUT_S, until started()
+
+    def started(self) -> None:
+        """The group runs: from here on every collective waits ``timeout_s`` (every rank calls it at the
+        same point: after the runner's message)."""
+        self.starting = False
+
+    @property
+    def _group(self) -> Any:
+        return None if self.starting else self.steady
+
+    def _collective(self, kind: str):
+        return _collective(kind, START_TIMEOUT_S if self.starting or self.steady is None else self.timeout_s)
 
     @property
     def leads(self) -> bool:
@@ -65,8 +83,8 @@ class TensorParallel:
         """``tensor`` summed over the ranks, in place."""
         if self.size > 1:
             self.counts["all_reduce"] += 1
-            with _collective("an all-reduce"):
-                dist.all_reduce(tensor)
+            with self._collective("an all-reduce"):
+                dist.all_reduce(tensor, group=self._group)
         return tensor
 
     def max_of(self, value: int) -> int:
@@ -75,8 +93,8 @@ class TensorParallel:
             return value
         self.counts["max"] += 1
         box = torch.tensor([value], dtype=torch.long)
-        with _collective("an all-reduce"):
-            dist.all_reduce(box, op=dist.ReduceOp.MAX)
+        with self._collective("an all-reduce"):
+            dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self._group)
         return int(box.item())
 
     def all_gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -86,8 +104,8 @@ class TensorParallel:
         self.counts["all_gather"] += 1
         tensor = tensor.contiguous()
         parts = [torch.empty_like(tensor) for _ in range(self.size)]
-        with _collective("an all-gather"):
-            dist.all_gather(parts, tensor)
+        with self._collective("an all-gather"):
+            dist.all_gather(parts, tensor, group=self._group)
         return torch.cat(parts, -1)
 
     def broadcast(self, message: Any = None) -> Any:
@@ -96,8 +114,8 @@ class TensorParallel:
             return message
         self.counts["broadcast"] += 1
         box = [message]
-        with _collective("a broadcast"):
-            dist.broadcast_object_list(box, src=0)
+        with self._collective("a broadcast"):
+            dist.broadcast_object_list(box, src=0, group=self._group)
         return box[0]
 
 
@@ -114,17 +132,19 @@ def free_address() -> str:
 def join_group(
     rank: int, size: int, address: str, device: torch.device, timeout_s: float = COLLECTIVE_TIMEOUT_S
 ) -> TensorParallel:
-    """Join the group at ``address`` as ``rank`` of ``size`` (NCCL on GPUs, gloo elsewhere)."""
+    """Join the group at ``address`` as ``rank`` of ``size`` (NCCL on GPUs, gloo elsewhere): waiting for
+    the others up to START_TIMEOUT_S, each collective after ``started`` up to ``timeout_s``."""
     backend = "nccl" if device.type == "cuda" else "gloo"
-    with _collective("joining the group"):
+    with _collective("joining the group", START_TIMEOUT_S):
         dist.init_process_group(
             backend,
             init_method=f"tcp://{address}",
             rank=rank,
             world_size=size,
-            timeout=timedelta(seconds=timeout_s),
+            timeout=timedelta(seconds=START_TIMEOUT_S),
         )
-    return TensorParallel(rank, size, timeout_s=timeout_s)
+        steady = dist.new_group(list(range(size)), timeout=timedelta(seconds=timeout_s), backend=backend)
+    return TensorParallel(rank, size, timeout_s=timeout_s, steady=steady)
 
 
 def leave_group() -> None:

@@ -76,6 +76,7 @@ def lead(runner: Runner, loaded: LoadedModel, recipe: tuple[Any, ...]) -> Runner
     if loaded.parallel.size == 1 or not loaded.parallel.leads:
         return runner
     loaded.parallel.broadcast(("runner", loaded.config, *recipe))  # rank 0's config (its sampler too)
+    loaded.parallel.started()  # the followers build theirs: the group runs under its collective timeout
     return LeaderRunner(runner, loaded)
 
 
@@ -103,6 +104,7 @@ def follow(loaded: LoadedModel, make_runner) -> None:
         if kind == "runner":
             loaded.config, *recipe = body
             runner = make_runner(loaded, *recipe)
+            loaded.parallel.started()
         elif runner is None and kind in ("run", "forget", "confidences", "warm"):
             raise RuntimeError(f"rank {loaded.parallel.rank} was sent {kind!r} before its runner")
         elif kind == "run":

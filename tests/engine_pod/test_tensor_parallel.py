@@ -127,11 +127,11 @@ def test_a_blockserve_batch_on_two_ranks_gives_every_request_the_tokens_of_one_p
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", [*SPLIT, "random:diffusion-gemma-tiny"])
-def test_dllm_bench_on_two_ranks_answers_every_request_as_one_process(model, tmp_path):
-    """BlockServe and static batching through `dllm bench`: each policy's answers hashed, equal at 1 and 2
-    ranks (DiffusionGemma: its canvas, 32, is the default block length; each request's noise seeded)."""
+def test_dllm_bench_on_two_and_four_ranks_answers_every_request_as_one_process(model, tmp_path):
+    """BlockServe and static batching through `dllm bench`: each policy's answers hashed, equal at 1, 2 and
+    4 ranks (DiffusionGemma: its canvas, 32, is the default block length; each request's noise seeded)."""
     digests = {}
-    for ranks in (1, 2):
+    for ranks in (1, 2, 4):
         out = tmp_path / f"bench-{ranks}.json"
         command = [sys.executable, "-m", "engine_pod.cli.main", "bench", "--model", model]
         command += ["--dtype", "float64", "--workload", "heterogeneous", "--limit", "8"]
@@ -142,7 +142,7 @@ def test_dllm_bench_on_two_ranks_answers_every_request_as_one_process(model, tmp
         report = json.loads(out.read_text())
         assert report["tensor_parallel"] == ranks and report["outputs_identical"]
         digests[ranks] = report["outputs_sha256"]
-    assert digests[2] == digests[1]
+    assert digests[4] == digests[2] == digests[1]
 
 
 REPEATED = ("norm", ".gate.weight", "expert_bias")  # on every rank whole: norms, routers
