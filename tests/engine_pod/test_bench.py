@@ -259,8 +259,8 @@ def test_repeated_rounds_give_every_policy_every_place_in_a_round(model, tmp_pat
 
 
 def test_bench_runs_dllm_serve_beside_blockserve_and_reports_its_refreshes_within_the_quota(model, tmp_path):
-    """Offline and under an arrival rate: every policy's tokens identical, dllm-serve's steps held to its
-    refresh quota (0.2 of the budget: 409 positions, the widest request 338), BlockServe's refreshing its batch at once."""
+    """Every policy's tokens identical, dllm-serve's steps held to its refresh quota (0.2 of the budget: 409
+    positions, the widest request 338), BlockServe's refreshing its batch at once."""
     out = tmp_path / "b.json"
     argv = heterogeneous_float64_bench(model, out, 16, "blockserve,dllm-serve") + ["--refresh-quota", "0.2"]
     assert main(argv) == 0
@@ -270,6 +270,11 @@ def test_bench_runs_dllm_serve_beside_blockserve_and_reports_its_refreshes_withi
     assert staggered["refresh_quota_positions"] == 409 and plain["refresh_quota_positions"] is None
     assert 0 < staggered["peak_refresh_positions"] <= 409 < plain["peak_refresh_positions"]
     assert 0 < staggered["refresh_share"] <= 1
+
+
+@pytest.mark.slow
+def test_online_bench_reports_dllm_serves_refreshes_within_the_quota(model, tmp_path):
+    """Under an arrival rate: the in-process engine's refreshes within the quota, the tokens BlockServe's."""
     online = tmp_path / "online.json"
     argv = [*_online_bench(model, online, "--arrival-rate", "400"), "--refresh-quota", "0.2"]
     argv[argv.index("sequential,static,blockserve,gateway")] = "blockserve,dllm-serve"
@@ -277,7 +282,4 @@ def test_bench_runs_dllm_serve_beside_blockserve_and_reports_its_refreshes_withi
     runs = json.loads(online.read_text())["runs"]
     figures = runs["dllm-serve"]["rate 400/s"]
     assert 0 < figures["peak_refresh_positions"] <= figures["refresh_quota_positions"] == 409
-    assert (
-        runs["dllm-serve"]["rate 400/s"]["generated_tokens"]
-        == runs["blockserve"]["rate 400/s"]["generated_tokens"]
-    )
+    assert figures["generated_tokens"] == runs["blockserve"]["rate 400/s"]["generated_tokens"]

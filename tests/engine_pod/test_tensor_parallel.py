@@ -190,6 +190,7 @@ def test_dllm_profile_on_two_ranks_records_its_size_and_a_budget(tmp_path):
     assert result["tensor_parallel"] == 2 and result["token_budget"] > 0
 
 
+@pytest.mark.slow  # CI runs DiffusionGemma's checkpoint on two ranks (test_tensor_parallel_gemma.py)
 def test_diffusion_gemma_blockserve_batch_on_two_ranks_gives_every_request_the_tokens_of_one_process():
     """Canvases stopping at their own steps, each request its own seeded noise."""
     torch.set_num_threads(1)
