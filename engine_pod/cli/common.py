@@ -9,9 +9,9 @@ from dllm_contracts.canvas_sampler import SETTINGS as SAMPLER_SETTINGS
 from dllm_contracts.defaults import ASSETS_DIR, DEFAULT_BLOCK_LENGTH, DEFAULT_MODEL_NAME, DEFAULT_THRESHOLD
 from dllm_contracts.engine_env import THREADS_ENV
 from dllm_contracts.families import FAMILIES, FAMILIES_IN_WORDS
+from dllm_contracts.head_sparse_config import HeadSparseConfig
 from engine_pod.cli.sparse_args import sparse_config
 from engine_pod.decoding.config import CACHE_MODES, CANVAS_MODES, REMASKING, DecodingConfig
-from engine_pod.decoding.head_sparse_config import HeadSparseConfig
 from engine_pod.loading.presets import PRESETS
 
 

@@ -1,12 +1,12 @@
 """The head-sparse cache's command-line flags (``dllm generate``, ``eval``, ``bench``, ``worker``, ``serve``):
-defaults and ranges are HeadSparseConfig's (decoding/head_sparse_config.py)."""
+defaults and ranges are HeadSparseConfig's (dllm_contracts/head_sparse_config.py)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from engine_pod.decoding.head_sparse_config import MODES, HeadSparseConfig
+from dllm_contracts.head_sparse_config import MODES, HeadSparseConfig
 
 _DEFAULTS = HeadSparseConfig()
 

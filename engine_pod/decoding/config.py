@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine_pod.decoding.head_sparse_config import HeadSparseConfig
+from dllm_contracts.head_sparse_config import HeadSparseConfig
+from dllm_contracts.logit_settings import logit_problems
 
 REMASKING = ("low_confidence", "threshold", "scheduled_threshold", "entropy", "maskgit_plus", "topk_margin")
 CACHE_MODES = ("none", "prefix", "dual")
@@ -63,7 +64,7 @@ class DecodingConfig:
     # their exact logits are computed; proposals, confidences (a softmax over the k), draws and log
     # probabilities are over them (models/logit_budget.py). 0: the whole vocabulary. Changes outputs.
     logit_candidates: int = 0
-    # LLaDA and Dream: each attention head keeps part of the dual cache (decoding/head_sparse_config.py); off by default
+    # LLaDA and Dream: each attention head keeps part of the dual cache (dllm_contracts/head_sparse_config.py); off by default
     sparse: HeadSparseConfig = field(default_factory=HeadSparseConfig)
 
     def __post_init__(self) -> None:
@@ -77,12 +78,8 @@ class DecodingConfig:
             raise DecodingConfigError(f"unknown cache mode {self.cache!r}; choose one of {CACHE_MODES}")
         if self.canvas not in CANVAS_MODES:
             raise DecodingConfigError(f"unknown canvas {self.canvas!r}; choose one of {CANVAS_MODES}")
-        if self.max_materialized_logits is not None and self.max_materialized_logits < 1:
-            raise DecodingConfigError(
-                f"max materialized logits must be at least 1 position, got {self.max_materialized_logits}"
-            )
-        if self.logit_candidates < 0:
-            raise DecodingConfigError(f"logit candidates must be at least 0, got {self.logit_candidates}")
+        for name, message in logit_problems(self.max_materialized_logits, self.logit_candidates).items():
+            raise DecodingConfigError(f"{name.replace('_', ' ')} {message}")
         if not 0.0 < self.threshold <= 1.0:
             raise DecodingConfigError(f"threshold must be in (0, 1], got {self.threshold}")
         if self.sparse.on and self.cache != "dual":

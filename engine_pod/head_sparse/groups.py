@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine_pod.decoding.head_sparse_config import HeadSparseConfig, HeadSparseConfigError
+from dllm_contracts.head_sparse_config import HeadSparseConfig, HeadSparseConfigError
 
 
 @dataclass(frozen=True)

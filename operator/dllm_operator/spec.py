@@ -12,6 +12,11 @@ from dllm_contracts.families import DEFAULT_FAMILY, FAMILY_DECODING, FamilyDecod
 from dllm_contracts.model_identity import FINGERPRINT_CHARS, ModelIdentity
 from dllm_contracts.scheduler_config import DEFAULTS
 from dllm_operator import names
+from dllm_operator.decoding_options import (
+    SparseCache,
+    decoding_option_fields,
+    decoding_option_problems,
+)
 from dllm_operator.model_spec import DEFAULT_DOWNLOAD_TIMEOUT_S, source_fields, source_problems
 from dllm_operator.parallelism import Parallelism, parse_parallelism
 from dllm_operator.scheduling import DEFAULT_POLICY, scheduling_fields, scheduling_problems
@@ -54,6 +59,10 @@ class ServiceSpec:
     cache: str = "dual"
     max_prompt_tokens: int = 2048
     max_generation_tokens: int = 512
+    sparse_cache: SparseCache = SparseCache()  # the head-sparse cache (off unless the spec sets a mode)
+    max_materialized_logits: int | None = None  # None: the worker's automatic chunk
+    logit_candidates: int | None = None  # None: the whole vocabulary
+    warm_prefixes: tuple[str, ...] = ()  # dllm worker --warm-prefix, each
     admission: str = DEFAULTS.admission
     min_padding_efficiency: float = DEFAULTS.min_padding_efficiency
     max_rows: int = DEFAULTS.max_rows
@@ -143,6 +152,15 @@ class ServiceSpec:
             "image": self.image or engine_image,
             "node_selector": self.node_selector,
         } | ({"revision": self.revision} if self.revision else {})  # absent: the hashes of before
+        # the logit budget bounds the logits' memory, which the profile measures (unset: as before)
+        memory_fields |= {
+            name: value
+            for name, value in (
+                ("max_materialized_logits", self.max_materialized_logits),
+                ("logit_candidates", self.logit_candidates),
+            )
+            if value is not None
+        }
         if (
             self.parallelism.tensor > 1
         ):  # a budget is per rank of a group of this size (1: the hashes of before)
@@ -209,6 +227,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         cache=decoding.get("cache", "dual"),
         max_prompt_tokens=int(decoding.get("maxPromptTokens", 2048)),
         max_generation_tokens=int(decoding.get("maxGenerationTokens", 512)),
+        **decoding_option_fields(decoding),
         **scheduling_fields(spec.get("scheduling") or {}),
         image=resources.get("image"),
         gpus=int(resources.get("gpus", 1)),
@@ -290,6 +309,7 @@ def _check(spec: ServiceSpec) -> None:
         ),
     ]
     problems += [(True, text) for text in scheduling_problems(spec)]
+    problems += [(True, text) for text in decoding_option_problems(spec)]
     problems += [(True, text) for text in spec.parallelism.problems()]
     problems += [  # the CRD cannot afford this check (a regular expression over map keys is over its budget)
         (True, f"resources.nodeSelector key {key!r} is not a label key (optional-prefix/name)")

@@ -11,9 +11,9 @@ from functools import partial
 import pytest
 import torch
 
+from dllm_contracts.head_sparse_config import HeadSparseConfig
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
-from engine_pod.decoding.head_sparse_config import HeadSparseConfig
 from engine_pod.head_sparse import hooks
 from engine_pod.loading.loader import load_model
 from engine_pod.prompts import encode_prompt

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from dllm_contracts.head_sparse_config import HeadSparseConfig, HeadSparseConfigError
 from engine_pod.cli.main import main
-from engine_pod.decoding.head_sparse_config import HeadSparseConfig, HeadSparseConfigError
 from engine_pod.head_sparse.groups import kept_context, layer_groups
 from engine_pod.head_sparse.scores import kept_positions
 
@@ -51,7 +51,7 @@ def test_a_head_keeps_its_top_scored_positions_and_the_block_in_position_order()
 @pytest.mark.parametrize(
     "settings, message",
     [
-        ({"mode": "sparse"}, "unknown sparse cache mode"),
+        ({"mode": "sparse"}, "sparse cache mode must be one of off, head-centric, uniform"),
         ({"retention": 0.0}, "retention must be in (0, 1]"),
         ({"retention": 1.5}, "retention must be in (0, 1]"),
         ({"minor_retention": 0.3}, "minor retention must be in (0, 0.2]"),

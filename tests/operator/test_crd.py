@@ -9,10 +9,12 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from dllm_operator.decoding_options import LOGIT_FIELDS, SPARSE_FIELDS
 from dllm_operator.scheduling import SCHEDULING_FIELDS, UNSET_BY_DEFAULT
 from dllm_operator.spec import parse_spec
 
 from dllm_contracts.families import FAMILY_DECODING
+from dllm_contracts.head_sparse_config import MAX_MINOR_RETENTION, MODES
 from dllm_contracts.scheduler_config import ADMISSION_MODES, DEFAULTS, SERVING_POLICIES
 from tests.operator.crd_utils import EXAMPLE_PATH, admit, apply_defaults, load_crd, spec_schema
 
@@ -80,6 +82,7 @@ def _with(path: str, value) -> dict:
         ("profiling", {"tokenBudget": 100}, "must hold one request"),
         ("redis", {"managed": True, "url": "redis://r:6379/0"}, "exactly one"),
         ("redis", {}, "exactly one"),
+        ("decoding.sparseCache", {"mode": "head-centric"}, "head-centric needs headImportanceConfigMap"),
     ],
 )
 def test_cel_rules_reject_bad_specs(path, value, message):
@@ -150,6 +153,22 @@ INVALID = [
     ("scheduling.refreshInterval", 1.5),
     ("scheduling.cacheShare", 0),
     ("scheduling.cacheShare", 1.2),
+    ("decoding.sparseCache", {"mode": "lossy"}),
+    ("decoding.sparseCache", {"mode": "uniform", "retention": 0}),
+    ("decoding.sparseCache", {"mode": "uniform", "retention": 1.5}),
+    ("decoding.sparseCache", {"mode": "uniform", "minorRetention": 0.3}),
+    ("decoding.sparseCache", {"mode": "uniform", "coreShare": -0.1}),
+    ("decoding.sparseCache", {"mode": "uniform", "minorShare": 1.1}),
+    ("decoding.sparseCache", {"mode": "uniform", "consistency": 2}),
+    ("decoding.sparseCache", {"mode": "uniform", "retension": 0.5}),  # a typo must not be pruned
+    ("decoding.sparseCache", {"mode": "head-centric"}),  # no importance file
+    ("decoding.sparseCache", {"mode": "head-centric", "headImportanceConfigMap": "Heads_JSON"}),
+    ("decoding.maxMaterializedLogits", 0),
+    ("decoding.logitCandidates", -1),
+    ("decoding.warmPrefixes", [""]),
+    ("decoding.warmPrefixes", "system:You are helpful."),  # a list, not one string
+    ("decoding.warmPrefixes", ["x"] * 17),
+    ("decoding.warmPrefix", ["system:You are helpful."]),
 ]
 
 
@@ -183,6 +202,24 @@ VALID = [
     ("scheduling.refreshInterval", 8),
     ("scheduling.cacheShare", 0.35),
     ("scheduling.cacheShare", 1),
+    ("decoding.sparseCache", {"mode": "off"}),
+    ("decoding.sparseCache", {"mode": "uniform", "retention": 1}),
+    (
+        "decoding.sparseCache",
+        {
+            "mode": "head-centric",
+            "retention": 0.4,
+            "coreShare": 0.1,
+            "minorShare": 0.3,
+            "minorRetention": 0.2,
+            "consistency": -1,
+            "headImportanceConfigMap": "llada-8b.heads",
+        },
+    ),
+    ("decoding.maxMaterializedLogits", 1),
+    ("decoding.logitCandidates", 0),
+    ("decoding.logitCandidates", 64),
+    ("decoding.warmPrefixes", ["system:You are helpful.", "prompt:system: is a prefix too"]),
 ]
 
 
@@ -207,6 +244,19 @@ def test_the_crd_scheduling_defaults_and_ranges_are_the_scheduler_configs():
     assert all("default" not in fields[SCHEDULING_FIELDS[name]] for name in UNSET_BY_DEFAULT)
     defaults = apply_defaults({"model": {"uri": "x"}}, spec_schema(load_crd()))["scheduling"]
     assert defaults["policy"] == "blockserve" and "cacheShare" not in defaults
+
+
+def test_the_crd_decoding_options_ranges_are_the_engines():
+    """The head-sparse cache's modes and ranges are HeadSparseConfig's (the CRD repeats them, and the
+    operator names them under spec.decoding)."""
+    decoding = spec_schema(load_crd())["properties"]["decoding"]["properties"]
+    sparse = decoding["sparseCache"]["properties"]
+    assert sparse["mode"]["enum"] == list(MODES)
+    assert set(sparse) == {*SPARSE_FIELDS.values(), "headImportanceConfigMap"}
+    assert sparse["minorRetention"]["maximum"] == MAX_MINOR_RETENTION
+    assert {*LOGIT_FIELDS.values(), "sparseCache", "warmPrefixes"} <= set(decoding)
+    assert not any("default" in field for field in sparse.values())  # absent: the worker's defaults
+    assert "sparseCache" not in apply_defaults({"model": {"uri": "x"}}, spec_schema(load_crd()))["decoding"]
 
 
 @pytest.mark.parametrize("family", FAMILY_DECODING)

@@ -314,6 +314,33 @@ def test_dllm_serve_engines_take_the_cache_share_the_profile_measured(cluster, o
     assert "scheduling.cacheShare must be in (0, 1], got 0" in degraded["message"]
 
 
+def test_the_engines_run_the_specs_head_sparse_cache_and_a_bad_one_degrades(cluster, operator):
+    """spec.decoding.sparseCache reaches the engines' dllm worker, its importance file mounted from the
+    ConfigMap it names; a retention out of range degrades the service with the field named."""
+    kube = cluster.client()
+    manifest = example()
+    manifest["spec"]["decoding"]["sparseCache"] = {
+        "mode": "head-centric",
+        "retention": 0.4,
+        "headImportanceConfigMap": "llada-heads",
+    }
+    manifest["spec"]["decoding"]["logitCandidates"] = 16
+    kube.create_service(manifest)
+    complete_profiling(kube, 98304)
+    until(kube, lambda: kube.deployment(f"{NAME}-engine"), what="the engine Deployment")
+    args = build_parser().parse_args(engine_command(kube)[1:])
+    assert (args.sparse_cache, args.retention, args.logit_candidates) == ("head-centric", 0.4, 16)
+    volumes = kube.deployment(f"{NAME}-engine")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "llada-heads", "items": [{"key": "heads.json", "path": "heads.json"}]} in [
+        v.get("configMap") for v in volumes
+    ]
+    kube.patch_service(NAME, {"spec": {"decoding": {"sparseCache": {"retention": 1.5}}}})
+    degraded = until(
+        kube, lambda: (c := kube.condition(NAME, "Degraded")) and c["status"] == "True" and c, what="Degraded"
+    )
+    assert "decoding.sparseCache.retention must be in (0, 1], got 1.5" in degraded["message"]
+
+
 def engine_command(kube: Kube) -> list[str]:
     return kube.deployment(f"{NAME}-engine")["spec"]["template"]["spec"]["containers"][0]["command"]
 

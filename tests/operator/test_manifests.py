@@ -112,6 +112,12 @@ def all_manifests(spec) -> list[dict]:
             "scheduling__refreshInterval": 4,
             "scheduling__cacheShare": 0.5,
         },
+        {
+            "decoding__sparseCache": {"mode": "head-centric", "headImportanceConfigMap": "llada-8b-heads"},
+            "decoding__maxMaterializedLogits": 64,
+            "decoding__logitCandidates": 8,
+            "decoding__warmPrefixes": ["system:You are a helpful assistant."],
+        },
     ],
 )
 def test_every_child_manifest_passes_strict_validation(changes):
@@ -279,6 +285,130 @@ def test_engines_take_the_profiles_cache_share_unless_the_spec_sets_one(tmp_path
 def test_the_operator_refuses_scheduling_settings_out_of_range(field, value, message):
     with pytest.raises(SpecError, match=message):
         example(**{f"scheduling__{field}": value})
+
+
+SPARSE = {
+    "mode": "head-centric",
+    "retention": 0.4,
+    "coreShare": 0.1,
+    "minorShare": 0.3,
+    "minorRetention": 0.1,
+    "consistency": 0.8,
+    "headImportanceConfigMap": "llada-8b-heads",
+}
+WARM = ["system:You are a helpful assistant.", "Translate into French:"]
+
+
+def test_the_decoding_options_reach_dllm_worker():
+    """spec.decoding's head-sparse cache, logit budget and warm prefixes, as the worker parses them."""
+    spec = example(
+        decoding__sparseCache=SPARSE,
+        decoding__maxMaterializedLogits=64,
+        decoding__logitCandidates=8,
+        decoding__warmPrefixes=WARM,
+    )
+    args = engine_worker_args(spec)
+    assert (args.sparse_cache, args.retention, args.core_share, args.minor_share) == (
+        "head-centric",
+        0.4,
+        0.1,
+        0.3,
+    )
+    assert (args.minor_retention, args.sparse_consistency) == (0.1, 0.8)
+    assert args.head_importance == "/etc/dllm/head-importance/heads.json"
+    assert (args.max_materialized_logits, args.logit_candidates) == (64, 8)
+    assert args.warm_prefix == WARM
+    # the importance file: the ConfigMap's heads.json, where --head-importance reads it
+    pod = all_manifests(spec)[2]["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "head-importance")
+    assert volume["configMap"] == {
+        "name": "llada-8b-heads",
+        "items": [{"key": "heads.json", "path": "heads.json"}],
+    }
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "head-importance")
+    assert mount["mountPath"] == "/etc/dllm/head-importance" and mount["readOnly"]
+    # absent, nothing is passed: the worker's own defaults
+    command = all_manifests(example())[2]["spec"]["template"]["spec"]["containers"][0]["command"]
+    passed = {"--sparse-cache", "--head-importance", "--max-materialized-logits", "--logit-candidates"}
+    assert not passed & set(command) and "--warm-prefix" not in command
+    defaults = engine_worker_args(example())
+    assert (defaults.sparse_cache, defaults.head_importance, defaults.warm_prefix) == ("off", None, None)
+    assert (defaults.max_materialized_logits, defaults.logit_candidates) == (None, 0)
+
+
+def test_a_uniform_sparse_cache_needs_no_importance_file():
+    spec = example(decoding__sparseCache={"mode": "uniform", "retention": 0.25})
+    args = engine_worker_args(spec)
+    assert (args.sparse_cache, args.retention, args.head_importance) == ("uniform", 0.25, None)
+    pod = all_manifests(spec)[2]["spec"]["template"]["spec"]
+    assert all(v["name"] != "head-importance" for v in pod["volumes"])
+
+
+def test_the_logit_budget_reaches_the_profiling_job_and_its_hash():
+    """The logits are part of the peak a profile measures: the Job runs with the engines' budget, and a
+    new budget is a new profile (none set: the hash of before)."""
+    spec = example(decoding__maxMaterializedLogits=64, decoding__logitCandidates=8)
+    command = all_manifests(spec)[0]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["dllm", "profile"]
+    args = build_parser().parse_args(command[1:])
+    assert (args.max_materialized_logits, args.logit_candidates) == (64, 8)
+    image = OperatorSettings(operator_namespace="dllm-system").engine_image
+    assert spec.profile_hash(image) != example().profile_hash(image)
+    assert example(decoding__warmPrefixes=WARM).profile_hash(image) == example().profile_hash(image)
+
+
+@pytest.mark.parametrize(
+    "decoding, message",
+    [
+        (
+            {"sparseCache": {"mode": "uniform", "retention": 1.5}},
+            r"decoding.sparseCache.retention must be in \(0, 1\], got 1.5",
+        ),
+        (
+            {"sparseCache": {"mode": "lossy"}},
+            "decoding.sparseCache.mode must be one of off, head-centric, uniform",
+        ),
+        (
+            {"sparseCache": SPARSE | {"minorRetention": 0.3}},
+            r"decoding.sparseCache.minorRetention must be in \(0, 0.2\], got 0.3",
+        ),
+        (
+            {"sparseCache": SPARSE | {"coreShare": 0.7, "minorShare": 0.4}},
+            "decoding.sparseCache.minorShare and the core share together must be at most 1",
+        ),
+        (
+            {"sparseCache": {"mode": "uniform", "consistency": 2}},
+            r"decoding.sparseCache.consistency must be in \[-1, 1\]",
+        ),
+        (
+            {"sparseCache": {"mode": "uniform", "coreShare": -0.1}},
+            r"decoding.sparseCache.coreShare must be in \[0, 1\]",
+        ),
+        (
+            {"sparseCache": {"mode": "head-centric"}},
+            "decoding.sparseCache.headImportanceConfigMap is required",
+        ),
+        (
+            {"sparseCache": {"mode": "uniform"}, "cache": "prefix"},
+            "decoding.sparseCache needs decoding.cache dual",
+        ),
+        ({"maxMaterializedLogits": 0}, "decoding.maxMaterializedLogits must be at least 1 position, got 0"),
+        ({"logitCandidates": -1}, "decoding.logitCandidates must be at least 0, got -1"),
+        ({"warmPrefixes": WARM, "cache": "none"}, "decoding.warmPrefixes need a KV cache"),
+    ],
+)
+def test_the_operator_refuses_decoding_options_out_of_range(decoding, message):
+    with pytest.raises(SpecError, match=message):
+        example(**{f"decoding__{field}": value for field, value in decoding.items()})
+
+
+def test_the_operator_refuses_decoding_options_the_worker_would_refuse():
+    with pytest.raises(SpecError, match="decoding.sparseCache: policy dllm-serve does not run it"):
+        example(decoding__sparseCache={"mode": "uniform"}, scheduling__policy="dllm-serve")
+    with pytest.raises(SpecError, match="decoding.warmPrefixes need scheduling.policy blockserve"):
+        example(decoding__warmPrefixes=WARM, scheduling__policy="static")
+    with pytest.raises(SpecError, match="decoding.sparseCache runs in one process"):
+        example(decoding__sparseCache={"mode": "uniform"}, parallelism={"tensor": 2})
 
 
 def test_profile_job_uses_the_termination_log_and_never_restarts():

@@ -6,6 +6,7 @@ from typing import Any
 
 from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV
 from dllm_operator.config import OperatorSettings
+from dllm_operator.decoding_options import decoding_option_flags, importance_volume
 from dllm_operator.manifests import common
 from dllm_operator.manifests.model_fetch import fetch_init_containers
 from dllm_operator.manifests.redis import password_ref
@@ -68,6 +69,7 @@ def worker_command(spec: ServiceSpec) -> list[str]:
         "--cache",
         spec.cache,
         *worker_flags(spec),
+        *decoding_option_flags(spec),
         *common.tensor_parallel_args(spec),
         "--port",
         str(METRICS_PORT),
@@ -93,6 +95,8 @@ def engine_pod_spec(
     vols, mounts = common.engine_volumes(spec)
     vols.append({"name": "profile", "configMap": {"name": common.name_of(spec, "profile")}})
     mounts.append({"name": "profile", "mountPath": PROFILE_MOUNT, "readOnly": True})
+    importance_vols, importance_mounts = importance_volume(spec.sparse_cache)
+    vols, mounts = vols + importance_vols, mounts + importance_mounts
     image = spec.image or settings.engine_image
     container = {
         "name": "engine",

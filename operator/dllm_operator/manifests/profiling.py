@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dllm_operator.config import OperatorSettings
+from dllm_operator.decoding_options import logit_flags
 from dllm_operator.manifests import common
 from dllm_operator.manifests.model_fetch import fetch_init_containers
 from dllm_operator.spec import ServiceSpec
@@ -28,6 +29,7 @@ def profiling_job(
         str(spec.utilization),
         "--block-length",
         str(spec.block_length),
+        *logit_flags(spec),  # the logits' memory the engines will hold
         *common.tensor_parallel_args(spec),  # the size the engines run at: the budget is per rank of it
         "--json",
         "/tmp/profile.json",

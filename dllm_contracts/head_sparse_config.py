@@ -1,0 +1,92 @@
+"""The head-sparse cache's settings: one frozen class, its defaults and ranges (torch-free: the engine's
+flags and the operator's spec check both take them from here).
+
+Off by default. ``uniform``: every head of every layer keeps ``retention`` of each row's context.
+``head-centric``: per layer, heads ranked by importance (``dllm heads``) fall into three groups: the core
+share kept whole, the regular heads at ``retention``, the minor share at ``minor_retention`` (never more
+than ``retention``). The active block's own positions are always kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+MODES = ("off", "head-centric", "uniform")
+MAX_MINOR_RETENTION = 0.2
+LABELS = {  # HeadSparseConfig's field -> how its messages name it
+    "mode": "sparse cache mode",
+    "retention": "retention",
+    "minor_retention": "minor retention",
+    "core_share": "core share",
+    "minor_share": "minor share",
+    "consistency": "consistency threshold",
+    "importance": "head-centric retention",
+}
+
+
+class HeadSparseConfigError(ValueError):
+    """Head-sparse settings out of range."""
+
+
+@dataclass(frozen=True)
+class HeadSparseConfig:
+    mode: str = "off"  # off | head-centric | uniform
+    retention: float = 0.5  # r: share of each row's context a (regular, or every uniform) head keeps
+    core_share: float = 0.2  # head-centric: share of each layer's heads kept whole (the most important)
+    minor_share: float = 0.2  # head-centric: share of each layer's heads sparsified hardest (the least)
+    minor_retention: float = 0.2  # head-centric: the minor heads' retention (at most 0.2, and at most r)
+    # cross-step consistency: a head whose scores over the positions it scored at the request's previous
+    # refresh have a cosine similarity above this with the scores it ranked by then keeps that ranking
+    # there (its selection stays put); 1 never holds (each refresh selects afresh)
+    consistency: float = 0.9
+    importance: str | None = None  # the JSON ``dllm heads`` wrote (head-centric needs it)
+
+    def __post_init__(self) -> None:
+        problems = problems_of(asdict(self))
+        if problems:
+            name, message = next(iter(problems.items()))
+            raise HeadSparseConfigError(f"{LABELS[name]} {message}")
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off"
+
+    def group_retentions(self) -> tuple[float, float, float]:
+        """(core, regular, minor) retention of head-centric groups."""
+        return 1.0, self.retention, min(self.minor_retention, self.retention)
+
+
+def problems_of(settings: dict) -> dict[str, str]:
+    """HeadSparseConfig's checks for settings not yet made a config (every field given), by field, each
+    message to follow the field's name, so that each caller can name the settings its own way (a flag, a
+    resource's field)."""
+    mode, retention, minor = settings["mode"], settings["retention"], settings["minor_retention"]
+    core_share, minor_share = settings["core_share"], settings["minor_share"]
+    consistency = settings["consistency"]
+    checks = [
+        ("mode", mode not in MODES, f"must be one of {', '.join(MODES)}, got {mode!r}"),
+        ("retention", not 0.0 < retention <= 1.0, f"must be in (0, 1], got {retention}"),
+        (
+            "minor_retention",
+            not 0.0 < minor <= MAX_MINOR_RETENTION,
+            f"must be in (0, {MAX_MINOR_RETENTION}], got {minor}",
+        ),
+        ("core_share", not 0.0 <= core_share <= 1.0, f"must be in [0, 1], got {core_share}"),
+        ("minor_share", not 0.0 <= minor_share <= 1.0, f"must be in [0, 1], got {minor_share}"),
+        (
+            "minor_share",
+            core_share + minor_share > 1.0,
+            f"and the core share together must be at most 1, got {minor_share} and {core_share}",
+        ),
+        ("consistency", not -1.0 <= consistency <= 1.0, f"must be in [-1, 1], got {consistency}"),
+        (
+            "importance",
+            mode == "head-centric" and not settings["importance"],
+            "needs head importance: pass the JSON `dllm heads` writes",
+        ),
+    ]
+    problems: dict[str, str] = {}
+    for name, failed, message in checks:
+        if failed and name not in problems:
+            problems[name] = message
+    return problems
