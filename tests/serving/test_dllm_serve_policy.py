@@ -1,12 +1,13 @@
 """``dllm serve --policy dllm-serve`` on the product path: concurrent chat requests through the official
-client are answered with the tokens BlockServe gives them, while the worker's /metrics show every step's
-refreshes held to the quota the flags set."""
+client are answered as each is alone (and, behind -m slow, as BlockServe answers them), while the worker's
+/metrics show every step's refreshes held to the quota the flags set."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from engine_pod.serve.redis_server import free_port
 from tests.serving.conftest import SERVED
@@ -16,7 +17,7 @@ PROMPTS = [f"count to {n} and then say the alphabet backwards, slowly {'.' * n}"
 BUDGET, QUOTA = 1024, 0.1  # 102 positions a step: far fewer than a batch of these rows refreshes at once
 
 
-def _answers(server) -> dict[str, str]:
+def _answers(server, prompts: list[str] = PROMPTS) -> dict[str, str]:
     client = openai_client(server)
 
     def ask(prompt: str) -> str:
@@ -25,8 +26,8 @@ def _answers(server) -> dict[str, str]:
         )
         return reply.choices[0].message.content
 
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        return dict(zip(PROMPTS, pool.map(ask, PROMPTS)))
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return dict(zip(prompts, pool.map(ask, prompts)))
 
 
 def _metric(text: str, name: str) -> float:
@@ -34,19 +35,36 @@ def _metric(text: str, name: str) -> float:
     return value
 
 
-def test_dllm_serve_answers_as_blockserve_and_holds_refreshes_to_its_quota(tmp_path):
-    common = ["--token-budget", str(BUDGET)]
-    for name in ("blockserve", "dllm-serve"):
-        (tmp_path / name).mkdir()
-    with running(tmp_path / "blockserve", *common) as server:
-        expected = _answers(server)
-    port = free_port()
-    flags = ["--policy", "dllm-serve", "--refresh-quota", str(QUOTA), "--batch-refresh-quota", str(QUOTA)]
-    with running(tmp_path / "dllm-serve", *common, *flags, "--metrics-port", str(port)) as server:
-        assert _answers(server) == expected
-        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+def _check_quota(port: int) -> None:
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     quota = int(QUOTA * BUDGET)
     assert _metric(metrics, "dllm_refresh_quota_positions") == quota
     assert 0 < _metric(metrics, "dllm_peak_refresh_positions") <= quota
     assert _metric(metrics, "dllm_refresh_positions_total") > quota  # spread over several steps
     assert 0 < _metric(metrics, "dllm_refresh_share") <= 1
+
+
+FLAGS = ["--token-budget", str(BUDGET), "--policy", "dllm-serve", "--refresh-quota", str(QUOTA)]
+
+
+def test_dllm_serve_holds_refreshes_to_its_quota_and_answers_a_batch_as_each_alone(tmp_path):
+    port = free_port()
+    with running(
+        tmp_path, *FLAGS, "--batch-refresh-quota", str(QUOTA), "--metrics-port", str(port)
+    ) as server:
+        batched = _answers(server)
+        alone = _answers(server, PROMPTS[:1])
+        _check_quota(port)
+    assert alone[PROMPTS[0]] == batched[PROMPTS[0]]
+
+
+@pytest.mark.slow
+def test_dllm_serve_answers_as_blockserve(tmp_path):
+    for name in ("blockserve", "dllm-serve"):
+        (tmp_path / name).mkdir()
+    with running(tmp_path / "blockserve", "--token-budget", str(BUDGET)) as server:
+        expected = _answers(server)
+    port = free_port()
+    with running(tmp_path / "dllm-serve", *FLAGS, "--metrics-port", str(port)) as server:
+        assert _answers(server) == expected
+        _check_quota(port)
