@@ -258,6 +258,7 @@ def test_repeated_rounds_give_every_policy_every_place_in_a_round(model, tmp_pat
     }
 
 
+@pytest.mark.slow  # CI: dllm serve's /metrics hold the quota (test_dllm_serve_policy), the engine's test_dllm_serve
 def test_bench_runs_dllm_serve_beside_blockserve_and_reports_its_refreshes_within_the_quota(model, tmp_path):
     """Every policy's tokens identical, dllm-serve's steps held to its refresh quota (0.2 of the budget: 409
     positions, the widest request 338), BlockServe's refreshing its batch at once."""

@@ -19,7 +19,9 @@ def model(tmp_path_factory):
     return write_served_model(tmp_path_factory.mktemp("logit-count-model"))
 
 
-@pytest.mark.parametrize(("flags", "columns"), [([], VOCAB), (["--logit-candidates", "5"], 5)])
+@pytest.mark.parametrize(  # the whole vocabulary behind -m slow: candidates count fewer columns
+    ("flags", "columns"), [pytest.param([], VOCAB, marks=pytest.mark.slow), (["--logit-candidates", "5"], 5)]
+)
 def test_bench_reports_the_logits_materialized(model, tmp_path, flags, columns):
     out = tmp_path / "b.json"
     argv = heterogeneous_float64_bench(model, out, 4, "blockserve")
