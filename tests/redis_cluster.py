@@ -26,6 +26,19 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def _start_on_free_ports(node: RedisServer, attempts: int = 5) -> None:
+    """Start a node; where its port or bus port was taken between the pick and redis-server's bind (tests
+    run in parallel: the server exits at once), on another free pair."""
+    for attempt in range(attempts):
+        try:
+            node.start()
+            return
+        except RuntimeError:
+            if attempt == attempts - 1 or node.process is None or node.process.poll() is None:
+                raise
+            node.port = _port_with_free_bus()
+
+
 def _port_with_free_bus(attempts: int = 200) -> int:
     """A free port whose bus port is free too (an ephemeral port + 10000 can pass 65535)."""
     for _ in range(attempts):
@@ -75,7 +88,7 @@ class LocalRedisCluster:
     def start(self, timeout_s: float = 20.0) -> LocalRedisCluster:
         try:
             for node in self.all_nodes:
-                node.start()
+                _start_on_free_ports(node)
             clients = [self.client(node) for node in self.all_nodes]
             for index, client in enumerate(clients[: len(self.nodes)]):
                 first, last = self._slot_range(index)
