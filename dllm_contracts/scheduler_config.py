@@ -78,6 +78,10 @@ class SchedulerConfig:
     batch_refresh_quota: float = DEFAULT_BATCH_REFRESH_QUOTA
     refresh_interval: int = 0
     cache_share: float = 1.0
+    # dLLM-Serve's step-level batching: a cycle ends at the first step after which a row's block is complete
+    # while others go on (those carry their blocks on), so that it starts its next block and new requests
+    # join at that step instead of when the slowest row's block completes; False: at block boundaries only
+    step_level: bool = True
 
     def __post_init__(self) -> None:
         raise_problems(self.problems())
@@ -153,5 +157,6 @@ def admission_flags(config: SchedulerConfig, cache_share: bool = True) -> list[s
             str(config.batch_refresh_quota),
         ),
         *("--refresh-interval", str(config.refresh_interval)),
+        *(() if config.step_level else ("--no-step-level",)),
         *(("--cache-share", str(config.cache_share)) if cache_share else ()),
     ]

@@ -41,12 +41,13 @@ class CycleRecord:
     refresh_quota: int | None = None  # the most one step could refresh (None: no quota)
     kv_dense_bytes: int = 0  # the dual cache's keys and values of every cached position
     kv_kept_bytes: int = 0  # of those, what it held (all, unless head-sparse)
+    carried: int = 0  # rows whose block went on into the next cycle (dLLM-Serve's step-level batching)
 
 
 @dataclass
 class StepResult:
     output: SchedulerOutput  # what ran
-    blocks: list[list[int]]  # each row's block as committed (inactive rows included)
+    blocks: list[list[int] | None]  # each row's block as committed (inactive rows included; None: carried on)
     finished: list[Request]  # requests that finished at this block boundary
     logprobs: list | None = None  # per row, when some row asked: see CycleOutput.logprobs
     stats: CycleStats = field(default_factory=CycleStats)  # what the cycle computed
@@ -110,6 +111,11 @@ class Engine:
         if self._start is None:
             self._start = begin
         cycle = self.runner.run(output)
+        carried = cycle.carried or []
+        if any(carried):  # blocks that go on in the next cycle are not committed yet
+            cycle.blocks = [None if c else block for block, c in zip(cycle.blocks, carried)]
+            if cycle.logprobs is not None:
+                cycle.logprobs = [None if c else values for values, c in zip(cycle.logprobs, carried)]
         self._keep_margins(output, cycle.margins)
         finished = self.scheduler.update_from_output(output, cycle.blocks)
         self.records.append(
@@ -132,6 +138,7 @@ class Engine:
                 refresh_quota=output.refresh_quota,
                 kv_dense_bytes=cycle.stats.kv_dense_bytes,
                 kv_kept_bytes=cycle.stats.kv_kept_bytes,
+                carried=sum(carried),
             )
         )
         return StepResult(output, cycle.blocks, finished, cycle.logprobs, cycle.stats)

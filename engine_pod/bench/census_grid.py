@@ -8,10 +8,14 @@ POLICIES = {
     "blockserve-packed": (True, True),
     "blockserve-dense": (True, False),
     "dllm-serve": (True, True),
+    "dllm-serve-step-level": (True, True),
 }
 # policies whose cycles stagger their refreshes: one step refreshes at most this share of the cycle's rows'
 # positions (or its widest row), so refreshing and reusing rows share steps (dual-cache models only)
-STAGGERED = {"dllm-serve": 0.3}
+STAGGERED = {"dllm-serve": 0.3, "dllm-serve-step-level": 0.3}
+# of those, the policies whose cycles end at the first step after which a row's block is complete, the rows
+# going on carrying their blocks and caches into the next cycle (dLLM-Serve's step-level batching)
+STEP_LEVEL = ("dllm-serve-step-level",)
 MODELS = (
     "random:llada-tiny",
     "random:dream-tiny",

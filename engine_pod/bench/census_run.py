@@ -25,6 +25,7 @@ from engine_pod.bench.census_grid import (
     REQUESTS,
     ROW_THRESHOLDS,
     STAGGERED,
+    STEP_LEVEL,
 )
 from engine_pod.bench.op_census import Census, Segment, counting
 from engine_pod.decoding.config import DecodingConfig
@@ -110,11 +111,14 @@ def run_scenario(loaded: LoadedModel, scenario: Scenario, decoding: DecodingConf
         if scenario.policy in STAGGERED:
             widths = [row.width + decoding.block_length for row in rows]
             cycle.refresh_quota = max(max(widths), int(STAGGERED[scenario.policy] * sum(widths)))
+            cycle.step_level = scenario.policy in STEP_LEVEL  # rows going on carry their blocks and caches
         with counting(loaded.model) as census:
             output = runner.run(cycle)
         censuses.append(census)
+        carried = output.carried or [False] * len(rows)
         rows = [
-            replace(row, prefix_ids=row.prefix_ids + tuple(block)) for row, block in zip(rows, output.blocks)
+            row if going else replace(row, prefix_ids=row.prefix_ids + tuple(block))
+            for row, block, going in zip(rows, output.blocks, carried)
         ]
         rows = rows[:-1] if len(rows) > 1 else rows
     runner.forget()

@@ -68,6 +68,7 @@ def refresh_metrics(cycles) -> dict:
         "refresh_share": round(refreshed / computed, 4) if computed else 0.0,
         "peak_refresh_positions": max(c.peak_refresh_positions for c in cycles),
         "refresh_quota_positions": max(quotas) if quotas else None,
+        "cycles_ended_at_a_step": sum(1 for c in cycles if c.carried),
     }
 
 

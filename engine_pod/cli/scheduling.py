@@ -100,6 +100,14 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
         f"(default: {DEFAULTS.refresh_interval}: at the first only)",
     )
     phases.add_argument(
+        "--step-level",
+        action=argparse.BooleanOptionalAction,
+        default=DEFAULTS.step_level,
+        help="end a cycle at the first step after which a row's block is complete, the others carrying "
+        "their blocks on, so that rows start their next block and new requests join at that step "
+        "(default: on; --no-step-level: at block boundaries only)",
+    )
+    phases.add_argument(
         "--cache-share",
         type=float,
         default=None,
@@ -123,6 +131,7 @@ FLAGS = {
     "batch_refresh_quota": "--batch-refresh-quota",
     "refresh_interval": "--refresh-interval",
     "cache_share": "--cache-share",
+    "step_level": "--step-level",
 }  # SchedulerConfig's field -> the flag that sets it
 
 
@@ -154,6 +163,7 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
         batch_refresh_quota=args.batch_refresh_quota,
         refresh_interval=args.refresh_interval,
         cache_share=_cache_share(args, profile),
+        step_level=args.step_level,
     )
     problems = problems_of(settings)
     if problems:

@@ -34,6 +34,7 @@ class Canvas:
     logprobs: list[int | None] | None = None  # per row: alternatives to record (None: none asked)
     packed: bool = False  # forwards compute only the positions that exist (runner/packing.py)
     host: CanvasRows | None = None  # what the host knows of each row without reading the device
+    extra: torch.Tensor | None = None  # [R, E] the caller's per-row integers, sent in the canvas's copy
 
     @property
     def width(self) -> int:
@@ -72,16 +73,26 @@ class CanvasRows:
         return cls([c + s for c, s in zip(context, suffix)], context, [row.active for row in rows])
 
 
-def _row_tokens(row: CycleRow, block_length: int, mask_id: int) -> list[int]:
-    masked = block_length * (1 + row.suffix_blocks)
-    return list(row.prefix_ids) + [mask_id] * masked
+def _row_tokens(row: CycleRow, block_length: int, mask_id: int, block: list[int] | None) -> list[int]:
+    """The row's prefix, its active block (``block``: as far as it was committed, else masked) and suffix."""
+    active = [mask_id] * block_length if block is None else list(block)
+    return list(row.prefix_ids) + active + [mask_id] * (block_length * row.suffix_blocks)
 
 
-def _host_rows(rows: list[CycleRow], block_length: int, mask_id: int, pad_id: int, threshold: float):
-    """One int64 matrix [R, W + 6 (+ the sampling columns)]: left-padded tokens, the scratch column, then per
-    row its length, block start, hidden-suffix flag, active flag and threshold (float64 bits), and, where a
-    row samples, every row's sampling settings (RowSampling.host_columns)."""
-    contents = [_row_tokens(row, block_length, mask_id) for row in rows]
+def _host_rows(
+    rows: list[CycleRow],
+    block_length: int,
+    mask_id: int,
+    pad_id: int,
+    threshold: float,
+    blocks: list[list[int] | None],
+    extra: list[list[int]],
+):
+    """One int64 matrix [R, W + 6 (+ the caller's extra columns) (+ the sampling columns)]: left-padded
+    tokens, the scratch column, then per row its length, block start, hidden-suffix flag, active flag and
+    threshold (float64 bits), the caller's ``extra`` integers and, where a row samples, every row's sampling
+    settings (RowSampling.host_columns)."""
+    contents = [_row_tokens(row, block_length, mask_id, block) for row, block in zip(rows, blocks)]
     width = max(len(c) for c in contents)
     thresholds = [threshold if r.threshold is None else r.threshold for r in rows]
     threshold_bits = float64_bits(thresholds)
@@ -91,8 +102,9 @@ def _host_rows(rows: list[CycleRow], block_length: int, mask_id: int, pad_id: in
         + c
         + [pad_id, len(c), width - len(c) + row.width]
         + [int(not row.suffix_visible), int(row.active), bits]
+        + more
         + settings
-        for c, row, bits, settings in zip(contents, rows, threshold_bits, sampling)
+        for c, row, bits, more, settings in zip(contents, rows, threshold_bits, extra, sampling)
     ]
     return torch.tensor(matrix, dtype=torch.long), width
 
@@ -105,17 +117,24 @@ def build_canvas(
     device: torch.device,
     threshold: float = 0.9,
     score_dtype: torch.dtype = torch.float32,
+    blocks: list[list[int] | None] | None = None,
+    extra: list[list[int]] | None = None,
 ) -> Canvas:
-    """Left-pad every row to the widest one and compute positions, masks and block slots."""
-    host, width = _host_rows(rows, block_length, mask_id, pad_id, threshold)
+    """Left-pad every row to the widest one and compute positions, masks and block slots. ``blocks``: a
+    row's active block as far as it was committed (None: fully masked); ``extra``: the same number of the
+    caller's integers per row, sent in the same copy (``Canvas.extra``)."""
+    blocks = blocks or [None] * len(rows)
+    more = extra or [[] for _ in rows]
+    host, width = _host_rows(rows, block_length, mask_id, pad_id, threshold, blocks, more)
     packed = to_device(host, device)  # the one host-to-device copy
     tokens = packed[:, : width + 1].contiguous()
     lengths, block_start, hidden, active, bits = packed[:, width + 1 : width + 6].unbind(1)
+    settings_at = width + 6 + len(more[0])
     params = [row.sampling for row in rows]
     sampling = (
         None
-        if packed.shape[1] == width + 6
-        else RowSampling.from_device(packed[:, width + 6 :], params, score_dtype)
+        if packed.shape[1] == settings_at
+        else RowSampling.from_device(packed[:, settings_at:], params, score_dtype)
     )
     columns = torch.arange(width, device=device)
     start = width - lengths
@@ -139,4 +158,5 @@ def build_canvas(
         sampling=sampling,
         logprobs=[row.logprobs for row in rows] if any(row.logprobs is not None for row in rows) else None,
         host=CanvasRows.of(rows, block_length),
+        extra=packed[:, width + 6 : settings_at] if extra else None,
     )

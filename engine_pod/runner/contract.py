@@ -49,6 +49,9 @@ class CycleOutput:
     # per row asking for them (None for the others), per block position: (log p of the committed token,
     # [(alternative id, its log p), ...]) under the distribution of the step that committed it
     logprobs: list[list[tuple] | None] | None = None
+    # per row, where the cycle ended at a step (step-level batching): True where its block is not complete
+    # and goes on in the next cycle (its ``blocks`` entry is not committed); None: every block is complete
+    carried: list[bool] | None = None
 
 
 class Runner(Protocol):

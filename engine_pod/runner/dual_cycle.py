@@ -97,9 +97,7 @@ class DualCacheStepper:
         """The cycle's canvas (one copy to the device); packed: forwards compute only the positions that
         exist (no padding, no hidden suffix), else the dense box."""
         L, device = self.decoding.block_length, self.loaded.device
-        canvas = build_canvas(
-            cycle.rows, L, self.mask_id, self.pad_id, device, self.decoding.threshold, self.score_dtype
-        )
+        canvas = self._canvas(cycle)
         canvas.packed = cycle.packed
         R = len(cycle.rows)
         cache = DualCache(self.cache_pool, self.heads) if self.decoding.uses_cache else None
@@ -124,6 +122,11 @@ class DualCacheStepper:
             torch.full(canvas.block_slots.shape, float("inf"), device=device),
             recorder,
         )
+
+    def _canvas(self, cycle: SchedulerOutput, **resume) -> Canvas:
+        """The cycle's canvas (``resume``: resumed rows' blocks and columns, runner/phase_carry.py)."""
+        args = (self.mask_id, self.pad_id, self.loaded.device, self.decoding.threshold, self.score_dtype)
+        return build_canvas(cycle.rows, self.decoding.block_length, *args, **resume)
 
     def most_steps(self, state: _DualCycle) -> int:
         return self.decoding.block_length + self.decoding.steps_per_block + 2

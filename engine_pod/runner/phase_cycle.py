@@ -10,6 +10,9 @@ the step's plan is made on the device and comes to the host with that read, so n
 to the device. A row due beyond the quota waits the step out. A cycle without either setting is the plain
 dual cycle (runner/dual_cycle.py).
 
+A cycle that asks for step-level batching ends at the first step after which a row's block is complete
+while others go on; those carry their blocks and caches into the next cycle (runner/phase_carry.py).
+
 Each row's forwards are those it takes alone, in the same order: its tokens are the same whatever the
 quota and whatever rows share its steps. The policy's decision must not depend on the step's number
 (threshold decoding); seeded draws use each row's own forward count.
@@ -23,9 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from engine_pod.decoding.denoise_step import Candidates
+from engine_pod.runner.canvas import Canvas
+from engine_pod.runner.contract import CycleOutput
 from engine_pod.runner.dual_cycle import DualCacheStepper, _DualCycle
 from engine_pod.runner.dual_rows import HostState, StepRows
 from engine_pod.runner.packing import packed_layout, window_inputs
+from engine_pod.runner.phase_carry import RowCarry
 from engine_pod.runner.phase_plan import PhasePlan, plan_phases
 from engine_pod.scheduler.dllm_serve import STEP_FREE_POLICIES
 from engine_pod.scheduler.output import SchedulerOutput
@@ -57,9 +63,12 @@ class _Phases:
     widths_on_device: torch.Tensor
     forwards: list[int]  # the row's forwards in its block so far (the device's are steps_taken)
     waited: torch.Tensor  # [R] steps each row has waited for its refresh
+    owners: list[str]  # the request behind each row
+    step_level: bool  # the cycle ends once a row's block is complete while others go on (they carry)
     plan: PhasePlan | None = None  # the next step's, on the device
     refresh: tuple[int, ...] = ()  # the same on the host: the rows that refresh,
     stepping: tuple[int, ...] = ()  # and every row that steps, in row order
+    carry_out: bool = False  # the cycle ended with rows going on
 
 
 class PhaseStepper(DualCacheStepper):
@@ -70,18 +79,48 @@ class PhaseStepper(DualCacheStepper):
         """Whether it can: the dual cache, and a policy that does not count steps."""
         return self.decoding.cache == "dual" and self.policy.name in STEP_FREE_POLICIES and self.heads is None
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.carry = RowCarry()  # rows carried out of the last cycle (step-level batching)
+
+    def forget(self) -> None:
+        super().forget()
+        self.carry.forget()
+
+    @staticmethod
+    def _phased(cycle: SchedulerOutput) -> bool:
+        return cycle.refresh_quota is not None or cycle.refresh_interval != 0
+
+    def _canvas(self, cycle: SchedulerOutput, **resume) -> Canvas:
+        """The cycle's canvas, resumed rows' blocks and counters in its copy."""
+        if not self.carry or not self._phased(cycle):
+            self.carry.forget()
+            return super()._canvas(cycle)
+        blocks, columns = self.carry.columns(list(cycle.request_ids))
+        return super()._canvas(cycle, blocks=blocks, extra=columns)
+
     def begin(self, cycle: SchedulerOutput) -> _DualCycle:
         state = super().begin(cycle)
-        if cycle.refresh_quota is None and cycle.refresh_interval == 0:
+        if not self._phased(cycle):
             return state
         self._check_stagger(cycle)
-        rows = len(cycle.rows)
+        rows, owners = len(cycle.rows), list(cycle.request_ids)
         layout = packed_layout(state.canvas, None, list(range(rows)))
         layout.keep_in(state.cache)
         widths = list(state.canvas.host.key_lengths)
         waited = torch.zeros_like(state.steps_taken)
+        forwards = [0] * rows
+        if state.canvas.extra is not None:  # rows carried out of the last cycle: counters, cache
+            waited = self.carry.resume(state, owners, forwards)
         state.phases = _Phases(
-            cycle.refresh_quota, cycle.refresh_interval, widths, layout.row_len, [0] * rows, waited
+            cycle.refresh_quota,
+            cycle.refresh_interval,
+            widths,
+            layout.row_len,
+            forwards,
+            waited,
+            owners,
+            cycle.step_level,
         )
         return state
 
@@ -133,7 +172,19 @@ class PhaseStepper(DualCacheStepper):
         phases.plan = plan
         phases.refresh = tuple(r for r, flag in enumerate(refresh) if flag)
         phases.stepping = tuple(r for r, (a, b) in enumerate(zip(refresh, reuse)) if a or b)
-        return not all(state.host.done)
+        going = not all(state.host.done)
+        if going and phases.step_level and any(state.host.done):
+            phases.carry_out = True  # a block is complete: the cycle ends, the others carry theirs on
+            return False
+        return going
+
+    def finish(self, state: _DualCycle) -> CycleOutput:
+        """The committed blocks; where the cycle ended with rows going on, theirs as far as committed (not
+        committed: ``carried``), their counters read with them and their cache kept (``self.carry``)."""
+        phases = state.phases
+        if phases is None or not phases.carry_out:
+            return super().finish(state)
+        return self.carry.end_at_step(state, phases.forwards, phases.owners, phases.waited)
 
     @torch.no_grad()
     def step(self, state: _DualCycle, step: int) -> None:

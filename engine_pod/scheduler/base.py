@@ -108,13 +108,14 @@ class Scheduler:
             self._in_rows = list(output.request_ids)
         return output
 
-    def update_from_output(self, output: SchedulerOutput, blocks: list[list[int]]) -> list[Request]:
-        """Commit each active row's block; return the requests that finished at this boundary."""
+    def update_from_output(self, output: SchedulerOutput, blocks: list[list[int] | None]) -> list[Request]:
+        """Commit each active row's block (None: its block goes on in the next cycle); return the requests
+        that finished at this boundary."""
         now = self.clock()
         finished = []
         for request_id, row, block in zip(output.request_ids, output.rows, blocks):
             request = self.requests.get(request_id)
-            if not row.active or request is None or request.is_finished:
+            if not row.active or block is None or request is None or request.is_finished:
                 continue
             request.generated.extend(block)
             reason = self._finish_reason(request, block)

@@ -90,6 +90,7 @@ class DllmServeScheduler(BlockServeScheduler):
             batch_only = all(r.in_batch for r in self.active)
             output.refresh_quota = self.quota_tokens(batch_only)
             output.refresh_interval = self.config.refresh_interval
+            output.step_level = self.config.step_level
         return output
 
     def claim_plan(self) -> ClaimPlan | None:

@@ -24,6 +24,9 @@ class SchedulerOutput:
     # (None: every row refreshes at its block's first forward, all at once) and each row's refresh interval
     refresh_quota: int | None = None
     refresh_interval: int = 0
+    # dLLM-Serve's step-level batching: the cycle may end at a step after which some row's block is complete
+    # while others go on; those carry their blocks into the next cycle, which new rows may join
+    step_level: bool = False
 
     @classmethod
     def of_rows(cls, rows: list[CycleRow], gather_rows: bool = True, packed: bool = False) -> SchedulerOutput:

@@ -124,6 +124,11 @@ class WorkerMetrics:
             "Most positions one step may refresh (dLLM-Serve's quota; 0: no quota)",
             registry=r,
         )
+        self.carried_rows = Counter(
+            "dllm_carried_rows",
+            "Rows whose block went on into the next cycle (dLLM-Serve's step-level batching)",
+            registry=r,
+        )
         self._useful = 0
         self._computed = 0
         self._refreshed = 0
@@ -147,6 +152,7 @@ class WorkerMetrics:
             self.refresh_share.set(self._refreshed / self._computed)
         self.peak_refresh_positions.set(peak)
         self.refresh_quota_positions.set(quota or 0)
+        self.carried_rows.inc(record.carried)
 
     def record_logits(self, materialized: int, peak: int) -> None:
         """One block cycle's logits (CycleStats.logits_materialized and peak_logits)."""

@@ -237,7 +237,7 @@ class Worker:
             result.output.request_ids, result.output.rows, result.blocks, per_row
         ):
             served = self._served.get(request_id)
-            if row.active and served is not None:
+            if row.active and block is not None and served is not None:
                 blocks.append(served.commit(list(block), values, self.decoding.block_length))
         return blocks
 

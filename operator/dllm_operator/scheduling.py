@@ -40,6 +40,7 @@ SCHEDULING_FIELDS = {
     "batch_refresh_quota": "batchRefreshQuota",
     "refresh_interval": "refreshInterval",
     "cache_share": "cacheShare",
+    "step_level": "stepLevel",
 }  # SchedulerConfig's field -> its name under spec.scheduling
 UNSET_BY_DEFAULT = ("cache_share",)  # absent: the worker's own default (the profile's measure)
 

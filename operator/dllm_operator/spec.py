@@ -75,6 +75,7 @@ class ServiceSpec:
     batch_refresh_quota: float = DEFAULTS.batch_refresh_quota
     refresh_interval: int = DEFAULTS.refresh_interval
     cache_share: float | None = None  # None: the profile's measure, else SchedulerConfig's default
+    step_level: bool = DEFAULTS.step_level
     image: str | None = None
     gpus: int = 1  # per rank: a pod requests parallelism.pod_gpus(gpus)
     gpu_resource: str = "nvidia.com/gpu"

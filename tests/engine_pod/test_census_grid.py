@@ -55,6 +55,16 @@ STAGGERED_GRID = [
 ]
 
 
+def _packed_bounds(figures) -> None:
+    """A packed cycle's bounds: one attention call per layer, no read in a forward, at most one per step,
+    two copies per cycle, no new attention shape."""
+    assert figures.attention_calls_per_layer == 1
+    assert figures.syncs_per_forward == 0, figures.sync_kinds
+    assert figures.syncs_per_step <= 1, figures.sync_kinds
+    assert figures.host_to_device_per_cycle <= 2
+    assert figures.new_attention_shapes == 0
+
+
 @pytest.mark.parametrize(("spec", "requests"), STAGGERED_GRID)
 def test_staggered_refreshes_attend_once_per_layer_read_once_per_step_and_copy_twice_per_cycle(
     models, spec, requests
@@ -63,10 +73,18 @@ def test_staggered_refreshes_attend_once_per_layer_read_once_per_step_and_copy_t
     share each step's one forward, the step's plan is made on the device and read with the step's one read:
     a plain cycle's two copies, whatever the steps the refreshes are spread over."""
     figures = census_figures(models[spec], spec, "dllm-serve", requests)
-    assert figures.attention_calls_per_layer == 1
-    assert figures.syncs_per_forward == 0, figures.sync_kinds
-    assert figures.syncs_per_step <= 1, figures.sync_kinds
-    assert figures.host_to_device_per_cycle <= 2
-    assert figures.new_attention_shapes == 0
+    _packed_bounds(figures)
     plain = census_figures(models[spec], spec, "blockserve-packed", requests)
     assert figures.forwards > plain.forwards  # the refreshes were spread: rows waited for their turn
+
+
+@pytest.mark.parametrize("requests", ["greedy", "logprobs"])
+def test_step_level_cycles_carry_rows_without_a_copy_or_a_read_more(models, requests):
+    """dLLM-Serve's step-level cycles: a cycle ends once a row's block is complete, and the rows going on
+    carry their blocks and caches into the next one, laid out by that cycle's one copy (the carried caches
+    move on the device): the same bounds as every cycle."""
+    spec = "random:llada-tiny"
+    figures = census_figures(models[spec], spec, "dllm-serve-step-level", requests)
+    _packed_bounds(figures)
+    block_level = census_figures(models[spec], spec, "dllm-serve", requests)
+    assert figures.forwards < block_level.forwards  # its cycles ended at a step: rows were carried

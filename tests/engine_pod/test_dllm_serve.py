@@ -1,6 +1,9 @@
-"""dLLM-Serve's phase-multiplexed refreshes on the engine (runner/phase_cycle.py, scheduler/dllm_serve.py):
-a quota spreads a cycle's refreshes over its steps and never changes a request's tokens (float64, greedy
-and seeded sampling, LLaDA and Dream), and no step refreshes more than the quota."""
+"""dLLM-Serve on the engine (runner/phase_cycle.py, runner/phase_carry.py, scheduler/dllm_serve.py): a quota
+spreads a cycle's refreshes over its steps and never changes a request's tokens (float64, greedy and seeded
+sampling, LLaDA and Dream), and no step refreshes more than the quota; step-level batching ends a cycle at
+the step after which a row's block is complete, the rows going on carry their blocks, counters and caches
+into the next cycle, and every request still gets the tokens (and log probabilities) it gets alone, rows
+leaving at different blocks, a request cancelled or preempted while its block is carried."""
 
 from __future__ import annotations
 
@@ -117,3 +120,100 @@ def test_a_policy_that_counts_steps_is_refused_in_one_line(models):
     cycle.add(cycle.request_for("a", [1, 2, 3], BLOCK))
     with pytest.raises(PhaseScheduleError, match="threshold"):
         runner.run(cycle.schedule())
+
+
+def _engine(loaded, eos, config: SchedulerConfig, workload, sampling=None, logprobs=None) -> Engine:
+    engine = Engine(make_runner(loaded, DECODING, BUDGET), DllmServeScheduler(BLOCK, eos, config))
+    for rid, prompt, budget in workload:
+        request = engine.scheduler.request_for(rid, prompt, budget)
+        request.sampling = (sampling or {}).get(rid)
+        request.logprobs = (logprobs or {}).get(rid)
+        engine.add_request(request)
+    return engine
+
+
+def _finish(engine: Engine) -> tuple[dict[str, list[int]], dict[str, list]]:
+    """Step to the end: each request's tokens, and the log probabilities of those that asked."""
+    tokens, values = {}, {}
+    while engine.has_work():
+        result = engine.step()
+        for rid, block, kept in zip(result.output.request_ids, result.blocks, result.logprobs or []):
+            if block is not None and kept is not None:
+                values.setdefault(rid, []).extend(kept)
+        tokens.update({r.request_id: list(r.generated) for r in result.finished})
+    return tokens, values
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_rows_carry_their_blocks_across_cycles_and_get_their_tokens_alone(models, family):
+    loaded = models[family]
+    workload = random_workload(random.Random(7), 8, 480, BLOCK, max_prompt=30, max_blocks=4)
+    sampling = {
+        rid: SamplingParams(temperature=0.8, seed=i) for i, (rid, _, _) in enumerate(workload) if i % 2
+    }
+    free = run_workload(loaded, sequential_scheduler(BLOCK, [], ignore_eos=True), DECODING, workload)
+    eos = [common_token(free, 1)]  # rows leave at different blocks
+    alone = run_workload(
+        loaded, sequential_scheduler(BLOCK, eos, layout="dense"), DECODING, workload, sampling=sampling
+    )
+    engine = _engine(loaded, eos, _config(0.3), workload, sampling)
+    tokens, _ = _finish(engine)
+    assert tokens == alone
+    carried = [record.carried for record in engine.records]
+    assert sum(1 for c in carried if c) >= 2  # cycles really ended at a step with rows going on
+    assert not engine.runner.stepper.carry.rows  # nothing is left carried at the end
+    block_level = _engine(loaded, eos, _config(0.3, step_level=False), workload, sampling)
+    assert _finish(block_level)[0] == alone
+    assert not any(record.carried for record in block_level.records)
+    assert len(engine.records) > len(block_level.records)
+
+
+def test_log_probabilities_carried_with_a_block_are_those_alone(models):
+    loaded = models["dream"]
+    workload = random_workload(random.Random(4), 6, 480, BLOCK, max_prompt=24, max_blocks=3)
+    ids = [rid for rid, _, _ in workload]
+    asked = {ids[0]: 2, ids[2]: 0, ids[3]: 3}
+    sampling = {ids[3]: SamplingParams(temperature=1.0, top_k=5, seed=3)}
+    batched = _engine(loaded, [], _config(0.3), workload, sampling, asked)
+    _, values = _finish(batched)
+    assert any(record.carried for record in batched.records)
+    for rid in asked:
+        solo = _engine(loaded, [], _config(0.3), [w for w in workload if w[0] == rid], sampling, asked)
+        _, alone = _finish(solo)
+        assert [(round(lp, 9), [i for i, _ in alt]) for lp, alt in values[rid]] == [
+            (round(lp, 9), [i for i, _ in alt]) for lp, alt in alone[rid]
+        ]
+
+
+def test_a_request_cancelled_while_its_block_is_carried_leaves_nothing_behind(models):
+    loaded = models["llada"]
+    workload = random_workload(random.Random(8), 6, 480, BLOCK, max_prompt=30, max_blocks=4)
+    alone = run_workload(loaded, sequential_scheduler(BLOCK, [], ignore_eos=True), DECODING, workload)
+    engine = _engine(loaded, [], _config(0.3), workload)
+    engine.scheduler.ignore_eos = True
+    gone = None
+    while gone is None and engine.has_work():
+        result = engine.step()
+        gone = next(
+            (rid for rid, block in zip(result.output.request_ids, result.blocks) if block is None), None
+        )
+    assert gone is not None and gone in engine.runner.stepper.carry.rows
+    engine.scheduler.cancel(gone)
+    tokens, _ = _finish(engine)
+    assert gone not in tokens and gone not in engine.runner.stepper.carry.rows
+    assert tokens == {rid: t for rid, t in alone.items() if rid in tokens}
+    assert len(tokens) == len(workload) - 1
+
+
+def test_rows_preempted_with_a_carried_block_start_it_again_and_get_their_tokens_alone(models):
+    loaded = models["llada"]
+    workload = random_workload(random.Random(2), 8, 480, BLOCK, max_prompt=30, max_blocks=5)
+    alone = run_workload(loaded, sequential_scheduler(BLOCK, [], ignore_eos=True), DECODING, workload)
+    config = SchedulerConfig(
+        token_budget=200, refresh_quota=0.6, batch_refresh_quota=0.6, admission="preempt"
+    )
+    engine = _engine(loaded, [], config, workload)
+    engine.scheduler.ignore_eos = True
+    assert _finish(engine)[0] == alone
+    assert sum(record.preempted for record in engine.records) >= 2
+    assert sum(1 for record in engine.records if record.carried) >= 2

@@ -242,17 +242,21 @@ def test_the_scheduling_policy_and_its_refresh_settings_reach_dllm_worker():
             scheduling__batchRefreshQuota=0.9,
             scheduling__refreshInterval=4,
             scheduling__cacheShare=0.5,
+            scheduling__stepLevel=False,
         )
     )
     assert (args.policy, args.refresh_quota, args.batch_refresh_quota) == ("dllm-serve", 0.25, 0.9)
-    assert (args.refresh_interval, args.cache_share) == (4, 0.5)
+    assert (args.refresh_interval, args.cache_share, args.step_level) == (4, 0.5, False)
     defaults = engine_worker_args(example())
     assert (defaults.policy, defaults.refresh_quota, defaults.batch_refresh_quota) == (
         SERVING_POLICIES[0],
         DEFAULTS.refresh_quota,
         DEFAULTS.batch_refresh_quota,
     )
-    assert defaults.refresh_interval == DEFAULTS.refresh_interval
+    assert (defaults.refresh_interval, defaults.step_level) == (
+        DEFAULTS.refresh_interval,
+        DEFAULTS.step_level,
+    )
     assert defaults.cache_share is None  # no --cache-share: the worker takes its profile's
 
 

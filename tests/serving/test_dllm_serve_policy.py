@@ -1,6 +1,7 @@
 """``dllm serve --policy dllm-serve`` on the product path: concurrent chat requests through the official
 client are answered as each is alone (and, behind -m slow, as BlockServe answers them), while the worker's
-/metrics show every step's refreshes held to the quota the flags set."""
+/metrics show every step's refreshes held to the quota the flags set and blocks carried from one cycle to the
+next (step-level batching)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def _check_quota(port: int) -> None:
     assert 0 < _metric(metrics, "dllm_peak_refresh_positions") <= quota
     assert _metric(metrics, "dllm_refresh_positions_total") > quota  # spread over several steps
     assert 0 < _metric(metrics, "dllm_refresh_share") <= 1
+    assert _metric(metrics, "dllm_carried_rows_total") > 0  # cycles ended at a step, blocks carried on
 
 
 FLAGS = ["--token-budget", str(BUDGET), "--policy", "dllm-serve", "--refresh-quota", str(QUOTA)]

@@ -1,0 +1,149 @@
+"""dLLM-Serve's step-level batching: rows whose block is not complete when a cycle ends carry it into the
+next cycle, which new requests (and rows starting their next block) join.
+
+A cycle that allows it (``SchedulerOutput.step_level``) ends at the first step after which some row's block
+is complete while others go on. Each row that goes on leaves with what its next forwards need, kept by the
+stepper under the row's request:
+- on the host, from the cycle's final read: its block as far as it was committed, its forwards in the block,
+  the steps it waited for a refresh, the masks its block started with, the log probabilities recorded;
+- on the device, its dual-cache entries (every layer's keys and values), gathered out of the cycle's run
+  before the run is given back.
+
+The next cycle's rows are laid out as usual (its one copy carries each resumed row's block, counters and
+the place of its entries in the carry), and the carried entries are scattered into the new run: a resumed
+row's reuse forwards read the keys and values they would have read had the cycle gone on, so its tokens
+are those it gets alone. Nothing here copies anything to the device: the places are derived there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+RESUME_COLUMNS = (
+    6  # per row in the canvas's copy: resumed, entries' place, their count, forwards, waits, masks
+)
+
+
+@dataclass
+class CarriedRow:
+    """What a row takes from one cycle to the next, on the host."""
+
+    block: list[int]  # its active block as far as it was committed (mask id where not)
+    forwards: int  # its forwards in the block so far
+    waited: int  # steps it has waited for a refresh
+    masks_at_start: int  # masked positions its block started with
+    logprobs: list | None  # the log probabilities recorded in the block so far (where asked)
+    kv_at: int  # its entries' first place in the carried stores
+    kv_len: int  # its entries (its dual cache's positions; 0: it has not refreshed in this block)
+
+
+class RowCarry:
+    """The rows carried out of the last cycle (by request) and their dual-cache entries, per layer."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, CarriedRow] = {}
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def forget(self) -> None:
+        self.rows, self.keys, self.values = {}, [], []
+
+    def keep(self, owners: list[str], rows: list[CarriedRow], pool, slots: torch.Tensor) -> None:
+        """``rows`` (of requests ``owners``) go on; their entries are the pool's at ``slots`` (device)."""
+        self.rows = dict(zip(owners, rows))
+        self.keys = [layer.index_select(0, slots) for layer in pool.keys]
+        self.values = [layer.index_select(0, slots) for layer in pool.values]
+
+    def columns(self, owners: list[str]) -> tuple[list[list[int] | None], list[list[int]]]:
+        """For a cycle's rows (by request): each resumed row's block (None: a fresh block) and the
+        ``RESUME_COLUMNS`` integers the canvas's copy sends for every row."""
+        blocks, columns = [], []
+        for owner in owners:
+            row = self.rows.get(owner)
+            if row is None:
+                blocks.append(None)
+                columns.append([0] * RESUME_COLUMNS)
+            else:
+                blocks.append(row.block)
+                columns.append([1, row.kv_at, row.kv_len, row.forwards, row.waited, row.masks_at_start])
+        return blocks, columns
+
+    def resume(self, state, owners: list[str], forwards: list[int]) -> torch.Tensor:
+        """Set the cycle's resumed rows (those carried out of the last one) where they were: their block's
+        counters on the device (from the canvas's copy), ``forwards`` on the host, their log probabilities so
+        far and their cache (scattered into the cycle's run); returns each row's waits for a refresh."""
+        resume = state.canvas.extra
+        resumed = resume[:, 0].bool()
+        state.steps_taken = torch.where(resumed, resume[:, 3], state.steps_taken)
+        state.masks_at_start = torch.where(resumed, resume[:, 5], state.masks_at_start)
+        for r, owner in enumerate(owners):
+            carried = self.rows.get(owner)
+            if carried is not None:
+                forwards[r] = carried.forwards
+                if state.output.logprobs is not None and carried.logprobs is not None:
+                    state.output.logprobs[r] = carried.logprobs
+        count = sum(owner in self.rows for owner in owners)
+        self.restore(resume, count, state.cache, state.cache.row_len, owners)
+        return torch.where(resumed, resume[:, 4], 0)
+
+    def end_at_step(self, state, forwards: list[int], owners: list[str], waited: torch.Tensor):
+        """The output of a cycle that ended with rows going on (``state.host.done`` False): every row's block
+        as far as committed, those going on marked ``carried``; their counters come to the host with the
+        blocks (the cycle's final read) and their cache entries are kept here."""
+        canvas, output, cache, L = state.canvas, state.output, state.cache, state.canvas.block_length
+        counters = torch.stack([state.steps_taken, waited, state.masks_at_start], 1)
+        read = torch.cat([canvas.block_tokens(), counters], 1).tolist()  # the cycle's final read
+        output.blocks, output.steps = [r[:L] for r in read], [r[L] for r in read]
+        if state.recorder is not None:
+            state.recorder.finish()
+        output.carried = [not done for done in state.host.done]
+        going = [r for r, carried in enumerate(output.carried) if carried]
+        rows, place = [], 0
+        for r in going:
+            kept = output.logprobs[r] if output.logprobs is not None else None
+            length = cache.row_len[r] if forwards[r] else 0  # a row yet to refresh has no cache to keep
+            rows.append(
+                CarriedRow(read[r][:L], forwards[r], read[r][L + 1], read[r][L + 2], kept, place, length)
+            )
+            place += length
+        index = torch.argsort(state.done.to(torch.int8), stable=True)[: len(going)]  # going on, in order
+        lengths = torch.where(state.steps_taken[index] > 0, cache.row_len_on_device[index], 0)
+        slots = spans(cache.row_start_on_device[index] + cache.base, lengths, place)
+        self.keep([owners[r] for r in going], rows, cache.pool, slots)
+        return output
+
+    def restore(self, extra: torch.Tensor, resumed: int, cache, row_len: list[int], owners: list[str]):
+        """Scatter the carried entries of the cycle's ``resumed`` rows into its dual cache's run (laid out:
+        ``cache``), by ``extra`` (the canvas's resume columns [R, RESUME_COLUMNS] on the device); then let
+        go of everything carried."""
+        carried = [self.rows[o] for o in owners if o in self.rows]
+        for row, owner in zip(carried, (o for o in owners if o in self.rows)):
+            new_len = row_len[owners.index(owner)]
+            if row.kv_len not in (0, new_len):
+                raise RuntimeError(f"a carried row's cache has {row.kv_len} entries, its new run {new_len}")
+        total = sum(row.kv_len for row in carried)
+        if resumed and total:
+            index = torch.nonzero_static(extra[:, 0], size=resumed)[:, 0]
+            source = spans(extra[index, 1], extra[index, 2], total)
+            target = spans(cache.row_start_on_device[index] + cache.base, extra[index, 2], total)
+            pool = cache.pool
+            for stored, kept in zip(pool.keys, self.keys):
+                stored.index_copy_(0, target, kept.index_select(0, source))
+            for stored, kept in zip(pool.values, self.values):
+                stored.index_copy_(0, target, kept.index_select(0, source))
+        self.forget()
+
+
+def spans(starts: torch.Tensor, lengths: torch.Tensor, total: int) -> torch.Tensor:
+    """The places ``starts[i] .. starts[i] + lengths[i]``, one run after another (``total`` in all, known to
+    the host: no read)."""
+    owner = torch.repeat_interleave(
+        torch.arange(starts.shape[0], device=starts.device), lengths, output_size=total
+    )
+    before = lengths.cumsum(0) - lengths
+    return starts[owner] + torch.arange(total, device=starts.device) - before[owner]
