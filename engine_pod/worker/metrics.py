@@ -124,6 +124,17 @@ class WorkerMetrics:
             "Most positions one step may refresh (dLLM-Serve's quota; 0: no quota)",
             registry=r,
         )
+        self.kv_dense_bytes = Counter(
+            "dllm_kv_dense_bytes",
+            "Bytes of keys and values a dense dual cache would hold for the refreshes computed",
+            registry=r,
+        )
+        self.kv_kept_bytes = Counter(
+            "dllm_kv_kept_bytes", "Of those, the bytes the cache kept (fewer under --sparse-cache)", registry=r
+        )
+        self.kv_kept_share = Gauge(
+            "dllm_kv_kept_share", "Kept / dense dual-cache bytes, since start (1: dense)", registry=r
+        )
         self.carried_rows = Counter(
             "dllm_carried_rows",
             "Rows whose block went on into the next cycle (dLLM-Serve's step-level batching)",
@@ -131,6 +142,7 @@ class WorkerMetrics:
         )
         self._useful = 0
         self._computed = 0
+        self._dense = self._kept = 0  # dual-cache bytes, dense and kept, since start
         self._refreshed = 0
         self._seen = None  # the prefix cache's totals at the last scrape of them
 
@@ -153,6 +165,12 @@ class WorkerMetrics:
         self.peak_refresh_positions.set(peak)
         self.refresh_quota_positions.set(quota or 0)
         self.carried_rows.inc(record.carried)
+        self.kv_dense_bytes.inc(record.kv_dense_bytes)
+        self.kv_kept_bytes.inc(record.kv_kept_bytes)
+        self._dense += record.kv_dense_bytes
+        self._kept += record.kv_kept_bytes
+        if self._dense:
+            self.kv_kept_share.set(self._kept / self._dense)
 
     def record_logits(self, materialized: int, peak: int) -> None:
         """One block cycle's logits (CycleStats.logits_materialized and peak_logits)."""

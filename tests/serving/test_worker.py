@@ -17,7 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from prometheus_client import generate_latest
 
+from dllm_contracts.head_sparse_config import HeadSparseConfig
 from dllm_contracts.model_identity import ModelIdentity
 from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from dllm_contracts.queue.ops import Candidate, QueueOps
@@ -100,6 +102,10 @@ def test_probes_and_metrics(redis_server, service, make_worker):
             logits = sum(record.logits_materialized for record in worker.engine.records)
             assert _sample(metrics, "dllm_logits_materialized_total") == logits > 0  # positions x vocabulary
             assert 0 < _sample(metrics, "dllm_logits_at_once") <= logits
+            dense = sum(record.kv_dense_bytes for record in worker.engine.records)
+            assert _sample(metrics, "dllm_kv_dense_bytes_total") == dense > 0
+            assert _sample(metrics, "dllm_kv_kept_bytes_total") == dense  # a dense cache keeps it all
+            assert _sample(metrics, "dllm_kv_kept_share") == 1
             for name in (
                 "dllm_generated_tokens_total",
                 "dllm_queue_depth",
@@ -114,6 +120,17 @@ def test_probes_and_metrics(redis_server, service, make_worker):
             assert httpx.get(f"{base}/readyz").status_code == 503
     finally:
         server.shutdown()
+
+
+def test_a_sparse_cache_shows_the_share_it_keeps_on_metrics(redis_server, service, make_worker):
+    sparse = HeadSparseConfig(mode="uniform", retention=0.3)
+    with make_worker(redis_server.url, service, cache="dual", sparse=sparse) as worker:
+        queue = _enqueue(redis_server.url, service, "r-sparse", 16)
+        wait_for(lambda: _done(queue, "r-sparse"), what="the request to finish")
+        metrics = generate_latest(worker.metrics.registry).decode()
+    dense, kept = (_sample(metrics, f"dllm_kv_{kind}_bytes_total") for kind in ("dense", "kept"))
+    assert 0 < kept < dense
+    assert _sample(metrics, "dllm_kv_kept_share") == pytest.approx(kept / dense)
 
 
 def _sample(metrics: str, name: str) -> float:
