@@ -10,6 +10,7 @@ from dllm_contracts.defaults import ASSETS_DIR, DEFAULT_BLOCK_LENGTH, DEFAULT_MO
 from dllm_contracts.engine_env import THREADS_ENV
 from dllm_contracts.families import FAMILIES, FAMILIES_IN_WORDS
 from dllm_contracts.head_sparse_config import HeadSparseConfig
+from dllm_contracts.logit_settings import logit_problems
 from engine_pod.cli.sparse_args import sparse_config
 from engine_pod.decoding.config import CACHE_MODES, CANVAS_MODES, REMASKING, DecodingConfig
 from engine_pod.loading.presets import PRESETS
@@ -197,15 +198,17 @@ def add_logit_args(group) -> None:
     )
 
 
+LOGIT_FLAGS = {
+    "max_materialized_logits": "--max-materialized-logits",
+    "logit_candidates": "--logit-candidates",
+}
+
+
 def check_logit_args(args: argparse.Namespace) -> None:
     """Refuse an out-of-range logit budget in one line, before anything starts."""
-    try:
-        DecodingConfig(max_materialized_logits=args.max_materialized_logits)
-    except ValueError as exc:
-        raise CliError(f"--max-materialized-logits: {exc}") from None
-    candidates = getattr(args, "logit_candidates", 0)
-    if candidates < 0:
-        raise CliError(f"--logit-candidates must be at least 0 (0: the whole vocabulary), got {candidates}")
+    problems = logit_problems(args.max_materialized_logits, getattr(args, "logit_candidates", 0))
+    if problems:
+        raise CliError("; ".join(f"{LOGIT_FLAGS[name]} {text}" for name, text in problems.items()))
 
 
 def logit_flags(args: argparse.Namespace) -> list[str]:

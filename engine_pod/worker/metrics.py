@@ -130,7 +130,9 @@ class WorkerMetrics:
             registry=r,
         )
         self.kv_kept_bytes = Counter(
-            "dllm_kv_kept_bytes", "Of those, the bytes the cache kept (fewer under --sparse-cache)", registry=r
+            "dllm_kv_kept_bytes",
+            "Of those, the bytes the cache kept (fewer under --sparse-cache)",
+            registry=r,
         )
         self.kv_kept_share = Gauge(
             "dllm_kv_kept_share", "Kept / dense dual-cache bytes, since start (1: dense)", registry=r

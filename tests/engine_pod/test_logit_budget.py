@@ -73,6 +73,22 @@ def test_a_budget_below_one_position_is_refused(value):
         DecodingConfig(max_materialized_logits=value)
 
 
+@pytest.mark.parametrize(
+    "command", [["bench"], ["eval"], ["worker", "--redis", "redis://127.0.0.1:1", "--service", "s"]]
+)
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-materialized-logits", "0"], "--max-materialized-logits must be at least 1 position, got 0"),
+        (["--logit-candidates", "-1"], "--logit-candidates must be at least 0, got -1"),
+    ],
+)
+def test_the_commands_refuse_a_logit_budget_out_of_range_in_one_line(capsys, command, flags, message):
+    assert main([*command, *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_diffusion_gemmas_logits_are_the_same_bits_whatever_the_chunk(dtype):
     """DiffusionGemma's head (its sampler reads a canvas's logits whole) runs in the same chunks."""
