@@ -22,6 +22,7 @@ from engine_pod.generation import generate_one
 from engine_pod.loading.loader import load_model
 from engine_pod.runner.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
 from engine_pod.scheduler.blockserve import BlockServeScheduler
+from engine_pod.scheduler.dllm_serve import DllmServeScheduler
 from tests.engine_utils import run_workload
 from tests.factories import random_workload
 
@@ -122,6 +123,21 @@ def test_a_blockserve_batch_on_two_ranks_gives_every_request_the_tokens_of_one_p
     one = run_workload(load_model(model, dtype="float64"), blockserve, decoding, workload)
     with tensor_parallel_group(GroupPlace(2), ModelArgs(model, dtype="float64")) as loaded:
         two = run_workload(loaded, blockserve, decoding, workload)
+    assert two == one
+
+
+def test_a_dllm_serve_batch_on_two_ranks_carries_blocks_and_gives_the_tokens_of_one_process():
+    """dLLM-Serve's staggered refreshes and step-level cycles: every rank carries the same rows' blocks and
+    cache entries from one cycle to the next."""
+    torch.set_num_threads(1)
+    model = "random:dream-tiny"
+    decoding = DecodingConfig(block_length=8, steps_per_block=8, threshold=0.6, cache="dual")
+    workload = random_workload(random.Random(4), 10, 1024, 8, max_prompt=30, max_blocks=3)
+    config = SchedulerConfig(token_budget=512, refresh_quota=0.3, batch_refresh_quota=0.3)
+    dllm_serve = partial(DllmServeScheduler, 8, [], config, ignore_eos=True)
+    one = run_workload(load_model(model, dtype="float64"), dllm_serve, decoding, workload)
+    with tensor_parallel_group(GroupPlace(2), ModelArgs(model, dtype="float64")) as loaded:
+        two = run_workload(loaded, dllm_serve, decoding, workload)
     assert two == one
 
 
