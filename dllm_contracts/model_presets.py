@@ -58,22 +58,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "pad_token_id": 1001,
         "max_sequence_length": 4096,
     },
-    "llada-tiny-8b-vocab": {  # llada-tiny's layers under LLaDA-8B's vocabulary: the LM head's logits dominate
-        "model_type": "llada",
-        "d_model": 128,
-        "n_layers": 4,
-        "n_heads": 4,
-        "n_kv_heads": 4,
-        "mlp_hidden_size": 384,
-        "embedding_size": 126464,
-        "vocab_size": 126464,
-        "rope_theta": 10000.0,
-        "rms_norm_eps": 1e-05,
-        "mask_token_id": 126336,
-        "eos_token_id": 126081,
-        "pad_token_id": 126081,
-        "max_sequence_length": 4096,
-    },
     "dream-tiny": {  # the Dream architecture (q/k/v biases, grouped-query attention) at a CPU benchmark's size
         "model_type": "Dream",
         "hidden_size": 128,
@@ -203,6 +187,13 @@ GENERATION_CONFIGS: dict[str, dict[str, Any]] = {
         "stability_threshold": 0,
         "confidence_threshold": 1.0,
     },
+}
+
+
+# llada-tiny's layers under LLaDA-8B's vocabulary and special tokens: the LM head's logits dominate
+PRESETS["llada-tiny-8b-vocab"] = PRESETS["llada-tiny"] | {
+    key: PRESETS["llada-8b"][key]
+    for key in ("embedding_size", "vocab_size", "mask_token_id", "eos_token_id", "pad_token_id")
 }
 
 
