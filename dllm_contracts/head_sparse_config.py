@@ -82,7 +82,8 @@ def problems_of(settings: dict) -> dict[str, str]:
         (
             "importance",
             mode == "head-centric" and not settings["importance"],
-            "needs head importance: pass the JSON `dllm heads` writes",
+            "needs head importance: pass the JSON `dllm heads` writes (--head-importance), or a --profile "
+            "that `dllm profile --score-heads` wrote",
         ),
     ]
     problems: dict[str, str] = {}

@@ -19,6 +19,7 @@ from engine_pod.cli.common import (
     check_logit_args,
 )
 from engine_pod.cpu_threads import apply_threads
+from engine_pod.head_sparse.groups import PROFILE_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,19 @@ def register(subparsers) -> None:
     )
     add_logit_args(parser)
     parser.add_argument(
+        "--score-heads",
+        action="store_true",
+        help="also score each attention head's importance as `dllm heads` does (LLaDA, Dream) and store it "
+        "in the --json result, where `--profile FILE --sparse-cache head-centric` takes it from",
+    )
+    parser.add_argument(
+        "--heads-examples",
+        type=int,
+        default=256,
+        metavar="N",
+        help="calibration examples of --score-heads (default: 256, as `dllm heads`)",
+    )
+    parser.add_argument(
         "--json",
         dest="json_out",
         metavar="PATH",
@@ -101,6 +115,15 @@ def run_profile(config):
     return profile(config)
 
 
+def _head_importance(args: argparse.Namespace) -> dict | None:
+    """`dllm heads`' report where the profile stores one (scored first, in a process of its own)."""
+    if not args.score_heads:
+        return None
+    from engine_pod.profiling.heads import score_heads
+
+    return score_heads(args.model, args.device, args.dtype, args.family, args.heads_examples)
+
+
 def run(args: argparse.Namespace) -> int:
     from engine_pod.profiling.profiler import ProfileConfig
 
@@ -118,6 +141,12 @@ def run(args: argparse.Namespace) -> int:
     if (args.block_length is not None and args.block_length < 1) or args.steps < 1:
         raise CliError("--block-length and --steps must be positive")
     check_logit_args(args)
+    if args.score_heads and not args.json_out:
+        raise CliError("--score-heads stores the heads' importance in the --json result: pass --json PATH")
+    if args.score_heads and args.tensor_parallel != 1:
+        raise CliError("--score-heads scores the heads in one process: profile with --tensor-parallel 1")
+    if args.heads_examples < 1:
+        raise CliError(f"--heads-examples must be positive, got {args.heads_examples}")
     max_tokens = args.max_tokens or (65536 if args.device.startswith("cuda") else 16384)
     if args.block_length is not None and max_tokens < 4 * args.block_length:  # else checked with the model's
         raise CliError(f"--max-tokens must be at least {4 * args.block_length}")
@@ -137,11 +166,14 @@ def run(args: argparse.Namespace) -> int:
         logit_candidates=args.logit_candidates,
     )
     try:
+        heads = _head_importance(args)
         result = run_profile(config) | {
             "tensor_parallel": args.tensor_parallel,
             "max_materialized_logits": args.max_materialized_logits,
             "logit_candidates": args.logit_candidates,
         }  # the size measured at
+        if heads is not None:
+            result[PROFILE_KEY] = heads
     except Exception as exc:  # any failure (a bad limit, CUDA out of memory, a missing model): say why
         if args.termination_log:  # the operator reads why from the pod status
             Path(args.termination_log).write_text(_error_message(exc))
