@@ -7,8 +7,11 @@ import json
 import logging
 import re
 import sys
+import tempfile
+from dataclasses import asdict, replace
 from pathlib import Path
 
+from dllm_contracts.head_sparse_config import memory_settings
 from dllm_contracts.profile_summary import ProfileSummary, failure_message
 from dllm_contracts.scheduler_config import DEFAULT_LAYOUT, LAYOUTS
 from engine_pod.cli.common import (
@@ -18,6 +21,7 @@ from engine_pod.cli.common import (
     add_tensor_parallel_arg,
     check_logit_args,
 )
+from engine_pod.cli.sparse_args import add_sparse_args, sparse_config
 from engine_pod.cpu_threads import apply_threads
 from engine_pod.head_sparse.groups import PROFILE_KEY
 
@@ -90,6 +94,7 @@ def register(subparsers) -> None:
         metavar="N",
         help="calibration examples of --score-heads (default: 256, as `dllm heads`)",
     )
+    add_sparse_args(parser)
     parser.add_argument(
         "--json",
         dest="json_out",
@@ -115,13 +120,24 @@ def run_profile(config):
     return profile(config)
 
 
-def _head_importance(args: argparse.Namespace) -> dict | None:
-    """`dllm heads`' report where the profile stores one (scored first, in a process of its own)."""
-    if not args.score_heads:
-        return None
-    from engine_pod.profiling.heads import score_heads
+def _measure(args: argparse.Namespace, config) -> dict:
+    """The result: the heads scored first where asked (or needed: head-centric without --head-importance),
+    the grid measured with the head-sparse cache the flags set."""
+    from engine_pod.profiling.heads import check_sparse_family, profile_heads
 
-    return score_heads(args.model, args.device, args.dtype, args.family, args.heads_examples)
+    if args.sparse_cache != "off":  # refused before the heads are scored or a point measured
+        sparse_config(argparse.Namespace(**vars(args) | {"head_importance": args.head_importance or "-"}))
+        check_sparse_family(args.model, args.family)
+    with tempfile.TemporaryDirectory(prefix="dllm-profile-") as scratch:
+        heads, importance = profile_heads(args, Path(scratch))
+        sparse = sparse_config(argparse.Namespace(**vars(args) | {"head_importance": importance}))
+        result = run_profile(replace(config, sparse=sparse)) | {
+            "tensor_parallel": args.tensor_parallel,
+            "max_materialized_logits": args.max_materialized_logits,
+            "logit_candidates": args.logit_candidates,
+        }  # the size measured at
+    settings = memory_settings(asdict(sparse))
+    return result | ({"sparse_cache": settings} if settings else {}) | ({PROFILE_KEY: heads} if heads else {})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -147,6 +163,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--score-heads scores the heads in one process: profile with --tensor-parallel 1")
     if args.heads_examples < 1:
         raise CliError(f"--heads-examples must be positive, got {args.heads_examples}")
+    if args.sparse_cache != "off" and args.layout != "packed":
+        raise CliError("--sparse-cache runs packed rows only: drop --layout dense")
+    if args.sparse_cache != "off" and args.tensor_parallel != 1:
+        raise CliError("--sparse-cache runs in one process: profile with --tensor-parallel 1")
     max_tokens = args.max_tokens or (65536 if args.device.startswith("cuda") else 16384)
     if args.block_length is not None and max_tokens < 4 * args.block_length:  # else checked with the model's
         raise CliError(f"--max-tokens must be at least {4 * args.block_length}")
@@ -166,14 +186,7 @@ def run(args: argparse.Namespace) -> int:
         logit_candidates=args.logit_candidates,
     )
     try:
-        heads = _head_importance(args)
-        result = run_profile(config) | {
-            "tensor_parallel": args.tensor_parallel,
-            "max_materialized_logits": args.max_materialized_logits,
-            "logit_candidates": args.logit_candidates,
-        }  # the size measured at
-        if heads is not None:
-            result[PROFILE_KEY] = heads
+        result = _measure(args, config)
     except Exception as exc:  # any failure (a bad limit, CUDA out of memory, a missing model): say why
         if args.termination_log:  # the operator reads why from the pod status
             Path(args.termination_log).write_text(_error_message(exc))

@@ -1,5 +1,7 @@
 """The heads' importance a profile stores (``dllm profile --score-heads``): ``dllm heads``' report, so that
-``--sparse-cache head-centric`` can take it from ``--profile`` alone.
+``--sparse-cache head-centric`` can take it from ``--profile`` alone; and the head-sparse settings a
+profile measures with (``dllm profile --sparse-cache``: a head-centric one without ``--head-importance``
+scores the heads first and measures with that importance).
 
 Scored in a spawned process, as the grid's CPU points are measured: its memory (and on CUDA its context)
 is gone before the profile measures anything.
@@ -7,6 +9,7 @@ is gone before the profile measures anything.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -52,3 +55,29 @@ def read_report(path: str) -> dict:
     except (OSError, ValueError, KeyError, AttributeError) as exc:
         raise HeadScoreError(f"cannot read head importance from {path}: {exc}") from None
     return report
+
+
+def profile_heads(args: argparse.Namespace, scratch: Path) -> tuple[dict | None, str | None]:
+    """What a profile stores of the heads (None: nothing) and the importance file it measures head-centric
+    groups with: --head-importance's, else the heads scored here, written under ``scratch`` for the grid's
+    processes to read."""
+    if args.head_importance:
+        return read_report(args.head_importance), args.head_importance
+    if not (args.score_heads or args.sparse_cache == "head-centric"):
+        return None, None
+    report = score_heads(args.model, args.device, args.dtype, args.family, args.heads_examples)
+    scored = scratch / "heads.json"
+    scored.write_text(json.dumps(report))
+    return report, str(scored)
+
+
+def check_sparse_family(model: str, family: str | None) -> None:
+    """The head-sparse cache's family, refused in one line before anything is scored or measured."""
+    from engine_pod.families.registry import family_of
+    from engine_pod.loading.loader import load_metadata
+
+    record = family_of(load_metadata(model, family)[0])
+    if not record.records_margins:
+        raise HeadScoreError(
+            f"the head-sparse cache supports LLaDA and Dream (dual cache), not {record.display_name}"
+        )
