@@ -234,9 +234,9 @@ SPARSE_ARGS = {
 
 def check_stagger(args: argparse.Namespace) -> None:
     """dllm-serve's model and decoding, refused in one line before any run."""
+    from dllm_contracts.run_rules import stagger_problem
     from engine_pod.families.registry import family_of
     from engine_pod.loading.loader import load_metadata
-    from engine_pod.scheduler.dllm_serve import stagger_problem
 
     family = family_of(load_metadata(args.model, args.family)[0])
     sparse = getattr(args, "sparse_cache", "off") != "off"

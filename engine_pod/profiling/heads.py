@@ -13,6 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
+from dllm_contracts.run_rules import sparse_family_problem
 from engine_pod.isolation import ChildDied, run_in_child
 
 
@@ -77,7 +78,6 @@ def check_sparse_family(model: str, family: str | None) -> None:
     from engine_pod.loading.loader import load_metadata
 
     record = family_of(load_metadata(model, family)[0])
-    if not record.records_margins:
-        raise HeadScoreError(
-            f"the head-sparse cache supports LLaDA and Dream (dual cache), not {record.display_name}"
-        )
+    problem = sparse_family_problem(record.display_name, record.cache)
+    if problem:
+        raise HeadScoreError(problem)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from dllm_contracts.head_sparse_config import HeadSparseConfig, memory_settings
 from dllm_contracts.head_sparse_config import problems_of as sparse_problems_of
 from dllm_contracts.logit_settings import logit_problems
+from dllm_operator.family_rules import family_problems
 from dllm_operator.parallelism import Parallelism
 
 IMPORTANCE_MOUNT = "/etc/dllm/head-importance"
@@ -64,6 +65,8 @@ class ServiceSpec(Protocol):
     cache: str
     policy: str
     parallelism: Parallelism
+    family: str
+    remasking: str
 
 
 def decoding_option_fields(decoding: dict[str, Any]) -> dict[str, Any]:
@@ -113,6 +116,7 @@ def decoding_option_problems(spec: ServiceSpec) -> list[str]:
         )
     if sparse.on and spec.parallelism.tensor > 1:
         problems.append("decoding.sparseCache runs in one process: it needs parallelism.tensor 1")
+    problems += family_problems(spec)  # what the engines refuse for the model's family
     logits = {name: getattr(spec, name) for name in LOGIT_FIELDS}
     logits["logit_candidates"] = logits["logit_candidates"] or 0
     problems += [f"decoding.{LOGIT_FIELDS[name]} {text}" for name, text in logit_problems(**logits).items()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import kubernetes_validate
 import pytest
@@ -447,6 +448,35 @@ def test_the_operator_refuses_decoding_options_the_worker_would_refuse():
         example(decoding__warmPrefixes=WARM, scheduling__policy="static")
     with pytest.raises(SpecError, match="decoding.sparseCache runs in one process"):
         example(decoding__sparseCache={"mode": "uniform"}, parallelism={"tensor": 2})
+
+
+@pytest.mark.parametrize(
+    "model, changes, message",
+    [
+        ("llada2", {"scheduling__policy": "dllm-serve"}, "not LLaDA2.0 with --cache dual"),
+        ("sdar", {"scheduling__policy": "dllm-serve"}, "not SDAR with --cache dual"),
+        (
+            "dream",
+            {"scheduling__policy": "dllm-serve", "decoding__remasking": "low_confidence"},
+            "--remasking threshold, not Dream with --cache dual and --remasking low_confidence",
+        ),
+        ("diffusion_gemma", {"scheduling__policy": "dllm-serve"}, "not DiffusionGemma"),
+        (
+            "llada2",
+            {"decoding__sparseCache": {"mode": "uniform"}},
+            "supports LLaDA and Dream (dual cache), not LLaDA2.0",
+        ),
+        ("diffusion_gemma", {"decoding__sparseCache": {"mode": "uniform"}}, "not DiffusionGemma"),
+    ],
+)
+def test_the_operator_refuses_what_the_engine_refuses_for_the_family(model, changes, message):
+    """The engine's own rules (dllm_contracts/run_rules.py), judged on the spec's family."""
+    family = {"model__family": model, "decoding__blockLength": 32, "decoding__stepsPerBlock": 32}
+    with pytest.raises(SpecError, match=re.escape(message)):
+        example(**family, **changes)
+    assert example(**family).family == model  # the family alone runs
+    example(scheduling__policy="dllm-serve")  # LLaDA, dual cache, threshold: dllm-serve runs
+    example(model__family="dream", decoding__sparseCache={"mode": "uniform"})
 
 
 def test_profile_job_uses_the_termination_log_and_never_restarts():
