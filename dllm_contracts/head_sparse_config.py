@@ -24,6 +24,15 @@ LABELS = {  # HeadSparseConfig's field -> how its messages name it
 }
 
 
+# per mode, the settings besides the mode that decide what the cache holds (a profile records them; the
+# importance and the consistency threshold choose which positions are kept, not how many)
+MEMORY_FIELDS = {
+    "off": (),
+    "uniform": ("retention",),
+    "head-centric": ("retention", "minor_retention", "core_share", "minor_share"),
+}
+
+
 class HeadSparseConfigError(ValueError):
     """Head-sparse settings out of range."""
 
@@ -82,7 +91,8 @@ def problems_of(settings: dict) -> dict[str, str]:
         (
             "importance",
             mode == "head-centric" and not settings["importance"],
-            "needs head importance: pass the JSON `dllm heads` writes",
+            "needs head importance: pass the JSON `dllm heads` writes (--head-importance), or a --profile "
+            "that `dllm profile --score-heads` wrote",
         ),
     ]
     problems: dict[str, str] = {}
@@ -90,3 +100,12 @@ def problems_of(settings: dict) -> dict[str, str]:
         if failed and name not in problems:
             problems[name] = message
     return problems
+
+
+def memory_settings(settings: dict) -> dict | None:
+    """What of these settings (HeadSparseConfig's fields, given as a dict) decides the cache's memory, as a
+    profile records it: None while the cache is off."""
+    mode = settings["mode"]
+    if mode == "off":
+        return None
+    return {"mode": mode} | {name: settings[name] for name in MEMORY_FIELDS.get(mode, ())}

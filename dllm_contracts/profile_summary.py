@@ -43,6 +43,9 @@ class ProfileSummary:
     # the share of a token's peak (bytes_per_token) that its dual cache holds for the row's whole life (the
     # rest is the refresh forward's): what dLLM-Serve's admission counts (scheduler/dllm_serve.py)
     cache_share: float | None = None
+    # the head-sparse cache's settings it was measured with (dllm_contracts/head_sparse_config.py's
+    # memory_settings: its mode and the shares and retentions that decide what it holds); None: the dense cache
+    sparse_cache: dict[str, Any] | None = None
     total_memory_bytes: int | None = None
     usable_memory_bytes: int | None = None
     weights_bytes: int | None = None
@@ -126,7 +129,12 @@ class ProfileSummary:
 
 
 # fields a measured profile must carry (the rest may be absent)
-_OPTIONAL_KEYS = ("layout", "tensor_parallel", "cache_share")  # carried from a full result when it has them
+_OPTIONAL_KEYS = (
+    "layout",
+    "tensor_parallel",
+    "cache_share",
+    "sparse_cache",
+)  # carried from a full result when it has them
 _MEASURED_KEYS = (
     "device",
     "device_name",
@@ -139,7 +147,9 @@ _MEASURED_KEYS = (
 
 def _accepted(hint: Any) -> tuple[type, ...]:
     """The JSON types a field accepts: its annotation without None (a float may be written as 1)."""
-    types = tuple(t for t in (typing.get_args(hint) or (hint,)) if t is not type(None))
+    types = tuple(
+        typing.get_origin(t) or t for t in (typing.get_args(hint) or (hint,)) if t is not type(None)
+    )
     return (*types, int) if float in types else types
 
 

@@ -8,10 +8,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from dllm_contracts.run_rules import stagger_problem
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.runner.contract import CycleStats, Runner, scheduling_facts
 from engine_pod.scheduler.base import Scheduler
-from engine_pod.scheduler.dllm_serve import stagger_problem
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.request import Request
 from engine_pod.scheduler.serving import serving_scheduler

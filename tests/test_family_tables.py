@@ -82,7 +82,9 @@ def test_a_drifted_file_is_named_by_check_and_repaired(tmp_path, path, drift):
     assert run_script("--check", "--root", str(tmp_path)).returncode == 0
 
 
-NEW = generator.FamilyRow("tiny_canvas", "TinyCanvas", "TinyCanvas, a family made up for this test", 64, 16)
+NEW = generator.FamilyRow(
+    "tiny_canvas", "TinyCanvas", "TinyCanvas, a family made up for this test", 64, 16, "canvas"
+)
 
 
 def _service(**decoding) -> dict:
@@ -122,10 +124,11 @@ def test_a_new_family_reaches_the_chart_and_the_contracts_table():
         "summary": NEW.summary,
         "block_length": 64,
         "steps_per_block": 16,
+        "cache": "canvas",
     }
 
 
 def test_a_family_name_the_crd_cannot_hold_is_refused(tmp_path):
-    rows = (*generator.registry_rows(), generator.FamilyRow("Tiny-Canvas", "T", "T", 64, 16))
+    rows = (*generator.registry_rows(), generator.FamilyRow("Tiny-Canvas", "T", "T", 64, 16, "canvas"))
     assert generator.main(["--root", str(tmp_path)], rows=rows) == 2
     assert not any(tmp_path.iterdir())

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from dllm_contracts.run_rules import stagger_problem
 from engine_pod.bench.census_grid import (
     DEFAULT_REMASKING,
     POLICIES,
@@ -33,7 +34,6 @@ from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.loading.loader import LoadedModel, load_model
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
-from engine_pod.scheduler.dllm_serve import stagger_problem
 from engine_pod.scheduler.output import SchedulerOutput
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,11 @@ import json
 import logging
 import re
 import sys
+import tempfile
+from dataclasses import asdict, replace
 from pathlib import Path
 
+from dllm_contracts.head_sparse_config import memory_settings
 from dllm_contracts.profile_summary import ProfileSummary, failure_message
 from dllm_contracts.scheduler_config import DEFAULT_LAYOUT, LAYOUTS
 from engine_pod.cli.common import (
@@ -18,7 +21,9 @@ from engine_pod.cli.common import (
     add_tensor_parallel_arg,
     check_logit_args,
 )
+from engine_pod.cli.sparse_args import add_sparse_args, sparse_config
 from engine_pod.cpu_threads import apply_threads
+from engine_pod.head_sparse.groups import PROFILE_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +82,20 @@ def register(subparsers) -> None:
     )
     add_logit_args(parser)
     parser.add_argument(
+        "--score-heads",
+        action="store_true",
+        help="also score each attention head's importance as `dllm heads` does (LLaDA, Dream) and store it "
+        "in the --json result, where `--profile FILE --sparse-cache head-centric` takes it from",
+    )
+    parser.add_argument(
+        "--heads-examples",
+        type=int,
+        default=256,
+        metavar="N",
+        help="calibration examples of --score-heads (default: 256, as `dllm heads`)",
+    )
+    add_sparse_args(parser)
+    parser.add_argument(
         "--json",
         dest="json_out",
         metavar="PATH",
@@ -101,6 +120,26 @@ def run_profile(config):
     return profile(config)
 
 
+def _measure(args: argparse.Namespace, config) -> dict:
+    """The result: the heads scored first where asked (or needed: head-centric without --head-importance),
+    the grid measured with the head-sparse cache the flags set."""
+    from engine_pod.profiling.heads import check_sparse_family, profile_heads
+
+    if args.sparse_cache != "off":  # refused before the heads are scored or a point measured
+        sparse_config(argparse.Namespace(**vars(args) | {"head_importance": args.head_importance or "-"}))
+        check_sparse_family(args.model, args.family)
+    with tempfile.TemporaryDirectory(prefix="dllm-profile-") as scratch:
+        heads, importance = profile_heads(args, Path(scratch))
+        sparse = sparse_config(argparse.Namespace(**vars(args) | {"head_importance": importance}))
+        result = run_profile(replace(config, sparse=sparse)) | {
+            "tensor_parallel": args.tensor_parallel,
+            "max_materialized_logits": args.max_materialized_logits,
+            "logit_candidates": args.logit_candidates,
+        }  # the size measured at
+    settings = memory_settings(asdict(sparse))
+    return result | ({"sparse_cache": settings} if settings else {}) | ({PROFILE_KEY: heads} if heads else {})
+
+
 def run(args: argparse.Namespace) -> int:
     from engine_pod.profiling.profiler import ProfileConfig
 
@@ -118,6 +157,16 @@ def run(args: argparse.Namespace) -> int:
     if (args.block_length is not None and args.block_length < 1) or args.steps < 1:
         raise CliError("--block-length and --steps must be positive")
     check_logit_args(args)
+    if args.score_heads and not args.json_out:
+        raise CliError("--score-heads stores the heads' importance in the --json result: pass --json PATH")
+    if args.score_heads and args.tensor_parallel != 1:
+        raise CliError("--score-heads scores the heads in one process: profile with --tensor-parallel 1")
+    if args.heads_examples < 1:
+        raise CliError(f"--heads-examples must be positive, got {args.heads_examples}")
+    if args.sparse_cache != "off" and args.layout != "packed":
+        raise CliError("--sparse-cache runs packed rows only: drop --layout dense")
+    if args.sparse_cache != "off" and args.tensor_parallel != 1:
+        raise CliError("--sparse-cache runs in one process: profile with --tensor-parallel 1")
     max_tokens = args.max_tokens or (65536 if args.device.startswith("cuda") else 16384)
     if args.block_length is not None and max_tokens < 4 * args.block_length:  # else checked with the model's
         raise CliError(f"--max-tokens must be at least {4 * args.block_length}")
@@ -137,11 +186,7 @@ def run(args: argparse.Namespace) -> int:
         logit_candidates=args.logit_candidates,
     )
     try:
-        result = run_profile(config) | {
-            "tensor_parallel": args.tensor_parallel,
-            "max_materialized_logits": args.max_materialized_logits,
-            "logit_candidates": args.logit_candidates,
-        }  # the size measured at
+        result = _measure(args, config)
     except Exception as exc:  # any failure (a bad limit, CUDA out of memory, a missing model): say why
         if args.termination_log:  # the operator reads why from the pod status
             Path(args.termination_log).write_text(_error_message(exc))

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
+from dllm_contracts.head_sparse_config import memory_settings
 from dllm_contracts.profile_summary import ProfileSummary
 from dllm_contracts.scheduler_config import (
     ADMISSION_MODES,
@@ -16,6 +18,8 @@ from dllm_contracts.scheduler_config import (
 )
 from engine_pod.cli.budget import add_budget_args, read_profile, resolve_budget
 from engine_pod.cli.common import CliError
+
+logger = logging.getLogger(__name__)
 
 
 def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
@@ -178,6 +182,7 @@ def _check_profile_fits(args: argparse.Namespace, profile: ProfileSummary) -> No
             f"--profile {args.profile} counts tokens of the {profile.layout} layout: run with --layout "
             f"{profile.layout}, or profile again with --layout {args.layout}"
         )
+    _check_profile_sparse(args, profile)
     ranks = getattr(args, "tensor_parallel", 1)
     if profile.tensor_parallel != ranks:
         raise CliError(
@@ -187,11 +192,61 @@ def _check_profile_fits(args: argparse.Namespace, profile: ProfileSummary) -> No
         )
 
 
+SPARSE_FLAGS = {
+    "retention": "--retention",
+    "minor_retention": "--minor-retention",
+    "core_share": "--core-share",
+    "minor_share": "--minor-share",
+}  # HeadSparseConfig's memory settings -> their flags
+
+
+def _sparse_words(settings: dict | None) -> str:
+    if settings is None:
+        return "--sparse-cache off"
+    rest = (f"{SPARSE_FLAGS[name]} {value}" for name, value in settings.items() if name != "mode")
+    return " ".join([f"--sparse-cache {settings['mode']}", *rest])
+
+
+def _check_profile_sparse(args: argparse.Namespace, profile: ProfileSummary) -> None:
+    """A budget measured with a head-sparse cache holds for those settings only: refused with others (the
+    dense cache holds every position of a row, a higher retention more of them). One measured with the
+    dense cache is warned about under a sparse cache: it does not count what the refresh's scoring adds,
+    and a sparse cache holds less, so it may be above or below what the cache needs."""
+    if profile.source != "measured":
+        return
+    asked = (
+        memory_settings({name: getattr(args, flag) for name, flag in SPARSE_ARGS.items()})
+        if hasattr(args, "sparse_cache")
+        else None
+    )
+    if profile.sparse_cache is None and asked is not None:
+        logger.warning(
+            "--profile %s was measured with the dense cache, not %s: profile with those flags to measure "
+            "the token budget the sparse cache holds",
+            args.profile,
+            _sparse_words(asked),
+        )
+    elif asked != profile.sparse_cache:
+        raise CliError(
+            f"--profile {args.profile} was measured with {_sparse_words(profile.sparse_cache)}: run with "
+            f"those settings, or profile again with {_sparse_words(asked)}"
+        )
+
+
+SPARSE_ARGS = {
+    "mode": "sparse_cache",
+    "retention": "retention",
+    "minor_retention": "minor_retention",
+    "core_share": "core_share",
+    "minor_share": "minor_share",
+}  # HeadSparseConfig's memory settings -> their attribute of the parsed flags
+
+
 def check_stagger(args: argparse.Namespace) -> None:
     """dllm-serve's model and decoding, refused in one line before any run."""
+    from dllm_contracts.run_rules import stagger_problem
     from engine_pod.families.registry import family_of
     from engine_pod.loading.loader import load_metadata
-    from engine_pod.scheduler.dllm_serve import stagger_problem
 
     family = family_of(load_metadata(args.model, args.family)[0])
     sparse = getattr(args, "sparse_cache", "off") != "off"

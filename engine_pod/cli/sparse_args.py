@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from dllm_contracts.head_sparse_config import MODES, HeadSparseConfig
+from engine_pod.head_sparse.groups import profile_has_importance
 
 _DEFAULTS = HeadSparseConfig()
 
@@ -53,7 +54,11 @@ def add_sparse_args(parser: argparse.ArgumentParser) -> None:
         "ranking of its request's previous refresh keeps that ranking; 1 turns it off "
         f"(default: {_DEFAULTS.consistency})",
     )
-    group.add_argument("--head-importance", help="head-centric: the JSON file `dllm heads` wrote")
+    group.add_argument(
+        "--head-importance",
+        help="head-centric: the JSON file `dllm heads` wrote (default: the --profile's, where `dllm profile` "
+        "stored one)",
+    )
 
 
 def sparse_config(args: argparse.Namespace) -> HeadSparseConfig:
@@ -64,8 +69,16 @@ def sparse_config(args: argparse.Namespace) -> HeadSparseConfig:
         minor_share=args.minor_share,
         minor_retention=args.minor_retention,
         consistency=args.sparse_consistency,
-        importance=args.head_importance,
+        importance=args.head_importance or _profile_importance(args),
     )
+
+
+def _profile_importance(args: argparse.Namespace) -> str | None:
+    """Head-centric without --head-importance: the --profile, where it stores the heads' importance."""
+    profile = getattr(args, "profile", None)
+    if args.sparse_cache != "head-centric" or not profile or not profile_has_importance(profile):
+        return None
+    return profile
 
 
 def sparse_flags(args: argparse.Namespace) -> list[str]:

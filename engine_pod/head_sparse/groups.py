@@ -66,15 +66,29 @@ def model_groups(
     return [layer_groups(config, layer, heads) for layer in per_kv]
 
 
+PROFILE_KEY = "head_importance"  # where a `dllm profile` result holds `dllm heads`' report
+
+
 def read_importance(path: str | None, layers: int, heads: int) -> list[list[float]]:
-    """The per-layer, per-head scores of a ``dllm heads`` file, checked against the model's shape."""
+    """The per-layer, per-head scores of a ``dllm heads`` file, or of a ``dllm profile`` result that stores
+    one, checked against the model's shape."""
     try:
         data = json.loads(Path(str(path)).read_text())
-        scores = data["importance"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
+        scores = data.get(PROFILE_KEY, data)["importance"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise HeadSparseConfigError(f"cannot read head importance from {path}: {error}") from None
     if len(scores) != layers or any(len(layer) != heads for layer in scores):
         raise HeadSparseConfigError(
             f"head importance in {path} is not for this model ({layers} layers of {heads} heads)"
         )
     return [[float(s) for s in layer] for layer in scores]
+
+
+def profile_has_importance(path: str) -> bool:
+    """Whether a ``dllm profile`` result stores the heads' importance (a file that cannot be read: no; the
+    budget's reader says why)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get(PROFILE_KEY), dict)

@@ -23,14 +23,11 @@ import torch
 from tqdm import tqdm
 
 from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
+from dllm_contracts.head_sparse_config import HeadSparseConfig
 from dllm_contracts.scheduler_config import DEFAULT_LAYOUT
 from engine_pod.allocators import CUDA_ALLOC_CONF
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.device_memory import (
-    available_memory,
-    peak_allocated_bytes,
-    total_memory,
-)
+from engine_pod.device_memory import available_memory, peak_allocated_bytes, total_memory
 from engine_pod.families.registry import family_of
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.loading.loader import (
@@ -76,6 +73,7 @@ class ProfileConfig:
     tensor_parallel: int = 1  # ranks the model is split across: each rank's peak measured, the worst kept
     max_materialized_logits: int | None = None  # the engine's logit budget (DecodingConfig), in force
     logit_candidates: int = 0  # and its candidates (0: the whole vocabulary)
+    sparse: HeadSparseConfig = HeadSparseConfig()  # the head-sparse cache the engine will run (off: dense)
 
 
 def _rows_for(point: Point, loaded: LoadedModel, block_length: int, seed: int) -> list[CycleRow]:
@@ -88,9 +86,8 @@ def _rows_for(point: Point, loaded: LoadedModel, block_length: int, seed: int) -
 
 CHECK_WIDTH = 1024  # width of the batch that checks the budget (narrower when the budget is small)
 MAX_CHECKS = 3  # measurements at the budget, each lowering it when its peak was over the limit
-CORRECTION_MARGIN = (
-    0.03  # after an overshoot, aim this share of the headroom below the limit (peaks are noisy)
-)
+# after an overshoot, aim this share of the headroom below the limit (peaks are noisy)
+CORRECTION_MARGIN = 0.03
 
 
 def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> Point:
@@ -101,6 +98,7 @@ def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> Poin
         remasking="low_confidence",
         max_materialized_logits=cfg.max_materialized_logits,
         logit_candidates=cfg.logit_candidates,
+        sparse=cfg.sparse,
     )
     runner = make_runner(loaded, decoding, pool_tokens=point.tokens)  # a KV pool for every token
     rows = _rows_for(point, loaded, cfg.block_length, cfg.seed)

@@ -4,6 +4,7 @@ dual cache's (LLaDA, Dream; with dLLM-Serve's staggered refreshes where a cycle 
 
 from __future__ import annotations
 
+from dllm_contracts.run_rules import sparse_family_problem
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.canvas_cycle import CanvasStepper
@@ -34,9 +35,7 @@ def make_runner(
         stepper = PhaseStepper(loaded, decoding, pool_tokens, record_trace, record_margins)
         return lead(CycleRunner(loaded, decoding, stepper), loaded, recipe)
     if decoding.sparse.on:
-        raise ValueError(
-            f"the head-sparse cache supports LLaDA and Dream (dual cache), not {family.display_name}"
-        )
+        raise ValueError(sparse_family_problem(family.display_name, family.cache))
     for name, asked in (("record_trace", record_trace), ("record_margins", record_margins)):
         if asked:
             raise ValueError(f"{name} is not supported for {family.display_name} ({family.cache} cache)")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dllm_contracts.run_rules import STEP_FREE_POLICIES
 from engine_pod.decoding.denoise_step import Candidates
 from engine_pod.runner.canvas import Canvas
 from engine_pod.runner.contract import CycleOutput
@@ -33,7 +34,6 @@ from engine_pod.runner.dual_rows import HostState, StepRows
 from engine_pod.runner.packing import packed_layout, window_inputs
 from engine_pod.runner.phase_carry import RowCarry
 from engine_pod.runner.phase_plan import PhasePlan, plan_phases
-from engine_pod.scheduler.dllm_serve import STEP_FREE_POLICIES
 from engine_pod.scheduler.output import SchedulerOutput
 
 

@@ -26,23 +26,6 @@ from engine_pod.scheduler.box import BatchBox
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.request import Request, RequestError
 
-STEP_FREE_POLICIES = ("threshold",)  # remasking policies whose commits do not depend on the step's number
-
-
-def stagger_problem(
-    family: str, family_cache: str, cache: str, remasking: str, sparse: bool = False
-) -> str | None:
-    """Why a model and decoding cannot run dllm-serve's staggered refreshes (None: they can)."""
-    if sparse:
-        return "policy dllm-serve does not run the head-sparse cache (--sparse-cache): use blockserve with it"
-    if family_cache == "dual" and cache == "dual" and remasking in STEP_FREE_POLICIES:
-        return None
-    return (
-        "policy dllm-serve staggers the dual cache's refreshes: it runs LLaDA or Dream with --cache dual and "
-        f"--remasking {' or '.join(STEP_FREE_POLICIES)}, not {family} with --cache {cache} and --remasking "
-        f"{remasking}"
-    )
-
 
 class DllmServeScheduler(BlockServeScheduler):
     staggers_refreshes = True

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dllm_contracts.head_sparse_config import HeadSparseConfig
+from dllm_contracts.head_sparse_config import HeadSparseConfig, memory_settings
 from dllm_contracts.head_sparse_config import problems_of as sparse_problems_of
 from dllm_contracts.logit_settings import logit_problems
+from dllm_operator.family_rules import family_problems
 from dllm_operator.parallelism import Parallelism
 
 IMPORTANCE_MOUNT = "/etc/dllm/head-importance"
@@ -64,6 +65,8 @@ class ServiceSpec(Protocol):
     cache: str
     policy: str
     parallelism: Parallelism
+    family: str
+    remasking: str
 
 
 def decoding_option_fields(decoding: dict[str, Any]) -> dict[str, Any]:
@@ -113,6 +116,7 @@ def decoding_option_problems(spec: ServiceSpec) -> list[str]:
         )
     if sparse.on and spec.parallelism.tensor > 1:
         problems.append("decoding.sparseCache runs in one process: it needs parallelism.tensor 1")
+    problems += family_problems(spec)  # what the engines refuse for the model's family
     logits = {name: getattr(spec, name) for name in LOGIT_FIELDS}
     logits["logit_candidates"] = logits["logit_candidates"] or 0
     problems += [f"decoding.{LOGIT_FIELDS[name]} {text}" for name, text in logit_problems(**logits).items()]
@@ -134,6 +138,21 @@ def sparse_flags(sparse: SparseCache) -> list[str]:
     flags += ["--minor-share", str(sparse.minor_share), "--sparse-consistency", str(sparse.consistency)]
     path = sparse.importance_path
     return flags + (["--head-importance", path] if path else [])
+
+
+def profiled_options(spec: ServiceSpec) -> dict[str, Any]:
+    """These options' part of the profile's hash: what the profile measures of them (the logit budget bounds
+    the logits' memory, the sparse cache is what the cache holds); unset or off: nothing (the hashes of
+    before)."""
+    fields = {name: getattr(spec, name) for name in LOGIT_FIELDS if getattr(spec, name) is not None}
+    sparse = memory_settings(_sparse_settings(spec.sparse_cache))
+    return fields | ({"sparse_cache": sparse} if sparse else {})
+
+
+def profiling_flags(spec: ServiceSpec) -> list[str]:
+    """`dllm profile`'s flags for these options: the logits' and the sparse cache's memory the engines will
+    hold (the importance from the same ConfigMap, mounted by importance_volume)."""
+    return [*logit_flags(spec), *sparse_flags(spec.sparse_cache)]
 
 
 def logit_flags(spec: ServiceSpec) -> list[str]:

@@ -16,6 +16,7 @@ from dllm_operator.decoding_options import (
     SparseCache,
     decoding_option_fields,
     decoding_option_problems,
+    profiled_options,
 )
 from dllm_operator.model_spec import DEFAULT_DOWNLOAD_TIMEOUT_S, source_fields, source_problems
 from dllm_operator.parallelism import Parallelism, parse_parallelism
@@ -153,15 +154,7 @@ class ServiceSpec:
             "image": self.image or engine_image,
             "node_selector": self.node_selector,
         } | ({"revision": self.revision} if self.revision else {})  # absent: the hashes of before
-        # the logit budget bounds the logits' memory, which the profile measures (unset: as before)
-        memory_fields |= {
-            name: value
-            for name, value in (
-                ("max_materialized_logits", self.max_materialized_logits),
-                ("logit_candidates", self.logit_candidates),
-            )
-            if value is not None
-        }
+        memory_fields |= profiled_options(self)  # the logit budget, the sparse cache (unset: as before)
         if (
             self.parallelism.tensor > 1
         ):  # a budget is per rank of a group of this size (1: the hashes of before)

@@ -619,6 +619,26 @@ def test_a_spec_the_crd_cannot_reject_gives_degraded_without_a_crash(cluster, op
     until(kube, lambda: kube.condition(NAME, "Degraded")["status"] == "False", what="recovery")
 
 
+def test_what_the_engine_would_refuse_for_the_family_degrades_with_no_pods(cluster, operator):
+    """dllm-serve on a block-diffusion family: the engines would refuse it at their start (a crash loop);
+    the service says why instead, with no profiling Job and no engine, and recovers once it is fixed."""
+    kube = cluster.client()
+    manifest = yaml.safe_load((EXAMPLE_PATH.parent / "example-llada2-dllmservice.yaml").read_text())
+    manifest["metadata"]["name"] = NAME
+    manifest["spec"].setdefault("scheduling", {})["policy"] = "dllm-serve"
+    kube.create_service(manifest)
+    degraded = until(
+        kube, lambda: (c := kube.condition(NAME, "Degraded")) and c["status"] == "True" and c, what="Degraded"
+    )
+    assert degraded["reason"] == "InvalidSpec"
+    assert "scheduling.policy: policy dllm-serve staggers the dual cache's refreshes" in degraded["message"]
+    assert "not LLaDA2.0 with --cache dual" in degraded["message"]
+    assert kube.deployment(f"{NAME}-engine") is None and not kube.jobs()
+    kube.patch_service(NAME, {"spec": {"scheduling": {"policy": "blockserve"}}})
+    until(kube, lambda: kube.condition(NAME, "Degraded")["status"] == "False", what="recovery")
+    until(kube, lambda: _newest_unfinished_job(kube), what="the profiling Job")
+
+
 @pytest.mark.parametrize(
     "example_file, checkpoint, block",
     [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import kubernetes_validate
 import pytest
@@ -361,6 +362,44 @@ def test_the_logit_budget_reaches_the_profiling_job_and_its_hash():
     assert example(decoding__warmPrefixes=WARM).profile_hash(image) == example().profile_hash(image)
 
 
+def test_the_sparse_cache_reaches_the_profiling_job_its_hash_and_the_engines_check(tmp_path):
+    """The profile measures the cache the engines run: the Job takes the spec's head-sparse flags and the
+    importance ConfigMap, a new setting is a new profile (off: the hash of before), and the engine accepts
+    the summary such a Job reports (it records the settings) for its own flags."""
+    spec = example(decoding__sparseCache=SPARSE)
+    job = all_manifests(spec)[0]["spec"]["template"]["spec"]
+    args = build_parser().parse_args(job["containers"][0]["command"][1:])
+    assert (args.sparse_cache, args.retention, args.minor_retention) == ("head-centric", 0.4, 0.1)
+    assert args.head_importance == "/etc/dllm/head-importance/heads.json"
+    assert any(m["name"] == "head-importance" for m in job["containers"][0]["volumeMounts"])
+    assert any((v.get("configMap") or {}).get("name") == "llada-8b-heads" for v in job["volumes"])
+    image = OperatorSettings(operator_namespace="dllm-system").engine_image
+    hashes = {
+        example(decoding__sparseCache={"mode": mode}).profile_hash(image) for mode in ("off", "uniform")
+    }
+    assert len(hashes | {spec.profile_hash(image), example().profile_hash(image)}) == 3
+    assert example(decoding__sparseCache=SPARSE | {"consistency": 0.5}).profile_hash(
+        image
+    ) == spec.profile_hash(image)  # what is kept, not how much
+    # the profile records what it measured (the settings `dllm profile` got) and the engine's flags match it
+    recorded = {"mode": "head-centric", "retention": 0.4, "minor_retention": 0.1, "core_share": 0.1}
+    summary = ProfileSummary(
+        token_budget=100000,
+        device="cuda:0",
+        device_name="H100",
+        dtype="bfloat16",
+        total_memory_bytes=2**36,
+        usable_memory_bytes=2**35,
+        weights_bytes=2**33,
+        sparse_cache=recorded | {"minor_share": 0.3},
+    )
+    profile = tmp_path / "profile.json"
+    profile.write_text(summary.to_json())
+    engine = engine_worker_args(spec)
+    engine.profile = str(profile)  # the mounted ConfigMap's file, here
+    assert scheduler_config(engine).token_budget == 100000
+
+
 @pytest.mark.parametrize(
     "decoding, message",
     [
@@ -413,6 +452,35 @@ def test_the_operator_refuses_decoding_options_the_worker_would_refuse():
         example(decoding__warmPrefixes=WARM, scheduling__policy="static")
     with pytest.raises(SpecError, match="decoding.sparseCache runs in one process"):
         example(decoding__sparseCache={"mode": "uniform"}, parallelism={"tensor": 2})
+
+
+@pytest.mark.parametrize(
+    "model, changes, message",
+    [
+        ("llada2", {"scheduling__policy": "dllm-serve"}, "not LLaDA2.0 with --cache dual"),
+        ("sdar", {"scheduling__policy": "dllm-serve"}, "not SDAR with --cache dual"),
+        (
+            "dream",
+            {"scheduling__policy": "dllm-serve", "decoding__remasking": "low_confidence"},
+            "--remasking threshold, not Dream with --cache dual and --remasking low_confidence",
+        ),
+        ("diffusion_gemma", {"scheduling__policy": "dllm-serve"}, "not DiffusionGemma"),
+        (
+            "llada2",
+            {"decoding__sparseCache": {"mode": "uniform"}},
+            "supports LLaDA and Dream (dual cache), not LLaDA2.0",
+        ),
+        ("diffusion_gemma", {"decoding__sparseCache": {"mode": "uniform"}}, "not DiffusionGemma"),
+    ],
+)
+def test_the_operator_refuses_what_the_engine_refuses_for_the_family(model, changes, message):
+    """The engine's own rules (dllm_contracts/run_rules.py), judged on the spec's family."""
+    family = {"model__family": model, "decoding__blockLength": 32, "decoding__stepsPerBlock": 32}
+    with pytest.raises(SpecError, match=re.escape(message)):
+        example(**family, **changes)
+    assert example(**family).family == model  # the family alone runs
+    example(scheduling__policy="dllm-serve")  # LLaDA, dual cache, threshold: dllm-serve runs
+    example(model__family="dream", decoding__sparseCache={"mode": "uniform"})
 
 
 def test_profile_job_uses_the_termination_log_and_never_restarts():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dllm_operator.config import OperatorSettings
-from dllm_operator.decoding_options import logit_flags
+from dllm_operator.decoding_options import importance_volume, profiling_flags
 from dllm_operator.manifests import common
 from dllm_operator.manifests.model_fetch import fetch_init_containers
 from dllm_operator.spec import ServiceSpec
@@ -21,6 +21,7 @@ def profiling_job(
     spec: ServiceSpec, owner: dict, settings: OperatorSettings, profile_hash: str
 ) -> dict[str, Any]:
     vols, mounts = common.engine_volumes(spec)
+    importance_vols, importance_mounts = importance_volume(spec.sparse_cache)  # head-centric's, if any
     command = [
         "dllm",
         "profile",
@@ -29,7 +30,7 @@ def profiling_job(
         str(spec.utilization),
         "--block-length",
         str(spec.block_length),
-        *logit_flags(spec),  # the logits' memory the engines will hold
+        *profiling_flags(spec),  # the logits' and the sparse cache's memory the engines will hold
         *common.tensor_parallel_args(spec),  # the size the engines run at: the budget is per rank of it
         "--json",
         "/tmp/profile.json",
@@ -44,7 +45,7 @@ def profiling_job(
         "command": command,
         "env": common.cache_env(spec) + [common.threads_env()],  # the threads the engine will run
         "resources": common.resources(spec),
-        "volumeMounts": mounts,
+        "volumeMounts": mounts + importance_mounts,
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",  # a crash before the message: its log tail
         "securityContext": common.container_security(),
@@ -68,7 +69,7 @@ def profiling_job(
                     **common.pod_identity(settings),
                     "initContainers": fetch_init_containers(spec, image, settings.image_pull_policy, mounts),
                     "containers": [container],
-                    "volumes": vols,
+                    "volumes": vols + importance_vols,
                     **common.scheduling(spec),
                 },
             },

@@ -1,0 +1,33 @@
+"""What a model family and its decoding can run, as the engine refuses it at start (torch-free: the operator
+refuses the same on the DLLMService, with a condition, before it renders engine pods that would
+crash-loop on it).
+
+A family is known here by its display name and its cache kind (``dual``: LLaDA, Dream; ``paged``: the
+block-diffusion families; ``canvas``: DiffusionGemma), as the engine's registry and
+dllm_contracts/family_table.py both say it."""
+
+from __future__ import annotations
+
+STEP_FREE_POLICIES = ("threshold",)  # remasking policies whose commits do not depend on the step's number
+
+
+def stagger_problem(
+    family: str, family_cache: str, cache: str, remasking: str, sparse: bool = False
+) -> str | None:
+    """Why a model and decoding cannot run dllm-serve's staggered refreshes (None: they can)."""
+    if sparse:
+        return "policy dllm-serve does not run the head-sparse cache (--sparse-cache): use blockserve with it"
+    if family_cache == "dual" and cache == "dual" and remasking in STEP_FREE_POLICIES:
+        return None
+    return (
+        "policy dllm-serve staggers the dual cache's refreshes: it runs LLaDA or Dream with --cache dual and "
+        f"--remasking {' or '.join(STEP_FREE_POLICIES)}, not {family} with --cache {cache} and --remasking "
+        f"{remasking}"
+    )
+
+
+def sparse_family_problem(family: str, family_cache: str) -> str | None:
+    """Why a family cannot run the head-sparse cache (None: it can): a dual-cache family's alone."""
+    if family_cache == "dual":
+        return None
+    return f"the head-sparse cache supports LLaDA and Dream (dual cache), not {family}"
