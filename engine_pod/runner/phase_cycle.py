@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dllm_contracts.run_rules import STEP_FREE_POLICIES
+from dllm_contracts.run_rules import stagger_problem
 from engine_pod.decoding.denoise_step import Candidates
 from engine_pod.runner.canvas import Canvas
 from engine_pod.runner.contract import CycleOutput
@@ -76,8 +76,13 @@ class PhaseStepper(DualCacheStepper):
 
     @property
     def staggers_refreshes(self) -> bool:
-        """Whether it can: the dual cache, and a policy that does not count steps."""
-        return self.decoding.cache == "dual" and self.policy.name in STEP_FREE_POLICIES and self.heads is None
+        """Whether it can: the dual cache, and a policy that does not count steps (run_rules.py's rule)."""
+        return self._stagger_problem() is None
+
+    def _stagger_problem(self) -> str | None:
+        family, decoding = self.loaded.family, self.decoding
+        facts = (family.display_name, family.cache, decoding.cache, decoding.remasking, self.heads is not None)
+        return stagger_problem(*facts)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -125,17 +130,11 @@ class PhaseStepper(DualCacheStepper):
         return state
 
     def _check_stagger(self, cycle: SchedulerOutput) -> None:
-        if self.cache_pool is None:
-            raise PhaseScheduleError("staggered refreshes need the dual cache in the pool (not head-sparse)")
-        if self.decoding.cache != "dual":
-            raise PhaseScheduleError(f"staggered refreshes need the dual cache, not {self.decoding.cache!r}")
+        problem = self._stagger_problem()
+        if problem is not None:
+            raise PhaseScheduleError(problem)
         if not cycle.packed:
             raise PhaseScheduleError("staggered refreshes need the packed layout")
-        if self.policy.name not in STEP_FREE_POLICIES:
-            raise PhaseScheduleError(
-                f"staggered refreshes need a policy whose commits do not depend on the step's number "
-                f"({', '.join(STEP_FREE_POLICIES)}), not {self.policy.name!r}"
-            )
         if cycle.refresh_quota is not None and cycle.refresh_quota < 1:
             raise PhaseScheduleError(f"a refresh quota must be positive, got {cycle.refresh_quota}")
 
