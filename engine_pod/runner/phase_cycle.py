@@ -81,7 +81,13 @@ class PhaseStepper(DualCacheStepper):
 
     def _stagger_problem(self) -> str | None:
         family, decoding = self.loaded.family, self.decoding
-        facts = (family.display_name, family.cache, decoding.cache, decoding.remasking, self.heads is not None)
+        facts = (
+            family.display_name,
+            family.cache,
+            decoding.cache,
+            decoding.remasking,
+            self.heads is not None,
+        )
         return stagger_problem(*facts)
 
     def __init__(self, *args, **kwargs) -> None:

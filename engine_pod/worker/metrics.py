@@ -16,6 +16,42 @@ from dllm_contracts.latency_metrics import (
     histogram,
 )
 
+# each block cycle's refresh, cache and carry figures (``record_cycle``): attribute -> (kind, name, help)
+CYCLE_METRICS = {
+    "refresh_positions": (
+        Counter,
+        "dllm_refresh_positions",
+        "Positions computed by refreshes (forwards that rewrite a request's dual cache)",
+    ),
+    "refresh_share": (Gauge, "dllm_refresh_share", "Refresh positions / computed positions, since start"),
+    "peak_refresh_positions": (
+        Gauge,
+        "dllm_peak_refresh_positions",
+        "Most positions one step of the last block cycle refreshed",
+    ),
+    "refresh_quota_positions": (
+        Gauge,
+        "dllm_refresh_quota_positions",
+        "Most positions one step may refresh (dLLM-Serve's quota; 0: no quota)",
+    ),
+    "kv_dense_bytes": (
+        Counter,
+        "dllm_kv_dense_bytes",
+        "Bytes of keys and values a dense dual cache would hold for the refreshes computed",
+    ),
+    "kv_kept_bytes": (
+        Counter,
+        "dllm_kv_kept_bytes",
+        "Of those, the bytes the cache kept (fewer under --sparse-cache)",
+    ),
+    "kv_kept_share": (Gauge, "dllm_kv_kept_share", "Kept / dense dual-cache bytes, since start (1: dense)"),
+    "carried_rows": (
+        Counter,
+        "dllm_carried_rows",
+        "Rows whose block went on into the next cycle (dLLM-Serve's step-level batching)",
+    ),
+}
+
 
 class WorkerMetrics:
     def __init__(self, model: str = "") -> None:
@@ -106,42 +142,8 @@ class WorkerMetrics:
         self.prefix_evicted_tokens = Counter(
             "dllm_prefix_cache_evicted_tokens", "Tokens evicted from the prefix cache", registry=r
         )
-        self.refresh_positions = Counter(
-            "dllm_refresh_positions",
-            "Positions computed by refreshes (forwards that rewrite a request's dual cache)",
-            registry=r,
-        )
-        self.refresh_share = Gauge(
-            "dllm_refresh_share", "Refresh positions / computed positions, since start", registry=r
-        )
-        self.peak_refresh_positions = Gauge(
-            "dllm_peak_refresh_positions",
-            "Most positions one step of the last block cycle refreshed",
-            registry=r,
-        )
-        self.refresh_quota_positions = Gauge(
-            "dllm_refresh_quota_positions",
-            "Most positions one step may refresh (dLLM-Serve's quota; 0: no quota)",
-            registry=r,
-        )
-        self.kv_dense_bytes = Counter(
-            "dllm_kv_dense_bytes",
-            "Bytes of keys and values a dense dual cache would hold for the refreshes computed",
-            registry=r,
-        )
-        self.kv_kept_bytes = Counter(
-            "dllm_kv_kept_bytes",
-            "Of those, the bytes the cache kept (fewer under --sparse-cache)",
-            registry=r,
-        )
-        self.kv_kept_share = Gauge(
-            "dllm_kv_kept_share", "Kept / dense dual-cache bytes, since start (1: dense)", registry=r
-        )
-        self.carried_rows = Counter(
-            "dllm_carried_rows",
-            "Rows whose block went on into the next cycle (dLLM-Serve's step-level batching)",
-            registry=r,
-        )
+        for attribute, (kind, name, description) in CYCLE_METRICS.items():
+            setattr(self, attribute, kind(name, description, registry=r))
         self._useful = 0
         self._computed = 0
         self._dense = self._kept = 0  # dual-cache bytes, dense and kept, since start
