@@ -26,6 +26,12 @@ def stagger_problem(
     )
 
 
+def stagger_problem_for(family, decoding) -> str | None:
+    """``stagger_problem`` of a family record (its display name and cache kind) and a decoding config."""
+    facts = (family.display_name, family.cache, decoding.cache, decoding.remasking, decoding.sparse.on)
+    return stagger_problem(*facts)
+
+
 def sparse_family_problem(family: str, family_cache: str) -> str | None:
     """Why a family cannot run the head-sparse cache (None: it can): a dual-cache family's alone."""
     if family_cache == "dual":

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dllm_contracts.run_rules import stagger_problem
+from dllm_contracts.run_rules import stagger_problem_for
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.runner.contract import CycleStats, Runner, scheduling_facts
 from engine_pod.scheduler.base import Scheduler
@@ -70,15 +70,7 @@ class Engine:
                     f"has {getattr(runner, fact)}: build it with scheduling_facts(runner)"
                 )
         if scheduler.staggers_refreshes and not runner.staggers_refreshes:
-            family, decoding = runner.loaded.family, runner.decoding
-            facts = (
-                family.display_name,
-                family.cache,
-                decoding.cache,
-                decoding.remasking,
-                decoding.sparse.on,
-            )
-            raise ValueError(stagger_problem(*facts))
+            raise ValueError(stagger_problem_for(runner.loaded.family, runner.decoding))
         self.runner = runner
         self.scheduler = scheduler
         self.clock = clock

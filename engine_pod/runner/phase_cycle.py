@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dllm_contracts.run_rules import stagger_problem
+from dllm_contracts.run_rules import stagger_problem_for
 from engine_pod.decoding.denoise_step import Candidates
 from engine_pod.runner.canvas import Canvas
 from engine_pod.runner.contract import CycleOutput
@@ -77,18 +77,7 @@ class PhaseStepper(DualCacheStepper):
     @property
     def staggers_refreshes(self) -> bool:
         """Whether it can: the dual cache, and a policy that does not count steps (run_rules.py's rule)."""
-        return self._stagger_problem() is None
-
-    def _stagger_problem(self) -> str | None:
-        family, decoding = self.loaded.family, self.decoding
-        facts = (
-            family.display_name,
-            family.cache,
-            decoding.cache,
-            decoding.remasking,
-            self.heads is not None,
-        )
-        return stagger_problem(*facts)
+        return stagger_problem_for(self.loaded.family, self.decoding) is None
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -136,7 +125,7 @@ class PhaseStepper(DualCacheStepper):
         return state
 
     def _check_stagger(self, cycle: SchedulerOutput) -> None:
-        problem = self._stagger_problem()
+        problem = stagger_problem_for(self.loaded.family, self.decoding)
         if problem is not None:
             raise PhaseScheduleError(problem)
         if not cycle.packed:
