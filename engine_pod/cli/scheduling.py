@@ -207,6 +207,9 @@ def _sparse_words(settings: dict | None) -> str:
     return " ".join([f"--sparse-cache {settings['mode']}", *rest])
 
 
+_WARNED_DENSE: set[str] = set()  # dense profiles already warned about under a sparse cache
+
+
 def _check_profile_sparse(args: argparse.Namespace, profile: ProfileSummary) -> None:
     """A budget measured with a head-sparse cache holds for those settings only: refused with others (the
     dense cache holds every position of a row, a higher retention more of them). One measured with the
@@ -220,6 +223,9 @@ def _check_profile_sparse(args: argparse.Namespace, profile: ProfileSummary) -> 
         else None
     )
     if profile.sparse_cache is None and asked is not None:
+        if args.profile in _WARNED_DENSE:
+            return
+        _WARNED_DENSE.add(args.profile)  # once per process, however often the settings are read
         logger.warning(
             "--profile %s was measured with the dense cache, not %s: profile with those flags to measure "
             "the token budget the sparse cache holds",

@@ -103,6 +103,7 @@ def test_a_dense_profile_is_warned_about_under_a_sparse_cache(tmp_path, caplog):
     args = build_parser().parse_args([*argv, "--sparse-cache", "uniform", "--retention", "0.3"])
     with caplog.at_level("WARNING"):
         assert scheduler_config(args).token_budget == 4096
+        assert scheduler_config(args).token_budget == 4096  # read again (serve does): warned once
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "measured with the dense cache" in warnings[0], warnings
     assert "--sparse-cache uniform --retention 0.3" in warnings[0]
