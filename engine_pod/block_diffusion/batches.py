@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine_pod.host_bundle import send
 from engine_pod.models.attention_backends import varlen_rows
 from engine_pod.models.attention_rules import Masking
 from engine_pod.models.forward_batch import ForwardBatch, KeyLayout, PoolSlots
@@ -79,7 +78,7 @@ def dense_forward(step: StepQueries, pool: PagedKVPool) -> tuple[ForwardBatch, S
         positions[r, :width] = torch.arange(first, end, device=device)
         write[r, :width] = step.key_slots[r][first:]
         key_slots[r, :end] = step.key_slots[r]
-    widths_on_device, ends_on_device = _row_extents(step, widths, ends)
+    widths_on_device, ends_on_device = _row_extents(step, widths, ends, pool)
     mask = _dense_mask(positions, widths_on_device, ends_on_device, keys, L)
     pick_r, pick_k = step.masked()
     offsets = widths_on_device - L
@@ -89,13 +88,16 @@ def dense_forward(step: StepQueries, pool: PagedKVPool) -> tuple[ForwardBatch, S
     return forward, (pick_r, offsets[pick_r] + pick_k)
 
 
-def _row_extents(step: StepQueries, widths: list[int], ends: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def _row_extents(
+    step: StepQueries, widths: list[int], ends: list[int], pool: PagedKVPool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's query count and key count on the device: from the starts already there when every row's
-    queries are its block (every step but a cycle's first), else sent (one copy)."""
+    queries are its block (every step but a cycle's first), else sent (one copy, the pool's regions)."""
     L, device = step.block_length, step.blocks.device
     if step.starts_on_device is not None and all(width == L for width in widths):
         return torch.full((len(widths),), L, device=device), step.starts_on_device + L
-    return torch.tensor([widths, ends], device=device).unbind(0)
+    sent = pool.buffers.send({"widths": widths, "ends": ends})
+    return sent["widths"], sent["ends"]
 
 
 def _dense_mask(
@@ -131,7 +133,7 @@ def packed_forward(step: StepQueries, pool: PagedKVPool) -> tuple[ForwardBatch, 
         offsets = _blocks_planned(step, plan, keys, on_device)
         laid_out = _blocks_laid_out(step, keys, on_device)
     else:
-        offsets = _rows_planned(step, plan, keys)
+        offsets = _rows_planned(step, plan, keys, pool)
         laid_out = _rows_laid_out(step, order, ends)
     tokens, positions, write, key_slots = laid_out
     forward = ForwardBatch(tokens, positions, {None: KeyLayout(plan, PoolSlots(key_slots))}, pool, write[0])
@@ -184,16 +186,17 @@ def _blocks_planned(step: StepQueries, plan: RaggedAttention, keys: int, order: 
     return offsets
 
 
-def _rows_planned(step: StepQueries, plan: RaggedAttention, keys: int) -> torch.Tensor:
+def _rows_planned(step: StepQueries, plan: RaggedAttention, keys: int, pool: PagedKVPool) -> torch.Tensor:
     """[R] where each row's active block starts among the packed queries, rows reaching back before their
-    blocks (a cycle's first step): sent with the plan's cut sequences, in one copy."""
-    L, device, spans = step.block_length, step.blocks.device, plan.spans
+    blocks (a cycle's first step): sent with the plan's cut sequences, in one copy (the pool's regions)."""
+    L, spans = step.block_length, plan.spans
     offsets = [spans.q_start[r] + spans.q_len[r] - L for r in range(len(spans.q_len))]
     host = varlen_rows(plan, keys)
     if host is None:
         plan.settle_varlen(None)
-        return torch.tensor(offsets, device=device)
+        return pool.buffers.send({"offsets": offsets})["offsets"]
     first, last, max_q, max_k, metadata = host
-    sent = send([offsets, *metadata], device)
-    plan.settle_varlen(VarlenBatch(first, last, max_q, max_k, torch.stack(sent[1:]).to(torch.int32)))
-    return sent[0]
+    sent = pool.buffers.send({"offsets": offsets, "varlen_metadata": [v for row in metadata for v in row]})
+    varlen = sent["varlen_metadata"].view(3, -1).to(torch.int32)
+    plan.settle_varlen(VarlenBatch(first, last, max_q, max_k, varlen))
+    return sent["offsets"]

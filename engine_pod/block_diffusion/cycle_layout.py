@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from engine_pod.block_diffusion.batches import StepQueries
-from engine_pod.decoding.row_sampling import RowSampling
+from engine_pod.decoding.row_sampling import COLUMNS, RowSampling
 from engine_pod.decoding.sampling_params import SamplingParams
-from engine_pod.host_bundle import Floats, send_named
+from engine_pod.device_buffers import Floats
 from engine_pod.models.paged_kv import PagedKVPool
 
 
@@ -59,6 +59,18 @@ class BlockCycle:
     slot_base: torch.Tensor  # [R] where each row's slots start in ``slots``
 
 
+def layout_regions(tokens: int, block_length: int) -> dict[str, int]:
+    """A block cycle's regions in the pool's device buffers, for a pool of ``tokens`` positions: per row
+    (as many rows as it holds blocks) a step's row offsets, varlen metadata and row extents (batches.py),
+    the cycle's steps, thresholds, starts and sampling settings; then its blocks, context tokens and key
+    slots."""
+    rows = max(1, tokens // block_length)
+    per_row = {"offsets": rows, "varlen_metadata": 3 * (rows + 1), "widths": rows, "ends": rows}
+    per_row |= {"steps": rows, "thresholds": rows}
+    per_row |= {"starts": rows, "sampling": rows * COLUMNS}
+    return per_row | {"blocks": tokens, "context_tokens": tokens, "slots": tokens}
+
+
 def lay_out(
     rows: list[BlockRow],
     pool: PagedKVPool,
@@ -80,7 +92,7 @@ def lay_out(
     heads = [row.tokens[start:] for row, start in zip(rows, starts)]
     block_ids = [token for head in heads for token in head + [mask_id] * (L - len(head))]
     settings = RowSampling.host_columns(sampling or [None] * len(rows))
-    sent = send_named(  # the cycle's one copy to the device
+    sent = pool.buffers.send(  # the cycle's one copy to the device, into the pool's regions
         {
             "slots": slots,
             "context_tokens": context_tokens,
@@ -89,8 +101,7 @@ def lay_out(
             "thresholds": Floats(row.threshold for row in rows),
             "starts": starts,
             "sampling": [value for row in settings or [] for value in row],
-        },
-        pool.device,
+        }
     )
     on_device = None
     if settings is not None:

@@ -39,7 +39,7 @@ import torch
 
 from dllm_contracts.canvas_sampler import EntropyBoundParams
 from engine_pod.decoding.categorical_draws import PendingDraws
-from engine_pod.host_bundle import Floats, send_named
+from engine_pod.device_buffers import DeviceBuffers, Floats
 
 
 @dataclass
@@ -55,7 +55,7 @@ class SamplerColumns:
 
     @staticmethod
     def host_named(params: list[EntropyBoundParams]) -> dict[str, list[int] | Floats]:
-        """The columns by name, for a caller's one copy (``host_bundle.send_named``)."""
+        """The columns by name, for a caller's one copy (``DeviceBuffers.send``)."""
         return {
             "limits": [p.max_denoising_steps for p in params],
             "t_low": Floats(p.t_min for p in params),
@@ -74,7 +74,7 @@ class SamplerColumns:
 
     @classmethod
     def of(cls, params: list[EntropyBoundParams], device: torch.device) -> SamplerColumns:
-        return cls.of_sent(send_named(cls.host_named(params), device))
+        return cls.of_sent(DeviceBuffers(device).send(cls.host_named(params)))  # buffers of these alone
 
     def select(self, index: torch.Tensor) -> SamplerColumns:
         return SamplerColumns(*(column.index_select(0, index) for column in vars(self).values()))

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from engine_pod.device_buffers import DeviceBuffers
 from engine_pod.host_bundle import to_device
 from engine_pod.models.config import ModelConfig
 
@@ -55,6 +56,8 @@ class PagedKVPool:
         self._refs = [0] * num_pages
         self._tables: dict[str, list[int]] = {}
         self.reclaim: Callable[[int], None] | None = None  # frees at least n pages if it can
+        # the lists of the batches over this pool, sent in named regions (a runner sizes them: ``reserve``)
+        self.buffers = DeviceBuffers(device)
 
     @property
     def free_pages(self) -> int:

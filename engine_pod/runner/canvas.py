@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_pod.decoding.row_sampling import RowSampling
-from engine_pod.host_bundle import float64_bits, to_device
+from engine_pod.decoding.row_sampling import COLUMNS, RowSampling
+from engine_pod.device_buffers import DeviceBuffers, Floats
 from engine_pod.scheduler.cycle_row import CycleRow
 
 
@@ -79,6 +79,15 @@ def _row_tokens(row: CycleRow, block_length: int, mask_id: int, block: list[int]
     return list(row.prefix_ids) + active + [mask_id] * (block_length * row.suffix_blocks)
 
 
+def canvas_regions(tokens: int, block_length: int, extra_columns: int = 0) -> dict[str, int]:
+    """The canvas's regions in a runner's device buffers, sized for a token budget of ``tokens``: the
+    per-row ones for as many rows as the budget holds blocks, then the tokens (a row's width and its
+    scratch column)."""
+    rows = max(1, tokens // block_length)
+    per_row = {name: rows for name in ("lengths", "block_starts", "hidden_suffix", "active", "thresholds")}
+    return per_row | {"sampling": rows * COLUMNS, "extra": rows * extra_columns, "tokens": tokens + rows}
+
+
 def _host_rows(
     rows: list[CycleRow],
     block_length: int,
@@ -88,25 +97,23 @@ def _host_rows(
     blocks: list[list[int] | None],
     extra: list[list[int]],
 ):
-    """One int64 matrix [R, W + 6 (+ the caller's extra columns) (+ the sampling columns)]: left-padded
-    tokens, the scratch column, then per row its length, block start, hidden-suffix flag, active flag and
-    threshold (float64 bits), the caller's ``extra`` integers and, where a row samples, every row's sampling
-    settings (RowSampling.host_columns)."""
+    """The canvas's lists by name: left-padded tokens and the scratch column [R, W + 1], then per row its
+    length, block start, hidden-suffix flag, active flag and threshold, and, where a row samples, every
+    row's sampling settings [R, COLUMNS] (RowSampling.host_columns), and the caller's ``extra`` integers."""
     contents = [_row_tokens(row, block_length, mask_id, block) for row, block in zip(rows, blocks)]
     width = max(len(c) for c in contents)
-    thresholds = [threshold if r.threshold is None else r.threshold for r in rows]
-    threshold_bits = float64_bits(thresholds)
-    sampling = RowSampling.host_columns([row.sampling for row in rows]) or [[] for _ in rows]
-    matrix = [
-        [pad_id] * (width - len(c))
-        + c
-        + [pad_id, len(c), width - len(c) + row.width]
-        + [int(not row.suffix_visible), int(row.active), bits]
-        + more
-        + settings
-        for c, row, bits, more, settings in zip(contents, rows, threshold_bits, extra, sampling)
-    ]
-    return torch.tensor(matrix, dtype=torch.long), width
+    sampling = RowSampling.host_columns([row.sampling for row in rows]) or []
+    parts = {
+        "tokens": [token for c in contents for token in [pad_id] * (width - len(c)) + c + [pad_id]],
+        "lengths": [len(c) for c in contents],
+        "block_starts": [width - len(c) + row.width for c, row in zip(contents, rows)],
+        "hidden_suffix": [int(not row.suffix_visible) for row in rows],
+        "active": [int(row.active) for row in rows],
+        "thresholds": Floats(threshold if r.threshold is None else r.threshold for r in rows),
+        "sampling": [value for settings in sampling for value in settings],
+        "extra": [value for more in extra for value in more],
+    }
+    return parts, width
 
 
 def build_canvas(
@@ -117,24 +124,28 @@ def build_canvas(
     device: torch.device,
     threshold: float = 0.9,
     score_dtype: torch.dtype = torch.float32,
+    buffers: DeviceBuffers | None = None,
     blocks: list[list[int] | None] | None = None,
     extra: list[list[int]] | None = None,
 ) -> Canvas:
-    """Left-pad every row to the widest one and compute positions, masks and block slots. ``blocks``: a
-    row's active block as far as it was committed (None: fully masked); ``extra``: the same number of the
-    caller's integers per row, sent in the same copy (``Canvas.extra``)."""
+    """Left-pad every row to the widest one and compute positions, masks and block slots; the rows' lists
+    go to the device in one copy, into ``buffers`` (the runner's; None: buffers of this canvas alone).
+    ``blocks``: a row's active block as far as it was committed (None: fully masked); ``extra``: the same
+    number of the caller's integers per row, sent in the same copy (``Canvas.extra``)."""
     blocks = blocks or [None] * len(rows)
-    more = extra or [[] for _ in rows]
-    host, width = _host_rows(rows, block_length, mask_id, pad_id, threshold, blocks, more)
-    packed = to_device(host, device)  # the one host-to-device copy
-    tokens = packed[:, : width + 1].contiguous()
-    lengths, block_start, hidden, active, bits = packed[:, width + 1 : width + 6].unbind(1)
-    settings_at = width + 6 + len(more[0])
+    parts, width = _host_rows(rows, block_length, mask_id, pad_id, threshold, blocks, extra or [])
+    buffers = DeviceBuffers(device) if buffers is None else buffers
+    sent = buffers.send(parts)  # the one host-to-device copy
+    R = len(rows)
+    tokens = sent["tokens"].view(R, width + 1)
+    lengths, block_start, hidden, active = (
+        sent[n] for n in ("lengths", "block_starts", "hidden_suffix", "active")
+    )
     params = [row.sampling for row in rows]
     sampling = (
         None
-        if packed.shape[1] == settings_at
-        else RowSampling.from_device(packed[:, settings_at:], params, score_dtype)
+        if not parts["sampling"]
+        else RowSampling.from_device(sent["sampling"].view(R, -1), params, score_dtype)
     )
     columns = torch.arange(width, device=device)
     start = width - lengths
@@ -153,10 +164,10 @@ def build_canvas(
         position_ids=positions[:, :width],
         block_slots=block_start[:, None] + torch.arange(block_length, device=device)[None, :],
         active=active.bool(),
-        thresholds=bits.contiguous().view(torch.float64).to(score_dtype),
+        thresholds=sent["thresholds"].to(score_dtype),
         block_length=block_length,
         sampling=sampling,
         logprobs=[row.logprobs for row in rows] if any(row.logprobs is not None for row in rows) else None,
         host=CanvasRows.of(rows, block_length),
-        extra=packed[:, width + 6 : settings_at] if extra else None,
+        extra=sent["extra"].view(R, -1) if extra else None,
     )

@@ -58,7 +58,12 @@ from engine_pod.decoding.entropy_bound import (
     entropy_bound_step,
     start_canvas,
 )
-from engine_pod.families.diffusion_gemma.context_cache import ContextCache, ContextRows, context_pool
+from engine_pod.families.diffusion_gemma.context_cache import (
+    ContextCache,
+    ContextRows,
+    context_pool,
+    context_regions,
+)
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.canvas_forward import CanvasForward
 from engine_pod.runner.contract import CycleOutput, CycleStats
@@ -136,6 +141,10 @@ class CanvasStepper:
         self.pool = context_pool(
             loaded.model.config, pages, decoding.block_length, loaded.dtype, loaded.device
         )
+        # the rows' lists of each forward (encoder chunks, decoder batches), at fixed addresses
+        per_row = dict.fromkeys([*SamplerColumns.host_named([]), "running_at"], pages)
+        regions = context_regions(config, self.pool_tokens, pages) | {"tokens": self.pool_tokens}
+        self.pool.buffers.reserve(per_row | regions)
         self.pad_id = config.pad_token_id or 0
         self.states: dict[str, CanvasRequest] = {}
         self.suspended: OrderedDict[str, tuple[torch.Tensor, list[int]]] = OrderedDict()
@@ -211,7 +220,8 @@ class CanvasStepper:
         encoded, round_ = 0, 0
         while any(round_ < len(chunks) for _, chunks in queues):
             group = [(state, chunks[round_]) for state, chunks in queues if round_ < len(chunks)]
-            self.model.encode_chunks([chunk for _, chunk in group], [state.cache for state, _ in group])
+            chunks, caches = [chunk for _, chunk in group], [state.cache for state, _ in group]
+            self.model.encode_chunks(chunks, caches, self.pool.buffers)
             for state, chunk in group:
                 state.encoded += chunk
                 state.chunks.append(len(chunk))
@@ -239,6 +249,7 @@ class CanvasStepper:
             [states[i].cache for i in computed],
             L,
             SamplerColumns.host_named(params) | {"running_at": [places[i] for i in running]},
+            buffers=self.pool.buffers,
         )
         columns, running_at = SamplerColumns.of_sent(batch.extra), batch.extra["running_at"]
         state.rows = start_canvas(

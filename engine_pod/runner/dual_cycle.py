@@ -17,11 +17,12 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
 from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext, make_policy
+from engine_pod.device_buffers import DeviceBuffers
 from engine_pod.head_sparse.hooks import refresh_heads, window_heads
 from engine_pod.head_sparse.store import HeadSparse, position_bytes
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.models.forward_batch import ForwardBatch
-from engine_pod.runner.canvas import Canvas, build_canvas
+from engine_pod.runner.canvas import Canvas, build_canvas, canvas_regions
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.runner.dual_batches import box_refresh, box_window
 from engine_pod.runner.dual_cache import DualCache, DualCachePool
@@ -59,6 +60,7 @@ class DualCacheStepper:
     staggers_refreshes = (
         False  # every row refreshes at its block's first forward (runner/phase_cycle.py can stagger)
     )
+    extra_columns = 0  # per-row integers its canvases carry beside the rows' own (Canvas.extra)
 
     def __init__(
         self,
@@ -92,6 +94,10 @@ class DualCacheStepper:
         new_pool = lambda pages: self.model.new_pool(pages, L, loaded.device)  # noqa: E731
         pooled = decoding.uses_cache and self.heads is None
         self.cache_pool = DualCachePool(new_pool, L, pool_tokens) if pooled else None
+        # each cycle's canvas lists, in regions sized from the budget (where known) at fixed addresses
+        self.buffers = DeviceBuffers(
+            loaded.device, canvas_regions(pool_tokens, L, self.extra_columns) if pool_tokens else None
+        )
 
     def begin(self, cycle: SchedulerOutput) -> _DualCycle:
         """The cycle's canvas (one copy to the device); packed: forwards compute only the positions that
@@ -126,7 +132,7 @@ class DualCacheStepper:
     def _canvas(self, cycle: SchedulerOutput, **resume) -> Canvas:
         """The cycle's canvas (``resume``: resumed rows' blocks and columns, runner/phase_carry.py)."""
         args = (self.mask_id, self.pad_id, self.loaded.device, self.decoding.threshold, self.score_dtype)
-        return build_canvas(cycle.rows, self.decoding.block_length, *args, **resume)
+        return build_canvas(cycle.rows, self.decoding.block_length, *args, self.buffers, **resume)
 
     def most_steps(self, state: _DualCycle) -> int:
         return self.decoding.block_length + self.decoding.steps_per_block + 2
@@ -169,7 +175,7 @@ class DualCacheStepper:
         threshold calibration samples)."""
         rows = [CycleRow(tuple(ids)) for ids in prompts]
         L = self.decoding.block_length
-        canvas = build_canvas(rows, L, self.mask_id, self.pad_id, self.loaded.device)
+        canvas = build_canvas(rows, L, self.mask_id, self.pad_id, self.loaded.device, buffers=self.buffers)
         pick_r = torch.arange(len(rows), device=self.loaded.device).repeat_interleave(L)
         source = canvas.block_slots.reshape(-1) - self.quirks.logit_shift
         batch = ForwardBatch.box_over_itself(canvas.tokens, canvas.position_ids, canvas.key_mask)

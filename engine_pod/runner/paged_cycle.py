@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_pod.block_diffusion.batches import dense_forward, packed_forward
-from engine_pod.block_diffusion.cycle_layout import BlockCycle, BlockRow, lay_out, live_rows, step_queries
+from engine_pod.block_diffusion.cycle_layout import (
+    BlockCycle,
+    BlockRow,
+    lay_out,
+    layout_regions,
+    live_rows,
+    step_queries,
+)
 from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache, PrefixCacheStats
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
@@ -79,6 +86,7 @@ class PagedCacheStepper:
         pages = -(-(pool_tokens or DEFAULT_POOL_TOKENS) // L) + 1
         self.model = loaded.model
         self.pool = self.model.new_pool(pages, L, loaded.device)
+        self.pool.buffers.reserve(layout_regions(pages * L, L))  # each cycle's lists, at fixed addresses
         self.exact_cache = decoding.cache != "none"
         self.mask_id = self.model.config.mask_token_id
         self.policy = ScheduledThresholdPolicy()

@@ -32,7 +32,7 @@ from engine_pod.runner.contract import CycleOutput
 from engine_pod.runner.dual_cycle import DualCacheStepper, _DualCycle
 from engine_pod.runner.dual_rows import HostState, StepRows
 from engine_pod.runner.packing import packed_layout, window_inputs
-from engine_pod.runner.phase_carry import RowCarry
+from engine_pod.runner.phase_carry import RESUME_COLUMNS, RowCarry
 from engine_pod.runner.phase_plan import PhasePlan, plan_phases
 from engine_pod.scheduler.output import SchedulerOutput
 
@@ -73,6 +73,8 @@ class _Phases:
 
 class PhaseStepper(DualCacheStepper):
     """The dual-cache stepper, staggering its rows' refreshes where the cycle asks."""
+
+    extra_columns = RESUME_COLUMNS  # each row's resume columns (runner/phase_carry.py)
 
     @property
     def staggers_refreshes(self) -> bool:

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import torch
 
+from engine_pod.device_buffers import DeviceBuffers, Floats
 from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
 from engine_pod.families.diffusion_gemma.context_layout import ContextLayout
-from engine_pod.host_bundle import Floats, send_named
 from engine_pod.models.attention_rules import BIDIRECTIONAL, Masking, SdpaStyle
 from engine_pod.models.forward_batch import ContextThenOwn, ForwardBatch, KeyLayout
 from engine_pod.models.paged_kv import PagedKVPool
@@ -58,6 +58,18 @@ def context_pool(
         dtype,
         device,
     )
+
+
+def context_regions(config: DiffusionGemmaConfig, tokens: int, rows: int) -> dict[str, int]:
+    """The regions ``ContextRows.of`` sends into, for a pool of ``tokens`` positions and up to ``rows`` rows:
+    per reach its rows' kept counts and extents, then the new tokens' positions and slots and per reach its
+    kept context's slots and places and the new tokens' places."""
+    reaches = {
+        config.sliding_window - 1 if config.is_sliding(layer) else None for layer in range(config.num_layers)
+    }
+    per_row = {f"{reach}/{name}": n * rows for reach in reaches for name, n in (("kept", 1), ("extents", 3))}
+    lists = {f"{reach}/{name}": tokens for reach in reaches for name in ("slots", "context_at", "new_at")}
+    return per_row | {"positions": tokens, "write_slots": tokens} | lists
 
 
 def sdpa_style(head_dim: int) -> SdpaStyle:
@@ -127,11 +139,13 @@ class ContextRows:
         tokens: int | list[int],
         extra: dict[str, list[int] | Floats] | None = None,
         encoding: bool = False,
+        buffers: DeviceBuffers | None = None,
     ) -> ContextRows:
         """The rows of ``caches`` with ``tokens`` new tokens each (one count: every row's), their positions,
         each reach's layout, where the new tokens go in the pool when ``encoding`` (the encoder's forward:
         the caches reserved them; else the decoder's, which writes nothing) and ``extra`` (the caller's
-        lists, by name) sent to the device in one copy."""
+        lists, by name) sent to the device in one copy: into ``buffers`` (a runner's, whose regions keep
+        their addresses from cycle to cycle; None: buffers of these rows alone)."""
         pool = caches[0].pool
         if any(cache.pool is not pool for cache in caches):
             raise ValueError("the rows of one forward must keep their contexts in one pool")
@@ -147,7 +161,8 @@ class ContextRows:
                 for name, values in _layout_lists(caches, spans[reach], reach).items()
             }
         extra = extra or {}
-        sent = send_named(parts | extra, pool.device)  # the rows' one copy
+        buffers = DeviceBuffers(pool.device) if buffers is None else buffers
+        sent = buffers.send(parts | extra)  # the rows' one copy
         layouts = {
             reach: ContextLayout(spans[reach], **{name: sent[f"{reach}/{name}"] for name in LAYOUT_FIELDS})
             for reach in reaches

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine_pod.device_buffers import DeviceBuffers
 from engine_pod.families.diffusion_gemma.blocks import GeGLU, UnscaledRMSNorm
 from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
 from engine_pod.families.diffusion_gemma.context_cache import ContextCache, ContextRows
@@ -109,13 +110,17 @@ class DiffusionGemmaModel(nn.Module):
         self._encode(token_ids, ContextRows.of(caches, token_ids.shape[1], encoding=True))
 
     @torch.no_grad()
-    def encode_chunks(self, chunks: list[tuple[int, ...]], caches: list[ContextCache]) -> None:
+    def encode_chunks(
+        self, chunks: list[tuple[int, ...]], caches: list[ContextCache], buffers: DeviceBuffers | None = None
+    ) -> None:
         """Append ``chunks[r]`` (context tokens, any lengths) to ``caches[r]``: one encoder forward over
-        the chunks packed one after another, the tokens sent with the batch's layout in one copy."""
+        the chunks packed one after another, the tokens sent with the batch's layout in one copy (into
+        ``buffers``: a runner's, or None: ``ContextRows.of``'s own)."""
         for cache, chunk in zip(caches, chunks):
             cache.reserve(len(chunk))
         flat = [token for chunk in chunks for token in chunk]
-        rows = ContextRows.of(caches, [len(chunk) for chunk in chunks], {"tokens": flat}, encoding=True)
+        lengths = [len(chunk) for chunk in chunks]
+        rows = ContextRows.of(caches, lengths, {"tokens": flat}, encoding=True, buffers=buffers)
         self._encode(rows.extra["tokens"][None], rows)
 
     def _encode(self, token_ids: torch.Tensor, rows: ContextRows) -> None:
