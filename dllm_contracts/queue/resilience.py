@@ -2,7 +2,8 @@
 configured to notice it, and bounded exponential backoff with full jitter for riding it out.
 
 A restart, a failover or a frozen server shows up as a refused connection, a reset or a read
-timeout (on a Redis Cluster also as CLUSTERDOWN, TRYAGAIN or a slot not yet covered); all of them pass. Anything else (a wrong password, a script error) is a real error and is
+timeout (on a Redis Cluster also as CLUSTERDOWN, TRYAGAIN, redirections that run out of retries or a slot
+not yet covered); all of them pass. Anything else (a wrong password, a script error) is a real error and is
 not retried. Every client gets socket timeouts, so a frozen Redis is a ``TimeoutError`` after a few
 seconds, never a call that blocks forever.
 """
@@ -13,7 +14,7 @@ import random
 from dataclasses import dataclass
 
 from redis.exceptions import (
-    ClusterDownError,
+    ClusterError,
     RedisClusterException,
     RedisError,
     SlotNotCoveredError,
@@ -25,7 +26,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
-    ClusterDownError,  # a Redis Cluster failing over (MasterDownError is one)
+    # a Redis Cluster failing over: CLUSTERDOWN (ClusterDownError, MasterDownError) and the redirections that
+    # bounce between nodes whose slot tables have not converged yet until redis-py's own retries run out
+    # ("TTL exhausted."): all ClusterErrors
+    ClusterError,
     TryAgainError,  # a slot migrating
     SlotNotCoveredError,  # a Redis Cluster's slots not all served yet
 )

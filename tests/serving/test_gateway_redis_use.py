@@ -13,6 +13,7 @@ import httpx
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import ClusterError
 
 from dllm_contracts.queue.async_client import AsyncQueue
 from dllm_contracts.queue.connect import async_client, sync_client
@@ -196,5 +197,22 @@ async def test_a_script_call_on_a_connection_a_dead_node_closed_is_a_transient_f
         await queue.run(call)
     queue._scripts[call.script] = failing("a bug")
     with pytest.raises(RuntimeError, match="a bug"):
+        await queue.run(call)
+    await client.aclose()
+
+
+async def test_redirections_that_run_out_during_a_failover_are_a_transient_fault(redis_server, service):
+    """While a Redis Cluster fails over, nodes whose slot tables have not converged redirect a command back
+    and forth until redis-py gives up with ClusterError("TTL exhausted."): the gateway answered such a request
+    with a 500 (once in a CI run of the cluster failover test) instead of retrying it as the fault it is."""
+    client = async_client(redis_server.url)
+    queue = AsyncQueue(client, QueueOps(service))
+    call = queue.ops.enqueue(QueuedRequest("r-ttl", [1] * 4, 32, time.time()))
+
+    async def bouncing(**_):
+        raise ClusterError("TTL exhausted.")
+
+    queue._scripts[call.script] = bouncing
+    with pytest.raises(TRANSIENT_ERRORS):
         await queue.run(call)
     await client.aclose()
