@@ -21,9 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-RESUME_COLUMNS = (
-    6  # per row in the canvas's copy: resumed, entries' place, their count, forwards, waits, masks
-)
+# per row in the canvas's copy: resumed, its entries' place, their count, forwards, waits, masks at start
+RESUME_COLUMNS = 6
 
 
 @dataclass
@@ -76,19 +75,28 @@ class RowCarry:
     def resume(self, state, owners: list[str], forwards: list[int]) -> torch.Tensor:
         """Set the cycle's resumed rows (those carried out of the last one) where they were: their block's
         counters on the device (from the canvas's copy), ``forwards`` on the host, their log probabilities so
-        far and their cache (scattered into the cycle's run); returns each row's waits for a refresh."""
-        resume = state.canvas.extra
+        far and their cache (scattered into the cycle's run, laid out); returns each row's waits for a
+        refresh. Everything carried is let go of."""
+        resume, cache = state.canvas.extra, state.cache
         resumed = resume[:, 0].bool()
         state.steps_taken = torch.where(resumed, resume[:, 3], state.steps_taken)
         state.masks_at_start = torch.where(resumed, resume[:, 5], state.masks_at_start)
+        count = total = 0
         for r, owner in enumerate(owners):
             carried = self.rows.get(owner)
-            if carried is not None:
-                forwards[r] = carried.forwards
-                if state.output.logprobs is not None and carried.logprobs is not None:
-                    state.output.logprobs[r] = carried.logprobs
-        count = sum(owner in self.rows for owner in owners)
-        self.restore(resume, count, state.cache, state.cache.row_len, owners)
+            if carried is None:
+                continue
+            if carried.kv_len not in (0, cache.row_len[r]):
+                raise RuntimeError(
+                    f"a carried row's cache has {carried.kv_len} entries, its new run {cache.row_len[r]}"
+                )
+            forwards[r] = carried.forwards
+            if state.output.logprobs is not None and carried.logprobs is not None:
+                state.output.logprobs[r] = carried.logprobs
+            count, total = count + 1, total + carried.kv_len
+        if total:
+            self._scatter(resume, count, total, cache)
+        self.forget()
         return torch.where(resumed, resume[:, 4], 0)
 
     def end_at_step(self, state, forwards: list[int], owners: list[str], waited: torch.Tensor):
@@ -117,26 +125,16 @@ class RowCarry:
         self.keep([owners[r] for r in going], rows, cache.pool, slots)
         return output
 
-    def restore(self, extra: torch.Tensor, resumed: int, cache, row_len: list[int], owners: list[str]):
-        """Scatter the carried entries of the cycle's ``resumed`` rows into its dual cache's run (laid out:
-        ``cache``), by ``extra`` (the canvas's resume columns [R, RESUME_COLUMNS] on the device); then let
-        go of everything carried."""
-        carried = [self.rows[o] for o in owners if o in self.rows]
-        for row, owner in zip(carried, (o for o in owners if o in self.rows)):
-            new_len = row_len[owners.index(owner)]
-            if row.kv_len not in (0, new_len):
-                raise RuntimeError(f"a carried row's cache has {row.kv_len} entries, its new run {new_len}")
-        total = sum(row.kv_len for row in carried)
-        if resumed and total:
-            index = torch.nonzero_static(extra[:, 0], size=resumed)[:, 0]
-            source = spans(extra[index, 1], extra[index, 2], total)
-            target = spans(cache.row_start_on_device[index] + cache.base, extra[index, 2], total)
-            pool = cache.pool
-            for stored, kept in zip(pool.keys, self.keys):
-                stored.index_copy_(0, target, kept.index_select(0, source))
-            for stored, kept in zip(pool.values, self.values):
-                stored.index_copy_(0, target, kept.index_select(0, source))
-        self.forget()
+    def _scatter(self, extra: torch.Tensor, resumed: int, total: int, cache) -> None:
+        """The carried entries (``total``) of the cycle's ``resumed`` rows into its dual cache's run, placed by
+        ``extra`` (the canvas's resume columns [R, RESUME_COLUMNS] on the device)."""
+        index = torch.nonzero_static(extra[:, 0], size=resumed)[:, 0]
+        source = spans(extra[index, 1], extra[index, 2], total)
+        target = spans(cache.row_start_on_device[index] + cache.base, extra[index, 2], total)
+        for stored, kept in zip(cache.pool.keys, self.keys):
+            stored.index_copy_(0, target, kept.index_select(0, source))
+        for stored, kept in zip(cache.pool.values, self.values):
+            stored.index_copy_(0, target, kept.index_select(0, source))
 
 
 def spans(starts: torch.Tensor, lengths: torch.Tensor, total: int) -> torch.Tensor:
