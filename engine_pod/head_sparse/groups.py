@@ -69,14 +69,21 @@ def model_groups(
 PROFILE_KEY = "head_importance"  # where a `dllm profile` result holds `dllm heads`' report
 
 
-def read_importance(path: str | None, layers: int, heads: int) -> list[list[float]]:
-    """The per-layer, per-head scores of a ``dllm heads`` file, or of a ``dllm profile`` result that stores
-    one, checked against the model's shape."""
+def importance_report(path: str | None) -> dict:
+    """``dllm heads``' report in a file it wrote, or in a ``dllm profile`` result that stores one."""
     try:
         data = json.loads(Path(str(path)).read_text())
-        scores = data.get(PROFILE_KEY, data)["importance"]
+        report = data.get(PROFILE_KEY, data)
+        if not isinstance(report.get("importance"), list):
+            raise KeyError("importance")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise HeadSparseConfigError(f"cannot read head importance from {path}: {error}") from None
+    return report
+
+
+def read_importance(path: str | None, layers: int, heads: int) -> list[list[float]]:
+    """The per-layer, per-head scores of ``importance_report``, checked against the model's shape."""
+    scores = importance_report(path)["importance"]
     if len(scores) != layers or any(len(layer) != heads for layer in scores):
         raise HeadSparseConfigError(
             f"head importance in {path} is not for this model ({layers} layers of {heads} heads)"

@@ -44,26 +44,14 @@ def _score(model: str, device: str, dtype: str, family: str | None, examples: in
         return f"--score-heads: {exc}"
 
 
-def read_report(path: str) -> dict:
-    """The report in a ``dllm heads`` file, or in a ``dllm profile`` result that stores one."""
-    from engine_pod.head_sparse.groups import PROFILE_KEY
-
-    try:
-        data = json.loads(Path(path).read_text())
-        report = data.get(PROFILE_KEY, data)
-        if not isinstance(report.get("importance"), list):
-            raise KeyError("importance")
-    except (OSError, ValueError, KeyError, AttributeError) as exc:
-        raise HeadScoreError(f"cannot read head importance from {path}: {exc}") from None
-    return report
-
-
 def profile_heads(args: argparse.Namespace, scratch: Path) -> tuple[dict | None, str | None]:
     """What a profile stores of the heads (None: nothing) and the importance file it measures head-centric
     groups with: --head-importance's, else the heads scored here, written under ``scratch`` for the grid's
     processes to read."""
     if args.head_importance:
-        return read_report(args.head_importance), args.head_importance
+        from engine_pod.head_sparse.groups import importance_report
+
+        return importance_report(args.head_importance), args.head_importance
     if not (args.score_heads or args.sparse_cache == "head-centric"):
         return None, None
     report = score_heads(args.model, args.device, args.dtype, args.family, args.heads_examples)
