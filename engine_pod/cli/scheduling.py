@@ -18,6 +18,7 @@ from dllm_contracts.scheduler_config import (
 )
 from engine_pod.cli.budget import add_budget_args, read_profile, resolve_budget
 from engine_pod.cli.common import CliError
+from engine_pod.cli.sparse_args import SPARSE_FLAGS, sparse_settings
 
 logger = logging.getLogger(__name__)
 
@@ -192,19 +193,10 @@ def _check_profile_fits(args: argparse.Namespace, profile: ProfileSummary) -> No
         )
 
 
-SPARSE_FLAGS = {
-    "retention": "--retention",
-    "minor_retention": "--minor-retention",
-    "core_share": "--core-share",
-    "minor_share": "--minor-share",
-}  # HeadSparseConfig's memory settings -> their flags
-
-
 def _sparse_words(settings: dict | None) -> str:
     if settings is None:
         return "--sparse-cache off"
-    rest = (f"{SPARSE_FLAGS[name]} {value}" for name, value in settings.items() if name != "mode")
-    return " ".join([f"--sparse-cache {settings['mode']}", *rest])
+    return " ".join(f"{SPARSE_FLAGS[name]} {value}" for name, value in settings.items())
 
 
 _WARNED_DENSE: set[str] = set()  # dense profiles already warned about under a sparse cache
@@ -217,11 +209,7 @@ def _check_profile_sparse(args: argparse.Namespace, profile: ProfileSummary) -> 
     and a sparse cache holds less, so it may be above or below what the cache needs."""
     if profile.source != "measured":
         return
-    asked = (
-        memory_settings({name: getattr(args, flag) for name, flag in SPARSE_ARGS.items()})
-        if hasattr(args, "sparse_cache")
-        else None
-    )
+    asked = memory_settings(sparse_settings(args)) if hasattr(args, "sparse_cache") else None
     if profile.sparse_cache is None and asked is not None:
         if args.profile in _WARNED_DENSE:
             return
@@ -237,15 +225,6 @@ def _check_profile_sparse(args: argparse.Namespace, profile: ProfileSummary) -> 
             f"--profile {args.profile} was measured with {_sparse_words(profile.sparse_cache)}: run with "
             f"those settings, or profile again with {_sparse_words(asked)}"
         )
-
-
-SPARSE_ARGS = {
-    "mode": "sparse_cache",
-    "retention": "retention",
-    "minor_retention": "minor_retention",
-    "core_share": "core_share",
-    "minor_share": "minor_share",
-}  # HeadSparseConfig's memory settings -> their attribute of the parsed flags
 
 
 def check_stagger(args: argparse.Namespace) -> None:

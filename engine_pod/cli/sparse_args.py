@@ -10,6 +10,14 @@ from dllm_contracts.head_sparse_config import MODES, HeadSparseConfig
 from engine_pod.head_sparse.groups import profile_has_importance
 
 _DEFAULTS = HeadSparseConfig()
+SPARSE_FLAGS = {
+    "mode": "--sparse-cache",
+    "retention": "--retention",
+    "minor_retention": "--minor-retention",
+    "core_share": "--core-share",
+    "minor_share": "--minor-share",
+    "consistency": "--sparse-consistency",
+}  # HeadSparseConfig's field -> its flag (parsed as the flag's name in snake case)
 
 
 def add_sparse_args(parser: argparse.ArgumentParser) -> None:
@@ -61,15 +69,14 @@ def add_sparse_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def sparse_settings(args: argparse.Namespace) -> dict:
+    """HeadSparseConfig's fields (the importance aside) as the flags set them."""
+    return {field: getattr(args, flag[2:].replace("-", "_")) for field, flag in SPARSE_FLAGS.items()}
+
+
 def sparse_config(args: argparse.Namespace) -> HeadSparseConfig:
     return HeadSparseConfig(
-        mode=args.sparse_cache,
-        retention=args.retention,
-        core_share=args.core_share,
-        minor_share=args.minor_share,
-        minor_retention=args.minor_retention,
-        consistency=args.sparse_consistency,
-        importance=args.head_importance or _profile_importance(args),
+        **sparse_settings(args), importance=args.head_importance or _profile_importance(args)
     )
 
 
@@ -87,9 +94,7 @@ def sparse_flags(args: argparse.Namespace) -> list[str]:
     config = sparse_config(args)
     if not config.on:
         return []
-    flags = ["--sparse-cache", config.mode, "--retention", str(config.retention)]
-    flags += ["--minor-retention", str(config.minor_retention), "--core-share", str(config.core_share)]
-    flags += ["--minor-share", str(config.minor_share), "--sparse-consistency", str(config.consistency)]
+    flags = [part for field, flag in SPARSE_FLAGS.items() for part in (flag, str(getattr(config, field)))]
     return flags + (
         ["--head-importance", str(Path(config.importance).resolve())] if config.importance else []
     )
