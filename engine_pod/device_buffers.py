@@ -12,9 +12,9 @@ copy an ordinary one, through the same code.
 Each region keeps its offset while the cycles' lists fit, so every view handed back of a region starts at
 the same address from cycle to cycle (what a captured CUDA graph reads from). A runner sizes its regions
 from its token budget when it is made (``reserve``); a list longer than its region grows that region
-(to a power of two, at least twice its size: rarely) and moves every region to a new buffer, logged at debug;
-a region seen for the first time is made the power of two at or above its list (at least ``MIN_REGION``). Views handed out before a growth keep the old
-buffer alive and stay valid. A cycle's views are overwritten by the next send of the same names: the
+(to a power of two, at least twice its size: rarely) and moves every region to a new buffer, logged at
+debug; a region seen for the first time is made the power of two at or above its list (at least
+``MIN_REGION``). Views handed out before a growth keep the old buffer alive and stay valid. A cycle's views are overwritten by the next send of the same names: the
 engine runs one cycle at a time, and each of its sends is consumed before the next one of those names.
 """
 
