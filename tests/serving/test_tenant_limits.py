@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import openai
@@ -19,32 +18,11 @@ from engine_pod.bench.gateway_cost import InstantPeer
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import free_port
 from gateway.key_limits import tenant_of_key, tenant_of_name
+from tests.serving.secret_volume import SecretVolume
 from tests.serving_utils import WAIT_S, gateway_settings, wait_for
 
 GENERATED = 8  # tokens the peer generates for every request
 RATE_HEADERS = ("limit", "remaining", "reset")
-
-
-class SecretVolume:
-    """A directory as the kubelet writes a Secret: ``keys`` -> ``..data/keys``, ``..data`` -> a dated
-    directory, replaced by renaming a new symlink over it (no file is ever written in place)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root, self.version = root, 0
-
-    @property
-    def path(self) -> Path:
-        return self.root / "keys"
-
-    def write(self, text: str) -> None:
-        self.version += 1
-        dated = self.root / f"..2026_{self.version}"
-        dated.mkdir()
-        (dated / "keys").write_text(text)
-        (self.root / "..data_tmp").symlink_to(dated.name)
-        (self.root / "..data_tmp").rename(self.root / "..data")
-        if not self.path.is_symlink():
-            self.path.symlink_to("..data/keys")
 
 
 @pytest.fixture
