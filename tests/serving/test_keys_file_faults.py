@@ -16,7 +16,7 @@ import pytest
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import free_port
 from tests.serving.secret_volume import SecretVolume
-from tests.serving_utils import WAIT_S, gateway_settings, wait_for
+from tests.serving_utils import WAIT_S, GatewayServer, gateway_settings, wait_for
 
 RELOAD_S = 2.0  # how often the gateways look at the keys file
 WITHIN_S = 15 * RELOAD_S  # the bound on a reload's effect (one period on an idle machine; see the report)
@@ -114,3 +114,30 @@ def test_an_unusable_keys_file_at_start_ends_the_gateway_with_one_line_naming_th
     assert errors[0].startswith("gateway: error: "), done.stderr
     assert f"{keys}, {line}:" in errors[0] and what in errors[0], errors
     assert "key-b" not in errors[0]
+
+
+class Planted(BaseException):
+    """What no ``except Exception`` catches: a watcher ended by it is one that cannot run."""
+
+
+def test_a_gateway_whose_keys_file_is_no_longer_watched_says_so_on_readyz(
+    tmp_path, served_model, redis_server, service
+):
+    keys = tmp_path / "keys"
+    keys.write_text(GOOD)
+    settings = gateway_settings(
+        served_model, redis_server.url, service, api_keys_file=str(keys), api_keys_reload_s=0.05
+    )
+    with GatewayServer(settings) as server:
+        assert httpx.get(f"{server.url}/readyz", timeout=WAIT_S).status_code == 200
+        api_keys = server.server.config.app.state.gateway.api_keys
+
+        def cannot_look() -> bool:
+            raise Planted("planted")
+
+        api_keys.changed = cannot_look  # the watcher's next look ends it
+        reply = wait_for(
+            lambda: (r := httpx.get(f"{server.url}/readyz", timeout=WAIT_S)).status_code == 503 and r,
+            what="/readyz to say the keys file is not watched",
+        )
+        assert f"the API keys file {keys} is no longer watched" in reply.text

@@ -189,7 +189,7 @@ def test_a_keys_file_with_a_wrong_line_is_refused_at_start_without_the_key(tmp_p
 
     keys = tmp_path / "keys"
     keys.write_text("sk-secret rpm=many\n")
-    with pytest.raises(SettingsError, match="line 1 of the API keys file: rpm='many'") as caught:
+    with pytest.raises(SettingsError, match=f"the API keys file {keys}, line 1: rpm='many'") as caught:
         ApiKeys(GatewaySettings(api_keys_file=str(keys)))
     assert "sk-secret" not in str(caught.value)
 
