@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dllm_contracts.queue.connect import sync_client
 from dllm_contracts.queue.keys import ServiceKeys
@@ -102,6 +103,8 @@ def test_a_tenant_over_its_requests_per_minute_gets_429_from_both_replicas_while
     with pytest.raises(openai.RateLimitError) as caught:
         client.completions.create(model="tiny", prompt="hi", max_tokens=4)
     assert caught.value.code == "rate_limit_exceeded"
+    rejections = _rejections([one, two], "key-b")  # counted as the tenant's limit, not as a full queue
+    assert (rejections["rpm"], rejections["queue_full"], rejections["tpm"]) == (3, 0, 0), rejections
 
 
 def test_a_rotated_key_works_and_the_old_one_stops_within_the_reload_interval(replicas, peer, volume):
@@ -249,3 +252,47 @@ def test_a_tenant_at_its_queued_batch_lines_gets_429_until_a_batch_ends(replicas
         what="the first batch cancelled",
     )
     assert _create_batch(two, "key-q", second_file).status_code == 200  # its lines were given back
+
+
+def _files(gateway: GatewayProcess, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0)
+
+
+def _rejections(gateways: list[GatewayProcess], key: str) -> dict[str, float]:
+    """The gateways' ``dllm_gateway_rejected_total`` by reason, summed over them."""
+    totals: dict[str, float] = {}
+    for gateway in gateways:
+        text = httpx.get(f"{gateway.url}/metrics", headers={"Authorization": f"Bearer {key}"}).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "dllm_gateway_rejected_total":
+                    reason = sample.labels["reason"]
+                    totals[reason] = totals.get(reason, 0) + sample.value
+    return totals
+
+
+def test_a_key_past_its_storage_limit_gets_400_from_both_replicas_while_others_upload(replicas):
+    """``storage=`` on a key's line is its own quota; a key without it has the service's, 0 none."""
+    one, two = replicas("key-s storage=3000\nkey-d\nkey-u storage=0\n", storage_quota_bytes=5000)
+    line = b'{"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": {}}\n'
+    content = line * (2000 // len(line))  # about 2000 bytes
+    kept = _files(one, "key-s").files.create(file=("a.jsonl", content), purpose="batch")
+    with pytest.raises(openai.BadRequestError) as caught:  # its 3000 bytes, counted across the replicas
+        _files(two, "key-s").files.create(file=("b.jsonl", content), purpose="batch")
+    error = caught.value.body
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "storage_quota_exceeded",
+        "file",
+    )
+    assert "quota of 3000 bytes" in error["message"]
+    for _ in range(2):  # the service's 5000 bytes
+        _files(two, "key-d").files.create(file=("d.jsonl", content), purpose="batch")
+    with pytest.raises(openai.BadRequestError, match="quota of 5000 bytes"):
+        _files(one, "key-d").files.create(file=("d.jsonl", content), purpose="batch")
+    for gateway in (one, two, one):  # storage=0: no limit
+        _files(gateway, "key-u").files.create(file=("u.jsonl", content), purpose="batch")
+    _files(two, "key-s").files.delete(kept.id)  # its bytes leave the count: the upload now fits
+    assert _files(two, "key-s").files.create(file=("b.jsonl", content), purpose="batch").bytes == len(content)
+    rejections = _rejections([one, two], "key-u")
+    assert rejections["storage"] == 2 and rejections["queue_full"] == 0, rejections
