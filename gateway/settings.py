@@ -44,8 +44,8 @@ class GatewaySettings:
     api_keys_file: str = _setting(
         "",
         "a file of bearer keys, one a line, each with its own limits if any (KEY rpm=60 tpm=100000 "
-        "concurrency=8 batch_lines=50000 priority=high tenant=NAME); re-read on SIGHUP and whenever it "
-        "changes; set: keys are on",
+        "concurrency=8 batch_lines=50000 storage=BYTES priority=high tenant=NAME); re-read on SIGHUP and "
+        "whenever it changes (content it cannot use keeps the keys loaded before); set: keys are on",
     )
     api_keys_reload_s: float = _setting(
         10.0, "how often the keys file is checked for changes (a Secret's update): 0: on SIGHUP only"
@@ -112,8 +112,8 @@ class GatewaySettings:
     )
     storage_quota_bytes: int = _setting(
         0,
-        "the bytes one tenant's files (uploads and batch outputs) may take together; an upload past it "
-        "is a 400 (code storage_quota_exceeded); 0: no quota",
+        "the bytes one tenant's files (uploads and batch outputs) may take together, unless its key's "
+        "line sets storage; an upload past it is a 400 (code storage_quota_exceeded); 0: no quota",
     )
     max_upload_s: float = _setting(
         3600.0, "an upload not received within this long is a 408; bytes of an unfinished one are swept"
