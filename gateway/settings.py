@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 
-from dllm_contracts.model_identity import MODEL_IDENTITY_ENV, ModelIdentity
+from dllm_contracts.model_identity import MODEL_IDENTITY_ENV, MODEL_NAME_ENV, ModelIdentity
 from dllm_contracts.model_store_config import S3_ENDPOINT_ENV
 from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV
 from dllm_contracts.queue.ops import RESULT_TTL_S
@@ -265,7 +265,7 @@ ENV_NAMES = {  # field -> environment variable: the one place a gateway setting'
     "redis_url": "DLLM_REDIS_URL",
     "service": "DLLM_SERVICE",
     "model_dir": "DLLM_MODEL_DIR",
-    "model_name": "DLLM_MODEL_NAME",
+    "model_name": MODEL_NAME_ENV,
     "api_keys": "DLLM_API_KEYS",
     "api_keys_file": "DLLM_API_KEYS_FILE",
     "api_keys_reload_s": "DLLM_API_KEYS_RELOAD_S",
