@@ -83,10 +83,12 @@ def parse_line(line: str, where: str, defaults: Limits) -> dict[str, Caller]:
     key."""
     keys, *options = line.split()
     limits, tenant = defaults, None
-    for option in options:
+    for index, option in enumerate(options, 2):
         name, sep, value = option.partition("=")
-        if not sep or not value:
-            raise SettingsError(f"{where}: {option!r} is not NAME=VALUE")
+        if not sep or not value:  # not echoed: a second key written after a space would be shown
+            raise SettingsError(
+                f"{where}: word {index} is not NAME=VALUE (keys on one line are separated by commas)"
+            )
         if name == "tenant":
             if not _TENANT_NAME.match(value):
                 raise SettingsError(f"{where}: tenant {value!r} must be letters, digits, '.', '_', '-'")

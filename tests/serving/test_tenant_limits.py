@@ -195,6 +195,10 @@ def test_a_keys_file_with_a_wrong_line_is_refused_at_start_without_the_key(tmp_p
     with pytest.raises(SettingsError, match=f"the API keys file {keys}, line 1: rpm='many'") as caught:
         ApiKeys(GatewaySettings(api_keys_file=str(keys)))
     assert "sk-secret" not in str(caught.value)
+    keys.write_text("# two keys, written with a space between them\nsk-secret sk-other\n")
+    with pytest.raises(SettingsError, match=f"the API keys file {keys}, line 2: word 2 is not") as caught:
+        ApiKeys(GatewaySettings(api_keys_file=str(keys)))
+    assert "sk-" not in str(caught.value)
 
 
 def test_a_wrong_line_written_later_keeps_the_keys_loaded(tmp_path):
