@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MODEL_IDENTITY_ENV = "DLLM_MODEL_IDENTITY"  # the identity a gateway stamps requests with (NAME@FINGERPRINT)
+MODEL_NAME_ENV = "DLLM_MODEL_NAME"  # the served model's name (clients' "model"; the metrics' model label)
 FINGERPRINT_CHARS = 16  # hex digits kept: 64 bits tell checkpoints apart
 SAMPLES_PER_FILE = 16  # slices of each weights file read (its size, header and these: not the whole file)
 SAMPLE_BYTES = 64 * 1024

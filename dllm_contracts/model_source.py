@@ -5,6 +5,7 @@ and the gateway's init container find the tokenizer without loading torch."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from dllm_contracts.model_errors import ModelLoadError
@@ -40,12 +41,18 @@ def portable_name(spec: str) -> str:
     return f"builtin:{path.name}" if path.parent == ASSETS_DIR.resolve() else str(path)
 
 
-def default_served_name(spec: str, model_dir: Path) -> str:
-    """The model id clients pass when none is chosen: the last part of an s3:// URI or a repo id (not the
-    cache's snapshot directory it was fetched into), else the checkpoint directory's name."""
+def default_served_name(spec: str, model_dir: Path | None = None) -> str:
+    """The model id clients pass when none is chosen (and the model label of its metrics): the last part of
+    an s3:// URI or a repo id (not the cache's snapshot directory it was fetched into), else the checkpoint
+    directory's name: ``model_dir``'s, or without it the one ``spec`` names (``builtin:NAME`` and
+    ``random:NAME``: NAME)."""
     if is_remote(spec):
         return split_revision(spec)[0].rstrip("/").rsplit("/", 1)[-1]
-    return model_dir.name
+    if model_dir is not None:
+        return model_dir.name
+    if spec.startswith(("builtin:", "random:")):
+        return spec.split(":", 1)[1]
+    return Path(os.path.abspath(Path(spec.removeprefix(FILE_SCHEME)).expanduser())).name
 
 
 CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]

@@ -74,7 +74,7 @@ def build_app(
         background = [asyncio.create_task(reader.run()), asyncio.create_task(delivered.run())]
         background.append(asyncio.create_task(state.batches.run()))
         if settings.api_keys_file and settings.api_keys_reload_s > 0:
-            background.append(asyncio.create_task(api_keys.watch()))
+            background.append(api_keys.start_watching())
         background.append(asyncio.create_task(sweep_files_forever(state)))
         for task in background:
             task.add_done_callback(_report_failure)

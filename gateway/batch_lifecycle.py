@@ -123,7 +123,7 @@ async def _write(state, tenant: str, batch_id: str, kind: str, lines: list[dict]
 
     file_id = _file_id(batch_id, kind)
     named = (f"{batch_id}_{kind}.jsonl", OUTPUT_PURPOSE)
-    await write_file(state, tenant, content(), lambda: named, file_id, enforce_quota=False)
+    await write_file(state, tenant, content(), lambda: named, file_id)  # charged, never refused
     return file_id
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dllm_contracts.queue.limit_ops import LimitOps
 from gateway.errors import ApiError
 from gateway.key_limits import Caller
+from gateway.metrics import BATCH_LINES
 
 MARGIN_S = 3600  # a reservation outlives its batch's completion window by this much
 
@@ -18,7 +19,7 @@ async def reserve_batch_lines(state, caller: Caller, batch_id: str, lines: int) 
     call = LimitOps(state.queue.ops.keys).reserve_batch_lines(caller.tenant, limit, batch_id, lines, ttl_ms)
     reserved, held = await state.queue.run(call)
     if not reserved:
-        state.metrics.rejected.inc()
+        state.metrics.count_rejection(BATCH_LINES)
         raise ApiError(
             429,
             f"this batch has {lines} lines and this key's batches not yet ended hold {held}; its limit is "

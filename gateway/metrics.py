@@ -6,6 +6,18 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dllm_contracts.latency_metrics import E2E, E2E_HELP, INTERACTIVE, LATENCY_BUCKETS, histogram
 
+# why a request was refused (the rejections counter's ``reason`` label: these values only): the service's
+# queue was full, or the caller's key was at one of its limits
+QUEUE_FULL, RPM, TPM, CONCURRENCY, BATCH_LINES, STORAGE = (
+    "queue_full",
+    "rpm",
+    "tpm",
+    "concurrency",
+    "batch_lines",
+    "storage",
+)
+REJECTION_REASONS = (QUEUE_FULL, RPM, TPM, CONCURRENCY, BATCH_LINES, STORAGE)
+
 
 class GatewayMetrics:
     def __init__(self, model: str = "") -> None:
@@ -37,10 +49,24 @@ class GatewayMetrics:
             "Queued requests whose events this gateway is reading (each choice counts)",
             registry=self.registry,
         )
-        self.rejected = Counter("dllm_gateway_rejected", "Requests refused with 429", registry=self.registry)
+        self.rejected = Counter(
+            "dllm_gateway_rejected",
+            "Requests refused by a limit, by reason: queue_full (the service's queue is at DLLM_MAX_QUEUED: "
+            "429), or the caller's key at its rpm, tpm, concurrency, batch_lines (429) or storage (400)",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in REJECTION_REASONS:  # every series from the start: a rule sees 0, not nothing
+            self.rejected.labels(reason)
 
     def observe_e2e(self, seconds: float) -> None:
         self.e2e.labels(self.model, INTERACTIVE).observe(seconds)
+
+    def count_rejection(self, reason: str) -> None:
+        """A request refused by a limit, for ``reason`` (one of ``REJECTION_REASONS``)."""
+        if reason not in REJECTION_REASONS:
+            raise ValueError(f"unknown rejection reason {reason!r} (known: {', '.join(REJECTION_REASONS)})")
+        self.rejected.labels(reason).inc()
 
     def count_request(self, route: str, status: int) -> None:
         """An HTTP response, by route template ("unmatched": none) and status."""

@@ -20,6 +20,7 @@ from dllm_contracts.queue.limit_ops import Admission, LimitOps
 from dllm_contracts.queue.resilience import REDIS_ERRORS
 from gateway.errors import ApiError
 from gateway.key_limits import Caller
+from gateway.metrics import CONCURRENCY, RPM, TPM
 
 logger = logging.getLogger(__name__)
 TICKET_MARGIN_S = 30  # a ticket outlives its request's deadline by this much
@@ -89,22 +90,24 @@ def _refusal(state, ticket: Ticket) -> ApiError:
             f"this request needs {ticket.tokens} tokens (its prompts and max_tokens); this key's limit is "
             f"{limits.tpm} tokens per minute: lower max_tokens or the prompt"
         )
-        state.metrics.rejected.inc()
+        state.metrics.count_rejection(TPM)
         return ApiError(429, message, "rate_limit_error", headers=headers, code="rate_limit_exceeded")
     if seen.refused == "requests":
+        reason = RPM
         message = f"this key's limit of {limits.rpm} requests per minute is reached; retry in {retry_s} s"
     elif seen.refused == "tokens":
+        reason = TPM
         message = (
             f"this key's limit of {limits.tpm} tokens per minute is reached ({seen.tokens} used, this "
             f"request needs {ticket.tokens}); retry in {retry_s} s"
         )
     else:
-        retry_s = state.settings.retry_after_s
+        reason, retry_s = CONCURRENCY, state.settings.retry_after_s
         message = (
             f"this key has {seen.running} requests in flight, its limit of {limits.concurrency}; retry when "
             "one has ended"
         )
-    state.metrics.rejected.inc()
+    state.metrics.count_rejection(reason)
     headers["Retry-After"] = str(max(1, retry_s))
     return ApiError(429, message, "rate_limit_error", headers=headers, code="rate_limit_exceeded")
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 
-from dllm_contracts.model_identity import MODEL_IDENTITY_ENV, ModelIdentity
+from dllm_contracts.model_identity import MODEL_IDENTITY_ENV, MODEL_NAME_ENV, ModelIdentity
 from dllm_contracts.model_store_config import S3_ENDPOINT_ENV
 from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV
 from dllm_contracts.queue.ops import RESULT_TTL_S
@@ -44,8 +44,8 @@ class GatewaySettings:
     api_keys_file: str = _setting(
         "",
         "a file of bearer keys, one a line, each with its own limits if any (KEY rpm=60 tpm=100000 "
-        "concurrency=8 batch_lines=50000 priority=high tenant=NAME); re-read on SIGHUP and whenever it "
-        "changes; set: keys are on",
+        "concurrency=8 batch_lines=50000 storage=BYTES priority=high tenant=NAME); re-read on SIGHUP and "
+        "whenever it changes (content it cannot use keeps the keys loaded before); set: keys are on",
     )
     api_keys_reload_s: float = _setting(
         10.0, "how often the keys file is checked for changes (a Secret's update): 0: on SIGHUP only"
@@ -112,8 +112,8 @@ class GatewaySettings:
     )
     storage_quota_bytes: int = _setting(
         0,
-        "the bytes one tenant's files (uploads and batch outputs) may take together; an upload past it "
-        "is a 400 (code storage_quota_exceeded); 0: no quota",
+        "the bytes one tenant's files (uploads and batch outputs) may take together, unless its key's "
+        "line sets storage; an upload past it is a 400 (code storage_quota_exceeded); 0: no quota",
     )
     max_upload_s: float = _setting(
         3600.0, "an upload not received within this long is a 408; bytes of an unfinished one are swept"
@@ -265,7 +265,7 @@ ENV_NAMES = {  # field -> environment variable: the one place a gateway setting'
     "redis_url": "DLLM_REDIS_URL",
     "service": "DLLM_SERVICE",
     "model_dir": "DLLM_MODEL_DIR",
-    "model_name": "DLLM_MODEL_NAME",
+    "model_name": MODEL_NAME_ENV,
     "api_keys": "DLLM_API_KEYS",
     "api_keys_file": "DLLM_API_KEYS_FILE",
     "api_keys_reload_s": "DLLM_API_KEYS_RELOAD_S",

@@ -21,6 +21,7 @@ from dllm_contracts.queue.keys import new_request_id
 from dllm_contracts.queue.ops import ScriptCall, text_of
 from gateway.errors import ApiError
 from gateway.file_store import CHUNK
+from gateway.metrics import STORAGE
 from gateway.schemas import FileObject
 from gateway.tenancy import TENANT_FIELD
 
@@ -33,8 +34,10 @@ def object_name(state, file_id: str) -> str:
     return f"{state.settings.service}/{file_id}"
 
 
-def over_quota(used: int, quota: int) -> ApiError:
-    """OpenAI answers a file that would pass an organization's storage limit with a 400."""
+def over_quota(state, used: int, quota: int) -> ApiError:
+    """OpenAI answers a file that would pass an organization's storage limit with a 400 (counted as a
+    rejection for storage)."""
+    state.metrics.count_rejection(STORAGE)
     return ApiError(
         400,
         f"this upload would take your stored files past your storage quota of {quota} bytes "
@@ -58,11 +61,13 @@ async def write_file(
     chunks: AsyncIterator[bytes],
     describe: Callable[[], tuple[str, str]],
     file_id: str | None = None,
-    enforce_quota: bool = True,
+    quota: int | None = None,
 ) -> FileObject:
     """A file of ``tenant``'s (new, or ``file_id`` written again) from ``chunks``, kept for ``file_ttl_s``;
     ``describe()``, called once every chunk is written, gives its filename and purpose (or raises).
-    ``enforce_quota=False``: its bytes are charged without a refusal (a batch's output). An exception
+    ``quota``: the bytes the tenant's files may take (its key's ``storage``; 0: no limit), refused past it
+    with a 400 whichever gateway took the other files; None: its bytes are charged without a refusal (a
+    batch's output). An exception
     from ``chunks`` or ``describe`` (a refusal while reading the upload, a client gone) leaves nothing
     behind."""
     keys, file_id = state.queue.ops.keys, file_id or new_request_id("file")
@@ -81,13 +86,12 @@ async def write_file(
         meta = {"filename": filename, "bytes": size, "created_at": now, "purpose": purpose}
         meta["expires_at"] = now + state.settings.file_ttl_s
         record = meta | {TENANT_FIELD: tenant, OBJECT_FIELD: name}
-        quota = state.settings.storage_quota_bytes
-        args = [file_id, size, quota, "1" if enforce_quota else "0", record_ttl_s(state)]
+        args = [file_id, size, quota or 0, "0" if quota is None else "1", record_ttl_s(state)]
         args += [now, meta["expires_at"], *(str(x) for pair in record.items() for x in pair)]
         call = ScriptCall("FILE_COMMIT", file_scripts.commit_keys(keys, file_id, tenant), args)
         committed, used = await state.queue.run(call)
         if committed == 0:
-            raise over_quota(int(used), quota)
+            raise over_quota(state, int(used), quota or 0)
         if committed == -1:
             raise ApiError(408, "the upload took too long; send it again", code="upload_timeout")
         return FileObject(id=file_id, **meta)
@@ -138,7 +142,7 @@ async def store_file(
     async def one():
         yield content
 
-    return await write_file(state, tenant, one(), lambda: (filename, purpose), file_id, enforce_quota=False)
+    return await write_file(state, tenant, one(), lambda: (filename, purpose), file_id)
 
 
 async def open_file(state, file_id: str) -> BinaryIO:

@@ -13,6 +13,7 @@ from dllm_contracts.queue.keys import new_request_id
 from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from dllm_contracts.queue.resilience import REDIS_ERRORS, TRANSIENT_ERRORS, Backoff
 from gateway.errors import ApiError, model_not_found, queue_unreachable, shutting_down
+from gateway.metrics import QUEUE_FULL
 from gateway.openai_fields import unknown_fields
 from gateway.rate_limits import Admitted
 from gateway.schemas import CommonFields
@@ -207,7 +208,7 @@ async def enqueue_all(
                 raise queue_unreachable("the request was not accepted", state.settings.retry_after_s) from exc
             await asyncio.sleep(backoff.next_delay())
     if not accepted:
-        state.metrics.rejected.inc()
+        state.metrics.count_rejection(QUEUE_FULL)
         raise ApiError(
             429,
             "the queue is full; retry later",

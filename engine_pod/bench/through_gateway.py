@@ -37,6 +37,7 @@ from engine_pod.worker.worker import Worker
 from gateway.settings import GatewaySettings
 
 SERVICE = "bench"
+SERVED_NAME = "bench"  # the model's name at the gateway, and the worker's metrics' model label
 T = TypeVar("T")
 
 
@@ -47,7 +48,7 @@ def _gateway_env(loaded: LoadedModel, redis_url: str, decoding: DecodingConfig, 
         redis_url=redis_url,
         service=SERVICE,
         model_dir=loaded.source,
-        model_name="bench",
+        model_name=SERVED_NAME,
         max_queued=len(requests) + 1,
         max_prompt_tokens=longest_prompt,
         max_tokens_limit=longest_budget,
@@ -131,6 +132,7 @@ def serving_stack(
             spec.effective_scheduling,
             policy=spec.served_policy,
             batch_size=spec.static_batch_size,
+            served_name=SERVED_NAME,
         )
         worker = Worker(make_runner(loaded, decoding, spec.token_budget), config)
         env = _gateway_env(loaded, server.url, decoding, requests)

@@ -12,7 +12,7 @@ import os
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
-from dllm_contracts.model_identity import MODEL_IDENTITY_ENV, ModelIdentity
+from dllm_contracts.model_identity import MODEL_IDENTITY_ENV, MODEL_NAME_ENV, ModelIdentity
 from dllm_contracts.queue.keys import RESULT_TTL_S
 from engine_pod.cli.common import (
     CliError,
@@ -93,6 +93,13 @@ def register(subparsers) -> None:
         "with it: a request accepted for another model ends with an error instead of an answer from "
         f"these weights (default: ${MODEL_IDENTITY_ENV}; unset: no check; dllm serve and the operator set it)",
     )
+    parser.add_argument(
+        "--model-name",
+        default="",
+        help="the served model's name, as the gateway's clients pass it: the model label of this worker's "
+        f"metrics (default: the name in --model-identity, else ${MODEL_NAME_ENV}, as the gateway reads it, "
+        "else --model's: a directory's name, NAME of builtin:NAME, a repo id's last part)",
+    )
     add_worker_args(parser)
     add_group_args(parser)
     parser.add_argument(
@@ -138,6 +145,7 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str, held: E
         policy=getattr(args, "policy", SERVING_POLICIES[0]),
         batch_size=getattr(args, "batch_size", 1),
         model_identity=_identity(getattr(args, "model_identity", "")),
+        served_name=served_name(args),
         warm_prefixes=warm_prefixes,
     )
     runner = make_runner(loaded, decoding, scheduling.token_budget)
@@ -177,6 +185,22 @@ def _tracing_config():
         return TracingConfig.from_env(TRACED_AS)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+
+
+def served_name(args: argparse.Namespace) -> str:
+    """The served model's name, the model label of the worker's metrics, whatever starts it: the name in
+    its model identity (dllm serve, the operator), else ``--model-name``, else ``$DLLM_MODEL_NAME`` (as the
+    gateway reads it), else ``--model``'s own (a worker started by hand beside ``python -m gateway`` on the
+    same model: the gateway's name for it)."""
+    from dllm_contracts.model_source import default_served_name
+
+    identity = _identity(getattr(args, "model_identity", ""))
+    chosen = getattr(args, "model_name", "")
+    if identity is not None and chosen and chosen != identity.name:
+        raise CliError(f"--model-name {chosen!r} is not the name in --model-identity ({identity.name!r})")
+    if identity is not None:
+        return identity.name
+    return chosen or os.environ.get(MODEL_NAME_ENV) or default_served_name(args.model)
 
 
 def _identity(text: str) -> ModelIdentity | None:

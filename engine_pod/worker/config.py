@@ -32,6 +32,7 @@ class WorkerConfig:
     result_ttl_s: int = RESULT_TTL_S  # how long a finished request's record and result stay in Redis
     # the model it serves: a request stamped for another is refused, not answered (None: no check)
     model_identity: ModelIdentity | None = None
+    served_name: str = ""  # the served model's name without an identity (dllm worker: its --model's)
     # token ids of fixed prefixes (system prompts) computed into the prefix cache at start and pinned there
     warm_prefixes: tuple[tuple[int, ...], ...] = ()
 
@@ -43,8 +44,11 @@ class WorkerConfig:
 
     @property
     def model_name(self) -> str:
-        """The served model's name (its identity's; without one, the service's): the metrics' model label."""
-        return self.model_identity.name if self.model_identity is not None else self.service
+        """The served model's name, the metrics' model label, as the gateway names the model: its
+        identity's, else ``served_name`` (else, for a worker built without one, the service's)."""
+        if self.model_identity is not None:
+            return self.model_identity.name
+        return self.served_name or self.service
 
     def resolved_id(self) -> str:
         return self.worker_id or f"{socket.gethostname()}-{os.getpid()}"

@@ -1,6 +1,7 @@
 """The files API with OpenAI semantics: upload (JSONL for batches), list, retrieve, content, delete.
 Uploads and downloads are streamed (the bytes live in the file store, see ``gateway.stored_files``); a
-tenant's files together may not pass the storage quota (``storage_quota_bytes``).
+tenant's files together may not pass its key's storage limit (``storage=`` on its line of the keys file,
+else ``storage_quota_bytes``), checked by every gateway against the same count in Redis.
 
 A batch's output and error files are files too (purpose ``batch_output``), written when the batch ends.
 Every file belongs to the tenant that uploaded it or whose batch wrote it (see ``gateway.tenancy``).
@@ -23,7 +24,7 @@ from gateway.schemas import FileDeleted, FileList, FileObject
 from gateway.state import State, require_api_key
 from gateway.stored_files import META_FIELDS, file_chunks, open_file, over_quota, storage_used, write_file
 from gateway.stored_files import delete_file as drop_file
-from gateway.tenancy import Tenant, belongs, page
+from gateway.tenancy import CurrentCaller, Tenant, belongs, page
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 
@@ -58,11 +59,12 @@ FORM_SLACK = 64 * 1024  # a declared body this much over the quota's room is ref
 
 
 @router.post("/files", response_model=FileObject, responses={200: _CREATES_BATCH}, openapi_extra=UPLOAD_BODY)
-async def upload_file(request: Request, state: State, tenant: Tenant) -> FileObject:
+async def upload_file(request: Request, state: State, caller: CurrentCaller) -> FileObject:
     """The file's bytes go to the file store as they arrive; its record is written once they are all in
     (see ``gateway.stored_files``)."""
     upload = MultipartUpload(request)
-    room = await _room(state, tenant, request.headers.get("content-length", ""))
+    tenant, quota = caller.tenant, caller.limits.storage
+    room = await _room(state, tenant, quota, request.headers.get("content-length", ""))
     seen = {"bytes": 0, "text": False}
 
     async def checked():
@@ -71,8 +73,7 @@ async def upload_file(request: Request, state: State, tenant: Tenant) -> FileObj
             seen["bytes"] += len(chunk)
             seen["text"] = seen["text"] or bool(chunk.strip())
             if room is not None and seen["bytes"] > room:
-                used = await storage_used(state, tenant)
-                raise over_quota(used, state.settings.storage_quota_bytes)
+                raise over_quota(state, await storage_used(state, tenant), quota)
             yield chunk
 
     def describe() -> tuple[str, str]:
@@ -86,7 +87,7 @@ async def upload_file(request: Request, state: State, tenant: Tenant) -> FileObj
 
     try:
         async with asyncio.timeout(state.settings.max_upload_s):
-            return await write_file(state, tenant, checked(), describe)
+            return await write_file(state, tenant, checked(), describe, quota=quota)
     except TimeoutError:
         raise ApiError(408, "the upload took too long; send it again", code="upload_timeout") from None
 
@@ -98,15 +99,16 @@ def _check_purpose(purpose: str | None) -> None:
         )
 
 
-async def _room(state, tenant: str, declared: str) -> int | None:
-    """The bytes the tenant may still store (None: no quota); a body declared far past that is refused
-    before it is read."""
-    quota = state.settings.storage_quota_bytes
+async def _room(state, tenant: str, quota: int, declared: str) -> int | None:
+    """The bytes the tenant may still store under ``quota`` (0: none; then None); a body declared far past
+    that is refused before it is read."""
     if not quota:
         return None
     used = await storage_used(state, tenant)
-    if used >= quota or (declared.isdigit() and used + int(declared) - FORM_SLACK > quota):
-        raise over_quota(used, quota)
+    if used >= quota or (
+        declared.isascii() and declared.isdigit() and used + int(declared) - FORM_SLACK > quota
+    ):
+        raise over_quota(state, used, quota)
     return quota - used
 
 

@@ -1,4 +1,5 @@
-"""/healthz (liveness: the process answers), /readyz (readiness: Redis answers too) and /metrics.
+"""/healthz (liveness: the process answers), /readyz (readiness: Redis answers, and the keys file, if any,
+is watched) and /metrics.
 
 Liveness never checks a dependency (DESIGN.md section 8): a Redis outage makes gateways unready,
 which takes them out of a Service, not restarted, which would drop every open stream. /metrics needs the
@@ -25,6 +26,9 @@ async def healthz() -> PlainTextResponse:
 
 @router.get("/readyz", response_class=PlainTextResponse)
 async def readyz(state: State) -> PlainTextResponse:
+    unwatched = state.api_keys.watch_failure()
+    if unwatched is not None:  # revoked keys would go on working: out of the Service until restarted
+        return PlainTextResponse(f"{unwatched}\n", status_code=503)
     try:
         await state.redis.ping()
     except RedisError as exc:

@@ -40,7 +40,7 @@ from dllm_contracts.profile_summary import ProfileSummary
 from dllm_contracts.scheduler_config import DEFAULTS, SERVING_POLICIES
 from engine_pod.cli.main import build_parser
 from engine_pod.cli.scheduling import scheduler_config
-from gateway.settings import EXIT_AFTER_DRAIN_S
+from gateway.settings import ENV_NAMES, EXIT_AFTER_DRAIN_S
 from tests.operator.crd_utils import EXAMPLE_PATH, admit
 
 K8S_VERSION = "1.33.0"
@@ -863,3 +863,19 @@ def test_an_otlp_endpoint_sends_the_gateway_and_engine_traces_there():
     spec = yaml.safe_load(EXAMPLE_PATH.read_text())["spec"]
     assert admit(spec | {"monitoring": {"otlpEndpoint": endpoint}}) == []
     assert admit(spec | {"monitoring": {"otlpEndpoint": "otel-collector:4317"}}) != []
+
+
+@pytest.mark.parametrize("changes", [{}, {"model__servedName": "house-llada"}])
+def test_the_engines_metrics_name_the_model_as_the_gateway_does(changes):
+    """The worker's model label (``served_name``, what ``dllm worker`` computes from its flags) is the
+    model name the gateway serves: one model on the dashboard, not one per process."""
+    from engine_pod.cli.worker import served_name
+
+    spec = example(**changes)
+    gateway = all_manifests(spec)[3]["spec"]["template"]["spec"]["containers"][0]
+    named = {e["name"]: e.get("value") for e in gateway["env"]}[ENV_NAMES["model_name"]]
+    assert (
+        served_name(engine_worker_args(spec))
+        == named
+        == (changes.get("model__servedName") or "LLaDA-8B-Instruct")
+    )

@@ -1,6 +1,7 @@
 """Every PromQL expression the chart ships (the Grafana dashboard's, the alert rules') reads metrics that
 a real gateway and a real worker export: ``dllm serve`` of the shipped model, one request through the
-official client, then both /metrics scraped; and the latency histograms observed that request."""
+official client, then both /metrics scraped; the latency histograms observed that request; and every alert
+rule, evaluated by promtool on series those scrapes hold, fires when it should and only then."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ import json
 
 import httpx
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine_pod.serve.redis_server import free_port
-from tests.charts.test_chart import render
+from tests.alert_cases import Exported, alert_cases
+from tests.charts.test_chart import CHART, render
 from tests.promql_names import dashboard_expressions, metric_names, missing
+from tests.promtool_tool import promtool
 from tests.serving.serve_process import openai_client, running
 from tests.serving_utils import wait_for
 
+VALUES = CHART / "values.yaml"
 LATENCY = (
     "dllm_queue_wait_seconds",
     "dllm_time_to_first_block_seconds",
@@ -123,3 +128,33 @@ def test_the_request_is_observed_once_where_its_latency_is_known(served):
     assert {s.labels["lane"] for s in gateway["dllm_request_e2e_seconds_count"]} == {"interactive"}
     labels = {tuple(sorted(s.labels)) for name in LATENCY for s in worker.get(f"{name}_count", [])}
     assert labels == {("lane", "model")}  # no tenant, request or worker ids
+
+
+def test_every_alert_rule_fires_when_it_should_and_only_then(served, tmp_path):
+    """``promtool test rules`` on the rendered rules, with input series taken from the real scrapes: a
+    case where each alert fires and one where it stays silent (a tenant at its own limits pages no one; a
+    queue with no engine scraped at all does)."""
+    groups = next(
+        d for d in render("monitoring.prometheusRule.enabled=true") if d["kind"] == "PrometheusRule"
+    )
+    groups = groups["spec"]["groups"]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    checked = promtool("check", "rules", "rules.yaml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # the conditions under test, without the annotations (their text holds each evaluation's value)
+    bare = [
+        g | {"rules": [{k: v for k, v in rule.items() if k != "annotations"} for rule in g["rules"]]}
+        for g in groups
+    ]
+    (tmp_path / "conditions.yaml").write_text(yaml.safe_dump({"groups": bare}))
+    severity = {rule["alert"]: rule["labels"]["severity"] for g in groups for rule in g["rules"]}
+    thresholds = yaml.safe_load(VALUES.read_text())["monitoring"]["prometheusRule"]["thresholds"]
+    cases = alert_cases(Exported.of(*served), thresholds, severity)
+    tested = {
+        (c["alert_rule_test"][0]["alertname"], bool(c["alert_rule_test"][0]["exp_alerts"])) for c in cases
+    }
+    assert tested == {(alert, fires) for alert in severity for fires in (True, False)}
+    document = {"rule_files": ["conditions.yaml"], "evaluation_interval": "1m", "tests": cases}
+    (tmp_path / "alerts-test.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    done = promtool("test", "rules", "alerts-test.yaml", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr

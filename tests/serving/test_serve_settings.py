@@ -158,6 +158,22 @@ def test_a_keys_file_that_cannot_be_read_ends_serve_with_one_line(tmp_path):
     assert done.stderr.strip().splitlines()[-1].startswith("dllm serve: error: cannot read the API keys file")
 
 
+@pytest.mark.parametrize("content", ["sk-secret rpm=\u00b2\n".encode(), b"# caf\xe9\nsk-secret\n"])
+def test_a_keys_file_serve_cannot_use_ends_it_with_one_line_naming_the_line(tmp_path, content):
+    keys = tmp_path / "keys"
+    keys.write_bytes(content)
+    done = subprocess.run(
+        [sys.executable, "-m", "engine_pod.cli.main", "serve", "--api-keys-file", str(keys)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"dllm serve: error: the API keys file {keys}, line 1: "), last
+    assert "sk-secret" not in done.stderr
+
+
 @pytest.mark.parametrize(
     "env, drain_s", [({}, GatewaySettings.drain_timeout_s), ({"DLLM_DRAIN_TIMEOUT_S": "7"}, 7)]
 )

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from dllm_contracts.queue.connect import sync_client
 from dllm_contracts.queue.keys import ServiceKeys
@@ -19,32 +19,11 @@ from engine_pod.bench.gateway_cost import InstantPeer
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import free_port
 from gateway.key_limits import tenant_of_key, tenant_of_name
+from tests.serving.secret_volume import SecretVolume
 from tests.serving_utils import WAIT_S, gateway_settings, wait_for
 
 GENERATED = 8  # tokens the peer generates for every request
 RATE_HEADERS = ("limit", "remaining", "reset")
-
-
-class SecretVolume:
-    """A directory as the kubelet writes a Secret: ``keys`` -> ``..data/keys``, ``..data`` -> a dated
-    directory, replaced by renaming a new symlink over it (no file is ever written in place)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root, self.version = root, 0
-
-    @property
-    def path(self) -> Path:
-        return self.root / "keys"
-
-    def write(self, text: str) -> None:
-        self.version += 1
-        dated = self.root / f"..2026_{self.version}"
-        dated.mkdir()
-        (dated / "keys").write_text(text)
-        (self.root / "..data_tmp").symlink_to(dated.name)
-        (self.root / "..data_tmp").rename(self.root / "..data")
-        if not self.path.is_symlink():
-            self.path.symlink_to("..data/keys")
 
 
 @pytest.fixture
@@ -124,6 +103,8 @@ def test_a_tenant_over_its_requests_per_minute_gets_429_from_both_replicas_while
     with pytest.raises(openai.RateLimitError) as caught:
         client.completions.create(model="tiny", prompt="hi", max_tokens=4)
     assert caught.value.code == "rate_limit_exceeded"
+    rejections = _rejections([one, two], "key-b")  # counted as the tenant's limit, not as a full queue
+    assert (rejections["rpm"], rejections["queue_full"], rejections["tpm"]) == (3, 0, 0), rejections
 
 
 def test_a_rotated_key_works_and_the_old_one_stops_within_the_reload_interval(replicas, peer, volume):
@@ -211,9 +192,13 @@ def test_a_keys_file_with_a_wrong_line_is_refused_at_start_without_the_key(tmp_p
 
     keys = tmp_path / "keys"
     keys.write_text("sk-secret rpm=many\n")
-    with pytest.raises(SettingsError, match="line 1 of the API keys file: rpm='many'") as caught:
+    with pytest.raises(SettingsError, match=f"the API keys file {keys}, line 1: rpm='many'") as caught:
         ApiKeys(GatewaySettings(api_keys_file=str(keys)))
     assert "sk-secret" not in str(caught.value)
+    keys.write_text("# two keys, written with a space between them\nsk-secret sk-other\n")
+    with pytest.raises(SettingsError, match=f"the API keys file {keys}, line 2: word 2 is not") as caught:
+        ApiKeys(GatewaySettings(api_keys_file=str(keys)))
+    assert "sk-" not in str(caught.value)
 
 
 def test_a_wrong_line_written_later_keeps_the_keys_loaded(tmp_path):
@@ -271,3 +256,47 @@ def test_a_tenant_at_its_queued_batch_lines_gets_429_until_a_batch_ends(replicas
         what="the first batch cancelled",
     )
     assert _create_batch(two, "key-q", second_file).status_code == 200  # its lines were given back
+
+
+def _files(gateway: GatewayProcess, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=key, max_retries=0)
+
+
+def _rejections(gateways: list[GatewayProcess], key: str) -> dict[str, float]:
+    """The gateways' ``dllm_gateway_rejected_total`` by reason, summed over them."""
+    totals: dict[str, float] = {}
+    for gateway in gateways:
+        text = httpx.get(f"{gateway.url}/metrics", headers={"Authorization": f"Bearer {key}"}).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "dllm_gateway_rejected_total":
+                    reason = sample.labels["reason"]
+                    totals[reason] = totals.get(reason, 0) + sample.value
+    return totals
+
+
+def test_a_key_past_its_storage_limit_gets_400_from_both_replicas_while_others_upload(replicas):
+    """``storage=`` on a key's line is its own quota; a key without it has the service's, 0 none."""
+    one, two = replicas("key-s storage=3000\nkey-d\nkey-u storage=0\n", storage_quota_bytes=5000)
+    line = b'{"custom_id": "x", "method": "POST", "url": "/v1/completions", "body": {}}\n'
+    content = line * (2000 // len(line))  # about 2000 bytes
+    kept = _files(one, "key-s").files.create(file=("a.jsonl", content), purpose="batch")
+    with pytest.raises(openai.BadRequestError) as caught:  # its 3000 bytes, counted across the replicas
+        _files(two, "key-s").files.create(file=("b.jsonl", content), purpose="batch")
+    error = caught.value.body
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "storage_quota_exceeded",
+        "file",
+    )
+    assert "quota of 3000 bytes" in error["message"]
+    for _ in range(2):  # the service's 5000 bytes
+        _files(two, "key-d").files.create(file=("d.jsonl", content), purpose="batch")
+    with pytest.raises(openai.BadRequestError, match="quota of 5000 bytes"):
+        _files(one, "key-d").files.create(file=("d.jsonl", content), purpose="batch")
+    for gateway in (one, two, one):  # storage=0: no limit
+        _files(gateway, "key-u").files.create(file=("u.jsonl", content), purpose="batch")
+    _files(two, "key-s").files.delete(kept.id)  # its bytes leave the count: the upload now fits
+    assert _files(two, "key-s").files.create(file=("b.jsonl", content), purpose="batch").bytes == len(content)
+    rejections = _rejections([one, two], "key-u")
+    assert rejections["storage"] == 2 and rejections["queue_full"] == 0, rejections
