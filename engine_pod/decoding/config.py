@@ -13,13 +13,14 @@ CANVAS_MODES = ("block", "full")
 
 
 AUTO_ENTRIES = 1 << 24  # the automatic chunk: about this many vocabulary entries (64 MB in float32)
-AUTO_MIN_POSITIONS, AUTO_MAX_POSITIONS = 16, 1024
+AUTO_MIN_POSITIONS, AUTO_MAX_POSITIONS = 32, 1024
+AUTO_POSITION_MULTIPLE = 32  # the head multiplies rows in tiles of 32 (models/row_invariant.TILE_ROWS)
 
 
 @dataclass(frozen=True)
 class LogitBudget:
     """How the LM head materializes logits (models/logit_budget.py applies it): ``positions``, the most
-    positions whose logits exist at once (None: automatic, about ``AUTO_ENTRIES`` entries and 16 to 1024
+    positions whose logits exist at once (None: automatic, about ``AUTO_ENTRIES`` entries, 32 to 1024 and a multiple of 32
     positions); ``candidates``, k."""
 
     positions: int | None = None
@@ -33,7 +34,10 @@ class LogitBudget:
         """Positions per chunk for a head of ``vocab`` columns."""
         if self.positions is not None:
             return self.positions
-        return max(AUTO_MIN_POSITIONS, min(AUTO_MAX_POSITIONS, AUTO_ENTRIES // vocab))
+        fitting = (
+            min(AUTO_MAX_POSITIONS, AUTO_ENTRIES // vocab) // AUTO_POSITION_MULTIPLE * AUTO_POSITION_MULTIPLE
+        )
+        return max(AUTO_MIN_POSITIONS, fitting)
 
 
 class DecodingConfigError(ValueError):

@@ -3,9 +3,9 @@
 One place decides it for every family (``SelectedHidden`` in models/transformer.py, DiffusionGemma's
 denoise): ``LogitBudget.chunk`` (decoding/config.py, from ``DecodingConfig.max_materialized_logits``) is the number of positions whose full-vocabulary logits exist at once.
 Chunking never changes a result: everything computed from the logits is per position, and the head
-multiplies a chunk padded with zero rows to a multiple of 4 rows and at least 16 (a CPU's BLAS rounds a
-matrix of 1 to 3 rows, with several threads one of fewer than 12, and in float64 the last 1 to 3 rows of
-any matrix, otherwise: models/row_invariant.py), so a position's logits have the same bits in any chunk.
+multiplies a chunk padded with zero rows to a multiple of ``row_invariant.TILE_ROWS`` (a CPU's BLAS
+rounds a matrix of a few rows, and the rows of a partial tile, otherwise: models/row_invariant.py), so a
+position's logits have the same bits in any chunk.
 
 With candidates (``DecodingConfig.logit_candidates``, k > 0 and below the vocabulary), each position's
 candidates are the k tokens ranked first by the LM head applied in bfloat16 (a cheap score: the final
@@ -24,11 +24,10 @@ import torch
 from torch import nn
 
 from engine_pod.decoding.config import LogitBudget
+from engine_pod.models.row_invariant import tiled_rows
 
-HEAD_MIN_ROWS = 16  # a chunk's rows are padded to at least this many (measured: 12 and up round alike)
 CANDIDATE_SCORE_DTYPE = torch.bfloat16
 CANDIDATE_GATHER_ENTRIES = 1 << 24  # the candidates' gathered head rows per piece (entries)
-HEAD_ROW_MULTIPLE = 4  # and to a multiple of this (float64 GEMM rounds a remainder of 1 to 3 rows otherwise)
 
 
 def chunked_rows(x: torch.Tensor, budget: LogitBudget, vocab: int) -> tuple[torch.Tensor, ...]:
@@ -39,10 +38,9 @@ def chunked_rows(x: torch.Tensor, budget: LogitBudget, vocab: int) -> tuple[torc
 
 
 def apply_head(head: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """``head(x)`` for ``x`` [n, D], computed over a multiple of ``HEAD_ROW_MULTIPLE`` rows, at least
-    ``HEAD_MIN_ROWS``."""
+    """``head(x)`` for ``x`` [n, D], computed over a multiple of ``TILE_ROWS`` rows."""
     rows = x.shape[0]
-    padded = max(HEAD_MIN_ROWS, -(-rows // HEAD_ROW_MULTIPLE) * HEAD_ROW_MULTIPLE)
+    padded = tiled_rows(rows)
     if rows == 0 or padded == rows:
         return head(x)
     return head(torch.cat([x, x.new_zeros(padded - rows, x.shape[1])]))[:rows]

@@ -1,13 +1,21 @@
-"""Linear layers whose every row rounds as it would among many rows: batch invariance for inputs of a
-few rows.
+"""Linear layers whose every row rounds alike in any batch: batch invariance by construction.
 
-A CPU's BLAS multiplies a matrix of 1, 2 or 3 rows with other kernels than one of 4 or more (torch's
-oneDNN/MKL sgemm on one thread: a row's bits are the same for every row count from 4 up, and differ
-below). A token that a batch multiplies among many rows and a request alone among 1 to 3 (a prompt of
-1 to 3 tokens through DiffusionGemma's encoder, an expert that few tokens chose) would round otherwise,
-so such inputs are padded with zero rows to ``MIN_ROWS`` and the padding dropped after. With more than one
-torch thread the rows are split between threads and counts below 12 round otherwise again: a CPU
-engine's outputs are the same alone and batched with one torch thread (what ``--pin`` and the tests use).
+A CPU's BLAS picks its kernel, its blocking and its split between threads by the problem's shape, and a
+row's bits follow that choice: MKL multiplies 1 to 3 rows (AMD) or 1 to 15 (its Intel kernels) otherwise
+than 64, and its vendor-neutral path (``MKL_CBWR=COMPATIBLE``) rounds the rows of a partial micro-tile
+otherwise than full ones. So a token that a batch multiplies among many rows and a request alone among a
+few would round otherwise, and which row counts differ depends on the CPU.
+
+Here the library never sees the batch: ``linear`` cuts the rows into tiles of exactly ``TILE_ROWS`` rows
+(the last padded with zero rows) and multiplies them as one batched matmul of identical problems, so
+every call the library serves is the same [TILE_ROWS, in] x [in, out] product whatever the batch, and a
+row's place in its tile is a full micro-tile's row (``TILE_ROWS`` is a multiple of every micro-tile
+height in use: 1, 2, 4, 8, 16). ``tests/engine_pod/test_kernel_regimes.py`` runs the invariance tests
+under every MKL code path and under its Intel kernels forced on any x86 CPU, and checks that a plain
+``F.linear`` does differ there (so the test would catch a construction that leans on the kernels).
+With more than one torch thread MKL splits even one problem between threads by the batch's size on
+Intel CPUs: the outputs are the same alone and batched with one torch thread (what ``--pin`` and the
+tests use).
 """
 
 from __future__ import annotations
@@ -16,17 +24,30 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MIN_ROWS = 4
+TILE_ROWS = 32  # rows per multiplied tile
+
+
+def tiled_rows(rows: int) -> int:
+    """The rows ``rows`` are multiplied as: the next multiple of ``TILE_ROWS``."""
+    return -(-rows // TILE_ROWS) * TILE_ROWS
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` computed over at least ``MIN_ROWS`` rows (x's leading dims flattened)."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if rows >= MIN_ROWS or rows == 0:
+    """``F.linear(x, weight, bias)`` with x's rows (its leading dims flattened) multiplied in tiles of
+    ``TILE_ROWS`` rows."""
+    if x.dtype != weight.dtype or not x.numel():
         return F.linear(x, weight, bias)
-    flat = x.reshape(rows, x.shape[-1])
-    padded = torch.cat([flat, flat.new_zeros(MIN_ROWS - rows, flat.shape[1])])
-    return F.linear(padded, weight, bias)[:rows].reshape(*x.shape[:-1], weight.shape[0])
+    rows, inputs = x.numel() // x.shape[-1], x.shape[-1]
+    flat = x.reshape(rows, inputs)
+    padded = tiled_rows(rows)
+    if padded != rows:
+        flat = torch.cat([flat, flat.new_zeros(padded - rows, inputs)])
+    tiles = flat.view(padded // TILE_ROWS, TILE_ROWS, inputs)
+    out = torch.bmm(tiles, weight.t().unsqueeze(0).expand(tiles.shape[0], inputs, weight.shape[0]))
+    out = out.view(padded, weight.shape[0])[:rows]
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 class RowInvariantLinear(nn.Linear):

@@ -120,6 +120,7 @@ def test_every_command_refuses_a_budget_below_one_position_in_one_line(command, 
 
 
 def test_the_profiler_measures_with_the_budget_in_force():
+    from engine_pod.models.row_invariant import TILE_ROWS
     from engine_pod.profiling.grid import Point
     from engine_pod.profiling.profiler import ProfileConfig, measure_point
 
@@ -133,4 +134,6 @@ def test_the_profiler_measures_with_the_budget_in_force():
     finally:
         handle.remove()
     assert loaded.model.logit_budget.positions == 5
-    assert calls and max(calls) == 16  # chunks of 5 positions, each padded to the head's 16 rows
+    assert (
+        calls and max(calls) == TILE_ROWS
+    )  # chunks of 5 positions, each padded to a tile of the head's rows

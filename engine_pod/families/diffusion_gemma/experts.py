@@ -9,9 +9,10 @@ experts are stored as two 3D tensors (``gate_up_proj`` [E, 2W, D], gate rows fir
 order, as the reference's ``index_add_`` loop adds them; it depends on that token alone.
 
 Inference in float32, bfloat16 or float16 runs the experts as two ``grouped_mm`` calls over the
-(token, slot) pairs sorted by expert, each expert's group padded with zero rows to ``MIN_ROWS`` as
-``row_invariant.linear`` pads it, the groups laid out on the device: the same ops however many experts
-were chosen, nothing read back to the host. float64 (which ``grouped_mm`` does not take) loops over the
+(token, slot) pairs sorted by expert, each expert's group padded with zero rows to a multiple of
+``row_invariant.TILE_ROWS`` (the library multiplies each group as one product, so a token's bits never
+depend on a group of a few rows; ``row_invariant`` says why), the groups laid out on the device: the
+same ops however many experts were chosen, nothing read back to the host. float64 (which ``grouped_mm`` does not take) loops over the
 experts chosen.
 """
 
@@ -25,7 +26,7 @@ from torch import nn
 
 from engine_pod.families.diffusion_gemma.blocks import UnscaledRMSNorm
 from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
-from engine_pod.models.row_invariant import MIN_ROWS, RowInvariantLinear, linear
+from engine_pod.models.row_invariant import TILE_ROWS, RowInvariantLinear, linear
 
 GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -85,13 +86,13 @@ class GemmaExperts(nn.Module):
         return all(n * x.element_size() % 16 == 0 for n in (x.shape[-1], self.down_proj.shape[-1]))
 
     def _grouped(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """``forward`` as two grouped matmuls; each expert's group padded to ``MIN_ROWS`` rows."""
+        """``forward`` as two grouped matmuls; each expert's group padded to a multiple of ``TILE_ROWS`` rows."""
         tokens, pairs_count = x.shape[0], experts.numel()
         flat = experts.t().reshape(-1)  # pair slot * N + token, as _by_expert numbers them
         order = flat.argsort(stable=True)
         chosen = flat[order]
         layout = _padded_groups(chosen, self.num_experts, pairs_count)
-        inputs = x.new_zeros(pairs_count + (MIN_ROWS - 1) * self.num_experts, x.shape[-1])
+        inputs = x.new_zeros(pairs_count + (TILE_ROWS - 1) * self.num_experts, x.shape[-1])
         inputs[layout.rows] = x[order % tokens]
         gate, up = F.grouped_mm(inputs, self.gate_up_proj.transpose(1, 2), offs=layout.ends).chunk(2, dim=-1)
         hidden = F.grouped_mm(
@@ -132,12 +133,12 @@ class _PaddedGroups(NamedTuple):
 
 
 def _padded_groups(chosen: torch.Tensor, num_experts: int, pairs: int) -> _PaddedGroups:
-    """Groups of the sorted experts ``chosen`` [pairs], each padded to at least MIN_ROWS rows when it has
-    any: computed on the device from the sorted list (searchsorted, no count read back)."""
+    """Groups of the sorted experts ``chosen`` [pairs], each padded to a multiple of TILE_ROWS rows:
+    computed on the device from the sorted list (searchsorted, no count read back)."""
     numbers = torch.arange(num_experts + 1, device=chosen.device, dtype=chosen.dtype)
     bounds = torch.searchsorted(chosen, numbers)
     starts, counts = bounds[:-1], bounds[1:] - bounds[:-1]
-    padded = torch.where(counts > 0, counts.clamp(min=MIN_ROWS), 0)
+    padded = (counts + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
     ends = padded.cumsum(0)
     rank = torch.arange(pairs, device=chosen.device) - starts[chosen]
     return _PaddedGroups((ends - padded)[chosen] + rank, ends.to(torch.int32))
