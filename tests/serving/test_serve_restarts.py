@@ -14,9 +14,7 @@ import json
 import os
 import re
 import signal
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
@@ -24,41 +22,11 @@ import redis
 
 from dllm_contracts.queue.keys import ServiceKeys, request_of
 from engine_pod.serve.queue_census import interactive_entries
-from engine_pod.serve.redis_server import RedisServer, find_redis_server
 from tests.serving.serve_process import Serve, chat_batch_file, openai_client
+from tests.serving.slow_redis import fill_append_only_file, slow_loading_redis
 from tests.serving_utils import WAIT_S, wait_for
 
 KEYS = ServiceKeys("default")
-
-
-def _fill_append_only_file(directory: Path, megabytes: float) -> int:
-    """An append-only file of about ``megabytes`` in ``directory``, written by a real redis-server (the one
-    ``dllm serve`` runs): how many keys it holds."""
-    value, keys = b"v" * 1000, int(megabytes * 1000)
-    with RedisServer(data_dir=str(directory), appendonly=True) as server:
-        client = redis.Redis(port=server.port)
-        for start in range(0, keys, 500):
-            pipe = client.pipeline(transaction=False)
-            for key in range(start, min(start + 500, keys)):
-                pipe.set(f"earlier:{key}", value)
-            pipe.execute()
-        client.close()
-    return keys
-
-
-def _slow_loading_redis(directory: Path, delay_us: int) -> dict[str, str]:
-    """$DLLM_REDIS_SERVER naming a redis-server that loads its data slowly (``key-load-delay``: each entry
-    waits ``delay_us``; Redis 7 also serves events every KB it loads, as it does every 1000 entries before), so
-    that whatever the machine, a start meets Redis while it loads."""
-    real = find_redis_server()
-    version = subprocess.run([real, "--version"], capture_output=True, text=True, check=True).stdout
-    extra = f"--key-load-delay {delay_us}"
-    if int(re.search(r"v=(\d+)", version).group(1)) >= 7:
-        extra += " --loading-process-events-interval-bytes 1024"
-    wrapper = directory / "redis-server"
-    wrapper.write_text(f'#!/bin/sh\nexec "{real}" "$@" {extra}\n')
-    wrapper.chmod(0o755)
-    return {"DLLM_REDIS_SERVER": str(wrapper)}
 
 
 def test_plain_dllm_serve_starts_over_an_8_mb_append_only_file_in_its_default_data_directory(tmp_path):
@@ -67,7 +35,8 @@ def test_plain_dllm_serve_starts_over_an_8_mb_append_only_file_in_its_default_da
     home = tmp_path / "home"
     data = home / ".cache" / "dllm" / "serve" / "default"
     data.mkdir(parents=True)
-    keys = _fill_append_only_file(data, megabytes=8.0)
+    keys = 8000  # of 1 KB: an 8 MB file
+    fill_append_only_file(data, keys)
     server = Serve(tmp_path, plain=True, env={"HOME": str(home), "XDG_CACHE_HOME": ""})
     try:
         server.wait_ready()
@@ -117,7 +86,7 @@ def test_a_restart_over_an_accepted_batch_waits_for_redis_to_load_it_and_rides_o
     finally:
         assert first.stop() == 0, first.log.read_text()[-3000:]
     (again_dir := tmp_path / "again").mkdir()
-    again = Serve(again_dir, "--data-dir", str(tmp_path / "data"), env=_slow_loading_redis(tmp_path, 100))
+    again = Serve(again_dir, "--data-dir", str(tmp_path / "data"), env=slow_loading_redis(tmp_path, 100))
     try:
         again.wait_ready()
         assert "Redis is loading its data" in again.log.read_text()
