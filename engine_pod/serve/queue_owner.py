@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from dllm_contracts.model_identity import ServedRecord
 from dllm_contracts.queue.keys import ServiceKeys, request_of
-from dllm_contracts.queue.resilience import TRANSIENT_ERRORS, Backoff, is_loading
 from engine_pod.serve.queue_census import Census, interactive_entries
 
 logger = logging.getLogger(__name__)
@@ -109,6 +108,8 @@ def ride_out(call: Callable[[], None], where: str, stopping: threading.Event | N
     """``call()`` once Redis lets it through: retried while Redis loads its data (as long as that takes) or
     does not answer (up to ``UNREACHABLE_S``: then ``QueueUnreachable``), each said once. False when
     ``stopping`` was set first (``call`` not done)."""
+    from dllm_contracts.queue.resilience import TRANSIENT_ERRORS, Backoff, is_loading  # redis: not for --help
+
     give_up, backoff, said = time.monotonic() + UNREACHABLE_S, Backoff(max_s=1.0), set()
     while stopping is None or not stopping.is_set():
         try:
