@@ -16,7 +16,7 @@ from dllm_contracts.heap import collect_young_less_often, freeze_loaded_objects
 from dllm_contracts.queue.async_client import AsyncQueue
 from dllm_contracts.queue.connect import async_client
 from dllm_contracts.queue.ops import QueueOps
-from dllm_contracts.queue.resilience import CLIENT_OPTIONS, TRANSIENT_ERRORS
+from dllm_contracts.queue.resilience import CLIENT_OPTIONS, TRANSIENT_ERRORS, is_loading
 from dllm_contracts.tracing import Tracing
 from dllm_contracts.tracing_config import TracingConfig
 from gateway.api_keys import ApiKeys
@@ -59,7 +59,8 @@ def build_app(
         try:
             await queue.prepare()
         except (*TRANSIENT_ERRORS, RedisClusterException) as exc:  # serve anyway: /readyz says not ready
-            logger.warning("Redis not reachable at start (%s); connecting on first use", exc)
+            state = "loading its data" if is_loading(exc) else "not reachable"
+            logger.warning("Redis %s at start (%s); not ready until it answers", state, exc)
         reader, delivered = EventReader(queue), DeliveredEvents(queue)
         calls = CoalescedCalls(queue)
         metrics = GatewayMetrics(settings.served_model)

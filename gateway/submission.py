@@ -9,7 +9,7 @@ import time
 
 from starlette.requests import ClientDisconnect
 
-from dllm_contracts.queue.keys import new_request_id
+from dllm_contracts.queue.keys import new_request_id, new_request_ids
 from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from dllm_contracts.queue.resilience import REDIS_ERRORS, TRANSIENT_ERRORS, Backoff
 from gateway.errors import ApiError, model_not_found, queue_unreachable, shutting_down
@@ -173,6 +173,16 @@ def build_choices(prompt_ids: list[int], body: CommonFields, state: GatewayState
     return [build_request(prompt_ids, body, state, seed=(base + i) % 2**63) for i in range(body.n)]
 
 
+def as_one_request(queued: list[QueuedRequest]) -> list[QueuedRequest]:
+    """``queued`` (the entries of one API request: its prompts times its choices), renamed so that their ids
+    say they belong together (``keys.new_request_ids``); the first one's id is the response's."""
+    if len(queued) > 1:
+        prefix = queued[0].id.split("-", 1)[0]
+        for request, request_id in zip(queued, new_request_ids(prefix, len(queued))):
+            request.id = request_id
+    return queued
+
+
 def prompt_tokens_of(queued: list[QueuedRequest], n: int) -> int:
     """The usage's prompt tokens: each prompt once, not once per choice (``queued`` holds ``n`` choices
     per prompt, prompt after prompt)."""
@@ -315,6 +325,7 @@ __all__ = [
     "BlockEvent",
     "DoneEvent",
     "apply_stop",
+    "as_one_request",
     "build_choices",
     "build_request",
     "cancel_quietly",

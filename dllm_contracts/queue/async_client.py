@@ -7,7 +7,6 @@ import logging
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
 from dllm_contracts.queue.messages import EVENT_FIELD, BlockEvent, DoneEvent, QueuedRequest, decode_event
@@ -16,12 +15,6 @@ from dllm_contracts.queue.ops import QueueOps, ScriptCall, script_sources, text_
 START = "0-0"  # cursor before a stream's first event
 Event = BlockEvent | DoneEvent
 logger = logging.getLogger(__name__)
-
-
-def _closed_transport(exc: RuntimeError) -> bool:
-    """uvloop's error for a write on a connection its peer closed (a Redis node that died, a failover):
-    redis-py passes it on as it is instead of raising a ConnectionError."""
-    return "handler is closed" in str(exc)
 
 
 class AsyncQueue:
@@ -42,13 +35,8 @@ class AsyncQueue:
             await self.redis.script_load(self._scripts[name].script)
 
     async def run(self, call: ScriptCall):
-        """One script call; a connection found closed is a ConnectionError (a transient fault: retried)."""
-        try:
-            return await self._scripts[call.script](keys=call.keys, args=call.args)
-        except RuntimeError as exc:
-            if _closed_transport(exc):
-                raise RedisConnectionError(f"Redis connection closed: {exc}") from exc
-            raise
+        """One script call (a connection closed under it fails with a ConnectionError: resilience.py)."""
+        return await self._scripts[call.script](keys=call.keys, args=call.args)
 
     async def run_many(self, calls: list[ScriptCall]) -> list:
         """Several calls in one round trip (a pipeline, not a transaction): each one's reply, or the

@@ -52,9 +52,12 @@ def sync_client(url: str, **options: Any):
     import redis
     from redis.cluster import RedisCluster
 
-    options = _options(url, options)
+    from dllm_contracts.queue.connections import connection_class
+
+    options = _options(url, options) | {"connection_class": connection_class(url, asynchronous=False)}
     if is_cluster_url(url):
-        return RedisCluster.from_url(node_url(url), **options)
+        # the class decides the transport (TLS included): a rediss:// URL's own would replace it
+        return RedisCluster.from_url(_plain(node_url(url)), **options)
     return redis.Redis.from_url(url, **options)
 
 
@@ -63,9 +66,25 @@ def async_client(url: str, **options: Any):
     import redis.asyncio as aioredis
     from redis.asyncio.cluster import RedisCluster
 
-    options = _options(url, options)
-    if is_cluster_url(url):
-        return RedisCluster.from_url(node_url(url), **options)
-    from dllm_contracts.queue.packing import connection_class
+    from dllm_contracts.queue.connections import connection_class
 
-    return aioredis.Redis.from_url(url, connection_class=connection_class(url), **options)
+    options = _options(url, options)
+    chosen = connection_class(url, asynchronous=True)
+    if is_cluster_url(url):
+        return _connecting_with(RedisCluster.from_url(node_url(url), **options), chosen)
+    return aioredis.Redis.from_url(url, connection_class=chosen, **options)
+
+
+def _plain(url: str) -> str:
+    """``url`` with the scheme ``redis``: its transport is then the connection class's alone."""
+    return "redis" + url[len(urlparse(url).scheme) :]
+
+
+def _connecting_with(cluster, chosen: type):
+    """``cluster`` (asyncio) opening its connections as ``chosen``: redis-py's asyncio cluster client takes
+    no connection class, so it is set where its nodes read theirs (those known now, and the keyword
+    arguments every node it discovers is made with). Before the first command: no connection is open yet."""
+    cluster.connection_kwargs["connection_class"] = chosen
+    for node in cluster.get_nodes() or cluster.startup_nodes:
+        node.connection_class = chosen
+    return cluster

@@ -22,6 +22,27 @@ def new_request_id(prefix: str = "req", separator: str = "-") -> str:
     return f"{prefix}{separator}{time.time_ns():016x}-{os.urandom(16).hex()}"
 
 
+ENTRY_INDEX_DIGITS = 8  # the hex digits that end the id of one entry of a request of several
+
+
+def new_request_ids(prefix: str, count: int) -> list[str]:
+    """The ids of one API request's ``count`` queue entries (its prompts times its choices): one entry gets
+    ``new_request_id``'s; several share every digit but the last eight, their index, so that the queue
+    can tell how many API requests its entries belong to (``request_of``)."""
+    if count < 1:
+        raise ValueError(f"a request has at least one entry, not {count}")
+    if count == 1:
+        return [new_request_id(prefix)]
+    shared = new_request_id(prefix)[:-ENTRY_INDEX_DIGITS]
+    return [f"{shared}{index:0{ENTRY_INDEX_DIGITS}x}" for index in range(count)]
+
+
+def request_of(entry_id: str) -> str:
+    """What the entries of one API request have in common (``new_request_ids``): two entries share it only
+    if they belong to the same request (the rest is 96 random bits)."""
+    return entry_id[:-ENTRY_INDEX_DIGITS]
+
+
 def is_request_id(text: str, prefix: str, separators: str = "-") -> bool:
     """Whether ``text`` is an id ``new_request_id(prefix, separator)`` could have made with one of
     ``separators`` (checked before it becomes part of a Redis key)."""

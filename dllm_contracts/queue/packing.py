@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import hiredis
-import redis.asyncio as aioredis
 
 
-class _HiredisPacking:
+class HiredisPacking:
+    """Mixin for redis-py's asyncio connection classes (``connections.py`` puts it in each)."""
+
     def pack_command(self, *args):
         if isinstance(args[0], str) and " " in args[0]:  # "CONFIG GET" and the like: redis-py splits them
             return super().pack_command(*args)
@@ -15,15 +16,3 @@ class _HiredisPacking:
             return [hiredis.pack_command(args)]
         except TypeError:  # a type hiredis does not encode (redis-py's encoder decides, or refuses)
             return super().pack_command(*args)
-
-
-class PackedConnection(_HiredisPacking, aioredis.Connection):
-    """``redis://``"""
-
-
-class PackedSSLConnection(_HiredisPacking, aioredis.SSLConnection):
-    """``rediss://``"""
-
-
-def connection_class(url: str) -> type:
-    return PackedSSLConnection if url.startswith("rediss://") else PackedConnection

@@ -2,8 +2,9 @@
 
 Each runs as a child process that is restarted (with backoff) when it dies; SIGTERM or Ctrl-C stops
 the gateway, then the worker (both drain), then Redis, and exits 0. Redis keeps an append-only file
-in a data directory (under the user's cache by default), so accepted requests survive a restart of
-Redis or of ``dllm serve`` itself. Like ``dllm worker``, this module imports the serving stack only
+in a data directory (under the user's cache by default): accepted requests survive a restart of Redis
+or of a worker, and batches a restart of ``dllm serve`` itself (an interactive request lives as long as its
+client's connection, which a stop of ``dllm serve`` ends). Like ``dllm worker``, this module imports the serving stack only
 when it runs (``dllm`` must start on a bare device).
 """
 
@@ -49,8 +50,9 @@ def register(subparsers) -> None:
         epilog="Every gateway setting is read from the same DLLM_* environment variables as `python -m "
         "gateway` reads (DLLM_API_KEYS, DLLM_API_KEYS_FILE, DLLM_MAX_QUEUED, DLLM_MAX_BODY_BYTES, "
         "DLLM_UNKNOWN_FIELDS, DLLM_REQUEST_TIMEOUT_S, ...: docs/api.md lists them); the flags above override "
-        "them. Ctrl-C or SIGTERM drains: the gateway gives open requests $DLLM_DRAIN_TIMEOUT_S (default 30 s), "
-        "the worker finishes its work within --drain-timeout. The gateway re-reads its API keys "
+        "them. Ctrl-C or SIGTERM drains: the gateway gives open requests $DLLM_DRAIN_TIMEOUT_S (default 30 s; "
+        "a 503 for those not done then), the worker finishes its work within --drain-timeout; batches wait in "
+        "Redis for the next start (a second Ctrl-C: at once). The gateway re-reads its API keys "
         "file when it changes, and on SIGHUP. Serving beyond loopback (--host 0.0.0.0) without keys is warned about. DiffusionGemma: a request's "
         f"seed draws its noise and extra body fields set its sampler ({', '.join(SAMPLER_SETTINGS)}; "
         "max_denoising_steps up to --steps-per-block; unset ones: the checkpoint's generation config; the "
@@ -176,7 +178,7 @@ def _served_model_dir(args: argparse.Namespace) -> Path:
 def run(args: argparse.Namespace) -> int:
     from engine_pod.serve.gateway_process import GatewayProcess
     from engine_pod.serve.preflight import PreflightError
-    from engine_pod.serve.queue_owner import QueueHeldError, QueueOwner
+    from engine_pod.serve.queue_owner import QueueHeldError, QueueOwner, QueueUnreachable
     from engine_pod.serve.redis_server import free_port
     from engine_pod.serve.stopping import Stopping
     from engine_pod.serve.supervisor import ChildCannotStart, Supervised, Supervisor, child_popen_options
@@ -219,14 +221,18 @@ def run(args: argparse.Namespace) -> int:
     gateway = GatewayProcess(args.host, args.port, gateway_env, options, stop_s=stop_s, log_level=log_level)
     children += [Supervised("worker", worker, drains=True), Supervised("gateway", gateway, drains=True)]
     supervisor = Supervisor(children)
-    stopping = Stopping(supervisor, redis_url, args.service, where)
+    if redis is not None:
+        redis.interrupted = supervisor.stopping  # Ctrl-C while Redis loads its data stops the wait
+    private = redis is not None
+    stopping = Stopping(supervisor, redis_url, args.service, where, private)
     stopping.install()
     signal.signal(signal.SIGHUP, lambda *_: gateway.signal(signal.SIGHUP))  # the gateway re-reads its keys
     logger.info("worker's %s", threads.log_line())
-    owner = QueueOwner(redis_url, args.service, ServedRecord(identity, portable_name(args.model)), where)
+    served = ServedRecord(identity, portable_name(args.model))
+    owner = QueueOwner(redis_url, args.service, served, where, private)
     try:
-        supervisor.start_all(before={"worker": lambda: owner.bind(args.on_model_change)})
-    except (ChildCannotStart, QueueHeldError) as exc:
+        supervisor.start_all(before={"worker": lambda: owner.bind(args.on_model_change, supervisor.stopping)})
+    except (ChildCannotStart, QueueHeldError, QueueUnreachable) as exc:
         raise CliError(str(exc)) from None
     if args.exit_when_drained:
         owner.stop_when_drained(supervisor)

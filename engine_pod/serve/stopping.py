@@ -1,39 +1,29 @@
 """How ``dllm serve`` stops: the first Ctrl-C (or SIGTERM) drains, saying what is left and until when; a
-second one stops at once and says that the accepted work waits in Redis for the next start."""
+second one stops at once and says what stays in Redis for the next start (batches) and what ended with the
+stop (interactive requests: their clients' connections end with the gateway)."""
 
 from __future__ import annotations
 
 import logging
 import signal
 
+from engine_pod.serve.queue_census import Census, census_of
 from engine_pod.serve.supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
 
 
-def queue_depth(redis_url: str, service: str) -> int | None:
-    """Accepted requests not yet done (pending or in flight), or None when Redis does not answer."""
-    from dllm_contracts.queue.connect import sync_client
-    from dllm_contracts.queue.keys import ServiceKeys
-
-    try:
-        client = sync_client(redis_url, socket_timeout=1, socket_connect_timeout=1)
-        try:
-            return int(client.scard(ServiceKeys(service).live))
-        finally:
-            client.close()
-    except Exception:  # noqa: BLE001 (any failure only means the count is not known)
-        return None
-
-
 class Stopping:
     """Signal handlers and the lines they print, for one ``dllm serve``."""
 
-    def __init__(self, supervisor: Supervisor, redis_url: str, service: str, where: str) -> None:
+    def __init__(
+        self, supervisor: Supervisor, redis_url: str, service: str, where: str, private: bool = True
+    ) -> None:
         self.supervisor = supervisor
         self.redis_url, self.service = redis_url, service
         self.where = where  # where the accepted work is kept (the data directory, or the Redis URL)
-        self.left_at_kill: int | None = None
+        self.private = private  # its own Redis: the next start drops the requests a stop cut off
+        self.left_at_kill: Census | None = None
 
     def install(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -47,17 +37,16 @@ class Stopping:
             self.supervisor.stop()
             return
         if not self.supervisor.forced:
-            self.left_at_kill = queue_depth(self.redis_url, self.service)
+            self.left_at_kill = census_of(self.redis_url, self.service)
             self.supervisor.kill_now()
 
     def waiting(self, name: str, seconds_left: float) -> None:
         """A line every few seconds while a child drains."""
-        left = queue_depth(self.redis_url, self.service)
-        count = "requests" if left is None else f"{left} requests"
+        left = census_of(self.redis_url, self.service)
         logger.info(
             "the %s is draining: %s in the queue, %.0f s to its deadline (Ctrl-C again: stop now)",
             name,
-            count,
+            "work" if left is None else left,
             seconds_left,
         )
 
@@ -66,10 +55,12 @@ class Stopping:
         if not self.supervisor.forced:
             logger.info("dllm serve stopped")
             return 0
-        count = (
-            "the accepted requests" if self.left_at_kill is None else f"{self.left_at_kill} accepted requests"
-        )
-        logger.warning(
-            "stopped at once: %s stay in Redis (%s) and are served at the next start", count, self.where
-        )
+        left = self.left_at_kill
+        kept = "the accepted batches" if left is None else f"{left.batch_lines} batch lines"
+        line = f"stopped at once: {kept} stay in Redis ({self.where}) and are served at the next start"
+        if left is not None and left.requests:
+            cut = Census(left.requests, left.choices, 0)
+            line += f"; {cut} were cut off unanswered"
+            line += " (the next start drops them: their clients are gone)" if self.private else ""
+        logger.warning(line)
         return 130

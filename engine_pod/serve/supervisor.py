@@ -78,7 +78,8 @@ class Supervisor:
         self.forced = False  # stopped at once (kill_now), not drained
 
     def start_all(self, before: dict[str, Callable[[], None]] | None = None) -> None:
-        """Start the children in order, a line each; a stop asked for meanwhile starts no more.
+        """Start the children in order, a line each; a stop asked for meanwhile starts no more (and a start
+        it cuts short is no error).
         ``before[name]()`` runs just before the child ``name`` starts; what it raises stops every child
         started so far and goes on up."""
         for item in self.children:
@@ -90,11 +91,17 @@ class Supervisor:
                 except BaseException:
                     self.stop_all()
                     raise
+                if self.stopping.is_set():  # stopped while it ran
+                    self.stop_all()
+                    return
             logger.info("%s ...", getattr(item.child, "starting", f"starting the {item.name}"))
             try:
                 item.child.start()
             except RuntimeError as exc:
                 self.stop_all()
+                if self.stopping.is_set():  # stopped while it started (Ctrl-C): no error of its own
+                    logger.info("the %s did not start: %s", item.name, exc)
+                    return
                 raise ChildCannotStart(f"the {item.name} could not start: {exc}") from None
             item.started_at = time.monotonic()
             logger.info("the %s is ready (pid %s)", item.name, item.pid)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
-from dllm_contracts.queue.resilience import Backoff
+from dllm_contracts.queue.resilience import Backoff, is_loading
 
 logger = logging.getLogger(__name__)
 
@@ -26,9 +26,11 @@ class RedisLink:
     def fault(self, exc: Exception, rows: int, results: int) -> None:
         """Say the fault (the ``rows`` and ``results`` kept meanwhile) when it starts, then wait."""
         if not self._backoff.failing:
+            state = "Redis is loading its data" if is_loading(exc) else "cannot reach Redis"
             logger.warning(
-                "worker %s cannot reach Redis (%s: %s); keeping %d rows and %d results, retrying",
+                "worker %s: %s (%s: %s); keeping %d rows and %d results, retrying",
                 self.worker_id,
+                state,
                 type(exc).__name__,
                 exc,
                 rows,

@@ -27,6 +27,7 @@ from gateway.state import State, require_api_key
 from gateway.streaming import StreamSpec, sse, stream_chunks
 from gateway.submission import (
     apply_stop,
+    as_one_request,
     build_choices,
     check_prompt_text,
     check_request,
@@ -96,7 +97,9 @@ async def complete(
 async def _complete(body: CompletionRequest, state, is_disconnected, admitted=None, span=None):
     started = time.monotonic()
     check_request(body, state)
-    queued = [choice for ids in _prompts(body, state) for choice in build_choices(ids, body, state)]
+    queued = as_one_request(
+        [choice for ids in _prompts(body, state) for choice in build_choices(ids, body, state)]
+    )
     carry(queued, span)
     await enqueue_all(queued, state, admitted)  # every prompt or none
     if body.stream:
@@ -148,7 +151,7 @@ async def _chat(body: ChatCompletionRequest, state, is_disconnected, admitted=No
     started = time.monotonic()
     check_request(body, state)
     prompt_ids = chat_prompt(body, state)
-    queued = build_choices(prompt_ids, body, state)
+    queued = as_one_request(build_choices(prompt_ids, body, state))
     carry(queued, span)
     await enqueue_all(queued, state, admitted)  # every choice or none
     if body.stream:

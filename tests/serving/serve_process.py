@@ -21,11 +21,16 @@ from tests.serving_utils import wait_for
 
 
 class Serve:
-    def __init__(self, tmp: Path, *extra: str, env: dict | None = None, cwd: Path | None = None) -> None:
+    def __init__(
+        self, tmp: Path, *extra: str, env: dict | None = None, cwd: Path | None = None, plain: bool = False
+    ) -> None:
+        """``plain``: no --data-dir (the default, under $XDG_CACHE_HOME or $HOME, which ``env`` then points
+        at a temporary directory) and no --drain-timeout, as a user types it."""
         self.port = 0  # known once it is ready
         self.log = tmp / "serve.log"
         argv = [sys.executable, "-m", "engine_pod.cli.main", "serve", "--port", "0"]
-        argv += ["--data-dir", str(tmp / "data"), "--drain-timeout", "5", *extra]
+        argv += [] if plain else ["--data-dir", str(tmp / "data"), "--drain-timeout", "5"]
+        argv += extra
         self.out = open(self.log, "w")  # noqa: SIM115 (closed in stop)
         env = os.environ | {"OMP_NUM_THREADS": "1"} | (env or {})  # one torch thread: the suite shares cores
         self.process = subprocess.Popen(argv, stdout=self.out, stderr=subprocess.STDOUT, env=env, cwd=cwd)

@@ -176,31 +176,6 @@ async def _burst(url: str, count: int) -> list[httpx.Response]:
         return await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(count)))
 
 
-async def test_a_script_call_on_a_connection_a_dead_node_closed_is_a_transient_fault(redis_server, service):
-    """Under uvloop a write on a connection its Redis node closed (killed, failing over) raises
-    RuntimeError("... the handler is closed"), which redis-py passes on: the gateway answered such a
-    request with a 500 instead of retrying it as the connection fault it is. Other errors stay what
-    they are."""
-    client = async_client(redis_server.url)
-    queue = AsyncQueue(client, QueueOps(service))
-    call = queue.ops.enqueue(QueuedRequest("r-closed", [1] * 4, 32, time.time()))
-
-    def failing(message: str):
-        async def script(**_):
-            raise RuntimeError(message)
-
-        return script
-
-    closed = "unable to perform operation on <TCPTransport closed=True>; the handler is closed"
-    queue._scripts[call.script] = failing(closed)
-    with pytest.raises(TRANSIENT_ERRORS):
-        await queue.run(call)
-    queue._scripts[call.script] = failing("a bug")
-    with pytest.raises(RuntimeError, match="a bug"):
-        await queue.run(call)
-    await client.aclose()
-
-
 async def test_redirections_that_run_out_during_a_failover_are_a_transient_fault(redis_server, service):
     """While a Redis Cluster fails over, nodes whose slot tables have not converged redirect a command back
     and forth until redis-py gives up with ClusterError("TTL exhausted."): the gateway answered such a request

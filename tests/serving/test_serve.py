@@ -229,7 +229,7 @@ def test_ctrl_c_twice_stops_at_once_and_the_accepted_work_is_served_at_the_next_
         server.process.send_signal(signal.SIGINT)
         draining = wait_for(
             lambda: re.search(
-                r"the worker is draining: (\d+) requests in the queue, \d+ s to its deadline",
+                r"the worker is draining: (\d+) batch lines in the queue, \d+ s to its deadline",
                 server.log.read_text(),
             ),
             what="a line of the drain's progress",
@@ -240,7 +240,7 @@ def test_ctrl_c_twice_stops_at_once_and_the_accepted_work_is_served_at_the_next_
         assert server.process.wait(timeout=WAIT_S) == 130
         took_s = time.monotonic() - interrupted
         last = server.log.read_text().strip().splitlines()[-1]
-        assert "stopped at once:" in last and "accepted requests stay in Redis" in last, last
+        assert "stopped at once:" in last and " batch lines stay in Redis" in last, last
         assert str(tmp_path / "data") in last
     finally:
         server.stop()
