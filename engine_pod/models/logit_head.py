@@ -1,7 +1,7 @@
 """How the LM head's logits are materialized: in chunks of positions, optionally over k candidates.
 
 One place decides it for every family (``SelectedHidden`` in models/transformer.py, DiffusionGemma's
-denoise): ``LogitBudget.chunk`` (decoding/config.py, from ``DecodingConfig.max_materialized_logits``) is the number of positions whose full-vocabulary logits exist at once.
+denoise): ``LogitBudget.chunk`` (models/logit_budget.py, from ``DecodingConfig.max_materialized_logits``) is the number of positions whose full-vocabulary logits exist at once.
 Chunking never changes a result: everything computed from the logits is per position, and the head
 multiplies a chunk padded with zero rows to a multiple of ``row_invariant.TILE_ROWS`` (a CPU's BLAS
 rounds a matrix of a few rows, and the rows of a partial tile, otherwise: models/row_invariant.py), so a
@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from engine_pod.decoding.config import LogitBudget
+from engine_pod.models.logit_budget import LogitBudget
 from engine_pod.models.row_invariant import tiled_rows
 
 CANDIDATE_SCORE_DTYPE = torch.bfloat16

@@ -16,7 +16,8 @@ from engine_pod.logit_count import LOGITS
 from engine_pod.models.config import ModelConfig
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.layers import DecoderBlock, RMSNorm, RotaryEmbedding
-from engine_pod.models.logit_budget import LogitBudget, apply_head, candidate_logits, chunked_rows
+from engine_pod.models.logit_budget import LogitBudget
+from engine_pod.models.logit_head import apply_head, candidate_logits, chunked_rows
 from engine_pod.models.paged_kv import PagedKVPool, model_pool
 
 
