@@ -15,7 +15,7 @@ from engine_pod.bench.results import PreparedRequest
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.prompts import encode_prompt
-from engine_pod.training.tasks import Example, eval_set
+from engine_pod.synthetic.tasks import Example, eval_set
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Logits the LM head materialized in this process (no torch): every family's head path adds each chunk
-(models/logit_budget.py), a block cycle reads what it added (runner/cycle_driver.py) into its stats,
+(models/logit_head.py), a block cycle reads what it added (runner/cycle_driver.py) into its stats,
 which bench reports and the worker's /metrics show."""
 
 from __future__ import annotations

@@ -17,9 +17,21 @@ from safetensors.torch import load_file
 DT = torch.float64
 
 
+# the MLP's gate activations, written out
+ACTIVATIONS = {
+    "silu": lambda g: g * torch.sigmoid(g),
+    "gelu": lambda g: 0.5 * g * (1 + torch.erf(g / math.sqrt(2))),
+}
+
+
 class NaiveModel:
-    def __init__(self, model_dir: Path) -> None:
+    """``parallel``: each layer's attention and MLP both read the layer's input (GPT-J's layout), their
+    outputs added to it; otherwise the MLP reads the input plus the attention's output."""
+
+    def __init__(self, model_dir: Path, parallel: bool = False) -> None:
         raw = json.loads((Path(model_dir) / "config.json").read_text())
+        self.parallel = parallel
+        self.activation = ACTIVATIONS[raw.get("activation_type", raw.get("hidden_act", "silu"))]
         self.w = {k: v.to(DT) for k, v in load_file(str(Path(model_dir) / "model.safetensors")).items()}
         self.dream = raw["model_type"] == "Dream"
         if self.dream:
@@ -103,13 +115,12 @@ class NaiveModel:
                 scores = q[head] @ kk.T / math.sqrt(self.hd)
                 heads.append(torch.softmax(scores, -1) @ vv)
             attn = torch.cat(heads, -1)
-            x = x + attn @ self._weight(layer, "o").T
-            h = self._norm(x, self._weight(layer, "n2"))
+            layer_input, x = x, x + attn @ self._weight(layer, "o").T
+            h = self._norm(layer_input if self.parallel else x, self._weight(layer, "n2"))
             gate = h @ self._weight(layer, "gate").T
             x = (
                 x
-                + ((gate * torch.sigmoid(gate)) * (h @ self._weight(layer, "up").T))
-                @ self._weight(layer, "down").T
+                + (self.activation(gate) * (h @ self._weight(layer, "up").T)) @ self._weight(layer, "down").T
             )
         final = self.w["model.norm.weight" if self.dream else "model.transformer.ln_f.weight"]
         head = self.w["lm_head.weight" if self.dream else "model.transformer.ff_out.weight"]

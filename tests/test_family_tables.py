@@ -1,5 +1,7 @@
-"""scripts/generate_family_tables.py: the CRD's, the chart's and dllm_contracts' family lists are what the
-engine's family registry gives, a drifted copy is caught and repaired, and a new family reaches them all."""
+"""scripts/generate_family_tables.py: the CRD's, the chart's, dllm_contracts', README's, the package
+summary's and docs/models.md's family lists are what the engine's family registry gives, a drifted copy is
+caught and repaired, and a new family reaches them all (the op census's grid, which reads the contracts'
+table, included)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,12 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import yaml
 
+from dllm_contracts.families import FAMILY_NAMES
 from engine_pod.families.registry import family_names
 from tests.doc_commands import ROOT
 from tests.operator.crd_utils import admit, spec_schema
@@ -56,15 +60,53 @@ def _drift_table(text: str) -> str:
     return text.replace(f'"name": "{family_names()[-1]}"', f'"name": "{PLANTED}"', 1)
 
 
+def _drift_readme_row(text: str) -> str:
+    return text.replace(f"| `{family_names()[-1]}` |", f"| `{PLANTED}` |", 1)
+
+
+def _drift_display_list(text: str) -> str:
+    return text.replace(f", {FAMILY_NAMES[family_names()[-1]]})", ")", 1)
+
+
+def _drift_flag_list(text: str) -> str:
+    return text.replace(f" or `{family_names()[-1]}`", "", 1)
+
+
+def _copy_files(root) -> None:
+    for name in generator.FILES:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / name, root / name)
+
+
+@pytest.mark.parametrize(
+    "path, drift",
+    [
+        (generator.README, _drift_readme_row),
+        (generator.README, _drift_display_list),
+        (generator.PYPROJECT, _drift_display_list),
+        (generator.MODELS_DOC, _drift_flag_list),
+    ],
+    ids=["readme-table", "readme-intro", "pyproject", "models-doc"],
+)
+def test_a_drifted_document_is_found_and_written_back(tmp_path, path, drift):
+    """The lists in prose, checked in this process (the script's command line is the test below's)."""
+    _copy_files(tmp_path)
+    original = (ROOT / path).read_text()
+    drifted = drift(original)
+    assert drifted != original
+    (tmp_path / path).write_text(drifted)
+    written = generator.generated(tmp_path, generator.registry_rows())
+    assert generator.stale_files(tmp_path, written) == [path]
+    assert written[path] == original
+
+
 @pytest.mark.parametrize(
     "path, drift",
     [(generator.CRDS[0], _drift_enum), (generator.VALUES, _drift_enum), (generator.TABLE, _drift_table)],
     ids=["crd", "values", "table"],
 )
 def test_a_drifted_file_is_named_by_check_and_repaired(tmp_path, path, drift):
-    for name in generator.FILES:
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ROOT / name, tmp_path / name)
+    _copy_files(tmp_path)
     original = (ROOT / path).read_text()
     drifted = drift(original)
     assert drifted != original
@@ -83,7 +125,14 @@ def test_a_drifted_file_is_named_by_check_and_repaired(tmp_path, path, drift):
 
 
 NEW = generator.FamilyRow(
-    "tiny_canvas", "TinyCanvas", "TinyCanvas, a family made up for this test", 64, 16, "canvas"
+    "tiny_canvas",
+    "TinyCanvas",
+    "TinyCanvas, a family made up for this test",
+    64,
+    16,
+    "canvas",
+    "acme/TinyCanvas-1B",
+    "tiny-canvas-tiny",
 )
 
 
@@ -125,10 +174,47 @@ def test_a_new_family_reaches_the_chart_and_the_contracts_table():
         "block_length": 64,
         "steps_per_block": 16,
         "cache": "canvas",
+        "tiny_preset": "tiny-canvas-tiny",
     }
 
 
+def test_a_new_family_reaches_the_readme_the_package_summary_and_the_models_doc():
+    written = generator.generated(ROOT, (*generator.registry_rows(), NEW))
+    readme = written[generator.README]
+    assert readme.split("\n\n")[1].count(f", {NEW.display_name})") == 1  # the paragraph under the title
+    row = "| `tiny_canvas` | acme/TinyCanvas-1B | causal encoder, bidirectional canvas |"
+    assert row in readme and "| `random:tiny-canvas-tiny` |" in readme
+    models = readme.split("\n## Models\n", 1)[1].split("\n## ", 1)[0]
+    assert [line.split("`")[1] for line in models.splitlines() if line.startswith("| `")] == [
+        *family_names(),
+        NEW.name,
+    ]
+    assert f"{NEW.display_name}) with BlockServe" in written[generator.PYPROJECT]
+    assert f" or `{NEW.name}`, on the same commands" in written[generator.MODELS_DOC]
+
+
+def test_the_op_census_runs_every_familys_tiny_preset():
+    """The census's grid is the contracts' table's presets: each a preset of its own family."""
+    from dllm_contracts.model_presets import PRESETS
+    from engine_pod.bench.census_grid import MODELS
+    from engine_pod.families.registry import family_for_model_type, registered_families
+
+    assert tuple(f"random:{family.tiny_preset}" for family in registered_families()) == MODELS
+    for family in registered_families():
+        assert family_for_model_type(PRESETS[family.tiny_preset]["model_type"]) is family
+
+
+def test_a_family_whose_tiny_preset_is_another_familys_is_refused(monkeypatch):
+    from engine_pod.families import registry
+
+    families = registry.registered_families()
+    variant = replace(families[0], name="acme", model_types=("acme",))  # the first family's preset
+    monkeypatch.setattr(registry, "registered_families", lambda: (*families, variant))
+    with pytest.raises(generator.GenerationError, match="acme: its tiny_preset"):
+        generator.registry_rows()
+
+
 def test_a_family_name_the_crd_cannot_hold_is_refused(tmp_path):
-    rows = (*generator.registry_rows(), generator.FamilyRow("Tiny-Canvas", "T", "T", 64, 16, "canvas"))
+    rows = (*generator.registry_rows(), replace(NEW, name="Tiny-Canvas"))
     assert generator.main(["--root", str(tmp_path)], rows=rows) == 2
     assert not any(tmp_path.iterdir())

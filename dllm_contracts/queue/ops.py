@@ -48,7 +48,9 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Candidates:
+class ClaimCandidates:
+    """What a worker may claim next, as the CANDIDATES script lists the pending set."""
+
     shortest: list[Candidate]  # the shortest pending, up to the prefix asked for
     aged: list[Candidate]  # those that waited past the bound, longest first
 
@@ -161,9 +163,9 @@ class QueueOps:
         return ScriptCall("CANDIDATES", keys, args)
 
     @staticmethod
-    def parse_candidates(reply: list) -> Candidates:
+    def parse_candidates(reply: list) -> ClaimCandidates:
         now, shortest, aged = reply[0], as_text(reply[1]), as_text(reply[2])
-        return Candidates(_candidates(shortest, int(now)), _candidates(aged, int(now)))
+        return ClaimCandidates(_candidates(shortest, int(now)), _candidates(aged, int(now)))
 
     def claim(self, worker: str, chosen: list[tuple[str, int]]) -> ScriptCall:
         """Claim each of ``chosen`` (id, prefix it was read with) that is still pending with that prefix."""

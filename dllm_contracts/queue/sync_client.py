@@ -9,7 +9,7 @@ from dllm_contracts.queue.messages import EVENT_FIELD, BlockEvent, DoneEvent, de
 from dllm_contracts.queue.ops import (
     RESULT_TTL_S,
     BlockCommit,
-    Candidates,
+    ClaimCandidates,
     Claimed,
     CommitReply,
     QueueOps,
@@ -53,7 +53,7 @@ class SyncQueue:
         aged_count: int = 0,
         batch_wait_s: float = 0.0,
         batch_room: int | None = None,
-    ) -> Candidates:
+    ) -> ClaimCandidates:
         """What may be claimed (see ``QueueOps.candidates``: interactive first, batch lines after)."""
         call = self.ops.candidates(max_prefix, count, max_wait_s, aged_count, batch_wait_s, batch_room)
         return QueueOps.parse_candidates(self.run(call))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dllm_contracts.family_table import FAMILY_TABLE
+
 # policy: (finished rows leave the forwards, packed layout)
 POLICIES = {
     "static": (False, False),
@@ -16,13 +18,8 @@ STAGGERED = {"dllm-serve": 0.3, "dllm-serve-step-level": 0.3}
 # of those, the policies whose cycles end at the first step after which a row's block is complete, the rows
 # going on carrying their blocks and caches into the next cycle (dLLM-Serve's step-level batching)
 STEP_LEVEL = ("dllm-serve-step-level",)
-MODELS = (
-    "random:llada-tiny",
-    "random:dream-tiny",
-    "random:llada2-tiny",
-    "random:sdar-tiny",
-    "random:diffusion-gemma-tiny",
-)
+# one CPU-sized random model per family, in the registry's order (each record's tiny_preset)
+MODELS = tuple(f"random:{row['tiny_preset']}" for row in FAMILY_TABLE)
 REQUESTS = ("greedy", "sampled", "logprobs")
 # remasking rules run besides the engine's default (threshold decoding): Dream's timestep schedule
 REMASKINGS = {"random:dream-tiny": ("threshold", "entropy")}

@@ -8,7 +8,7 @@ import random
 
 from engine_pod.bench.workloads import WORKLOAD_DIR
 from engine_pod.prompts import encode_prompt
-from engine_pod.training.tasks import TASKS, Example, eval_set
+from engine_pod.synthetic.tasks import TASKS, Example, eval_set
 from engine_pod.training.tokenizer_build import build_tokenizer
 
 logger = logging.getLogger(__name__)

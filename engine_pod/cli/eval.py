@@ -18,7 +18,7 @@ from engine_pod.cli.common import (
 )
 from engine_pod.cli.sparse_args import add_sparse_args
 from engine_pod.cpu_threads import apply_threads
-from engine_pod.training.tasks import EXTRA_TASKS, TASKS, parse_tasks
+from engine_pod.synthetic.tasks import EXTRA_TASKS, TASKS, parse_tasks
 
 POLICIES = ("sequential", "static", "blockserve")
 

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from engine_pod.cpu_threads import parse_threads
-from engine_pod.training.tasks import EXTRA_TASKS, TASKS, parse_tasks
+from engine_pod.synthetic.tasks import EXTRA_TASKS, TASKS, parse_tasks
 
 logger = logging.getLogger(__name__)
 

@@ -6,38 +6,11 @@ from dataclasses import dataclass, field
 
 from dllm_contracts.head_sparse_config import HeadSparseConfig
 from dllm_contracts.logit_settings import logit_problems
+from engine_pod.models.logit_budget import LogitBudget
 
 REMASKING = ("low_confidence", "threshold", "scheduled_threshold", "entropy", "maskgit_plus", "topk_margin")
 CACHE_MODES = ("none", "prefix", "dual")
 CANVAS_MODES = ("block", "full")
-
-
-AUTO_ENTRIES = 1 << 24  # the automatic chunk: about this many vocabulary entries (64 MB in float32)
-AUTO_MIN_POSITIONS, AUTO_MAX_POSITIONS = 32, 1024
-AUTO_POSITION_MULTIPLE = 32  # the head multiplies rows in tiles of 32 (models/row_invariant.TILE_ROWS)
-
-
-@dataclass(frozen=True)
-class LogitBudget:
-    """How the LM head materializes logits (models/logit_budget.py applies it): ``positions``, the most
-    positions whose logits exist at once (None: automatic, about ``AUTO_ENTRIES`` entries, 32 to 1024 and a multiple of 32
-    positions); ``candidates``, k."""
-
-    positions: int | None = None
-    candidates: int = 0  # k: the logits of each position's k candidates only (0: the whole vocabulary)
-
-    def columns(self, vocab: int) -> int:
-        """Logits per position: k where candidates restrict the vocabulary, else all of it."""
-        return self.candidates if 0 < self.candidates < vocab else vocab
-
-    def chunk(self, vocab: int) -> int:
-        """Positions per chunk for a head of ``vocab`` columns."""
-        if self.positions is not None:
-            return self.positions
-        fitting = (
-            min(AUTO_MAX_POSITIONS, AUTO_ENTRIES // vocab) // AUTO_POSITION_MULTIPLE * AUTO_POSITION_MULTIPLE
-        )
-        return max(AUTO_MIN_POSITIONS, fitting)
 
 
 class DecodingConfigError(ValueError):
@@ -66,7 +39,7 @@ class DecodingConfig:
     max_materialized_logits: int | None = None
     # k > 0: each position's k likeliest tokens under the LM head in bfloat16 are its candidates, and only
     # their exact logits are computed; proposals, confidences (a softmax over the k), draws and log
-    # probabilities are over them (models/logit_budget.py). 0: the whole vocabulary. Changes outputs.
+    # probabilities are over them (models/logit_head.py). 0: the whole vocabulary. Changes outputs.
     logit_candidates: int = 0
     # LLaDA and Dream: each attention head keeps part of the dual cache (dllm_contracts/head_sparse_config.py); off by default
     sparse: HeadSparseConfig = field(default_factory=HeadSparseConfig)

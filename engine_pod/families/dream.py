@@ -10,7 +10,7 @@ from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
 from dllm_contracts.families import FamilyDecoding
 from engine_pod.families.name_maps import layered_name_map
 from engine_pod.families.record import DualCacheQuirks, ModelFamily
-from engine_pod.models.config import ModelConfig, ModelConfigError, as_tuple, qwen_shape
+from engine_pod.models.config import ModelConfig, as_tuple, mlp_activation, qwen_shape
 from engine_pod.models.transformer import DiffusionTransformer
 from engine_pod.parallel.llama_shards import LlamaShards
 
@@ -38,10 +38,7 @@ _TOP_LEVEL = {
 
 
 def dream_config(raw: dict[str, Any]) -> ModelConfig:
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ModelConfigError(
-            f"Dream hidden_act={raw.get('hidden_act')!r} is not supported (expected 'silu')"
-        )
+    """Dream's config.json (Qwen2's field names; an absent hidden_act is DreamConfig's default, SiLU)."""
     return ModelConfig(
         family=NAME,
         **qwen_shape(raw),
@@ -50,6 +47,7 @@ def dream_config(raw: dict[str, Any]) -> ModelConfig:
         eos_token_ids=as_tuple(raw.get("eos_token_id", 151643)),
         pad_token_id=raw.get("pad_token_id"),
         max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
+        activation=mlp_activation(raw.get("hidden_act", "silu"), "hidden_act"),
         raw=raw,
     )
 
@@ -67,6 +65,8 @@ FAMILY = ModelFamily(
     read_config=dream_config,
     architecture=DiffusionTransformer,
     cache="dual",
+    checkpoints="Dream-org/Dream-v0-Instruct-7B",
+    tiny_preset="dream-tiny",
     decoding=FamilyDecoding(block_length=DEFAULT_BLOCK_LENGTH, steps_per_block=DEFAULT_BLOCK_LENGTH),
     name_map=dream_name_map,
     tensor_parallel=LlamaShards,

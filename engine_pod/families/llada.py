@@ -9,7 +9,7 @@ from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
 from dllm_contracts.families import FamilyDecoding
 from engine_pod.families.name_maps import layered_name_map
 from engine_pod.families.record import DualCacheQuirks, ModelFamily
-from engine_pod.models.config import ModelConfig, ModelConfigError, as_tuple, require
+from engine_pod.models.config import ModelConfig, ModelConfigError, as_tuple, mlp_activation, require
 from engine_pod.models.transformer import DiffusionTransformer
 from engine_pod.parallel.llama_shards import LlamaShards
 
@@ -42,7 +42,6 @@ def _check_supported(raw: dict[str, Any]) -> None:
         "rope": (raw.get("rope", True), True),
         "block_type": (raw.get("block_type", "llama"), "llama"),
         "layer_norm_type": (raw.get("layer_norm_type", "rms"), "rms"),
-        "activation_type": (raw.get("activation_type", "silu"), "silu"),
         "weight_tying": (raw.get("weight_tying", False), False),
     }
     for key, (value, expected) in unsupported.items():
@@ -52,8 +51,9 @@ def _check_supported(raw: dict[str, Any]) -> None:
             )
 
 
-def llada_config(raw: dict[str, Any], family: str = NAME) -> ModelConfig:
-    """LLaDA's config.json; ``family``: the name a variant with LLaDA's fields gives its configs."""
+def llada_config(raw: dict[str, Any]) -> ModelConfig:
+    """LLaDA's config.json (OLMo's field names; its activation_type names the MLP's gate activation, SiLU in
+    every published LLaDA checkpoint and when absent)."""
     _check_supported(raw)
     d_model = int(require(raw, "d_model"))
     n_heads = int(require(raw, "n_heads"))
@@ -61,7 +61,7 @@ def llada_config(raw: dict[str, Any], family: str = NAME) -> ModelConfig:
     mlp_hidden = raw.get("mlp_hidden_size") or int(raw.get("mlp_ratio", 4) * d_model)
     vocab = int(raw.get("embedding_size") or require(raw, "vocab_size"))
     return ModelConfig(
-        family=family,
+        family=NAME,
         hidden_size=d_model,
         num_layers=int(require(raw, "n_layers")),
         num_heads=n_heads,
@@ -75,6 +75,7 @@ def llada_config(raw: dict[str, Any], family: str = NAME) -> ModelConfig:
         eos_token_ids=as_tuple(raw.get("eos_token_id", 126081)),
         pad_token_id=raw.get("pad_token_id"),
         max_position_embeddings=int(raw.get("max_sequence_length", 4096)),
+        activation=mlp_activation(raw.get("activation_type", "silu"), "activation_type"),
         raw=raw,
     )
 
@@ -92,6 +93,8 @@ FAMILY = ModelFamily(
     read_config=llada_config,
     architecture=DiffusionTransformer,
     cache="dual",
+    checkpoints="GSAI-ML/LLaDA-8B-Instruct",
+    tiny_preset="llada-tiny",
     decoding=FamilyDecoding(block_length=DEFAULT_BLOCK_LENGTH, steps_per_block=DEFAULT_BLOCK_LENGTH),
     name_map=llada_name_map,
     tensor_parallel=LlamaShards,

@@ -12,7 +12,7 @@ from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
 from dllm_contracts.families import FamilyDecoding
 from engine_pod.families.record import ModelFamily
 from engine_pod.models.block_transformer import BlockDiffusionTransformer
-from engine_pod.models.config import ModelConfig, ModelConfigError, MoESpec, as_tuple
+from engine_pod.models.config import ModelConfig, ModelConfigError, MoESpec, as_tuple, mlp_activation
 from engine_pod.models.config_fields import check_fixed, needed, reader_with_defaults
 from engine_pod.parallel.block_shards import BlockShards
 
@@ -62,7 +62,6 @@ LLADA2_MASK_ID = LLADA2_DEFAULTS["mask_token_id"]
 LLADA2_EOS_ID = LLADA2_DEFAULTS["eos_token_id"]
 # fields whose every other value the engine (and the reference modelling) does not implement
 _LLADA2_FIXED = (
-    "hidden_act",
     "score_function",
     "norm_topk_prob",
     "norm_head",
@@ -135,6 +134,7 @@ def llada2_config(raw: dict[str, Any]) -> ModelConfig:
         qk_norm=bool(get("use_qk_norm")),
         output_bias=bool(get("use_bias")),
         moe=moe,
+        activation=mlp_activation(get("hidden_act"), "hidden_act"),
         raw=raw,
     )
 
@@ -178,6 +178,8 @@ FAMILY = ModelFamily(
     read_config=llada2_config,
     architecture=BlockDiffusionTransformer,
     cache="paged",
+    checkpoints="inclusionAI/LLaDA2.0-mini (mixture of experts)",
+    tiny_preset="llada2-tiny",
     decoding=FamilyDecoding(block_length=DEFAULT_BLOCK_LENGTH, steps_per_block=DEFAULT_BLOCK_LENGTH),
     name_map=llada2_name_map,
     tensor_parallel=BlockShards,

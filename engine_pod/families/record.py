@@ -5,7 +5,7 @@ by name: the engine reads these fields instead."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,6 +48,8 @@ class ModelFamily:
     architecture: Callable[[Any], Any]  # its config -> the model's modules (an nn.Module class)
     cache: CacheKind
     decoding: FamilyDecoding  # what a service decodes with when it does not say
+    checkpoints: str  # the published checkpoints it reads, as README's Models table names them
+    tiny_preset: str  # its CPU-sized random preset (dllm_contracts/model_presets.py): the op census runs it
     # checkpoint parameter name -> the model's; None where ``load_weights`` reads its own layout
     name_map: Callable[[Any], dict[str, str]] | None = None
     read_directory: Callable[[Path], Any] | None = None  # the config from more than config.json
@@ -72,6 +74,16 @@ class ModelFamily:
             raise ValueError(f"family {self.name}: a name_map or its own load_weights is needed")
         if not self.model_types or any(t != t.lower() for t in self.model_types):
             raise ValueError(f"family {self.name}: model_types must be given in lower case")
+
+    def read(self, raw: dict[str, Any], model_dir: Path | None = None) -> Any:
+        """A checkpoint's config as this family's: its reader's (``read_directory``'s where it reads more than
+        config.json and the directory is given), named for this family, so that a variant whose record
+        reuses another family's reader is served as itself."""
+        if self.read_directory is not None and model_dir is not None:
+            config = self.read_directory(model_dir)
+        else:
+            config = self.read_config(raw)
+        return config if config.family == self.name else replace(config, family=self.name)
 
     @property
     def records_margins(self) -> bool:

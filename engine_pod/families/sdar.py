@@ -12,7 +12,7 @@ from dllm_contracts.families import FamilyDecoding
 from engine_pod.families.record import ModelFamily
 from engine_pod.models.block_transformer import BlockDiffusionTransformer
 from engine_pod.models.checkpoint_files import PART
-from engine_pod.models.config import ModelConfig, as_tuple
+from engine_pod.models.config import ModelConfig, as_tuple, mlp_activation
 from engine_pod.models.config_fields import check_fixed, reader_with_defaults
 from engine_pod.parallel.block_shards import BlockShards
 
@@ -43,7 +43,7 @@ SDAR_DEFAULTS: dict[str, Any] = {
 }
 SDAR_MASK_ID = SDAR_DEFAULTS["mask_token_id"]
 SDAR_EOS_ID = SDAR_DEFAULTS["eos_token_id"]
-_SDAR_FIXED = ("hidden_act", "use_sliding_window", "rope_scaling")
+_SDAR_FIXED = ("use_sliding_window", "rope_scaling")
 
 
 def sdar_config(raw: dict[str, Any]) -> ModelConfig:
@@ -71,6 +71,7 @@ def sdar_config(raw: dict[str, Any]) -> ModelConfig:
         qk_norm=True,
         output_bias=bias,
         tied_embeddings=bool(get("tie_word_embeddings")),
+        activation=mlp_activation(get("hidden_act"), "hidden_act"),
         raw=raw,
     )
 
@@ -113,6 +114,8 @@ FAMILY = ModelFamily(
     read_config=sdar_config,
     architecture=BlockDiffusionTransformer,
     cache="paged",
+    checkpoints="JetLM/SDAR-1.7B/4B/8B-Chat",
+    tiny_preset="sdar-tiny",
     decoding=FamilyDecoding(block_length=DEFAULT_BLOCK_LENGTH, steps_per_block=DEFAULT_BLOCK_LENGTH),
     name_map=sdar_name_map,
     tensor_parallel=BlockShards,

@@ -2,7 +2,7 @@
 
 Score of head h in a layer: the L2 norm of the loss's gradient with respect to the head's columns of the
 layer's output projection (``o_proj``), the gradient summed over a seeded calibration set of the
-synthetic tasks' training split (masked as in training, training/batches.py); then divided by the
+synthetic tasks' training split (masked as in training, synthetic/masked_batches.py); then divided by the
 layer's sum, so that each layer's heads share 1. ``o_proj``'s columns of a head are the only weights
 that carry that head alone (a K/V head of a grouped-query model serves several query heads), and the
 gradient there is the head's output weighted by the loss's sensitivity to it.
@@ -20,8 +20,8 @@ from tqdm import tqdm
 
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.models.forward_batch import ForwardBatch
-from engine_pod.training.batches import TrainingBatch, encode, make_batches
-from engine_pod.training.tasks import generate_examples
+from engine_pod.synthetic.masked_batches import TrainingBatch, encode, make_batches
+from engine_pod.synthetic.tasks import generate_examples
 
 SCORE = "l2 norm of the masked-diffusion loss gradient w.r.t. the head's o_proj columns, shares of the layer"
 

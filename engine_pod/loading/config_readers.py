@@ -12,7 +12,7 @@ from engine_pod.models.config import ModelConfigError
 
 def config_from_dict(raw: dict[str, Any]) -> Any:
     """The config of a real checkpoint's config.json fields."""
-    return family_for_model_type(raw.get("model_type")).read_config(raw)
+    return family_for_model_type(raw.get("model_type")).read(raw)
 
 
 def load_config(model_dir: Path) -> Any:
@@ -24,7 +24,4 @@ def load_config(model_dir: Path) -> Any:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ModelConfigError(f"{path} is not valid JSON: {exc}") from exc
-    family = family_for_model_type(raw.get("model_type"))
-    if family.read_directory is not None:
-        return family.read_directory(Path(model_dir))
-    return family.read_config(raw)
+    return family_for_model_type(raw.get("model_type")).read(raw, Path(model_dir))

@@ -52,7 +52,7 @@ def load_shard(
         )
     shards = record.tensor_parallel(config, parallel)
     with torch.device("meta"), no_initial_draws():
-        model = shards.build()
+        model = shards.build(record.architecture)
     check_weights_fit(config, torch_device, torch_dtype, sum(p.numel() for p in model.parameters()))
     model = model.to(torch_dtype).to_empty(device=torch_device).eval()
     if model_dir is not None and record.name_map is not None:

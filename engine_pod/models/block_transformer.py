@@ -3,7 +3,7 @@
 Module names are the checkpoint's own (``model.`` dropped), so a Hugging Face state dict loads as is:
 ``word_embeddings``, ``layers.N.{input_layernorm, attention.{query_key_value, query_layernorm,
 key_layernorm, dense}, post_attention_layernorm, mlp}``, ``norm``, ``lm_head``. The first
-``first_k_dense_replace`` layers have a dense SwiGLU MLP, the others a mixture of experts.
+``first_k_dense_replace`` layers have a dense gated MLP, the others a mixture of experts.
 
 Every forward reads and writes a paged KV pool (models/paged_kv.py): the queries' keys and values are
 written at their slots first, then each row attends over its key slots under a block-causal mask, in
@@ -18,7 +18,7 @@ from torch import nn
 
 from engine_pod.models.config import ModelConfig
 from engine_pod.models.forward_batch import ForwardBatch
-from engine_pod.models.layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary
+from engine_pod.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
 from engine_pod.models.logit_budget import LogitBudget
 from engine_pod.models.moe import MixtureOfExperts
 from engine_pod.models.paged_kv import PagedKVPool, model_pool
@@ -66,7 +66,7 @@ class BlockDecoderLayer(nn.Module):
         self.attention = BlockAttention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         dense = config.moe is None or index < config.moe.first_dense_layers
-        self.mlp = SwiGLU(config) if dense else MixtureOfExperts(config)
+        self.mlp = GatedMLP(config) if dense else MixtureOfExperts(config)
         self.index = index
 
     def forward(

@@ -12,6 +12,16 @@ class ModelConfigError(ValueError):
     """The checkpoint's config.json describes a model this engine cannot run."""
 
 
+# The MLP's gate activation, by the name config.json gives it (transformers' ACT2FN names, which OLMo's
+# activation_type shares): the torch.nn.functional function that computes it and its keyword arguments.
+MLP_ACTIVATIONS: dict[str, tuple[str, dict[str, str]]] = {
+    "silu": ("silu", {}),
+    "gelu": ("gelu", {}),  # exact, with erf
+    "gelu_pytorch_tanh": ("gelu", {"approximate": "tanh"}),
+    "relu": ("relu", {}),
+}
+
+
 @dataclass(frozen=True)
 class MoESpec:
     """A mixture-of-experts MLP: sigmoid router with an expert bias, group-limited top-k, shared experts."""
@@ -50,6 +60,7 @@ class ModelConfig:
     output_bias: bool = False  # the attention output projection has a bias
     moe: MoESpec | None = None
     tied_embeddings: bool = False  # the LM head is the input embedding (no lm_head.weight in the checkpoint)
+    activation: str = "silu"  # the MLP's gate activation: a name of MLP_ACTIVATIONS
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -67,6 +78,7 @@ class ModelConfig:
             )
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ModelConfigError(f"mask token id {self.mask_token_id} is outside the vocabulary")
+        mlp_activation(self.activation, "activation")
 
     def with_eos(self, eos_token_ids: tuple[int, ...]) -> ModelConfig:
         return replace(self, eos_token_ids=eos_token_ids)
@@ -78,6 +90,16 @@ def as_tuple(value: Any) -> tuple[int, ...]:
     if isinstance(value, (list, tuple)):
         return tuple(int(v) for v in value)
     return (int(value),)
+
+
+def mlp_activation(value: Any, field: str) -> str:
+    """config.json's ``field``, the MLP's activation; refused by name unless MLP_ACTIVATIONS has it."""
+    name = str(value)
+    if name not in MLP_ACTIVATIONS:
+        raise ModelConfigError(
+            f"config field {field}={value!r} is not supported (an MLP activation: {', '.join(MLP_ACTIVATIONS)})"
+        )
+    return name
 
 
 def require(raw: dict[str, Any], key: str) -> Any:

@@ -1,12 +1,15 @@
-"""Transformer building blocks shared by LLaDA and Dream: RMSNorm, RoPE, attention, SwiGLU MLP."""
+"""Transformer building blocks shared by LLaDA and Dream: RMSNorm, RoPE, attention, the gated MLP."""
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine_pod.models.config import ModelConfig
+from engine_pod.models.config import MLP_ACTIVATIONS, ModelConfig
 from engine_pod.models.forward_batch import ForwardBatch
 
 
@@ -147,8 +150,17 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(*x.shape[:2], -1))
 
 
-class SwiGLU(nn.Module):
-    """``down(silu(gate(h)) * up(h))``."""
+def gate_activation(name: str, in_place: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation ``name`` of MLP_ACTIVATIONS; ``in_place``: it may write into its input (where torch's
+    function can: SiLU and ReLU)."""
+    function, options = MLP_ACTIVATIONS[name]
+    if in_place and function in ("silu", "relu"):
+        options = {**options, "inplace": True}
+    return functools.partial(getattr(F, function), **options)
+
+
+class GatedMLP(nn.Module):
+    """``down(act(gate(h)) * up(h))``, ``act`` the config's activation (SwiGLU with SiLU, GeGLU with GELU)."""
 
     def __init__(self, config: ModelConfig, width: int | None = None) -> None:
         super().__init__()
@@ -156,12 +168,14 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, width, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, width, bias=False)
         self.down_proj = nn.Linear(width, config.hidden_size, bias=False)
+        self.activation = gate_activation(config.activation)
+        self.activation_in_place = gate_activation(config.activation, in_place=True)  # inference
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate = self.gate_proj(x)
         if torch.is_grad_enabled() and gate.requires_grad:
-            return self.down_proj(F.silu(gate) * self.up_proj(x))
-        return self.down_proj(F.silu(gate, inplace=True).mul_(self.up_proj(x)))
+            return self.down_proj(self.activation(gate) * self.up_proj(x))
+        return self.down_proj(self.activation_in_place(gate).mul_(self.up_proj(x)))
 
 
 class DecoderBlock(nn.Module):
@@ -172,7 +186,7 @@ class DecoderBlock(nn.Module):
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.attn = Attention(config, layer)
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLU(config)
+        self.mlp = GatedMLP(config)
 
     def forward(
         self,

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine_pod.models.config import ModelConfig, MoESpec
-from engine_pod.models.layers import SwiGLU
+from engine_pod.models.layers import GatedMLP, gate_activation
 
 GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -62,11 +62,14 @@ class MixtureOfExperts(nn.Module):
         super().__init__()
         spec = config.moe
         self.gate = Router(config.hidden_size, spec)
+        self.activation = gate_activation(
+            config.activation, in_place=True
+        )  # the grouped experts' (inference)
         width = spec.expert_intermediate_size
-        self.experts = nn.ModuleList(SwiGLU(config, width) for _ in range(spec.num_experts))
+        self.experts = nn.ModuleList(GatedMLP(config, width) for _ in range(spec.num_experts))
         self.shared_experts = None
         if spec.shared_experts:
-            self.shared_experts = SwiGLU(config, width * spec.shared_experts)
+            self.shared_experts = GatedMLP(config, width * spec.shared_experts)
 
     def stack_experts(self) -> None:
         """Inference: each projection's weights of every expert in one [E, out, in] tensor, the experts'
@@ -131,7 +134,7 @@ class MixtureOfExperts(nn.Module):
         ends = torch.searchsorted(flat[order], numbers).to(torch.int32)  # each expert's group ends here
         inputs = x[order // k]
         gate, up, down = (w.transpose(1, 2) for w in stacked)
-        hidden = F.silu(F.grouped_mm(inputs, gate, offs=ends), inplace=True)
+        hidden = self.activation(F.grouped_mm(inputs, gate, offs=ends))
         hidden.mul_(F.grouped_mm(inputs, up, offs=ends))
         pairs = torch.empty(tokens * k, x.shape[-1], dtype=weight.dtype, device=x.device)
         pairs[order] = F.grouped_mm(hidden, down, offs=ends).to(weight.dtype)

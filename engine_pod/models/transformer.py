@@ -16,7 +16,8 @@ from engine_pod.logit_count import LOGITS
 from engine_pod.models.config import ModelConfig
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.layers import DecoderBlock, RMSNorm, RotaryEmbedding
-from engine_pod.models.logit_budget import LogitBudget, apply_head, candidate_logits, chunked_rows
+from engine_pod.models.logit_budget import LogitBudget
+from engine_pod.models.logit_head import apply_head, candidate_logits, chunked_rows
 from engine_pod.models.paged_kv import PagedKVPool, model_pool
 
 
@@ -71,13 +72,16 @@ def _token_ids(ids: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
 
 
 class DiffusionTransformer(nn.Module):
-    """Embedding, pre-norm decoder blocks without a causal mask, final norm, untied LM head."""
+    """Embedding, pre-norm decoder blocks without a causal mask, final norm, untied LM head. A model whose
+    layers are wired otherwise is a subclass naming its ``block_type`` (called as ``DecoderBlock``)."""
+
+    block_type: type[DecoderBlock] = DecoderBlock
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderBlock(config, i) for i in range(config.num_layers))
+        self.layers = nn.ModuleList(self.block_type(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)

@@ -14,6 +14,7 @@ all-reduces per layer either way.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -52,10 +53,12 @@ class BlockShards(HeadSplit):
             head_dim_override=config.head_dim,
         )
 
-    def build(self) -> BlockDiffusionTransformer:
-        """This rank's modules (call under the meta device)."""
+    def build(
+        self, architecture: Callable[[ModelConfig], BlockDiffusionTransformer]
+    ) -> BlockDiffusionTransformer:
+        """This rank's modules of ``architecture`` (the family's model class); call under the meta device."""
         config, parallel = self.config, self.parallel
-        model = BlockDiffusionTransformer(self.rank_config())
+        model = architecture(self.rank_config())
         summed = lambda module, inputs, output: parallel.all_reduce(output)  # noqa: E731
         for layer in model.layers:
             layer.attention.dense.register_forward_hook(summed)

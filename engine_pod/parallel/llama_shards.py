@@ -13,6 +13,7 @@ gathered once per LM-head chunk.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -44,11 +45,12 @@ class LlamaShards(HeadSplit):
             head_dim_override=config.head_dim,
         )
 
-    def build(self) -> DiffusionTransformer:
-        """This rank's modules (call under the meta device: the caller allocates and loads them)."""
+    def build(self, architecture: Callable[[ModelConfig], DiffusionTransformer]) -> DiffusionTransformer:
+        """This rank's modules of ``architecture`` (the family's model class: a DiffusionTransformer's
+        layers, however they are wired); call under the meta device: the caller allocates and loads them."""
         config, parallel = self.config, self.parallel
         local = self.rank_config()
-        model = DiffusionTransformer(local)
+        model = architecture(local)
         hidden, rows = config.hidden_size, self.vocab_rows
         for layer in model.layers:
             layer.attn.o_proj = RowParallelLinear(local.num_heads * local.head_dim, hidden, parallel)

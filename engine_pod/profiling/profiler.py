@@ -247,7 +247,7 @@ def _weights_bytes(cfg: ProfileConfig) -> int:
             )
         shards = record.tensor_parallel(config, TensorParallel(0, cfg.tensor_parallel))
         with torch.device("meta"), no_initial_draws():
-            model = shards.build().to(parse_dtype(cfg.dtype))
+            model = shards.build(record.architecture).to(parse_dtype(cfg.dtype))
     else:
         model = build_model(config, torch.device("meta"), parse_dtype(cfg.dtype))
     return sum(p.numel() * p.element_size() for p in model.parameters())

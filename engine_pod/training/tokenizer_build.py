@@ -7,7 +7,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from engine_pod.training.vocabulary import ASSISTANT, BOS, EOS, MASK, SPECIAL_TOKENS, UNK, USER, words
+from engine_pod.synthetic.vocabulary import ASSISTANT, BOS, EOS, MASK, SPECIAL_TOKENS, UNK, USER, words
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|> {{ message['content'] }} "

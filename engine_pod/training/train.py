@@ -25,11 +25,11 @@ from engine_pod.loading.loader import build_model
 from engine_pod.loading.weights import save_checkpoint
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.transformer import DiffusionTransformer
-from engine_pod.training.batches import TrainingBatch, encode, make_batches
+from engine_pod.synthetic.masked_batches import TrainingBatch, encode, make_batches
+from engine_pod.synthetic.tasks import generate_examples
+from engine_pod.synthetic.vocabulary import LETTERS, NUMBERS
 from engine_pod.training.plots import plot_loss
-from engine_pod.training.tasks import generate_examples
 from engine_pod.training.tokenizer_build import build_tokenizer, save_tokenizer
-from engine_pod.training.vocabulary import LETTERS, NUMBERS
 
 logger = logging.getLogger(__name__)
 

@@ -36,10 +36,10 @@ from engine_pod.worker.claims import Claims
 from engine_pod.worker.config import WorkerConfig
 from engine_pod.worker.metrics import WorkerMetrics
 from engine_pod.worker.observed import RequestObserver
+from engine_pod.worker.prefix_pinning import pin_warm_prefixes
 from engine_pod.worker.redis_link import RedisLink
 from engine_pod.worker.served import ServedRequest
 from engine_pod.worker.wakeups import Wakeups
-from engine_pod.worker.warm_up import warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Worker:
         self.scheduler = config.scheduler_for(runner)
         self.engine = Engine(runner, self.scheduler, record_window=RECORD_WINDOW)
         self.metrics = WorkerMetrics(config.model_name)
-        self.metrics.prefix_pinned_tokens.set(warm_up(runner, self.scheduler, config.warm_prefixes))
+        self.metrics.prefix_pinned_tokens.set(pin_warm_prefixes(runner, self.scheduler, config.warm_prefixes))
         self.tracing = tracing or Tracing.off()
         self.observer = RequestObserver(self.metrics, self.tracing, self.worker_id)
         self.metrics.token_budget.set(config.scheduling.token_budget)

@@ -1,5 +1,5 @@
-"""spec.decoding's engine options beyond the block: the head-sparse cache, the logit budget and warm
-prefixes, as `dllm worker` flags.
+"""spec.decoding's engine options beyond the block: the head-sparse cache (sparse_cache.py), the logit
+budget and warm prefixes, as `dllm worker` flags.
 
 Defaults and ranges are the engine's contracts' (dllm_contracts/head_sparse_config.py, logit_settings.py);
 the CRD repeats them and a test holds the two equal. A field the spec leaves out passes no flag: the
@@ -8,77 +8,25 @@ worker's own default.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from dllm_contracts.head_sparse_config import HeadSparseConfig, memory_settings
+from dllm_contracts.head_sparse_config import memory_settings
 from dllm_contracts.head_sparse_config import problems_of as sparse_problems_of
 from dllm_contracts.logit_settings import logit_problems
 from dllm_operator.family_rules import family_problems
-from dllm_operator.parallelism import Parallelism
+from dllm_operator.service_spec import ServiceSpec
+from dllm_operator.sparse_cache import IMPORTANCE_KEY, SPARSE_FIELDS, sparse_cache_of, sparse_flags
 
-IMPORTANCE_MOUNT = "/etc/dllm/head-importance"
-IMPORTANCE_KEY = "heads.json"  # the key of the ConfigMap that holds what `dllm heads` wrote
-_SPARSE_DEFAULTS = HeadSparseConfig()
-SPARSE_FIELDS = {
-    "mode": "mode",
-    "retention": "retention",
-    "core_share": "coreShare",
-    "minor_share": "minorShare",
-    "minor_retention": "minorRetention",
-    "consistency": "consistency",
-}  # HeadSparseConfig's field -> its name under spec.decoding.sparseCache
 LOGIT_FIELDS = {
     "max_materialized_logits": "maxMaterializedLogits",
     "logit_candidates": "logitCandidates",
 }  # DecodingConfig's field -> its name under spec.decoding
 
 
-@dataclass(frozen=True)
-class SparseCache:
-    """spec.decoding.sparseCache: HeadSparseConfig's settings, the importance file as a ConfigMap's name."""
-
-    mode: str = _SPARSE_DEFAULTS.mode
-    retention: float = _SPARSE_DEFAULTS.retention
-    core_share: float = _SPARSE_DEFAULTS.core_share
-    minor_share: float = _SPARSE_DEFAULTS.minor_share
-    minor_retention: float = _SPARSE_DEFAULTS.minor_retention
-    consistency: float = _SPARSE_DEFAULTS.consistency
-    importance_configmap: str | None = None  # its IMPORTANCE_KEY is mounted into the engine pods
-
-    @property
-    def on(self) -> bool:
-        return self.mode != "off"
-
-    @property
-    def importance_path(self) -> str | None:
-        return f"{IMPORTANCE_MOUNT}/{IMPORTANCE_KEY}" if self.importance_configmap else None
-
-
-class ServiceSpec(Protocol):
-    """What these functions read of a parsed spec (dllm_operator.spec.ServiceSpec)."""
-
-    sparse_cache: SparseCache
-    max_materialized_logits: int | None
-    logit_candidates: int | None
-    warm_prefixes: tuple[str, ...]
-    cache: str
-    policy: str
-    parallelism: Parallelism
-    family: str
-    remasking: str
-
-
 def decoding_option_fields(decoding: dict[str, Any]) -> dict[str, Any]:
     """ServiceSpec's fields for these options from spec.decoding (absent: None, nothing passed)."""
-    sparse = decoding.get("sparseCache") or {}
-    settings = {
-        name: type(getattr(_SPARSE_DEFAULTS, name))(sparse[crd])
-        for name, crd in SPARSE_FIELDS.items()
-        if crd in sparse
-    }
     return {
-        "sparse_cache": SparseCache(**settings, importance_configmap=sparse.get("headImportanceConfigMap")),
+        "sparse_cache": sparse_cache_of(decoding.get("sparseCache") or {}),
         **{name: _int_or_none(decoding.get(crd)) for name, crd in LOGIT_FIELDS.items()},
         "warm_prefixes": tuple(str(text) for text in decoding.get("warmPrefixes") or ()),
     }
@@ -88,11 +36,6 @@ def _int_or_none(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def _sparse_settings(sparse: SparseCache) -> dict[str, Any]:
-    """HeadSparseConfig's fields as the spec sets them."""
-    return {name: getattr(sparse, name) for name in SPARSE_FIELDS} | {"importance": sparse.importance_path}
-
-
 def decoding_option_problems(spec: ServiceSpec) -> list[str]:
     """What is out of range or cannot run together, each naming its field under spec.decoding: the
     engine's own checks (HeadSparseConfig's, DecodingConfig's logit ranges), then what the worker would
@@ -100,7 +43,7 @@ def decoding_option_problems(spec: ServiceSpec) -> list[str]:
     sparse = spec.sparse_cache
     problems = [
         f"decoding.sparseCache.{SPARSE_FIELDS[name]} {text}"
-        for name, text in sparse_problems_of(_sparse_settings(sparse)).items()
+        for name, text in sparse_problems_of(sparse.settings()).items()
         if name in SPARSE_FIELDS
     ]
     if sparse.mode == "head-centric" and not sparse.importance_configmap:
@@ -129,23 +72,12 @@ def decoding_option_problems(spec: ServiceSpec) -> list[str]:
     return problems
 
 
-def sparse_flags(sparse: SparseCache) -> list[str]:
-    """`dllm worker`'s head-sparse flags: nothing while the cache is off (the spec sets no mode)."""
-    if not sparse.on:
-        return []
-    flags = ["--sparse-cache", sparse.mode, "--retention", str(sparse.retention)]
-    flags += ["--minor-retention", str(sparse.minor_retention), "--core-share", str(sparse.core_share)]
-    flags += ["--minor-share", str(sparse.minor_share), "--sparse-consistency", str(sparse.consistency)]
-    path = sparse.importance_path
-    return flags + (["--head-importance", path] if path else [])
-
-
 def profiled_options(spec: ServiceSpec) -> dict[str, Any]:
     """These options' part of the profile's hash: what the profile measures of them (the logit budget bounds
     the logits' memory, the sparse cache is what the cache holds); unset or off: nothing (the hashes of
     before)."""
     fields = {name: getattr(spec, name) for name in LOGIT_FIELDS if getattr(spec, name) is not None}
-    sparse = memory_settings(_sparse_settings(spec.sparse_cache))
+    sparse = memory_settings(spec.sparse_cache.settings())
     return fields | ({"sparse_cache": sparse} if sparse else {})
 
 
@@ -169,12 +101,3 @@ def decoding_option_flags(spec: ServiceSpec) -> list[str]:
     """`dllm worker`'s flags for these options."""
     warm = [flag for text in spec.warm_prefixes for flag in ("--warm-prefix", text)]
     return [*sparse_flags(spec.sparse_cache), *logit_flags(spec), *warm]
-
-
-def importance_volume(sparse: SparseCache) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The engine pod's (volumes, mounts) for the importance ConfigMap (none without one)."""
-    if not sparse.importance_configmap:
-        return [], []
-    items = [{"key": IMPORTANCE_KEY, "path": IMPORTANCE_KEY}]
-    volume = {"name": "head-importance", "configMap": {"name": sparse.importance_configmap, "items": items}}
-    return [volume], [{"name": "head-importance", "mountPath": IMPORTANCE_MOUNT, "readOnly": True}]

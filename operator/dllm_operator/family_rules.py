@@ -5,24 +5,9 @@ own (dllm_contracts/run_rules.py), judged by the family's cache kind from the fa
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from dllm_contracts.families import FAMILY_CACHE, FAMILY_NAMES
 from dllm_contracts.run_rules import sparse_family_problem, stagger_problem
-
-
-class SparseCache(Protocol):
-    on: bool
-
-
-class ServiceSpec(Protocol):
-    """What these rules read of a parsed spec (dllm_operator.spec.ServiceSpec)."""
-
-    family: str
-    cache: str
-    remasking: str
-    policy: str
-    sparse_cache: SparseCache
+from dllm_operator.service_spec import ServiceSpec
 
 
 def family_problems(spec: ServiceSpec) -> list[str]:

@@ -8,6 +8,7 @@ garbage collection, a lost node) without the service noticing."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -19,11 +20,12 @@ from dllm_contracts.profile_summary import (
     read_termination_message,
 )
 from dllm_operator.config import OperatorSettings
+from dllm_operator.decoding_options import profiled_options
 from dllm_operator.k8s import KubeClient, collection_path
-from dllm_operator.manifests.common import name_of
+from dllm_operator.manifests.common import GPU_PRODUCT_LABEL, name_of
 from dllm_operator.manifests.profiling import job_name, profiling_job
 from dllm_operator.pod_health import stuck_reason
-from dllm_operator.spec import ServiceSpec
+from dllm_operator.service_spec import ServiceSpec
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,24 @@ class ProfileState:
     reason: str = ""  # why a running profile is stuck (ImagePullBackOff, ...), else empty
 
 
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set on GPU nodes by NVIDIA GPU feature discovery
+def profile_hash_of(spec: ServiceSpec, engine_image: str) -> str:
+    """Fingerprint of every field that changes peak memory: a new value means a new profile."""
+    memory_fields = {
+        "uri": spec.model_uri,
+        "family": spec.family,
+        "dtype": spec.dtype,
+        "block": spec.block_length,
+        "gpus": spec.gpus,
+        "gpu_resource": spec.gpu_resource,
+        "memory": spec.memory,
+        "utilization": spec.utilization,
+        "image": spec.image or engine_image,
+        "node_selector": spec.node_selector,
+    } | ({"revision": spec.revision} if spec.revision else {})  # absent: the hashes of before
+    memory_fields |= profiled_options(spec)  # the logit budget, the sparse cache (unset: as before)
+    if spec.parallelism.tensor > 1:  # a budget is per rank of a group of this size (1: the hashes of before)
+        memory_fields["tensor_parallel"] = spec.parallelism.tensor
+    return hashlib.sha256(json.dumps(memory_fields, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def _termination_message(client: KubeClient, namespace: str, job: str) -> tuple[str | None, str | None]:
@@ -109,7 +128,7 @@ def ensure_profile(
     stored: dict[str, Any] | None = None,
 ) -> ProfileState:
     """``stored``: the service's ``status.profile`` (hash, tokenBudget, result) from earlier resyncs."""
-    profile_hash = spec.profile_hash(settings.engine_image)
+    profile_hash = profile_hash_of(spec, settings.engine_image)
     tensor = spec.parallelism.tensor
     if spec.token_budget is not None:
         return ProfileState("ready", profile_hash, ProfileSummary.from_spec(spec.token_budget, tensor))

@@ -17,10 +17,10 @@ from dllm_operator.conditions import condition, set_condition
 from dllm_operator.config import OperatorSettings
 from dllm_operator.k8s import ChildRejected, KubeClient, collection_path, object_path
 from dllm_operator.manifests import common
-from dllm_operator.manifests.engine import engine_deployment, profile_configmap
+from dllm_operator.manifests.engine import EnginePods, profile_configmap
 from dllm_operator.manifests.engine_group import (
-    engine_group_set,
     engine_kind,
+    engine_workload,
     group_api_installed,
     other_engine_kind,
 )
@@ -49,7 +49,8 @@ from dllm_operator.manifests.redis import (
 from dllm_operator.pod_health import stuck_reason
 from dllm_operator.profile_state import ProfileState, ensure_profile
 from dllm_operator.scaling import autoscale_engine
-from dllm_operator.spec import ServiceSpec, SpecError, parse_spec
+from dllm_operator.service_spec import ServiceSpec
+from dllm_operator.spec import SpecError, parse_spec
 
 logger = logging.getLogger(__name__)
 MANAGED_REDIS_KINDS = [
@@ -213,10 +214,8 @@ class Reconciler:
         self.client.apply(profile_configmap(spec, owner, summary.to_json(), profile["hash"]))
         replicas = status.get("replicas", spec.min_replicas)
         replicas = max(spec.min_replicas, min(spec.max_replicas, int(replicas)))
-        build = engine_group_set if spec.parallelism.multi_node else engine_deployment
-        engine = build(
-            spec, owner, self.settings, redis_url, replicas, profile["hash"], profile.get("gpuProduct")
-        )
+        pods = EnginePods(self.settings, redis_url, profile["hash"], profile.get("gpuProduct"))
+        engine = engine_workload(spec, owner, pods, replicas)
         if spec.keda:
             engine["spec"].pop("replicas")
             self.client.apply(scaled_object(spec, owner, redis_url))

@@ -14,7 +14,7 @@ from dllm_operator.k8s import KubeClient, collection_path
 from dllm_operator.manifests import common
 from dllm_operator.manifests.engine_group import engine_kind
 from dllm_operator.manifests.redis import password_ref
-from dllm_operator.spec import ServiceSpec
+from dllm_operator.service_spec import ServiceSpec
 
 logger = logging.getLogger(__name__)
 SHARE_ANNOTATION = "dllm.dev/share-with-operator"  # on a Secret: its owner lets the operator read it

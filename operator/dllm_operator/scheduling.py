@@ -8,7 +8,7 @@ take the profile's measure (``dllm worker --profile``), else 1.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, Protocol
+from typing import Any
 
 from dllm_contracts.scheduler_config import (
     DEFAULTS,
@@ -17,17 +17,8 @@ from dllm_contracts.scheduler_config import (
     admission_flags,
     problems_of,
 )
+from dllm_operator.service_spec import DEFAULT_POLICY, ServiceSpec
 
-
-class ServiceSpec(Protocol):
-    """What these functions read of a parsed spec (dllm_operator.spec.ServiceSpec): its policy and, by name,
-    every field of SCHEDULING_FIELDS."""
-
-    policy: str
-    cache_share: float | None
-
-
-DEFAULT_POLICY = SERVING_POLICIES[0]
 SCHEDULING_FIELDS = {
     "admission": "admission",
     "min_padding_efficiency": "minPaddingEfficiency",

@@ -24,7 +24,6 @@ from tests.factories import BLOCK_REFERENCE_DIR, write_checkpoint
 DEFAULTS = {"llada2": LLADA2_DEFAULTS, "sdar": SDAR_DEFAULTS}
 FIXED = {  # a value each family's reference modelling does not implement
     "llada2": {
-        "hidden_act": "gelu",
         "score_function": "softmax",
         "norm_topk_prob": False,
         "norm_head": True,
@@ -32,7 +31,7 @@ FIXED = {  # a value each family's reference modelling does not implement
         "use_sliding_window": True,
         "rope_scaling": {"type": "linear"},
     },
-    "sdar": {"hidden_act": "gelu", "use_sliding_window": True, "rope_scaling": {"type": "linear"}},
+    "sdar": {"use_sliding_window": True, "rope_scaling": {"type": "linear"}},
 }
 MAX_PARAMETERS = 6_000_000  # a default that makes the model bigger than this is checked as a config only
 CASES = [(family, key) for family, defaults in DEFAULTS.items() for key in defaults]

@@ -21,7 +21,7 @@ from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
-from engine_pod.training.tasks import eval_set
+from engine_pod.synthetic.tasks import eval_set
 from tests.engine_utils import run_workload
 
 # sha256 of the workload's outputs from the engine before the head-sparse cache existed (threshold and

@@ -11,11 +11,12 @@ import torch
 
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.cli.main import main
-from engine_pod.decoding.config import DecodingConfig, DecodingConfigError, LogitBudget
+from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.engine import Engine
 from engine_pod.families.diffusion_gemma.context_cache import ContextCache, context_pool
 from engine_pod.loading.loader import load_model
+from engine_pod.models.logit_budget import LogitBudget
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from tests.engine_utils import built_for

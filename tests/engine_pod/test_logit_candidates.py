@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_pod.decoding.config import DecodingConfig, DecodingConfigError, LogitBudget
+from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.loading.loader import load_model
+from engine_pod.models.logit_budget import LogitBudget
 from engine_pod.models.transformer import SelectedHidden
 from engine_pod.runner.factory import make_runner
 from tests.engine_pod.test_logit_budget import run

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_pod.families.diffusion_gemma.experts import GemmaExperts
-from engine_pod.models.logit_budget import apply_head
+from engine_pod.models.logit_head import apply_head
 from engine_pod.models.row_invariant import TILE_ROWS, RowInvariantLinear, linear, tiled_rows
 
 SHAPES = [(128, 64), (64, 256), (128, 8), (256, 768), (384, 96)]  # (inputs, outputs)

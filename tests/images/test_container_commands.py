@@ -19,13 +19,16 @@ def run(*argv: str) -> subprocess.CompletedProcess:
 
 def test_engine_commands_have_the_flags_the_operator_passes():
     from dllm_operator.config import OperatorSettings
-    from dllm_operator.manifests.engine import engine_deployment
+    from dllm_operator.manifests.engine import EnginePods
+    from dllm_operator.manifests.engine_group import engine_workload
     from dllm_operator.manifests.profiling import profiling_job
 
     from tests.operator.test_manifests import OWNER, example
 
     spec, settings = example(), OperatorSettings()
-    worker = engine_deployment(spec, OWNER, settings, "redis://r:6379/0", 1, "h")["spec"]["template"]["spec"]
+    worker = engine_workload(spec, OWNER, EnginePods(settings, "redis://r:6379/0", "h"), 1)["spec"][
+        "template"
+    ]["spec"]
     profile = profiling_job(spec, OWNER, settings, "h")["spec"]["template"]["spec"]
     for command in (worker["containers"][0]["command"], profile["containers"][0]["command"]):
         assert command[0] == "dllm"

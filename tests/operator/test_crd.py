@@ -9,8 +9,9 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-from dllm_operator.decoding_options import LOGIT_FIELDS, SPARSE_FIELDS
+from dllm_operator.decoding_options import LOGIT_FIELDS
 from dllm_operator.scheduling import SCHEDULING_FIELDS, UNSET_BY_DEFAULT
+from dllm_operator.sparse_cache import SPARSE_FIELDS
 from dllm_operator.spec import parse_spec
 
 from dllm_contracts.families import FAMILY_DECODING

@@ -9,7 +9,8 @@ import kubernetes_validate
 import pytest
 import yaml
 from dllm_operator.config import OperatorSettings
-from dllm_operator.manifests.engine import engine_deployment, profile_configmap
+from dllm_operator.manifests.engine import EnginePods, profile_configmap
+from dllm_operator.manifests.engine_group import engine_workload
 from dllm_operator.manifests.gateway import (
     FILES_PATH,
     files_volume_claim,
@@ -33,6 +34,7 @@ from dllm_operator.manifests.redis import (
     redis_service,
     redis_volume_claim,
 )
+from dllm_operator.profile_state import profile_hash_of
 from dllm_operator.spec import SpecError, parse_spec
 
 from dllm_contracts.engine_env import THREADS_ENV
@@ -72,11 +74,11 @@ def example(**changes):
 def all_manifests(spec) -> list[dict]:
     settings = OperatorSettings(operator_namespace="dllm-system")
     url = managed_redis_url(spec)
-    digest = spec.profile_hash(settings.engine_image)
+    digest = profile_hash_of(spec, settings.engine_image)
     return [
         profiling_job(spec, OWNER, settings, digest),
         profile_configmap(spec, OWNER, json.dumps({"token_budget": 100000}), digest),
-        engine_deployment(spec, OWNER, settings, url, 2, digest),
+        engine_workload(spec, OWNER, EnginePods(settings, url, digest), 2),
         gateway_deployment(spec, OWNER, settings, url),
         gateway_service(spec, OWNER),
         gateway_metrics_service(spec, OWNER),
@@ -358,8 +360,8 @@ def test_the_logit_budget_reaches_the_profiling_job_and_its_hash():
     args = build_parser().parse_args(command[1:])
     assert (args.max_materialized_logits, args.logit_candidates) == (64, 8)
     image = OperatorSettings(operator_namespace="dllm-system").engine_image
-    assert spec.profile_hash(image) != example().profile_hash(image)
-    assert example(decoding__warmPrefixes=WARM).profile_hash(image) == example().profile_hash(image)
+    assert profile_hash_of(spec, image) != profile_hash_of(example(), image)
+    assert profile_hash_of(example(decoding__warmPrefixes=WARM), image) == profile_hash_of(example(), image)
 
 
 def test_the_sparse_cache_reaches_the_profiling_job_its_hash_and_the_engines_check(tmp_path):
@@ -375,12 +377,12 @@ def test_the_sparse_cache_reaches_the_profiling_job_its_hash_and_the_engines_che
     assert any((v.get("configMap") or {}).get("name") == "llada-8b-heads" for v in job["volumes"])
     image = OperatorSettings(operator_namespace="dllm-system").engine_image
     hashes = {
-        example(decoding__sparseCache={"mode": mode}).profile_hash(image) for mode in ("off", "uniform")
+        profile_hash_of(example(decoding__sparseCache={"mode": mode}), image) for mode in ("off", "uniform")
     }
-    assert len(hashes | {spec.profile_hash(image), example().profile_hash(image)}) == 3
-    assert example(decoding__sparseCache=SPARSE | {"consistency": 0.5}).profile_hash(
-        image
-    ) == spec.profile_hash(image)  # what is kept, not how much
+    assert len(hashes | {profile_hash_of(spec, image), profile_hash_of(example(), image)}) == 3
+    assert profile_hash_of(
+        example(decoding__sparseCache=SPARSE | {"consistency": 0.5}), image
+    ) == profile_hash_of(spec, image)  # what is kept, not how much
     # the profile records what it measured (the settings `dllm profile` got) and the engine's flags match it
     recorded = {"mode": "head-centric", "retention": 0.4, "minor_retention": 0.1, "core_share": 0.1}
     summary = ProfileSummary(
@@ -526,18 +528,18 @@ def test_keda_on_a_redis_cluster_uses_the_cluster_scaler_and_the_password():
 
 
 def test_memory_relevant_changes_change_the_profile_hash_and_others_do_not():
-    base = example().profile_hash("img")
-    assert example(model__dtype="float16").profile_hash("img") != base
-    assert example(resources__memory="80Gi").profile_hash("img") != base
-    assert example(decoding__threshold=0.5).profile_hash("img") == base
-    assert example(replicas__max=8).profile_hash("img") == base
-    assert example(model__revision="0" * 40).profile_hash("img") != base  # a new checkpoint revision
-    assert example(model__revision=None).profile_hash("img") != base
+    base = profile_hash_of(example(), "img")
+    assert profile_hash_of(example(model__dtype="float16"), "img") != base
+    assert profile_hash_of(example(resources__memory="80Gi"), "img") != base
+    assert profile_hash_of(example(decoding__threshold=0.5), "img") == base
+    assert profile_hash_of(example(replicas__max=8), "img") == base
+    assert profile_hash_of(example(model__revision="0" * 40), "img") != base  # a new checkpoint revision
+    assert profile_hash_of(example(model__revision=None), "img") != base
 
 
 def test_the_example_pins_a_revision_downloads_once_into_the_shared_cache_with_the_token():
     spec = example()
-    engine = engine_deployment(spec, OWNER, OperatorSettings(), "redis://r:6379/0", 1, "h")
+    engine = engine_workload(spec, OWNER, EnginePods(OperatorSettings(), "redis://r:6379/0", "h"), 1)
     job = profiling_job(spec, OWNER, OperatorSettings(), "h")
     for pod in (engine["spec"]["template"]["spec"], job["spec"]["template"]["spec"]):
         command = pod["containers"][0]["command"]
@@ -702,7 +704,7 @@ def test_gateway_pods_leave_the_endpoints_then_drain_within_their_grace_period()
 
 
 def test_engine_pods_finish_their_drain_within_their_grace_period():
-    engine = engine_deployment(example(), OWNER, OperatorSettings(), "redis://r:6379/0", 1, "h")
+    engine = engine_workload(example(), OWNER, EnginePods(OperatorSettings(), "redis://r:6379/0", "h"), 1)
     pod = engine["spec"]["template"]["spec"]
     worker = build_parser().parse_args(pod["containers"][0]["command"][1:])
     assert pod["terminationGracePeriodSeconds"] >= worker.drain_timeout + 15  # hand back, exit
@@ -798,7 +800,7 @@ def test_gateway_and_engines_share_a_model_identity_that_a_new_model_changes():
 
 def test_engine_and_profiling_pods_run_as_many_torch_threads_as_cpus_requested():
     spec = example(resources__cpu="1500m")
-    engine = engine_deployment(spec, OWNER, OperatorSettings(), "redis://r:6379/0", 1, "h")
+    engine = engine_workload(spec, OWNER, EnginePods(OperatorSettings(), "redis://r:6379/0", "h"), 1)
     job = profiling_job(spec, OWNER, OperatorSettings(), "h")
     for manifest in (engine, job):
         validate(manifest)

@@ -14,7 +14,8 @@ import sys
 import pytest
 import yaml
 from dllm_operator.config import OperatorSettings
-from dllm_operator.manifests.engine import engine_deployment
+from dllm_operator.manifests.engine import EnginePods
+from dllm_operator.manifests.engine_group import engine_workload
 from dllm_operator.manifests.gateway import gateway_deployment
 from dllm_operator.manifests.profiling import profiling_job
 from dllm_operator.spec import SpecError, parse_spec
@@ -37,7 +38,9 @@ def s3_spec(**model) -> dict:
 def pods(spec) -> dict[str, dict]:
     settings = OperatorSettings()
     return {
-        "engine": engine_deployment(spec, OWNER, settings, REDIS, 1, "h")["spec"]["template"]["spec"],
+        "engine": engine_workload(spec, OWNER, EnginePods(settings, REDIS, "h"), 1)["spec"]["template"][
+            "spec"
+        ],
         "profile": profiling_job(spec, OWNER, settings, "h")["spec"]["template"]["spec"],
         "gateway": gateway_deployment(spec, OWNER, settings, REDIS)["spec"]["template"]["spec"],
     }

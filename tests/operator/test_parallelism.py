@@ -8,10 +8,12 @@ import re
 import pytest
 import yaml
 from dllm_operator.config import OperatorSettings
-from dllm_operator.manifests.engine_group import engine_group_set
+from dllm_operator.manifests.engine import EnginePods
+from dllm_operator.manifests.engine_group import engine_workload
 from dllm_operator.manifests.keda import scaled_object
 from dllm_operator.manifests.redis import managed_redis_url
 from dllm_operator.parallelism import GROUP_PORT, Parallelism
+from dllm_operator.profile_state import profile_hash_of
 from dllm_operator.spec import SpecError, parse_spec
 
 from engine_pod.cli.main import build_parser
@@ -100,7 +102,9 @@ def test_a_single_rank_renders_as_before():
         assert shm(pod) == (None, None)
         assert "--tensor-parallel" not in container(pod)["command"]
         assert container(pod)["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert spec.profile_hash("img") == parse_spec("llada-8b", "default", example_spec()).profile_hash("img")
+    assert profile_hash_of(spec, "img") == profile_hash_of(
+        parse_spec("llada-8b", "default", example_spec()), "img"
+    )
 
 
 def test_four_ranks_on_one_node_run_in_a_deployment_pod_with_four_gpus_and_shared_memory():
@@ -116,7 +120,7 @@ def test_four_ranks_on_one_node_run_in_a_deployment_pod_with_four_gpus_and_share
         volume, mount = shm(pod)
         assert volume == {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}}
         assert mount == {"name": "shm", "mountPath": "/dev/shm"}
-    assert spec.profile_hash("img") != parsed().profile_hash("img")  # a new size is profiled again
+    assert profile_hash_of(spec, "img") != profile_hash_of(parsed(), "img")  # a new size is profiled again
 
 
 def test_cpu_ranks_request_no_gpu_but_share_memory():
@@ -130,7 +134,9 @@ def test_cpu_ranks_request_no_gpu_but_share_memory():
 def test_eight_ranks_over_two_nodes_render_a_leader_worker_set_lws_accepts():
     spec = parsed(tensor=8, nodes=2)
     settings = OperatorSettings(operator_namespace="dllm-system")
-    group_set = engine_group_set(spec, OWNER, settings, managed_redis_url(spec), 2, "abc", "NVIDIA-H100")
+    group_set = engine_workload(
+        spec, OWNER, EnginePods(settings, managed_redis_url(spec), "abc", "NVIDIA-H100"), 2
+    )
     validate_group_set(group_set)
     assert (group_set["apiVersion"], group_set["kind"]) == ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
     group = group_set["spec"]["leaderWorkerTemplate"]

@@ -10,10 +10,12 @@ import urllib.request
 import kubernetes_validate
 import pytest
 from dllm_operator.config import OperatorSettings
-from dllm_operator.manifests.engine import engine_deployment
+from dllm_operator.manifests.engine import EnginePods
+from dllm_operator.manifests.engine_group import engine_workload
 from dllm_operator.manifests.gateway import gateway_deployment
 from dllm_operator.manifests.profiling import profiling_job
 from dllm_operator.manifests.redis import managed_redis_url, redis_deployment
+from dllm_operator.profile_state import profile_hash_of
 from dllm_operator.spec import parse_spec
 
 from tests.charts.test_chart import K8S_VERSION, render
@@ -78,11 +80,11 @@ def test_without_settings_the_pods_keep_their_namespaces_defaults():
     """No pull secret and no ServiceAccount named: the pod specs leave both to the namespace."""
     settings = OperatorSettings()
     spec = parse_spec(NAME, "default", example()["spec"])
-    digest = spec.profile_hash(settings.engine_image)
+    digest = profile_hash_of(spec, settings.engine_image)
     url = managed_redis_url(spec)
     for manifest in (
         profiling_job(spec, {"name": NAME, "uid": "u"}, settings, digest),
-        engine_deployment(spec, {"name": NAME, "uid": "u"}, settings, url, 1, digest),
+        engine_workload(spec, {"name": NAME, "uid": "u"}, EnginePods(settings, url, digest), 1),
         gateway_deployment(spec, {"name": NAME, "uid": "u"}, settings, url),
         redis_deployment(spec, {"name": NAME, "uid": "u"}, settings),
     ):

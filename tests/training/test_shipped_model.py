@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dllm_contracts.defaults import DEFAULT_MODEL
 from engine_pod.cli.main import main
-from engine_pod.training.tasks import TASKS
+from engine_pod.synthetic.tasks import TASKS
 
 # The goal is exact match 0.5 and length accuracy 0.95 (README.md has the full evaluation: 0.967 and
 # 0.981 on 210 examples). This quick evaluation measured 0.944 and 0.972 on its 36 examples; the floors

@@ -14,8 +14,8 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.generation import generate_one
 from engine_pod.loading.loader import load_model
 from engine_pod.prompts import encode_prompt
-from engine_pod.training.batches import SAMPLE_KINDS, _sample, encode
-from engine_pod.training.tasks import TASKS, Example, eval_set, generate_examples, is_held_out, parse_tasks
+from engine_pod.synthetic.masked_batches import SAMPLE_KINDS, _sample, encode
+from engine_pod.synthetic.tasks import TASKS, Example, eval_set, generate_examples, is_held_out, parse_tasks
 from engine_pod.training.tokenizer_build import build_tokenizer
 from engine_pod.training.train import TrainConfig, Trainer
 

@@ -40,6 +40,8 @@ FAMILY = ModelFamily(
     read_directory=load_diffusion_gemma_config,
     architecture=DiffusionGemmaModel,
     cache="canvas",
+    checkpoints="google/diffusiongemma-26B-A4B-it (text; mixture of experts)",
+    tiny_preset="diffusion-gemma-tiny",
     # its config's canvas_length and its generation config's max_denoising_steps (transformers 5.24.0,
     # models/diffusion_gemma): a checkpoint with another canvas is served with decoding.blockLength set to it
     decoding=FamilyDecoding(

@@ -27,7 +27,8 @@ from engine_pod.families.diffusion_gemma.rotary import GemmaRotary
 from engine_pod.logit_count import LOGITS
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.layers import RMSNorm
-from engine_pod.models.logit_budget import LogitBudget, apply_head, chunked_rows
+from engine_pod.models.logit_budget import LogitBudget
+from engine_pod.models.logit_head import apply_head, chunked_rows
 from engine_pod.models.row_invariant import RowInvariantLinear
 from engine_pod.parallel.group import SINGLE, TensorParallel
 

@@ -12,6 +12,7 @@ are gathered along the vocabulary and the soft embeddings' product summed (model
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -62,10 +63,12 @@ class GemmaShards(HeadSplit):
             moe_intermediate_size=config.moe_intermediate_size // size,
         )
 
-    def build(self) -> DiffusionGemmaModel:
-        """This rank's modules (call under the meta device)."""
+    def build(
+        self, architecture: Callable[[DiffusionGemmaConfig], DiffusionGemmaModel]
+    ) -> DiffusionGemmaModel:
+        """This rank's modules of ``architecture`` (the family's model class); call under the meta device."""
         config, parallel = self.config, self.parallel
-        model = DiffusionGemmaModel(self.rank_config())
+        model = architecture(self.rank_config())
         model.parallel = parallel
         model.self_conditioning = type(model.self_conditioning)(config)  # repeated whole
         summed = lambda module, inputs, output: parallel.all_reduce(output)  # noqa: E731

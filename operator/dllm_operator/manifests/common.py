@@ -9,10 +9,11 @@ from dllm_contracts.model_store_config import MODEL_CACHE_ENV, S3_ENDPOINT_ENV
 from dllm_contracts.tracing_config import ENDPOINT_ENV as OTLP_ENDPOINT_ENV
 from dllm_operator import names
 from dllm_operator.config import GROUP, KIND, VERSION, OperatorSettings
-from dllm_operator.spec import SecretRef, ServiceSpec
+from dllm_operator.service_spec import SecretRef, ServiceSpec
 
 APP = "dllm"
 METRICS_LABEL = "dllm.dev/metrics"  # on the Services a ServiceMonitor scrapes
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # a node's GPU, set by NVIDIA GPU feature discovery
 S3_CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")  # keys of s3CredentialsSecretRef's Secret
 
 

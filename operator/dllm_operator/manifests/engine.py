@@ -1,18 +1,20 @@
-"""The engine Deployment: `dllm worker` pods sized by the profiled token budget."""
+"""The engine's pods (`dllm worker`, sized by the profiled token budget) and the Deployment that runs them, one
+engine group per pod; manifests/engine_group.py picks the workload."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV
 from dllm_operator.config import OperatorSettings
-from dllm_operator.decoding_options import decoding_option_flags, importance_volume
+from dllm_operator.decoding_options import decoding_option_flags
 from dllm_operator.manifests import common
 from dllm_operator.manifests.model_fetch import fetch_init_containers
 from dllm_operator.manifests.redis import password_ref
-from dllm_operator.profile_state import GPU_PRODUCT_LABEL
 from dllm_operator.scheduling import worker_flags
-from dllm_operator.spec import ServiceSpec
+from dllm_operator.service_spec import ServiceSpec
+from dllm_operator.sparse_cache import importance_volume
 
 PROFILE_MOUNT = "/etc/dllm/profile"
 METRICS_PORT = 9090
@@ -21,6 +23,16 @@ METRICS_PORT = 9090
 STARTUP_BUDGET_S = 1200
 DRAIN_S = 60  # after SIGTERM: the worker finishes its rows (--drain-timeout), then hands the rest back
 GRACE_MARGIN_S = 30  # beyond the drain: handing unfinished work back to the queue, exiting
+
+
+@dataclass(frozen=True)
+class EnginePods:
+    """What an engine's pods are made from besides the spec, whatever workload runs them."""
+
+    settings: OperatorSettings
+    redis_url: str  # the queue's Redis
+    profile_hash: str  # the profile they run on (its ConfigMap is mounted)
+    gpu_product: str | None = None  # the GPU the budget was measured on (see _placement)
 
 
 def profile_configmap(spec: ServiceSpec, owner: dict, profile_json: str, profile_hash: str) -> dict[str, Any]:
@@ -82,10 +94,8 @@ def worker_command(spec: ServiceSpec) -> list[str]:
 
 def engine_pod_spec(
     spec: ServiceSpec,
-    settings: OperatorSettings,
-    redis_url: str,
+    pods: EnginePods,
     command: list[str],
-    gpu_product: str | None,
     leads: bool = True,
     ports: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
@@ -97,13 +107,14 @@ def engine_pod_spec(
     mounts.append({"name": "profile", "mountPath": PROFILE_MOUNT, "readOnly": True})
     importance_vols, importance_mounts = importance_volume(spec.sparse_cache)
     vols, mounts = vols + importance_vols, mounts + importance_mounts
+    settings = pods.settings
     image = spec.image or settings.engine_image
     container = {
         "name": "engine",
         "image": image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": command,
-        "env": redis_env(spec, redis_url)
+        "env": redis_env(spec, pods.redis_url)
         + common.cache_env(spec)
         + [common.threads_env()]
         + common.tracing_env(spec),
@@ -131,7 +142,7 @@ def engine_pod_spec(
         "initContainers": fetch_init_containers(spec, image, settings.image_pull_policy, mounts),
         "containers": [container],
         "volumes": vols,
-        **_placement(spec, gpu_product),
+        **_placement(spec, pods.gpu_product),
     }
 
 
@@ -146,37 +157,25 @@ def engine_template_metadata(spec: ServiceSpec, profile_hash: str) -> dict[str, 
     }
 
 
-def engine_deployment(
-    spec: ServiceSpec,
-    owner: dict,
-    settings: OperatorSettings,
-    redis_url: str,
-    replicas: int,
-    profile_hash: str,
-    gpu_product: str | None = None,
-) -> dict[str, Any]:
-    """One engine group per pod (parallelism.nodes 1). ``gpu_product``: the GPU the budget was measured
-    on; the pods are pinned to it unless the spec says otherwise (resources.pinGpuProduct: false, or its
-    own nodeSelector for that label)."""
-    pod = engine_pod_spec(spec, settings, redis_url, worker_command(spec), gpu_product)
+def deployment_spec(spec: ServiceSpec, pods: EnginePods) -> dict[str, Any]:
+    """The engine Deployment's spec but its replicas: one engine group per pod (parallelism.nodes 1). The
+    pods are pinned to the GPU the budget was measured on unless the spec says otherwise
+    (resources.pinGpuProduct: false, or its own nodeSelector for that label)."""
+    pod = engine_pod_spec(spec, pods, worker_command(spec))
     return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": common.metadata(spec, "engine", owner),
-        "spec": {
-            "replicas": replicas,
-            # a GPU pod cannot surge onto a full node: replace one pod at a time instead
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
-            if spec.gpus
-            else {"type": "RollingUpdate"},
-            "selector": {"matchLabels": common.selector_labels(spec, "engine")},
-            "template": {"metadata": engine_template_metadata(spec, profile_hash), "spec": pod},
-        },
+        # a GPU pod cannot surge onto a full node: replace one pod at a time instead
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+        if spec.gpus
+        else {"type": "RollingUpdate"},
+        "selector": {"matchLabels": common.selector_labels(spec, "engine")},
+        "template": {"metadata": engine_template_metadata(spec, pods.profile_hash), "spec": pod},
     }
 
 
 def _placement(spec: ServiceSpec, gpu_product: str | None) -> dict[str, Any]:
     placement = common.scheduling(spec)
-    if gpu_product and spec.pin_gpu_product and GPU_PRODUCT_LABEL not in spec.node_selector:
-        placement["nodeSelector"] = placement.get("nodeSelector", {}) | {GPU_PRODUCT_LABEL: gpu_product}
+    if gpu_product and spec.pin_gpu_product and common.GPU_PRODUCT_LABEL not in spec.node_selector:
+        placement["nodeSelector"] = placement.get("nodeSelector", {}) | {
+            common.GPU_PRODUCT_LABEL: gpu_product
+        }
     return placement

@@ -1,5 +1,5 @@
-"""The engine of a multi-node group (parallelism.nodes above 1): a LeaderWorkerSet whose every replica is one
-engine group of ``nodes`` pods. Node 0 (LWS's leader) claims work and serves; nodes 1 to nodes - 1 (its
+"""The engine's workload: a Deployment (manifests/engine.py) or, for multi-node groups (parallelism.nodes
+above 1), a LeaderWorkerSet whose every replica is one engine group of ``nodes`` pods. Node 0 (LWS's leader) claims work and serves; nodes 1 to nodes - 1 (its
 workers) follow it. The LeaderWorkerSet controller sets LWS_LEADER_ADDRESS (the leader pod's DNS name) and
 LWS_WORKER_INDEX (the pod's place in its group, 0 for the leader) in every container, and the kubelet
 expands them in the command."""
@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests import common
-from dllm_operator.manifests.engine import engine_pod_spec, engine_template_metadata, worker_command
+from dllm_operator.manifests.engine import (
+    EnginePods,
+    deployment_spec,
+    engine_pod_spec,
+    engine_template_metadata,
+    worker_command,
+)
 from dllm_operator.parallelism import GROUP_PORT
-from dllm_operator.spec import ServiceSpec
+from dllm_operator.service_spec import ServiceSpec
 
 API_VERSION, KIND = "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"
 LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"  # set by the LeaderWorkerSet controller in every container
@@ -32,53 +37,46 @@ def group_args(spec: ServiceSpec, node_rank: str) -> list[str]:
     ]
 
 
-def _template(
-    spec: ServiceSpec,
-    settings: OperatorSettings,
-    redis_url: str,
-    profile_hash: str,
-    gpu_product: str | None,
-    leads: bool,
-) -> dict[str, Any]:
+def _template(spec: ServiceSpec, pods: EnginePods, leads: bool) -> dict[str, Any]:
     rank = "0" if leads else f"$({WORKER_INDEX_ENV})"
     command = worker_command(spec) + group_args(spec, rank)
     ports = [{"name": "group", "containerPort": GROUP_PORT}] if leads else None
-    metadata = engine_template_metadata(spec, profile_hash)
+    metadata = engine_template_metadata(spec, pods.profile_hash)
     metadata["labels"] |= {ROLE_LABEL: "leader" if leads else "follower"}
-    pod = engine_pod_spec(spec, settings, redis_url, command, gpu_product, leads=leads, ports=ports)
+    pod = engine_pod_spec(spec, pods, command, leads=leads, ports=ports)
     return {"metadata": metadata, "spec": pod}
 
 
-def engine_group_set(
-    spec: ServiceSpec,
-    owner: dict,
-    settings: OperatorSettings,
-    redis_url: str,
-    replicas: int,
-    profile_hash: str,
-    gpu_product: str | None = None,
-) -> dict[str, Any]:
-    """``replicas`` engine groups of parallelism.nodes pods, each pod parallelism.tensor / nodes ranks."""
+def group_set_spec(spec: ServiceSpec, pods: EnginePods) -> dict[str, Any]:
+    """The LeaderWorkerSet's spec but its replicas: engine groups of parallelism.nodes pods, each pod
+    parallelism.tensor / nodes ranks."""
     return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": common.metadata(spec, "engine", owner),
-        "spec": {
-            "replicas": replicas,
-            "startupPolicy": "LeaderCreated",
-            # whole groups are replaced one at a time, without a spare group's GPUs
-            "rolloutStrategy": {
-                "type": "RollingUpdate",
-                "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0},
-            },
-            "leaderWorkerTemplate": {
-                "size": spec.parallelism.nodes,
-                # a group lives and dies as one: a pod that restarts takes its whole group with it
-                "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": _template(spec, settings, redis_url, profile_hash, gpu_product, True),
-                "workerTemplate": _template(spec, settings, redis_url, profile_hash, gpu_product, False),
-            },
+        "startupPolicy": "LeaderCreated",
+        # whole groups are replaced one at a time, without a spare group's GPUs
+        "rolloutStrategy": {
+            "type": "RollingUpdate",
+            "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0},
         },
+        "leaderWorkerTemplate": {
+            "size": spec.parallelism.nodes,
+            # a group lives and dies as one: a pod that restarts takes its whole group with it
+            "restartPolicy": "RecreateGroupOnPodRestart",
+            "leaderTemplate": _template(spec, pods, True),
+            "workerTemplate": _template(spec, pods, False),
+        },
+    }
+
+
+def engine_workload(spec: ServiceSpec, owner: dict, pods: EnginePods, replicas: int) -> dict[str, Any]:
+    """The service's engine, ``replicas`` engine groups: of the kind engine_kind gives, named
+    name_of(spec, "engine")."""
+    api_version, kind = engine_kind(spec)
+    body = group_set_spec(spec, pods) if spec.parallelism.multi_node else deployment_spec(spec, pods)
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": common.metadata(spec, "engine", owner),
+        "spec": {"replicas": replicas, **body},
     }
 
 

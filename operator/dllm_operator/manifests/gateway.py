@@ -12,7 +12,7 @@ from typing import Any
 from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests import common
 from dllm_operator.manifests.engine import redis_env
-from dllm_operator.spec import ServiceSpec
+from dllm_operator.service_spec import ServiceSpec
 from gateway.settings import ENV_NAMES, GatewaySettings
 
 PORT = 8000

@@ -13,7 +13,7 @@ from dllm_contracts.queue.keys import ServiceKeys
 from dllm_operator.manifests import common
 from dllm_operator.manifests.engine_group import engine_kind
 from dllm_operator.manifests.redis import password_ref
-from dllm_operator.spec import ServiceSpec
+from dllm_operator.service_spec import ServiceSpec
 
 
 def _trigger(spec: ServiceSpec, redis_url: str, key: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from dllm_contracts.model_uri import names_download
 from dllm_operator.manifests import common
-from dllm_operator.spec import ServiceSpec
+from dllm_operator.service_spec import ServiceSpec
 
 FETCH_VOLUMES = ("cache", "tmp")  # where it writes: the model cache, and scratch space
 FETCH_RESOURCES = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}

@@ -8,7 +8,7 @@ from typing import Any
 
 from dllm_operator.manifests import common
 from dllm_operator.manifests.engine import METRICS_PORT
-from dllm_operator.spec import ServiceSpec
+from dllm_operator.service_spec import ServiceSpec
 
 
 def engine_disruption_budget(spec: ServiceSpec, owner: dict) -> dict[str, Any]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from dllm_operator.config import OperatorSettings
-from dllm_operator.decoding_options import importance_volume, profiling_flags
+from dllm_operator.decoding_options import profiling_flags
 from dllm_operator.manifests import common
 from dllm_operator.manifests.model_fetch import fetch_init_containers
-from dllm_operator.spec import ServiceSpec
+from dllm_operator.service_spec import ServiceSpec
+from dllm_operator.sparse_cache import importance_volume
 
 TERMINATION_LOG = "/dev/termination-log"
 

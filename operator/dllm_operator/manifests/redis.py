@@ -10,7 +10,7 @@ from typing import Any
 from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV
 from dllm_operator.config import OperatorSettings
 from dllm_operator.manifests import common
-from dllm_operator.spec import SecretRef, ServiceSpec
+from dllm_operator.service_spec import SecretRef, ServiceSpec
 
 PORT = 6379
 MEMORY_LIMIT_MIB = 2048

@@ -38,7 +38,7 @@ def check_warm_prefixes(runner: Runner, scheduler: Scheduler, prefixes: tuple[tu
         )
 
 
-def warm_up(runner: Runner, scheduler: Scheduler, prefixes: tuple[tuple[int, ...], ...]) -> int:
+def pin_warm_prefixes(runner: Runner, scheduler: Scheduler, prefixes: tuple[tuple[int, ...], ...]) -> int:
     """Compute and pin every prefix's whole blocks (runner and scheduler alike); returns the tokens pinned."""
     if not prefixes:
         return 0

@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from engine_pod.training.vocabulary import ANIMALS, COLORS, FRUITS, LETTERS, NAMES, NUMBER_RANGE
+from engine_pod.synthetic.vocabulary import ANIMALS, COLORS, FRUITS, LETTERS, NAMES, NUMBER_RANGE
 
 ITEMS = FRUITS + COLORS + ANIMALS
 TOP = NUMBER_RANGE

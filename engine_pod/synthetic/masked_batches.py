@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_pod.training.tasks import Example
+from engine_pod.synthetic.tasks import Example
 
 SAMPLE_KINDS = ("uniform", "block_suffix", "block_cut", "frontier")
 
