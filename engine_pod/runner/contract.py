@@ -32,6 +32,19 @@ class CycleStats:
     peak_refresh_positions: int = 0
     logits_materialized: int = 0  # LM head outputs computed: positions x columns (vocabulary or k)
     peak_logits: int = 0  # the most of them that existed at once (one chunk)
+    # structured outputs: the host's grammar work (bitmasks computed and the seconds they took; the
+    # seconds spent walking proposals, and the tokens that walk committed beyond the frontiers)
+    grammar_masks: int = 0
+    grammar_mask_seconds: float = 0.0
+    grammar_walk_seconds: float = 0.0
+    grammar_walk_commits: int = 0
+
+    def add_grammar(self, cost) -> None:
+        """A cycle's grammar cost (decoding/grammar/rows.py ``GrammarCost``)."""
+        self.grammar_masks += cost.masks
+        self.grammar_mask_seconds += cost.mask_seconds
+        self.grammar_walk_seconds += cost.advance_seconds
+        self.grammar_walk_commits += cost.host_commits
 
     def add_refresh(self, positions: int) -> None:
         """A forward's refresh positions."""

@@ -15,6 +15,8 @@ import torch
 
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
+from engine_pod.decoding.grammar.rows import ConstrainedRows, GrammarInputs, read_with
+from engine_pod.decoding.grammar.setup import GrammarSource
 from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext, make_policy
 from engine_pod.device_buffers import DeviceBuffers
@@ -48,6 +50,8 @@ class _DualCycle:
     recorder: LogprobRecorder | None
     host: HostState | None = None  # the last step's read
     phases: object | None = None  # each row's refresh schedule, where the cycle staggers refreshes
+    grammar: ConstrainedRows | None = None  # the rows whose answer keeps to a grammar (None: none)
+    constrained: torch.Tensor | None = None  # [R] those rows, on the device (sent with their first step)
 
 
 class DualCacheStepper:
@@ -88,6 +92,7 @@ class DualCacheStepper:
         self.exact_steps = self.policy.quota_schedule and not decoding.uses_cache
         self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)  # what scores are computed in
         self.denoise = DenoiseStep(self.policy, self.score_dtype, self.mask_id)
+        self.grammars = GrammarSource(loaded, decoding.logit_candidates)
         L = decoding.block_length
         self.heads = HeadSparse.of(loaded, decoding.sparse)  # None: every head keeps every position
         self.position_bytes = position_bytes(loaded.config, loaded.dtype)
@@ -117,7 +122,7 @@ class DualCacheStepper:
         if canvas.logprobs is not None:
             output.logprobs = [[None] * L if k is not None else None for k in canvas.logprobs]
             recorder = LogprobRecorder(canvas.logprobs, output.logprobs)
-        return _DualCycle(
+        state = _DualCycle(
             canvas,
             cache,
             cycle.gather_rows,
@@ -128,6 +133,12 @@ class DualCacheStepper:
             torch.full(canvas.block_slots.shape, float("inf"), device=device),
             recorder,
         )
+        state.grammar = self.grammars.rows(cycle.rows, self._start_blocks(cycle), device)
+        return state
+
+    def _start_blocks(self, cycle: SchedulerOutput) -> list[list[int | None]]:
+        """Each row's block as committed when the cycle starts (None: masked): every block starts masked."""
+        return [[None] * self.decoding.block_length for _ in cycle.rows]
 
     def _canvas(self, cycle: SchedulerOutput, **resume) -> Canvas:
         """The cycle's canvas (``resume``: resumed rows' blocks and columns, runner/phase_carry.py)."""
@@ -140,19 +151,59 @@ class DualCacheStepper:
     @torch.no_grad()
     def going_on(self, state: _DualCycle, step: int) -> bool:
         if step:
-            state.done = state.done | self._finished(state.canvas, step)
-        state.host = self._read_state(state.canvas, state.done)
+            state.done = state.done | self._finished(state.canvas, step, state.constrained)
+        state.host = self._read_state(state.canvas, state.done, state.grammar)
         return not all(state.host.done)
 
     @torch.no_grad()
     def step(self, state: _DualCycle, step: int) -> None:
-        rows = self._step_rows(state.canvas, state.done, state.host, state.gather_rows and step > 0)
-        self._denoise_step(state, rows, step)
+        only_unfinished = state.gather_rows and step > 0
+        inputs = None
+        if state.grammar is not None:
+            members = self._members(state.host, only_unfinished)
+            counts = self._forward_counts(state.host, members, step)
+            inputs = self._send_grammar(state, members, counts)
+        rows = self._step_rows(state.canvas, state.done, state.host, only_unfinished)
+        self._denoise_step(state, rows, step, inputs)
         state.steps_taken[rows.index] += (~state.done[rows.index]).long()
+
+    def _members(self, host: HostState, only_unfinished: bool) -> list[int]:
+        """The rows of the step's forward, on the host (``_step_rows`` finds them on the device)."""
+        return (
+            [r for r in range(len(host.done)) if not host.done[r]]
+            if only_unfinished
+            else list(range(len(host.done)))
+        )
+
+    def _forward_counts(self, host: HostState, members: list[int], step: int) -> list[int]:
+        """Each member's candidates in the step's forward (a forced first commit: its block's start only)."""
+        if step == 0 and self.decoding.uses_cache and self.quirks.commits_block_start_on_refresh:
+            return [int(not host.done[r] and host.first_masked[r]) for r in members]
+        return [0 if host.done[r] else host.masked[r] for r in members]
+
+    def _send_grammar(self, state: _DualCycle, members: list[int], counts: list[int]) -> GrammarInputs:
+        """The step's grammar copy; the host's commits written into the canvas, the rows they complete
+        done (before the step's rows are found on the device)."""
+        grammar, canvas = state.grammar, state.canvas
+        offsets = [sum(counts[:i]) for i in range(len(members))]
+        first = {r: offsets[i] for i, r in enumerate(members) if r in grammar.rows and counts[i]}
+        inputs = grammar.send(members, first, canvas.thresholds)
+        if inputs.commits:
+            slots = canvas.block_slots[inputs.commit_rows, inputs.commit_positions]
+            canvas.tokens[inputs.commit_rows, slots] = inputs.commit_tokens
+        state.done[inputs.completed] = True
+        if state.constrained is None:
+            state.constrained = torch.zeros_like(state.done)
+            state.constrained[inputs.constrained] = True
+        return inputs
 
     def finish(self, state: _DualCycle) -> CycleOutput:
         output = state.output
         output.blocks = state.canvas.block_tokens().tolist()
+        if state.grammar is not None:  # the host's last commits: never sent
+            for row in state.grammar.rows:
+                output.blocks[row] = state.grammar.block(row)
+            output.stats.add_grammar(state.grammar.cost)
         output.steps = state.steps_taken.tolist()
         if state.recorder is not None:
             state.recorder.finish()
@@ -183,18 +234,25 @@ class DualCacheStepper:
         _, confidence = hidden.map_logits(self.policy.scorer, (0,))
         return confidence
 
-    def _finished(self, canvas: Canvas, step: int) -> torch.Tensor:
+    def _finished(self, canvas: Canvas, step: int, constrained: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows whose block is complete, or whose steps are done; a constrained row's only when complete."""
         at_cap = self.step_cap is not None and step >= self.step_cap
-        if self.exact_steps:
+        if self.exact_steps and constrained is None:
             return torch.full_like(canvas.active, at_cap)
         complete = (canvas.block_tokens() != self.mask_id).all(1)
-        return complete | at_cap
+        capped = torch.full_like(canvas.active, at_cap) if self.exact_steps else complete | at_cap
+        return capped if constrained is None else torch.where(constrained, complete, capped)
 
-    def _read_state(self, canvas: Canvas, done: torch.Tensor) -> HostState:
-        """The step's one read from the device."""
+    def _read_state(
+        self, canvas: Canvas, done: torch.Tensor, grammar: ConstrainedRows | None = None
+    ) -> HostState:
+        """The step's one read from the device (with the constrained rows' report), then the host's
+        commits of the constrained rows."""
         masked = canvas.block_tokens() == self.mask_id
-        done_list, counts, first = torch.stack([done.long(), masked.sum(1), masked[:, 0].long()]).tolist()
-        return HostState([bool(d) for d in done_list], counts, [bool(f) for f in first])
+        stack = torch.stack([done.long(), masked.sum(1), masked[:, 0].long()])
+        (done_list, counts, first), report = read_with(stack, grammar)
+        host = HostState([bool(d) for d in done_list], counts, [bool(f) for f in first])
+        return host if grammar is None else constrained_host(host, grammar, report)
 
     def _step_rows(
         self, canvas: Canvas, done: torch.Tensor, state: HostState, only_unfinished: bool
@@ -212,7 +270,9 @@ class DualCacheStepper:
         first = [not state.done[r] and state.first_masked[r] for r in members]
         return StepRows(index, len(members) == rows, block, candidates, members, counts, first)
 
-    def _denoise_step(self, state: _DualCycle, rows: StepRows, step: int) -> None:
+    def _denoise_step(
+        self, state: _DualCycle, rows: StepRows, step: int, inputs: GrammarInputs | None = None
+    ) -> None:
         canvas, cache, out = state.canvas, state.cache, state.output
         refresh = step == 0 or cache is None
         mask = rows.candidates
@@ -227,10 +287,13 @@ class DualCacheStepper:
         logits = forward(canvas, cache, rows, candidates.r, candidates.k, out.stats, picked)
         positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
         context = None if forced_start else self._context(canvas, step, rows, state.masks_at_start)
+        grammar = None if inputs is None else inputs.step
         commit = self.denoise(
-            logits, candidates, rows.block, positions, step, canvas.sampling, context, state.recorder
+            logits, candidates, rows.block, positions, step, canvas.sampling, context, state.recorder, grammar
         )
         canvas.write_block(rows.index, commit.blocks)
+        if grammar is not None:
+            state.grammar.keep_report(grammar, commit.proposals, commit.confidence)
         if self.record_margins:
             record_margins(logits, candidates.r, candidates.k, commit.transfer, rows.index, state.margins)
         out.stats.forwards += 1
@@ -294,3 +357,17 @@ class DualCacheStepper:
         return self.model.forward_batch(
             box_window(canvas, cache, index, rows.all_rows, slots), (pick_r, source)
         )
+
+
+def constrained_host(host: HostState, grammar: ConstrainedRows, report: list[int] | None) -> HostState:
+    """The step's read with the host's commits to the constrained rows counted in: their masks left, and
+    whether they are done (their block complete) or start with a mask."""
+    added = grammar.after_read(report)
+    done, masked, first = list(host.done), list(host.masked), list(host.first_masked)
+    for row, count in added.items():
+        masked[row] -= count - 1  # the frontier's commit was read already
+    for row in grammar.rows:
+        block = grammar.block(row)
+        done[row] = done[row] or grammar.is_complete(row)
+        first[row] = block[0] is None
+    return HostState(done, masked, first)
