@@ -77,6 +77,9 @@ class Llguidance:
     def accept(self, matcher, token: int) -> bool:
         return matcher.consume_token(token)
 
+    def can_end(self, matcher) -> bool:
+        return matcher.is_accepting()
+
 
 class Xgrammar:
     name = "xgrammar"
@@ -92,6 +95,7 @@ class Xgrammar:
         self.compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=True)
         self.prepare_s = time.perf_counter() - started
         self.batch = xgr.BatchGrammarMatcher(max_threads=threads)
+        self.eos = eos
         self.words = (vocab + 31) // 32
 
     def compile(self, schema):
@@ -108,6 +112,9 @@ class Xgrammar:
     def accept(self, matcher, token: int) -> bool:
         return matcher.accept_token(token)
 
+    def can_end(self, matcher) -> bool:
+        return matcher.accept_token(self.eos)
+
 
 class OutlinesCore:
     name = "outlines-core"
@@ -119,6 +126,7 @@ class OutlinesCore:
         self.oc, self.regex_of = oc, build_regex_from_schema
         started = time.perf_counter()
         self.vocabulary = oc.Vocabulary(eos, _token_bytes(directory, eos))
+        self.eos = eos
         self.prepare_s = time.perf_counter() - started
         self.words = (vocab + 31) // 32
 
@@ -140,6 +148,9 @@ class OutlinesCore:
         except ValueError:
             return False
         return True
+
+    def can_end(self, matcher) -> bool:
+        return matcher.is_finished() or self.eos in matcher.get_tokens()
 
 
 def _token_bytes(directory: Path, eos: int) -> dict[bytes, list[int]]:
@@ -171,6 +182,35 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(printable, map(chr, chars)))
 
 
+# keywords probed with an instance that breaks them: an engine enforces a keyword (the instance is
+# refused), refuses the schema (an error naming it), or ignores it (the instance passes: an answer could
+# break the schema)
+PROBES = {
+    "maxLength with pattern": ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 4}, "abcdefghij"),
+    "multipleOf": ({"type": "integer", "multipleOf": 3}, 4),
+    "uniqueItems": ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, [1, 1]),
+    "not": ({"not": {"type": "string"}}, "x"),
+    "minProperties": ({"type": "object", "minProperties": 1}, {}),
+    "oneOf (overlapping)": ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, 1),
+    "exclusiveMaximum": ({"type": "number", "exclusiveMaximum": 1}, 1),
+    "format: email": ({"type": "string", "format": "email"}, "nope"),
+}
+
+
+def probes(engine, tokenizer) -> dict[str, str]:
+    out = {}
+    for name, (schema, bad) in PROBES.items():
+        try:
+            matcher = engine.matcher(engine.compile(schema))
+        except Exception as exc:  # noqa: BLE001 - a refusal is a result
+            out[name] = "refuses: " + str(exc).splitlines()[0][:80]
+            continue
+        ids = tokenizer.encode(instance_text(bad))
+        accepted = all(engine.accept(matcher, t) for t in ids) and engine.can_end(matcher)
+        out[name] = "ignores" if accepted else "enforces"
+    return out
+
+
 ENGINES = {"llguidance": Llguidance, "xgrammar": Xgrammar, "outlines-core": OutlinesCore}
 
 
@@ -187,7 +227,7 @@ def coverage_and_compile(engine, tokenizer) -> dict:
             again = time.perf_counter() - started
             matcher = engine.matcher(compiled)
             ids = tokenizer.encode(instance_text(instance))
-            accepted = all(engine.accept(matcher, t) for t in ids)
+            accepted = all(engine.accept(matcher, t) for t in ids) and engine.can_end(matcher)
             out[name] = {"compile_ms": first * 1e3, "again_ms": again * 1e3, "accepts_instance": accepted}
         except Exception as exc:  # noqa: BLE001 - a library's refusal is what is measured
             out[name] = {"error": str(exc).splitlines()[0][:160]}
@@ -241,6 +281,7 @@ def main() -> None:
         covered = coverage_and_compile(engine, tokenizer)
         compiled = {n: engine.compile(SCHEMAS[n][0]) for n, r in covered.items() if r.get("accepts_instance")}
         result = {"prepare_s": engine.prepare_s, "schemas": covered, "accepted": len(compiled)}
+        result["probes"] = probes(engine, tokenizer)
         result["masks"] = {str(rows): mask_times(engine, tokenizer, rows, compiled) for rows in args.rows}
         compiles = [r["compile_ms"] for r in covered.values() if "compile_ms" in r]
         result["compile_ms_median"] = statistics.median(compiles) if compiles else None

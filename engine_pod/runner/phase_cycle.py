@@ -27,9 +27,10 @@ import torch.nn.functional as F
 
 from dllm_contracts.run_rules import stagger_problem_for
 from engine_pod.decoding.denoise_step import Candidates
+from engine_pod.decoding.grammar.rows import read_with
 from engine_pod.runner.canvas import Canvas
 from engine_pod.runner.contract import CycleOutput
-from engine_pod.runner.dual_cycle import DualCacheStepper, _DualCycle
+from engine_pod.runner.dual_cycle import DualCacheStepper, _DualCycle, constrained_host
 from engine_pod.runner.dual_rows import HostState, StepRows
 from engine_pod.runner.packing import packed_layout, window_inputs
 from engine_pod.runner.phase_carry import RESUME_COLUMNS, RowCarry
@@ -160,11 +161,13 @@ class PhaseStepper(DualCacheStepper):
             phases.quota,
         )
         masked = canvas.block_tokens() == self.mask_id
-        read = torch.stack(
+        stack = torch.stack(
             [state.done.long(), masked.sum(1), masked[:, 0].long(), plan.refresh.long(), plan.reuse.long()]
-        ).tolist()
-        done, counts, first, refresh, reuse = read
+        )
+        (done, counts, first, refresh, reuse), report = read_with(stack, state.grammar)
         state.host = HostState([bool(d) for d in done], counts, [bool(f) for f in first])
+        if state.grammar is not None:
+            state.host = constrained_host(state.host, state.grammar, report)
         phases.plan = plan
         phases.refresh = tuple(r for r, flag in enumerate(refresh) if flag)
         phases.stepping = tuple(r for r, (a, b) in enumerate(zip(refresh, reuse)) if a or b)
@@ -180,7 +183,22 @@ class PhaseStepper(DualCacheStepper):
         phases = state.phases
         if phases is None or not phases.carry_out:
             return super().finish(state)
-        return self.carry.end_at_step(state, phases.forwards, phases.owners, phases.waited)
+        output = self.carry.end_at_step(state, phases.forwards, phases.owners, phases.waited)
+        if state.grammar is not None:  # the host's last commits: never sent
+            for row in state.grammar.rows:
+                output.blocks[row] = [self.mask_id if t is None else t for t in state.grammar.block(row)]
+            self.carry.patch_blocks(phases.owners, output.blocks)
+            output.stats.add_grammar(state.grammar.cost)
+        return output
+
+    def _start_blocks(self, cycle: SchedulerOutput) -> list[list[int | None]]:
+        """Each row's block when the cycle starts: a resumed row's as far as it was committed."""
+        blocks = super()._start_blocks(cycle)
+        for i, owner in enumerate(cycle.request_ids):
+            carried = self.carry.rows.get(owner) if self._phased(cycle) else None
+            if carried is not None:
+                blocks[i] = [None if t == self.mask_id else t for t in carried.block]
+        return blocks
 
     @torch.no_grad()
     def step(self, state: _DualCycle, step: int) -> None:
@@ -191,8 +209,18 @@ class PhaseStepper(DualCacheStepper):
         plan = phases.plan
         stepping = plan.refresh | plan.reuse
         phases.waited = torch.where(plan.waiting, phases.waited + 1, torch.where(stepping, 0, phases.waited))
+        inputs = None
+        if state.grammar is not None:
+            members = list(phases.stepping)
+            first = [phases.forwards[r] == 0 for r in members]
+            forced = self.quirks.commits_block_start_on_refresh
+            counts = [
+                int(state.host.first_masked[r]) if forced and f else state.host.masked[r]
+                for r, f in zip(members, first)
+            ]
+            inputs = self._send_grammar(state, members, counts)
         rows, layout = self._phase_rows(state, stepping)
-        self._phase_step(state, rows, layout)
+        self._phase_step(state, rows, layout, inputs)
         for row in rows.members:
             phases.forwards[row] += 1
         state.steps_taken[rows.index] += 1
@@ -219,7 +247,7 @@ class PhaseStepper(DualCacheStepper):
         )
         return rows, _PhaseLayout(refreshing, state.steps_taken[index] == 0, first, lengths, on_device)
 
-    def _phase_step(self, state: _DualCycle, rows: StepRows, layout: _PhaseLayout):
+    def _phase_step(self, state: _DualCycle, rows: StepRows, layout: _PhaseLayout, inputs=None):
         canvas = state.canvas
         mask, counts = rows.candidates, rows.counts
         if self.quirks.commits_block_start_on_refresh and any(layout.first_on_host):
@@ -233,10 +261,21 @@ class PhaseStepper(DualCacheStepper):
         positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
         own_step = state.steps_taken[candidates.owner]  # each row's forwards so far: its draws' step
         context = self._context(canvas, 0, rows, state.masks_at_start)
+        grammar = None if inputs is None else inputs.step
         commit = self.denoise(
-            logits, candidates, rows.block, positions, own_step, canvas.sampling, context, state.recorder
+            logits,
+            candidates,
+            rows.block,
+            positions,
+            own_step,
+            canvas.sampling,
+            context,
+            state.recorder,
+            grammar,
         )
         canvas.write_block(rows.index, commit.blocks)
+        if grammar is not None:
+            state.grammar.keep_report(grammar, commit.proposals, commit.confidence)
         state.output.stats.forwards += 1
 
     def _mixed_forward(self, state, rows: StepRows, layout: _PhaseLayout, candidates, counts, on_device):

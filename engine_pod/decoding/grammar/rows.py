@@ -76,22 +76,26 @@ class ConstrainedRows:
         added: dict[int, int] = {}
         if not self.reported:
             return added
-        started = time.perf_counter()
         width = len(values) // len(self.reported)
         L = width // 2
         for place, row in enumerate(self.reported):
             part = values[place * width : (place + 1) * width]
-            grammar_row = self.rows[row]
-            frontier = grammar_row.frontier
-            commits = grammar_row.commit(part[frontier], part[:L], [bool(c) for c in part[L:]])
-            self.pending += [(row, k, token) for k, token in commits]
-            self.cost.host_commits += len(commits)
-            added[row] = 1 + len(commits)
-            if grammar_row.complete:
-                self.completed.append(row)
+            frontier = self.rows[row].frontier
+            added[row] = self.advance(row, part[frontier], part[:L], [bool(c) for c in part[L:]])
         self.reported, self.report = [], None
-        self.cost.advance_seconds += time.perf_counter() - started
         return added
+
+    def advance(self, row: int, frontier_token: int, proposals: list[int], confident: list[bool]) -> int:
+        """One row's step on the host (commit_rule.py): the tokens it committed, its frontier's included."""
+        started = time.perf_counter()
+        grammar_row = self.rows[row]
+        commits = grammar_row.commit(frontier_token, proposals, confident)
+        self.pending += [(row, k, token) for k, token in commits]
+        self.cost.host_commits += len(commits)
+        if grammar_row.complete:
+            self.completed.append(row)
+        self.cost.advance_seconds += time.perf_counter() - started
+        return 1 + len(commits)
 
     def send(
         self, stepping: list[int], first_candidates: dict[int, int], thresholds: torch.Tensor
@@ -103,11 +107,7 @@ class ConstrainedRows:
         places = [place for place, row in enumerate(stepping) if row in first_candidates]
         members = [stepping[place] for place in places]
         words = self.compiler.words
-        started = time.perf_counter()
-        masks = np.zeros((len(members), words + words % 2), dtype=np.int32)  # whole int64s
-        self.compiler.fill_masks([self.rows[row].matcher for row in members], masks)
-        self.cost.mask_seconds += time.perf_counter() - started
-        self.cost.masks += len(members)
+        masks = self._masks(members)
         pending, self.pending = self.pending, []
         completed, self.completed = self.completed, []
         sent = self.buffers.send(
@@ -147,6 +147,47 @@ class ConstrainedRows:
             step,
             len(pending),
         )
+
+    def send_blocks(
+        self, members: list[int], places: list[int]
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """A canvas step's one copy (decoding/grammar/canvas.py): for each of ``members`` (at ``places`` among
+        the running rows) its block as the host knows it (-1: not committed), its frontier, whether it is
+        complete, and its mask at its frontier."""
+        open_rows = [row for row in members if not self.rows[row].complete]
+        masks = self._masks(open_rows)
+        if len(open_rows) < len(members):  # a complete row's mask: nothing (it stops at this step)
+            full = np.zeros((len(members), masks.shape[1]), dtype=np.int32)
+            full[[members.index(row) for row in open_rows]] = masks
+            masks = full
+        blocks = [(-1 if t is None else t) for row in members for t in self.rows[row].block]
+        self.pending, self.completed = [], []  # a canvas row's blocks travel whole
+        sent = self.buffers.send(
+            {
+                "places": places,
+                "blocks": blocks,
+                "frontier": [self.rows[row].frontier % len(self.rows[row].block) for row in members],
+                "complete": [int(self.rows[row].complete) for row in members],
+                "masks": masks.view(np.int64).ravel(),
+            }
+        )
+        self.reported = [row for row in members if not self.rows[row].complete]
+        words = self.compiler.words
+        shaped = sent["masks"].view(torch.int32).view(len(members), -1)[:, :words] if members else None
+        if shaped is None:
+            shaped = torch.zeros((0, words), dtype=torch.int32, device=self.device)
+        sent["blocks"] = sent["blocks"].view(len(members), -1) if members else sent["blocks"].view(0, 1)
+        return sent, shaped
+
+    def _masks(self, rows: list[int]) -> np.ndarray:
+        """The rows' bitmasks at their frontiers [n, words rounded up to whole int64s]."""
+        words = self.compiler.words
+        started = time.perf_counter()
+        masks = np.zeros((len(rows), words + words % 2), dtype=np.int32)
+        self.compiler.fill_masks([self.rows[row].matcher for row in rows], masks)
+        self.cost.mask_seconds += time.perf_counter() - started
+        self.cost.masks += len(rows)
+        return masks
 
     def keep_report(self, step: GrammarStep, proposals: torch.Tensor, confidence: torch.Tensor) -> None:
         """The step's report, read with the next read."""
