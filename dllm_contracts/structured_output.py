@@ -19,6 +19,11 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 # a tool call in an answer: <tool_call>{"name": NAME, "arguments": {...}}</tool_call>, one after another
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 KINDS = ("json_object", "json_schema", "tool_calls")
+# the largest schema a request may ask for (a response format's, or all its tools' parameters together):
+# what bounds the time a grammar takes to compile, in the gateway's check and in the worker
+MAX_SCHEMA_BYTES = 64 * 1024
+MAX_SCHEMA_NODES = 1000  # subschemas
+MAX_SCHEMA_DEPTH = 32  # objects and arrays nested in the schema's JSON
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,11 @@ def tool_calls_grammar(functions: dict[str, dict[str, Any]], choice: str, parall
     else:
         start = f"start: {repeat}"
     return "\n".join([start, call, *calls]) + "\n"
+
+
+def call_text(name: str, arguments: str) -> str:
+    """One tool call as an answer writes it (``arguments``: its JSON object, as text)."""
+    return f'{TOOL_CALL_OPEN}{{"name": {json.dumps(name)}, "arguments": {arguments}}}{TOOL_CALL_CLOSE}'
 
 
 def _lark_literal(text: str) -> str:

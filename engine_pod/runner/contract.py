@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from dllm_contracts.canvas_sampler import EntropyBoundParams
+from dllm_contracts.structured_output import ResponseGrammar
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.scheduler.output import SchedulerOutput
 
@@ -103,6 +104,11 @@ class Runner(Protocol):
     def warm_prefix(self, tokens: list[int]) -> int:
         """Compute ``tokens``' whole blocks into the prefix cache and pin them there for good (a warm
         prefix); returns the tokens newly pinned. ValueError for a model without an exact prefix cache."""
+        ...
+
+    def grammar_problem(self, grammar: ResponseGrammar) -> str | None:
+        """Why a request with ``grammar`` cannot run here (it does not compile for the model's tokenizer,
+        the model has none, ...), in one line; None: it can (compiled now, kept for its cycles)."""
         ...
 
 

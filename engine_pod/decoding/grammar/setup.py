@@ -48,6 +48,14 @@ class GrammarSource:
             logger.info("grammar compiler ready (%d vocabulary entries)", config.vocab_size)
         return self._compiler
 
+    def problem(self, grammar) -> str | None:
+        """Why ``grammar`` (a ResponseGrammar) cannot be used here, in one line; None: it compiles."""
+        try:
+            self.compiler.matcher(grammar.grammar)
+        except GrammarError as exc:
+            return str(exc)
+        return None
+
     def rows(
         self,
         rows: list[CycleRow],
