@@ -150,7 +150,7 @@ class PagedCacheStepper:
             cycle.packed,
             steps
             if grammar is None
-            else max(steps, L),  # a constrained row commits one token a step at least
+            else max(steps, L + 1),  # a constrained row: a token a step, then the read of its last
             LogprobRecorder(counts, logprobs) if asked else None,
             logprobs,
             grammar=grammar,

@@ -68,11 +68,8 @@ def test_an_image_audio_or_file_part_is_refused_naming_what_is_not_supported(cli
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-        ("tool_choice", "auto"),
         ("functions", [{"name": "f", "parameters": {}}]),
         ("function_call", "auto"),
-        ("response_format", {"type": "json_object"}),
         ("logit_bias", {"5": 10}),
         ("presence_penalty", 0.5),
         ("frequency_penalty", -1.0),

@@ -17,6 +17,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 CACHED_GRAMMARS = 256  # compiled grammars kept per worker
+UTF8_BYTES = set(range(0xF5))  # the bytes UTF-8 text may hold (llguidance keeps 0xFF for special tokens)
 
 
 class GrammarError(ValueError):
@@ -35,7 +36,16 @@ class GrammarCompiler:
         self.llg = llg
         self.vocab_size = vocab_size
         self.eos_ids = tuple(eos_ids)
-        self.tokenizer = llg.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=list(eos_ids))
+        try:
+            self.tokenizer = llg.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=list(eos_ids))
+        except ValueError as exc:
+            raise GrammarError(f"structured outputs cannot use this model's tokenizer: {exc}") from None
+        missing = len(UTF8_BYTES - self._single_bytes())
+        if missing:
+            raise GrammarError(
+                f"this model's tokenizer cannot write {missing} of the {len(UTF8_BYTES)} bytes UTF-8 text is "
+                "made of (it is not byte-level): structured outputs need one that can write any text"
+            )
         self.executor = llg.LLExecutor(num_threads=max(1, threads))
         self.words = (vocab_size + 31) // 32  # a bitmask row: one bit per vocabulary entry, in int32 words
         self._templates: OrderedDict[str, Any] = OrderedDict()
@@ -51,6 +61,15 @@ class GrammarCompiler:
                 f"{directory} has no tokenizer.json: structured outputs need the model's tokenizer"
             )
         return cls(path.read_text(), vocab_size, eos_ids, threads)
+
+    def _single_bytes(self) -> set[int]:
+        """The bytes some token writes alone (a byte-level tokenizer's: every one)."""
+        found = set()
+        for token in range(self.tokenizer.vocab_size):
+            written = self.tokenizer.decode_bytes([token])
+            if len(written) == 1:
+                found.add(written[0])
+        return found
 
     def matcher(self, grammar: str) -> Any:
         """A matcher at the start of ``grammar`` (an ``LLMatcher``); GrammarError if it does not compile."""

@@ -31,22 +31,33 @@ class GrammarSource:
         self.loaded = loaded
         self.logit_candidates = logit_candidates
         self._compiler: GrammarCompiler | None = None
+        self._failure: str | None = None  # why no compiler can be made for this model (it is not retried)
 
     @property
     def compiler(self) -> GrammarCompiler:
+        if self._failure is not None:
+            raise GrammarError(self._failure)
         if self._compiler is None:
-            if self.logit_candidates:
-                raise GrammarError(
-                    "structured outputs need every token's logit; this service scores only "
-                    f"{self.logit_candidates} candidates per position (--logit-candidates)"
-                )
-            config = self.loaded.config
-            threads = max(1, torch.get_num_threads())
-            self._compiler = GrammarCompiler.from_directory(
-                tokenizer_dir(self.loaded.source), config.vocab_size, tuple(config.eos_token_ids), threads
-            )
-            logger.info("grammar compiler ready (%d vocabulary entries)", config.vocab_size)
+            try:
+                self._compiler = self._make()
+            except GrammarError as exc:
+                self._failure = str(exc)
+                raise
         return self._compiler
+
+    def _make(self) -> GrammarCompiler:
+        if self.logit_candidates:
+            raise GrammarError(
+                "structured outputs need every token's logit; this service scores only "
+                f"{self.logit_candidates} candidates per position (--logit-candidates)"
+            )
+        config = self.loaded.config
+        threads = max(1, torch.get_num_threads())
+        compiler = GrammarCompiler.from_directory(
+            tokenizer_dir(self.loaded.source), config.vocab_size, tuple(config.eos_token_ids), threads
+        )
+        logger.info("grammar compiler ready (%d vocabulary entries)", config.vocab_size)
+        return compiler
 
     def problem(self, grammar) -> str | None:
         """Why ``grammar`` (a ResponseGrammar) cannot be used here, in one line; None: it compiles."""
