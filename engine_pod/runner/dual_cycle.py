@@ -362,12 +362,11 @@ class DualCacheStepper:
 def constrained_host(host: HostState, grammar: ConstrainedRows, report: list[int] | None) -> HostState:
     """The step's read with the host's commits to the constrained rows counted in: their masks left, and
     whether they are done (their block complete) or start with a mask."""
-    added = grammar.after_read(report)
+    grammar.after_read(report)
     done, masked, first = list(host.done), list(host.masked), list(host.first_masked)
-    for row, count in added.items():
-        masked[row] -= count - 1  # the frontier's commit was read already
-    for row in grammar.rows:
+    for row in grammar.rows:  # the host knows a constrained row's block better than the device (not sent yet)
         block = grammar.block(row)
         done[row] = done[row] or grammar.is_complete(row)
+        masked[row] = block.count(None)
         first[row] = block[0] is None
     return HostState(done, masked, first)

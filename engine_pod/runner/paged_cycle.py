@@ -166,9 +166,10 @@ class PagedCacheStepper:
             return False
         state.masked = (state.layout.blocks == self.mask_id).sum(1)
         state.counts, report = read_with(state.masked, state.grammar)
-        if state.grammar is not None:  # the host's commits counted in
-            for row, added in state.grammar.after_read(report).items():
-                state.counts[row] -= added - 1  # the frontier's commit was read already
+        if state.grammar is not None:  # the host's commits counted in (not sent yet)
+            state.grammar.after_read(report)
+            for row in state.grammar.rows:
+                state.counts[row] = state.grammar.block(row).count(None)
         return any(state.counts)
 
     @torch.no_grad()

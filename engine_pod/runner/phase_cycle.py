@@ -184,7 +184,9 @@ class PhaseStepper(DualCacheStepper):
         if phases is None or not phases.carry_out:
             return super().finish(state)
         if state.grammar is not None and state.grammar.completed:
-            self._send_grammar(state, [], [])  # rows the host's last walk completed are done on the device too
+            self._send_grammar(
+                state, [], []
+            )  # rows the host's last walk completed are done on the device too
         output = self.carry.end_at_step(state, phases.forwards, phases.owners, phases.waited)
         if state.grammar is not None:  # the host's last commits: never sent
             for row in state.grammar.rows:

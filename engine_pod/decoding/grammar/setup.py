@@ -89,4 +89,11 @@ class GrammarSource:
             answer = list(row.prefix_ids[row.prompt_len :]) + list(block[head:frontier])
             matcher = compiler.matcher(row.grammar.grammar)
             constrained[i] = GrammarRow.start(matcher, answer, blocks[i], compiler.eos_ids)
-        return ConstrainedRows(compiler, constrained, device)
+        grammar = ConstrainedRows(compiler, constrained, device)
+        for i, grammar_row in constrained.items():  # an answer that ended before: its block is its EOS id
+            grammar.pending += [
+                (i, k, t) for k, t in enumerate(grammar_row.block) if blocks[i][k] is None and t is not None
+            ]
+            if grammar_row.complete:
+                grammar.completed.append(i)
+        return grammar
