@@ -6,7 +6,8 @@ sampled row's masked draw), so every step commits at least one token the grammar
 walks the positions after it and commits each whose proposal (the model's top token there, or its draw)
 was confident and is accepted by the grammar after the tokens before it, stopping at the first that is not;
 where the grammar allows one continuation alone (a JSON key, the punctuation between values: the
-schema's scaffolding), those tokens are committed whatever the model proposed.
+schema's scaffolding; the end of an answer that is whole), those tokens are committed whatever the model
+proposed.
 No token the grammar rejects is ever committed, and the end of the answer (an EOS id) only where the
 grammar accepts the answer as complete; after it, the rest of the block is that EOS id. So every answer
 that ends is in the grammar's language, and where the model is confident a step commits several tokens.
@@ -63,6 +64,9 @@ class GrammarRow:
             return self._fill(k + 1)
         commits, j = [], k + 1
         while j < len(self.block):
+            if self.matcher.is_stopped():  # the answer is whole: its end alone may follow
+                self._consume([self.eos_ids[0]], f"position {j} (the answer's end)")
+                return commits + self._fill(j)
             forced = self.matcher.compute_ff_tokens()[: len(self.block) - j]
             if forced:  # the grammar allows these alone: committed whatever the model proposed
                 self._consume(forced, f"position {j} (forced by the grammar)")
