@@ -58,8 +58,7 @@ from engine_pod.decoding.entropy_bound import (
     entropy_bound_step,
     start_canvas,
 )
-from engine_pod.decoding.grammar.canvas import send_canvas_grammar
-from engine_pod.decoding.grammar.rows import ConstrainedRows
+from engine_pod.decoding.grammar import canvas as grammar_hooks
 from engine_pod.decoding.grammar.setup import GrammarSource
 from engine_pod.families.diffusion_gemma.context_cache import (
     ContextCache,
@@ -69,6 +68,7 @@ from engine_pod.families.diffusion_gemma.context_cache import (
 )
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.canvas_forward import CanvasForward
+from engine_pod.runner.canvas_requests import CanvasRequest
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
@@ -85,26 +85,6 @@ IGNORED = {  # engine options that mean nothing for this family
 
 
 @dataclass
-class CanvasRequest:
-    """What the runner keeps for one request between its cycles."""
-
-    generator: torch.Generator
-    cache: ContextCache  # its context's keys and values, in pages of the runner's pool
-    chunks: list[int] = field(default_factory=list)  # tokens of each encoder forward, in order
-    encoded: tuple[int, ...] = ()  # the context tokens the cache holds
-
-    def pending(self, prefix: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """The chunks to encode before this cycle's canvas: a rebuild's as first written (a new request
-        has none), then the rest."""
-        chunks, start = [], len(self.encoded)
-        if not self.encoded:
-            for length in self.chunks:
-                chunks.append(prefix[start : start + length])
-                start += length
-        return chunks + ([prefix[start:]] if len(prefix) > start else [])
-
-
-@dataclass
 class _CanvasCycle:
     """One cycle's state between its steps."""
 
@@ -115,7 +95,7 @@ class _CanvasCycle:
     rows: CanvasSamplerState | None = None  # their canvases and sampler state
     forward: CanvasForward | None = None
     limit: int = 0  # the most steps a row's canvas takes
-    grammar: ConstrainedRows | None = None  # the rows whose answer keeps to a grammar (None: none)
+    grammar: object | None = None  # its constrained rows (decoding/grammar/rows.py; None: none)
 
 
 class CanvasStepper:
@@ -173,8 +153,7 @@ class CanvasStepper:
         return bool(state.running)
 
     def finish(self, state: _CanvasCycle) -> CycleOutput:
-        if state.grammar is not None:
-            state.stats.add_grammar(state.grammar.cost)
+        grammar_hooks.add_cost(state.grammar, state.stats)
         return CycleOutput(blocks=state.blocks, steps=state.steps, stats=state.stats)
 
     def end(self, state: _CanvasCycle) -> None:
@@ -269,29 +248,24 @@ class CanvasStepper:
         state.forward = CanvasForward(self.model, batch, running_at, cycle.gather_rows)
         state.running, state.limit = running, max(p.max_denoising_steps for p in params) + 1
         state.grammar = self.grammars.rows(cycle.rows, [[None] * L for _ in cycle.rows], batch.pool.device)
-        if state.grammar is not None:  # a constrained row commits one token a step at least, then stops
-            state.limit = max(state.limit, L + 2)
+        state.limit = grammar_hooks.most_steps(state.limit, state.grammar, L)
         return state
 
     def step(self, state: _CanvasCycle, step: int) -> None:
         """One decoder forward of the running rows, their sampler's step (its one read) and the rows that
         stopped leaving."""
         L, forward, running = self.decoding.block_length, state.forward, state.running
-        grammar = None if state.grammar is None else send_canvas_grammar(state.grammar, running)
-        canvas = state.rows.canvas if grammar is None else grammar.freeze(state.rows.canvas)
-        logits = forward.logits(canvas)
+        grammar = grammar_hooks.send_canvas_grammar(state.grammar, running)
+        logits = forward.logits(state.rows.canvas if grammar is None else grammar.freeze(state.rows.canvas))
         state.stats.forwards += 1
         state.stats.computed_positions += forward.rows * L
         state.stats.useful_positions += len(running) * L
         result = entropy_bound_step(state.rows, logits, grammar)
-        if grammar is not None:
-            self._walk(state.grammar, running, result)
+        grammar_hooks.walk(state.grammar, running, result)
         for place, i in enumerate(running):
             state.steps[i] += 1
             if result.done_rows[place]:
-                committed = result.committed[place]
-                constrained = state.grammar is not None and i in state.grammar.rows
-                state.blocks[i] = state.grammar.block(i) if constrained else committed
+                state.blocks[i] = grammar_hooks.committed(state.grammar, i, result.committed[place])
         keep = [place for place, stopped in enumerate(result.done_rows) if not stopped]
         if keep:
             processed, probabilities = result.processed_logits, result.probabilities
@@ -302,17 +276,6 @@ class CanvasStepper:
                 forward.keep(keep, index)
             forward.condition(self.model.soft_embeddings(processed, probabilities))
         state.running = [running[place] for place in keep]
-
-    @staticmethod
-    def _walk(grammar: ConstrainedRows, running: list[int], result) -> None:
-        """The host's commits of the constrained rows that stepped (commit_rule.py): each frontier's token
-        as the device chose it, then the argmax tokens the sampler accepted, while the grammar accepts them."""
-        for place, row in enumerate(running):
-            if row not in grammar.rows or result.done_rows[place]:
-                continue
-            extra = result.extra_rows[place]
-            confident = [bool(flag) for flag in extra[1:]]
-            grammar.advance(row, extra[0], result.argmax_rows[place], confident)
 
     def forget(self) -> None:
         """Let go of every request's state and pages (a benchmark's warm-up leaves nothing behind)."""

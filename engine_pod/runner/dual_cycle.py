@@ -15,7 +15,6 @@ import torch
 
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
-from engine_pod.decoding.grammar.rows import ConstrainedRows, GrammarInputs, read_with
 from engine_pod.decoding.grammar.setup import GrammarSource
 from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext, make_policy
@@ -23,15 +22,15 @@ from engine_pod.device_buffers import DeviceBuffers
 from engine_pod.head_sparse.hooks import refresh_heads, window_heads
 from engine_pod.head_sparse.store import HeadSparse, position_bytes
 from engine_pod.loading.loader import LoadedModel
-from engine_pod.models.forward_batch import ForwardBatch
+from engine_pod.runner import dual_grammar
 from engine_pod.runner.canvas import Canvas, build_canvas, canvas_regions
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.runner.dual_batches import box_refresh, box_window
 from engine_pod.runner.dual_cache import DualCache, DualCachePool
+from engine_pod.runner.dual_calibration import first_block_confidences
 from engine_pod.runner.dual_records import record_margins, trace_entry
 from engine_pod.runner.dual_rows import HostState, StepRows
 from engine_pod.runner.packing import refresh_inputs, window_inputs
-from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 
 
@@ -50,7 +49,7 @@ class _DualCycle:
     recorder: LogprobRecorder | None
     host: HostState | None = None  # the last step's read
     phases: object | None = None  # each row's refresh schedule, where the cycle staggers refreshes
-    grammar: ConstrainedRows | None = None  # the rows whose answer keeps to a grammar (None: none)
+    grammar: object | None = None  # its constrained rows (decoding/grammar/rows.py; None: none)
     constrained: torch.Tensor | None = None  # [R] those rows, on the device (sent with their first step)
 
 
@@ -93,6 +92,7 @@ class DualCacheStepper:
         self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)  # what scores are computed in
         self.denoise = DenoiseStep(self.policy, self.score_dtype, self.mask_id)
         self.grammars = GrammarSource(loaded, decoding.logit_candidates)
+        self.forces_start = decoding.uses_cache and self.quirks.commits_block_start_on_refresh
         L = decoding.block_length
         self.heads = HeadSparse.of(loaded, decoding.sparse)  # None: every head keeps every position
         self.position_bytes = position_bytes(loaded.config, loaded.dtype)
@@ -133,12 +133,8 @@ class DualCacheStepper:
             torch.full(canvas.block_slots.shape, float("inf"), device=device),
             recorder,
         )
-        state.grammar = self.grammars.rows(cycle.rows, self._start_blocks(cycle), device)
+        state.grammar = self.grammars.rows(cycle.rows, [[None] * L for _ in cycle.rows], device)
         return state
-
-    def _start_blocks(self, cycle: SchedulerOutput) -> list[list[int | None]]:
-        """Each row's block as committed when the cycle starts (None: masked): every block starts masked."""
-        return [[None] * self.decoding.block_length for _ in cycle.rows]
 
     def _canvas(self, cycle: SchedulerOutput, **resume) -> Canvas:
         """The cycle's canvas (``resume``: resumed rows' blocks and columns, runner/phase_carry.py)."""
@@ -157,53 +153,16 @@ class DualCacheStepper:
 
     @torch.no_grad()
     def step(self, state: _DualCycle, step: int) -> None:
-        only_unfinished = state.gather_rows and step > 0
-        inputs = None
-        if state.grammar is not None:
-            members = self._members(state.host, only_unfinished)
-            counts = self._forward_counts(state.host, members, step)
-            inputs = self._send_grammar(state, members, counts)
-        rows = self._step_rows(state.canvas, state.done, state.host, only_unfinished)
+        unfinished = state.gather_rows and step > 0
+        inputs = dual_grammar.before_step(state, unfinished, step == 0 and self.forces_start)
+        rows = self._step_rows(state.canvas, state.done, state.host, unfinished)
         self._denoise_step(state, rows, step, inputs)
         state.steps_taken[rows.index] += (~state.done[rows.index]).long()
-
-    def _members(self, host: HostState, only_unfinished: bool) -> list[int]:
-        """The rows of the step's forward, on the host (``_step_rows`` finds them on the device)."""
-        return (
-            [r for r in range(len(host.done)) if not host.done[r]]
-            if only_unfinished
-            else list(range(len(host.done)))
-        )
-
-    def _forward_counts(self, host: HostState, members: list[int], step: int) -> list[int]:
-        """Each member's candidates in the step's forward (a forced first commit: its block's start only)."""
-        if step == 0 and self.decoding.uses_cache and self.quirks.commits_block_start_on_refresh:
-            return [int(not host.done[r] and host.first_masked[r]) for r in members]
-        return [0 if host.done[r] else host.masked[r] for r in members]
-
-    def _send_grammar(self, state: _DualCycle, members: list[int], counts: list[int]) -> GrammarInputs:
-        """The step's grammar copy; the host's commits written into the canvas, the rows they complete
-        done (before the step's rows are found on the device)."""
-        grammar, canvas = state.grammar, state.canvas
-        offsets = [sum(counts[:i]) for i in range(len(members))]
-        first = {r: offsets[i] for i, r in enumerate(members) if r in grammar.rows and counts[i]}
-        inputs = grammar.send(members, first, canvas.thresholds)
-        if inputs.commits:
-            slots = canvas.block_slots[inputs.commit_rows, inputs.commit_positions]
-            canvas.tokens[inputs.commit_rows, slots] = inputs.commit_tokens
-        state.done[inputs.completed] = True
-        if state.constrained is None:
-            state.constrained = torch.zeros_like(state.done)
-            state.constrained[inputs.constrained] = True
-        return inputs
 
     def finish(self, state: _DualCycle) -> CycleOutput:
         output = state.output
         output.blocks = state.canvas.block_tokens().tolist()
-        if state.grammar is not None:  # the host's last commits: never sent
-            for row in state.grammar.rows:
-                output.blocks[row] = state.grammar.block(row)
-            output.stats.add_grammar(state.grammar.cost)
+        dual_grammar.host_blocks(state.grammar, output)
         output.steps = state.steps_taken.tolist()
         if state.recorder is not None:
             state.recorder.finish()
@@ -222,37 +181,21 @@ class DualCacheStepper:
 
     @torch.no_grad()
     def first_block_confidences(self, prompts: list[list[int]]) -> torch.Tensor:
-        """The policy's confidences over each prompt's first block, from one full forward (what a
-        threshold calibration samples)."""
-        rows = [CycleRow(tuple(ids)) for ids in prompts]
-        L = self.decoding.block_length
-        canvas = build_canvas(rows, L, self.mask_id, self.pad_id, self.loaded.device, buffers=self.buffers)
-        pick_r = torch.arange(len(rows), device=self.loaded.device).repeat_interleave(L)
-        source = canvas.block_slots.reshape(-1) - self.quirks.logit_shift
-        batch = ForwardBatch.box_over_itself(canvas.tokens, canvas.position_ids, canvas.key_mask)
-        hidden = self.model.forward_batch(batch, (pick_r, source))
-        _, confidence = hidden.map_logits(self.policy.scorer, (0,))
-        return confidence
+        return first_block_confidences(self, prompts)
 
-    def _finished(self, canvas: Canvas, step: int, constrained: torch.Tensor | None = None) -> torch.Tensor:
-        """Rows whose block is complete, or whose steps are done; a constrained row's only when complete."""
+    def _finished(self, canvas: Canvas, step: int, constrained: torch.Tensor | None) -> torch.Tensor:
+        """Rows whose block is complete or whose steps are done (a constrained row's: when complete)."""
         at_cap = self.step_cap is not None and step >= self.step_cap
         if self.exact_steps and constrained is None:
             return torch.full_like(canvas.active, at_cap)
         complete = (canvas.block_tokens() != self.mask_id).all(1)
-        capped = torch.full_like(canvas.active, at_cap) if self.exact_steps else complete | at_cap
-        return capped if constrained is None else torch.where(constrained, complete, capped)
+        return dual_grammar.finished(complete, at_cap, self.exact_steps, constrained)
 
-    def _read_state(
-        self, canvas: Canvas, done: torch.Tensor, grammar: ConstrainedRows | None = None
-    ) -> HostState:
-        """The step's one read from the device (with the constrained rows' report), then the host's
-        commits of the constrained rows."""
+    def _read_state(self, canvas: Canvas, done: torch.Tensor, grammar) -> HostState:
+        """The step's one read from the device (the constrained rows' report with it: dual_grammar.py)."""
         masked = canvas.block_tokens() == self.mask_id
         stack = torch.stack([done.long(), masked.sum(1), masked[:, 0].long()])
-        (done_list, counts, first), report = read_with(stack, grammar)
-        host = HostState([bool(d) for d in done_list], counts, [bool(f) for f in first])
-        return host if grammar is None else constrained_host(host, grammar, report)
+        return dual_grammar.read_state(stack, grammar)[0]
 
     def _step_rows(
         self, canvas: Canvas, done: torch.Tensor, state: HostState, only_unfinished: bool
@@ -270,9 +213,7 @@ class DualCacheStepper:
         first = [not state.done[r] and state.first_masked[r] for r in members]
         return StepRows(index, len(members) == rows, block, candidates, members, counts, first)
 
-    def _denoise_step(
-        self, state: _DualCycle, rows: StepRows, step: int, inputs: GrammarInputs | None = None
-    ) -> None:
+    def _denoise_step(self, state: _DualCycle, rows: StepRows, step: int, inputs=None) -> None:
         canvas, cache, out = state.canvas, state.cache, state.output
         refresh = step == 0 or cache is None
         mask = rows.candidates
@@ -287,13 +228,12 @@ class DualCacheStepper:
         logits = forward(canvas, cache, rows, candidates.r, candidates.k, out.stats, picked)
         positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
         context = None if forced_start else self._context(canvas, step, rows, state.masks_at_start)
-        grammar = None if inputs is None else inputs.step
+        grammar = dual_grammar.step_of(inputs)
         commit = self.denoise(
             logits, candidates, rows.block, positions, step, canvas.sampling, context, state.recorder, grammar
         )
         canvas.write_block(rows.index, commit.blocks)
-        if grammar is not None:
-            state.grammar.keep_report(grammar, commit.proposals, commit.confidence)
+        dual_grammar.keep_report(state, grammar, commit)
         if self.record_margins:
             record_margins(logits, candidates.r, candidates.k, commit.transfer, rows.index, state.margins)
         out.stats.forwards += 1
@@ -357,16 +297,3 @@ class DualCacheStepper:
         return self.model.forward_batch(
             box_window(canvas, cache, index, rows.all_rows, slots), (pick_r, source)
         )
-
-
-def constrained_host(host: HostState, grammar: ConstrainedRows, report: list[int] | None) -> HostState:
-    """The step's read with the host's commits to the constrained rows counted in: their masks left, and
-    whether they are done (their block complete) or start with a mask."""
-    grammar.after_read(report)
-    done, masked, first = list(host.done), list(host.masked), list(host.first_masked)
-    for row in grammar.rows:  # the host knows a constrained row's block better than the device (not sent yet)
-        block = grammar.block(row)
-        done[row] = done[row] or grammar.is_complete(row)
-        masked[row] = block.count(None)
-        first[row] = block[0] is None
-    return HostState(done, masked, first)

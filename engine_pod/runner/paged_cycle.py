@@ -26,12 +26,12 @@ from engine_pod.block_diffusion.cycle_layout import (
 from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache, PrefixCacheStats
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
-from engine_pod.decoding.grammar.rows import ConstrainedRows, read_with
 from engine_pod.decoding.grammar.setup import GrammarSource
 from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext
 from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
 from engine_pod.loading.loader import LoadedModel
+from engine_pod.runner import paged_grammar
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.runner.paged_warm_prefix import fill_prefix
 from engine_pod.scheduler.cycle_row import CycleRow
@@ -72,7 +72,7 @@ class _PagedCycle:
     masked: torch.Tensor | None = None  # [R] masks left in each row's block, after the last read
     counts: list[int] = field(default_factory=list)  # the same, read
     stats: CycleStats = field(default_factory=CycleStats)
-    grammar: ConstrainedRows | None = None  # the rows whose answer keeps to a grammar (None: none)
+    grammar: object | None = None  # its constrained rows (decoding/grammar/rows.py; None: none)
 
 
 class PagedCacheStepper:
@@ -134,23 +134,15 @@ class PagedCacheStepper:
             self.score_dtype,
             [row.sampling for row in rows],
         )
-        heads = [len(state.tokens) % L for state in states]
-        blocks = [
-            state.tokens[start:] + [None] * (L - head)
-            for state, start, head in zip(states, layout.starts, heads)
-        ]
-        grammar = self.grammars.rows(rows, blocks, self.pool.device, heads)
-        steps = max(state.steps or self.decoding.steps_per_block for state in states)
+        grammar = paged_grammar.constrained_rows(self, rows, states, layout.starts)
         return _PagedCycle(
             layout,
-            heads,
+            [len(state.tokens) % L for state in states],
             [state.forwards for state in states],
             hits,
             cycle.gather_rows,
             cycle.packed,
-            steps
-            if grammar is None
-            else max(steps, L + 1),  # a constrained row: a token a step, then the read of its last
+            paged_grammar.most_steps(self, states, grammar),
             LogprobRecorder(counts, logprobs) if asked else None,
             logprobs,
             grammar=grammar,
@@ -165,20 +157,14 @@ class PagedCacheStepper:
         if step >= state.steps:
             return False
         state.masked = (state.layout.blocks == self.mask_id).sum(1)
-        state.counts, report = read_with(state.masked, state.grammar)
-        if state.grammar is not None:  # the host's commits counted in (not sent yet)
-            state.grammar.after_read(report)
-            for row in state.grammar.rows:
-                state.counts[row] = state.grammar.block(row).count(None)
+        state.counts = paged_grammar.read_counts(state)
         return any(state.counts)
 
     @torch.no_grad()
     def step(self, state: _PagedCycle, step: int) -> None:
         """One step of the rows with masks left (every row, where the cycle keeps them all)."""
         cycle, counts = state.layout, state.counts
-        inputs = None
-        if state.grammar is not None:
-            inputs = self._send_grammar(state)
+        inputs = paged_grammar.before_step(state, self.mask_id)
         live, rows = live_rows(state.masked, counts, state.gather_rows)
         candidates = sum(counts[i] for i in live)
         queries = step_queries(cycle, live, rows, self.exact_cache, self.mask_id, candidates, state.packed)
@@ -209,36 +195,17 @@ class PagedCacheStepper:
             None if inputs is None else inputs.step,
         )
         cycle.blocks[rows] = commit.blocks
-        if inputs is not None:
-            state.grammar.keep_report(inputs.step, commit.proposals, commit.confidence)
+        paged_grammar.keep_report(state, inputs, commit)
         for i in live:
             cycle.rows[i].forwards += 1
             if self.exact_cache:
                 cycle.rows[i].cached = cycle.starts[i]
 
-    def _send_grammar(self, state: _PagedCycle):
-        """The step's grammar copy; the host's commits written into the blocks, their masks counted again
-        on the device (the host counted them already)."""
-        cycle, counts, grammar = state.layout, state.counts, state.grammar
-        live = (
-            [i for i, count in enumerate(counts) if count] if state.gather_rows else list(range(len(counts)))
-        )
-        offsets = [sum(counts[i] for i in live[:place]) for place in range(len(live))]
-        first = {i: offsets[place] for place, i in enumerate(live) if i in grammar.rows and counts[i]}
-        inputs = grammar.send(live, first, cycle.thresholds)
-        if inputs.commits:
-            cycle.blocks[inputs.commit_rows, inputs.commit_positions] = inputs.commit_tokens
-            state.masked = (cycle.blocks == self.mask_id).sum(1)
-        return inputs
-
     def finish(self, state: _PagedCycle) -> CycleOutput:
         """Every row's block (its fixed head left out), its tokens extended to the block's end."""
         cycle = state.layout
         blocks = cycle.blocks.tolist()
-        if state.grammar is not None:  # the host's last commits: never sent
-            for row in state.grammar.rows:
-                blocks[row] = state.grammar.block(row)
-            state.stats.add_grammar(state.grammar.cost)
+        paged_grammar.host_blocks(state, blocks)
         if any(self.mask_id in block for block in blocks):
             raise RuntimeError(f"a block kept masks after {state.steps} steps; this is a bug")
         if state.recorder is not None:

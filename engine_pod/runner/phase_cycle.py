@@ -27,11 +27,11 @@ import torch.nn.functional as F
 
 from dllm_contracts.run_rules import stagger_problem_for
 from engine_pod.decoding.denoise_step import Candidates
-from engine_pod.decoding.grammar.rows import read_with
+from engine_pod.runner import dual_grammar as hooks
 from engine_pod.runner.canvas import Canvas
 from engine_pod.runner.contract import CycleOutput
-from engine_pod.runner.dual_cycle import DualCacheStepper, _DualCycle, constrained_host
-from engine_pod.runner.dual_rows import HostState, StepRows
+from engine_pod.runner.dual_cycle import DualCacheStepper, _DualCycle
+from engine_pod.runner.dual_rows import StepRows
 from engine_pod.runner.packing import packed_layout, window_inputs
 from engine_pod.runner.phase_carry import RESUME_COLUMNS, RowCarry
 from engine_pod.runner.phase_plan import PhasePlan, plan_phases
@@ -106,6 +106,11 @@ class PhaseStepper(DualCacheStepper):
         state = super().begin(cycle)
         if not self._phased(cycle):
             return state
+        if state.grammar is not None and self.carry:  # a resumed row's grammar: past its block's commits
+            blocks = hooks.resumed_blocks(
+                self.carry.rows, cycle.request_ids, state.canvas.block_length, self.mask_id
+            )
+            state.grammar = self.grammars.rows(cycle.rows, blocks, state.canvas.tokens.device)
         self._check_stagger(cycle)
         rows, owners = len(cycle.rows), list(cycle.request_ids)
         layout = packed_layout(state.canvas, None, list(range(rows)))
@@ -164,10 +169,7 @@ class PhaseStepper(DualCacheStepper):
         stack = torch.stack(
             [state.done.long(), masked.sum(1), masked[:, 0].long(), plan.refresh.long(), plan.reuse.long()]
         )
-        (done, counts, first, refresh, reuse), report = read_with(stack, state.grammar)
-        state.host = HostState([bool(d) for d in done], counts, [bool(f) for f in first])
-        if state.grammar is not None:
-            state.host = constrained_host(state.host, state.grammar, report)
+        state.host, (refresh, reuse) = hooks.read_state(stack, state.grammar)
         phases.plan = plan
         phases.refresh = tuple(r for r, flag in enumerate(refresh) if flag)
         phases.stepping = tuple(r for r, (a, b) in enumerate(zip(refresh, reuse)) if a or b)
@@ -183,26 +185,13 @@ class PhaseStepper(DualCacheStepper):
         phases = state.phases
         if phases is None or not phases.carry_out:
             return super().finish(state)
-        if state.grammar is not None and state.grammar.completed:
-            self._send_grammar(
-                state, [], []
-            )  # rows the host's last walk completed are done on the device too
+        if state.grammar is None:
+            return self.carry.end_at_step(state, phases.forwards, phases.owners, phases.waited)
+        hooks.send_grammar(state, [], [])  # the host's last commits and the rows they complete, on the device
         output = self.carry.end_at_step(state, phases.forwards, phases.owners, phases.waited)
-        if state.grammar is not None:  # the host's last commits: never sent
-            for row in state.grammar.rows:
-                output.blocks[row] = [self.mask_id if t is None else t for t in state.grammar.block(row)]
-            self.carry.patch_blocks(phases.owners, output.blocks)
-            output.stats.add_grammar(state.grammar.cost)
+        hooks.host_blocks(state.grammar, output, self.mask_id)
+        self.carry.patch_blocks(phases.owners, output.blocks)
         return output
-
-    def _start_blocks(self, cycle: SchedulerOutput) -> list[list[int | None]]:
-        """Each row's block when the cycle starts: a resumed row's as far as it was committed."""
-        blocks = super()._start_blocks(cycle)
-        for i, owner in enumerate(cycle.request_ids):
-            carried = self.carry.rows.get(owner) if self._phased(cycle) else None
-            if carried is not None:
-                blocks[i] = [None if t == self.mask_id else t for t in carried.block]
-        return blocks
 
     @torch.no_grad()
     def step(self, state: _DualCycle, step: int) -> None:
@@ -213,16 +202,7 @@ class PhaseStepper(DualCacheStepper):
         plan = phases.plan
         stepping = plan.refresh | plan.reuse
         phases.waited = torch.where(plan.waiting, phases.waited + 1, torch.where(stepping, 0, phases.waited))
-        inputs = None
-        if state.grammar is not None:
-            members = list(phases.stepping)
-            first = [phases.forwards[r] == 0 for r in members]
-            forced = self.quirks.commits_block_start_on_refresh
-            counts = [
-                int(state.host.first_masked[r]) if forced and f else state.host.masked[r]
-                for r, f in zip(members, first)
-            ]
-            inputs = self._send_grammar(state, members, counts)
+        inputs = hooks.before_phase_step(state, self.quirks.commits_block_start_on_refresh)
         rows, layout = self._phase_rows(state, stepping)
         self._phase_step(state, rows, layout, inputs)
         for row in rows.members:
@@ -265,21 +245,11 @@ class PhaseStepper(DualCacheStepper):
         positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
         own_step = state.steps_taken[candidates.owner]  # each row's forwards so far: its draws' step
         context = self._context(canvas, 0, rows, state.masks_at_start)
-        grammar = None if inputs is None else inputs.step
-        commit = self.denoise(
-            logits,
-            candidates,
-            rows.block,
-            positions,
-            own_step,
-            canvas.sampling,
-            context,
-            state.recorder,
-            grammar,
-        )
+        grammar = hooks.step_of(inputs)
+        step = (positions, own_step, canvas.sampling, context, state.recorder, grammar)
+        commit = self.denoise(logits, candidates, rows.block, *step)
         canvas.write_block(rows.index, commit.blocks)
-        if grammar is not None:
-            state.grammar.keep_report(grammar, commit.proposals, commit.confidence)
+        hooks.keep_report(state, grammar, commit)
         state.output.stats.forwards += 1
 
     def _mixed_forward(self, state, rows: StepRows, layout: _PhaseLayout, candidates, counts, on_device):

@@ -58,8 +58,11 @@ class CanvasGrammarStep:
         return done, extra
 
 
-def send_canvas_grammar(grammar: ConstrainedRows, running: list[int]) -> CanvasGrammarStep:
-    """The step's one grammar copy for the running rows (cycle rows, in running order)."""
+def send_canvas_grammar(grammar: ConstrainedRows | None, running: list[int]) -> CanvasGrammarStep | None:
+    """The step's one grammar copy for the running rows (cycle rows, in running order); None: the cycle has
+    no constrained row."""
+    if grammar is None:
+        return None
     places = [place for place, row in enumerate(running) if row in grammar.rows]
     members = [running[place] for place in places]
     sent, masks = grammar.send_blocks(members, places)
@@ -72,3 +75,30 @@ def send_canvas_grammar(grammar: ConstrainedRows, running: list[int]) -> CanvasG
         vocab=grammar.compiler.vocab_size,
         count=len(members),
     )
+
+
+def walk(grammar: ConstrainedRows | None, running: list[int], result) -> None:
+    """The host's commits of the constrained rows that stepped (commit_rule.py): each frontier's token as
+    the device chose it, then the argmax tokens the sampler accepted, while the grammar accepts them.
+    ``result``: the step's CanvasStepDecision, as read."""
+    if grammar is None:
+        return
+    for place, row in enumerate(running):
+        if row in grammar.rows and not result.done_rows[place]:
+            extra = result.extra_rows[place]
+            grammar.advance(row, extra[0], result.argmax_rows[place], [bool(flag) for flag in extra[1:]])
+
+
+def committed(grammar: ConstrainedRows | None, row: int, canvas: list[int]) -> list[int]:
+    """A stopped row's committed canvas: the step's argmax, or a constrained row's as the host has it."""
+    return grammar.block(row) if grammar is not None and row in grammar.rows else canvas
+
+
+def most_steps(limit: int, grammar: ConstrainedRows | None, length: int) -> int:
+    """A cycle's most steps: a constrained row commits one token a step at least, then stops a step later."""
+    return limit if grammar is None else max(limit, length + 2)
+
+
+def add_cost(grammar: ConstrainedRows | None, stats) -> None:
+    if grammar is not None:
+        stats.add_grammar(grammar.cost)

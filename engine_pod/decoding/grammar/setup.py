@@ -14,7 +14,6 @@ from dllm_contracts.defaults import RANDOM_TOKENIZER_DIR
 from engine_pod.decoding.grammar.commit_rule import GrammarRow
 from engine_pod.decoding.grammar.compiler import GrammarCompiler, GrammarError
 from engine_pod.decoding.grammar.rows import ConstrainedRows
-from engine_pod.scheduler.cycle_row import CycleRow
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +68,12 @@ class GrammarSource:
 
     def rows(
         self,
-        rows: list[CycleRow],
+        rows: list,
         blocks: list[list[int | None]],
         device: torch.device,
         heads: list[int] | None = None,
     ) -> ConstrainedRows | None:
-        """The cycle's constrained rows (None: there are none); ``blocks``: each row's block as committed
+        """The cycle's constrained rows (None: there are none) among ``rows`` (its CycleRows); ``blocks``: each row's block as committed
         at the cycle's start (None: not committed), of which the first ``heads`` positions are its prompt's
         (a block on the absolute grid)."""
         wanted = [i for i, row in enumerate(rows) if row.grammar is not None and row.active]
