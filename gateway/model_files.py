@@ -15,7 +15,6 @@ from dllm_contracts.model_source import builtin_model_dir
 from gateway.settings import missing_setting
 
 
-
 @dataclass(frozen=True)
 class ModelFiles:
     tokenizer_dir: Path  # tokenizer.json, and tokenizer_config.json and chat_template.jinja if it has them

@@ -12,7 +12,7 @@ import random
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from engine_pod.training.vocabulary import words
+from engine_pod.synthetic.vocabulary import words
 
 BOS, EOS, MASK, PAD = "<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "<|pad|>"
 USER, ASSISTANT, SYSTEM, TOOL = "<|user|>", "<|assistant|>", "<|system|>", "<|tool|>"

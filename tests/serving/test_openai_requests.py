@@ -106,6 +106,17 @@ def test_a_value_that_does_nothing_by_openais_definition_is_accepted(client, ext
     )
 
 
+def test_structured_outputs_on_a_model_whose_tokenizer_cannot_write_json_are_a_400_saying_why(client):
+    """The shipped model's word-level tokenizer has no braces or quotes: no answer could be in a grammar."""
+    for fields in (
+        {"response_format": {"type": "json_object"}},
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            _chat(client, **fields)
+        assert "tokenizer that can write any text" in refused.value.body["message"]
+
+
 def test_completions_refuse_best_of_suffix_and_penalties(client):
     for field, value in (("best_of", 2), ("suffix", "!"), ("logit_bias", {"3": 1})):
         _refused(

@@ -39,7 +39,9 @@ class GrammarCompiler:
         try:
             self.tokenizer = llg.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=list(eos_ids))
         except ValueError as exc:
-            raise GrammarError(f"structured outputs cannot use this model's tokenizer: {exc}") from None
+            raise GrammarError(
+                f"structured outputs need a tokenizer that can write any text; this model's cannot be used ({exc})"
+            ) from None
         missing = len(UTF8_BYTES - self._single_bytes())
         if missing:
             raise GrammarError(
