@@ -19,25 +19,21 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from dllm_contracts.scheduler_config import SchedulerConfig  # noqa: E402
-from dllm_contracts.structured_output import ResponseGrammar, json_grammar  # noqa: E402
-from engine_pod.bench.structured_schemas import SCHEMAS  # noqa: E402
-from engine_pod.decoding.config import DecodingConfig  # noqa: E402
-from engine_pod.decoding.grammar.compiler import GrammarCompiler  # noqa: E402
-from engine_pod.engine import Engine  # noqa: E402
-from engine_pod.loading.loader import load_model  # noqa: E402
-from engine_pod.runner.contract import scheduling_facts  # noqa: E402
-from engine_pod.runner.factory import make_runner  # noqa: E402
-from engine_pod.scheduler.blockserve import BlockServeScheduler  # noqa: E402
 
 
 def run(loaded, compiler, rows: int, constrained: bool, max_tokens: int) -> dict:
     """``rows`` requests of the same prompts, free or each under a schema (the schemas in turn), answered
     through BlockServe at once."""
+    from dllm_contracts.scheduler_config import SchedulerConfig
+    from dllm_contracts.structured_output import ResponseGrammar, json_grammar
+    from engine_pod.bench.structured_schemas import SCHEMAS
+    from engine_pod.decoding.config import DecodingConfig
+    from engine_pod.engine import Engine
+    from engine_pod.runner.contract import scheduling_facts
+    from engine_pod.runner.factory import make_runner
+    from engine_pod.scheduler.blockserve import BlockServeScheduler
+
     decoding = DecodingConfig()
     budget = rows * (64 + max_tokens + 2 * decoding.block_length)
     runner = make_runner(loaded, decoding, pool_tokens=budget)
@@ -99,6 +95,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (the grammar's too)")
     parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args()
+    import torch  # after the arguments: --help loads no model stack
+
+    from engine_pod.decoding.grammar.compiler import GrammarCompiler
+    from engine_pod.loading.loader import load_model
+
     torch.set_num_threads(args.threads)
     loaded = load_model("random:llada-tiny-8b-vocab")
     config = loaded.config
