@@ -10,3 +10,6 @@ DEFAULT_MODEL_NAME = "builtin:tiny-llada"  # what `--model` defaults to, and wha
 DEFAULT_BLOCK_LENGTH = 32
 DEFAULT_THRESHOLD = 0.9
 DEFAULT_TOKEN_BUDGET = 8192
+# what a random model (``random:PRESET``) is served with: a byte-level tokenizer whose special tokens sit
+# at the presets' ids (scripts/make_byte_tokenizer.py)
+RANDOM_TOKENIZER_DIR = ASSETS_DIR / "random-bytes"

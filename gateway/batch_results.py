@@ -7,6 +7,7 @@ import json
 
 from dllm_contracts.queue.messages import DoneEvent, decode_event
 from gateway.batch_ingest import LINE_META, SKIPPED, STOP_META
+from gateway.chat_answers import TOOLS_META, chat_message
 from gateway.logprobs import chat_logprobs, completion_logprobs
 from gateway.submission import apply_stop, finish_reason, tokens_shown
 
@@ -25,9 +26,10 @@ def _response_body(done: DoneEvent, request_id: str, endpoint: str, state) -> di
     model = done.meta.get("model", state.settings.served_model)
     asked, cut = done.logprobs is not None, len(text) if stopped else None
     if endpoint == "/v1/chat/completions":
+        message, reason = chat_message(text, reason, bool(done.meta.get(TOOLS_META)), request_id)
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "finish_reason": reason,
             "logprobs": chat_logprobs(done, state.tokenizer, cut) if asked else None,
         }

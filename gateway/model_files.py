@@ -1,7 +1,7 @@
 """The model files the gateway reads for ``DLLM_MODEL_DIR`` (its tokenizer, and the configs that name its
 EOS ids), without torch: a directory, or a model named as ``dllm serve`` takes it. ``builtin:NAME`` is a
 model shipped in the package; ``random:PRESET`` (randomly initialised weights of a preset's shape) is
-served with the shipped model's tokenizer and the preset's config, as ``dllm serve`` serves it."""
+served with the random presets' byte-level tokenizer and the preset's config, as ``dllm serve`` serves it."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dllm_contracts.defaults import DEFAULT_MODEL
+from dllm_contracts.defaults import RANDOM_TOKENIZER_DIR
 from dllm_contracts.model_presets import GENERATION_CONFIGS, preset
 from dllm_contracts.model_source import builtin_model_dir
 from gateway.settings import missing_setting
-
-SHIPPED_TOKENIZER = Path(DEFAULT_MODEL)  # what a random model is served with (it has no tokenizer)
 
 
 @dataclass(frozen=True)
@@ -30,7 +28,7 @@ def model_files(spec: str) -> ModelFiles:
         raise missing_setting("model_dir")
     if spec.startswith("random:"):
         name = spec.split(":", 1)[1]
-        return ModelFiles(SHIPPED_TOKENIZER, preset(name), dict(GENERATION_CONFIGS.get(name, {})))
+        return ModelFiles(RANDOM_TOKENIZER_DIR, preset(name), dict(GENERATION_CONFIGS.get(name, {})))
     directory = builtin_model_dir(spec.split(":", 1)[1]) if spec.startswith("builtin:") else Path(spec)
     directory = directory.expanduser()
     return ModelFiles(

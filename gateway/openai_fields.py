@@ -35,12 +35,8 @@ def _always(_: Any) -> bool:
 
 # field -> whether a value does nothing (None, "absent", always does nothing)
 HARMLESS: dict[str, Callable[[Any], bool]] = {
-    "tools": _empty,
-    "functions": _empty,
-    "tool_choice": _none_choice,
+    "functions": _empty,  # the deprecated form of tools
     "function_call": _none_choice,
-    "parallel_tool_calls": _always,  # only means something with tools, which are refused
-    "response_format": lambda value: value == {"type": "text"},
     "logit_bias": _empty,
     "presence_penalty": _zero,
     "frequency_penalty": _zero,
@@ -57,16 +53,11 @@ HARMLESS: dict[str, Callable[[Any], bool]] = {
     "safety_identifier": _always,  # an abuse-monitoring id
     "best_of": lambda value: value == 1,
     "suffix": _empty,
-    "tool_calls": _empty,  # on a message
     "refusal": lambda _: False,  # on a message
 }
 CHAT_ONLY = (
-    "tools",
     "functions",
-    "tool_choice",
     "function_call",
-    "parallel_tool_calls",
-    "response_format",
     "modalities",
     "audio",
     "prediction",

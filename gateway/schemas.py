@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from dllm_contracts.canvas_sampler import SETTINGS as SAMPLER_SETTINGS
+from dllm_contracts.structured_output import call_text
 from gateway.openai_fields import BOTH, CHAT_ONLY, COMPLETIONS_ONLY, refuse_unless_harmless
 
 
@@ -140,16 +141,43 @@ class ContentPart(BaseModel):
     text: Text | None = None
 
 
+class CalledFunction(BaseModel):
+    model_config = STRICT
+
+    name: Text
+    arguments: Text = Field(..., description="the call's arguments: a JSON object, as a string")
+
+
+class ToolCall(BaseModel):
+    """A call an assistant message made (sent back in a conversation's history)."""
+
+    model_config = STRICT
+
+    id: Text
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: Text | list[ContentPart]
+    content: Text | list[ContentPart] | None = Field(
+        None, description="absent or null only beside tool_calls"
+    )
     name: Text | None = Field(None, description="the participant's name (given to the chat template)")
-    tool_call_id: Text | None = None
-    tool_calls: list | None = Field(None, description="not supported: empty only")
+    tool_call_id: Text | None = Field(None, description="a tool message: the call it answers")
+    tool_calls: list[ToolCall] | None = Field(None, description="an assistant message: the calls it made")
     refusal: Text | None = Field(None, description="not supported")
-    _harmless = _harmless_only("tool_calls", "refusal")
+    _harmless = _harmless_only("refusal")
+
+    @model_validator(mode="after")
+    def _content_or_calls(self):
+        if self.tool_calls and self.role != "assistant":
+            raise PydanticCustomError("invalid_value", "only an assistant message makes tool_calls")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise PydanticCustomError("missing", "a message needs its content (null only beside tool_calls)")
+        return self
 
     @field_validator("content")
     @classmethod
@@ -166,26 +194,85 @@ class ChatMessage(BaseModel):
         return content
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text or "" for part in self.content)
 
-    def for_template(self) -> dict[str, str]:
-        """The message as a chat template reads it: role, content as text, and the name if given."""
-        out = {"role": self.role, "content": self.text()}
+    def for_template(self) -> dict:
+        """The message as a chat template reads it: role, content as text (an assistant's calls written
+        after it as answers write them), the name if given, and a tool message's call id."""
+        content = self.text() + "".join(
+            call_text(c.function.name, c.function.arguments) for c in self.tool_calls or ()
+        )
+        out = {"role": self.role, "content": content}
+        if self.tool_calls:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
         return out | ({"name": self.name} if self.name else {})
+
+
+class FunctionDefinition(BaseModel):
+    model_config = STRICT
+
+    name: Text
+    description: Text | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON Schema object (the supported subset)")
+    strict: bool | None = Field(None, description="calls always follow the parameters schema here")
+
+
+class Tool(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = STRICT
+
+    name: Text
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = STRICT | ConfigDict(populate_by_name=True)
+
+    name: Text
+    description: Text | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="a JSON Schema object")
+    strict: bool | None = Field(None, description="answers always follow the schema here")
+
+
+class ResponseFormat(BaseModel):
+    model_config = STRICT
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class ChatCompletionRequest(CommonFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     logprobs: bool = Field(False, description="each token's log probability")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="alternatives per token (needs logprobs)")
-    tools: list | None = Field(None, description="not supported: empty only")
-    functions: list | None = Field(None, description="not supported: empty only")
-    tool_choice: Text | dict | None = Field(None, description='not supported: "none" only')
-    function_call: Text | dict | None = Field(None, description='not supported: "none" only')
-    parallel_tool_calls: bool | None = None
-    response_format: dict | None = Field(None, description='{"type": "text"} only')
+    tools: list[Tool] | None = Field(None, description="functions the answer may call")
+    functions: list | None = Field(None, description="deprecated: use tools (empty only)")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="none, auto (the default with tools), required, or the one function to call"
+    )
+    function_call: Text | dict | None = Field(None, description='deprecated: use tool_choice ("none" only)')
+    parallel_tool_calls: bool | None = Field(None, description="false: one call at most (default: several)")
+    response_format: ResponseFormat | None = Field(
+        None, description="text, json_object (JSON mode) or json_schema (Structured Outputs)"
+    )
     modalities: list[Text] | None = Field(None, description='["text"] only')
     audio: dict | None = Field(None, description="not supported")
     prediction: dict | None = Field(None, description="not supported")
@@ -228,7 +315,8 @@ class CompletionResponse(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict] | None = None  # [{"id", "type": "function", "function": {"name", "arguments"}}]
 
 
 class ChatChoice(BaseModel):

@@ -17,6 +17,7 @@ import orjson
 
 from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from dllm_contracts.queue.resilience import REDIS_ERRORS
+from gateway.chat_answers import answers_with_calls
 from gateway.errors import ApiError, error_body
 from gateway.event_stream import EventStream
 from gateway.logprobs import StreamedLogprobs, held_back, visible_tokens
@@ -29,6 +30,7 @@ from gateway.submission import (
     prompt_tokens_of,
     tokens_shown,
 )
+from gateway.tool_calls import CallStream, is_calls
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,11 @@ class StreamSpec:
             choice = {"index": index, "text": text, "finish_reason": reason, "logprobs": logprobs}
         return self.envelope([choice])
 
+    def calls_chunk(self, index: int, calls: list[dict], first: bool) -> dict:
+        """One choice's chunk of tool-call deltas (``tool_calls.CallStream``)."""
+        delta = ({"role": "assistant", "content": None} if first else {}) | {"tool_calls": calls}
+        return self.envelope([{"index": index, "delta": delta, "finish_reason": None, "logprobs": None}])
+
     def wants_usage(self) -> bool:
         return self.body.wants_usage()
 
@@ -92,6 +99,13 @@ class _Choice:
         wants = spec.body.alternatives() is not None
         self.logprobs = StreamedLogprobs(spec.state.tokenizer, spec.chat) if wants else None
         self.started = False  # whether its first chunk went out
+        # an answer that may make calls: streamed as calls once it starts with one (else as content)
+        self.calls = CallStream(queued.id) if spec.chat and answers_with_calls(spec.body) else None
+        self.making_calls: bool | None = None if self.calls is not None else False
+
+    def reason(self, reason: str) -> str:
+        """The finish reason of an answer that ended with ``reason``: ``tool_calls`` for calls that ended."""
+        return "tool_calls" if self.making_calls and reason == "stop" else reason
 
     def chunk(self, text: str, reason: str | None, logprobs: dict | None = None) -> dict:
         first, self.started = not self.started, True
@@ -105,6 +119,16 @@ class _Choice:
         tokens it completes (None: nothing new). Until the text is ``final`` a character whose bytes have
         not all come (a block ended inside it: decoded as U+FFFD) waits for the block that completes it."""
         text = text if final else held_back(text)
+        if self.making_calls is None:  # not yet known whether the answer makes calls
+            self.making_calls = is_calls(text)
+            if self.making_calls is None and not final:
+                return None
+        if self.making_calls:
+            deltas = self.calls.deltas(text)
+            if not deltas:
+                return None
+            first, self.started = not self.started, True
+            return self.spec.calls_chunk(self.index, deltas, first)
         new = ""
         if text != self.sent and text.startswith(self.sent):
             new, self.sent = text[len(self.sent) :], text
@@ -142,7 +166,7 @@ async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
                 yield chunk
             if stopped:
                 await cancel_quietly(queued, spec.state)
-                yield choice.chunk("", "stop")
+                yield choice.chunk("", choice.reason("stop"))
                 usage.completion_tokens += count_covering(choice.tokens, spec.state.tokenizer, len(text))
                 return
         elif isinstance(event, DoneEvent):
@@ -151,7 +175,7 @@ async def _choice_chunks(choice: _Choice, usage: _Usage) -> AsyncIterator[dict]:
             chunk = choice.advance(text, event.logprobs, final=True)
             if chunk is not None:
                 yield chunk
-            yield choice.chunk("", finish_reason(event, stopped))
+            yield choice.chunk("", choice.reason(finish_reason(event, stopped)))
             usage.completion_tokens += tokens_shown(event, spec.state.tokenizer, text, stopped)
 
 

@@ -12,6 +12,7 @@ from starlette.requests import ClientDisconnect
 from dllm_contracts.queue.keys import new_request_id, new_request_ids
 from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from dllm_contracts.queue.resilience import REDIS_ERRORS, TRANSIENT_ERRORS, Backoff
+from dllm_contracts.structured_output import ResponseGrammar
 from gateway.errors import ApiError, model_not_found, queue_unreachable, shutting_down
 from gateway.metrics import QUEUE_FULL
 from gateway.openai_fields import unknown_fields
@@ -143,10 +144,11 @@ def build_request(
     meta: dict | None = None,
     seed: int | None = None,
     model_identity: str | None = None,
+    grammar: ResponseGrammar | None = None,
 ) -> QueuedRequest:
     """One queued request; its id is the response's (``chatcmpl-...`` for a chat, ``cmpl-...`` else). It
     carries the identity of the model it is accepted for: ``model_identity`` (a batch's, recorded when it
-    was created), else the gateway's."""
+    was created), else the gateway's; and the grammar its answer keeps to (``response_grammar``)."""
     chat = hasattr(body, "messages")
     check_prompt(prompt_ids, state, "messages" if chat else "prompt")
     return QueuedRequest(
@@ -160,17 +162,23 @@ def build_request(
         sampling=sampling_of(body, seed),
         logprobs=body.alternatives(),
         sampler=body.sampler_settings(),
+        grammar=None if grammar is None else grammar.to_wire(),
         model=model_identity or state.settings.model_identity or None,
     )
 
 
-def build_choices(prompt_ids: list[int], body: CommonFields, state: GatewayState) -> list[QueuedRequest]:
+def build_choices(
+    prompt_ids: list[int], body: CommonFields, state: GatewayState, grammar: ResponseGrammar | None = None
+) -> list[QueuedRequest]:
     """``body.n`` requests for one prompt, one per choice: choice i draws with seed + i (the request's
     seed, or a random one), so choices differ from each other and a given seed reproduces them all."""
     if body.n == 1:
-        return [build_request(prompt_ids, body, state)]
+        return [build_request(prompt_ids, body, state, grammar=grammar)]
     base = _seed(body)
-    return [build_request(prompt_ids, body, state, seed=(base + i) % 2**63) for i in range(body.n)]
+    return [
+        build_request(prompt_ids, body, state, seed=(base + i) % 2**63, grammar=grammar)
+        for i in range(body.n)
+    ]
 
 
 def as_one_request(queued: list[QueuedRequest]) -> list[QueuedRequest]:

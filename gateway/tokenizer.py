@@ -9,6 +9,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from dllm_contracts.text import cut_at_eos
+from gateway.chat_answers import tools_turn
 from gateway.model_files import ModelFiles, model_files
 
 
@@ -71,13 +72,29 @@ class GatewayTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True).ids
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The messages as the chat template renders them; ``tools`` given to a template that takes them,
+        else shown in a system turn before the messages (``chat_answers.tools_turn``)."""
         if self._template is None:
             raise TokenizerError("this model has no chat template: use /v1/completions")
+        extra = {}
+        if tools and self.takes_tools:
+            extra["tools"] = tools
+        elif tools:
+            messages = [{"role": "system", "content": tools_turn(tools)}, *messages]
         text = self._template.render(
-            messages=messages, add_generation_prompt=True, bos_token=self.bos_token, eos_token=self.eos_token
+            messages=messages,
+            add_generation_prompt=True,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+            **extra,
         )
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the chat template renders tools itself (it reads a ``tools`` variable)."""
+        return bool(self.chat_template) and "tools" in self.chat_template
 
     def decode(self, token_ids: list[int]) -> str:
         """Text of the tokens before the first EOS, special tokens left out."""

@@ -20,11 +20,18 @@ from engine_pod.scheduler.base import Scheduler
 
 
 def run_workload(
-    loaded: LoadedModel, scheduler, decoding: DecodingConfig, workload, order=None, sampling=None
+    loaded: LoadedModel,
+    scheduler,
+    decoding: DecodingConfig,
+    workload,
+    order=None,
+    sampling=None,
+    grammars=None,
 ) -> dict[str, list[int]]:
     """Generated tokens per request id, submitting the workload in ``order`` (default: as given).
     ``scheduler``: a scheduler, or a callable that builds one from the runner's scheduling facts;
-    ``sampling``: request id -> its SamplingParams (default: none)."""
+    ``sampling``: request id -> its SamplingParams (default: none); ``grammars``: request id -> the
+    ResponseGrammar its answer keeps to (default: none)."""
     pool_tokens = sum(len(prompt) + budget + 2 * decoding.block_length for _, prompt, budget in workload)
     runner = make_runner(loaded, decoding, pool_tokens)
     scheduler = built_for(scheduler, runner)
@@ -33,6 +40,7 @@ def run_workload(
     for request_id, prompt, budget in items:
         request = scheduler.request_for(request_id, prompt, budget)
         request.sampling = (sampling or {}).get(request_id)
+        request.grammar = (grammars or {}).get(request_id)
         engine.add_request(request)
     outputs: dict[str, list[int]] = {}
     engine.run(lambda r: outputs.__setitem__(r.request_id, list(r.generated)))

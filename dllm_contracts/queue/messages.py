@@ -34,6 +34,8 @@ class QueuedRequest:
     # the entropy-bound sampler's settings the request sets (DiffusionGemma; canvas_sampler.SETTINGS' names,
     # unset ones left out); None: the service's
     sampler: dict[str, Any] | None = None
+    # the grammar its answer keeps to (structured_output.ResponseGrammar's wire form); None: free text
+    grammar: dict[str, str] | None = None
     # the model it was accepted for (model_identity.ModelIdentity's NAME@FINGERPRINT); a worker serving
     # another refuses it rather than answer with other weights. None: accepted without an identity
     model: str | None = None

@@ -20,7 +20,10 @@ STAGGERED = {"dllm-serve": 0.3, "dllm-serve-step-level": 0.3}
 STEP_LEVEL = ("dllm-serve-step-level",)
 # one CPU-sized random model per family, in the registry's order (each record's tiny_preset)
 MODELS = tuple(f"random:{row['tiny_preset']}" for row in FAMILY_TABLE)
-REQUESTS = ("greedy", "sampled", "logprobs")
+# constrained: every other row's answer keeps to a JSON schema (structured outputs), the others greedy
+REQUESTS = ("greedy", "sampled", "logprobs", "constrained")
+# the schemas constrained rows take in turn (engine_pod/bench/structured_schemas.py)
+CONSTRAINED_SCHEMAS = ("nested", "order", "tags", "person")
 # remasking rules run besides the engine's default (threshold decoding): Dream's timestep schedule
 REMASKINGS = {"random:dream-tiny": ("threshold", "entropy")}
 DEFAULT_REMASKING = ("threshold",)

@@ -19,7 +19,9 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from dllm_contracts.run_rules import stagger_problem
+from dllm_contracts.structured_output import ResponseGrammar, json_grammar
 from engine_pod.bench.census_grid import (
+    CONSTRAINED_SCHEMAS,
     DEFAULT_REMASKING,
     POLICIES,
     REMASKINGS,
@@ -29,6 +31,7 @@ from engine_pod.bench.census_grid import (
     STEP_LEVEL,
 )
 from engine_pod.bench.op_census import Census, Segment, counting
+from engine_pod.bench.structured_schemas import SCHEMAS
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.loading.loader import LoadedModel, load_model
@@ -65,6 +68,7 @@ class Figures:
     host_ops_per_step: (
         int  # the median step's aten ops between its forward and the next (work per row grows it)
     )
+    host_to_device_per_step: int  # most host-to-device copies between two forwards of a cycle
     forwards: int  # forwards of all cycles
     moe_ops_per_call: list[int]  # the distinct op counts of the MoE layer calls (empty: no MoE)
     sync_kinds: dict[str, int]  # every sync in the run, by kind
@@ -86,6 +90,10 @@ def _rows(loaded: LoadedModel, lengths: list[int], seed: int, requests: str = "g
         sampled = (
             SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=i) if requests == "sampled" else None
         )
+        grammar = None
+        if requests == "constrained" and i % 2:
+            schema = SCHEMAS[CONSTRAINED_SCHEMAS[(i // 2) % len(CONSTRAINED_SCHEMAS)]][0]
+            grammar = ResponseGrammar(json_grammar(schema), "json_schema")
         rows.append(
             CycleRow(
                 tuple(draw.choice(words) for _ in range(n)),
@@ -94,6 +102,8 @@ def _rows(loaded: LoadedModel, lengths: list[int], seed: int, requests: str = "g
                 threshold=ROW_THRESHOLDS[i % len(ROW_THRESHOLDS)],
                 sampling=sampled,
                 logprobs=2 if requests == "logprobs" else None,
+                grammar=grammar,
+                prompt_len=n,
             )
         )
     return rows
@@ -165,6 +175,9 @@ def reduce(censuses: list[Census]) -> Figures:
         host_ops_per_step=_median(
             [s.aten_ops for c in censuses for s in c.segments[1:-1] if s.kind == "host"]
         ),
+        host_to_device_per_step=max(
+            (s.host_to_device for c in censuses for s in c.segments[1:-1] if s.kind == "host"), default=0
+        ),
         forwards=len(forwards),
         moe_ops_per_call=sorted({n for c in censuses for n in c.moe_calls}),
         sync_kinds=kinds,
@@ -216,6 +229,7 @@ COLUMNS = (
     ("syncs in a forward", "syncs_per_forward", max),
     ("syncs per step", "syncs_per_step", max),
     ("host-to-device copies per cycle", "host_to_device_per_cycle", max),
+    ("copies between forwards", "host_to_device_per_step", max),
     ("new attention shapes per cycle", "new_attention_shapes", max),
 )
 

@@ -31,7 +31,8 @@ def register(subparsers) -> None:
         "--requests",
         default=",".join(REQUESTS),
         help="what the rows' requests ask, comma-separated: greedy, sampled (temperature, top-p, top-k, a seed "
-        f"per row), logprobs (default: {','.join(REQUESTS)})",
+        "per row), logprobs, constrained (every other row's answer keeps to a JSON schema) "
+        f"(default: {','.join(REQUESTS)})",
     )
     parser.add_argument(
         "--policy",

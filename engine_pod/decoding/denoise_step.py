@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from engine_pod.decoding.candidates import score_candidates
+from engine_pod.decoding.grammar.device import GrammarStep
 from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import RemaskingPolicy, StepContext
 
@@ -41,6 +42,7 @@ class Commit:
     blocks: torch.Tensor  # [R', L] the stepping rows' blocks after the step
     transfer: torch.Tensor  # [R', L] positions committed in this step
     proposals: torch.Tensor  # [R', L] each candidate's proposed token (the block's own elsewhere)
+    confidence: torch.Tensor | None = None  # [R', L] each candidate's confidence (-inf elsewhere), if scored
 
 
 @dataclass
@@ -61,10 +63,12 @@ class DenoiseStep:
         sampling,
         context: StepContext | None,
         logprobs: LogprobRecorder | None = None,
+        grammar: GrammarStep | None = None,
     ) -> Commit:
         """``logits``: the candidates' SelectedHidden; ``block`` [R', L]: the stepping rows' blocks;
         ``positions`` [n]: the candidates' absolute positions; ``sampling``: a RowSampling over the batch
-        (None: all greedy); ``context`` None commits every candidate (a forced commit)."""
+        (None: all greedy); ``context`` None commits every candidate (a forced commit); ``grammar``: the
+        constrained rows among the stepping rows, which commit their frontier alone, under its mask."""
         width = None if logprobs is None else logprobs.width
         scored = score_candidates(
             logits,
@@ -78,14 +82,23 @@ class DenoiseStep:
             width,
         )
         proposal, confidence = scored[0], scored[1]
+        constrained = grammar is not None and grammar.count > 0
+        if constrained:
+            masked = grammar.frontier_proposals(
+                logits, sampling, candidates.owner, positions, step, self.score_dtype
+            )
+            proposal = proposal.index_copy(0, grammar.first_candidate, masked)
         proposals = block.clone()
         proposals[candidates.r, candidates.k] = proposal
-        if context is None:
-            transfer = candidates.mask
-        else:
+        scores = None
+        if context is not None or constrained:
             scores = torch.full(block.shape, float("-inf"), dtype=confidence.dtype, device=block.device)
             scores[candidates.r, candidates.k] = confidence
-            transfer = self.policy.select(scores, candidates.mask, context)
+        transfer = (
+            candidates.mask if context is None else self.policy.select(scores, candidates.mask, context)
+        )
+        if constrained:
+            transfer = grammar.restrict(transfer)
         if logprobs is not None:  # read with the cycle's end
             logprobs.keep(candidates.owner, candidates.k, transfer[candidates.r, candidates.k], scored[2:])
-        return Commit(torch.where(transfer, proposals, block), transfer, proposals)
+        return Commit(torch.where(transfer, proposals, block), transfer, proposals, scores)

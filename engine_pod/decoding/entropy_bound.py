@@ -114,6 +114,8 @@ class CanvasStepDecision:
     done: torch.Tensor  # [R] bool: stopped adaptively or at its last step
     done_rows: list[bool]  # ``done`` as the host read it
     committed: list[list[int] | None]  # ``argmax`` as the host read it, for the rows that are done
+    argmax_rows: list[list[int]] | None = None  # every row's ``argmax`` as read (where constrained rows ran)
+    extra_rows: list[list[int]] | None = None  # the constrained rows' read columns (CanvasStep.extra)
 
 
 def uniform_tokens(
@@ -199,10 +201,14 @@ class CanvasStep:
     the device's work (made here), the host's one read (``read``), and the rest (``finish``): ``rows``
     moves to its next canvas input; a row whose result says ``done`` commits ``argmax`` instead."""
 
-    def __init__(self, rows: CanvasSamplerState, logits: torch.Tensor) -> None:
+    def __init__(self, rows: CanvasSamplerState, logits: torch.Tensor, grammar=None) -> None:
+        """``grammar``: the constrained rows' part of the step (decoding/grammar/canvas.py), or None."""
         columns = rows.columns
         self.rows = rows
-        processed = logits / temperatures(columns, columns.limits - rows.steps_taken)[:, None, None]
+        steps_left = columns.limits - rows.steps_taken
+        if grammar is not None:  # a constrained row may step past its last step: at its lowest temperature
+            steps_left = steps_left.clamp(min=1)
+        processed = logits / temperatures(columns, steps_left)[:, None, None]
         probabilities = torch.softmax(processed, dim=-1, dtype=torch.float32)
         self.draws = PendingDraws(probabilities, rows.generators)  # then the renoising, as the reference
         self.noise = uniform_tokens(rows.generators, logits.shape[1], logits.shape[-1], logits.device)
@@ -213,27 +219,37 @@ class CanvasStep:
         rows.argmax = argmax
         rows.steps_taken = rows.steps_taken + 1
         done = stopped | (rows.steps_taken >= columns.limits)
+        self.extra = None  # the constrained rows' columns of the read (their frontier and accepted positions)
+        if grammar is not None:
+            done, self.extra = grammar.on_step(processed, self.accepted, done)
         self.partial = CanvasStepDecision(processed, probabilities, argmax, done, [], [])
 
     def read(self) -> list[list[int]]:
         """The step's one device read: per row its done flag, whether its draws are valid, its argmax
-        canvas, then its draws' report."""
+        canvas, then its draws' report (and the constrained rows' columns, last)."""
         step = self.partial
         flags = torch.stack([step.done, self.draws.valid.expand_as(step.done)], dim=1).to(torch.int64)
-        return torch.cat([flags, step.argmax, self.draws.report], dim=1).tolist()
+        parts = [flags, step.argmax, self.draws.report] + ([] if self.extra is None else [self.extra])
+        return torch.cat(parts, dim=1).tolist()
 
     def finish(self, read: list[list[int]]) -> CanvasStepDecision:
         length = self.partial.argmax.shape[1]
         valid = all(values[1] for values in read)
+        if self.extra is not None:  # the constrained rows' columns, taken off the end
+            columns = self.extra.shape[1]
+            self.partial.extra_rows = [values[-columns:] for values in read]
+            read = [values[:-columns] for values in read]
         sampled = self.draws.finish([values[2 + length :] for values in read], valid)
         self.rows.canvas = torch.where(self.accepted, sampled, self.noise)
         result = self.partial
         result.done_rows = [bool(values[0]) for values in read]
         result.committed = [values[2 : 2 + length] if values[0] else None for values in read]
+        if self.extra is not None:
+            result.argmax_rows = [values[2 : 2 + length] for values in read]
         return result
 
 
-def entropy_bound_step(rows: CanvasSamplerState, logits: torch.Tensor) -> CanvasStepDecision:
+def entropy_bound_step(rows: CanvasSamplerState, logits: torch.Tensor, grammar=None) -> CanvasStepDecision:
     """One whole step (``CanvasStep``: its device work, its one read, the rest)."""
-    step = CanvasStep(rows, logits)
+    step = CanvasStep(rows, logits, grammar)
     return step.finish(step.read())

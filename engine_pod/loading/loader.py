@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from dllm_contracts.defaults import RANDOM_TOKENIZER_DIR
 from dllm_contracts.model_source import ModelLoadError, resolve_model_dir
 from engine_pod.families.record import ModelFamily
 from engine_pod.families.registry import family_of
@@ -154,7 +155,7 @@ def load_metadata(spec: str, family: str | None = None) -> tuple[Any, Any]:
     the family the caller expects (None: any), refused in one line for a checkpoint of another."""
     if spec.startswith("random:"):
         config = expect_family(preset_config(spec.split(":", 1)[1]), family, spec)
-        return config.with_eos(eos_ids(config, None)), None
+        return config.with_eos(eos_ids(config, None)), LazyTokenizer(RANDOM_TOKENIZER_DIR)
     model_dir = resolve_model_dir(spec)
     config = expect_family(load_config(model_dir), family, spec)
     tokenizer = LazyTokenizer(model_dir) if has_tokenizer(model_dir) else None
@@ -184,7 +185,9 @@ def load_model(
         (record.random_init or _random_init)(model, seed)
         _finish(model, config)
         config = config.with_eos(eos_ids(config, None))
-        return LoadedModel(model, config, None, spec, torch_device, torch_dtype)
+        return LoadedModel(
+            model, config, LazyTokenizer(RANDOM_TOKENIZER_DIR), spec, torch_device, torch_dtype
+        )
     model_dir = resolve_model_dir(spec)
     config = expect_family(load_config(model_dir), family, spec)
     record = family_of(config)

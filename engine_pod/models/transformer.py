@@ -63,6 +63,10 @@ class SelectedHidden:
     def logits(self) -> torch.Tensor:
         return self.lm_head(self.hidden)
 
+    def rows(self, index: torch.Tensor) -> SelectedHidden:
+        """The positions ``index`` picks, under the same head and budget."""
+        return SelectedHidden(self.hidden.index_select(0, index), self.lm_head, self.budget)
+
 
 def _token_ids(ids: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
     """Candidate columns [n] or [n, w] as the token ids ``ids`` [n, k] gives them."""

@@ -58,6 +58,8 @@ from engine_pod.decoding.entropy_bound import (
     entropy_bound_step,
     start_canvas,
 )
+from engine_pod.decoding.grammar import canvas as grammar_hooks
+from engine_pod.decoding.grammar.setup import GrammarSource
 from engine_pod.families.diffusion_gemma.context_cache import (
     ContextCache,
     ContextRows,
@@ -66,6 +68,7 @@ from engine_pod.families.diffusion_gemma.context_cache import (
 )
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.canvas_forward import CanvasForward
+from engine_pod.runner.canvas_requests import CanvasRequest
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
@@ -82,26 +85,6 @@ IGNORED = {  # engine options that mean nothing for this family
 
 
 @dataclass
-class CanvasRequest:
-    """What the runner keeps for one request between its cycles."""
-
-    generator: torch.Generator
-    cache: ContextCache  # its context's keys and values, in pages of the runner's pool
-    chunks: list[int] = field(default_factory=list)  # tokens of each encoder forward, in order
-    encoded: tuple[int, ...] = ()  # the context tokens the cache holds
-
-    def pending(self, prefix: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """The chunks to encode before this cycle's canvas: a rebuild's as first written (a new request
-        has none), then the rest."""
-        chunks, start = [], len(self.encoded)
-        if not self.encoded:
-            for length in self.chunks:
-                chunks.append(prefix[start : start + length])
-                start += length
-        return chunks + ([prefix[start:]] if len(prefix) > start else [])
-
-
-@dataclass
 class _CanvasCycle:
     """One cycle's state between its steps."""
 
@@ -112,6 +95,7 @@ class _CanvasCycle:
     rows: CanvasSamplerState | None = None  # their canvases and sampler state
     forward: CanvasForward | None = None
     limit: int = 0  # the most steps a row's canvas takes
+    grammar: object | None = None  # its constrained rows (decoding/grammar/rows.py; None: none)
 
 
 class CanvasStepper:
@@ -148,6 +132,7 @@ class CanvasStepper:
         self.pad_id = config.pad_token_id or 0
         self.states: dict[str, CanvasRequest] = {}
         self.suspended: OrderedDict[str, tuple[torch.Tensor, list[int]]] = OrderedDict()
+        self.grammars = GrammarSource(loaded)
 
     def begin(self, cycle: SchedulerOutput) -> _CanvasCycle:
         """Released requests give their pages back; every computed row's pending context is encoded, and
@@ -168,6 +153,7 @@ class CanvasStepper:
         return bool(state.running)
 
     def finish(self, state: _CanvasCycle) -> CycleOutput:
+        grammar_hooks.add_cost(state.grammar, state.stats)
         return CycleOutput(blocks=state.blocks, steps=state.steps, stats=state.stats)
 
     def end(self, state: _CanvasCycle) -> None:
@@ -261,21 +247,25 @@ class CanvasStepper:
         )
         state.forward = CanvasForward(self.model, batch, running_at, cycle.gather_rows)
         state.running, state.limit = running, max(p.max_denoising_steps for p in params) + 1
+        state.grammar = self.grammars.rows(cycle.rows, [[None] * L for _ in cycle.rows], batch.pool.device)
+        state.limit = grammar_hooks.most_steps(state.limit, state.grammar, L)
         return state
 
     def step(self, state: _CanvasCycle, step: int) -> None:
         """One decoder forward of the running rows, their sampler's step (its one read) and the rows that
         stopped leaving."""
         L, forward, running = self.decoding.block_length, state.forward, state.running
-        logits = forward.logits(state.rows.canvas)
+        grammar = grammar_hooks.send_canvas_grammar(state.grammar, running)
+        logits = forward.logits(state.rows.canvas if grammar is None else grammar.freeze(state.rows.canvas))
         state.stats.forwards += 1
         state.stats.computed_positions += forward.rows * L
         state.stats.useful_positions += len(running) * L
-        result = entropy_bound_step(state.rows, logits)
+        result = entropy_bound_step(state.rows, logits, grammar)
+        grammar_hooks.walk(state.grammar, running, result)
         for place, i in enumerate(running):
             state.steps[i] += 1
             if result.done_rows[place]:
-                state.blocks[i] = result.committed[place]
+                state.blocks[i] = grammar_hooks.committed(state.grammar, i, result.committed[place])
         keep = [place for place, stopped in enumerate(result.done_rows) if not stopped]
         if keep:
             processed, probabilities = result.processed_logits, result.probabilities

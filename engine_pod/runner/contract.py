@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from dllm_contracts.canvas_sampler import EntropyBoundParams
+from dllm_contracts.structured_output import ResponseGrammar
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.scheduler.output import SchedulerOutput
 
@@ -32,6 +33,19 @@ class CycleStats:
     peak_refresh_positions: int = 0
     logits_materialized: int = 0  # LM head outputs computed: positions x columns (vocabulary or k)
     peak_logits: int = 0  # the most of them that existed at once (one chunk)
+    # structured outputs: the host's grammar work (bitmasks computed and the seconds they took; the
+    # seconds spent walking proposals, and the tokens that walk committed beyond the frontiers)
+    grammar_masks: int = 0
+    grammar_mask_seconds: float = 0.0
+    grammar_walk_seconds: float = 0.0
+    grammar_walk_commits: int = 0
+
+    def add_grammar(self, cost) -> None:
+        """A cycle's grammar cost (decoding/grammar/rows.py ``GrammarCost``)."""
+        self.grammar_masks += cost.masks
+        self.grammar_mask_seconds += cost.mask_seconds
+        self.grammar_walk_seconds += cost.advance_seconds
+        self.grammar_walk_commits += cost.host_commits
 
     def add_refresh(self, positions: int) -> None:
         """A forward's refresh positions."""
@@ -90,6 +104,11 @@ class Runner(Protocol):
     def warm_prefix(self, tokens: list[int]) -> int:
         """Compute ``tokens``' whole blocks into the prefix cache and pin them there for good (a warm
         prefix); returns the tokens newly pinned. ValueError for a model without an exact prefix cache."""
+        ...
+
+    def grammar_problem(self, grammar: ResponseGrammar) -> str | None:
+        """Why a request with ``grammar`` cannot run here (it does not compile for the model's tokenizer,
+        the model has none, ...), in one line; None: it can (compiled now, kept for its cycles)."""
         ...
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # tensors: named here, never imported at run time
     from torch import Tensor
 
     from engine_pod.block_diffusion.prefix_cache import PrefixCacheStats
+    from engine_pod.decoding.grammar.setup import GrammarSource
     from engine_pod.loading.loader import LoadedModel
 
 
@@ -63,6 +64,8 @@ class Stepper(Protocol):
         ...
 
     def forget(self) -> None: ...
+
+    grammars: GrammarSource  # its constrained rows' grammar compiler
 
     def first_block_confidences(self, prompts: list[list[int]]) -> Tensor: ...
 
@@ -129,6 +132,9 @@ class CycleRunner:
     def first_block_confidences(self, prompts: list[list[int]]) -> Tensor:
         self._arm()
         return self.stepper.first_block_confidences(prompts)
+
+    def grammar_problem(self, grammar) -> str | None:
+        return self.stepper.grammars.problem(grammar)
 
     def warm_prefix(self, tokens: list[int]) -> int:
         """Compute ``tokens``' whole blocks into the prefix cache and pin them (the paged stepper's); a

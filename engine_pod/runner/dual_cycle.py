@@ -15,21 +15,22 @@ import torch
 
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
+from engine_pod.decoding.grammar.setup import GrammarSource
 from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext, make_policy
 from engine_pod.device_buffers import DeviceBuffers
 from engine_pod.head_sparse.hooks import refresh_heads, window_heads
 from engine_pod.head_sparse.store import HeadSparse, position_bytes
 from engine_pod.loading.loader import LoadedModel
-from engine_pod.models.forward_batch import ForwardBatch
+from engine_pod.runner import dual_grammar
 from engine_pod.runner.canvas import Canvas, build_canvas, canvas_regions
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.runner.dual_batches import box_refresh, box_window
 from engine_pod.runner.dual_cache import DualCache, DualCachePool
+from engine_pod.runner.dual_calibration import first_block_confidences
 from engine_pod.runner.dual_records import record_margins, trace_entry
 from engine_pod.runner.dual_rows import HostState, StepRows
 from engine_pod.runner.packing import refresh_inputs, window_inputs
-from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 
 
@@ -48,6 +49,8 @@ class _DualCycle:
     recorder: LogprobRecorder | None
     host: HostState | None = None  # the last step's read
     phases: object | None = None  # each row's refresh schedule, where the cycle staggers refreshes
+    grammar: object | None = None  # its constrained rows (decoding/grammar/rows.py; None: none)
+    constrained: torch.Tensor | None = None  # [R] those rows, on the device (sent with their first step)
 
 
 class DualCacheStepper:
@@ -88,6 +91,8 @@ class DualCacheStepper:
         self.exact_steps = self.policy.quota_schedule and not decoding.uses_cache
         self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)  # what scores are computed in
         self.denoise = DenoiseStep(self.policy, self.score_dtype, self.mask_id)
+        self.grammars = GrammarSource(loaded, decoding.logit_candidates)
+        self.forces_start = decoding.uses_cache and self.quirks.commits_block_start_on_refresh
         L = decoding.block_length
         self.heads = HeadSparse.of(loaded, decoding.sparse)  # None: every head keeps every position
         self.position_bytes = position_bytes(loaded.config, loaded.dtype)
@@ -117,7 +122,7 @@ class DualCacheStepper:
         if canvas.logprobs is not None:
             output.logprobs = [[None] * L if k is not None else None for k in canvas.logprobs]
             recorder = LogprobRecorder(canvas.logprobs, output.logprobs)
-        return _DualCycle(
+        state = _DualCycle(
             canvas,
             cache,
             cycle.gather_rows,
@@ -128,6 +133,8 @@ class DualCacheStepper:
             torch.full(canvas.block_slots.shape, float("inf"), device=device),
             recorder,
         )
+        state.grammar = self.grammars.rows(cycle.rows, [[None] * L for _ in cycle.rows], device)
+        return state
 
     def _canvas(self, cycle: SchedulerOutput, **resume) -> Canvas:
         """The cycle's canvas (``resume``: resumed rows' blocks and columns, runner/phase_carry.py)."""
@@ -140,19 +147,22 @@ class DualCacheStepper:
     @torch.no_grad()
     def going_on(self, state: _DualCycle, step: int) -> bool:
         if step:
-            state.done = state.done | self._finished(state.canvas, step)
-        state.host = self._read_state(state.canvas, state.done)
+            state.done = state.done | self._finished(state.canvas, step, state.constrained)
+        state.host = self._read_state(state.canvas, state.done, state.grammar)
         return not all(state.host.done)
 
     @torch.no_grad()
     def step(self, state: _DualCycle, step: int) -> None:
-        rows = self._step_rows(state.canvas, state.done, state.host, state.gather_rows and step > 0)
-        self._denoise_step(state, rows, step)
+        unfinished = state.gather_rows and step > 0
+        inputs = dual_grammar.before_step(state, unfinished, step == 0 and self.forces_start)
+        rows = self._step_rows(state.canvas, state.done, state.host, unfinished)
+        self._denoise_step(state, rows, step, inputs)
         state.steps_taken[rows.index] += (~state.done[rows.index]).long()
 
     def finish(self, state: _DualCycle) -> CycleOutput:
         output = state.output
         output.blocks = state.canvas.block_tokens().tolist()
+        dual_grammar.host_blocks(state.grammar, output)
         output.steps = state.steps_taken.tolist()
         if state.recorder is not None:
             state.recorder.finish()
@@ -171,30 +181,21 @@ class DualCacheStepper:
 
     @torch.no_grad()
     def first_block_confidences(self, prompts: list[list[int]]) -> torch.Tensor:
-        """The policy's confidences over each prompt's first block, from one full forward (what a
-        threshold calibration samples)."""
-        rows = [CycleRow(tuple(ids)) for ids in prompts]
-        L = self.decoding.block_length
-        canvas = build_canvas(rows, L, self.mask_id, self.pad_id, self.loaded.device, buffers=self.buffers)
-        pick_r = torch.arange(len(rows), device=self.loaded.device).repeat_interleave(L)
-        source = canvas.block_slots.reshape(-1) - self.quirks.logit_shift
-        batch = ForwardBatch.box_over_itself(canvas.tokens, canvas.position_ids, canvas.key_mask)
-        hidden = self.model.forward_batch(batch, (pick_r, source))
-        _, confidence = hidden.map_logits(self.policy.scorer, (0,))
-        return confidence
+        return first_block_confidences(self, prompts)
 
-    def _finished(self, canvas: Canvas, step: int) -> torch.Tensor:
+    def _finished(self, canvas: Canvas, step: int, constrained: torch.Tensor | None) -> torch.Tensor:
+        """Rows whose block is complete or whose steps are done (a constrained row's: when complete)."""
         at_cap = self.step_cap is not None and step >= self.step_cap
-        if self.exact_steps:
+        if self.exact_steps and constrained is None:
             return torch.full_like(canvas.active, at_cap)
         complete = (canvas.block_tokens() != self.mask_id).all(1)
-        return complete | at_cap
+        return dual_grammar.finished(complete, at_cap, self.exact_steps, constrained)
 
-    def _read_state(self, canvas: Canvas, done: torch.Tensor) -> HostState:
-        """The step's one read from the device."""
+    def _read_state(self, canvas: Canvas, done: torch.Tensor, grammar) -> HostState:
+        """The step's one read from the device (the constrained rows' report with it: dual_grammar.py)."""
         masked = canvas.block_tokens() == self.mask_id
-        done_list, counts, first = torch.stack([done.long(), masked.sum(1), masked[:, 0].long()]).tolist()
-        return HostState([bool(d) for d in done_list], counts, [bool(f) for f in first])
+        stack = torch.stack([done.long(), masked.sum(1), masked[:, 0].long()])
+        return dual_grammar.read_state(stack, grammar)[0]
 
     def _step_rows(
         self, canvas: Canvas, done: torch.Tensor, state: HostState, only_unfinished: bool
@@ -212,7 +213,7 @@ class DualCacheStepper:
         first = [not state.done[r] and state.first_masked[r] for r in members]
         return StepRows(index, len(members) == rows, block, candidates, members, counts, first)
 
-    def _denoise_step(self, state: _DualCycle, rows: StepRows, step: int) -> None:
+    def _denoise_step(self, state: _DualCycle, rows: StepRows, step: int, inputs=None) -> None:
         canvas, cache, out = state.canvas, state.cache, state.output
         refresh = step == 0 or cache is None
         mask = rows.candidates
@@ -227,10 +228,12 @@ class DualCacheStepper:
         logits = forward(canvas, cache, rows, candidates.r, candidates.k, out.stats, picked)
         positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
         context = None if forced_start else self._context(canvas, step, rows, state.masks_at_start)
+        grammar = dual_grammar.step_of(inputs)
         commit = self.denoise(
-            logits, candidates, rows.block, positions, step, canvas.sampling, context, state.recorder
+            logits, candidates, rows.block, positions, step, canvas.sampling, context, state.recorder, grammar
         )
         canvas.write_block(rows.index, commit.blocks)
+        dual_grammar.keep_report(state, grammar, commit)
         if self.record_margins:
             record_margins(logits, candidates.r, candidates.k, commit.transfer, rows.index, state.margins)
         out.stats.forwards += 1

@@ -26,10 +26,12 @@ from engine_pod.block_diffusion.cycle_layout import (
 from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache, PrefixCacheStats
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
+from engine_pod.decoding.grammar.setup import GrammarSource
 from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext
 from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
 from engine_pod.loading.loader import LoadedModel
+from engine_pod.runner import paged_grammar
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.runner.paged_warm_prefix import fill_prefix
 from engine_pod.scheduler.cycle_row import CycleRow
@@ -70,6 +72,7 @@ class _PagedCycle:
     masked: torch.Tensor | None = None  # [R] masks left in each row's block, after the last read
     counts: list[int] = field(default_factory=list)  # the same, read
     stats: CycleStats = field(default_factory=CycleStats)
+    grammar: object | None = None  # its constrained rows (decoding/grammar/rows.py; None: none)
 
 
 class PagedCacheStepper:
@@ -95,6 +98,7 @@ class PagedCacheStepper:
         self.prefix_cache = BlockPrefixCache(self.pool, L) if shares else None
         self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)
         self.denoise = DenoiseStep(self.policy, self.score_dtype, self.mask_id)
+        self.grammars = GrammarSource(loaded, decoding.logit_candidates)
 
     @property
     def shares_blocks(self) -> bool:
@@ -130,6 +134,7 @@ class PagedCacheStepper:
             self.score_dtype,
             [row.sampling for row in rows],
         )
+        grammar = paged_grammar.constrained_rows(self, rows, states, layout.starts)
         return _PagedCycle(
             layout,
             [len(state.tokens) % L for state in states],
@@ -137,9 +142,10 @@ class PagedCacheStepper:
             hits,
             cycle.gather_rows,
             cycle.packed,
-            max(state.steps or self.decoding.steps_per_block for state in states),
+            paged_grammar.most_steps(self, states, grammar),
             LogprobRecorder(counts, logprobs) if asked else None,
             logprobs,
+            grammar=grammar,
         )
 
     def most_steps(self, state: _PagedCycle) -> int:
@@ -151,13 +157,14 @@ class PagedCacheStepper:
         if step >= state.steps:
             return False
         state.masked = (state.layout.blocks == self.mask_id).sum(1)
-        state.counts = state.masked.tolist()
+        state.counts = paged_grammar.read_counts(state)
         return any(state.counts)
 
     @torch.no_grad()
     def step(self, state: _PagedCycle, step: int) -> None:
         """One step of the rows with masks left (every row, where the cycle keeps them all)."""
         cycle, counts = state.layout, state.counts
+        inputs = paged_grammar.before_step(state, self.mask_id)
         live, rows = live_rows(state.masked, counts, state.gather_rows)
         candidates = sum(counts[i] for i in live)
         queries = step_queries(cycle, live, rows, self.exact_cache, self.mask_id, candidates, state.packed)
@@ -185,8 +192,10 @@ class PagedCacheStepper:
             cycle.sampling,
             context,
             state.recorder,
+            None if inputs is None else inputs.step,
         )
         cycle.blocks[rows] = commit.blocks
+        paged_grammar.keep_report(state, inputs, commit)
         for i in live:
             cycle.rows[i].forwards += 1
             if self.exact_cache:
@@ -195,9 +204,10 @@ class PagedCacheStepper:
     def finish(self, state: _PagedCycle) -> CycleOutput:
         """Every row's block (its fixed head left out), its tokens extended to the block's end."""
         cycle = state.layout
-        if bool((cycle.blocks == self.mask_id).any()):
-            raise RuntimeError(f"a block kept masks after {state.steps} steps; this is a bug")
         blocks = cycle.blocks.tolist()
+        paged_grammar.host_blocks(state, blocks)
+        if any(self.mask_id in block for block in blocks):
+            raise RuntimeError(f"a block kept masks after {state.steps} steps; this is a bug")
         if state.recorder is not None:
             state.recorder.finish()
         for row, start, block in zip(cycle.rows, cycle.starts, blocks):

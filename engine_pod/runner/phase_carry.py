@@ -125,6 +125,12 @@ class RowCarry:
         self.keep([owners[r] for r in going], rows, cache.pool, slots)
         return output
 
+    def patch_blocks(self, owners: list[str], blocks: list[list[int]]) -> None:
+        """The carried rows' blocks as ``blocks`` (by row) has them: a constrained row's host commits."""
+        for owner, block in zip(owners, blocks):
+            if owner in self.rows:
+                self.rows[owner].block = list(block)
+
     def _scatter(self, extra: torch.Tensor, resumed: int, total: int, cache) -> None:
         """The carried entries (``total``) of the cycle's ``resumed`` rows into its dual cache's run, placed by
         ``extra`` (the canvas's resume columns [R, RESUME_COLUMNS] on the device)."""

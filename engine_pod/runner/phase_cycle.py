@@ -27,10 +27,11 @@ import torch.nn.functional as F
 
 from dllm_contracts.run_rules import stagger_problem_for
 from engine_pod.decoding.denoise_step import Candidates
+from engine_pod.runner import dual_grammar as hooks
 from engine_pod.runner.canvas import Canvas
 from engine_pod.runner.contract import CycleOutput
 from engine_pod.runner.dual_cycle import DualCacheStepper, _DualCycle
-from engine_pod.runner.dual_rows import HostState, StepRows
+from engine_pod.runner.dual_rows import StepRows
 from engine_pod.runner.packing import packed_layout, window_inputs
 from engine_pod.runner.phase_carry import RESUME_COLUMNS, RowCarry
 from engine_pod.runner.phase_plan import PhasePlan, plan_phases
@@ -105,6 +106,11 @@ class PhaseStepper(DualCacheStepper):
         state = super().begin(cycle)
         if not self._phased(cycle):
             return state
+        if state.grammar is not None and self.carry:  # a resumed row's grammar: past its block's commits
+            blocks = hooks.resumed_blocks(
+                self.carry.rows, cycle.request_ids, state.canvas.block_length, self.mask_id
+            )
+            state.grammar = self.grammars.rows(cycle.rows, blocks, state.canvas.tokens.device)
         self._check_stagger(cycle)
         rows, owners = len(cycle.rows), list(cycle.request_ids)
         layout = packed_layout(state.canvas, None, list(range(rows)))
@@ -160,11 +166,10 @@ class PhaseStepper(DualCacheStepper):
             phases.quota,
         )
         masked = canvas.block_tokens() == self.mask_id
-        read = torch.stack(
+        stack = torch.stack(
             [state.done.long(), masked.sum(1), masked[:, 0].long(), plan.refresh.long(), plan.reuse.long()]
-        ).tolist()
-        done, counts, first, refresh, reuse = read
-        state.host = HostState([bool(d) for d in done], counts, [bool(f) for f in first])
+        )
+        state.host, (refresh, reuse) = hooks.read_state(stack, state.grammar)
         phases.plan = plan
         phases.refresh = tuple(r for r, flag in enumerate(refresh) if flag)
         phases.stepping = tuple(r for r, (a, b) in enumerate(zip(refresh, reuse)) if a or b)
@@ -180,7 +185,13 @@ class PhaseStepper(DualCacheStepper):
         phases = state.phases
         if phases is None or not phases.carry_out:
             return super().finish(state)
-        return self.carry.end_at_step(state, phases.forwards, phases.owners, phases.waited)
+        if state.grammar is None:
+            return self.carry.end_at_step(state, phases.forwards, phases.owners, phases.waited)
+        hooks.send_grammar(state, [], [])  # the host's last commits and the rows they complete, on the device
+        output = self.carry.end_at_step(state, phases.forwards, phases.owners, phases.waited)
+        hooks.host_blocks(state.grammar, output, self.mask_id)
+        self.carry.patch_blocks(phases.owners, output.blocks)
+        return output
 
     @torch.no_grad()
     def step(self, state: _DualCycle, step: int) -> None:
@@ -191,8 +202,9 @@ class PhaseStepper(DualCacheStepper):
         plan = phases.plan
         stepping = plan.refresh | plan.reuse
         phases.waited = torch.where(plan.waiting, phases.waited + 1, torch.where(stepping, 0, phases.waited))
+        inputs = hooks.before_phase_step(state, self.quirks.commits_block_start_on_refresh)
         rows, layout = self._phase_rows(state, stepping)
-        self._phase_step(state, rows, layout)
+        self._phase_step(state, rows, layout, inputs)
         for row in rows.members:
             phases.forwards[row] += 1
         state.steps_taken[rows.index] += 1
@@ -219,7 +231,7 @@ class PhaseStepper(DualCacheStepper):
         )
         return rows, _PhaseLayout(refreshing, state.steps_taken[index] == 0, first, lengths, on_device)
 
-    def _phase_step(self, state: _DualCycle, rows: StepRows, layout: _PhaseLayout):
+    def _phase_step(self, state: _DualCycle, rows: StepRows, layout: _PhaseLayout, inputs=None):
         canvas = state.canvas
         mask, counts = rows.candidates, rows.counts
         if self.quirks.commits_block_start_on_refresh and any(layout.first_on_host):
@@ -233,10 +245,11 @@ class PhaseStepper(DualCacheStepper):
         positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
         own_step = state.steps_taken[candidates.owner]  # each row's forwards so far: its draws' step
         context = self._context(canvas, 0, rows, state.masks_at_start)
-        commit = self.denoise(
-            logits, candidates, rows.block, positions, own_step, canvas.sampling, context, state.recorder
-        )
+        grammar = hooks.step_of(inputs)
+        step = (positions, own_step, canvas.sampling, context, state.recorder, grammar)
+        commit = self.denoise(logits, candidates, rows.block, *step)
         canvas.write_block(rows.index, commit.blocks)
+        hooks.keep_report(state, grammar, commit)
         state.output.stats.forwards += 1
 
     def _mixed_forward(self, state, rows: StepRows, layout: _PhaseLayout, candidates, counts, on_device):

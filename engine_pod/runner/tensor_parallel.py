@@ -61,6 +61,10 @@ class LeaderRunner:
         if time.monotonic() - self._last_told >= self.parallel.pulse_s:
             self._tell(PULSE)
 
+    def grammar_problem(self, grammar) -> str | None:
+        """Checked on rank 0 alone (every rank compiles the same grammar for the same tokenizer)."""
+        return self.runner.grammar_problem(grammar)
+
     def warm_prefix(self, tokens: list[int]) -> int:
         self._tell(("warm", tokens))
         return self.runner.warm_prefix(tokens)

@@ -149,6 +149,8 @@ class BlockServeScheduler(Scheduler):
             logprobs=request.logprobs,
             owner=request.request_id,
             max_tokens=request.max_tokens,
+            grammar=request.grammar,
+            prompt_len=request.prompt_len,
         )
 
     def _preempt_overflow(self) -> list[Request]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dllm_contracts.canvas_sampler import EntropyBoundParams
+from dllm_contracts.structured_output import ResponseGrammar
 from engine_pod.decoding.sampling_params import SamplingParams
 
 
@@ -24,6 +25,8 @@ class CycleRow:
     max_tokens: int | None = (
         None  # the request's generation budget (a family whose reference caps its steps by it)
     )
+    grammar: ResponseGrammar | None = None  # the grammar its answer is generated in (None: free)
+    prompt_len: int = 0  # where its answer starts in ``prefix_ids`` (read where it has a grammar)
 
     @property
     def width(self) -> int:

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from dllm_contracts.canvas_sampler import EntropyBoundParams
+from dllm_contracts.structured_output import ResponseGrammar
 from engine_pod.decoding.sampling_params import SamplingParams
 
 
@@ -54,6 +55,7 @@ class Request:
     sampling: SamplingParams | None = None  # None: greedy
     sampler: EntropyBoundParams | None = None  # the entropy-bound sampler's (DiffusionGemma); None: runner's
     logprobs: int | None = None  # None: no log probabilities; k: the committed token's and k alternatives
+    grammar: ResponseGrammar | None = None  # the grammar its answer is generated in (None: free)
     max_tokens: int | None = None  # the generation budget asked for (max_blocks derives from it)
     in_batch: bool = False  # a batch line (the queue's batch lane), not an interactive request
     # block-diffusion models put blocks on the absolute grid: the prompt's last grid_head tokens share the

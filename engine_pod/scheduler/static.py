@@ -84,6 +84,8 @@ class StaticScheduler(Scheduler):
             logprobs=request.logprobs,
             owner=request.request_id,
             max_tokens=request.max_tokens,
+            grammar=request.grammar,
+            prompt_len=request.prompt_len,
         )
 
     def _finished_row(self, request: Request) -> CycleRow:

@@ -1,8 +1,9 @@
 """The gateway's side of a random model (``--model random:PRESET``): the preset's config.json beside the
-shipped model's tokenizer, in a directory the gateway reads as it reads a checkpoint's (torch-free).
+random presets' tokenizer, in a directory the gateway reads as it reads a checkpoint's (torch-free).
 
-A random model has no tokenizer of its own; with the shipped one, prompts are its words and the answer's
-ids that the tokenizer knows are words too (ids past its vocabulary decode to nothing).
+A random model has no tokenizer of its own; it is served with a byte-level one whose special tokens sit at
+the presets' ids (``dllm_contracts/assets/random-bytes``), so any text is a prompt and the answer's ids
+the tokenizer knows are text too (ids past its vocabulary decode to nothing).
 """
 
 from __future__ import annotations
@@ -11,15 +12,15 @@ import json
 import shutil
 from pathlib import Path
 
-from dllm_contracts.defaults import ASSETS_DIR
+from dllm_contracts.defaults import RANDOM_TOKENIZER_DIR
 from engine_pod.loading.presets import preset
 
-SHIPPED_TOKENIZER = ASSETS_DIR / "tiny-llada"
+RANDOM_TOKENIZER = RANDOM_TOKENIZER_DIR
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
 def random_model_dir(spec: str, root: Path) -> Path:
-    """``root/NAME`` for ``random:NAME``: the preset's config and the shipped tokenizer (rewritten each
+    """``root/NAME`` for ``random:NAME``: the preset's config and the random presets' tokenizer (rewritten each
     time, so a changed preset or package is picked up). The directory's name is the model's id."""
     name = spec.split(":", 1)[1]
     raw = preset(name)
@@ -27,5 +28,5 @@ def random_model_dir(spec: str, root: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     for file in TOKENIZER_FILES:
-        shutil.copy(SHIPPED_TOKENIZER / file, directory / file)
+        shutil.copy(RANDOM_TOKENIZER / file, directory / file)
     return directory

@@ -8,13 +8,14 @@ and the result alike (whole blocks, and on a block-diffusion grid the last block
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from dllm_contracts.canvas_sampler import EntropyBoundParams
 from dllm_contracts.model_identity import ModelIdentity, model_mismatch
 from dllm_contracts.queue.messages import BATCH_META, BlockEvent, DoneEvent
 from dllm_contracts.queue.ops import BlockCommit, Claimed
+from dllm_contracts.structured_output import ResponseGrammar
 from dllm_contracts.text import completion_tokens, within_limit
 from engine_pod.decoding.sampling_params import SamplingError, SamplingParams
 from engine_pod.scheduler.request import FinishReason, Request
@@ -35,13 +36,15 @@ class ServedRequest:
         request: Request,
         canvas_sampler: EntropyBoundParams | None = None,
         served_model: ModelIdentity | None = None,
+        grammar_problem: Callable[[ResponseGrammar], str | None] | None = None,
     ) -> ServedRequest:
         """The record of a claimed request: its settings on the scheduler's ``request``, its committed
         blocks and their log probabilities as Redis recorded them; refused if its payload has fields this
         version does not know (named), if it was accepted for a model other than ``served_model``, if its
         sampling is invalid, or
         if it sets entropy-bound sampler settings that are invalid over the runner's ``canvas_sampler`` or
-        that the model has no use for (``canvas_sampler`` None)."""
+        that the model has no use for (``canvas_sampler`` None), or if its response grammar cannot be used
+        here (``grammar_problem`` says why)."""
         payload = claimed.request
         request.generated = list(claimed.generated)
         request.threshold, request.logprobs = payload.threshold, payload.logprobs
@@ -63,7 +66,21 @@ class ServedRequest:
             served.refuse(f"invalid sampling settings: {exc}")
         if payload.sampler and served.error is None:
             served._take_sampler(payload.sampler, canvas_sampler)
+        if payload.grammar and served.error is None:
+            served._take_grammar(payload.grammar, grammar_problem)
         return served
+
+    def _take_grammar(self, wire: dict, problem: Callable[[ResponseGrammar], str | None] | None) -> None:
+        try:
+            grammar = ResponseGrammar.from_wire(wire)
+        except (KeyError, TypeError, ValueError) as exc:
+            self.refuse(f"invalid response grammar: {exc}")
+            return
+        why = "this engine has no grammar compiler" if problem is None else problem(grammar)
+        if why:
+            self.refuse(why)
+            return
+        self.request.grammar = grammar
 
     def _take_sampler(self, settings: dict, canvas_sampler: EntropyBoundParams | None) -> None:
         if canvas_sampler is None:

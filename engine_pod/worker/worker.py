@@ -192,7 +192,7 @@ class Worker:
         self.observer.claimed(claimed)
         sampler = self.engine.runner.canvas_sampler
         served = self._served[payload.id] = ServedRequest.claimed(
-            claimed, request, sampler, self.config.model_identity
+            claimed, request, sampler, self.config.model_identity, self.engine.runner.grammar_problem
         )
         request.in_batch = served.in_batch
         if served.error is None:

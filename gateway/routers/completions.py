@@ -9,10 +9,12 @@ from fastapi.responses import StreamingResponse
 
 from dllm_contracts.queue.messages import DoneEvent, QueuedRequest
 from dllm_contracts.tracing import end_span
+from gateway.chat_answers import answers_with_calls, chat_message, tools_for_prompt
 from gateway.errors import ApiError
 from gateway.logprobs import chat_logprobs, completion_logprobs
 from gateway.rate_limits import Admitted
 from gateway.request_trace import carry, traced
+from gateway.response_grammar import response_grammar
 from gateway.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -150,20 +152,22 @@ async def chat(
 async def _chat(body: ChatCompletionRequest, state, is_disconnected, admitted=None, span=None):
     started = time.monotonic()
     check_request(body, state)
+    grammar = response_grammar(body)
     prompt_ids = chat_prompt(body, state)
-    queued = as_one_request(build_choices(prompt_ids, body, state))
+    queued = as_one_request(build_choices(prompt_ids, body, state, grammar))
     carry(queued, span)
     await enqueue_all(queued, state, admitted)  # every choice or none
     if body.stream:
         return _streamed(queued, body, state, True, started, span)
     results = await wait_all(queued, state, is_disconnected)
     choices, counts = [], []
+    with_calls = answers_with_calls(body)
     for index, done in enumerate(results):
         text, stopped = apply_stop(state.tokenizer.decode(done.token_ids), body.stop_strings())
-        message = AssistantMessage.model_construct(content=text)
+        fields, reason = chat_message(text, finish_reason(done, stopped), with_calls, queued[index].id)
+        message = AssistantMessage.model_construct(**fields)
         cut = len(text) if stopped else None
         logprobs = chat_logprobs(done, state.tokenizer, cut) if body.logprobs else None
-        reason = finish_reason(done, stopped)
         choices.append(
             ChatChoice.model_construct(index=index, message=message, finish_reason=reason, logprobs=logprobs)
         )
@@ -185,7 +189,7 @@ def chat_prompt(body: ChatCompletionRequest, state) -> list[int]:
     messages = [message.for_template() for message in body.messages]
     check_prompt_text([m["content"] for m in messages], state, "messages")
     try:
-        return state.tokenizer.encode_chat(messages)
+        return state.tokenizer.encode_chat(messages, tools_for_prompt(body))
     except TokenizerError as exc:
         raise ApiError(400, str(exc), param="messages", code="invalid_value") from exc
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from engine_pod.bench.census_grid import MODELS, REMASKINGS, REQUESTS
+from engine_pod.decoding.grammar import rows as grammar_rows
 from tests.engine_pod.test_op_census import census_figures, census_models
 
 
@@ -24,12 +25,13 @@ def _marks(policy: str, requests: str) -> list:
     return [] if policy == "blockserve-packed" or requests == "sampled" else [pytest.mark.slow]
 
 
+PLAIN = [kind for kind in REQUESTS if kind != "constrained"]  # constrained rows: their own bounds, below
 GRID = [
     pytest.param(spec, policy, requests, remasking, marks=_marks(policy, requests))
     for spec in MODELS
     for remasking in REMASKINGS.get(spec, ("threshold",))
     for policy in ("static", "blockserve-packed", "blockserve-dense")
-    for requests in REQUESTS
+    for requests in PLAIN
 ]
 
 
@@ -51,7 +53,7 @@ CI_STAGGERED = {("random:dream-tiny", "sampled")}
 STAGGERED_GRID = [
     pytest.param(spec, requests, marks=[] if (spec, requests) in CI_STAGGERED else [pytest.mark.slow])
     for spec in ("random:llada-tiny", "random:dream-tiny")
-    for requests in REQUESTS
+    for requests in PLAIN
 ]
 
 
@@ -88,3 +90,39 @@ def test_step_level_cycles_carry_rows_without_a_copy_or_a_read_more(models, requ
     _packed_bounds(figures)
     block_level = census_figures(models[spec], spec, "dllm-serve", requests)
     assert figures.forwards < block_level.forwards  # its cycles ended at a step: rows were carried
+
+
+CONSTRAINED_GRID = [
+    pytest.param(spec, policy, marks=[] if policy == "blockserve-packed" else [pytest.mark.slow])
+    for spec in MODELS
+    for policy in ("blockserve-packed", "static", "blockserve-dense")
+    + (("dllm-serve", "dllm-serve-step-level") if spec in ("random:llada-tiny", "random:dream-tiny") else ())
+]
+
+
+@pytest.mark.parametrize(("spec", "policy"), CONSTRAINED_GRID)
+def test_constrained_rows_read_once_per_step_and_copy_their_masks_once_per_step(models, spec, policy):
+    """Every other row's answer keeps to a JSON schema (structured outputs): the grammar's report rides each
+    step's one read, and each step's masks and the host's commits go to the device in one copy more than a
+    free cycle makes between two forwards."""
+    figures = census_figures(models[spec], spec, policy, "constrained")
+    free = census_figures(models[spec], spec, policy, "greedy")
+    assert figures.attention_calls_per_layer == 1
+    assert figures.syncs_per_forward == 0, figures.sync_kinds
+    assert figures.syncs_per_step <= 1, figures.sync_kinds
+    assert figures.host_to_device_per_step <= free.host_to_device_per_step + 1
+    assert figures.new_attention_shapes <= (0 if policy.startswith(("blockserve-packed", "dllm")) else 4)
+
+
+def test_a_second_copy_planted_in_the_grammars_step_is_counted(models, monkeypatch):
+    send = grammar_rows.ConstrainedRows.send
+
+    def twice(self, *args, **kwargs):
+        self.buffers.send({"planted": [1]})  # a second copy in the step
+        self.buffers.send({"again": [2]})
+        return send(self, *args, **kwargs)
+
+    monkeypatch.setattr(grammar_rows.ConstrainedRows, "send", twice)
+    spec = "random:llada-tiny"
+    figures = census_figures(models[spec], spec, "blockserve-packed", "constrained")
+    assert figures.host_to_device_per_step >= 2

@@ -68,11 +68,8 @@ def test_an_image_audio_or_file_part_is_refused_naming_what_is_not_supported(cli
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-        ("tool_choice", "auto"),
         ("functions", [{"name": "f", "parameters": {}}]),
         ("function_call", "auto"),
-        ("response_format", {"type": "json_object"}),
         ("logit_bias", {"5": 10}),
         ("presence_penalty", 0.5),
         ("frequency_penalty", -1.0),
@@ -107,6 +104,17 @@ def test_a_value_that_does_nothing_by_openais_definition_is_accepted(client, ext
     assert (
         _chat(client, extra_body=extra).choices[0].message.content == _chat(client).choices[0].message.content
     )
+
+
+def test_structured_outputs_on_a_model_whose_tokenizer_cannot_write_json_are_a_400_saying_why(client):
+    """The shipped model's word-level tokenizer has no braces or quotes: no answer could be in a grammar."""
+    for fields in (
+        {"response_format": {"type": "json_object"}},
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            _chat(client, **fields)
+        assert "tokenizer that can write any text" in refused.value.body["message"]
 
 
 def test_completions_refuse_best_of_suffix_and_penalties(client):
