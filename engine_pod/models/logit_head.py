@@ -40,10 +40,10 @@ def chunked_rows(x: torch.Tensor, budget: LogitBudget, vocab: int) -> tuple[torc
 def apply_head(head: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """``head(x)`` for ``x`` [n, D], computed over a multiple of ``TILE_ROWS`` rows."""
     rows = x.shape[0]
-    padded = tiled_rows(rows)
-    if rows == 0 or padded == rows:
+    if rows == 0:
         return head(x)
-    return head(torch.cat([x, x.new_zeros(padded - rows, x.shape[1])]))[:rows]
+    padded = tiled_rows(rows)  # padded also when nothing is added: the same ops for every count
+    return head(torch.nn.functional.pad(x, (0, 0, 0, padded - rows)))[:rows]
 
 
 def _score_weight(head: nn.Module) -> torch.Tensor:
