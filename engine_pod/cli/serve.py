@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dllm_contracts.canvas_sampler import SETTINGS as SAMPLER_SETTINGS
-from dllm_contracts.model_identity import ModelIdentity, ServedRecord
+from dllm_contracts.model_identity import ON_MODEL_CHANGE, ModelIdentity, ServedRecord
 from dllm_contracts.model_source import portable_name
 from dllm_contracts.scheduler_config import admission_flags
 from engine_pod.cli.budget import resolve_budget
@@ -34,7 +34,6 @@ from engine_pod.cli.sparse_args import add_sparse_args, sparse_flags
 from engine_pod.cli.warm_prefix import check_warm_family, warm_prefix_flags, warm_texts
 from engine_pod.cli.worker import add_worker_args
 from engine_pod.cpu_threads import choose_threads
-from engine_pod.serve.queue_owner import ON_MODEL_CHANGE
 
 logger = logging.getLogger(__name__)
 

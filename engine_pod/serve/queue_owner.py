@@ -25,7 +25,6 @@ from dllm_contracts.queue.keys import ServiceKeys, request_of
 from engine_pod.serve.queue_census import Census, interactive_entries
 
 logger = logging.getLogger(__name__)
-ON_MODEL_CHANGE = ("refuse", "fail")  # what a start with another model does with the work waiting
 DRAIN_POLL_S = 1.0  # how often --exit-when-drained looks at the queue
 UNREACHABLE_S = 30.0  # how long a start waits for a Redis that does not answer before it gives up
 

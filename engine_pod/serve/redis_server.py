@@ -179,8 +179,9 @@ class RedisServer:
                 logger.info("Redis is loading its data: %s", _loading_progress(info))
                 said_at = time.monotonic()
             time.sleep(LOADING_POLL_S)
-        if said_at is not None:
-            logger.info("Redis has loaded its data (%s)", _size(total))
+        keys = client.dbsize()
+        if said_at is not None or keys:  # a file read back, however fast: say so
+            logger.info("Redis has loaded its data (%s)", _size(total) if total else f"{keys} keys")
 
     def kill(self) -> None:
         """Stop abruptly (SIGKILL), as a crash would."""
