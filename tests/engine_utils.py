@@ -47,6 +47,29 @@ def run_workload(
     return outputs
 
 
+def run_workload_logprobs(
+    loaded: LoadedModel, scheduler, decoding: DecodingConfig, workload, order=None, sampling=None, logprobs=None
+) -> dict[str, tuple[list[int], list]]:
+    """``run_workload``, each request's tokens with its committed tokens' log probabilities (``logprobs``:
+    request id -> alternatives asked; the others' values are empty)."""
+    pool_tokens = sum(len(prompt) + budget + 2 * decoding.block_length for _, prompt, budget in workload)
+    runner = make_runner(loaded, decoding, pool_tokens)
+    engine = Engine(runner, built_for(scheduler, runner))
+    for request_id, prompt, budget in workload if order is None else [workload[i] for i in order]:
+        request = engine.scheduler.request_for(request_id, prompt, budget)
+        request.sampling = (sampling or {}).get(request_id)
+        request.logprobs = (logprobs or {}).get(request_id)
+        engine.add_request(request)
+    values: dict[str, list] = {request_id: [] for request_id, _, _ in workload}
+    tokens: dict[str, list[int]] = {}
+    while engine.has_work():
+        result = engine.step()
+        for request_id, kept in zip(result.output.request_ids, result.logprobs or []):
+            values[request_id].extend(kept or [])
+        tokens.update({r.request_id: list(r.generated) for r in result.finished})
+    return {request_id: (tokens[request_id], values[request_id]) for request_id in tokens}
+
+
 def built_for(scheduler, runner) -> Scheduler:
     """``scheduler``, or what a callable (a scheduler class or ``functools.partial`` of one) builds with
     the runner's scheduling facts (a block-diffusion model's grid, its prefix cache)."""

@@ -174,6 +174,20 @@ def add_decoding_args(parser: argparse.ArgumentParser, compare_prefix_cache: boo
         "--ignore-eos", action="store_true", help="do not stop after a block that contains EOS"
     )
     add_logit_args(group)
+    add_batch_invariant_arg(group)
+
+
+def add_batch_invariant_arg(group) -> None:
+    """``--batch-invariant``: DecodingConfig.batch_invariant (models/batch_invariant.py)."""
+    group.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="a request's outputs (tokens, log probabilities) are the same bits alone and in any batch in "
+        "float32 too, whatever kernels the CPU's matrix library picks: every linear layer multiplies its "
+        "rows in tiles of a fixed size, mixture-of-experts groups are padded alike, every block cycle runs "
+        "packed, and on a GPU cuBLAS keeps full-precision reductions (no TF32); costs time, see "
+        "docs/design.md (default: off)",
+    )
 
 
 def add_logit_args(group) -> None:
@@ -257,6 +271,7 @@ def decoding_config(args: argparse.Namespace, steps_per_block: int) -> DecodingC
         prefix_cache=args.prefix_cache[0],
         max_materialized_logits=args.max_materialized_logits,
         logit_candidates=getattr(args, "logit_candidates", 0),
+        batch_invariant=args.batch_invariant,
         sparse=sparse_config(args) if hasattr(args, "sparse_cache") else HeadSparseConfig(),
     )
 

@@ -19,6 +19,7 @@ INVARIANCE_TESTS = (
     "tests/engine_pod/test_row_invariant.py",
     "tests/engine_pod/test_diffusion_gemma_random.py",
     "tests/engine_pod/test_logit_budget.py",
+    "tests/engine_pod/test_batch_invariant.py",
 )
 PLAIN_MATMUL_ROWS = """
 import json, torch, torch.nn.functional as F
