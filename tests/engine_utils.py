@@ -48,7 +48,13 @@ def run_workload(
 
 
 def run_workload_logprobs(
-    loaded: LoadedModel, scheduler, decoding: DecodingConfig, workload, order=None, sampling=None, logprobs=None
+    loaded: LoadedModel,
+    scheduler,
+    decoding: DecodingConfig,
+    workload,
+    order=None,
+    sampling=None,
+    logprobs=None,
 ) -> dict[str, tuple[list[int], list]]:
     """``run_workload``, each request's tokens with its committed tokens' log probabilities (``logprobs``:
     request id -> alternatives asked; the others' values are empty)."""

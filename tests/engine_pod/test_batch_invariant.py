@@ -5,6 +5,7 @@ every kernel regime the CPU can be made to run."""
 
 from __future__ import annotations
 
+import json
 import random
 from functools import partial
 
@@ -60,7 +61,10 @@ def _outputs(loaded, family: str, on: bool) -> dict[str, dict]:
         sampling = {rid: SamplingParams(seed=i) for i, (rid, _, _) in enumerate(workload)}
         logprobs = None  # its sampler records none
     else:
-        sampling = {"r1": SamplingParams(temperature=0.9, seed=11), "r3": SamplingParams(0.7, top_k=20, seed=4)}
+        sampling = {
+            "r1": SamplingParams(temperature=0.9, seed=11),
+            "r3": SamplingParams(0.7, top_k=20, seed=4),
+        }
         logprobs = {rid: 2 for rid, _, _ in workload}
     decoding = DecodingConfig(
         block_length=block,
@@ -84,15 +88,18 @@ def _outputs(loaded, family: str, on: bool) -> dict[str, dict]:
 @pytest.fixture
 def plain_products(monkeypatch) -> list[str]:
     """The library's plain matrix products (F.linear, torch.matmul) called on rows while it is in use."""
-    calls = []
-    for owner, name in ((F, "linear"), (torch, "matmul")):
+    calls: list[str] = []
 
-        def spy(x, *args, _original=getattr(owner, name), _name=name, **kwargs):
+    def spy(name: str, original):
+        def counted(x, *args, **kwargs):
             if x.numel():
-                calls.append(_name)
-            return _original(x, *args, **kwargs)
+                calls.append(name)
+            return original(x, *args, **kwargs)
 
-        monkeypatch.setattr(owner, name, spy)
+        return counted
+
+    for owner, name in ((F, "linear"), (torch, "matmul")):
+        monkeypatch.setattr(owner, name, spy(name, getattr(owner, name)))
     return calls
 
 
@@ -129,7 +136,9 @@ def test_the_setting_swaps_every_linear_layers_product_and_back():
     x = torch.randn(3, 64)
     set_batch_invariant(model, True)
     assert all(isinstance(module, RowInvariantLinear) for module in model.values())
-    assert isinstance(model["row_parallel"], RowParallelLinear) and isinstance(model["head"], VocabParallelHead)
+    assert isinstance(model["row_parallel"], RowParallelLinear) and isinstance(
+        model["head"], VocabParallelHead
+    )
     assert {name: p.data_ptr() for name, p in model.named_parameters()} == before  # nothing copied
     plain = model["plain"]
     assert torch.equal(plain(x), linear(x, plain.weight, plain.bias))
@@ -178,3 +187,44 @@ def test_a_model_that_never_had_the_setting_leaves_the_process_cuda_settings_alo
         assert not cublas.allow_bf16_reduced_precision_reduction
     finally:
         cublas.allow_bf16_reduced_precision_reduction = saved
+
+
+def test_dllm_bench_runs_every_policy_with_the_setting_and_without(tmp_path, capsys):
+    """The product path: `dllm bench --batch-invariant on,off` in float32, each policy both ways in one run:
+    with the setting its batches (static's dense box among them) give every request the tokens it gets
+    alone, and each run with it is measured against its run without."""
+    from engine_pod.cli.main import build_parser, main
+
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--model", "random:llada2-tiny", "--batch-invariant", "on,off", "--threads", "1"]
+    argv += ["--policy", "sequential,static,blockserve,blockserve-dense", "--json", str(out), "--no-isolate"]
+    argv += ["--workload", "synthetic:n=6,prompt=1-40,gen=8-16,seed=0", "--block-length", "8"]
+    assert main([*argv, "--steps-per-block", "4", "--remasking", "low_confidence"]) == 0
+    report = json.loads(out.read_text())
+    assert report["dtype"] == "float32" and report["batch_invariant"] == ["on", "off"]
+    invariant = [name for name in report["policies"] if name.endswith("/batch-invariant-on")]
+    assert len(invariant) == 4 and len(report["policies"]) == 8
+    assert len({report["outputs_sha256"][name] for name in invariant}) == 1  # every policy's tokens alike
+    for name in invariant:
+        ratio = report["policies"][name]["vs_batch_invariant_off"]
+        off = report["policies"][name.replace("-on", "-off")]["tokens_per_s"]
+        assert ratio == pytest.approx(report["policies"][name]["tokens_per_s"] / off, rel=1e-2)
+    assert (
+        "every policy with batch-invariant products (every batch packed) and without"
+        in capsys.readouterr().out
+    )
+    assert build_parser().parse_args(["bench", "--batch-invariant"]).batch_invariant == (True,)
+    assert build_parser().parse_args(["bench"]).batch_invariant == (False,)
+
+
+def test_dllm_serve_hands_the_setting_to_its_worker():
+    from engine_pod.cli.main import build_parser
+    from engine_pod.cli.serve import _worker_args
+    from tests.engine_pod.test_cli_threads import IDENTITY
+
+    def worker(*flags: str):
+        given = build_parser().parse_args(["serve", "--token-budget", "4096", *flags])
+        given.service = "default"
+        return build_parser().parse_args(["worker", *_worker_args(given, "redis://127.0.0.1:1/0", IDENTITY)])
+
+    assert worker("--batch-invariant").batch_invariant and not worker().batch_invariant

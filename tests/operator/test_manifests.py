@@ -344,7 +344,10 @@ def test_the_decoding_options_reach_dllm_worker():
     assert not passed & set(command) and "--warm-prefix" not in command
     defaults = engine_worker_args(example())
     assert (defaults.sparse_cache, defaults.head_importance, defaults.warm_prefix) == ("off", None, None)
-    assert not defaults.batch_invariant and not engine_worker_args(example(decoding__batchInvariant=False)).batch_invariant
+    assert (
+        not defaults.batch_invariant
+        and not engine_worker_args(example(decoding__batchInvariant=False)).batch_invariant
+    )
     assert (defaults.max_materialized_logits, defaults.logit_candidates) == (None, 0)
 
 

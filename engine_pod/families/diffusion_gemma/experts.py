@@ -123,4 +123,3 @@ class GemmaExperts(nn.Module):
         for slot in range(ordered.shape[1]):
             total = total + ordered[:, slot]
         return total
-

@@ -51,7 +51,8 @@ class DiffusionGemmaModel(nn.Module):
     parallel: TensorParallel = (
         SINGLE  # a rank of a tensor-parallel group: its run of the vocabulary (shards.py)
     )
-    row_invariant = False  # --batch-invariant: the LM head and the soft embeddings through row_invariant.linear
+    # --batch-invariant (models/batch_invariant.py): the LM head and the soft embeddings through row_invariant.linear
+    row_invariant = False
 
     def __init__(self, config: DiffusionGemmaConfig) -> None:
         super().__init__()
@@ -185,8 +186,10 @@ class DiffusionGemmaModel(nn.Module):
         if probabilities is None or weight.dtype.itemsize < 4:
             probabilities = processed_logits.to(weight.dtype).softmax(dim=-1, dtype=torch.float32)
         probabilities = self._own_vocabulary(probabilities.to(weight.dtype), weight.shape[0])
-        product = linear(probabilities, weight.t()) if self.row_invariant else torch.matmul(probabilities, weight)
-        return self.parallel.all_reduce(product) * self._embed_scale(weight.dtype)
+        soft = (
+            linear(probabilities, weight.t()) if self.row_invariant else torch.matmul(probabilities, weight)
+        )
+        return self.parallel.all_reduce(soft) * self._embed_scale(weight.dtype)
 
     def _own_vocabulary(self, probabilities: torch.Tensor, rows: int) -> torch.Tensor:
         """This rank's run of the vocabulary's probabilities (all of them for one process)."""
