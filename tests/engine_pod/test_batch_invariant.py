@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dllm_contracts.head_sparse_config import HeadSparseConfig
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling_params import SamplingParams
@@ -112,6 +113,44 @@ def test_a_requests_float32_outputs_are_the_same_bits_alone_and_in_any_batch(mod
     alone = outputs.pop("alone")
     for batching, got in outputs.items():
         assert got == alone, f"{family}, {batching}: {[rid for rid in alone if got[rid] != alone[rid]]}"
+
+
+VARIANTS = {
+    "candidates": {"logit_candidates": 16},
+    "chunked logits": {"max_materialized_logits": 3},
+    "head-sparse cache": {"sparse": HeadSparseConfig(mode="uniform", retention=0.5)},
+    "no cache": {"cache": "none"},
+    "prefix cache": {"cache": "prefix"},
+    "full canvas": {"canvas": "full"},
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_decoding_variants_keep_a_requests_bits_under_the_setting(models, variant, plain_products):
+    """LLaDA's other paths (the bfloat16 candidates' scores, the head-sparse cache's attention, forwards
+    without a dual cache, the full canvas): a request's tokens and log probabilities alone and in
+    BlockServe's batches."""
+    loaded = _loaded(models, "llada")
+    rng = random.Random(7)
+    workload = [
+        (f"r{i}", [rng.randrange(3, 999) for _ in range(n)], 16) for i, n in enumerate(PROMPT_LENGTHS)
+    ]
+    decoding = DecodingConfig(
+        block_length=8,
+        steps_per_block=4,
+        remasking="low_confidence",
+        batch_invariant=True,
+        **VARIANTS[variant],
+    )
+    sampling = {"r2": SamplingParams(temperature=0.8, seed=3)}
+    run = partial(run_workload_logprobs, loaded, decoding=decoding, workload=workload, sampling=sampling)
+    run = partial(run, logprobs={rid: 1 for rid, _, _ in workload})
+    alone = run(partial(sequential_scheduler, 8, [], layout="dense"))
+    for layout in ("packed", "dense"):
+        budget = SchedulerConfig(token_budget=300, layout=layout)
+        got = run(partial(BlockServeScheduler, 8, [], budget), order=[3, 0, 5, 1, 4, 2])
+        assert got == alone, f"{variant}, {layout}: {[rid for rid in alone if got[rid] != alone[rid]]}"
+    assert not plain_products, f"{variant}: {sorted(set(plain_products))} called under the setting"
 
 
 def test_without_the_setting_a_batch_rounds_some_request_otherwise(models):
