@@ -381,8 +381,10 @@ def test_batch_invariance_reaches_the_profiling_job_and_its_hash():
     off = all_manifests(example())[0]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--batch-invariant" not in off
     image = OperatorSettings(operator_namespace="dllm-system").engine_image
-    assert spec.profile_hash(image) != example().profile_hash(image)
-    assert example(decoding__batchInvariant=False).profile_hash(image) == example().profile_hash(image)
+    assert profile_hash_of(spec, image) != profile_hash_of(example(), image)
+    assert profile_hash_of(example(decoding__batchInvariant=False), image) == profile_hash_of(
+        example(), image
+    )
 
 
 def test_the_sparse_cache_reaches_the_profiling_job_its_hash_and_the_engines_check(tmp_path):
