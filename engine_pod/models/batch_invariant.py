@@ -8,7 +8,8 @@ tensor-parallel ``RowParallelLinear`` and ``VocabParallelHead``) takes a class o
 shape whatever the batch), and every module that declares ``row_invariant`` (LLaDA2.0's router and experts,
 DiffusionGemma's head and soft embeddings) is told. Parameters, their names and storage are untouched.
 Each runner arms its model before it runs (runner/cycle_driver.py), so runners with and without the
-setting may share one model.
+setting may share one model; the runner also lays every cycle out packed under the setting (a dense box's
+padding changes how the attention kernel blocks a row's queries and keys).
 
 On a GPU, ``matmul_settings`` also keeps cuBLAS at full float32 precision (no TF32) and half-precision
 products with full-precision reductions and no split-K (docs/design.md, "Batch invariance on a GPU").

@@ -30,6 +30,7 @@ from engine_pod.models.row_invariant import RowInvariantLinear, linear
 from engine_pod.parallel.group import SINGLE
 from engine_pod.parallel.layers import RowParallelLinear, VocabParallelHead
 from engine_pod.scheduler.blockserve import BlockServeScheduler
+from engine_pod.scheduler.dllm_serve import DllmServeScheduler
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
 from tests.engine_utils import run_workload_logprobs
 
@@ -151,6 +152,25 @@ def test_the_decoding_variants_keep_a_requests_bits_under_the_setting(models, va
         got = run(partial(BlockServeScheduler, 8, [], budget), order=[3, 0, 5, 1, 4, 2])
         assert got == alone, f"{variant}, {layout}: {[rid for rid in alone if got[rid] != alone[rid]]}"
     assert not plain_products, f"{variant}: {sorted(set(plain_products))} called under the setting"
+
+
+def test_dllm_serves_staggered_refreshes_keep_a_requests_bits_under_the_setting(models):
+    """dLLM-Serve's batches (each step's refreshes held to a quota, rows refreshed every second forward)
+    against each request alone under the same policy. (Without the setting these batches round alike on
+    an AMD EPYC too: this guards the policy's path through the setting, not the setting's need.)"""
+    loaded = _loaded(models, "llada")
+    rng = random.Random(5)
+    workload = [
+        (f"r{i}", [rng.randrange(3, 999) for _ in range(n)], 16) for i, n in enumerate(PROMPT_LENGTHS)
+    ]
+    decoding = DecodingConfig(block_length=8, steps_per_block=4, threshold=0.5, batch_invariant=True)
+    scheduler = partial(DllmServeScheduler, 8, [], SchedulerConfig(token_budget=300, refresh_interval=2))
+    run = partial(run_workload_logprobs, loaded, scheduler, decoding)
+    logprobs = {rid: 1 for rid, _, _ in workload}
+    alone = {}
+    for item in workload:
+        alone |= run([item], logprobs=logprobs)
+    assert run(workload, order=[3, 0, 5, 1, 4, 2], logprobs=logprobs) == alone
 
 
 def test_without_the_setting_a_batch_rounds_some_request_otherwise(models):
