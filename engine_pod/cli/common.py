@@ -127,10 +127,10 @@ def on_off_settings(text: str) -> tuple[bool, ...]:
 
 
 def _one_on_off_setting(text: str) -> tuple[bool, ...]:
-    settings = on_off_settings(text)
-    if len(settings) > 1:
+    """``on`` or ``off``: a command that runs one way (a benchmark's flag also takes ``on,off``)."""
+    if text.strip() not in ON_OFF:
         raise argparse.ArgumentTypeError(f"expected on or off; got {text!r}")
-    return settings
+    return (ON_OFF[text.strip()],)
 
 
 def add_decoding_args(parser: argparse.ArgumentParser, compare: bool = False) -> None:
@@ -177,37 +177,21 @@ def add_decoding_args(parser: argparse.ArgumentParser, compare: bool = False) ->
     add_batch_invariant_arg(group, compare)
 
 
-BATCH_INVARIANT_HELP = (
-    "a request's outputs (tokens, log probabilities) are the same bits alone and in any batch in float32 too, "
-    "whatever kernels the CPU's matrix library picks: every linear layer multiplies its rows in tiles of a "
-    "fixed size, mixture-of-experts groups are padded alike, every block cycle runs packed, and on a GPU "
-    "cuBLAS keeps full-precision reductions (no TF32); costs time, see docs/design.md"
-)
-
-
 def add_batch_invariant_arg(group, compare: bool = False) -> None:
-    """``--batch-invariant``: DecodingConfig.batch_invariant (models/batch_invariant.py); a benchmark's
-    (``compare``) also takes ``on,off``."""
-    if not compare:
-        group.add_argument(
-            "--batch-invariant", action="store_true", help=BATCH_INVARIANT_HELP + " (default: off)"
-        )
-        return
+    """``--batch-invariant [on|off]``: DecodingConfig.batch_invariant (models/batch_invariant.py)."""
     group.add_argument(
         "--batch-invariant",
         nargs="?",
-        type=on_off_settings,
+        type=on_off_settings if compare else _one_on_off_setting,
         const=(True,),
         default=(False,),
-        metavar="on|off|on,off",
-        help=BATCH_INVARIANT_HELP + "; alone: on; on,off runs every policy both ways (default: off)",
+        metavar="on|off" + ("|on,off" if compare else ""),
+        help="a request's outputs (tokens, log probabilities) are the same bits alone and in any batch in "
+        "float32 too, whatever kernels the CPU's matrix library picks: every linear layer multiplies its rows "
+        "in tiles of a fixed size, mixture-of-experts groups are padded alike, every block cycle runs packed, "
+        "and on a GPU cuBLAS keeps full-precision reductions (no TF32); costs time, see docs/design.md; alone: "
+        "on" + ("; on,off runs every policy both ways" if compare else "") + " (default: off)",
     )
-
-
-def batch_invariant_setting(args: argparse.Namespace) -> bool:
-    """The setting of a command's run (a benchmark's first where it compares both)."""
-    value = getattr(args, "batch_invariant", False)
-    return value[0] if isinstance(value, tuple) else value
 
 
 def add_logit_args(group) -> None:
@@ -291,7 +275,7 @@ def decoding_config(args: argparse.Namespace, steps_per_block: int) -> DecodingC
         prefix_cache=args.prefix_cache[0],
         max_materialized_logits=args.max_materialized_logits,
         logit_candidates=getattr(args, "logit_candidates", 0),
-        batch_invariant=batch_invariant_setting(args),
+        batch_invariant=args.batch_invariant[0],
         sparse=sparse_config(args) if hasattr(args, "sparse_cache") else HeadSparseConfig(),
     )
 

@@ -137,7 +137,7 @@ def _measure(args: argparse.Namespace, config) -> dict:
             "tensor_parallel": args.tensor_parallel,
             "max_materialized_logits": args.max_materialized_logits,
             "logit_candidates": args.logit_candidates,
-            "batch_invariant": args.batch_invariant,
+            "batch_invariant": args.batch_invariant[0],
         }  # the size measured at
     settings = memory_settings(asdict(sparse))
     return result | ({"sparse_cache": settings} if settings else {}) | ({PROFILE_KEY: heads} if heads else {})
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         tensor_parallel=args.tensor_parallel,
         max_materialized_logits=args.max_materialized_logits,
         logit_candidates=args.logit_candidates,
-        batch_invariant=args.batch_invariant,
+        batch_invariant=args.batch_invariant[0],
     )
     try:
         result = _measure(args, config)

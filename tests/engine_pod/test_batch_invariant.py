@@ -252,6 +252,7 @@ def test_dllm_bench_runs_every_policy_with_the_setting_and_without(tmp_path, cap
     """The product path: `dllm bench --batch-invariant on,off` in float32, each policy both ways in one run:
     with the setting its batches (static's dense box among them) give every request the tokens it gets
     alone, and each run with it is measured against its run without."""
+    from engine_pod.cli.bench import _decoding_line
     from engine_pod.cli.main import build_parser, main
 
     out = tmp_path / "bench.json"
@@ -272,6 +273,8 @@ def test_dllm_bench_runs_every_policy_with_the_setting_and_without(tmp_path, cap
         "every policy with batch-invariant products (every batch packed) and without"
         in capsys.readouterr().out
     )
+    one_way = {"batch_invariant": ["on"], "decoding": {"threshold": 0.9}}
+    assert _decoding_line(one_way) == "threshold 0.9; batch-invariant products, every batch packed"
     assert build_parser().parse_args(["bench", "--batch-invariant"]).batch_invariant == (True,)
     assert build_parser().parse_args(["bench"]).batch_invariant == (False,)
 
@@ -286,4 +289,27 @@ def test_dllm_serve_hands_the_setting_to_its_worker():
         given.service = "default"
         return build_parser().parse_args(["worker", *_worker_args(given, "redis://127.0.0.1:1/0", IDENTITY)])
 
-    assert worker("--batch-invariant").batch_invariant and not worker().batch_invariant
+    assert worker("--batch-invariant").batch_invariant == (True,) and worker().batch_invariant == (False,)
+
+
+@pytest.mark.parametrize("command", ["worker", "serve", "profile"])
+def test_a_command_that_runs_one_way_takes_on_or_off_and_refuses_both_in_one_line(command):
+    """``--batch-invariant on|off`` on the commands that run one way; ``on,off`` (a benchmark's) or a typo
+    ends with one error line naming the flag, exit status 2, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    from engine_pod.cli.main import build_parser
+
+    required = ["--redis", "redis://127.0.0.1:1/0", "--service", "s"] if command == "worker" else []
+    parse = build_parser().parse_args
+    assert parse([command, *required, "--batch-invariant", "off"]).batch_invariant == (False,)
+    assert parse([command, *required, "--batch-invariant", "on"]).batch_invariant == (True,)
+    env = os.environ | {"DLLM_NO_HUGE_PAGES": "1"}
+    for value in ("on,off", "yes"):
+        argv = [sys.executable, "-m", "engine_pod.cli.main", command, *required, "--batch-invariant", value]
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+        last = done.stderr.strip().splitlines()[-1]
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert last == f"dllm {command}: error: argument --batch-invariant: expected on or off; got {value!r}"

@@ -318,7 +318,7 @@ def test_the_decoding_options_reach_dllm_worker():
         decoding__batchInvariant=True,
     )
     args = engine_worker_args(spec)
-    assert args.batch_invariant
+    assert args.batch_invariant == (True,)
     assert (args.sparse_cache, args.retention, args.core_share, args.minor_share) == (
         "head-centric",
         0.4,
@@ -345,8 +345,9 @@ def test_the_decoding_options_reach_dllm_worker():
     defaults = engine_worker_args(example())
     assert (defaults.sparse_cache, defaults.head_importance, defaults.warm_prefix) == ("off", None, None)
     assert (
-        not defaults.batch_invariant
-        and not engine_worker_args(example(decoding__batchInvariant=False)).batch_invariant
+        defaults.batch_invariant
+        == engine_worker_args(example(decoding__batchInvariant=False)).batch_invariant
+        == (False,)
     )
     assert (defaults.max_materialized_logits, defaults.logit_candidates) == (None, 0)
 
@@ -377,7 +378,9 @@ def test_batch_invariance_reaches_the_profiling_job_and_its_hash():
     profile (off, or absent: the hash of before)."""
     spec = example(decoding__batchInvariant=True)
     command = all_manifests(spec)[0]["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert command[:2] == ["dllm", "profile"] and build_parser().parse_args(command[1:]).batch_invariant
+    assert command[:2] == ["dllm", "profile"] and build_parser().parse_args(command[1:]).batch_invariant == (
+        True,
+    )
     off = all_manifests(example())[0]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--batch-invariant" not in off
     image = OperatorSettings(operator_namespace="dllm-system").engine_image
