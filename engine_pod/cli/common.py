@@ -187,10 +187,12 @@ def add_batch_invariant_arg(group, compare: bool = False) -> None:
         default=(False,),
         metavar="on|off" + ("|on,off" if compare else ""),
         help="a request's outputs (tokens, log probabilities) are the same bits alone and in any batch in "
-        "float32 too, whatever kernels the CPU's matrix library picks: every linear layer multiplies its rows "
-        "in tiles of a fixed size, mixture-of-experts groups are padded alike, every block cycle runs packed, "
-        "and on a GPU cuBLAS keeps full-precision reductions (no TF32); costs time, see docs/design.md; alone: "
-        "on" + ("; on,off runs every policy both ways" if compare else "") + " (default: off)",
+        "float32 too, whatever kernels the CPU's matrix library picks (with one torch thread: --threads 1): "
+        "every linear layer multiplies its rows in tiles of a fixed size, mixture-of-experts groups are padded "
+        "alike, every block cycle runs packed, and on a GPU cuBLAS keeps full-precision reductions (no TF32); "
+        "costs time, see docs/design.md; alone: on"
+        + ("; on,off runs every policy both ways" if compare else "")
+        + " (default: off)",
     )
 
 
