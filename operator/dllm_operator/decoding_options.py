@@ -91,7 +91,7 @@ def profiling_flags(spec: ServiceSpec) -> list[str]:
 
 def batch_invariant_flags(spec: ServiceSpec) -> list[str]:
     """`--batch-invariant` where the spec turns it on (`dllm worker` and `dllm profile`)."""
-    return ["--batch-invariant"] if spec.batch_invariant else []
+    return ["--batch-invariant", "on"] if spec.batch_invariant else []
 
 
 def logit_flags(spec: ServiceSpec) -> list[str]:
