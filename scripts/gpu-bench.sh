@@ -18,7 +18,8 @@
 #                    32 steps
 #   5. bench-fixed.json  the same workload in the paper's fixed-steps setting (blocks of 32, 32 steps per
 #                    block, one token a step: a number of forwards that random weights do not change),
-#                    static against blockserve (FIXED_POLICY=...)
+#                    static against blockserve (FIXED_POLICY=...), each with --batch-invariant and without
+#                    in the same run (its cost: vs_batch_invariant_off; INVARIANT=on or off runs one way)
 #   6. llada2/         the profile and the fixed-steps bench for a random model of the LLaDA2.0-mini shape
 #                    (block diffusion, 256 experts; its exact KV cache sized by the profiled budget),
 #                    BlockServe against static batching (skip with BLOCK_MODEL=)
@@ -90,10 +91,12 @@ timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model "
 
 fixed=(--block-length 32 --steps-per-block 32 --remasking low_confidence)
 fixed_policies=${FIXED_POLICY:-static,blockserve}
-step "bench, fixed steps ($workload: $fixed_policies)"
+invariant=${INVARIANT:-on,off}
+step "bench, fixed steps ($workload: $fixed_policies, --batch-invariant $invariant)"
 timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model "$model" --device "$device" \
   --dtype "$dtype" --profile "$out/profile.json" --workload "$workload" --policy "$fixed_policies" \
-  "${fixed[@]}" --no-isolate --no-margins --json "$out/bench-fixed.json" | tee -a "$out/summary.txt" || status=$?
+  "${fixed[@]}" --batch-invariant "$invariant" --no-isolate --no-margins --json "$out/bench-fixed.json" \
+  | tee -a "$out/summary.txt" || status=$?
 
 block_model=${BLOCK_MODEL-random:llada2-mini}
 if [ -n "$block_model" ]; then

@@ -32,19 +32,48 @@ def run_workload(
     ``scheduler``: a scheduler, or a callable that builds one from the runner's scheduling facts;
     ``sampling``: request id -> its SamplingParams (default: none); ``grammars``: request id -> the
     ResponseGrammar its answer keeps to (default: none)."""
-    pool_tokens = sum(len(prompt) + budget + 2 * decoding.block_length for _, prompt, budget in workload)
-    runner = make_runner(loaded, decoding, pool_tokens)
-    scheduler = built_for(scheduler, runner)
-    engine = Engine(runner, scheduler)
-    items = workload if order is None else [workload[i] for i in order]
-    for request_id, prompt, budget in items:
-        request = scheduler.request_for(request_id, prompt, budget)
-        request.sampling = (sampling or {}).get(request_id)
-        request.grammar = (grammars or {}).get(request_id)
-        engine.add_request(request)
+    engine = _engine_with(loaded, scheduler, decoding, workload, order, sampling=sampling, grammar=grammars)
     outputs: dict[str, list[int]] = {}
     engine.run(lambda r: outputs.__setitem__(r.request_id, list(r.generated)))
     return outputs
+
+
+def run_workload_logprobs(
+    loaded: LoadedModel,
+    scheduler,
+    decoding: DecodingConfig,
+    workload,
+    order=None,
+    sampling=None,
+    logprobs=None,
+) -> dict[str, tuple[list[int], list]]:
+    """``run_workload``, each request's tokens with its committed tokens' log probabilities (``logprobs``:
+    request id -> alternatives asked; the others' values are empty)."""
+    engine = _engine_with(loaded, scheduler, decoding, workload, order, sampling=sampling, logprobs=logprobs)
+    values: dict[str, list] = {request_id: [] for request_id, _, _ in workload}
+    tokens: dict[str, list[int]] = {}
+    while engine.has_work():
+        result = engine.step()
+        for request_id, kept in zip(result.output.request_ids, result.logprobs or []):
+            values[request_id].extend(kept or [])
+        tokens.update({r.request_id: list(r.generated) for r in result.finished})
+    return {request_id: (tokens[request_id], values[request_id]) for request_id in tokens}
+
+
+def _engine_with(
+    loaded: LoadedModel, scheduler, decoding: DecodingConfig, workload, order, **fields
+) -> Engine:
+    """An engine with the workload submitted in ``order``; ``fields``: a request attribute -> (request id
+    -> its value; absent: None)."""
+    pool_tokens = sum(len(prompt) + budget + 2 * decoding.block_length for _, prompt, budget in workload)
+    runner = make_runner(loaded, decoding, pool_tokens)
+    engine = Engine(runner, built_for(scheduler, runner))
+    for request_id, prompt, budget in workload if order is None else [workload[i] for i in order]:
+        request = engine.scheduler.request_for(request_id, prompt, budget)
+        for name, values in fields.items():
+            setattr(request, name, (values or {}).get(request_id))
+        engine.add_request(request)
+    return engine
 
 
 def built_for(scheduler, runner) -> Scheduler:

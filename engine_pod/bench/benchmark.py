@@ -46,23 +46,35 @@ class BenchConfig:
     # run every policy with the block prefix cache on, off, or both ways (its runs then named
     # ``policy/prefix-cache-on`` and ``policy/prefix-cache-off``)
     prefix_cache: tuple[bool, ...] = (True,)
+    # and with batch-invariant products, without, or both ways (``.../batch-invariant-on`` and ``-off``)
+    batch_invariant: tuple[bool, ...] = (False,)
 
     @property
     def runs(self) -> tuple[str, ...]:
-        """What each round runs: the policies, or each policy both ways when the prefix cache is compared."""
-        if len(self.prefix_cache) == 1:
-            return self.policies
-        return tuple(f"{p}{CACHE_SUFFIX[on]}" for p in self.policies for on in self.prefix_cache)
+        """What each round runs: the policies, each both ways where a setting is compared."""
+        names = self.policies
+        for field, suffixes in COMPARED.items():
+            settings = getattr(self, field)
+            if len(settings) > 1:
+                names = tuple(f"{name}{suffixes[on]}" for name in names for on in settings)
+        return names
 
     def run_setup(self, name: str) -> tuple[str, DecodingConfig]:
-        """The policy a run of ``runs`` is, and its decoding (its prefix cache on or off)."""
-        for on, suffix in CACHE_SUFFIX.items():
-            if len(self.prefix_cache) > 1 and name.endswith(suffix):
-                return name.removesuffix(suffix), replace(self.decoding, prefix_cache=on)
-        return name, replace(self.decoding, prefix_cache=self.prefix_cache[0])
+        """The policy a run of ``runs`` is, and its decoding (its compared settings on or off)."""
+        chosen = {field: getattr(self, field)[0] for field in COMPARED}
+        for field, suffixes in reversed(COMPARED.items()):  # the last compared setting's suffix is last
+            for on, suffix in suffixes.items():
+                if len(getattr(self, field)) > 1 and name.endswith(suffix):
+                    name, chosen[field] = name.removesuffix(suffix), on
+        return name, replace(self.decoding, **chosen)
 
 
 CACHE_SUFFIX = {True: "/prefix-cache-on", False: "/prefix-cache-off"}
+INVARIANT_SUFFIX = {True: "/batch-invariant-on", False: "/batch-invariant-off"}
+COMPARED = {
+    "prefix_cache": CACHE_SUFFIX,
+    "batch_invariant": INVARIANT_SUFFIX,
+}  # BenchConfig's field: runs' names
 
 
 def _calibrate(loaded: LoadedModel | None, cfg: BenchConfig, prompts: list[list[int]]) -> dict:
@@ -162,12 +174,13 @@ def _report(
     for name, metrics in policies.items():
         if name.startswith("blockserve") and static and static["tokens_per_s"]:
             metrics["speedup_vs_static"] = round(metrics["tokens_per_s"] / static["tokens_per_s"], 3)
-        without = policies.get(name.replace(CACHE_SUFFIX[True], CACHE_SUFFIX[False]))
-        if name.endswith(CACHE_SUFFIX[True]) and without and without["tokens_per_s"]:
-            metrics["vs_prefix_cache_off"] = round(metrics["tokens_per_s"] / without["tokens_per_s"], 3)
-            if metrics.get("tokens_per_cpu_s") and without.get("tokens_per_cpu_s"):
-                ratio = metrics["tokens_per_cpu_s"] / without["tokens_per_cpu_s"]
-                metrics["cpu_vs_prefix_cache_off"] = round(ratio, 3)
+        for field, suffixes in COMPARED.items():  # each compared setting's run against its run without
+            without = policies.get(name.replace(suffixes[True], suffixes[False]))
+            if suffixes[True] in name and without and without["tokens_per_s"]:
+                metrics[f"vs_{field}_off"] = round(metrics["tokens_per_s"] / without["tokens_per_s"], 3)
+                if metrics.get("tokens_per_cpu_s") and without.get("tokens_per_cpu_s"):
+                    ratio = metrics["tokens_per_cpu_s"] / without["tokens_per_cpu_s"]
+                    metrics[f"cpu_vs_{field}_off"] = round(ratio, 3)
         engine = policies.get(PolicySpec(cfg.run_setup(name)[0], cfg.scheduling, batch).served_policy)
         if name.startswith("gateway") and engine and engine["tokens_per_s"]:  # against its engine alone
             metrics["throughput_vs_engine"] = round(metrics["tokens_per_s"] / engine["tokens_per_s"], 3)
@@ -191,6 +204,7 @@ def _report(
         "scheduling": asdict(cfg.scheduling),
         "static_batch_size": batch,
         "prefix_cache": ["on" if on else "off" for on in cfg.prefix_cache],
+        "batch_invariant": ["on" if on else "off" for on in cfg.batch_invariant],
         "pinned": cfg.pin,  # the engine on one core (one torch thread), the serving path on the others
         "static_max_box_tokens": max(
             len(widths[i : i + batch]) * max(widths[i : i + batch]) for i in range(0, len(widths), batch)

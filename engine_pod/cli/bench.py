@@ -111,7 +111,7 @@ def register(subparsers) -> None:
         "--served-model-name",
         help="model name sent to --url (default: the one the server lists at /v1/models)",
     )
-    add_decoding_args(parser, compare_prefix_cache=True)
+    add_decoding_args(parser, compare=True)
     add_sparse_args(parser)
     add_tensor_parallel_arg(parser)
     parser.set_defaults(handler=run)
@@ -161,8 +161,12 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) ->
 
     if args.requests is not None and args.requests < 1:
         raise CliError("--requests must be positive")
-    if len(args.prefix_cache) > 1:
-        raise CliError("--prefix-cache on,off compares the policies offline; an online load takes on or off")
+    for flag, settings in (
+        ("--prefix-cache", args.prefix_cache),
+        ("--batch-invariant", args.batch_invariant),
+    ):
+        if len(settings) > 1:
+            raise CliError(f"{flag} on,off compares the policies offline; an online load takes on or off")
     model = served_model(args.url, args.api_key, args.served_model_name) if args.url else "bench"
     config = OnlineConfig(
         **_run_settings(args, policies),
@@ -232,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
         repeat=args.repeat,
         pin=args.pin,
         prefix_cache=args.prefix_cache,
+        batch_invariant=args.batch_invariant,
     )
     usable = read_profile(args.profile).usable_memory_bytes if args.profile else None
     out = Path(args.json_out) if args.json_out else None
@@ -288,12 +293,18 @@ def _threads_line(report: dict) -> str:
 
 
 def _decoding_line(report: dict) -> str:
-    """The confidence threshold, or the entropy-bound sampler's settings for a model that samples so."""
-    sampler = report.get("canvas_sampler")
-    if sampler:
-        return "entropy-bound sampler: " + ", ".join(f"{name} {value:g}" for name, value in sampler.items())
+    """The confidence threshold, or the entropy-bound sampler's settings for a model that samples so; and
+    whether the products were batch-invariant (--batch-invariant)."""
+    invariant = {
+        ("on",): "; batch-invariant products, every batch packed",
+        ("on", "off"): "; every policy with batch-invariant products (every batch packed) and without",
+        ("off", "on"): "; every policy without batch-invariant products and with (every batch packed)",
+    }.get(tuple(report.get("batch_invariant", ())), "")
+    if sampler := report.get("canvas_sampler"):
+        settings = ", ".join(f"{name} {value:g}" for name, value in sampler.items())
+        return f"entropy-bound sampler: {settings}{invariant}"
     calibration = report.get("threshold_calibration")
     line = f"threshold {report['decoding']['threshold']:.6g}"
     if calibration:
         line += f" (calibrated: {calibration['fraction']} of first-forward confidences reach it)"
-    return line
+    return line + invariant

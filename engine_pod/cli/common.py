@@ -115,37 +115,37 @@ def add_threads_arg(parser) -> None:
     )
 
 
-PREFIX_CACHE = {"on": True, "off": False}
+ON_OFF = {"on": True, "off": False}
 
 
-def prefix_cache_settings(text: str) -> tuple[bool, ...]:
+def on_off_settings(text: str) -> tuple[bool, ...]:
     """``on``, ``off`` or both (``on,off``: a benchmark runs each policy with and without)."""
     names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names or any(name not in PREFIX_CACHE for name in names) or len(set(names)) < len(names):
+    if not names or any(name not in ON_OFF for name in names) or len(set(names)) < len(names):
         raise argparse.ArgumentTypeError(f"expected on, off or on,off; got {text!r}")
-    return tuple(PREFIX_CACHE[name] for name in names)
+    return tuple(ON_OFF[name] for name in names)
 
 
-def _one_prefix_cache_setting(text: str) -> tuple[bool, ...]:
-    settings = prefix_cache_settings(text)
-    if len(settings) > 1:
+def _one_on_off_setting(text: str) -> tuple[bool, ...]:
+    """``on`` or ``off``: a command that runs one way (a benchmark's flag also takes ``on,off``)."""
+    if text.strip() not in ON_OFF:
         raise argparse.ArgumentTypeError(f"expected on or off; got {text!r}")
-    return settings
+    return (ON_OFF[text.strip()],)
 
 
-def add_decoding_args(parser: argparse.ArgumentParser, compare_prefix_cache: bool = False) -> None:
+def add_decoding_args(parser: argparse.ArgumentParser, compare: bool = False) -> None:
+    """The decoding flags; ``compare`` (a benchmark's): the prefix cache and batch invariance may take
+    ``on,off``, every policy run both ways."""
     group = parser.add_argument_group("decoding")
     default = "on" if DecodingConfig.prefix_cache else "off"
     group.add_argument(
         "--prefix-cache",
-        type=prefix_cache_settings if compare_prefix_cache else _one_prefix_cache_setting,
-        default=prefix_cache_settings(default),
-        metavar="on|off" + ("|on,off" if compare_prefix_cache else ""),
+        type=on_off_settings if compare else _one_on_off_setting,
+        default=on_off_settings(default),
+        metavar="on|off" + ("|on,off" if compare else ""),
         help="block-diffusion models (LLaDA2.0, SDAR): share the KV cache of whole blocks between requests "
         "that begin alike and keep finished requests' blocks for follow-ups (exact; LLaDA and Dream never "
-        "share)"
-        + ("; on,off runs every policy both ways" if compare_prefix_cache else "")
-        + f" (default: {default})",
+        "share)" + ("; on,off runs every policy both ways" if compare else "") + f" (default: {default})",
     )
     group.add_argument(
         "--block-length", type=int, default=DEFAULT_BLOCK_LENGTH, help="tokens per block L (default: 32)"
@@ -174,6 +174,26 @@ def add_decoding_args(parser: argparse.ArgumentParser, compare_prefix_cache: boo
         "--ignore-eos", action="store_true", help="do not stop after a block that contains EOS"
     )
     add_logit_args(group)
+    add_batch_invariant_arg(group, compare)
+
+
+def add_batch_invariant_arg(group, compare: bool = False) -> None:
+    """``--batch-invariant [on|off]``: DecodingConfig.batch_invariant (models/batch_invariant.py)."""
+    group.add_argument(
+        "--batch-invariant",
+        nargs="?",
+        type=on_off_settings if compare else _one_on_off_setting,
+        const=(True,),
+        default=(False,),
+        metavar="on|off" + ("|on,off" if compare else ""),
+        help="a request's outputs (tokens, log probabilities) are the same bits alone and in any batch in "
+        "float32 too, whatever kernels the CPU's matrix library picks (with one torch thread: --threads 1): "
+        "every linear layer multiplies its rows in tiles of a fixed size, mixture-of-experts groups are padded "
+        "alike, every block cycle runs packed, and on a GPU cuBLAS keeps full-precision reductions (no TF32); "
+        "costs time, see docs/design.md; alone: on"
+        + ("; on,off runs every policy both ways" if compare else "")
+        + " (default: off)",
+    )
 
 
 def add_logit_args(group) -> None:
@@ -257,6 +277,7 @@ def decoding_config(args: argparse.Namespace, steps_per_block: int) -> DecodingC
         prefix_cache=args.prefix_cache[0],
         max_materialized_logits=args.max_materialized_logits,
         logit_candidates=getattr(args, "logit_candidates", 0),
+        batch_invariant=args.batch_invariant[0],
         sparse=sparse_config(args) if hasattr(args, "sparse_cache") else HeadSparseConfig(),
     )
 

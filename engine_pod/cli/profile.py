@@ -16,6 +16,7 @@ from dllm_contracts.profile_summary import ProfileSummary, failure_message
 from dllm_contracts.scheduler_config import DEFAULT_LAYOUT, LAYOUTS
 from engine_pod.cli.common import (
     CliError,
+    add_batch_invariant_arg,
     add_logit_args,
     add_model_args,
     add_tensor_parallel_arg,
@@ -81,6 +82,7 @@ def register(subparsers) -> None:
         help=f"the batch layout the engine will run (default: {DEFAULT_LAYOUT}); see `dllm worker --help`",
     )
     add_logit_args(parser)
+    add_batch_invariant_arg(parser)
     parser.add_argument(
         "--score-heads",
         action="store_true",
@@ -135,6 +137,7 @@ def _measure(args: argparse.Namespace, config) -> dict:
             "tensor_parallel": args.tensor_parallel,
             "max_materialized_logits": args.max_materialized_logits,
             "logit_candidates": args.logit_candidates,
+            "batch_invariant": args.batch_invariant[0],
         }  # the size measured at
     settings = memory_settings(asdict(sparse))
     return result | ({"sparse_cache": settings} if settings else {}) | ({PROFILE_KEY: heads} if heads else {})
@@ -184,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
         tensor_parallel=args.tensor_parallel,
         max_materialized_logits=args.max_materialized_logits,
         logit_candidates=args.logit_candidates,
+        batch_invariant=args.batch_invariant[0],
     )
     try:
         result = _measure(args, config)

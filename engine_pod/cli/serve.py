@@ -145,6 +145,7 @@ def _worker_args(args: argparse.Namespace, redis_url: str, identity: ModelIdenti
         *(["--ignore-eos"] if args.ignore_eos else []),
         *("--prefix-cache", "on" if args.prefix_cache[0] else "off"),
         *logit_flags(args),
+        *(["--batch-invariant", "on"] if args.batch_invariant[0] else []),
         *sparse_flags(args),
     ]
     return [

@@ -41,6 +41,10 @@ class DecodingConfig:
     # their exact logits are computed; proposals, confidences (a softmax over the k), draws and log
     # probabilities are over them (models/logit_head.py). 0: the whole vocabulary. Changes outputs.
     logit_candidates: int = 0
+    # every product row-invariant (models/batch_invariant.py): a request's float32 outputs are the same
+    # bits alone and in any batch whatever kernels the matrix library picks; on a GPU, no TF32 and no
+    # reduced-precision reductions. Off by default: it costs time (docs/design.md)
+    batch_invariant: bool = False
     # LLaDA and Dream: each attention head keeps part of the dual cache (dllm_contracts/head_sparse_config.py); off by default
     sparse: HeadSparseConfig = field(default_factory=HeadSparseConfig)
 

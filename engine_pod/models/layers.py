@@ -11,6 +11,7 @@ from torch import nn
 
 from engine_pod.models.config import MLP_ACTIVATIONS, ModelConfig
 from engine_pod.models.forward_batch import ForwardBatch
+from engine_pod.models.row_invariant import product_of
 
 
 class RMSNorm(nn.Module):
@@ -115,12 +116,13 @@ class Attention(nn.Module):
 
     def _fused_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """q, k, v of every position from the fused weight, while the projections are still its views
-        (a later ``.to()`` gives them storage of their own: then the three matmuls run instead)."""
+        (a later ``.to()`` gives them storage of their own: then the three matmuls run instead), multiplied
+        as the projections multiply (``row_invariant.product_of``)."""
         fused = getattr(self, "_fused", None)
         if fused is None or torch.is_grad_enabled() or self.q_proj.weight.data_ptr() != fused[0].data_ptr():
             return None
         sizes = [p.weight.shape[0] for p in (self.q_proj, self.k_proj, self.v_proj)]
-        return F.linear(x, *fused).split(sizes, dim=-1)
+        return product_of(self.q_proj)(x, *fused).split(sizes, dim=-1)
 
     def forward(
         self,

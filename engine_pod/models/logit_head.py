@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from engine_pod.models.logit_budget import LogitBudget
-from engine_pod.models.row_invariant import tiled_rows
+from engine_pod.models.row_invariant import product_of, tiled_rows
 
 CANDIDATE_SCORE_DTYPE = torch.bfloat16
 CANDIDATE_GATHER_ENTRIES = 1 << 24  # the candidates' gathered head rows per piece (entries)
@@ -63,7 +63,8 @@ def candidate_logits(
     """The exact logits [n, k] of each position's k candidates and their token ids [n, k] (ranked by the
     bfloat16 head, ``never`` never a candidate)."""
     low = _score_weight(head)
-    scores = apply_head(lambda x: nn.functional.linear(x, low), hidden.to(CANDIDATE_SCORE_DTYPE))
+    product = product_of(head)  # the head's own (row_invariant.linear under --batch-invariant)
+    scores = apply_head(lambda x: product(x, low), hidden.to(CANDIDATE_SCORE_DTYPE))
     if never is not None:
         scores[:, never] = float("-inf")
     ids = scores.topk(k, dim=-1).indices

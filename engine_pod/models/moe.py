@@ -9,7 +9,10 @@ then the top-k experts inside them); the chosen experts' unbiased scores are nor
 Inference (``stack_experts``, at load): every expert's projections are views of three stacked tensors and
 the routed experts run as three ``grouped_mm`` calls over the tokens sorted by expert, the groups' ends
 found on the device: the same ops however many experts the tokens chose, and nothing read back to the
-host (float64, which ``grouped_mm`` does not take, and training loop over the experts hit).
+host (float64, which ``grouped_mm`` does not take, and training loop over the experts hit). Under
+``--batch-invariant`` (models/batch_invariant.py) the router multiplies through ``row_invariant.linear``
+and each expert's group is padded to a multiple of ``row_invariant.TILE_ROWS`` rows, as DiffusionGemma's
+experts always are: a token's bits never depend on how many tokens chose its experts.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from torch import nn
 
 from engine_pod.models.config import ModelConfig, MoESpec
 from engine_pod.models.layers import GatedMLP, gate_activation
+from engine_pod.models.row_invariant import PaddedGroups, linear, padded_groups
 
 GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -27,6 +31,8 @@ PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 class Router(nn.Module):
     """Chooses each token's experts and their weights."""
+
+    row_invariant = False  # --batch-invariant: the scores through row_invariant.linear
 
     def __init__(self, hidden: int, spec: MoESpec) -> None:
         super().__init__()
@@ -37,7 +43,8 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Experts [N, k] and weights [N, k] (float32, float64 for float64 models)."""
         compute = torch.promote_types(x.dtype, torch.float32)
-        scores = torch.sigmoid(nn.functional.linear(x.to(compute), self.weight.to(compute)))
+        product = linear if self.row_invariant else F.linear
+        scores = torch.sigmoid(product(x.to(compute), self.weight.to(compute)))
         expert = self._choose(scores + self.expert_bias.to(compute))
         chosen = scores.gather(1, expert)
         if self.spec.experts_per_token > 1:
@@ -57,6 +64,8 @@ class Router(nn.Module):
 
 class MixtureOfExperts(nn.Module):
     """Routed experts plus the shared experts (one MLP of ``shared_experts`` x the expert width)."""
+
+    row_invariant = False  # --batch-invariant: each expert's group padded to a multiple of TILE_ROWS rows
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -130,12 +139,23 @@ class MixtureOfExperts(nn.Module):
         tokens, k = expert.shape
         flat = expert.reshape(-1)
         order = flat.argsort(stable=True)
-        numbers = torch.arange(1, len(self.experts) + 1, device=x.device, dtype=flat.dtype)
-        ends = torch.searchsorted(flat[order], numbers).to(torch.int32)  # each expert's group ends here
-        inputs = x[order // k]
+        inputs, rows = x[order // k], None
+        if self.row_invariant:
+            layout = padded_groups(flat[order], len(self.experts))
+            inputs, rows, ends = self._padded(inputs, layout), layout.rows, layout.ends
+        else:
+            numbers = torch.arange(1, len(self.experts) + 1, device=x.device, dtype=flat.dtype)
+            ends = torch.searchsorted(flat[order], numbers).to(torch.int32)  # each expert's group ends here
         gate, up, down = (w.transpose(1, 2) for w in stacked)
         hidden = self.activation(F.grouped_mm(inputs, gate, offs=ends))
         hidden.mul_(F.grouped_mm(inputs, up, offs=ends))
+        out = F.grouped_mm(hidden, down, offs=ends)
         pairs = torch.empty(tokens * k, x.shape[-1], dtype=weight.dtype, device=x.device)
-        pairs[order] = F.grouped_mm(hidden, down, offs=ends).to(weight.dtype)
+        pairs[order] = (out if rows is None else out[rows]).to(weight.dtype)
         return (pairs.view(tokens, k, -1) * weight[..., None]).sum(1).to(x.dtype)
+
+    def _padded(self, inputs: torch.Tensor, layout: PaddedGroups) -> torch.Tensor:
+        """The sorted rows ``inputs`` at their places in the padded groups (zero rows between)."""
+        padded = inputs.new_zeros(PaddedGroups.room(inputs.shape[0], len(self.experts)), inputs.shape[-1])
+        padded[layout.rows] = inputs
+        return padded

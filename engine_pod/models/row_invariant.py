@@ -20,6 +20,8 @@ tests use).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -54,3 +56,36 @@ class RowInvariantLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+
+class PaddedGroups(NamedTuple):
+    """Rows grouped by expert for ``grouped_mm``, each group padded with zero rows to a multiple of
+    ``TILE_ROWS``."""
+
+    rows: torch.Tensor  # [pairs] each sorted pair's row in the padded layout
+    ends: torch.Tensor  # [E] int32, where each expert's padded group ends
+
+    @staticmethod
+    def room(pairs: int, num_experts: int) -> int:
+        """Rows the padded layout of ``pairs`` rows over ``num_experts`` groups may take."""
+        return pairs + (TILE_ROWS - 1) * num_experts
+
+
+def padded_groups(chosen: torch.Tensor, num_experts: int) -> PaddedGroups:
+    """Groups of the sorted experts ``chosen`` [pairs], each padded to a multiple of ``TILE_ROWS`` rows:
+    computed on the device from the sorted list (searchsorted, no count read back). A grouped matmul over
+    them multiplies every expert's rows as one product of a multiple of ``TILE_ROWS`` rows, however many
+    tokens chose the expert."""
+    numbers = torch.arange(num_experts + 1, device=chosen.device, dtype=chosen.dtype)
+    bounds = torch.searchsorted(chosen, numbers)
+    starts, counts = bounds[:-1], bounds[1:] - bounds[:-1]
+    padded = (counts + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
+    ends = padded.cumsum(0)
+    rank = torch.arange(chosen.shape[0], device=chosen.device) - starts[chosen]
+    return PaddedGroups((ends - padded)[chosen] + rank, ends.to(torch.int32))
+
+
+def product_of(module: nn.Module):
+    """The matrix product a layer multiplies by: ``linear`` for a row-invariant layer, else ``F.linear``
+    (for a layer that multiplies its weights otherwise than its own forward, e.g. fused projections)."""
+    return linear if isinstance(module, RowInvariantLinear) else F.linear

@@ -73,6 +73,7 @@ class ProfileConfig:
     tensor_parallel: int = 1  # ranks the model is split across: each rank's peak measured, the worst kept
     max_materialized_logits: int | None = None  # the engine's logit budget (DecodingConfig), in force
     logit_candidates: int = 0  # and its candidates (0: the whole vocabulary)
+    batch_invariant: bool = False  # the engine's products row-invariant (DecodingConfig.batch_invariant)
     sparse: HeadSparseConfig = HeadSparseConfig()  # the head-sparse cache the engine will run (off: dense)
 
 
@@ -98,6 +99,7 @@ def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> Poin
         remasking="low_confidence",
         max_materialized_logits=cfg.max_materialized_logits,
         logit_candidates=cfg.logit_candidates,
+        batch_invariant=cfg.batch_invariant,
         sparse=cfg.sparse,
     )
     runner = make_runner(loaded, decoding, pool_tokens=point.tokens)  # a KV pool for every token

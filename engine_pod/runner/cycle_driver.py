@@ -13,6 +13,7 @@ diffusion's paged cache (runner/paged_cycle.py) and DiffusionGemma's canvases (r
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dllm_contracts.canvas_sampler import EntropyBoundParams
@@ -78,9 +79,15 @@ class CycleRunner:
         self.logit_budget = decoding.logit_budget
 
     def _arm(self) -> None:
-        """The model's LM head materializes logits as this runner's decoding asks (several runners may
-        share one model: each sets its own before it runs)."""
+        """The model's LM head materializes logits as this runner's decoding asks, and its products are
+        row-invariant where it asks (several runners may share one model: each sets its own before it
+        runs)."""
         self.loaded.model.logit_budget = self.logit_budget
+        model, asked = self.loaded.model, self.decoding.batch_invariant
+        if getattr(model, "batch_invariant", False) != asked:
+            from engine_pod.models.batch_invariant import arm  # torch's side: the driver imports none
+
+            arm(model, self.loaded.device, asked)
 
     @property
     def grid_aligned(self) -> bool:
@@ -106,6 +113,10 @@ class CycleRunner:
         """One block cycle over the scheduler's rows."""
         if not cycle.rows:
             raise ValueError("a block cycle needs at least one row")
+        if self.decoding.batch_invariant and not cycle.packed:
+            # a dense box pads each row to its width, and the attention kernel blocks a row's queries and
+            # keys by that width: under the setting every cycle's rows run packed, each over its own keys
+            cycle = replace(cycle, packed=True)
         self._arm()
         mark = LOGITS.start()
         state = self.stepper.begin(cycle)

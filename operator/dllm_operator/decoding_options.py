@@ -1,5 +1,5 @@
 """spec.decoding's engine options beyond the block: the head-sparse cache (sparse_cache.py), the logit
-budget and warm prefixes, as `dllm worker` flags.
+budget, warm prefixes and batch invariance, as `dllm worker` flags.
 
 Defaults and ranges are the engine's contracts' (dllm_contracts/head_sparse_config.py, logit_settings.py);
 the CRD repeats them and a test holds the two equal. A field the spec leaves out passes no flag: the
@@ -29,6 +29,7 @@ def decoding_option_fields(decoding: dict[str, Any]) -> dict[str, Any]:
         "sparse_cache": sparse_cache_of(decoding.get("sparseCache") or {}),
         **{name: _int_or_none(decoding.get(crd)) for name, crd in LOGIT_FIELDS.items()},
         "warm_prefixes": tuple(str(text) for text in decoding.get("warmPrefixes") or ()),
+        "batch_invariant": bool(decoding.get("batchInvariant", False)),
     }
 
 
@@ -74,17 +75,23 @@ def decoding_option_problems(spec: ServiceSpec) -> list[str]:
 
 def profiled_options(spec: ServiceSpec) -> dict[str, Any]:
     """These options' part of the profile's hash: what the profile measures of them (the logit budget bounds
-    the logits' memory, the sparse cache is what the cache holds); unset or off: nothing (the hashes of
-    before)."""
+    the logits' memory, the sparse cache is what the cache holds, batch invariance how every batch is laid
+    out); unset or off: nothing (the hashes of before)."""
     fields = {name: getattr(spec, name) for name in LOGIT_FIELDS if getattr(spec, name) is not None}
     sparse = memory_settings(spec.sparse_cache.settings())
-    return fields | ({"sparse_cache": sparse} if sparse else {})
+    invariant = {"batch_invariant": True} if spec.batch_invariant else {}
+    return fields | ({"sparse_cache": sparse} if sparse else {}) | invariant
 
 
 def profiling_flags(spec: ServiceSpec) -> list[str]:
     """`dllm profile`'s flags for these options: the logits' and the sparse cache's memory the engines will
-    hold (the importance from the same ConfigMap, mounted by importance_volume)."""
-    return [*logit_flags(spec), *sparse_flags(spec.sparse_cache)]
+    hold (the importance from the same ConfigMap, mounted by importance_volume), in the batches' layout."""
+    return [*logit_flags(spec), *sparse_flags(spec.sparse_cache), *batch_invariant_flags(spec)]
+
+
+def batch_invariant_flags(spec: ServiceSpec) -> list[str]:
+    """`--batch-invariant` where the spec turns it on (`dllm worker` and `dllm profile`)."""
+    return ["--batch-invariant", "on"] if spec.batch_invariant else []
 
 
 def logit_flags(spec: ServiceSpec) -> list[str]:
@@ -100,4 +107,4 @@ def logit_flags(spec: ServiceSpec) -> list[str]:
 def decoding_option_flags(spec: ServiceSpec) -> list[str]:
     """`dllm worker`'s flags for these options."""
     warm = [flag for text in spec.warm_prefixes for flag in ("--warm-prefix", text)]
-    return [*sparse_flags(spec.sparse_cache), *logit_flags(spec), *warm]
+    return [*sparse_flags(spec.sparse_cache), *logit_flags(spec), *batch_invariant_flags(spec), *warm]

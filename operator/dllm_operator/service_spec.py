@@ -52,6 +52,7 @@ class ServiceSpec:
     max_materialized_logits: int | None = None  # None: the worker's automatic chunk
     logit_candidates: int | None = None  # None: the whole vocabulary
     warm_prefixes: tuple[str, ...] = ()  # dllm worker --warm-prefix, each
+    batch_invariant: bool = False  # dllm worker --batch-invariant
     admission: str = DEFAULTS.admission
     min_padding_efficiency: float = DEFAULTS.min_padding_efficiency
     max_rows: int = DEFAULTS.max_rows

@@ -129,7 +129,9 @@ def test_gpu_bench_script_runs_every_step_in_the_bare_environment_at_a_small_siz
     assert len(files) <= 8, files  # what one device lease brings back
     fixed = json.loads((tmp_path / "bench-fixed.json").read_text())
     assert (fixed["decoding"]["remasking"], fixed["decoding"]["steps_per_block"]) == ("low_confidence", 32)
-    assert set(fixed["policies"]) == {"blockserve", "static"}
+    both = {f"{policy}/batch-invariant-{on}" for policy in ("blockserve", "static") for on in ("on", "off")}
+    assert set(fixed["policies"]) == both  # each policy with --batch-invariant and without
+    assert fixed["policies"]["blockserve/batch-invariant-on"]["vs_batch_invariant_off"] > 0
     cycle_profile = (tmp_path / "cycle-profile.txt").read_text()
     assert "layout packed" in cycle_profile and "layout dense" in cycle_profile, cycle_profile
     assert cycle_profile.count("operators dispatched") == 2, cycle_profile

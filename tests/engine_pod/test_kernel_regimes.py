@@ -19,6 +19,9 @@ INVARIANCE_TESTS = (
     "tests/engine_pod/test_row_invariant.py",
     "tests/engine_pod/test_diffusion_gemma_random.py",
     "tests/engine_pod/test_logit_budget.py",
+    # --batch-invariant: every family alone and in batches, and a batch that rounds otherwise without it
+    "tests/engine_pod/test_batch_invariant.py::test_a_requests_float32_outputs_are_the_same_bits_alone_and_in_any_batch",
+    "tests/engine_pod/test_batch_invariant.py::test_without_the_setting_a_batch_rounds_some_request_otherwise",
 )
 PLAIN_MATMUL_ROWS = """
 import json, torch, torch.nn.functional as F

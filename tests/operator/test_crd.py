@@ -171,6 +171,7 @@ INVALID = [
     ("decoding.warmPrefixes", "system:You are helpful."),  # a list, not one string
     ("decoding.warmPrefixes", ["x"] * 17),
     ("decoding.warmPrefix", ["system:You are helpful."]),
+    ("decoding.batchInvariant", "yes"),
 ]
 
 
@@ -223,6 +224,7 @@ VALID = [
     ("decoding.logitCandidates", 0),
     ("decoding.logitCandidates", 64),
     ("decoding.warmPrefixes", ["system:You are helpful.", "prompt:system: is a prefix too"]),
+    ("decoding.batchInvariant", True),
 ]
 
 

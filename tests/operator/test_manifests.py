@@ -120,6 +120,7 @@ def all_manifests(spec) -> list[dict]:
             "decoding__maxMaterializedLogits": 64,
             "decoding__logitCandidates": 8,
             "decoding__warmPrefixes": ["system:You are a helpful assistant."],
+            "decoding__batchInvariant": True,
         },
     ],
 )
@@ -307,14 +308,17 @@ WARM = ["system:You are a helpful assistant.", "Translate into French:"]
 
 
 def test_the_decoding_options_reach_dllm_worker():
-    """spec.decoding's head-sparse cache, logit budget and warm prefixes, as the worker parses them."""
+    """spec.decoding's head-sparse cache, logit budget, warm prefixes and batch invariance, as the worker
+    parses them."""
     spec = example(
         decoding__sparseCache=SPARSE,
         decoding__maxMaterializedLogits=64,
         decoding__logitCandidates=8,
         decoding__warmPrefixes=WARM,
+        decoding__batchInvariant=True,
     )
     args = engine_worker_args(spec)
+    assert args.batch_invariant == (True,)
     assert (args.sparse_cache, args.retention, args.core_share, args.minor_share) == (
         "head-centric",
         0.4,
@@ -340,6 +344,11 @@ def test_the_decoding_options_reach_dllm_worker():
     assert not passed & set(command) and "--warm-prefix" not in command
     defaults = engine_worker_args(example())
     assert (defaults.sparse_cache, defaults.head_importance, defaults.warm_prefix) == ("off", None, None)
+    assert (
+        defaults.batch_invariant
+        == engine_worker_args(example(decoding__batchInvariant=False)).batch_invariant
+        == (False,)
+    )
     assert (defaults.max_materialized_logits, defaults.logit_candidates) == (None, 0)
 
 
@@ -362,6 +371,23 @@ def test_the_logit_budget_reaches_the_profiling_job_and_its_hash():
     image = OperatorSettings(operator_namespace="dllm-system").engine_image
     assert profile_hash_of(spec, image) != profile_hash_of(example(), image)
     assert profile_hash_of(example(decoding__warmPrefixes=WARM), image) == profile_hash_of(example(), image)
+
+
+def test_batch_invariance_reaches_the_profiling_job_and_its_hash():
+    """Under the setting every batch runs packed: the Job profiles that layout, and turning it on is a new
+    profile (off, or absent: the hash of before)."""
+    spec = example(decoding__batchInvariant=True)
+    command = all_manifests(spec)[0]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["dllm", "profile"] and build_parser().parse_args(command[1:]).batch_invariant == (
+        True,
+    )
+    off = all_manifests(example())[0]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--batch-invariant" not in off
+    image = OperatorSettings(operator_namespace="dllm-system").engine_image
+    assert profile_hash_of(spec, image) != profile_hash_of(example(), image)
+    assert profile_hash_of(example(decoding__batchInvariant=False), image) == profile_hash_of(
+        example(), image
+    )
 
 
 def test_the_sparse_cache_reaches_the_profiling_job_its_hash_and_the_engines_check(tmp_path):

@@ -18,15 +18,13 @@ experts chosen.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine_pod.families.diffusion_gemma.blocks import UnscaledRMSNorm
 from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
-from engine_pod.models.row_invariant import TILE_ROWS, RowInvariantLinear, linear
+from engine_pod.models.row_invariant import PaddedGroups, RowInvariantLinear, linear, padded_groups
 
 GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -91,8 +89,8 @@ class GemmaExperts(nn.Module):
         flat = experts.t().reshape(-1)  # pair slot * N + token, as _by_expert numbers them
         order = flat.argsort(stable=True)
         chosen = flat[order]
-        layout = _padded_groups(chosen, self.num_experts, pairs_count)
-        inputs = x.new_zeros(pairs_count + (TILE_ROWS - 1) * self.num_experts, x.shape[-1])
+        layout = padded_groups(chosen, self.num_experts)
+        inputs = x.new_zeros(PaddedGroups.room(pairs_count, self.num_experts), x.shape[-1])
         inputs[layout.rows] = x[order % tokens]
         gate, up = F.grouped_mm(inputs, self.gate_up_proj.transpose(1, 2), offs=layout.ends).chunk(2, dim=-1)
         hidden = F.grouped_mm(
@@ -125,20 +123,3 @@ class GemmaExperts(nn.Module):
         for slot in range(ordered.shape[1]):
             total = total + ordered[:, slot]
         return total
-
-
-class _PaddedGroups(NamedTuple):
-    rows: torch.Tensor  # [pairs] each sorted pair's row in the padded layout
-    ends: torch.Tensor  # [E] int32, where each expert's padded group ends
-
-
-def _padded_groups(chosen: torch.Tensor, num_experts: int, pairs: int) -> _PaddedGroups:
-    """Groups of the sorted experts ``chosen`` [pairs], each padded to a multiple of TILE_ROWS rows:
-    computed on the device from the sorted list (searchsorted, no count read back)."""
-    numbers = torch.arange(num_experts + 1, device=chosen.device, dtype=chosen.dtype)
-    bounds = torch.searchsorted(chosen, numbers)
-    starts, counts = bounds[:-1], bounds[1:] - bounds[:-1]
-    padded = (counts + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
-    ends = padded.cumsum(0)
-    rank = torch.arange(pairs, device=chosen.device) - starts[chosen]
-    return _PaddedGroups((ends - padded)[chosen] + rank, ends.to(torch.int32))

@@ -29,7 +29,7 @@ from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.layers import RMSNorm
 from engine_pod.models.logit_budget import LogitBudget
 from engine_pod.models.logit_head import apply_head, chunked_rows
-from engine_pod.models.row_invariant import RowInvariantLinear
+from engine_pod.models.row_invariant import RowInvariantLinear, linear
 from engine_pod.parallel.group import SINGLE, TensorParallel
 
 
@@ -51,6 +51,8 @@ class DiffusionGemmaModel(nn.Module):
     parallel: TensorParallel = (
         SINGLE  # a rank of a tensor-parallel group: its run of the vocabulary (shards.py)
     )
+    # --batch-invariant (models/batch_invariant.py): the LM head and the soft embeddings through row_invariant.linear
+    row_invariant = False
 
     def __init__(self, config: DiffusionGemmaConfig) -> None:
         super().__init__()
@@ -160,8 +162,10 @@ class DiffusionGemmaModel(nn.Module):
         head = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
         vocab = self.config.vocab_size
 
+        product = linear if self.row_invariant else nn.functional.linear
+
         def apply(piece: torch.Tensor) -> torch.Tensor:
-            return self.parallel.all_gather_last(nn.functional.linear(piece, head))[..., :vocab]
+            return self.parallel.all_gather_last(product(piece, head))[..., :vocab]
 
         out = torch.empty(x.shape[0], vocab, dtype=torch.float32, device=x.device)
         start = 0
@@ -182,7 +186,10 @@ class DiffusionGemmaModel(nn.Module):
         if probabilities is None or weight.dtype.itemsize < 4:
             probabilities = processed_logits.to(weight.dtype).softmax(dim=-1, dtype=torch.float32)
         probabilities = self._own_vocabulary(probabilities.to(weight.dtype), weight.shape[0])
-        return self.parallel.all_reduce(torch.matmul(probabilities, weight)) * self._embed_scale(weight.dtype)
+        soft = (
+            linear(probabilities, weight.t()) if self.row_invariant else torch.matmul(probabilities, weight)
+        )
+        return self.parallel.all_reduce(soft) * self._embed_scale(weight.dtype)
 
     def _own_vocabulary(self, probabilities: torch.Tensor, rows: int) -> torch.Tensor:
         """This rank's run of the vocabulary's probabilities (all of them for one process)."""
