@@ -95,7 +95,8 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
         "--batch-refresh-quota",
         type=float,
         default=DEFAULTS.batch_refresh_quota,
-        help=f"the same while only batch lines run (default: {DEFAULTS.batch_refresh_quota})",
+        help="the same while only batch lines run; a request must refresh within the smaller of the two "
+        f"quotas (default: {DEFAULTS.batch_refresh_quota})",
     )
     phases.add_argument(
         "--refresh-interval",

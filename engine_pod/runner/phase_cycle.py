@@ -284,7 +284,10 @@ class PhaseStepper(DualCacheStepper):
             layout.lengths_on_device,
         )
         stats.computed_positions += inputs.computed
-        stats.add_refresh(sum(state.phases.widths[r] for r in refresh))
+        refreshed = sum(state.phases.widths[r] for r in refresh)
+        stats.add_refresh(refreshed)
+        stats.kv_dense_bytes += refreshed * self.position_bytes  # the refreshing rows' dense caches,
+        stats.kv_kept_bytes += refreshed * self.position_bytes  # all kept
         host = canvas.host
         stats.useful_positions += sum(
             (host.context_lengths[r] if r in refresh else L) for r in rows.members if host.active[r]
