@@ -235,7 +235,6 @@ def check_stagger(args: argparse.Namespace) -> None:
     from engine_pod.loading.loader import load_metadata
 
     family = family_of(load_metadata(args.model, args.family)[0])
-    sparse = getattr(args, "sparse_cache", "off") != "off"
-    problem = stagger_problem(family.display_name, family.cache, args.cache, args.remasking, sparse)
+    problem = stagger_problem(family.display_name, family.cache, args.cache, args.remasking)
     if problem:
         raise CliError(problem)

@@ -37,7 +37,8 @@ def _metric(text: str, name: str) -> float:
     return value
 
 
-def _check_quota(port: int) -> None:
+def _check_quota(port: int) -> str:
+    """The worker's metrics, where every step's refreshes kept to the quota and blocks were carried."""
     metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     quota = int(QUOTA * BUDGET)
     assert _metric(metrics, "dllm_refresh_quota_positions") == quota
@@ -45,8 +46,8 @@ def _check_quota(port: int) -> None:
     assert _metric(metrics, "dllm_refresh_positions_total") > quota  # spread over several steps
     assert 0 < _metric(metrics, "dllm_refresh_share") <= 1
     assert _metric(metrics, "dllm_carried_rows_total") > 0  # cycles ended at a step, blocks carried on
-    assert _metric(metrics, "dllm_kv_dense_bytes_total") > 0  # the refreshes counted their caches' bytes,
-    assert _metric(metrics, "dllm_kv_kept_share") == 1  # and a dense cache keeps them all
+    assert _metric(metrics, "dllm_kv_dense_bytes_total") > 0  # the refreshes counted their caches' bytes
+    return metrics
 
 
 FLAGS = ["--token-budget", str(BUDGET), "--policy", "dllm-serve", "--refresh-quota", str(QUOTA)]
@@ -59,8 +60,21 @@ def test_dllm_serve_holds_refreshes_to_its_quota_and_answers_a_batch_as_each_alo
     ) as server:
         batched = _answers(server)
         alone = _answers(server, PROMPTS[:1])
-        _check_quota(port)
+        metrics = _check_quota(port)
     assert alone[PROMPTS[0]] == batched[PROMPTS[0]]
+    assert _metric(metrics, "dllm_kv_kept_share") == 1  # a dense cache keeps every byte
+
+
+def test_dllm_serve_runs_the_sparse_cache_and_shows_the_share_it_keeps(tmp_path):
+    port = free_port()
+    sparse = ["--sparse-cache", "uniform", "--retention", "0.3"]
+    flags = [*FLAGS, "--batch-refresh-quota", str(QUOTA), *sparse, "--metrics-port", str(port)]
+    with running(tmp_path, *flags) as server:
+        batched = _answers(server)
+        alone = _answers(server, PROMPTS[:1])
+        metrics = _check_quota(port)
+    assert alone[PROMPTS[0]] == batched[PROMPTS[0]]
+    assert 0 < _metric(metrics, "dllm_kv_kept_share") < 1
 
 
 @pytest.mark.slow
