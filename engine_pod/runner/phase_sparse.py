@@ -68,7 +68,7 @@ class PhaseHeads:
         device,
     ) -> None:
         self.sparse, self.kept, self.layers, self.device = sparse, kept, layers, device
-        L = self.block_length = block_length
+        self.block_length = block_length
         order = sorted(range(len(members)), key=lambda i: row_start[members[i]])
         q_start = [0] * len(members)
         for i, start in zip(order, starts_of([lengths[i] for i in order])):
@@ -77,34 +77,7 @@ class PhaseHeads:
         self.store: CycleStore | None = None
         fresh = [i for i in order if members[i] in refresh]  # the refreshing rows, in packing order
         if fresh:
-            widths = [lengths[i] for i in fresh]
-            own = starts_of(widths)
-            self.own_places = _places([q_start[i] for i in fresh], widths, device)  # their keys, compacted
-            self.own_plan = RaggedAttention(RowSpans(own, widths, own, widths), device)
-            counts = [picked[i] for i in fresh]
-            self.own_final = _places([final_start[i] for i in fresh], counts, device)
-            self.own_final_plan = RaggedAttention(RowSpans(starts_of(counts), counts, own, widths), device)
-            starts = [block_start[members[i]] for i in fresh]
-            self.store = CycleStore(
-                sparse, [owners[members[i]] for i in fresh], own, widths, starts, L, device
-            )
-            offsets = torch.arange(L, device=device)
-            block = torch.tensor([q_start[i] + s for i, s in zip(fresh, starts)], device=device)
-            self.scoring = (
-                block[:, None] + offsets,
-                torch.ones(len(fresh), L, dtype=torch.bool, device=device),
-            )
-            widest = max(max(counts), 1)
-            real = torch.arange(widest, device=device) < torch.tensor(counts, device=device)[:, None]
-            first = torch.tensor([final_start[i] for i in fresh], device=device)
-            self.final_scoring = (
-                torch.where(real, first[:, None] + torch.arange(widest, device=device), 0),
-                real,
-            )
-            self.has_final = real.any(1)
-            self.last: torch.Tensor | None = None
-            for k, i in enumerate(fresh):
-                kept.of[owners[members[i]]] = (self.store, k)
+            self._plan_refresh(fresh, members, owners, lengths, picked, q_start, final_start, block_start)
         # the reusing rows, by the store that holds their entries
         self.reuse: list[tuple[CycleStore, dict]] = []
         by_store: dict[int, tuple[CycleStore, list[int], list[int]]] = {}
@@ -117,6 +90,37 @@ class PhaseHeads:
         for store, rows_here, local in by_store.values():
             plans = self._reuse_plans(store, rows_here, local, q_start, final_start, picked)
             self.reuse.append((store, plans))
+
+    def _plan_refresh(self, fresh, members, owners, lengths, picked, q_start, final_start, block_start):
+        """The refreshing rows ``fresh`` (indices of ``members``, in packing order): their attention over
+        their own keys (compacted), their scoring queries, and the store their kept entries fill."""
+        kept, device, L, sparse = self.kept, self.device, self.block_length, self.sparse
+        widths = [lengths[i] for i in fresh]
+        own = starts_of(widths)
+        self.own_places = _places([q_start[i] for i in fresh], widths, device)  # their keys, compacted
+        self.own_plan = RaggedAttention(RowSpans(own, widths, own, widths), device)
+        counts = [picked[i] for i in fresh]
+        self.own_final = _places([final_start[i] for i in fresh], counts, device)
+        self.own_final_plan = RaggedAttention(RowSpans(starts_of(counts), counts, own, widths), device)
+        starts = [block_start[members[i]] for i in fresh]
+        self.store = CycleStore(sparse, [owners[members[i]] for i in fresh], own, widths, starts, L, device)
+        offsets = torch.arange(L, device=device)
+        block = torch.tensor([q_start[i] + s for i, s in zip(fresh, starts)], device=device)
+        self.scoring = (
+            block[:, None] + offsets,
+            torch.ones(len(fresh), L, dtype=torch.bool, device=device),
+        )
+        widest = max(max(counts), 1)
+        real = torch.arange(widest, device=device) < torch.tensor(counts, device=device)[:, None]
+        first = torch.tensor([final_start[i] for i in fresh], device=device)
+        self.final_scoring = (
+            torch.where(real, first[:, None] + torch.arange(widest, device=device), 0),
+            real,
+        )
+        self.has_final = real.any(1)
+        self.last: torch.Tensor | None = None
+        for k, i in enumerate(fresh):
+            kept.of[owners[members[i]]] = (self.store, k)
 
     def kept_bytes(self) -> int:
         """What this step's refreshes kept (nothing: no row refreshed)."""
