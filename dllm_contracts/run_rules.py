@@ -11,12 +11,8 @@ from __future__ import annotations
 STEP_FREE_POLICIES = ("threshold",)  # remasking policies whose commits do not depend on the step's number
 
 
-def stagger_problem(
-    family: str, family_cache: str, cache: str, remasking: str, sparse: bool = False
-) -> str | None:
+def stagger_problem(family: str, family_cache: str, cache: str, remasking: str) -> str | None:
     """Why a model and decoding cannot run dllm-serve's staggered refreshes (None: they can)."""
-    if sparse:
-        return "policy dllm-serve does not run the head-sparse cache (--sparse-cache): use blockserve with it"
     if family_cache == "dual" and cache == "dual" and remasking in STEP_FREE_POLICIES:
         return None
     return (
@@ -28,7 +24,7 @@ def stagger_problem(
 
 def stagger_problem_for(family, decoding) -> str | None:
     """``stagger_problem`` of a family record (its display name and cache kind) and a decoding config."""
-    facts = (family.display_name, family.cache, decoding.cache, decoding.remasking, decoding.sparse.on)
+    facts = (family.display_name, family.cache, decoding.cache, decoding.remasking)
     return stagger_problem(*facts)
 
 

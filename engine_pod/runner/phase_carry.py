@@ -53,8 +53,12 @@ class RowCarry:
         self.rows, self.keys, self.values = {}, [], []
 
     def keep(self, owners: list[str], rows: list[CarriedRow], pool, slots: torch.Tensor) -> None:
-        """``rows`` (of requests ``owners``) go on; their entries are the pool's at ``slots`` (device)."""
+        """``rows`` (of requests ``owners``) go on; their entries are the pool's at ``slots`` (device; no
+        pool: the head-sparse cache's stores keep them, runner/phase_sparse.py)."""
         self.rows = dict(zip(owners, rows))
+        if pool is None:
+            self.keys, self.values = [], []
+            return
         self.keys = [layer.index_select(0, slots) for layer in pool.keys]
         self.values = [layer.index_select(0, slots) for layer in pool.values]
 
@@ -114,13 +118,16 @@ class RowCarry:
         rows, place = [], 0
         for r in going:
             kept = output.logprobs[r] if output.logprobs is not None else None
-            length = cache.row_len[r] if forwards[r] else 0  # a row yet to refresh has no cache to keep
+            # a row yet to refresh has no cache to keep; a head-sparse one keeps its own (no pool)
+            length = cache.row_len[r] if forwards[r] and cache.pool is not None else 0
             rows.append(
                 CarriedRow(read[r][:L], forwards[r], read[r][L + 1], read[r][L + 2], kept, place, length)
             )
             place += length
         index = torch.argsort(state.done.to(torch.int8), stable=True)[: len(going)]  # going on, in order
         lengths = torch.where(state.steps_taken[index] > 0, cache.row_len_on_device[index], 0)
+        if cache.pool is None:  # head-sparse: nothing of the pool is carried
+            lengths = torch.zeros_like(lengths)
         slots = spans(cache.row_start_on_device[index] + cache.base, lengths, place)
         self.keep([owners[r] for r in going], rows, cache.pool, slots)
         return output
