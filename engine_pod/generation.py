@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from dllm_contracts.request_params import GREEDY, RequestParams, family_settings_error
 from dllm_contracts.text import completion_tokens, decode_completion, within_limit
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.engine import Engine
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.contract import scheduling_facts
@@ -32,10 +32,10 @@ def generate_one(
     gen_length: int,
     decoding: DecodingConfig,
     trace: bool = False,
-    sampling: SamplingParams | None = None,
+    params: RequestParams = GREEDY,
 ) -> GenerationResult:
-    """Generate ``gen_length`` tokens (whole blocks) after ``prompt_ids``; ``sampling``: the request's
-    (None: greedy; DiffusionGemma takes its seed, 0 without one)."""
+    """Generate ``gen_length`` tokens (whole blocks) after ``prompt_ids`` with the request's ``params``
+    (its max_tokens is ``gen_length``). ValueError for family settings the model does not take."""
     eos = loaded.config.eos_token_ids
     pool_tokens = len(prompt_ids) + gen_length + 2 * decoding.block_length  # one request's exact cache
     runner = make_runner(loaded, decoding, pool_tokens, record_trace=trace)
@@ -47,9 +47,11 @@ def generate_one(
         layout="packed" if decoding.sparse.on else "dense",  # the head-sparse cache runs packed rows only
         **scheduling_facts(runner),
     )
+    problem = family_settings_error(params.family, runner.request_defaults, loaded.family.display_name)
+    if problem:
+        raise ValueError(problem)
     engine = Engine(runner, scheduler)
-    request = scheduler.request_for("generate", prompt_ids, gen_length)
-    request.sampling = sampling
+    request = scheduler.request_for("generate", prompt_ids, replace(params, max_tokens=gen_length))
     engine.add_request(request)
     started = time.perf_counter()
     while engine.has_work():

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    create_model,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
-from dllm_contracts.canvas_sampler import SETTINGS as SAMPLER_SETTINGS
+from dllm_contracts.request_params import (
+    CHOICES,
+    COMPLETION_ALTERNATIVES,
+    FAMILY_SETTING_OWNERS,
+    FAMILY_SETTINGS,
+    REQUEST_SETTINGS,
+    STOPS,
+)
+from dllm_contracts.request_setting import Setting
 from dllm_contracts.structured_output import call_text
 from gateway.openai_fields import BOTH, CHAT_ONLY, COMPLETIONS_ONLY, refuse_unless_harmless
 
@@ -26,7 +43,6 @@ Text = Annotated[str, AfterValidator(_encodable)]
 # by the handler (``openai_fields.unknown_fields``) unless the service ignores them, so the schema says none
 # are allowed.
 STRICT = ConfigDict(extra="allow", strict=True, json_schema_extra={"additionalProperties": False})
-MAX_STOPS = 4  # as OpenAI
 
 
 def _harmless_only(*fields: str):
@@ -36,37 +52,42 @@ def _harmless_only(*fields: str):
     )
 
 
-def _sampler_field(name: str, more: str = ""):
-    """A DiffusionGemma sampler setting as a body field, with the range its config class validates."""
-    bound = SAMPLER_SETTINGS[name]
-    limit = {"ge" if bound.inclusive else "gt": bound.low}
-    finite = {"allow_inf_nan": False} if bound.kind is float else {}
-    return Field(None, **limit, **finite, description=f"DiffusionGemma's sampler: {bound.description}{more}")
+def setting_field(declared: Setting, default=None, description: str = ""):
+    """A body field for a declared setting: absent by default, its range the declaration's."""
+    return Field(default, **declared.field_bounds(), description=description or declared.description)
 
 
-class DllmFields(BaseModel):
-    """Extra body fields for diffusion decoding. Block length and steps must equal the service's. The
-    entropy-bound sampler's settings (DiffusionGemma's; unset: the checkpoint's generation config) are
-    refused by a service whose model has no such sampler."""
+class DecodingFields(BaseModel):
+    """Extra body fields for diffusion decoding. Block length and steps must equal the service's."""
 
     model_config = STRICT
 
     block_length: int | None = Field(None, ge=1, description="tokens per block (must match the service)")
     steps: int | None = Field(None, ge=1, description="denoising steps per block (must match the service)")
-    threshold: float | None = Field(None, gt=0.0, le=1.0, description="confidence threshold for this request")
-    max_denoising_steps: int | None = _sampler_field(
-        "max_denoising_steps", " (the service's steps per block or fewer)"
-    )
-    entropy_bound: float | None = _sampler_field("entropy_bound")
-    t_min: float | None = _sampler_field("t_min")
-    t_max: float | None = _sampler_field("t_max")
-    stability_threshold: int | None = _sampler_field("stability_threshold")
-    confidence_threshold: float | None = _sampler_field("confidence_threshold")
+    threshold: float | None = setting_field(REQUEST_SETTINGS["threshold"])
 
-    def sampler_settings(self) -> dict[str, int | float] | None:
-        """The sampler settings this request sets, by name (the queue's ``sampler``); None: none."""
-        given = {name: getattr(self, name) for name in SAMPLER_SETTINGS if getattr(self, name) is not None}
-        return {name: SAMPLER_SETTINGS[name].kind(value) for name, value in given.items()} or None
+    def family_settings(self) -> dict[str, int | float]:
+        """The settings of a model family this request sets, by name (``RequestParams.family``)."""
+        given = {name: getattr(self, name) for name in FAMILY_SETTINGS if getattr(self, name) is not None}
+        return {name: FAMILY_SETTINGS[name].kind(value) for name, value in given.items()}
+
+
+def _owned(name: str, declared: Setting) -> str:
+    return f"{' and '.join(FAMILY_SETTING_OWNERS[name])}: {declared.description}"
+
+
+# the settings model families add (the family table's: DiffusionGemma's sampler), each a body field; a
+# service whose model's family does not add one refuses it (unset: the checkpoint's)
+DllmFields = create_model(
+    "DllmFields",
+    __base__=DecodingFields,
+    __doc__=DecodingFields.__doc__ + " A model family's own settings (unset: the checkpoint's) are "
+    "refused by a service whose model's family does not add them.",
+    **{
+        name: (declared.kind | None, setting_field(declared, description=_owned(name, declared)))
+        for name, declared in FAMILY_SETTINGS.items()
+    },
+)
 
 
 class StreamOptions(BaseModel):
@@ -78,21 +99,21 @@ class StreamOptions(BaseModel):
     )
 
 
-Stops = Annotated[list[Text], Field(max_length=MAX_STOPS)]
+Stops = Annotated[list[Text], Field(max_length=STOPS.high)]
 
 
 class CommonFields(DllmFields):
     model: Text
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = setting_field(REQUEST_SETTINGS["max_tokens"])
+    max_completion_tokens: int | None = setting_field(REQUEST_SETTINGS["max_tokens"])
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: Text | Stops | None = Field(None, description=f"up to {MAX_STOPS} strings that end the text")
-    temperature: float | None = Field(None, ge=0.0, le=2.0, description="0 or absent: greedy decoding")
-    top_p: float | None = Field(None, gt=0.0, le=1.0, description="nucleus sampling (with temperature > 0)")
-    top_k: int | None = Field(None, ge=0, description="sample among the k likeliest tokens (0: all)")
-    seed: int | None = Field(None, ge=0, lt=2**63, description="the same seed reproduces a sampled output")
-    n: int = Field(1, ge=1, le=16, description="choices per prompt, each drawn with its own seed")
+    stop: Text | Stops | None = Field(None, description=f"up to {STOPS.high} strings that end the text")
+    temperature: float | None = setting_field(REQUEST_SETTINGS["temperature"])
+    top_p: float | None = setting_field(REQUEST_SETTINGS["top_p"])
+    top_k: int | None = setting_field(REQUEST_SETTINGS["top_k"])
+    seed: int | None = setting_field(REQUEST_SETTINGS["seed"])
+    n: int = setting_field(CHOICES, CHOICES.default)
     user: Text | None = None
     # defined by OpenAI, not implemented: accepted only with a value that does nothing
     logit_bias: dict[str, int | float] | None = Field(None, description="not supported: empty only")
@@ -120,8 +141,9 @@ class CompletionRequest(CommonFields):
     prompt: Text | list[Text] | TokenIds | list[TokenIds] = Field(
         ..., description="text, list of texts, token ids, or lists of token ids"
     )
-    logprobs: int | None = Field(
-        None, ge=0, le=5, description="each token's log probability and this many alternatives"
+    logprobs: int | None = setting_field(
+        replace(REQUEST_SETTINGS["logprobs"], high=COMPLETION_ALTERNATIVES),
+        description="each token's log probability and this many alternatives",
     )
     echo: bool = Field(False, description="the prompt's text before the completion")
     best_of: int | None = Field(None, description="not supported: 1 only")
@@ -262,7 +284,9 @@ class ResponseFormat(BaseModel):
 class ChatCompletionRequest(CommonFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     logprobs: bool = Field(False, description="each token's log probability")
-    top_logprobs: int | None = Field(None, ge=0, le=20, description="alternatives per token (needs logprobs)")
+    top_logprobs: int | None = setting_field(
+        REQUEST_SETTINGS["logprobs"], description="alternatives per token (needs logprobs)"
+    )
     tools: list[Tool] | None = Field(None, description="functions the answer may call")
     functions: list | None = Field(None, description="deprecated: use tools (empty only)")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(

@@ -13,6 +13,7 @@ from dllm_contracts.model_identity import MODEL_IDENTITY_ENV, MODEL_NAME_ENV, Mo
 from dllm_contracts.model_store_config import S3_ENDPOINT_ENV
 from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV
 from dllm_contracts.queue.ops import RESULT_TTL_S
+from dllm_contracts.request_params import REQUEST_SETTINGS
 
 MODEL_SCHEMES = ("builtin:", "random:")  # models named as dllm serve takes them (see gateway.model_files)
 DEFAULT_FILE_STORE = "~/.cache/dllm/files"  # python -m gateway's; dllm serve and the operator set theirs
@@ -188,7 +189,10 @@ class GatewaySettings:
                 self.block_length >= 1 and self.steps_per_block >= 1,
                 "block_length and steps_per_block must be positive",
             ),
-            (0 < self.threshold <= 1, "threshold must be in (0, 1]"),
+            (
+                REQUEST_SETTINGS["threshold"].in_range(self.threshold),  # a request's threshold replaces it
+                f"threshold must be {REQUEST_SETTINGS['threshold'].range_text()}",
+            ),
             (self.drain_timeout_s >= 0, "drain_timeout_s must not be negative"),
             (self.enqueue_timeout_s >= 0, "enqueue_timeout_s must not be negative"),
             (0 <= self.metrics_port <= 65535, "metrics_port must be a port number (0: the API port)"),

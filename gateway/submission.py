@@ -12,6 +12,8 @@ from starlette.requests import ClientDisconnect
 from dllm_contracts.queue.keys import new_request_id, new_request_ids
 from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from dllm_contracts.queue.resilience import REDIS_ERRORS, TRANSIENT_ERRORS, Backoff
+from dllm_contracts.request_params import FAMILY_SETTINGS, MAX_SEED, RequestParams, check_family
+from dllm_contracts.request_setting import SettingError, check_ceilings
 from dllm_contracts.structured_output import ResponseGrammar
 from gateway.errors import ApiError, model_not_found, queue_unreachable, shutting_down
 from gateway.metrics import QUEUE_FULL
@@ -75,23 +77,23 @@ def _check_decoding_fields(body: CommonFields, settings) -> None:
             param="steps",
             code="invalid_value",
         )
-    _check_sampler_fields(body, settings)
+    _check_family_fields(body, settings)
 
 
-def _check_sampler_fields(body: CommonFields, settings) -> None:
-    """What the fields' ranges cannot say; the worker checks the settings merged with the model's."""
-    steps = body.max_denoising_steps
-    if steps is not None and steps > settings.steps_per_block:
-        raise ApiError(
-            400,
-            f"max_denoising_steps {steps} is above this service's {settings.steps_per_block} steps per block",
-            param="max_denoising_steps",
-            code="integer_above_max_value",
-        )
-    if body.t_min is not None and body.t_max is not None and body.t_max <= body.t_min:
-        raise ApiError(
-            400, f"t_max {body.t_max} must be above t_min {body.t_min}", param="t_max", code="invalid_value"
-        )
+def _check_family_fields(body: CommonFields, settings) -> None:
+    """What the family settings' ranges alone cannot say: a setting capped by a decoding setting of the
+    service's above it, or one below the setting it must exceed. The worker checks them again, merged
+    with the model's own values."""
+    given = body.family_settings()
+    try:
+        check_ceilings(given, FAMILY_SETTINGS, lambda _name, ceiling: getattr(settings, ceiling))
+        check_family(given)
+    except SettingError as error:
+        raise setting_error(error) from None
+
+
+def setting_error(error: SettingError) -> ApiError:
+    return ApiError(400, str(error), param=error.param, code=error.code)
 
 
 def too_long(tokens: int, state: GatewayState, param: str = "prompt", at_least: bool = False) -> ApiError:
@@ -126,15 +128,32 @@ def check_prompt(prompt_ids: list[int], state: GatewayState, param: str = "promp
         raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param=param, code="invalid_value")
 
 
-def sampling_of(body: CommonFields, seed: int | None) -> dict | None:
-    """The worker's sampling settings for one choice (``seed`` None: the request's own seed, or for a
-    sampled request a random one). A greedy choice's carry its seed, where it has one: a model whose
-    canvases start from noise (DiffusionGemma) draws that noise with it. None: greedy with seed 0."""
-    if not body.temperature and seed is None and body.seed is None:
-        return None
-    seed = _seed(body) if seed is None else seed
-    top_p = 1.0 if body.top_p is None else body.top_p
-    return {"temperature": body.temperature or 0.0, "top_p": top_p, "top_k": body.top_k or 0, "seed": seed}
+def request_params(
+    body: CommonFields, state: GatewayState, seed: int | None, grammar: ResponseGrammar | None = None
+) -> RequestParams:
+    """One choice's settings, as the worker and the engine read them (``seed`` None: the request's own,
+    or for a sampled request a random one; a greedy request carries its seed where it has one: a model
+    whose canvases start from noise draws it with that seed; ``grammar``: the one its answer keeps to).
+    What the body leaves unset takes the contract's default."""
+    if seed is None:
+        seed = body.seed if body.seed is not None or not body.temperature else _seed(body)
+    given = {
+        "max_tokens": max_tokens_of(body, state),
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "top_k": body.top_k,
+        "seed": seed,
+        "threshold": body.threshold,
+        "logprobs": body.alternatives(),
+    }
+    try:
+        return RequestParams(
+            **{k: v for k, v in given.items() if v is not None},
+            family=body.family_settings(),
+            grammar=grammar,
+        )
+    except SettingError as error:
+        raise setting_error(error) from None
 
 
 def build_request(
@@ -154,15 +173,10 @@ def build_request(
     return QueuedRequest(
         id=new_request_id("chatcmpl" if chat else "cmpl"),
         prompt_ids=prompt_ids,
-        max_tokens=max_tokens_of(body, state),
+        params=request_params(body, state, seed, grammar),
         created=time.time(),
-        threshold=body.threshold,
         stream=body.stream,
         meta=meta or {},
-        sampling=sampling_of(body, seed),
-        logprobs=body.alternatives(),
-        sampler=body.sampler_settings(),
-        grammar=None if grammar is None else grammar.to_wire(),
         model=model_identity or state.settings.model_identity or None,
     )
 
@@ -176,7 +190,7 @@ def build_choices(
         return [build_request(prompt_ids, body, state, grammar=grammar)]
     base = _seed(body)
     return [
-        build_request(prompt_ids, body, state, seed=(base + i) % 2**63, grammar=grammar)
+        build_request(prompt_ids, body, state, seed=(base + i) % MAX_SEED, grammar=grammar)
         for i in range(body.n)
     ]
 

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def run(loaded, compiler, rows: int, constrained: bool, max_tokens: int) -> dict:
     """``rows`` requests of the same prompts, free or each under a schema (the schemas in turn), answered
     through BlockServe at once."""
+    from dllm_contracts.request_params import RequestParams
     from dllm_contracts.scheduler_config import SchedulerConfig
     from dllm_contracts.structured_output import ResponseGrammar, json_grammar
     from engine_pod.bench.structured_schemas import SCHEMAS
@@ -54,10 +55,12 @@ def run(loaded, compiler, rows: int, constrained: bool, max_tokens: int) -> dict
     names = list(SCHEMAS)
     for i in range(rows):
         prompt = [1000 + (17 * i + j) % 5000 for j in range(24 + i % 8)]
-        request = scheduler.request_for(f"r{i}", prompt, max_tokens)
+        grammar = None
         if constrained:
-            request.grammar = ResponseGrammar(json_grammar(SCHEMAS[names[i % len(names)]][0]), "json_schema")
-        engine.add_request(request)
+            grammar = ResponseGrammar(json_grammar(SCHEMAS[names[i % len(names)]][0]), "json_schema")
+        engine.add_request(
+            scheduler.request_for(f"r{i}", prompt, RequestParams(max_tokens=max_tokens, grammar=grammar))
+        )
     forwards = masks = walked = 0
     mask_s = walk_s = 0.0
     finished = []

@@ -6,9 +6,11 @@ import io
 import json
 from collections import Counter
 from contextlib import redirect_stdout
+from dataclasses import replace
 
 import torch
 
+from dllm_contracts.request_params import GREEDY, RequestParams
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
 from engine_pod.loading.loader import LoadedModel
@@ -30,8 +32,8 @@ def run_workload(
 ) -> dict[str, list[int]]:
     """Generated tokens per request id, submitting the workload in ``order`` (default: as given).
     ``scheduler``: a scheduler, or a callable that builds one from the runner's scheduling facts;
-    ``sampling``: request id -> its SamplingParams (default: none); ``grammars``: request id -> the
-    ResponseGrammar its answer keeps to (default: none)."""
+    ``sampling``: request id -> its settings but max_tokens (default: greedy); ``grammars``: request id ->
+    the ResponseGrammar its answer keeps to (default: none)."""
     engine = _engine_with(loaded, scheduler, decoding, workload, order, sampling=sampling, grammar=grammars)
     outputs: dict[str, list[int]] = {}
     engine.run(lambda r: outputs.__setitem__(r.request_id, list(r.generated)))
@@ -61,19 +63,25 @@ def run_workload_logprobs(
 
 
 def _engine_with(
-    loaded: LoadedModel, scheduler, decoding: DecodingConfig, workload, order, **fields
+    loaded: LoadedModel, scheduler, decoding: DecodingConfig, workload, order, sampling=None, **settings
 ) -> Engine:
-    """An engine with the workload submitted in ``order``; ``fields``: a request attribute -> (request id
-    -> its value; absent: None)."""
+    """An engine with the workload submitted in ``order``; ``sampling``: request id -> its settings but
+    max_tokens (absent: greedy); ``settings``: a setting's name -> (request id -> its value; absent: the
+    default)."""
     pool_tokens = sum(len(prompt) + budget + 2 * decoding.block_length for _, prompt, budget in workload)
     runner = make_runner(loaded, decoding, pool_tokens)
     engine = Engine(runner, built_for(scheduler, runner))
     for request_id, prompt, budget in workload if order is None else [workload[i] for i in order]:
-        request = engine.scheduler.request_for(request_id, prompt, budget)
-        for name, values in fields.items():
-            setattr(request, name, (values or {}).get(request_id))
-        engine.add_request(request)
+        given = {name: (values or {}).get(request_id) for name, values in settings.items()}
+        given = {name: value for name, value in given.items() if value is not None}
+        params = tokens(budget, (sampling or {}).get(request_id), **given)
+        engine.add_request(engine.scheduler.request_for(request_id, prompt, params))
     return engine
+
+
+def tokens(max_tokens: int, params: RequestParams | None = None, **settings) -> RequestParams:
+    """``params`` (None: greedy) with ``max_tokens`` and any other ``settings`` set."""
+    return replace(params or GREEDY, max_tokens=max_tokens, **settings)
 
 
 def built_for(scheduler, runner) -> Scheduler:

@@ -9,10 +9,13 @@ write as null, so events with log probabilities are written by json (as -Infinit
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from dllm_contracts.request_params import RequestParams
+from dllm_contracts.request_setting import SettingError
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error", "expired")
 BATCH_META = "batch"  # the meta entry naming the batch a request belongs to (absent: none)
@@ -24,18 +27,10 @@ class QueuedRequest:
 
     id: str
     prompt_ids: list[int]
-    max_tokens: int
+    params: RequestParams  # every setting of the request (its max_tokens among them), as the gateway built it
     created: float
-    threshold: float | None = None  # per-request override of the service's confidence threshold
     stream: bool = False
     meta: dict[str, Any] = field(default_factory=dict)  # API-level details the worker passes through
-    sampling: dict[str, Any] | None = None  # SamplingParams' fields; None: greedy with seed 0
-    logprobs: int | None = None  # None: none; k: each token's log probability and k alternatives
-    # the entropy-bound sampler's settings the request sets (DiffusionGemma; canvas_sampler.SETTINGS' names,
-    # unset ones left out); None: the service's
-    sampler: dict[str, Any] | None = None
-    # the grammar its answer keeps to (structured_output.ResponseGrammar's wire form); None: free text
-    grammar: dict[str, str] | None = None
     # the model it was accepted for (model_identity.ModelIdentity's NAME@FINGERPRINT); a worker serving
     # another refuses it rather than answer with other weights. None: accepted without an identity
     model: str | None = None
@@ -44,26 +39,59 @@ class QueuedRequest:
     trace: str | None = None
 
     @property
+    def max_tokens(self) -> int:
+        return self.params.max_tokens
+
+    @property
     def batch_id(self) -> str:
         return str(self.meta.get(BATCH_META, ""))
 
     def to_json(self) -> bytes:
-        """Its fields (asdict would copy them first), ``trace`` only when set; every float in it is finite
-        (validated settings)."""
-        if self.trace is None:
-            return orjson.dumps({name: value for name, value in vars(self).items() if name != "trace"})
-        return orjson.dumps(vars(self))
+        """The payload: ``max_tokens`` at the top, as every version reads it (the queue's size of the
+        request), the other settings that differ from their defaults in ``params`` (left out when none
+        do: a worker older than ``params`` serves such a request, and refuses one that has them, by
+        name), ``trace`` only when set. Every float in it is finite (validated settings)."""
+        data = {name: value for name, value in vars(self).items() if name not in ("params", "trace")}
+        data["max_tokens"] = self.params.max_tokens
+        settings = self.params.to_wire()
+        settings.pop("max_tokens", None)
+        if settings:
+            data["params"] = settings
+        if self.trace is not None:
+            data["trace"] = self.trace
+        return orjson.dumps(data)
 
     @classmethod
-    def read(cls, text: str | bytes) -> tuple[QueuedRequest, list[str]]:
-        """The request, and the names of the fields in it that this version does not know: a newer
-        gateway's, which a worker refuses the request for, by name (a payload it cannot read at all would
-        fail every claim that holds it, claim after claim)."""
+    def read(cls, text: str | bytes) -> tuple[QueuedRequest, list[str], str | None]:
+        """The request, the names of the fields in it that this version does not know (a newer
+        gateway's, which a worker refuses the request for, by name), and why its settings are invalid
+        (None: they are not; else ``params`` holds one token's greedy settings in their place). A payload
+        it cannot read at all would fail every claim that holds it, claim after claim. A gateway older than
+        ``params`` queued the settings as top-level fields: read into ``params`` alike."""
         data = loads(text)
-        known = {item.name for item in fields(cls)}
-        return cls(**{name: value for name, value in data.items() if name in known}), sorted(
-            set(data) - known
-        )
+        unknown = sorted(set(data) - PAYLOAD_FIELDS - LEGACY_FIELDS)
+        settings = data["params"] if "params" in data else _legacy_settings(data)
+        invalid = None
+        try:
+            params = RequestParams.from_wire({**settings, "max_tokens": data.get("max_tokens")})
+        except (SettingError, TypeError) as error:
+            params, invalid = RequestParams(max_tokens=1), str(error)
+        known = {name: data[name] for name in PAYLOAD_FIELDS if name in data and name != "params"}
+        return cls(params=params, **known), unknown, invalid
+
+
+PAYLOAD_FIELDS = {"id", "prompt_ids", "created", "stream", "meta", "model", "trace", "params"}
+# a payload's settings before ``params``: max_tokens (still written), threshold, sampling (temperature,
+# top_p, top_k, seed), logprobs, sampler (DiffusionGemma's, now ``RequestParams.family``) and grammar
+LEGACY_FIELDS = {"max_tokens", "threshold", "sampling", "logprobs", "sampler", "grammar"}
+
+
+def _legacy_settings(data: dict[str, Any]) -> dict[str, Any]:
+    settings = dict(data.get("sampling") or {})
+    settings |= {
+        name: data[name] for name in ("threshold", "logprobs", "grammar") if data.get(name) is not None
+    }
+    return settings | ({"family": data["sampler"]} if data.get("sampler") else {})
 
 
 @dataclass

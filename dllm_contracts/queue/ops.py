@@ -32,6 +32,7 @@ class Claimed:
     logprobs: list = field(default_factory=list)  # their tokens' log probabilities, where recorded
     unknown_fields: list[str] = field(default_factory=list)  # in its payload, unknown to this version
     queued_s: float | None = None  # its wait since first enqueued (Redis's clock, when read); None: unknown
+    invalid_settings: str | None = None  # why its payload's settings are invalid (None: they are valid)
 
 
 @dataclass(frozen=True)
@@ -183,10 +184,10 @@ class QueueOps:
         items = as_text(reply)
         claimed = []
         for i in range(0, len(items), 4):
-            request, unknown = QueuedRequest.read(items[i + 1])
+            request, unknown, invalid = QueuedRequest.read(items[i + 1])
             generated = json.loads(items[i + 2] or "[]")
             logprobs = [entry for block in json.loads(items[i + 3] or "[]") for entry in block]
-            claimed.append(Claimed(request, generated, logprobs, unknown))
+            claimed.append(Claimed(request, generated, logprobs, unknown, invalid_settings=invalid))
         return claimed
 
     def renew(self, worker: str, request_ids: list[str]) -> ScriptCall:

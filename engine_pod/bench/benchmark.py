@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from dllm_contracts.canvas_sampler import EntropyBoundParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.bench.calibrate import calibrate_threshold
 from engine_pod.bench.execute import run_policy, run_policy_isolated
@@ -20,6 +19,7 @@ from engine_pod.bench.report import compare_outputs, outputs_digest, policy_metr
 from engine_pod.bench.results import ModelSpec, PolicyRun
 from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.families.diffusion_gemma.sampler_settings import EntropyBoundParams
 from engine_pod.isolation import run_in_child
 from engine_pod.loading.loader import LoadedModel
 

@@ -27,6 +27,7 @@ CONSTRAINED_SCHEMAS = ("nested", "order", "tags", "person")
 # remasking rules run besides the engine's default (threshold decoding): Dream's timestep schedule
 REMASKINGS = {"random:dream-tiny": ("threshold", "entropy")}
 DEFAULT_REMASKING = ("threshold",)
-# each row's own confidence threshold, in turn: 0 commits its whole block at its first step, None keeps
-# the engine's; rows of one cycle so leave its forwards at different steps, as real traffic's do
-ROW_THRESHOLDS = (0.0, None, 0.3, None)
+# each row's own confidence threshold, in turn: 1e-9 (below any token's probability) commits its whole
+# block at its first step, None keeps the engine's; rows of one cycle so leave its forwards at different
+# steps, as real traffic's do
+ROW_THRESHOLDS = (1e-9, None, 0.3, None)

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.run_rules import stagger_problem
 from dllm_contracts.structured_output import ResponseGrammar, json_grammar
 from engine_pod.bench.census_grid import (
@@ -33,7 +34,6 @@ from engine_pod.bench.census_grid import (
 from engine_pod.bench.op_census import Census, Segment, counting
 from engine_pod.bench.structured_schemas import SCHEMAS
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.loading.loader import LoadedModel, load_model
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
@@ -87,25 +87,20 @@ def _rows(loaded: LoadedModel, lengths: list[int], seed: int, requests: str = "g
     words = [t for t in range(min(vocab, 4096)) if t not in special]
     rows = []
     for i, n in enumerate(lengths):
-        sampled = (
-            SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=i) if requests == "sampled" else None
-        )
+        sampled = {"temperature": 0.8, "top_p": 0.9, "top_k": 50, "seed": i} if requests == "sampled" else {}
         grammar = None
         if requests == "constrained" and i % 2:
             schema = SCHEMAS[CONSTRAINED_SCHEMAS[(i // 2) % len(CONSTRAINED_SCHEMAS)]][0]
             grammar = ResponseGrammar(json_grammar(schema), "json_schema")
-        rows.append(
-            CycleRow(
-                tuple(draw.choice(words) for _ in range(n)),
-                owner=f"census-{i}",
-                max_tokens=512,
-                threshold=ROW_THRESHOLDS[i % len(ROW_THRESHOLDS)],
-                sampling=sampled,
-                logprobs=2 if requests == "logprobs" else None,
-                grammar=grammar,
-                prompt_len=n,
-            )
+        params = RequestParams(
+            max_tokens=512,
+            threshold=ROW_THRESHOLDS[i % len(ROW_THRESHOLDS)],
+            logprobs=2 if requests == "logprobs" else None,
+            grammar=grammar,
+            **sampled,
         )
+        prompt = tuple(draw.choice(words) for _ in range(n))
+        rows.append(CycleRow(prompt, owner=f"census-{i}", prompt_len=n, params=params))
     return rows
 
 

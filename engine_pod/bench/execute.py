@@ -13,6 +13,7 @@ import torch
 from tqdm import tqdm
 
 from dllm_contracts.heap import freeze_loaded_objects
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.text import cut_at_eos
 from engine_pod.bench.pinning import Pinning
 from engine_pod.bench.policies import PolicySpec, build_scheduler
@@ -53,7 +54,7 @@ class FollowUps:
 
     def request(self, item: PreparedRequest) -> Request:
         prompt = self.prompts[item.request_id]
-        return self.scheduler.request_for(item.request_id, prompt, item.max_tokens)
+        return self.scheduler.request_for(item.request_id, prompt, RequestParams(max_tokens=item.max_tokens))
 
     def after(self, request_id: str, answer: list[int]) -> list[Request]:
         """The turns that follow ``request_id``, now that its answer is known."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.text import completion_tokens
 from engine_pod.bench.execute import warm_up
 from engine_pod.bench.online import Load, Observed, OnlineRequest
@@ -33,7 +34,10 @@ class _Run:
     def send(self, item: OnlineRequest) -> None:
         prepared = item.request
         request = self.engine.scheduler.request_for(
-            prepared.request_id, prepared.prompt_ids, prepared.max_tokens, arrival_time=time.perf_counter()
+            prepared.request_id,
+            prepared.prompt_ids,
+            RequestParams(max_tokens=prepared.max_tokens),
+            arrival_time=time.perf_counter(),
         )
         self.sent[prepared.request_id] = self.now()
         self.engine.add_request(request)

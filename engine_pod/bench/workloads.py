@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from dllm_contracts.request_params import REQUEST_SETTINGS
+from dllm_contracts.request_setting import SettingError
 from engine_pod.bench.shared_workloads import generated_workload
 from engine_pod.bench.workload_item import WorkloadError, WorkloadItem, parse_range
 
@@ -33,8 +35,10 @@ def _item(line: dict[str, Any], index: int, source: str) -> WorkloadItem:
     prompt_tokens = int(line.get("prompt_tokens") or 0)
     if prompt is None and prompt_tokens <= 0:
         raise WorkloadError(f"{source} line {index + 1}: needs a prompt or a positive prompt_tokens")
-    if max_tokens < 1:
-        raise WorkloadError(f"{source} line {index + 1}: max_tokens must be positive")
+    try:
+        REQUEST_SETTINGS["max_tokens"].check(max_tokens)
+    except SettingError as exc:
+        raise WorkloadError(f"{source} line {index + 1}: {exc}") from None
     return WorkloadItem(
         request_id=str(line.get("id", f"req-{index}")),
         prompt=prompt,

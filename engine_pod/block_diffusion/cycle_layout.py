@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from dllm_contracts.request_params import GREEDY, RequestParams
 from engine_pod.block_diffusion.batches import StepQueries
 from engine_pod.decoding.row_sampling import COLUMNS, RowSampling
-from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.device_buffers import Floats
 from engine_pod.models.paged_kv import PagedKVPool
 
@@ -78,7 +78,7 @@ def lay_out(
     steps: int,
     mask_id: int,
     score_dtype: torch.dtype,
-    sampling: list[SamplingParams | None] | None = None,
+    sampling: list[RequestParams] | None = None,
 ) -> BlockCycle:
     """Reserve every row's pages up to its active block's end and lay out the blocks (fixed head, masks),
     every row's steps (``steps`` where it has none of its own), threshold and sampling settings: one copy."""
@@ -91,7 +91,7 @@ def lay_out(
     context_tokens = [token for row, start in zip(rows, starts) for token in row.tokens[:start]]
     heads = [row.tokens[start:] for row, start in zip(rows, starts)]
     block_ids = [token for head in heads for token in head + [mask_id] * (L - len(head))]
-    settings = RowSampling.host_columns(sampling or [None] * len(rows))
+    settings = RowSampling.host_columns(sampling or [GREEDY] * len(rows))
     sent = pool.buffers.send(  # the cycle's one copy to the device, into the pool's regions
         {
             "slots": slots,

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 
-from dllm_contracts.canvas_sampler import SETTINGS as SAMPLER_SETTINGS
 from dllm_contracts.defaults import ASSETS_DIR, DEFAULT_BLOCK_LENGTH, DEFAULT_MODEL_NAME, DEFAULT_THRESHOLD
 from dllm_contracts.engine_env import THREADS_ENV
 from dllm_contracts.families import FAMILIES, FAMILIES_IN_WORDS
 from dllm_contracts.head_sparse_config import HeadSparseConfig
 from dllm_contracts.logit_settings import logit_problems
+from dllm_contracts.request_params import FAMILY_SETTINGS, RequestParams
+from dllm_contracts.request_setting import SettingError
 from engine_pod.cli.sparse_args import sparse_config
 from engine_pod.decoding.config import CACHE_MODES, CANVAS_MODES, REMASKING, DecodingConfig
 from engine_pod.loading.presets import PRESETS
@@ -239,30 +239,34 @@ def logit_flags(args: argparse.Namespace) -> list[str]:
     return ["--max-materialized-logits", str(args.max_materialized_logits), *flags]
 
 
-SAMPLER_FLAGS = tuple(name for name in SAMPLER_SETTINGS if name != "max_denoising_steps")  # --steps-per-block
+# the settings model families add, as flags; one capped by a decoding setting is set by that setting's flag
+# (DiffusionGemma's max_denoising_steps: --steps-per-block)
+FAMILY_FLAGS = tuple(name for name, declared in FAMILY_SETTINGS.items() if declared.ceiling is None)
 
 
-def add_sampler_args(parser: argparse.ArgumentParser) -> None:
-    """DiffusionGemma's entropy-bound sampler (its steps per canvas are --steps-per-block)."""
-    group = parser.add_argument_group("DiffusionGemma sampler (default: the checkpoint's generation config)")
-    group.add_argument("--seed", type=int, default=0, help="seed of the canvases' noise (default: 0)")
-    for name in SAMPLER_FLAGS:
-        bound = SAMPLER_SETTINGS[name]
-        group.add_argument("--" + name.replace("_", "-"), type=bound.kind, help=bound.description)
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
-def with_sampler_args(args: argparse.Namespace, loaded):
-    """``loaded`` with the sampler settings given on the command line; refused by name for a family that
-    has no such sampler."""
-    given = {name: getattr(args, name) for name in SAMPLER_FLAGS if getattr(args, name) is not None}
-    if not given:
-        return loaded
-    if not loaded.family.entropy_sampler:
-        flags = ", ".join("--" + name.replace("_", "-") for name in given)
-        raise CliError(
-            f"{flags}: {loaded.family.display_name} has no entropy-bound sampler (DiffusionGemma's)"
-        )
-    return replace(loaded, config=loaded.config.with_sampler(**given))
+def add_request_args(parser: argparse.ArgumentParser) -> None:
+    """The request's own settings: its seed and the settings model families add (a family that adds
+    none refuses them; unset ones: the checkpoint's)."""
+    group = parser.add_argument_group("the request's settings (a model family's: default, the checkpoint's)")
+    group.add_argument(
+        "--seed", type=int, default=0, help="seed of the request's draws (DiffusionGemma's noise; default: 0)"
+    )
+    for name in FAMILY_FLAGS:
+        declared = FAMILY_SETTINGS[name]
+        group.add_argument(flag(name), type=declared.kind, help=declared.description)
+
+
+def request_params(args: argparse.Namespace) -> RequestParams:
+    """The request ``add_request_args``' flags set (its max_tokens: the command's)."""
+    family = {name: getattr(args, name) for name in FAMILY_FLAGS if getattr(args, name) is not None}
+    try:
+        return RequestParams(seed=args.seed, family=family)
+    except SettingError as error:
+        raise CliError(f"{flag(error.param)}: {error}") from None
 
 
 def decoding_config(args: argparse.Namespace, steps_per_block: int) -> DecodingConfig:

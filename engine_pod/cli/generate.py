@@ -11,13 +11,13 @@ from engine_pod.cli.common import (
     CliError,
     add_decoding_args,
     add_model_args,
-    add_sampler_args,
+    add_request_args,
     add_tensor_parallel_arg,
     check_logit_args,
     decoding_config,
     group_place,
     parse_int_list,
-    with_sampler_args,
+    request_params,
 )
 from engine_pod.cli.sparse_args import add_sparse_args
 from engine_pod.cli.sparse_checks import check_sparse_run
@@ -55,7 +55,7 @@ def register(subparsers) -> None:
     )
     add_decoding_args(parser)
     add_sparse_args(parser)
-    add_sampler_args(parser)
+    add_request_args(parser)
     add_tensor_parallel_arg(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     parser.set_defaults(handler=run)
@@ -77,7 +77,6 @@ def _prompt_ids(args: argparse.Namespace, loaded) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from engine_pod.decoding.sampling_params import SamplingParams
     from engine_pod.generation import generate_one
     from engine_pod.runner.group_processes import ModelArgs, tensor_parallel_group
 
@@ -98,9 +97,8 @@ def run(args: argparse.Namespace) -> int:
     if args.tensor_parallel > 1:
         torch.set_num_threads(per_rank)
     with tensor_parallel_group(place, model) as loaded:
-        loaded = with_sampler_args(args, loaded)
-        sampling = SamplingParams(seed=args.seed) if args.seed else None
-        result = generate_one(loaded, _prompt_ids(args, loaded), args.gen_length, decoding, sampling=sampling)
+        params = request_params(args)
+        result = generate_one(loaded, _prompt_ids(args, loaded), args.gen_length, decoding, params=params)
         weights_bytes = loaded.weights_bytes  # rank 0's, the most any rank holds
     if args.json:
         payload = {

@@ -17,9 +17,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from dllm_contracts.canvas_sampler import SETTINGS as SAMPLER_SETTINGS
 from dllm_contracts.model_identity import ON_MODEL_CHANGE, ModelIdentity, ServedRecord
 from dllm_contracts.model_source import portable_name
+from dllm_contracts.request_params import FAMILY_SETTINGS
 from dllm_contracts.scheduler_config import admission_flags
 from engine_pod.cli.budget import resolve_budget
 from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, check_logit_args, logit_flags
@@ -52,10 +52,10 @@ def register(subparsers) -> None:
         "them. Ctrl-C or SIGTERM drains: the gateway gives open requests $DLLM_DRAIN_TIMEOUT_S (default 30 s; "
         "a 503 for those not done then), the worker finishes its work within --drain-timeout; batches wait in "
         "Redis for the next start (a second Ctrl-C: at once). The gateway re-reads its API keys "
-        "file when it changes, and on SIGHUP. Serving beyond loopback (--host 0.0.0.0) without keys is warned about. DiffusionGemma: a request's "
-        f"seed draws its noise and extra body fields set its sampler ({', '.join(SAMPLER_SETTINGS)}; "
-        "max_denoising_steps up to --steps-per-block; unset ones: the checkpoint's generation config; the "
-        "official client sends them in extra_body); other models refuse those fields (docs/api.md).",
+        "file when it changes, and on SIGHUP. Serving beyond loopback (--host 0.0.0.0) without keys is warned about. Extra body "
+        f"fields set the settings a model family adds ({', '.join(FAMILY_SETTINGS)}; one capped by the "
+        "steps per block up to --steps-per-block; unset ones: the checkpoint's; the official client sends "
+        "them in extra_body); a model of another family refuses them (docs/api.md).",
     )
     add_model_args(parser)
     parser.add_argument("--host", default="127.0.0.1", help="gateway address (default: 127.0.0.1)")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from dllm_contracts.head_sparse_config import HeadSparseConfig
 from dllm_contracts.logit_settings import logit_problems
+from dllm_contracts.request_params import REQUEST_SETTINGS
 from engine_pod.models.logit_budget import LogitBudget
 
 REMASKING = ("low_confidence", "threshold", "scheduled_threshold", "entropy", "maskgit_plus", "topk_margin")
@@ -61,8 +62,10 @@ class DecodingConfig:
             raise DecodingConfigError(f"unknown canvas {self.canvas!r}; choose one of {CANVAS_MODES}")
         for name, message in logit_problems(self.max_materialized_logits, self.logit_candidates).items():
             raise DecodingConfigError(f"{name.replace('_', ' ')} {message}")
-        if not 0.0 < self.threshold <= 1.0:
-            raise DecodingConfigError(f"threshold must be in (0, 1], got {self.threshold}")
+        if not REQUEST_SETTINGS["threshold"].in_range(self.threshold):  # a request's threshold replaces it
+            raise DecodingConfigError(
+                f"threshold must be {REQUEST_SETTINGS['threshold'].range_text()}, got {self.threshold}"
+            )
         if self.sparse.on and self.cache != "dual":
             raise DecodingConfigError(
                 f"the head-sparse cache is a dual cache; it needs cache 'dual', not {self.cache!r}"

@@ -25,8 +25,8 @@ then ``randint(0, V, (1, L))`` for the renoising (drawn whether or not any posit
 are the reference's draws at batch 1 after ``torch.manual_seed(seed)``, in that order; the multinomial
 draws of every row are made at once, bit for bit (``categorical_draws.py``).
 
-The settings (``EntropyBoundParams``: defaults, ranges) live in ``dllm_contracts/canvas_sampler.py``, where
-the gateway reads them too; each row has its own, on the device as ``SamplerColumns`` (sent once per
+The settings (``EntropyBoundParams``: defaults, ranges) are declared by the family
+(``families/diffusion_gemma/sampler_settings.py``), whence the family table carries them to the gateway; each row has its own, on the device as ``SamplerColumns`` (sent once per
 canvas). A step reads the device once (``CanvasStep.read``): every row's done flag and argmax canvas, and
 what its draws need to finish (``categorical_draws.PendingDraws``).
 """
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_contracts.canvas_sampler import EntropyBoundParams
 from engine_pod.decoding.categorical_draws import PendingDraws
 from engine_pod.device_buffers import DeviceBuffers, Floats
+from engine_pod.families.diffusion_gemma.sampler_settings import EntropyBoundParams
 
 
 @dataclass

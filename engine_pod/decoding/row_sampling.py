@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_pod.decoding.sampling_params import SamplingParams
+from dllm_contracts.request_params import RequestParams
 from engine_pod.host_bundle import float64_bits
 
 COLUMNS = 5  # sampled, temperature (float64 bits), top-k, top-p (float64 bits), seed
+UNDRAWN = RequestParams(temperature=1.0)  # the columns of a greedy row (never drawn: never used)
 
 
 @dataclass
@@ -27,23 +28,22 @@ class RowSampling:
     filters: bool  # some sampled row keeps only its top-k or its top-p nucleus (known on the host)
 
     @staticmethod
-    def host_columns(params: list[SamplingParams | None]) -> list[list[int]] | None:
+    def host_columns(params: list[RequestParams]) -> list[list[int]] | None:
         """Per row, its ``COLUMNS`` settings as int64 (float64 bits for the floats); None when every row is
         greedy (then there is no RowSampling)."""
-        if all(p is None or p.greedy for p in params):
+        if all(p.greedy for p in params):
             return None
-        chosen = [p if p is not None and not p.greedy else None for p in params]
-        settings = [p or SamplingParams(temperature=1.0) for p in chosen]
+        settings = [UNDRAWN if p.greedy else p for p in params]
         temperatures = float64_bits([p.temperature for p in settings])
         top_ps = float64_bits([p.top_p for p in settings])
         return [
-            [int(c is not None), t, p.top_k, top_p, p.seed if c is not None else 0]
-            for c, p, t, top_p in zip(chosen, settings, temperatures, top_ps)
+            [int(not p.greedy), t, s.top_k, top_p, s.seed]
+            for p, s, t, top_p in zip(params, settings, temperatures, top_ps)
         ]
 
     @classmethod
     def from_device(
-        cls, columns: torch.Tensor, params: list[SamplingParams | None], dtype: torch.dtype
+        cls, columns: torch.Tensor, params: list[RequestParams], dtype: torch.dtype
     ) -> RowSampling:
         """``columns`` [R, COLUMNS]: ``host_columns`` on the device; ``params`` as the host knows them."""
         sampled, temperature, top_k, top_p, seeds = columns.unbind(1)
@@ -53,5 +53,5 @@ class RowSampling:
             top_k=top_k,
             top_p=top_p.contiguous().view(torch.float64).to(dtype),
             seeds=seeds,
-            filters=any(p is not None and not p.greedy and (p.top_k > 0 or p.top_p < 1.0) for p in params),
+            filters=any(not p.greedy and (p.top_k > 0 or p.top_p < 1.0) for p in params),
         )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dllm_contracts.families import FamilyDecoding
+from dllm_contracts.request_params import FamilyParams
 
 # How a family's cycles keep keys and values, which decides its runner (runner/factory.py):
 # dual: LLaDA-style bidirectional models, Fast-dLLM's dual cache rebuilt each cycle;
@@ -63,7 +64,9 @@ class ModelFamily:
     eos_from_directory: bool = True  # EOS ids also from generation_config.json and the tokenizer
     quirks: DualCacheQuirks = DualCacheQuirks()
     steps_capped_by_length: bool = False  # a row's steps per block capped by its generation budget
-    entropy_sampler: bool = False  # the entropy-bound sampler's settings apply (--entropy-bound, ...)
+    # the per-request settings the family adds (a frozen dataclass of ``setting`` fields whose instance
+    # holds a service's values; the gateway learns them from the family table); None: none
+    request_params: type[FamilyParams] | None = None
     # (config, TensorParallel) -> its rank's shards (build(), shard(name, tensor)); None: one process only
     tensor_parallel: Callable[[Any, Any], Any] | None = None
 

@@ -102,14 +102,14 @@ def _host_rows(
     row's sampling settings [R, COLUMNS] (RowSampling.host_columns), and the caller's ``extra`` integers."""
     contents = [_row_tokens(row, block_length, mask_id, block) for row, block in zip(rows, blocks)]
     width = max(len(c) for c in contents)
-    sampling = RowSampling.host_columns([row.sampling for row in rows]) or []
+    sampling = RowSampling.host_columns([row.params for row in rows]) or []
     parts = {
         "tokens": [token for c in contents for token in [pad_id] * (width - len(c)) + c + [pad_id]],
         "lengths": [len(c) for c in contents],
         "block_starts": [width - len(c) + row.width for c, row in zip(contents, rows)],
         "hidden_suffix": [int(not row.suffix_visible) for row in rows],
         "active": [int(row.active) for row in rows],
-        "thresholds": Floats(threshold if r.threshold is None else r.threshold for r in rows),
+        "thresholds": Floats(threshold if r.params.threshold is None else r.params.threshold for r in rows),
         "sampling": [value for settings in sampling for value in settings],
         "extra": [value for more in extra for value in more],
     }
@@ -141,7 +141,7 @@ def build_canvas(
     lengths, block_start, hidden, active = (
         sent[n] for n in ("lengths", "block_starts", "hidden_suffix", "active")
     )
-    params = [row.sampling for row in rows]
+    params = [row.params for row in rows]
     sampling = (
         None
         if not parts["sampling"]
@@ -167,7 +167,9 @@ def build_canvas(
         thresholds=sent["thresholds"].to(score_dtype),
         block_length=block_length,
         sampling=sampling,
-        logprobs=[row.logprobs for row in rows] if any(row.logprobs is not None for row in rows) else None,
+        logprobs=[row.params.logprobs for row in rows]
+        if any(row.params.logprobs is not None for row in rows)
+        else None,
         host=CanvasRows.of(rows, block_length),
         extra=sent["extra"].view(R, -1) if extra else None,
     )

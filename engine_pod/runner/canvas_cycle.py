@@ -17,7 +17,7 @@ its rows' lengths and however they stop.
 
 Kept per request between its cycles: its context cache (``families/diffusion_gemma/context_cache.py``:
 its context's keys and values in pages of the runner's pool, every context token in every layer; a
-sliding layer reads the last window - 1), its ``torch.Generator`` (seeded with its ``SamplingParams.seed``,
+sliding layer reads the last window - 1), its ``torch.Generator`` (seeded with its ``RequestParams.seed``,
 0 without one, so its first canvas is the reference's after ``torch.manual_seed(seed)``) and the lengths
 of the encoder forwards that wrote the cache. Between two steps a row carries its canvas [L] and soft
 embeddings [L, D], never [L, V] logits. A request that ``cycle.released`` names (finished, cancelled or
@@ -37,9 +37,9 @@ What the family honours of the engine's options: ``block_length`` (= the canvas)
 (the sampler's ``max_denoising_steps`` per canvas), ``ignore_eos`` (the scheduler's) and the layouts
 (queries are whole canvases either way; packed and dense differ in the scheduler's cost only). The
 sampler's other settings come from the checkpoint's generation config (``DiffusionGemmaConfig.generation``,
-``dllm generate --entropy-bound`` and others override them): ``canvas_sampler``. A row whose request set
-its own (``CycleRow.sampler``: the API's request fields) samples with those, batched with rows that did
-not. ``IGNORED`` lists what is ignored and why; ``canvas="full"``, a block length other than the canvas,
+``dllm generate --entropy-bound`` and others set a request's): ``request_defaults``. A row whose request set
+its own (``CycleRow.params.family``: the API's request fields) samples with those, batched with rows that
+did not. ``IGNORED`` lists what is ignored and why; ``canvas="full"``, a block length other than the canvas,
 a trace and margins are refused by name.
 """
 
@@ -53,7 +53,6 @@ import torch
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.decoding.entropy_bound import (
     CanvasSamplerState,
-    EntropyBoundParams,
     SamplerColumns,
     entropy_bound_step,
     start_canvas,
@@ -66,6 +65,7 @@ from engine_pod.families.diffusion_gemma.context_cache import (
     context_pool,
     context_regions,
 )
+from engine_pod.families.diffusion_gemma.sampler_settings import EntropyBoundParams
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.canvas_forward import CanvasForward
 from engine_pod.runner.canvas_requests import CanvasRequest
@@ -118,7 +118,7 @@ class CanvasStepper:
                 f"canvas {decoding.canvas!r} does not apply: DiffusionGemma has no masks"
             )
         self.loaded, self.decoding, self.model = loaded, decoding, loaded.model
-        self.canvas_sampler = EntropyBoundParams.for_service(config.generation, decoding.steps_per_block)
+        self.request_defaults = EntropyBoundParams.for_service(config.generation, decoding.steps_per_block)
         self.pool_tokens = pool_tokens or DEFAULT_POOL_TOKENS
         pages = -(-self.pool_tokens // decoding.block_length)  # a row's pages never exceed its tokens
         # this process's heads (a tensor-parallel rank's share)
@@ -186,8 +186,7 @@ class CanvasStepper:
         if state is not None:  # its context is not this row's (a static batch's finished row)
             state.cache.release()
         device = self.loaded.device
-        seed = row.sampling.seed if row.sampling is not None else 0
-        generator = torch.Generator(device=device).manual_seed(seed)
+        generator = torch.Generator(device=device).manual_seed(row.params.seed)
         state = CanvasRequest(generator, ContextCache(self.pool, owner, self.model.config))
         if owner in self.suspended:
             generator_state, state.chunks = self.suspended.pop(owner)
@@ -229,7 +228,7 @@ class CanvasStepper:
         running = [i for i in computed if cycle.rows[i].active]  # the rows sampled
         if not running:
             return state
-        params = [cycle.rows[i].sampler or self.canvas_sampler for i in running]
+        params = [self.request_defaults.for_request(cycle.rows[i].params.family) for i in running]
         places = {row: place for place, row in enumerate(computed)}
         batch = ContextRows.of(
             [states[i].cache for i in computed],

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from dllm_contracts.canvas_sampler import EntropyBoundParams
+from dllm_contracts.request_params import FamilyParams
 from dllm_contracts.structured_output import ResponseGrammar
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.scheduler.output import SchedulerOutput
@@ -76,9 +76,10 @@ class Runner(Protocol):
     grid_aligned: bool  # the model's blocks sit on the absolute grid of the block length
     shares_blocks: bool  # the runner shares rows' common whole blocks (a prefix cache)
     prefix_cache_stats: PrefixCacheStats | None  # its running totals (None: no prefix cache)
-    # the entropy-bound sampler's settings a request starts from (DiffusionGemma's; a row's ``sampler``
-    # replaces them); None: the family has no such sampler and a request that sets any is refused
-    canvas_sampler: EntropyBoundParams | None
+    # the service's values of the per-request settings its family adds (an instance of the family's
+    # ``request_params``; a row's ``params.family`` replaces them); None: the family adds none, and a request
+    # that sets any is refused
+    request_defaults: FamilyParams | None
     staggers_refreshes: bool  # staggers a cycle's dual-cache refreshes under its quota (dLLM-Serve's phases)
 
     def run(self, cycle: SchedulerOutput) -> CycleOutput:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dllm_contracts.canvas_sampler import EntropyBoundParams
+from dllm_contracts.request_params import FamilyParams
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.logit_count import LOGITS
 from engine_pod.runner.contract import CycleOutput
@@ -37,7 +37,7 @@ class Stepper(Protocol):
     grid_aligned: bool
     shares_blocks: bool
     prefix_cache_stats: PrefixCacheStats | None
-    canvas_sampler: EntropyBoundParams | None
+    request_defaults: FamilyParams | None
     staggers_refreshes: bool  # runs a cycle's refresh quota (dLLM-Serve's phases)
 
     def begin(self, cycle: SchedulerOutput) -> Any:
@@ -102,8 +102,8 @@ class CycleRunner:
         return self.stepper.prefix_cache_stats
 
     @property
-    def canvas_sampler(self) -> EntropyBoundParams | None:
-        return self.stepper.canvas_sampler
+    def request_defaults(self) -> FamilyParams | None:
+        return self.stepper.request_defaults
 
     @property
     def staggers_refreshes(self) -> bool:

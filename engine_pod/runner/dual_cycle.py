@@ -59,7 +59,7 @@ class DualCacheStepper:
     grid_aligned = False  # blocks follow each request's prompt, wherever it ends
     shares_blocks = False
     prefix_cache_stats = None  # no prefix cache: every cycle computes its rows' caches afresh
-    canvas_sampler = None  # no entropy-bound sampler
+    request_defaults = None  # the family adds no per-request settings
     staggers_refreshes = (
         False  # every row refreshes at its block's first forward (runner/phase_cycle.py can stagger)
     )

@@ -48,7 +48,7 @@ def refuse_candidates(loaded: LoadedModel, decoding: DecodingConfig) -> None:
     one by one: DiffusionGemma's self-conditions on the whole vocabulary's softmax."""
     if not decoding.logit_candidates:
         return
-    if loaded.family.entropy_sampler:
+    if loaded.family.cache == "canvas":
         raise ValueError(
             f"--logit-candidates: {loaded.family.display_name} conditions each step on the whole "
             "vocabulary's softmax; use 0"

@@ -80,7 +80,7 @@ class PagedCacheStepper:
 
     grid_aligned = True  # the scheduler puts blocks on the absolute grid
     staggers_refreshes = False  # an exact cache: nothing to refresh
-    canvas_sampler = None  # no entropy-bound sampler
+    request_defaults = None  # the family adds no per-request settings
 
     def __init__(self, loaded: LoadedModel, decoding: DecodingConfig, pool_tokens: int | None = None) -> None:
         self.loaded, self.decoding = loaded, decoding
@@ -122,7 +122,7 @@ class PagedCacheStepper:
         ]
         states = [self._state(owner, row) for owner, row in zip(owners, rows)]
         hits = self._share(states, entering) if self.prefix_cache is not None else {}
-        counts = [row.logprobs for row in rows]
+        counts = [row.params.logprobs for row in rows]
         asked = any(k is not None for k in counts)
         logprobs = [[None] * L if k is not None else None for k in counts] if asked else None
         layout = lay_out(
@@ -132,7 +132,7 @@ class PagedCacheStepper:
             self.decoding.steps_per_block,
             self.mask_id,
             self.score_dtype,
-            [row.sampling for row in rows],
+            [row.params for row in rows],
         )
         grammar = paged_grammar.constrained_rows(self, rows, states, layout.starts)
         return _PagedCycle(
@@ -233,7 +233,7 @@ class PagedCacheStepper:
         state = self.states.get(owner)
         if state is None or state.tokens != prefix:
             self._leave(owner)
-            threshold = self.threshold if row.threshold is None else row.threshold
+            threshold = self.threshold if row.params.threshold is None else row.params.threshold
             state = self.states[owner] = BlockRow(owner, prefix, threshold=threshold)
         state.active = row.active
         state.steps = self._steps(row)
@@ -265,9 +265,10 @@ class PagedCacheStepper:
     def _steps(self, row: CycleRow) -> int:
         """The row's steps per block: the engine's, capped as the family's reference caps them."""
         steps = self.decoding.steps_per_block
-        if row.max_tokens is None or not self.loaded.family.steps_capped_by_length:
+        max_tokens = row.params.max_tokens
+        if max_tokens is None or not self.loaded.family.steps_capped_by_length:
             return steps
-        return max(1, min(steps, row.max_tokens // MINIMAL_TOPK))
+        return max(1, min(steps, max_tokens // MINIMAL_TOPK))
 
     def forget(self) -> None:
         """Let go of every row and empty the prefix cache (a benchmark's warm-up leaves nothing behind)."""

@@ -33,7 +33,7 @@ class LeaderRunner:
         self.grid_aligned = runner.grid_aligned
         self.shares_blocks = runner.shares_blocks
         self.staggers_refreshes = runner.staggers_refreshes
-        self.canvas_sampler = runner.canvas_sampler
+        self.request_defaults = runner.request_defaults
         self._last_told = time.monotonic()
 
     @property

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from dllm_contracts.request_params import RequestParams
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.request import FinishReason, Request, RequestError, RequestState
@@ -58,11 +59,12 @@ class Scheduler:
 
     # -- intake -------------------------------------------------------------------------------
     def request_for(
-        self, request_id: str, prompt_ids, max_tokens: int, arrival_time: float | None = None
+        self, request_id: str, prompt_ids, params: RequestParams, arrival_time: float | None = None
     ) -> Request:
-        """A request shaped for this scheduler's blocks (on the grid or not), ready for ``add``."""
+        """A request with its settings, shaped for this scheduler's blocks (on the grid or not), ready for
+        ``add``."""
         return Request.from_tokens(
-            request_id, prompt_ids, max_tokens, self.block_length, arrival_time, self.grid_aligned
+            request_id, prompt_ids, params, self.block_length, arrival_time, self.grid_aligned
         )
 
     def add(self, request: Request) -> None:

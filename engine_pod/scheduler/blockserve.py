@@ -143,14 +143,9 @@ class BlockServeScheduler(Scheduler):
             request.prompt_ids + tuple(request.generated),
             suffix_blocks=suffix,
             suffix_visible=True,
-            threshold=request.threshold,
-            sampling=request.sampling,
-            sampler=request.sampler,
-            logprobs=request.logprobs,
             owner=request.request_id,
-            max_tokens=request.max_tokens,
-            grammar=request.grammar,
             prompt_len=request.prompt_len,
+            params=request.params,
         )
 
     def _preempt_overflow(self) -> list[Request]:

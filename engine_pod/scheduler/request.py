@@ -6,9 +6,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from dllm_contracts.canvas_sampler import EntropyBoundParams
-from dllm_contracts.structured_output import ResponseGrammar
-from engine_pod.decoding.sampling_params import SamplingParams
+from dllm_contracts.request_params import GREEDY, RequestParams
 
 
 class RequestState(enum.Enum):
@@ -51,12 +49,7 @@ class Request:
     first_scheduled_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0
-    threshold: float | None = None  # overrides the engine's confidence threshold for this request
-    sampling: SamplingParams | None = None  # None: greedy
-    sampler: EntropyBoundParams | None = None  # the entropy-bound sampler's (DiffusionGemma); None: runner's
-    logprobs: int | None = None  # None: no log probabilities; k: the committed token's and k alternatives
-    grammar: ResponseGrammar | None = None  # the grammar its answer is generated in (None: free)
-    max_tokens: int | None = None  # the generation budget asked for (max_blocks derives from it)
+    params: RequestParams = GREEDY  # its settings as it was queued (max_blocks derives from max_tokens)
     in_batch: bool = False  # a batch line (the queue's batch lane), not an interactive request
     # block-diffusion models put blocks on the absolute grid: the prompt's last grid_head tokens share the
     # first block with the first generated tokens (from_tokens sets it; 0 for LLaDA and Dream)
@@ -76,22 +69,28 @@ class Request:
         cls,
         request_id: str,
         prompt_ids,
-        max_tokens: int,
+        params: RequestParams,
         block_length: int,
         arrival_time: float | None = None,
         grid_aligned: bool = False,
     ):
-        """The one place a token budget becomes blocks. Off the grid: ``ceil(max_tokens / L)`` blocks after
-        the prompt. On the absolute grid of ``L`` (block-diffusion models) the first block holds the
-        prompt's tail: ``ceil((prompt + max_tokens) / L) - floor(prompt / L)`` blocks."""
-        if max_tokens < 1:
-            raise RequestError(f"request {request_id}: max_tokens must be positive, got {max_tokens}")
+        """The one place a token budget (``params.max_tokens``) becomes blocks. Off the grid:
+        ``ceil(max_tokens / L)`` blocks after the prompt. On the absolute grid of ``L`` (block-diffusion
+        models) the first block holds the prompt's tail: ``ceil((prompt + max_tokens) / L) - floor(prompt /
+        L)`` blocks."""
+        if params.max_tokens is None:
+            raise RequestError(f"request {request_id}: its settings name no max_tokens")
         prompt = tuple(prompt_ids)
         head = len(prompt) % block_length if grid_aligned else 0
-        blocks = math.ceil((head + max_tokens) / block_length)
-        request = cls(request_id, prompt, blocks, arrival_time, grid_head=head, on_grid=grid_aligned)
-        request.max_tokens = max_tokens
-        return request
+        blocks = math.ceil((head + params.max_tokens) / block_length)
+        return cls(
+            request_id, prompt, blocks, arrival_time, params=params, grid_head=head, on_grid=grid_aligned
+        )
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The generation budget asked for (None: a request built from blocks)."""
+        return self.params.max_tokens
 
     @property
     def prompt_len(self) -> int:

@@ -78,14 +78,9 @@ class StaticScheduler(Scheduler):
             prefix,
             suffix_blocks=suffix,
             suffix_visible=True,
-            threshold=request.threshold,
-            sampling=request.sampling,
-            sampler=request.sampler,
-            logprobs=request.logprobs,
             owner=request.request_id,
-            max_tokens=request.max_tokens,
-            grammar=request.grammar,
             prompt_len=request.prompt_len,
+            params=request.params,
         )
 
     def _finished_row(self, request: Request) -> CycleRow:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from dllm_contracts.queue.ops import ANY_WAIT, Candidate, Claimed
 from dllm_contracts.queue.sync_client import CLAIM_ROUNDS, SyncQueue
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.scheduler.base import ClaimPlan, Scheduler
 from engine_pod.scheduler.request import Request
@@ -70,7 +71,7 @@ class Claims:
         shape = self.scheduler.request_for(
             candidate.id,
             (0,) * max(1, candidate.prompt_tokens),
-            max(1, candidate.max_tokens),
+            RequestParams(max_tokens=max(1, candidate.max_tokens)),
             arrival_time=self.scheduler.clock() - candidate.waited_s,
         )
         shape.generated = [0] * max(0, candidate.prefix - candidate.prompt_tokens)

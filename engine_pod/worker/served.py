@@ -11,13 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from dllm_contracts.canvas_sampler import EntropyBoundParams
 from dllm_contracts.model_identity import ModelIdentity, model_mismatch
 from dllm_contracts.queue.messages import BATCH_META, BlockEvent, DoneEvent
 from dllm_contracts.queue.ops import BlockCommit, Claimed
-from dllm_contracts.structured_output import ResponseGrammar
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.text import completion_tokens, within_limit
-from engine_pod.decoding.sampling_params import SamplingError, SamplingParams
 from engine_pod.scheduler.request import FinishReason, Request
 
 
@@ -34,20 +32,17 @@ class ServedRequest:
         cls,
         claimed: Claimed,
         request: Request,
-        canvas_sampler: EntropyBoundParams | None = None,
         served_model: ModelIdentity | None = None,
-        grammar_problem: Callable[[ResponseGrammar], str | None] | None = None,
+        settings_problem: Callable[[RequestParams], str | None] | None = None,
     ) -> ServedRequest:
-        """The record of a claimed request: its settings on the scheduler's ``request``, its committed
-        blocks and their log probabilities as Redis recorded them; refused if its payload has fields this
-        version does not know (named), if it was accepted for a model other than ``served_model``, if its
-        sampling is invalid, or
-        if it sets entropy-bound sampler settings that are invalid over the runner's ``canvas_sampler`` or
-        that the model has no use for (``canvas_sampler`` None), or if its response grammar cannot be used
-        here (``grammar_problem`` says why)."""
+        """The record of a claimed request (the scheduler's ``request``, built with its settings), its
+        committed blocks and their log probabilities as Redis recorded them; refused if its payload has
+        fields this version does not know (named), if it was accepted for a model other than
+        ``served_model``, if its settings are invalid, or if this engine cannot serve them
+        (``settings_problem`` says why: family settings the served family does not take, a response
+        grammar it cannot use)."""
         payload = claimed.request
         request.generated = list(claimed.generated)
-        request.threshold, request.logprobs = payload.threshold, payload.logprobs
         served = cls(request, payload.meta, payload.stream)
         if claimed.unknown_fields:
             names = ", ".join(claimed.unknown_fields)
@@ -57,40 +52,16 @@ class ServedRequest:
         if mismatch:
             served.refuse(mismatch)
             return served
-        if payload.logprobs is not None:  # blocks committed elsewhere: as recorded in Redis
+        if payload.params.logprobs is not None:  # blocks committed elsewhere: as recorded in Redis
             restored = claimed.logprobs[: len(claimed.generated)]
             served.logprobs = restored + [None] * (len(claimed.generated) - len(restored))
-        try:
-            request.sampling = SamplingParams.from_dict(payload.sampling)
-        except (SamplingError, TypeError) as exc:
-            served.refuse(f"invalid sampling settings: {exc}")
-        if payload.sampler and served.error is None:
-            served._take_sampler(payload.sampler, canvas_sampler)
-        if payload.grammar and served.error is None:
-            served._take_grammar(payload.grammar, grammar_problem)
+        if claimed.invalid_settings is not None:
+            served.refuse(f"invalid request settings: {claimed.invalid_settings}")
+            return served
+        problem = settings_problem(payload.params) if settings_problem is not None else None
+        if problem:
+            served.refuse(problem)
         return served
-
-    def _take_grammar(self, wire: dict, problem: Callable[[ResponseGrammar], str | None] | None) -> None:
-        try:
-            grammar = ResponseGrammar.from_wire(wire)
-        except (KeyError, TypeError, ValueError) as exc:
-            self.refuse(f"invalid response grammar: {exc}")
-            return
-        why = "this engine has no grammar compiler" if problem is None else problem(grammar)
-        if why:
-            self.refuse(why)
-            return
-        self.request.grammar = grammar
-
-    def _take_sampler(self, settings: dict, canvas_sampler: EntropyBoundParams | None) -> None:
-        if canvas_sampler is None:
-            names = ", ".join(sorted(settings))
-            self.refuse(f"{names}: this model has no entropy-bound sampler (DiffusionGemma's); leave it out")
-            return
-        try:
-            self.request.sampler = canvas_sampler.for_request(settings)
-        except (ValueError, TypeError) as exc:
-            self.refuse(f"invalid sampler settings: {exc}")
 
     @property
     def request_id(self) -> str:

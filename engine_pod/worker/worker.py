@@ -28,6 +28,7 @@ from dllm_contracts.queue.messages import DoneEvent
 from dllm_contracts.queue.ops import BlockCommit, Claimed
 from dllm_contracts.queue.resilience import TRANSIENT_ERRORS
 from dllm_contracts.queue.sync_client import SyncQueue
+from dllm_contracts.request_params import RequestParams, family_settings_error
 from dllm_contracts.tracing import Tracing
 from engine_pod.engine import Engine, StepResult
 from engine_pod.runner.contract import Runner
@@ -188,11 +189,10 @@ class Worker:
             if len(claimed.generated) <= len(held.generated):
                 return  # the copy we hold is as far along: keep it
             self.scheduler.cancel(payload.id)
-        request = self.scheduler.request_for(payload.id, payload.prompt_ids, payload.max_tokens, arrival_time)
+        request = self.scheduler.request_for(payload.id, payload.prompt_ids, payload.params, arrival_time)
         self.observer.claimed(claimed)
-        sampler = self.engine.runner.canvas_sampler
         served = self._served[payload.id] = ServedRequest.claimed(
-            claimed, request, sampler, self.config.model_identity, self.engine.runner.grammar_problem
+            claimed, request, self.config.model_identity, self._settings_problem
         )
         request.in_batch = served.in_batch
         if served.error is None:
@@ -205,6 +205,17 @@ class Worker:
             logger.warning("rejecting %s: %s", payload.id, exc)
             served.refuse(str(exc))
             self._publish_done(request)
+
+    def _settings_problem(self, params: RequestParams) -> str | None:
+        """Why this engine cannot serve a request's settings: family settings its model's family does not
+        take (or not over the service's values), a response grammar it cannot use; None: it can."""
+        runner = self.engine.runner
+        problem = family_settings_error(
+            params.family, runner.request_defaults, runner.loaded.family.display_name
+        )
+        if problem is None and params.grammar is not None:
+            problem = runner.grammar_problem(params.grammar)
+        return problem
 
     def _wait_for_work(self) -> None:
         self.wakeups.wait(self.config.idle_wait_s, self.config.scheduling.batch_window_s)

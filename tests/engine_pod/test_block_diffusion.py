@@ -29,7 +29,7 @@ from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
-from tests.engine_utils import block_causal_logits, common_token, dllm_generate_json, run_workload
+from tests.engine_utils import block_causal_logits, common_token, dllm_generate_json, run_workload, tokens
 from tests.factories import BLOCK_REFERENCE_DIR, random_workload, sdar_config, write_checkpoint
 
 VECTORS = BLOCK_REFERENCE_DIR
@@ -171,7 +171,7 @@ def _whole_blocks(loaded, run: ReferenceRun, cache: str, layout: str = "dense") 
         run.block_length, [run.eos_id], layout=layout, **scheduling_facts(runner)
     )
     engine = Engine(runner, scheduler)
-    request = scheduler.request_for("run", run.prompt_ids, run.gen_length)
+    request = scheduler.request_for("run", run.prompt_ids, tokens(run.gen_length))
     engine.add_request(request)
     engine.run()
     return request.generated, sum(record.forwards for record in engine.records)
@@ -356,8 +356,8 @@ def test_the_paged_runner_frees_a_request_when_the_scheduler_names_it_released(l
     runner = make_runner(loaded, decoding, 256)
     scheduler = BlockServeScheduler(4, [], SchedulerConfig(token_budget=256), **scheduling_facts(runner))
     engine = Engine(runner, scheduler)
-    for request_id, tokens in (("short", 4), ("long", 12)):
-        engine.add_request(scheduler.request_for(request_id, [3, 4, 5, 6], tokens))
+    for request_id, budget in (("short", 4), ("long", 12)):
+        engine.add_request(scheduler.request_for(request_id, [3, 4, 5, 6], tokens(budget)))
     finished = engine.step().finished
     assert [r.request_id for r in finished] == ["short"] and set(runner.stepper.states) == {"short", "long"}
     held = runner.stepper.pool.table("long")
@@ -365,7 +365,7 @@ def test_the_paged_runner_frees_a_request_when_the_scheduler_names_it_released(l
     assert set(runner.stepper.states) == {"long"} and not runner.stepper.pool.table("short")
     assert runner.stepper.pool.table("long")[: len(held)] == held
     scheduler.cancel("long")
-    engine.add_request(scheduler.request_for("next", [7, 8], 4))
+    engine.add_request(scheduler.request_for("next", [7, 8], tokens(4)))
     assert engine.step().output.released == ["long"]
     assert set(runner.stepper.states) == {"next"} and not runner.stepper.pool.table("long")
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from dllm_contracts.canvas_sampler import EntropyBoundParams
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import LAYOUTS, SchedulerConfig
 from dllm_contracts.text import completion_tokens
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
-from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.engine import Engine
+from engine_pod.families.diffusion_gemma.sampler_settings import EntropyBoundParams
 from engine_pod.families.registry import family_of
 from engine_pod.loading.loader import load_model
 from engine_pod.runner.contract import scheduling_facts
@@ -26,7 +26,7 @@ from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
-from tests.engine_utils import dllm_generate_json
+from tests.engine_utils import dllm_generate_json, tokens
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "diffusion_gemma_reference"
 RUNS = json.loads((REFERENCE / "generate.json").read_text())["runs"]
@@ -83,9 +83,8 @@ def _run(base, indices: list[int], scheduler_of, order: list[int] | None = None)
     requests = {}
     for i in order or indices:
         run = RUNS[i]
-        request = scheduler.request_for(str(i), run["prompt_ids"], run["args"]["max_new_tokens"])
-        request.sampling = SamplingParams(seed=run["seed"])
-        requests[i] = request
+        params = RequestParams(max_tokens=run["args"]["max_new_tokens"], seed=run["seed"])
+        request = requests[i] = scheduler.request_for(str(i), run["prompt_ids"], tokens(params))
         engine.add_request(request)
     engine.run()
     return {i: request.generated for i, request in requests.items()}, engine
@@ -171,7 +170,7 @@ MIXED = [
 
 @pytest.mark.parametrize("indices", MIXED, ids=["canvas16", "canvas32"])
 def test_rows_with_different_sampler_settings_share_batches_and_keep_their_reference_tokens(base, indices):
-    """Each request carries its run's settings (``Request.sampler``, as the worker sets them from the API's
+    """Each request carries its run's settings (``RequestParams.family``, as the gateway queues the API's
     fields) and those equal to the runner's (the checkpoint's, its steps the decoding's) none; BlockServe
     mixes them in its batches under a budget of a few rows, so rows join at different cycles."""
     args = RUNS[indices[0]]["args"]
@@ -182,14 +181,13 @@ def test_rows_with_different_sampler_settings_share_batches_and_keep_their_refer
     engine, requests = Engine(runner, scheduler), {}
     for i in random.Random(len(indices)).sample(indices, len(indices)):
         run = RUNS[i]
-        request = scheduler.request_for(str(i), run["prompt_ids"], run["args"]["max_new_tokens"])
-        request.sampling = SamplingParams(seed=run["seed"])
-        own = EntropyBoundParams(**{name: run["args"][name] for name in (*SAMPLER, "max_denoising_steps")})
-        request.sampler = None if own == runner.canvas_sampler else own
-        requests[i] = request
+        own = {name: run["args"][name] for name in (*SAMPLER, "max_denoising_steps")}
+        family = {} if EntropyBoundParams(**own) == runner.request_defaults else own
+        params = RequestParams(max_tokens=run["args"]["max_new_tokens"], seed=run["seed"], family=family)
+        request = requests[i] = scheduler.request_for(str(i), run["prompt_ids"], tokens(params))
         engine.add_request(request)
     engine.run()
-    assert any(r.sampler is None for r in requests.values()) or args["canvas_length"] == 32
+    assert any(not r.params.family for r in requests.values()) or args["canvas_length"] == 32
     assert max(record.rows for record in engine.records) > 2
     _assert_reproduced(indices, {i: request.generated for i, request in requests.items()})
 

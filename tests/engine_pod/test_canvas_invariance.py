@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import LAYOUTS, SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.loading.loader import load_model
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
@@ -77,7 +77,7 @@ def test_a_requests_tokens_are_independent_of_the_batch(float64_model, case):
     canvas = case["canvas"]
     loaded = _with(float64_model, canvas, SAMPLERS[case["sampler"]])
     workload = random_workload(rng, case["requests"], 256, canvas, max_prompt=20, max_blocks=3)
-    sampling = {request_id: SamplingParams(seed=rng.randrange(1000)) for request_id, _, _ in workload}
+    sampling = {request_id: RequestParams(seed=rng.randrange(1000)) for request_id, _, _ in workload}
     decoding = DecodingConfig(block_length=canvas, steps_per_block=case["steps"])
 
     def run(scheduler, order=None):

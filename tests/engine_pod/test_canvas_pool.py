@@ -14,7 +14,6 @@ import torch
 
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.engine import Engine
 from engine_pod.families.diffusion_gemma.context_cache import ContextCache, context_pool
 from engine_pod.loading.loader import load_model
@@ -23,6 +22,7 @@ from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
+from tests.engine_utils import tokens
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "diffusion_gemma_reference"
 TRACE = json.loads((REFERENCE / "trace.json").read_text())
@@ -84,9 +84,7 @@ def test_a_blockserve_run_with_preemption_stays_within_the_pools_pages(base):
     scheduler = BlockServeScheduler(16, [], config, ignore_eos=True, **scheduling_facts(runner))
     engine = Engine(runner, scheduler)
     for request_id, prompt, gen in workload:
-        request = scheduler.request_for(request_id, prompt, gen)
-        request.sampling = SamplingParams(seed=int(request_id))
-        engine.add_request(request)
+        engine.add_request(scheduler.request_for(request_id, prompt, tokens(gen, seed=int(request_id))))
     held, run = [], runner.run
 
     def counted(cycle: SchedulerOutput):

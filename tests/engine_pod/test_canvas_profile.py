@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.loading.loader import load_model, parameter_count
 from engine_pod.profiling import profiler
 from engine_pod.profiling.grid import Point, grid
@@ -75,7 +75,7 @@ def test_the_random_tiny_preset_loads_as_the_family(tiny):
 
 def test_the_random_tiny_preset_runs_under_blockserve_as_alone(tiny):
     workload = [("a", [5, 6, 7], 64), ("b", list(range(10, 50)), 32), ("c", [9] * 70, 96)]
-    sampling = {request_id: SamplingParams(seed=i) for i, (request_id, _, _) in enumerate(workload)}
+    sampling = {request_id: RequestParams(seed=i) for i, (request_id, _, _) in enumerate(workload)}
     decoding = DecodingConfig(block_length=32, steps_per_block=3)
     alone = run_workload(tiny, partial(sequential_scheduler, 32, []), decoding, workload, sampling=sampling)
     blockserve = partial(BlockServeScheduler, 32, [], SchedulerConfig(token_budget=300))

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from dllm_contracts.canvas_sampler import SETTINGS as SAMPLER_SETTINGS
+from dllm_contracts.request_params import FAMILY_SETTINGS
 
 COMMANDS = ["", "serve", "worker", "generate", "bench", "eval", "profile", "train"]
 HEAVY = ("torch", "transformers", "redis", "fastapi", "kopf")
@@ -39,7 +39,7 @@ def test_help_names_the_built_in_models_and_the_defaults():
     assert "builtin:tiny-llada" in text and "random:llada-8b" in text and "random:dream-7b" in text
     for option in ("--drain-timeout DRAIN_TIMEOUT", "--lease-ms LEASE_MS", "--token-budget TOKEN_BUDGET"):
         assert "default" in text.split(option, 1)[1].split(" --", 1)[0], option
-    assert all(name in text for name in SAMPLER_SETTINGS)  # DiffusionGemma's request fields
+    assert all(name in text for name in FAMILY_SETTINGS)  # the request fields model families add
 
 
 def test_help_names_every_family():

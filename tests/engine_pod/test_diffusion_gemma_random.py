@@ -12,9 +12,9 @@ from functools import partial
 import pytest
 import torch
 
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.families.diffusion_gemma.context_cache import ContextCache, ContextRows, context_pool
 from engine_pod.loading.loader import load_model
 from engine_pod.runner.factory import make_runner
@@ -70,7 +70,7 @@ def test_a_requests_tokens_are_the_same_alone_and_in_any_batch_in_float32(loaded
         (str(i), torch.randint(3, 1024, (p,), generator=torch.Generator().manual_seed(i)).tolist(), g)
         for i, (p, g) in enumerate(lengths)
     ]
-    sampling = {request_id: SamplingParams(seed=int(request_id)) for request_id, _, _ in workload}
+    sampling = {request_id: RequestParams(seed=int(request_id)) for request_id, _, _ in workload}
     decoding = DecodingConfig(block_length=32, steps_per_block=STEPS)
     run = partial(run_workload, loaded, decoding=decoding, workload=workload, sampling=sampling)
     alone = run(partial(sequential_scheduler, 32, []))

@@ -11,16 +11,16 @@ import random
 
 import pytest
 
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.engine import Engine
 from engine_pod.loading.loader import load_model
 from engine_pod.runner.factory import make_runner
 from engine_pod.runner.phase_cycle import PhaseScheduleError
 from engine_pod.scheduler.dllm_serve import DllmServeScheduler
 from engine_pod.scheduler.static import sequential_scheduler
-from tests.engine_utils import common_token, run_workload
+from tests.engine_utils import common_token, run_workload, tokens
 from tests.factories import REFERENCE_DIR, random_workload
 
 BLOCK = 8
@@ -39,10 +39,10 @@ def _config(quota: float, interval: int = 0, **more) -> SchedulerConfig:
     )
 
 
-def _sampling(workload, seed: int) -> dict[str, SamplingParams]:
+def _sampling(workload, seed: int) -> dict[str, RequestParams]:
     """Every other request sampled with its own seed, the rest greedy."""
     return {
-        rid: SamplingParams(temperature=0.8, top_p=0.9, seed=seed + i)
+        rid: RequestParams(temperature=0.8, top_p=0.9, seed=seed + i)
         for i, (rid, _, _) in enumerate(workload)
         if i % 2
     }
@@ -89,7 +89,7 @@ def _records(loaded, config: SchedulerConfig, workload):
     runner = make_runner(loaded, DECODING, BUDGET)
     engine = Engine(runner, DllmServeScheduler(BLOCK, [], config, ignore_eos=True))
     for rid, prompt, budget in workload:
-        engine.add_request(engine.scheduler.request_for(rid, prompt, budget))
+        engine.add_request(engine.scheduler.request_for(rid, prompt, tokens(budget)))
     engine.run()
     return list(engine.records)
 
@@ -117,7 +117,7 @@ def test_a_policy_that_counts_steps_is_refused_in_one_line(models):
         Engine(runner, DllmServeScheduler(BLOCK, [], _config(0.5), ignore_eos=True))
     # a cycle that asks anyway (no engine between) is refused by the runner
     cycle = DllmServeScheduler(BLOCK, [], _config(0.5))
-    cycle.add(cycle.request_for("a", [1, 2, 3], BLOCK))
+    cycle.add(cycle.request_for("a", [1, 2, 3], tokens(BLOCK)))
     with pytest.raises(PhaseScheduleError, match="threshold"):
         runner.run(cycle.schedule())
 
@@ -125,10 +125,8 @@ def test_a_policy_that_counts_steps_is_refused_in_one_line(models):
 def _engine(loaded, eos, config: SchedulerConfig, workload, sampling=None, logprobs=None) -> Engine:
     engine = Engine(make_runner(loaded, DECODING, BUDGET), DllmServeScheduler(BLOCK, eos, config))
     for rid, prompt, budget in workload:
-        request = engine.scheduler.request_for(rid, prompt, budget)
-        request.sampling = (sampling or {}).get(rid)
-        request.logprobs = (logprobs or {}).get(rid)
-        engine.add_request(request)
+        params = tokens(budget, (sampling or {}).get(rid), logprobs=(logprobs or {}).get(rid))
+        engine.add_request(engine.scheduler.request_for(rid, prompt, tokens(params)))
     return engine
 
 
@@ -149,7 +147,7 @@ def test_rows_carry_their_blocks_across_cycles_and_get_their_tokens_alone(models
     loaded = models[family]
     workload = random_workload(random.Random(7), 8, 480, BLOCK, max_prompt=30, max_blocks=4)
     sampling = {
-        rid: SamplingParams(temperature=0.8, seed=i) for i, (rid, _, _) in enumerate(workload) if i % 2
+        rid: RequestParams(temperature=0.8, seed=i) for i, (rid, _, _) in enumerate(workload) if i % 2
     }
     free = run_workload(loaded, sequential_scheduler(BLOCK, [], ignore_eos=True), DECODING, workload)
     eos = [common_token(free, 1)]  # rows leave at different blocks
@@ -173,7 +171,7 @@ def test_log_probabilities_carried_with_a_block_are_those_alone(models):
     workload = random_workload(random.Random(4), 6, 480, BLOCK, max_prompt=24, max_blocks=3)
     ids = [rid for rid, _, _ in workload]
     asked = {ids[0]: 2, ids[2]: 0, ids[3]: 3}
-    sampling = {ids[3]: SamplingParams(temperature=1.0, top_k=5, seed=3)}
+    sampling = {ids[3]: RequestParams(temperature=1.0, top_k=5, seed=3)}
     batched = _engine(loaded, [], _config(0.3), workload, sampling, asked)
     _, values = _finish(batched)
     assert any(record.carried for record in batched.records)

@@ -9,17 +9,17 @@ from functools import partial
 import pytest
 import torch
 
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.cli.main import main
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
-from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.engine import Engine
 from engine_pod.families.diffusion_gemma.context_cache import ContextCache, context_pool
 from engine_pod.loading.loader import load_model
 from engine_pod.models.logit_budget import LogitBudget
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
-from tests.engine_utils import built_for
+from tests.engine_utils import built_for, tokens
 from tests.factories import REFERENCE_DIR, random_workload
 
 BLOCK = 8
@@ -36,16 +36,19 @@ def run(loaded, positions: int | None, candidates: int = 0) -> dict:
         decoding = DecodingConfig(**{**decoding.__dict__, "logit_candidates": candidates})
     workload = random_workload(random.Random(7), 6, 480, BLOCK, max_prompt=20, max_blocks=3)
     ids = [request_id for request_id, _, _ in workload]
-    sampling = {ids[1]: SamplingParams(1.0, top_k=5, seed=3), ids[2]: SamplingParams(0.7, top_p=0.9, seed=4)}
+    sampling = {
+        ids[1]: RequestParams(temperature=1.0, top_k=5, seed=3),
+        ids[2]: RequestParams(temperature=0.7, top_p=0.9, seed=4),
+    }
     runner = make_runner(loaded, decoding, 4096)
     scheduler = built_for(
         partial(BlockServeScheduler, BLOCK, [], SchedulerConfig(4096), ignore_eos=True), runner
     )
     engine = Engine(runner, scheduler)
     for request_id, prompt, budget in workload:
-        request = scheduler.request_for(request_id, prompt, budget)
-        request.logprobs, request.sampling = 3, sampling.get(request_id)
-        engine.add_request(request)
+        engine.add_request(
+            scheduler.request_for(request_id, prompt, tokens(budget, sampling.get(request_id), logprobs=3))
+        )
     kept: dict[str, list] = {}
     outputs: dict[str, list[int]] = {}
     while engine.has_work():

@@ -13,10 +13,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import LAYOUTS, SchedulerConfig
 from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.engine import Engine
 from engine_pod.loading.loader import load_model
 from engine_pod.models.paged_kv import PagedKVPool
@@ -24,7 +24,7 @@ from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.request import Request
 from engine_pod.scheduler.static import sequential_scheduler
-from tests.engine_utils import built_for
+from tests.engine_utils import built_for, tokens
 from tests.factories import BLOCK_REFERENCE_DIR
 
 VOCAB = 480
@@ -102,11 +102,11 @@ def test_a_warm_prefix_comes_out_of_the_budget_once():
     warm = list(range(1, 17))
     assert scheduler.pin_prefix(warm) == 16 and scheduler.pin_prefix(warm[:8]) == 0
     assert scheduler.token_budget == 24
-    rows = [scheduler.request_for(f"r{i}", [*warm, 90 + i], 4) for i in range(4)]
+    rows = [scheduler.request_for(f"r{i}", [*warm, 90 + i], tokens(4)) for i in range(4)]
     for row in rows:
         scheduler.add(row)
     assert len(scheduler.schedule().request_ids) == 4  # each holds 1 + 4 beyond the pinned 16: 20 of 24
-    alone = scheduler.request_for("long", list(range(100, 129)), 4)
+    alone = scheduler.request_for("long", list(range(100, 129)), tokens(4))
     assert not scheduler.fits(alone)  # 28 whole + 4 would fit 40, not the 24 left
 
 
@@ -116,7 +116,7 @@ class Turn:
     prompt: list[int]  # a follow-up's own message (the history goes before it)
     budget: int
     follows: str | None = None
-    sampling: SamplingParams | None = None
+    sampling: RequestParams | None = None
 
 
 def _conversations(rng: random.Random, block: int, count: int, seeded: bool) -> list[Turn]:
@@ -128,7 +128,9 @@ def _conversations(rng: random.Random, block: int, count: int, seeded: bool) -> 
         previous = None
         for t in range(rng.randint(1, 3)):
             sampling = (
-                SamplingParams(1.0, seed=rng.randrange(2**31)) if seeded and rng.random() < 0.5 else None
+                RequestParams(temperature=1.0, seed=rng.randrange(2**31))
+                if seeded and rng.random() < 0.5
+                else None
             )
             turn = Turn(f"r{i}-{t}", prompt, rng.randint(1, 2) * block, previous, sampling)
             turns.append(turn)
@@ -146,9 +148,8 @@ def _run(model, scheduler, decoding: DecodingConfig, turns: list[Turn], pool_tok
 
     def add(turn: Turn, history: list[int]) -> None:
         prompts[turn.request_id] = history + turn.prompt
-        request = scheduler.request_for(turn.request_id, prompts[turn.request_id], turn.budget)
-        request.sampling = turn.sampling
-        engine.add_request(request)
+        params = tokens(turn.budget, turn.sampling)
+        engine.add_request(scheduler.request_for(turn.request_id, prompts[turn.request_id], tokens(params)))
 
     outputs: dict[str, list[int]] = {}
 

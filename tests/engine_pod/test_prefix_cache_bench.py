@@ -14,6 +14,7 @@ from engine_pod.cli.main import main
 from engine_pod.loading.loader import load_metadata
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.request import Request
+from tests.engine_utils import tokens
 from tests.serving_utils import write_served_model
 
 
@@ -56,7 +57,7 @@ def test_bench_compares_the_prefix_cache_on_and_off_with_identical_outputs(model
 
 
 def _request(request_id: str, prompt: list[int]) -> Request:
-    return Request.from_tokens(request_id, prompt, 8, 8, grid_aligned=True)
+    return Request.from_tokens(request_id, prompt, tokens(8), 8, grid_aligned=True)
 
 
 def test_admission_counts_the_blocks_a_batch_shares_once():

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from dllm_contracts.request_params import RequestParams
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.loading.loader import load_model
 from engine_pod.runner.canvas import build_canvas
@@ -29,7 +30,9 @@ def test_rows_with_their_own_thresholds_decode_as_they_would_alone(loaded):
     decoding = DecodingConfig(block_length=16, steps_per_block=16, threshold=0.9, cache="dual")
     thresholds = [0.99, 0.3, None]
     mixed = make_runner(loaded, decoding).run(
-        SchedulerOutput.of_rows([CycleRow(p, threshold=t) for p, t in zip(PROMPTS, thresholds)])
+        SchedulerOutput.of_rows(
+            [CycleRow(p, params=RequestParams(threshold=t)) for p, t in zip(PROMPTS, thresholds)]
+        )
     )
     for index, (prompt, threshold) in enumerate(zip(PROMPTS, thresholds)):
         alone_config = dataclasses.replace(decoding, threshold=threshold if threshold is not None else 0.9)

@@ -11,18 +11,19 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dllm_contracts.request_params import RequestParams
+from dllm_contracts.request_setting import SettingError
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.bench.census_run import Scenario, decoding_for, run_scenario
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling import sample, uniform_noise
-from engine_pod.decoding.sampling_params import SamplingError, SamplingParams
 from engine_pod.engine import Engine
 from engine_pod.loading.loader import load_model
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.request import Request
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
-from tests.engine_utils import built_for
+from tests.engine_utils import built_for, tokens
 from tests.factories import BLOCK_REFERENCE_DIR, REFERENCE_DIR, random_workload
 
 BLOCK = 8
@@ -36,9 +37,9 @@ def models():
 def _run(loaded, scheduler, decoding, workload, sampling: dict, order=None) -> dict[str, list[int]]:
     engine = Engine(make_runner(loaded, decoding), scheduler)
     for request_id, prompt, budget in workload if order is None else [workload[i] for i in order]:
-        request = Request.from_tokens(request_id, prompt, budget, BLOCK)
-        request.sampling = sampling.get(request_id)
-        engine.add_request(request)
+        engine.add_request(
+            Request.from_tokens(request_id, prompt, tokens(budget, sampling.get(request_id)), BLOCK)
+        )
     outputs: dict[str, list[int]] = {}
     engine.run(lambda r: outputs.__setitem__(r.request_id, list(r.generated)))
     return outputs
@@ -74,7 +75,7 @@ def test_a_seeded_request_samples_the_same_alone_and_in_any_batch(models, case):
     )
     shape = {k: case[k] for k in ("temperature", "top_p", "top_k")}
     sampling = {  # some requests greedy, the others sampled, each with its own seed
-        request_id: SamplingParams(seed=rng.randrange(2**40), **shape) if rng.random() < 0.7 else None
+        request_id: RequestParams(seed=rng.randrange(2**40), **shape) if rng.random() < 0.7 else None
         for request_id, _, _ in workload
     }
     loaded = models[case["family"]]
@@ -97,11 +98,11 @@ def test_the_seed_decides_and_temperature_zero_is_greedy(models):
         return _run(loaded, scheduler, decoding, workload, {i: sampling for i, _, _ in workload})
 
     greedy = run(None)
-    assert run(SamplingParams(temperature=0.0, seed=5)) == greedy  # no draw at all
+    assert run(RequestParams(temperature=0.0, seed=5)) == greedy  # no draw at all
     first, again, other = (
-        run(SamplingParams(1.0, seed=1)),
-        run(SamplingParams(1.0, seed=1)),
-        run(SamplingParams(1.0, seed=2)),
+        run(RequestParams(temperature=1.0, seed=1)),
+        run(RequestParams(temperature=1.0, seed=1)),
+        run(RequestParams(temperature=1.0, seed=2)),
     )
     assert first == again
     assert first != other and first != greedy  # the check has teeth: the seed and sampling change tokens
@@ -145,8 +146,8 @@ def test_a_sampled_row_never_draws_the_mask_token_even_where_the_model_ranks_it_
 
 @pytest.mark.parametrize("values", [{"temperature": -1}, {"top_p": 0}, {"top_k": -2}, {"seed": -1}])
 def test_sampling_settings_out_of_range_are_refused(values):
-    with pytest.raises(SamplingError):
-        SamplingParams(**values)
+    with pytest.raises(SettingError):
+        RequestParams(**values)
 
 
 def _run_with_logprobs(loaded, scheduler, decoding, workload, asked: dict, sampling: dict) -> dict:
@@ -154,9 +155,8 @@ def _run_with_logprobs(loaded, scheduler, decoding, workload, asked: dict, sampl
     scheduler = built_for(scheduler, runner)
     engine = Engine(runner, scheduler)
     for request_id, prompt, budget in workload:
-        request = scheduler.request_for(request_id, prompt, budget)
-        request.logprobs, request.sampling = asked.get(request_id), sampling.get(request_id)
-        engine.add_request(request)
+        params = tokens(budget, sampling.get(request_id), logprobs=asked.get(request_id))
+        engine.add_request(scheduler.request_for(request_id, prompt, tokens(params)))
     kept: dict[str, list] = {}
     while engine.has_work():
         result = engine.step()
@@ -183,7 +183,7 @@ def test_logprobs_are_those_of_the_committing_step_and_do_not_depend_on_the_batc
     decoding = DecodingConfig(block_length=BLOCK, steps_per_block=4, threshold=0.5)
     ids = [request_id for request_id, _, _ in workload]
     asked = {ids[0]: 3, ids[1]: 0, ids[2]: 3}
-    sampling = {ids[2]: SamplingParams(1.0, top_k=5, seed=3)}
+    sampling = {ids[2]: RequestParams(temperature=1.0, top_k=5, seed=3)}
     alone = {
         request_id: _run_with_logprobs(
             loaded,

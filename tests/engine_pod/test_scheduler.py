@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dllm_contracts.canvas_sampler import EntropyBoundParams
+from dllm_contracts.request_params import GREEDY, RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig, SchedulerConfigError, problems_of
-from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.scheduler.blockserve import BlockServeScheduler, ClaimPlan
 from engine_pod.scheduler.box import BatchBox
 from engine_pod.scheduler.pending_queue import PendingQueue
 from engine_pod.scheduler.request import Request, RequestError, RequestState
 from engine_pod.scheduler.static import StaticScheduler
+from tests.engine_utils import tokens
 
 L = 4
 EOS = 99
@@ -331,9 +331,9 @@ SCHEDULERS = {
 def test_each_row_carries_its_requests_settings_and_the_output_its_batchs_shape(name):
     scheduler = SCHEDULERS[name]()
     tuned = make_request(0, 5, 3)
-    tuned.threshold, tuned.logprobs = 0.5, 2
-    tuned.sampling = SamplingParams(temperature=0.7, top_p=0.9, top_k=5, seed=3)
-    tuned.sampler = EntropyBoundParams(entropy_bound=0.5)
+    tuned.params = RequestParams(
+        threshold=0.5, logprobs=2, temperature=0.7, top_p=0.9, top_k=5, seed=3, family={"entropy_bound": 0.5}
+    )
     plain = make_request(1, 2, 3)
     for request in (tuned, plain):
         scheduler.add(request)
@@ -341,9 +341,7 @@ def test_each_row_carries_its_requests_settings_and_the_output_its_batchs_shape(
     rows = dict(zip(output.request_ids, output.rows))
     assert sorted(output.admitted) == sorted([tuned.request_id, plain.request_id])
     mine, other = rows[tuned.request_id], rows[plain.request_id]
-    assert (mine.threshold, mine.sampling, mine.logprobs) == (0.5, tuned.sampling, 2)
-    assert (other.threshold, other.sampling, other.logprobs) == (None, None, None)
-    assert (mine.sampler, other.sampler) == (tuned.sampler, None)
+    assert mine.params is tuned.params and other.params is GREEDY  # carried, not copied
     assert mine.active and other.active
     assert output.packed is name.endswith("packed")
     widths = [scheduler.row_width_of(row) for row in output.rows]
@@ -549,12 +547,12 @@ def test_a_request_becomes_blocks_once_for_the_layout_of_the_scheduler_it_joins(
 
     scheduling = SchedulerConfig(token_budget=100)
     on_grid = BlockServeScheduler(8, [], scheduling, grid_aligned=True)
-    request = on_grid.request_for("r", [1] * 13, 10)
+    request = on_grid.request_for("r", [1] * 13, tokens(10))
     assert (request.grid_head, request.max_blocks, request.peak_width(8)) == (5, 2, 24)
     shape = Claims(None, on_grid, scheduling, "w").shape(Candidate("r", 13, 13, 10, 0.0))
     sizes = [(r.grid_head, r.max_blocks, r.prefix_len(), r.peak_width(8)) for r in (shape, request)]
     assert sizes[0] == sizes[1]
     off_grid = BlockServeScheduler(8, [], scheduling)
-    assert off_grid.request_for("r", [1] * 13, 10).peak_width(8) == 13 + 16
+    assert off_grid.request_for("r", [1] * 13, tokens(10)).peak_width(8) == 13 + 16
     with pytest.raises(RequestError, match="another block layout"):
         off_grid.add(request)

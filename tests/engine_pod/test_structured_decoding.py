@@ -12,11 +12,11 @@ from functools import partial
 import jsonschema
 import pytest
 
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from dllm_contracts.structured_output import ResponseGrammar, json_grammar
 from engine_pod.bench.structured_schemas import SCHEMAS
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.loading.loader import load_model
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.dllm_serve import DllmServeScheduler
@@ -54,13 +54,13 @@ def _workload(loaded, block: int, seed: int):
         )
         workload.append((f"free{i}", tokenizer.encode(words), rng.randint(1, 3) * block))
         if i % 2:
-            sampling[f"free{i}"] = SamplingParams(temperature=0.8, top_p=0.9, seed=seed + i)
+            sampling[f"free{i}"] = RequestParams(temperature=0.8, top_p=0.9, seed=seed + i)
     for i, name in enumerate(CONSTRAINED):
         rid = f"json-{name}"
         workload.append((rid, tokenizer.encode(f"the {name} as json"), 64))
         grammars[rid] = ResponseGrammar(json_grammar(SCHEMAS[name][0]), "json_schema")
         if i == 1:
-            sampling[rid] = SamplingParams(temperature=0.7, seed=seed)
+            sampling[rid] = RequestParams(temperature=0.7, seed=seed)
     return workload, grammars, sampling
 
 

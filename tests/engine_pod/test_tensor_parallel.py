@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from dllm_contracts.model_source import ModelLoadError
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.generation import generate_one
 from engine_pod.loading.loader import load_model
 from engine_pod.runner.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
@@ -71,10 +71,10 @@ def test_dllm_generate_on_two_ranks_gives_the_tokens_of_one(model):
 def test_a_seeded_sampled_request_draws_the_same_tokens_on_two_ranks(model):
     torch.set_num_threads(1)
     decoding = DecodingConfig(block_length=8, steps_per_block=4, threshold=0.5, remasking="threshold")
-    sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=7)
-    one = generate_one(load_model(model, dtype="float64"), PROMPT, 16, decoding, sampling=sampling)
+    sampling = RequestParams(temperature=0.8, top_p=0.9, seed=7)
+    one = generate_one(load_model(model, dtype="float64"), PROMPT, 16, decoding, params=sampling)
     with tensor_parallel_group(GroupPlace(2), ModelArgs(model, dtype="float64")) as loaded:
-        two = generate_one(loaded, PROMPT, 16, decoding, sampling=sampling)
+        two = generate_one(loaded, PROMPT, 16, decoding, params=sampling)
     assert two.token_ids == one.token_ids
 
 
@@ -213,7 +213,7 @@ def test_diffusion_gemma_blockserve_batch_on_two_ranks_gives_every_request_the_t
     model, canvas = "random:diffusion-gemma-tiny", 32
     decoding = DecodingConfig(block_length=canvas, steps_per_block=16)
     workload = random_workload(random.Random(5), 5, 1024, canvas, max_prompt=20, max_blocks=2)
-    seeds = {request_id: SamplingParams(seed=index + 1) for index, (request_id, _, _) in enumerate(workload)}
+    seeds = {request_id: RequestParams(seed=index + 1) for index, (request_id, _, _) in enumerate(workload)}
     blockserve = partial(BlockServeScheduler, canvas, [], SchedulerConfig(token_budget=1024), ignore_eos=True)
     one = run_workload(load_model(model, dtype="float64"), blockserve, decoding, workload, sampling=seeds)
     with tensor_parallel_group(GroupPlace(2), ModelArgs(model, dtype="float64")) as loaded:

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from dllm_contracts.model_source import ModelLoadError
+from dllm_contracts.request_params import RequestParams
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.families.diffusion_gemma import weights
 from engine_pod.generation import generate_one
 from engine_pod.loading.loader import load_model
@@ -86,15 +86,15 @@ def test_a_diffusion_gemma_checkpoint_on_two_ranks_its_tokens_collectives_and_sh
     forward (the prompt, then each committed canvas); the runner's recipe is one broadcast more. Nothing
     else (no max, no other collective)."""
     torch.set_num_threads(1)
-    spec, canvas, sampling = str(CHECKPOINT), 16, SamplingParams(seed=3)  # its config's canvas_length
+    spec, canvas, sampling = str(CHECKPOINT), 16, RequestParams(seed=3)  # its config's canvas_length
     decoding, tokens = DecodingConfig(block_length=canvas, steps_per_block=8), 2 * canvas
-    one = generate_one(load_model(spec, dtype="float64"), PROMPT, tokens, decoding, sampling=sampling)
+    one = generate_one(load_model(spec, dtype="float64"), PROMPT, tokens, decoding, params=sampling)
     most, whole = share_of(2, spec)
     with tensor_parallel_group(GroupPlace(2), ModelArgs(spec, dtype="float64")) as loaded:
         held = sum(p.numel() for p in loaded.model.parameters())
         calls = _Calls(loaded.model)
         loaded.parallel.counts.clear()
-        result = generate_one(loaded, PROMPT, tokens, decoding, sampling=sampling)
+        result = generate_one(loaded, PROMPT, tokens, decoding, params=sampling)
         made, layers = dict(loaded.parallel.counts), loaded.config.num_layers
     assert result.token_ids == one.token_ids
     assert held <= most < whole * 0.75, (held, most, whole)

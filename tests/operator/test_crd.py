@@ -288,8 +288,8 @@ def test_the_crd_and_the_operator_take_a_familys_decoding_defaults_from_the_cont
 
 def test_diffusion_gemmas_defaults_are_its_checkpoints():
     """Its block is the reference config's canvas, its steps the reference generation config's."""
-    from dllm_contracts.canvas_sampler import DEFAULT_MAX_DENOISING_STEPS
     from engine_pod.families.diffusion_gemma.config import TOP_DEFAULTS
+    from engine_pod.families.diffusion_gemma.sampler_settings import DEFAULT_MAX_DENOISING_STEPS
 
     defaults = FAMILY_DECODING["diffusion_gemma"]
     assert (defaults.block_length, defaults.steps_per_block) == (

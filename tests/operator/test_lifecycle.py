@@ -22,6 +22,7 @@ from dllm_contracts.profile_summary import ProfileSummary, read_profile_file
 from dllm_contracts.queue.messages import DoneEvent, QueuedRequest
 from dllm_contracts.queue.ops import QueueOps
 from dllm_contracts.queue.sync_client import SyncQueue
+from dllm_contracts.request_params import RequestParams
 from engine_pod.cli.budget import read_profile
 from engine_pod.cli.main import build_parser
 from engine_pod.cli.scheduling import scheduler_config
@@ -447,7 +448,9 @@ def test_queue_depth_in_redis_scales_the_engine(cluster, operator):
         assert kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 1
         queue = SyncQueue(redis.Redis.from_url(server.url), QueueOps(f"default-{NAME}"))
         for i in range(35):  # 35 accepted requests, as the gateway enqueues them
-            queue.run(queue.ops.enqueue(QueuedRequest(f"r-{i}", [1] * (i + 1), 16, 0.0)))
+            queue.run(
+                queue.ops.enqueue(QueuedRequest(f"r-{i}", [1] * (i + 1), RequestParams(max_tokens=16), 0.0))
+            )
         until(kube, lambda: kube.deployment(f"{NAME}-engine")["spec"]["replicas"] == 4, what="scale up to 4")
         # the timer patches the Deployment first and the status after it
         until(kube, lambda: kube.service(NAME)["status"].get("queueDepth") == 35, what="status.queueDepth 35")

@@ -32,6 +32,7 @@ from dllm_contracts.queue.resilience import (
     connection_fault,
     is_loading,
 )
+from dllm_contracts.request_params import RequestParams
 from gateway.coalesced_calls import CoalescedCalls
 from gateway.settings import GatewaySettings
 from gateway.submission import enqueue_all
@@ -163,7 +164,7 @@ async def test_an_enqueue_whose_connection_is_closed_under_it_is_retried_and_acc
     for client, accepted in ((_redis_py_own_client(url), False), (async_client(url), True)):
         state = _gateway_state(client, service)
         await client.ping()  # the connections are open: the next command goes straight to its send
-        request = QueuedRequest(f"r-{accepted}", [1] * 4, 32, time.time())
+        request = QueuedRequest(f"r-{accepted}", [1] * 4, RequestParams(max_tokens=32), time.time())
         if accepted:
             await _closing_each_send_once(enqueue_all([request], state))
         else:

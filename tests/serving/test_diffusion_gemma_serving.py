@@ -28,7 +28,8 @@ import openai
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from dllm_contracts.canvas_sampler import SETTINGS, EntropyBoundParams
+from dllm_contracts.request_setting import settings_of
+from engine_pod.families.diffusion_gemma.sampler_settings import EntropyBoundParams
 from engine_pod.serve.redis_server import free_port
 from gateway.tokenizer import GatewayTokenizer
 from tests.serving.serve_process import Serve, openai_client
@@ -84,7 +85,11 @@ def _request(run: dict) -> dict:
         "prompt": " ".join(word(t) for t in run["prompt_ids"]),
         "max_tokens": args["max_new_tokens"],
         "seed": run["seed"],
-        "extra_body": {name: args[name] for name in SETTINGS if args[name] != getattr(defaults, name)},
+        "extra_body": {
+            name: args[name]
+            for name in settings_of(EntropyBoundParams)
+            if args[name] != getattr(defaults, name)
+        },
     }
     if args["eos_token_id"] != EOS:
         request["stop"] = [word(args["eos_token_id"])]
@@ -173,7 +178,7 @@ def test_the_gateway_reads_the_copy_as_the_reference_prompts_and_the_checkpoints
         ({"stability_threshold": 1.5}, "stability_threshold", "valid integer"),
         ({"max_denoising_steps": STEPS + 1}, "max_denoising_steps", f"above this service's {STEPS}"),
         ({"t_min": 0.5, "t_max": 0.5}, "t_max", "must be above t_min"),
-        ({"t_min": 0.9}, None, "need t_min < t_max"),  # above the checkpoint's t_max: refused by the worker
+        ({"t_min": 0.9}, None, "must be above t_min 0.9"),  # under the checkpoint's t_max: the worker's
     ],
 )
 def test_sampler_settings_out_of_range_are_a_400_naming_them(servers, fields, param, message):

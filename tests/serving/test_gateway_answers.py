@@ -27,6 +27,7 @@ from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from dllm_contracts.queue.ops import BlockCommit, QueueOps
 from dllm_contracts.queue.resilience import REDIS_ERRORS
 from dllm_contracts.queue.sync_client import SyncQueue
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.text import completion_tokens, within_limit
 from engine_pod.serve.redis_server import RedisServer
 from gateway.tokenizer import GatewayTokenizer
@@ -110,7 +111,9 @@ class ScriptedPeer(threading.Thread):
             self.queue.complete("peer", request.id, done)
             return
         tokens = self.tokens_for(request)
-        entries = [entry_of(i, t) for i, t in enumerate(tokens)] if request.logprobs is not None else None
+        entries = (
+            [entry_of(i, t) for i, t in enumerate(tokens)] if request.params.logprobs is not None else None
+        )
         for index in range(len(tokens) // BLOCK):
             end = (index + 1) * BLOCK
             block = tokens[end - BLOCK : end]
@@ -225,7 +228,7 @@ def test_a_completion_is_the_answer_cut_at_max_tokens(gateway):
     client, peer, tokenizer = gateway
     reply = _completion(client, max_tokens=BLOCK + 3)
     assert reply.status_code == 200, reply.text
-    expected = peer.tokens_for(QueuedRequest("x", [1], BLOCK + 3, 0))[: BLOCK + 3]
+    expected = peer.tokens_for(QueuedRequest("x", [1], RequestParams(max_tokens=BLOCK + 3), 0))[: BLOCK + 3]
     (choice,) = reply.json()["choices"]
     assert (choice["text"], choice["finish_reason"]) == (tokenizer.decode(expected), "length")
     usage = reply.json()["usage"]
@@ -242,7 +245,7 @@ def test_a_stream_sends_one_chunk_per_block_and_a_last_one_with_the_reason(gatew
     chunks = _events(
         client, "/v1/completions", {"model": "tiny", "prompt": "copy : cat dog .", "max_tokens": max_tokens}
     )
-    tokens = peer.tokens_for(QueuedRequest("x", [1], max_tokens, 0))
+    tokens = peer.tokens_for(QueuedRequest("x", [1], RequestParams(max_tokens=max_tokens), 0))
     texts = [tokenizer.decode(tokens[: (i + 1) * BLOCK]) for i in range(3)]
     expected = [texts[0], texts[1][len(texts[0]) :], texts[2][len(texts[1]) :]]
     assert [c["choices"][0]["text"] for c in chunks] == [*expected, ""]
@@ -261,7 +264,9 @@ def test_a_stop_string_cuts_the_answer_and_the_stream_cancels_the_rest(gateway):
     client, peer, tokenizer = gateway
     whole = _completion(client, max_tokens=4 * BLOCK, stop=["dog"]).json()["choices"][0]
     peer.script = Script(wait_for_cancel_after=1)  # the block with the stop string
-    answer = tokenizer.decode(peer.tokens_for(QueuedRequest("x", [1], 4 * BLOCK, 0)))
+    answer = tokenizer.decode(
+        peer.tokens_for(QueuedRequest("x", [1], RequestParams(max_tokens=4 * BLOCK), 0))
+    )
     assert BLOCK < len(tokenizer.encode(answer[: answer.index("dog")])) < 2 * BLOCK  # in the second block
     assert (whole["text"], whole["finish_reason"]) == (answer[: answer.index("dog")], "stop")
     chunks = _events(
@@ -305,7 +310,7 @@ def test_completion_logprobs_are_the_recorded_ones_with_offsets_and_alternatives
     client, peer, tokenizer = gateway
     max_tokens = 2 * BLOCK + 2  # three blocks: three streamed objects, each with its own offsets
     reply = _completion(client, max_tokens=max_tokens, logprobs=1).json()["choices"][0]
-    tokens = peer.tokens_for(QueuedRequest("x", [1], max_tokens, 0))[:max_tokens]
+    tokens = peer.tokens_for(QueuedRequest("x", [1], RequestParams(max_tokens=max_tokens), 0))[:max_tokens]
     described = reply["logprobs"]
     assert described["token_logprobs"] == [entry_of(i, t)[0] for i, t in enumerate(tokens)]
     assert "".join(described["tokens"]) == reply["text"]
@@ -357,7 +362,7 @@ def test_chat_logprobs_give_each_tokens_bytes_and_alternatives_whole_and_streame
     reply = client.post("/v1/chat/completions", json=body).json()["choices"][0]
     content = reply["logprobs"]["content"]
     assert reply["logprobs"]["refusal"] is None
-    tokens = peer.tokens_for(QueuedRequest("x", [1], BLOCK, 0))
+    tokens = peer.tokens_for(QueuedRequest("x", [1], RequestParams(max_tokens=BLOCK), 0))
     assert [c["logprob"] for c in content] == [entry_of(i, t)[0] for i, t in enumerate(tokens)]
     assert [c["bytes"] for c in content] == [list(c["token"].encode()) for c in content]
     assert "".join(c["token"] for c in content) == reply["message"]["content"]
@@ -428,7 +433,7 @@ def test_after_a_block_lost_to_a_fault_the_result_sends_the_rest(gateway):
     chunks = _events(
         client, "/v1/completions", {"model": "tiny", "prompt": "copy : cat dog .", "max_tokens": max_tokens}
     )
-    tokens = peer.tokens_for(QueuedRequest("x", [1], max_tokens, 0))
+    tokens = peer.tokens_for(QueuedRequest("x", [1], RequestParams(max_tokens=max_tokens), 0))
     first = tokenizer.decode(tokens[:BLOCK])
     texts = [c["choices"][0]["text"] for c in chunks]
     assert texts == [first, tokenizer.decode(tokens)[len(first) :], ""]  # block 2 waits for the result
@@ -535,38 +540,36 @@ def test_each_choice_asks_the_worker_for_its_sampling_seed_threshold_and_logprob
     client, peer, _ = gateway
     body = {"temperature": 0.7, "seed": 11, "n": 3, "threshold": 0.8, "logprobs": 2}
     assert _completion(client, **body).status_code == 200
-    assert [q.sampling for q in peer.seen] == [
-        {"temperature": 0.7, "top_p": 1.0, "top_k": 0, "seed": 11 + i} for i in range(3)
+    assert [q.params for q in peer.seen] == [
+        RequestParams(max_tokens=16, temperature=0.7, seed=11 + i, threshold=0.8, logprobs=2)
+        for i in range(3)
     ]
-    assert {(q.threshold, q.logprobs, q.max_tokens) for q in peer.seen} == {(0.8, 2, 16)}
     assert all(q.id.startswith("cmpl-") for q in peer.seen) and len({q.id for q in peer.seen}) == 3
     peer.seen.clear()
     assert _completion(client, temperature=0.5, top_p=0.9, top_k=5, n=2).status_code == 200
-    first, second = (q.sampling for q in peer.seen)
-    assert (first["top_p"], first["top_k"], second["seed"] - first["seed"]) == (0.9, 5, 1)
-    assert 0 <= first["seed"] < 2**62  # no seed given: one is drawn, choice i uses it + i
+    first, second = (q.params for q in peer.seen)
+    assert (first.top_p, first.top_k, second.seed - first.seed) == (0.9, 5, 1)
+    assert 0 <= first.seed < 2**62  # no seed given: one is drawn, choice i uses it + i
     peer.seen.clear()
     assert _completion(client).status_code == 200
-    assert [q.sampling for q in peer.seen] == [None]  # greedy
-    assert [q.sampler for q in peer.seen] == [None]  # the service's sampler settings
+    assert [q.params for q in peer.seen] == [RequestParams(max_tokens=16)]  # greedy, the service's settings
 
 
 def test_a_greedy_request_sends_its_seed_and_its_sampler_settings(gateway):
     """A model whose canvases start from noise (DiffusionGemma) draws it with the seed, greedy or not; its
-    sampler settings go by name, only those set (the worker merges them over the model's)."""
+    family's settings go by name, only those set (the worker merges them over the model's)."""
     client, peer, _ = gateway
     body = {"seed": 7, "n": 2, "entropy_bound": 1, "t_min": 0.1, "max_denoising_steps": 4}
     assert _completion(client, **body).status_code == 200
-    assert [q.sampling for q in peer.seen] == [
-        {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 7 + i} for i in range(2)
+    family = {"entropy_bound": 1.0, "t_min": 0.1, "max_denoising_steps": 4}
+    assert [q.params for q in peer.seen] == [
+        RequestParams(max_tokens=16, seed=7 + i, family=family) for i in range(2)
     ]
-    assert [q.sampler for q in peer.seen] == [
-        {"entropy_bound": 1.0, "t_min": 0.1, "max_denoising_steps": 4}
-    ] * 2
+    assert type(peer.seen[0].params.family["entropy_bound"]) is float  # sent as 1: the setting's kind
     peer.seen.clear()
     assert _completion(client, n=2).status_code == 200  # greedy choices without a seed: drawn, one apart
-    first, second = (q.sampling for q in peer.seen)
-    assert first["temperature"] == 0.0 and second["seed"] - first["seed"] == 1
+    first, second = (q.params for q in peer.seen)
+    assert first.greedy and second.seed - first.seed == 1
 
 
 @pytest.mark.gateway_settings(max_prompt_tokens=8)
@@ -768,11 +771,11 @@ def test_the_largest_seed_wraps_to_zero_and_drawn_seeds_differ(gateway):
     sampled request without a seed draws its own, different from the others'."""
     client, peer, _ = gateway
     assert _completion(client, temperature=0.7, seed=2**63 - 1, n=2).status_code == 200
-    assert sorted(q.sampling["seed"] for q in peer.seen) == [0, 2**63 - 1]
+    assert sorted(q.params.seed for q in peer.seen) == [0, 2**63 - 1]
     peer.seen.clear()
     for _ in range(40):
         assert _completion(client, temperature=0.7, max_tokens=BLOCK).status_code == 200
-    assert len({q.sampling["seed"] for q in peer.seen}) == 40
+    assert len({q.params.seed for q in peer.seen}) == 40
 
 
 def test_streamed_usage_counts_each_choices_tokens_up_to_its_stop(gateway):
@@ -787,7 +790,7 @@ def test_streamed_usage_counts_each_choices_tokens_up_to_its_stop(gateway):
         texts[chunk["choices"][0]["index"]] += chunk["choices"][0]["text"]
     # "dog" is in each answer's second block, after which its request is cancelled; the usage counts the
     # tokens of the text returned (up to the one the cut falls in), as the answer without a stream does
-    tokens = peer.tokens_for(QueuedRequest("x", [1], 4 * BLOCK, 0))
+    tokens = peer.tokens_for(QueuedRequest("x", [1], RequestParams(max_tokens=4 * BLOCK), 0))
     shown = [_covering(tokenizer, tokens, text) for text in texts]
     assert BLOCK < shown[0] < 2 * BLOCK and shown[0] == shown[1]
     assert last["usage"] == {

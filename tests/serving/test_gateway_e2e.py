@@ -16,6 +16,7 @@ from dllm_contracts.queue.keys import ServiceKeys
 from dllm_contracts.queue.messages import QueuedRequest
 from dllm_contracts.queue.ops import QueueOps
 from dllm_contracts.queue.sync_client import SyncQueue
+from dllm_contracts.request_params import RequestParams
 from engine_pod.serve.redis_server import free_port
 from gateway.settings import GatewaySettings, SettingsError
 from tests.serving_utils import BLOCK, GatewayServer, completion, gateway_settings
@@ -151,7 +152,11 @@ def test_api_keys_and_queue_limit(served_model, redis_server, service):
         # no worker is running: two queued requests fill the queue, the next is refused with Retry-After
         queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
         for index in range(2):
-            queue.run(queue.ops.enqueue(QueuedRequest(f"r-{index}", [1, 2], 8, time.time()), 0))
+            queue.run(
+                queue.ops.enqueue(
+                    QueuedRequest(f"r-{index}", [1, 2], RequestParams(max_tokens=8), time.time()), 0
+                )
+            )
         refused = client.post(
             "/v1/completions", json={"model": "tiny", "prompt": "a", "max_tokens": 8}, headers=auth
         )

@@ -20,6 +20,7 @@ from dllm_contracts.queue.connect import async_client, sync_client
 from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest, encode_event
 from dllm_contracts.queue.ops import QueueOps
 from dllm_contracts.queue.resilience import TRANSIENT_ERRORS
+from dllm_contracts.request_params import RequestParams
 from engine_pod.bench.gateway_cost import InstantPeer
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import free_port
@@ -127,7 +128,9 @@ async def test_concurrent_enqueues_each_get_their_own_answer(single_or_cluster, 
     calls = CoalescedCalls(queue)
     await queue.prepare()
     before = _connections(single_or_cluster.url) if single else 0
-    requests = [QueuedRequest(f"r-{i}", [1] * 4, 32, time.time()) for i in range(30)]
+    requests = [
+        QueuedRequest(f"r-{i}", [1] * 4, RequestParams(max_tokens=32), time.time()) for i in range(30)
+    ]
     accepted = await asyncio.gather(*(calls.run(queue.ops.enqueue_all([r], 20)) for r in requests))
     await client.aclose()
     assert sorted(accepted, reverse=True) == [1] * 20 + [0] * 10  # each call its own all-or-none answer
@@ -142,7 +145,7 @@ async def test_enqueues_after_redis_lost_its_scripts_load_them_again(redis_serve
     calls = CoalescedCalls(queue)
     await queue.prepare()
     await client.script_flush()
-    requests = [QueuedRequest(f"r-{i}", [1] * 4, 32, time.time()) for i in range(5)]
+    requests = [QueuedRequest(f"r-{i}", [1] * 4, RequestParams(max_tokens=32), time.time()) for i in range(5)]
     accepted = await asyncio.gather(*(calls.run(queue.ops.enqueue_all([r])) for r in requests))
     pending = await client.zcard(queue.ops.keys.pending)
     await client.aclose()
@@ -182,7 +185,7 @@ async def test_redirections_that_run_out_during_a_failover_are_a_transient_fault
     with a 500 (once in a CI run of the cluster failover test) instead of retrying it as the fault it is."""
     client = async_client(redis_server.url)
     queue = AsyncQueue(client, QueueOps(service))
-    call = queue.ops.enqueue(QueuedRequest("r-ttl", [1] * 4, 32, time.time()))
+    call = queue.ops.enqueue(QueuedRequest("r-ttl", [1] * 4, RequestParams(max_tokens=32), time.time()))
 
     async def bouncing(**_):
         raise ClusterError("TTL exhausted.")

@@ -15,6 +15,7 @@ from dllm_contracts.queue.connect import sync_client
 from dllm_contracts.queue.messages import QueuedRequest
 from dllm_contracts.queue.ops import QueueOps
 from dllm_contracts.queue.sync_client import SyncQueue
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.bench.gateway_cost import InstantPeer
 from engine_pod.scheduler.blockserve import BlockServeScheduler
@@ -91,7 +92,7 @@ def test_a_head_start_orders_the_queue_but_the_wait_observed_is_the_real_one(red
     start), but what the worker observes as its queue wait (the histogram, the trace's queue span) is the
     time it really waited."""
     queue = SyncQueue(sync_client(redis_server.url), QueueOps(service))
-    request = QueuedRequest("req-high", [7] * 5, BLOCK, time.time())
+    request = QueuedRequest("req-high", [7] * 5, RequestParams(max_tokens=BLOCK), time.time())
     assert queue.run(queue.ops.enqueue_all([request], head_start_ms=60_000))
     (candidate,) = queue.candidates(4096, 4).shortest
     assert candidate.waited_s >= 60  # the queue's order: dated a minute earlier

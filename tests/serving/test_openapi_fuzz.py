@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from dllm_contracts.canvas_sampler import SETTINGS as SAMPLER_SETTINGS
+from dllm_contracts.request_params import FAMILY_SETTINGS
 from gateway.openai_fields import CHAT_ONLY, HARMLESS
 from tests.serving.conftest import WorkerThread  # noqa: F401 (fixture plumbing)
 from tests.serving_utils import GatewayServer, gateway_settings
@@ -90,7 +90,7 @@ def test_no_input_against_the_document_is_accepted_many_examples(case):
 BASE = {"model": "tiny", "messages": [{"role": "user", "content": "count to 3 ."}], "max_tokens": 8}
 _KNOWN = {"stop", "stream", "stream_options", "logprobs", "top_logprobs", "n", "seed", "temperature", "top_p"}
 _KNOWN |= {"top_k", "user", "max_completion_tokens", "block_length", "steps", "threshold", "name"}
-_KNOWN |= set(SAMPLER_SETTINGS)  # DiffusionGemma's sampler (another model's worker refuses them)
+_KNOWN |= set(FAMILY_SETTINGS)  # model families' settings (a model of another family refuses them)
 names = st.text("abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12)
 json_values = st.recursive(
     st.none()

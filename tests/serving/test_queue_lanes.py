@@ -16,6 +16,7 @@ from dllm_contracts.queue.connect import sync_client
 from dllm_contracts.queue.messages import BATCH_META, DoneEvent, QueuedRequest
 from dllm_contracts.queue.ops import IngestChunk, QueueOps
 from dllm_contracts.queue.sync_client import SyncQueue
+from dllm_contracts.request_params import RequestParams
 from engine_pod.serve.redis_server import RedisServer
 
 
@@ -27,7 +28,13 @@ def queue(service):
 
 
 def _request(request_id: str, prompt: int = 4, batch: str = "") -> QueuedRequest:
-    return QueuedRequest(request_id, [1] * prompt, 8, time.time(), meta={BATCH_META: batch} if batch else {})
+    return QueuedRequest(
+        request_id,
+        [1] * prompt,
+        RequestParams(max_tokens=8),
+        time.time(),
+        meta={BATCH_META: batch} if batch else {},
+    )
 
 
 def _batch(queue: SyncQueue, batch_id: str, owner: str = "g1", total: int = 4) -> None:

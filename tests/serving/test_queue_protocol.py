@@ -15,6 +15,7 @@ from dllm_contracts.queue.keys import ServiceKeys
 from dllm_contracts.queue.messages import BATCH_META, BlockEvent, DoneEvent, QueuedRequest
 from dllm_contracts.queue.ops import BlockCommit, QueueOps, script_sources
 from dllm_contracts.queue.sync_client import SyncQueue
+from dllm_contracts.request_params import RequestParams
 from engine_pod.serve.redis_server import RedisServer, bundled_redis_server
 from tests.redis_cluster import LocalRedisCluster
 
@@ -44,7 +45,7 @@ def _queue(server, service, lease_ms=60_000) -> SyncQueue:
 
 
 def _enqueue(queue: SyncQueue, request_id: str, prompt_len: int, max_queued: int = 0) -> int:
-    request = QueuedRequest(request_id, [1] * prompt_len, 16, time.time())
+    request = QueuedRequest(request_id, [1] * prompt_len, RequestParams(max_tokens=16), time.time())
     return queue.run(queue.ops.enqueue(request, max_queued))
 
 
@@ -120,7 +121,9 @@ def test_enqueue_refuses_beyond_the_depth_limit(redis_server, service):
 
 def test_enqueue_all_takes_every_request_or_none_and_ignores_repeats(redis_server, service):
     queue = _queue(redis_server, service)
-    batch = [QueuedRequest(f"m-{i}", [1] * (3 + i), 16, time.time()) for i in range(3)]
+    batch = [
+        QueuedRequest(f"m-{i}", [1] * (3 + i), RequestParams(max_tokens=16), time.time()) for i in range(3)
+    ]
     assert queue.run(queue.ops.enqueue_all(batch[:1], 2)) == 1
     assert queue.run(queue.ops.enqueue_all(batch, 2)) == 0  # 1 queued + 2 new > 2: none of them
     assert queue.redis.zrange(queue.ops.keys.pending, 0, -1) == [b"m-0"]
@@ -151,7 +154,9 @@ def test_every_key_of_a_service_shares_one_cluster_slot():
 
 def test_a_batch_member_completed_without_its_batch_keys_is_refused_and_left_as_it_was(redis_server, service):
     queue = _queue(redis_server, service)
-    request = QueuedRequest("r-1", [1] * 4, 16, time.time(), meta={BATCH_META: "batch-1"})
+    request = QueuedRequest(
+        "r-1", [1] * 4, RequestParams(max_tokens=16), time.time(), meta={BATCH_META: "batch-1"}
+    )
     assert queue.run(queue.ops.enqueue(request)) == 1
     queue.claim("w1", 100, 1)
     done = DoneEvent([7, 7], "length", 4, 2, worker="w1", meta=request.meta)

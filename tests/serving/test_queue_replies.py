@@ -15,6 +15,7 @@ from dllm_contracts.queue.connect import sync_client
 from dllm_contracts.queue.messages import BATCH_META, BlockEvent, DoneEvent, QueuedRequest, decode_event
 from dllm_contracts.queue.ops import ANY_WAIT, BlockCommit, CommitReply, QueueOps, now_ms
 from dllm_contracts.queue.sync_client import SyncQueue
+from dllm_contracts.request_params import RequestParams
 from engine_pod.serve.redis_server import RedisServer
 
 LEASE_MS = 60_000
@@ -27,8 +28,11 @@ def queue(service):
     server.stop()
 
 
-def _enqueue(queue: SyncQueue, request_id: str, prompt: int, max_tokens: int = 16, **extra) -> None:
-    request = QueuedRequest(request_id, [1] * prompt, max_tokens, time.time(), **extra)
+def _enqueue(
+    queue: SyncQueue, request_id: str, prompt: int, max_tokens: int = 16, logprobs: int | None = None, **extra
+) -> None:
+    params = RequestParams(max_tokens=max_tokens, logprobs=logprobs)
+    request = QueuedRequest(request_id, [1] * prompt, params, time.time(), **extra)
     assert queue.run(queue.ops.enqueue(request)) == 1
 
 
@@ -135,7 +139,11 @@ def test_cancelling_a_batch_member_records_its_result_in_the_batch(queue):
 
 
 def test_requests_of_no_batch_write_no_batch_keys(queue):
-    queue.run(queue.ops.enqueue_all([QueuedRequest(f"r-{i}", [1] * 3, 16, time.time()) for i in range(2)]))
+    queue.run(
+        queue.ops.enqueue_all(
+            [QueuedRequest(f"r-{i}", [1] * 3, RequestParams(max_tokens=16), time.time()) for i in range(2)]
+        )
+    )
     queue.claim("w1", 100, 2)
     assert queue.complete("w1", "r-0", DoneEvent([7], "stop", 3, 1))
     assert _batch_keys_in(queue) == []
@@ -144,7 +152,10 @@ def test_requests_of_no_batch_write_no_batch_keys(queue):
 def test_enqueueing_is_unbounded_by_default_and_takes_one_batch_at_a_time(queue):
     for i in range(3):
         _enqueue(queue, f"r-{i}", 2)  # QueueOps.enqueue's default max_queued: no limit
-    mixed = [QueuedRequest(f"m-{b}", [1], 4, time.time(), meta={BATCH_META: b}) for b in ("b-1", "b-2")]
+    mixed = [
+        QueuedRequest(f"m-{b}", [1], RequestParams(max_tokens=4), time.time(), meta={BATCH_META: b})
+        for b in ("b-1", "b-2")
+    ]
     with pytest.raises(ValueError, match=r"one batch, got \['b-1', 'b-2'\]"):
         queue.ops.enqueue_all(mixed)
     assert queue.depth() == (3, 0)

@@ -16,6 +16,7 @@ import redis
 from dllm_contracts.queue.messages import DoneEvent, QueuedRequest
 from dllm_contracts.queue.ops import QueueOps
 from dllm_contracts.queue.sync_client import SyncQueue
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.loading.loader import load_model
@@ -35,7 +36,10 @@ def _answers(url: str, service: str, tag: str = "") -> dict[str, list[int]]:
     """Every request of PROMPTS enqueued at once (ids prefixed by ``tag``), then each one's committed
     tokens once all are done."""
     queue = SyncQueue(redis.Redis.from_url(url), QueueOps(service))
-    requests = [QueuedRequest(tag + i, prompt, MAX_TOKENS, time.time()) for i, prompt in PROMPTS.items()]
+    requests = [
+        QueuedRequest(tag + i, prompt, RequestParams(max_tokens=MAX_TOKENS), time.time())
+        for i, prompt in PROMPTS.items()
+    ]
     assert queue.run(queue.ops.enqueue_all(requests))
 
     def done() -> dict[str, DoneEvent] | None:

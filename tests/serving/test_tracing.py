@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from dllm_contracts.queue.keys import ServiceKeys
 from dllm_contracts.queue.messages import QueuedRequest
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from dllm_contracts.tracing import Tracing
 from dllm_contracts.tracing_config import TracingConfig
@@ -93,14 +94,14 @@ def test_one_trace_from_the_gateway_through_the_queue_to_the_worker_cycles(trace
     wait_for(lambda: any(s.name == "worker.request" for s in spans()), what="the worker's span", seen=spans)
     check_one_trace(spans(), "/v1/completions")
     # the payload carried the gateway span's context to the worker
-    payload, _ = QueuedRequest.read(store.hget(ServiceKeys(service).request(reply.id), "payload"))
+    payload, _, _ = QueuedRequest.read(store.hget(ServiceKeys(service).request(reply.id), "payload"))
     root = next(s for s in spans() if s.service == "dllm-gateway")
     assert payload.trace.startswith(f"00-{root.trace_id}-{root.span_id}-")  # W3C traceparent
 
 
 def test_untraced_requests_carry_no_trace_context():
     """Tracing off, a payload is what a worker without the ``trace`` field reads (it refuses unknown ones)."""
-    request = QueuedRequest("cmpl-1", [1, 2], 8, 0.0)
+    request = QueuedRequest("cmpl-1", [1, 2], RequestParams(max_tokens=8), 0.0)
     assert b"trace" not in request.to_json()
     assert QueuedRequest.read(request.to_json())[1] == []
     request.trace = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"

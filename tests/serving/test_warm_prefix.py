@@ -15,6 +15,7 @@ from dllm_contracts.model_identity import ModelIdentity
 from dllm_contracts.queue.messages import DoneEvent, QueuedRequest
 from dllm_contracts.queue.ops import QueueOps
 from dllm_contracts.queue.sync_client import SyncQueue
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.cli.main import build_parser, main
 from engine_pod.cli.serve import _worker_args
@@ -50,7 +51,11 @@ def _warm_ids(model_dir, *flags: str) -> tuple[tuple[int, ...], ...]:
 
 def _answer(url: str, service: str, request_id: str, prompt: list[int], max_tokens: int = 16) -> DoneEvent:
     queue = SyncQueue(redis.Redis.from_url(url), QueueOps(service))
-    assert queue.run(queue.ops.enqueue(QueuedRequest(request_id, prompt, max_tokens, time.time()), 0))
+    assert queue.run(
+        queue.ops.enqueue(
+            QueuedRequest(request_id, prompt, RequestParams(max_tokens=max_tokens), time.time()), 0
+        )
+    )
 
     def done():
         return next((e for e in queue.events_of(request_id) if isinstance(e, DoneEvent)), None)

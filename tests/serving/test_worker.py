@@ -24,6 +24,7 @@ from dllm_contracts.model_identity import ModelIdentity
 from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from dllm_contracts.queue.ops import Candidate, QueueOps
 from dllm_contracts.queue.sync_client import SyncQueue
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from dllm_contracts.text import completion_tokens
 from engine_pod.cli.main import build_parser, main
@@ -36,6 +37,7 @@ from engine_pod.serve.redis_server import RedisServer, free_port
 from engine_pod.worker.config import WorkerConfig
 from engine_pod.worker.http import ProbeSource, serve_probes
 from engine_pod.worker.worker import RECORD_WINDOW
+from tests.engine_utils import tokens
 from tests.serving_utils import BLOCK, WAIT_S, wait_for, worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +53,13 @@ def _enqueue(
     stream=False,
 ) -> SyncQueue:
     queue = SyncQueue(redis.Redis.from_url(url), QueueOps(service))
-    request = QueuedRequest(request_id, [7] * prompt_len, max_tokens, time.time(), threshold, stream)
+    request = QueuedRequest(
+        request_id,
+        [7] * prompt_len,
+        RequestParams(max_tokens=max_tokens, threshold=threshold),
+        time.time(),
+        stream=stream,
+    )
     assert queue.run(queue.ops.enqueue(request, 0))
     return queue
 
@@ -201,7 +209,11 @@ def test_a_long_prompt_waiting_past_the_bound_is_claimed_while_short_ones_keep_a
             while queue.depth()[0] < 200:  # ids sort as they were enqueued: equal prompts go in order
                 batch = [f"short-{len(shorts) + i:06d}" for i in range(50)]
                 shorts.extend(batch)
-                queue.run(queue.ops.enqueue_all([QueuedRequest(i, [7] * 20, 64, time.time()) for i in batch]))
+                queue.run(
+                    queue.ops.enqueue_all(
+                        [QueuedRequest(i, [7] * 20, RequestParams(max_tokens=64), time.time()) for i in batch]
+                    )
+                )
 
         def served() -> int:
             sample = worker.metrics.registry.get_sample_value(
@@ -270,8 +282,8 @@ def test_a_claim_that_lost_a_candidate_hands_back_the_one_no_longer_admissible(
             return claim_chosen(worker_id, chosen)
 
         worker.queue.claim_chosen = another_worker_takes_the_first
-        narrow = QueuedRequest("narrow", [7] * (800 - BLOCK), BLOCK, time.time())
-        wide = QueuedRequest("wide", [7] * (1000 - BLOCK), BLOCK, time.time())
+        narrow = QueuedRequest("narrow", [7] * (800 - BLOCK), RequestParams(max_tokens=BLOCK), time.time())
+        wide = QueuedRequest("wide", [7] * (1000 - BLOCK), RequestParams(max_tokens=BLOCK), time.time())
         assert queue.run(queue.ops.enqueue_all([narrow, wide]))
         wait_for(lambda: stolen, what="the claim of both")
         assert [c.request.id for c in stolen] == ["narrow"], "the scenario did not arise"
@@ -314,7 +326,14 @@ def test_each_request_decodes_with_its_own_threshold_as_dllm_generate_does(
     with make_worker(redis_server.url, service, threshold=0.5, ignore_eos=True) as worker:
         for threshold in (0.05, 0.99):  # one at a time: each alone in its cycles
             request_id = f"t-{threshold}"
-            assert queue.run(queue.ops.enqueue(QueuedRequest(request_id, prompt, tokens, 0.0, threshold), 0))
+            assert queue.run(
+                queue.ops.enqueue(
+                    QueuedRequest(
+                        request_id, prompt, RequestParams(max_tokens=tokens, threshold=threshold), 0.0
+                    ),
+                    0,
+                )
+            )
             worker.engine.reset_records()
             answers[threshold] = wait_for(
                 lambda: _done(queue, request_id),  # noqa: B023
@@ -338,7 +357,9 @@ def test_a_worker_on_the_full_canvas_answers_as_dllm_generate_does(
     loaded = load_model(str(served_model))
     queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
     prompts = {"full-a": [9, 8, 7, 6, 5], "full-b": [5, 6, 7] * 4}
-    requests = [QueuedRequest(i, p, 3 * BLOCK, time.time()) for i, p in prompts.items()]
+    requests = [
+        QueuedRequest(i, p, RequestParams(max_tokens=3 * BLOCK), time.time()) for i, p in prompts.items()
+    ]
     assert queue.run(queue.ops.enqueue_all(requests))
     with make_worker(redis_server.url, service, canvas="full", ignore_eos=True):
         results = wait_for(
@@ -383,12 +404,12 @@ def test_sampled_requests_draw_with_their_own_seeds(redis_server, service, make_
     queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
     sampled = {"temperature": 1.5, "top_p": 1.0, "top_k": 0}
     requests = [
-        QueuedRequest(request_id, [7] * 5, 4 * BLOCK, time.time(), sampling=settings)
+        QueuedRequest(request_id, [7] * 5, RequestParams(max_tokens=4 * BLOCK, **settings), time.time())
         for request_id, settings in [
             ("seed-5", sampled | {"seed": 5}),
             ("seed-5-again", sampled | {"seed": 5}),
             ("seed-6", sampled | {"seed": 6}),
-            ("greedy", None),
+            ("greedy", {}),
         ]
     ]
     assert queue.run(queue.ops.enqueue_all(requests))
@@ -409,9 +430,9 @@ def test_a_request_with_fields_this_engine_does_not_know_ends_with_their_names(
     """A newer gateway's payload (a field added since): the request ends at once with an error naming the
     field, instead of failing every claim that holds it; the worker goes on serving."""
     queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
-    newer = QueuedRequest("newer", [7] * 5, BLOCK, time.time())
+    newer = QueuedRequest("newer", [7] * 5, RequestParams(max_tokens=BLOCK), time.time())
     newer.speculation = {"draft": "tiny"}  # to_json writes every attribute: a field this version lacks
-    fine = QueuedRequest("fine", [7] * 5, BLOCK, time.time())
+    fine = QueuedRequest("fine", [7] * 5, RequestParams(max_tokens=BLOCK), time.time())
     assert b'"speculation"' in newer.to_json()
     assert queue.run(queue.ops.enqueue_all([newer, fine]))
     with make_worker(redis_server.url, service):
@@ -430,9 +451,13 @@ def test_a_request_accepted_for_another_model_ends_with_an_error_naming_both(
     changed under it): the request ends with an error naming both; one stamped for this model, and one
     stamped with none (accepted where no identity was set), are answered."""
     queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
-    other = QueuedRequest("other", [7] * 5, BLOCK, time.time(), model="tiny-llada@0e19b480c73cad7a")
-    same = QueuedRequest("same", [7] * 5, BLOCK, time.time(), model="tiny@00ff00ff00ff00ff")
-    unstamped = QueuedRequest("unstamped", [7] * 5, BLOCK, time.time())
+    other = QueuedRequest(
+        "other", [7] * 5, RequestParams(max_tokens=BLOCK), time.time(), model="tiny-llada@0e19b480c73cad7a"
+    )
+    same = QueuedRequest(
+        "same", [7] * 5, RequestParams(max_tokens=BLOCK), time.time(), model="tiny@00ff00ff00ff00ff"
+    )
+    unstamped = QueuedRequest("unstamped", [7] * 5, RequestParams(max_tokens=BLOCK), time.time())
     assert queue.run(queue.ops.enqueue_all([other, same, unstamped]))
     identity = ModelIdentity("tiny", "00ff00ff00ff00ff")
     with make_worker(redis_server.url, service, worker={"model_identity": identity}):
@@ -448,29 +473,33 @@ def test_a_request_accepted_for_another_model_ends_with_an_error_naming_both(
 
 def test_invalid_sampling_settings_end_the_request_with_a_clear_error(redis_server, service, make_worker):
     """Settings the gateway would never send (a client of the queue's own): the request ends at once, with
-    its error, its meta and no tokens, and the worker goes on serving. Entropy-bound sampler settings are
-    refused by a model that has no such sampler, naming them."""
+    its error, its meta and no tokens, and the worker goes on serving. A model family's settings (here
+    DiffusionGemma's) are refused by a model whose family does not add them, naming them."""
     queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
-    bad = QueuedRequest("bad", [7] * 5, BLOCK, time.time(), sampling={"temperature": 1.0, "top_p": 7.0})
+    bad = QueuedRequest("bad", [7] * 5, RequestParams(max_tokens=BLOCK, temperature=1.0), time.time())
+    object.__setattr__(bad.params, "top_p", 7.0)  # what the contract refuses to build: another client's
     bad.meta = {"custom_id": "line-1"}
     canvas = QueuedRequest(
-        "canvas", [7] * 5, BLOCK, time.time(), sampler={"t_min": 0.1, "entropy_bound": 1.0}
+        "canvas",
+        [7] * 5,
+        RequestParams(max_tokens=BLOCK, family={"t_min": 0.1, "entropy_bound": 1.0}),
+        time.time(),
     )
-    fine = QueuedRequest("fine", [7] * 5, BLOCK, time.time())
+    fine = QueuedRequest("fine", [7] * 5, RequestParams(max_tokens=BLOCK), time.time())
     assert queue.run(queue.ops.enqueue_all([bad, canvas, fine]))
     with make_worker(redis_server.url, service):
         done = wait_for(lambda: _done(queue, "bad"), what="the error")
         refused = wait_for(lambda: _done(queue, "canvas"), what="the sampler's error")
         assert wait_for(lambda: _done(queue, "fine"), what="the next answer").finish_reason != "error"
     assert (refused.finish_reason, refused.token_ids) == ("error", [])
-    assert refused.error.startswith("entropy_bound, t_min: this model has no entropy-bound sampler")
+    assert refused.error == "entropy_bound, t_min: not settings of LLaDA; leave them out"
     assert (done.finish_reason, done.token_ids, done.completion_tokens, done.meta) == (
         "error",
         [],
         0,
         {"custom_id": "line-1"},
     )
-    assert done.error.startswith("invalid sampling settings: ") and "top_p" in done.error
+    assert done.error == "invalid request settings: top_p must be in (0, 1], got 7.0"
 
 
 def test_a_result_holds_exactly_what_was_asked_for_with_its_usage_and_meta(
@@ -481,7 +510,7 @@ def test_a_result_holds_exactly_what_was_asked_for_with_its_usage_and_meta(
     and passes the request's meta through (a batch line's custom id)."""
     queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
     meta = {"custom_id": "line-7"}
-    queued = QueuedRequest("r-43", [7] * 5, 43, time.time(), meta=meta, logprobs=1)
+    queued = QueuedRequest("r-43", [7] * 5, RequestParams(max_tokens=43, logprobs=1), time.time(), meta=meta)
     assert queue.run(queue.ops.enqueue(queued, 0))
     with make_worker(redis_server.url, service, ignore_eos=True) as worker:
         done = wait_for(lambda: _done(queue, "r-43"), what="the result")
@@ -513,9 +542,17 @@ def test_a_worker_keeps_nothing_of_the_requests_it_has_answered(redis_server, se
     meta, and a cancelled one leave no entry behind in the worker (a long-running worker would grow)."""
     queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
     requests = [
-        QueuedRequest("streamed", [7] * 5, 2 * BLOCK, time.time(), stream=True),
-        QueuedRequest("detailed", [7] * 6, BLOCK, time.time(), meta={"custom_id": "a"}, logprobs=2),
-        QueuedRequest("cancelled", [7] * 7, 64 * 8, time.time(), stream=True, logprobs=1),
+        QueuedRequest("streamed", [7] * 5, RequestParams(max_tokens=2 * BLOCK), time.time(), stream=True),
+        QueuedRequest(
+            "detailed",
+            [7] * 6,
+            RequestParams(max_tokens=BLOCK, logprobs=2),
+            time.time(),
+            meta={"custom_id": "a"},
+        ),
+        QueuedRequest(
+            "cancelled", [7] * 7, RequestParams(max_tokens=64 * 8, logprobs=1), time.time(), stream=True
+        ),
     ]
     with make_worker(redis_server.url, service, ignore_eos=True) as worker:
         for request in requests:
@@ -551,7 +588,7 @@ def test_a_candidate_is_shaped_with_the_sizes_of_the_request_it_stands_for(
     worker = make_worker(redis_server.url, service, token_budget=96).worker
     waited_s = 2.5
     shape = worker.claims.shape(Candidate("c", prompt + committed, prompt, max_tokens, waited_s))
-    real = Request.from_tokens("c", [7] * prompt, max_tokens, BLOCK)
+    real = Request.from_tokens("c", [7] * prompt, tokens(max_tokens), BLOCK)
     real.generated = [7] * committed
 
     def sizes(request: Request) -> tuple:
@@ -714,7 +751,14 @@ def test_a_worker_that_lost_a_lease_drops_the_request_and_never_answers_it(
     the request's record): the next exchange tells this worker, which drops the row, sends no more
     blocks and no result, and goes on serving; the new owner's result is the only one."""
     queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
-    taken = QueuedRequest("r-taken", [7] * 5, 64 * 8, time.time(), stream=True, meta={"a": 1}, logprobs=1)
+    taken = QueuedRequest(
+        "r-taken",
+        [7] * 5,
+        RequestParams(max_tokens=64 * 8, logprobs=1),
+        time.time(),
+        stream=True,
+        meta={"a": 1},
+    )
     with make_worker(redis_server.url, service, ignore_eos=True) as worker:
         assert queue.run(queue.ops.enqueue(taken, 0))
         _wait_for_block(queue, "r-taken")
@@ -857,7 +901,9 @@ def test_log_probabilities_survive_a_hand_over(redis_server, service, served_mod
     tokens = 64 * 8
 
     def request(request_id: str) -> QueuedRequest:
-        return QueuedRequest(request_id, [7] * 5, tokens, time.time(), stream=True, logprobs=2)
+        return QueuedRequest(
+            request_id, [7] * 5, RequestParams(max_tokens=tokens, logprobs=2), time.time(), stream=True
+        )
 
     queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
     with _logprobs_worker(redis_server.url, service, loaded, 30.0):

@@ -12,6 +12,7 @@ import redis
 from dllm_contracts.queue.messages import EVENT_FIELD, DoneEvent, QueuedRequest, decode_event
 from dllm_contracts.queue.ops import QueueOps
 from dllm_contracts.queue.sync_client import SyncQueue
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.bench.execute import run_policy
 from engine_pod.bench.policies import PolicySpec
@@ -28,7 +29,9 @@ def _enqueue_all(url: str, service: str) -> tuple[SyncQueue, list[PreparedReques
     prepared = []
     for index, length in enumerate(PROMPT_LENGTHS):
         request = PreparedRequest(f"r-{index}", [5 + index + t % 7 for t in range(length)], 2 * BLOCK)
-        queued = QueuedRequest(request.request_id, request.prompt_ids, request.max_tokens, time.time())
+        queued = QueuedRequest(
+            request.request_id, request.prompt_ids, RequestParams(max_tokens=request.max_tokens), time.time()
+        )
         assert queue.run(queue.ops.enqueue(queued, 0))
         prepared.append(request)
         time.sleep(0.005)  # distinct arrival times (Redis's clock, ms)
@@ -84,7 +87,10 @@ def _burst(url: str, service: str, ids: list[str]) -> None:
     """The requests enqueued one by one, each publishing its own wakeup as a gateway's enqueues do, in one
     round trip: they arrive microseconds apart however busy this machine is."""
     queue = SyncQueue(redis.Redis.from_url(url), QueueOps(service))
-    calls = [queue.ops.enqueue(QueuedRequest(i, [7] * 6, BLOCK, time.time()), 0) for i in ids]
+    calls = [
+        queue.ops.enqueue(QueuedRequest(i, [7] * 6, RequestParams(max_tokens=BLOCK), time.time()), 0)
+        for i in ids
+    ]
     queue.run_all(calls)
 
 
@@ -132,7 +138,9 @@ def test_a_static_batch_streams_every_row_block_by_block_after_one_row_finished(
     queue = SyncQueue(redis.Redis.from_url(redis_server.url), QueueOps(service))
     budgets = {"short": BLOCK, "long-1": 3 * BLOCK, "long-2": 3 * BLOCK}
     for request_id, max_tokens in budgets.items():
-        queued = QueuedRequest(request_id, [7] * 6, max_tokens, time.time(), stream=True)
+        queued = QueuedRequest(
+            request_id, [7] * 6, RequestParams(max_tokens=max_tokens), time.time(), stream=True
+        )
         assert queue.run(queue.ops.enqueue(queued, 0))
         time.sleep(0.005)  # arrival order: the short one first
     config = {"policy": "static", "batch_size": 3}

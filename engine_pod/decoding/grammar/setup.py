@@ -76,7 +76,7 @@ class GrammarSource:
         """The cycle's constrained rows (None: there are none) among ``rows`` (its CycleRows); ``blocks``: each row's block as committed
         at the cycle's start (None: not committed), of which the first ``heads`` positions are its prompt's
         (a block on the absolute grid)."""
-        wanted = [i for i, row in enumerate(rows) if row.grammar is not None and row.active]
+        wanted = [i for i, row in enumerate(rows) if row.params.grammar is not None and row.active]
         if not wanted:
             return None
         compiler = self.compiler
@@ -86,7 +86,7 @@ class GrammarSource:
             head, block = (heads[i] if heads else 0), blocks[i]
             frontier = next((k for k, t in enumerate(block) if t is None), len(block))
             answer = list(row.prefix_ids[row.prompt_len :]) + list(block[head:frontier])
-            matcher = compiler.matcher(row.grammar.grammar)
+            matcher = compiler.matcher(row.params.grammar.grammar)
             constrained[i] = GrammarRow.start(matcher, answer, blocks[i], compiler.eos_ids)
         grammar = ConstrainedRows(compiler, constrained, device)
         for i, grammar_row in constrained.items():  # an answer that ended before: its block is its EOS id

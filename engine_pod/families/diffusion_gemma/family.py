@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from dllm_contracts.canvas_sampler import DEFAULT_MAX_DENOISING_STEPS
 from dllm_contracts.families import FamilyDecoding
 from engine_pod.families.diffusion_gemma.config import (
     MODEL_TYPE,
@@ -15,6 +14,10 @@ from engine_pod.families.diffusion_gemma.config import (
 )
 from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
 from engine_pod.families.diffusion_gemma.random_init import random_init
+from engine_pod.families.diffusion_gemma.sampler_settings import (
+    DEFAULT_MAX_DENOISING_STEPS,
+    EntropyBoundParams,
+)
 from engine_pod.families.diffusion_gemma.shards import GemmaShards
 from engine_pod.families.diffusion_gemma.weights import diffusion_gemma_state_dict, load_diffusion_gemma
 from engine_pod.families.record import ModelFamily
@@ -53,6 +56,6 @@ FAMILY = ModelFamily(
     finish=_finish_random,
     count_parameters=_count_parameters,
     eos_from_directory=False,  # its generation config's EOS ids, as its reference generate's
-    entropy_sampler=True,
+    request_params=EntropyBoundParams,
     tensor_parallel=GemmaShards,
 )
