@@ -175,6 +175,7 @@ def test_a_new_family_reaches_the_chart_and_the_contracts_table():
         "steps_per_block": 16,
         "cache": "canvas",
         "tiny_preset": "tiny-canvas-tiny",
+        "request_settings": (),  # it adds no per-request setting
     }
 
 

@@ -5,7 +5,7 @@ The scheduler's block is the model's canvas (``decoding.block_length`` must be i
 cycle encodes each row's context tokens not encoded yet (the prompt at first, then the canvas committed
 last cycle) into the request's context cache, draws each row's uniform canvas from the request's
 generator, and denoises every row in one batched decoder forward per step; each row stops by its own
-adaptive stopping (``decoding/entropy_bound.py``) and, when the cycle gathers rows, leaves the later
+adaptive stopping (``families/diffusion_gemma/entropy_bound.py``) and, when the cycle gathers rows, leaves the later
 forwards. A row commits its last step's argmax canvas.
 
 What the host and the device exchange in a cycle: one copy for the encoder's forward (its rows' chunks,
@@ -51,12 +51,6 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
-from engine_pod.decoding.entropy_bound import (
-    CanvasSamplerState,
-    SamplerColumns,
-    entropy_bound_step,
-    start_canvas,
-)
 from engine_pod.decoding.grammar import canvas as grammar_hooks
 from engine_pod.decoding.grammar.setup import GrammarSource
 from engine_pod.families.diffusion_gemma.context_cache import (
@@ -64,6 +58,12 @@ from engine_pod.families.diffusion_gemma.context_cache import (
     ContextRows,
     context_pool,
     context_regions,
+)
+from engine_pod.families.diffusion_gemma.entropy_bound import (
+    CanvasSamplerState,
+    SamplerColumns,
+    entropy_bound_step,
+    start_canvas,
 )
 from engine_pod.families.diffusion_gemma.sampler_settings import EntropyBoundParams
 from engine_pod.loading.loader import LoadedModel

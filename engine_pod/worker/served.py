@@ -14,9 +14,20 @@ from dataclasses import dataclass
 from dllm_contracts.model_identity import ModelIdentity, model_mismatch
 from dllm_contracts.queue.messages import BATCH_META, BlockEvent, DoneEvent
 from dllm_contracts.queue.ops import BlockCommit, Claimed
-from dllm_contracts.request_params import RequestParams
+from dllm_contracts.request_params import RequestParams, family_settings_error
 from dllm_contracts.text import completion_tokens, within_limit
+from engine_pod.runner.contract import Runner
 from engine_pod.scheduler.request import FinishReason, Request
+
+
+def settings_problem(runner: Runner, params: RequestParams) -> str | None:
+    """Why ``runner`` cannot serve a request's settings: family settings its model's family does not take
+    (or not over the service's values), a response grammar it cannot use; None: it can."""
+    family = runner.loaded.family.display_name
+    problem = family_settings_error(params.family, runner.request_defaults, family)
+    if problem is None and params.grammar is not None:
+        problem = runner.grammar_problem(params.grammar)
+    return problem
 
 
 @dataclass

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import signal
 import time
+from functools import partial
 
 import redis
 
@@ -28,7 +29,6 @@ from dllm_contracts.queue.messages import DoneEvent
 from dllm_contracts.queue.ops import BlockCommit, Claimed
 from dllm_contracts.queue.resilience import TRANSIENT_ERRORS
 from dllm_contracts.queue.sync_client import SyncQueue
-from dllm_contracts.request_params import RequestParams, family_settings_error
 from dllm_contracts.tracing import Tracing
 from engine_pod.engine import Engine, StepResult
 from engine_pod.runner.contract import Runner
@@ -39,7 +39,7 @@ from engine_pod.worker.metrics import WorkerMetrics
 from engine_pod.worker.observed import RequestObserver
 from engine_pod.worker.prefix_pinning import pin_warm_prefixes
 from engine_pod.worker.redis_link import RedisLink
-from engine_pod.worker.served import ServedRequest
+from engine_pod.worker.served import ServedRequest, settings_problem
 from engine_pod.worker.wakeups import Wakeups
 
 logger = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ class Worker:
         request = self.scheduler.request_for(payload.id, payload.prompt_ids, payload.params, arrival_time)
         self.observer.claimed(claimed)
         served = self._served[payload.id] = ServedRequest.claimed(
-            claimed, request, self.config.model_identity, self._settings_problem
+            claimed, request, self.config.model_identity, partial(settings_problem, self.engine.runner)
         )
         request.in_batch = served.in_batch
         if served.error is None:
@@ -205,17 +205,6 @@ class Worker:
             logger.warning("rejecting %s: %s", payload.id, exc)
             served.refuse(str(exc))
             self._publish_done(request)
-
-    def _settings_problem(self, params: RequestParams) -> str | None:
-        """Why this engine cannot serve a request's settings: family settings its model's family does not
-        take (or not over the service's values), a response grammar it cannot use; None: it can."""
-        runner = self.engine.runner
-        problem = family_settings_error(
-            params.family, runner.request_defaults, runner.loaded.family.display_name
-        )
-        if problem is None and params.grammar is not None:
-            problem = runner.grammar_problem(params.grammar)
-        return problem
 
     def _wait_for_work(self) -> None:
         self.wakeups.wait(self.config.idle_wait_s, self.config.scheduling.batch_window_s)

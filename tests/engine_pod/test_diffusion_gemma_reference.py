@@ -16,14 +16,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from engine_pod.decoding.entropy_bound import (
+from engine_pod.families.diffusion_gemma.config import diffusion_gemma_config
+from engine_pod.families.diffusion_gemma.context_cache import ContextCache
+from engine_pod.families.diffusion_gemma.entropy_bound import (
     EntropyBoundParams,
     entropy_bound_step,
     start_canvas,
     temperatures,
 )
-from engine_pod.families.diffusion_gemma.config import diffusion_gemma_config
-from engine_pod.families.diffusion_gemma.context_cache import ContextCache
 from engine_pod.families.diffusion_gemma.generate import generate
 from engine_pod.families.diffusion_gemma.multimodal import MultimodalInputError, refuse_multimodal_inputs
 from engine_pod.families.diffusion_gemma.weights import load_diffusion_gemma

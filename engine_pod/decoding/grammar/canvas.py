@@ -1,4 +1,4 @@
-"""The commit rule on DiffusionGemma's uniform-noise canvases (decoding/entropy_bound.py).
+"""The commit rule on DiffusionGemma's uniform-noise canvases (families/diffusion_gemma/entropy_bound.py).
 
 Nothing on such a canvas is ever masked: every step draws every position again, and a row commits its
 last step's argmax canvas when it stops. A constrained row instead freezes its canvas from the left: the

@@ -6,5 +6,5 @@ config.py (config.json and its defaults), multimodal.py (what is refused or skip
 (the checkpoint), model.py with layer.py, attention.py, experts.py, rotary.py and blocks.py (the
 forward), context_cache.py (the kept context: its keys and values in pages of a pool, a page table per
 request; a batched forward takes one per row), generate.py (one request, the plain loop), random_init.py
-(a random preset's weights). The sampler is ``engine_pod/decoding/entropy_bound.py``.
+(a random preset's weights). The sampler is ``engine_pod/families/diffusion_gemma/entropy_bound.py``.
 """
