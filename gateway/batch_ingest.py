@@ -18,10 +18,9 @@ from dllm_contracts.queue.ops import IngestChunk, as_text, text_of
 from gateway.chat_answers import TOOLS_META, answers_with_calls, tools_for_prompt
 from gateway.errors import ApiError, validation_error
 from gateway.input_lines import given_custom_id, iter_lines
-from gateway.response_grammar import response_grammar
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.stored_files import open_file
-from gateway.submission import build_request, check_prompt_text, check_request
+from gateway.submission import build_request, check_prompt_text, check_request, request_params
 from gateway.tokenizer import TokenizerError
 
 logger = logging.getLogger(__name__)
@@ -56,14 +55,14 @@ def _prepare(line_text: str, index: int, endpoint: str, model: str | None, state
         if getattr(body, "echo", False):
             raise ApiError(400, "echo is not supported in a batch line", param="echo")
         check_request(body, state)
-        grammar = response_grammar(body) if hasattr(body, "messages") else None
+        params = request_params(body, state)
         ids = _prompt_ids(body, state)
         meta = {"custom_id": custom_id, "model": body.model, LINE_META: index}
         if body.stop_strings():
             meta[STOP_META] = body.stop_strings()
         if answers_with_calls(body):
             meta[TOOLS_META] = True
-        return build_request(ids, body, state, meta=meta, model_identity=model, grammar=grammar)
+        return build_request(ids, body, state, params, meta=meta, model_identity=model)
     except ValidationError as exc:  # the field and what is wrong with it; the code as for any bad line
         problem = validation_error(exc.errors())
         return _error_item(index, custom_id, ApiError(400, problem.message, param=problem.param))

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import secrets
 import time
+from dataclasses import replace
 
 from starlette.requests import ClientDisconnect
 
@@ -14,12 +15,12 @@ from dllm_contracts.queue.messages import BlockEvent, DoneEvent, QueuedRequest
 from dllm_contracts.queue.resilience import REDIS_ERRORS, TRANSIENT_ERRORS, Backoff
 from dllm_contracts.request_params import FAMILY_SETTINGS, MAX_SEED, RequestParams, check_family
 from dllm_contracts.request_setting import SettingError, check_ceilings
-from dllm_contracts.structured_output import ResponseGrammar
 from gateway.errors import ApiError, model_not_found, queue_unreachable, shutting_down
 from gateway.metrics import QUEUE_FULL
 from gateway.openai_fields import unknown_fields
 from gateway.rate_limits import Admitted
-from gateway.schemas import CommonFields
+from gateway.response_grammar import response_grammar
+from gateway.schemas import ChatCompletionRequest, CommonFields
 from gateway.state import GatewayState
 
 POLL_S = 2.0  # longest wait for an event, so that disconnects, deadlines and shutdown are noticed
@@ -128,24 +129,21 @@ def check_prompt(prompt_ids: list[int], state: GatewayState, param: str = "promp
         raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param=param, code="invalid_value")
 
 
-def request_params(
-    body: CommonFields, state: GatewayState, seed: int | None, grammar: ResponseGrammar | None = None
-) -> RequestParams:
-    """One choice's settings, as the worker and the engine read them (``seed`` None: the request's own,
-    or for a sampled request a random one; a greedy request carries its seed where it has one: a model
-    whose canvases start from noise draws it with that seed; ``grammar``: the one its answer keeps to).
-    What the body leaves unset takes the contract's default."""
-    if seed is None:
-        seed = body.seed if body.seed is not None or not body.temperature else _seed(body)
+def request_params(body: CommonFields, state: GatewayState) -> RequestParams:
+    """The request's settings, the one form the worker and the engine read: its body's sampling, lengths,
+    log probabilities, its model family's settings and the grammar its answer keeps to (a chat's
+    ``response_format`` or ``tools``: ``response_grammar``); what the body leaves unset takes the
+    contract's default. Each choice's seed is ``build_choices``'."""
     given = {
         "max_tokens": max_tokens_of(body, state),
         "temperature": body.temperature,
         "top_p": body.top_p,
         "top_k": body.top_k,
-        "seed": seed,
+        "seed": body.seed,
         "threshold": body.threshold,
         "logprobs": body.alternatives(),
     }
+    grammar = response_grammar(body) if isinstance(body, ChatCompletionRequest) else None
     try:
         return RequestParams(
             **{k: v for k, v in given.items() if v is not None},
@@ -160,20 +158,19 @@ def build_request(
     prompt_ids: list[int],
     body: CommonFields,
     state: GatewayState,
+    params: RequestParams,
     meta: dict | None = None,
-    seed: int | None = None,
     model_identity: str | None = None,
-    grammar: ResponseGrammar | None = None,
 ) -> QueuedRequest:
-    """One queued request; its id is the response's (``chatcmpl-...`` for a chat, ``cmpl-...`` else). It
-    carries the identity of the model it is accepted for: ``model_identity`` (a batch's, recorded when it
-    was created), else the gateway's; and the grammar its answer keeps to (``response_grammar``)."""
+    """One queued request with its settings (``request_params``) as they are; its id is the response's
+    (``chatcmpl-...`` for a chat, ``cmpl-...`` else). It carries the identity of the model it is accepted
+    for: ``model_identity`` (a batch's, recorded when it was created), else the gateway's."""
     chat = hasattr(body, "messages")
     check_prompt(prompt_ids, state, "messages" if chat else "prompt")
     return QueuedRequest(
         id=new_request_id("chatcmpl" if chat else "cmpl"),
         prompt_ids=prompt_ids,
-        params=request_params(body, state, seed, grammar),
+        params=params,
         created=time.time(),
         stream=body.stream,
         meta=meta or {},
@@ -182,15 +179,18 @@ def build_request(
 
 
 def build_choices(
-    prompt_ids: list[int], body: CommonFields, state: GatewayState, grammar: ResponseGrammar | None = None
+    prompt_ids: list[int], body: CommonFields, state: GatewayState, params: RequestParams
 ) -> list[QueuedRequest]:
-    """``body.n`` requests for one prompt, one per choice: choice i draws with seed + i (the request's
-    seed, or a random one), so choices differ from each other and a given seed reproduces them all."""
-    if body.n == 1:
-        return [build_request(prompt_ids, body, state, grammar=grammar)]
+    """``body.n`` requests for one prompt, one per choice, each with ``params``: choice i draws with seed
+    + i (the request's seed, or a random one), so choices differ from each other and a given seed
+    reproduces them all. A greedy request's one choice, or a seeded one's, keeps the request's seed (a
+    greedy request carries its seed where it has one: a model whose canvases start from noise draws it
+    with that seed); a sampled request without one draws its own."""
+    if body.n == 1 and (body.seed is not None or not body.temperature):
+        return [build_request(prompt_ids, body, state, params)]
     base = _seed(body)
     return [
-        build_request(prompt_ids, body, state, seed=(base + i) % MAX_SEED, grammar=grammar)
+        build_request(prompt_ids, body, state, replace(params, seed=(base + i) % MAX_SEED))
         for i in range(body.n)
     ]
 

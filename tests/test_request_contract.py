@@ -8,18 +8,23 @@ takes each field's bounds from the declaration."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
+from dllm_contracts.queue.messages import QueuedRequest
 from dllm_contracts.request_params import (
     CHOICES,
     COMPLETION_ALTERNATIVES,
     FAMILY_SETTINGS,
     REQUEST_SETTINGS,
     STOPS,
+    RequestParams,
 )
+from engine_pod.scheduler.cycle_row import CycleRow
+from engine_pod.scheduler.request import Request
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,3 +184,47 @@ def test_the_gateway_takes_each_fields_bounds_from_its_declaration(body):
         assert schema_bounds(schema) == expected, field_name
         checked.add(name)
     assert checked == set(declared)
+
+
+# what carries a request's settings from the queue to the runner: each holds them in one RequestParams
+CARRIERS = (QueuedRequest, Request, CycleRow)
+CONTRACT_FIELDS = {item.name for item in dataclasses.fields(RequestParams)}  # the grammar among them
+
+
+@pytest.mark.parametrize("carrier", CARRIERS, ids=lambda carrier: carrier.__name__)
+def test_no_carrier_declares_a_setting_again(carrier):
+    """The queue's payload, the scheduler's request and a cycle's row hold the settings as one
+    ``RequestParams`` (``params``), none of them a field of its own (the grammar neither)."""
+    fields = {item.name for item in dataclasses.fields(carrier)}
+    assert "params" in fields
+    assert not fields & CONTRACT_FIELDS, sorted(fields & CONTRACT_FIELDS)
+
+
+def rows_from_requests(source: str) -> list[int]:
+    """The lines of ``source`` that build a ``CycleRow`` with a request's settings (a ``params`` keyword)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if _call_name(node) == "CycleRow" and any(k.arg == "params" for k in node.keywords)
+    ]
+
+
+def test_a_request_becomes_a_row_in_one_place():
+    """Every scheduler builds its rows with ``Scheduler.row_of``: the request-to-row copy is written once."""
+    found = {
+        f"{path.relative_to(ROOT).as_posix()}:{line}"
+        for path in sorted((ROOT / "engine_pod/scheduler").rglob("*.py"))
+        for line in rows_from_requests(path.read_text())
+    }
+    assert len(found) == 1 and next(iter(found)).startswith("engine_pod/scheduler/base.py:"), found
+
+
+def test_the_row_scan_finds_a_second_copy():
+    source = """
+def _row(self, request):
+    return CycleRow(request.prompt_ids, owner=request.request_id, params=request.params)
+
+def row_of(self, request):
+    return CycleRow(prefix, params=request.params)
+"""
+    assert rows_from_requests(source) == [3, 6]

@@ -57,6 +57,20 @@ class Scheduler:
         """Tokens a row of the next cycle holds: its prefix, the active block and any suffix."""
         return len(row.prefix_ids) + self.block_length * (1 + row.suffix_blocks)
 
+    def row_of(self, request: Request) -> CycleRow:
+        """The one place a running request becomes a cycle's row: its prompt and committed blocks, the masked
+        blocks after the active one where attention sees them (Fast-dLLM's full canvas; a hidden suffix
+        would be computed and never read, so it is left out), and its settings as they were queued."""
+        blocks_left = request.max_blocks - request.blocks_done(self.block_length) - 1
+        return CycleRow(
+            request.prompt_ids + tuple(request.generated),
+            suffix_blocks=blocks_left if self.canvas == "full" else 0,
+            suffix_visible=True,
+            owner=request.request_id,
+            prompt_len=request.prompt_len,
+            params=request.params,
+        )
+
     # -- intake -------------------------------------------------------------------------------
     def request_for(
         self, request_id: str, prompt_ids, params: RequestParams, arrival_time: float | None = None

@@ -29,7 +29,6 @@ from __future__ import annotations
 from dllm_contracts.scheduler_config import SchedulerConfig, raise_problems
 from engine_pod.scheduler.base import ClaimPlan, Scheduler
 from engine_pod.scheduler.box import BatchBox
-from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.pending_queue import PendingQueue
 from engine_pod.scheduler.request import Request, RequestError, RequestState
@@ -123,7 +122,7 @@ class BlockServeScheduler(Scheduler):
         for request in admitted:
             self._mark_running(request)
             self.active.append(request)
-        rows = [self._row(r) for r in self.active]
+        rows = [self.row_of(r) for r in self.active]
         widths = [self.row_width_of(row) for row in rows]
         return SchedulerOutput(
             request_ids=[r.request_id for r in self.active],
@@ -134,18 +133,6 @@ class BlockServeScheduler(Scheduler):
             packed=self.packed,
             admitted=[r.request_id for r in admitted],
             preempted=[r.request_id for r in preempted],
-        )
-
-    def _row(self, request: Request) -> CycleRow:
-        blocks_left = request.max_blocks - request.blocks_done(self.block_length) - 1
-        suffix = blocks_left if self.canvas == "full" else 0
-        return CycleRow(
-            request.prompt_ids + tuple(request.generated),
-            suffix_blocks=suffix,
-            suffix_visible=True,
-            owner=request.request_id,
-            prompt_len=request.prompt_len,
-            params=request.params,
         )
 
     def _preempt_overflow(self) -> list[Request]:

@@ -53,7 +53,7 @@ class StaticScheduler(Scheduler):
                 self._mark_running(request)
                 self.batch.append(request)
                 admitted.append(request.request_id)
-        rows = [self._row(r) for r in self.batch]
+        rows = [self._finished_row(r) if r.is_finished else self.row_of(r) for r in self.batch]
         widths = [self.row_width_of(row) for row in rows]
         return SchedulerOutput(
             request_ids=[r.request_id for r in self.batch],
@@ -63,24 +63,6 @@ class StaticScheduler(Scheduler):
             row_total=sum(widths),
             admitted=admitted,
             packed=self.packed,
-        )
-
-    def _row(self, request: Request) -> CycleRow:
-        L = self.block_length
-        if request.is_finished:
-            return self._finished_row(request)
-        prefix = request.prompt_ids + tuple(request.generated)
-        blocks_left = request.max_blocks - request.blocks_done(L) - 1
-        # the masked suffix is materialised where attention sees it (Fast-dLLM's canvas); a hidden one
-        # would be computed and never read, so it is left out
-        suffix = blocks_left if self.canvas == "full" else 0
-        return CycleRow(
-            prefix,
-            suffix_blocks=suffix,
-            suffix_visible=True,
-            owner=request.request_id,
-            prompt_len=request.prompt_len,
-            params=request.params,
         )
 
     def _finished_row(self, request: Request) -> CycleRow:

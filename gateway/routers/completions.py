@@ -14,7 +14,6 @@ from gateway.errors import ApiError
 from gateway.logprobs import chat_logprobs, completion_logprobs
 from gateway.rate_limits import Admitted
 from gateway.request_trace import carry, traced
-from gateway.response_grammar import response_grammar
 from gateway.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -36,6 +35,7 @@ from gateway.submission import (
     enqueue_all,
     finish_reason,
     prompt_tokens_of,
+    request_params,
     tokens_shown,
     wait_all,
 )
@@ -99,8 +99,9 @@ async def complete(
 async def _complete(body: CompletionRequest, state, is_disconnected, admitted=None, span=None):
     started = time.monotonic()
     check_request(body, state)
+    params = request_params(body, state)
     queued = as_one_request(
-        [choice for ids in _prompts(body, state) for choice in build_choices(ids, body, state)]
+        [choice for ids in _prompts(body, state) for choice in build_choices(ids, body, state, params)]
     )
     carry(queued, span)
     await enqueue_all(queued, state, admitted)  # every prompt or none
@@ -152,9 +153,9 @@ async def chat(
 async def _chat(body: ChatCompletionRequest, state, is_disconnected, admitted=None, span=None):
     started = time.monotonic()
     check_request(body, state)
-    grammar = response_grammar(body)
+    params = request_params(body, state)
     prompt_ids = chat_prompt(body, state)
-    queued = as_one_request(build_choices(prompt_ids, body, state, grammar))
+    queued = as_one_request(build_choices(prompt_ids, body, state, params))
     carry(queued, span)
     await enqueue_all(queued, state, admitted)  # every choice or none
     if body.stream:
