@@ -19,7 +19,8 @@ import pytest
 from tests.serving.serve_process import Serve, openai_client
 
 ROOT = Path(__file__).resolve().parents[2]
-COPIED = ("engine_pod", "dllm_contracts", "gateway", "operator", "scripts", "crds", "charts")
+COPIED = ("engine_pod", "dllm_contracts", "gateway", "operator", "scripts", "crds", "charts", "docs")
+COPIED_FILES = ("README.md", "pyproject.toml")  # the family tables' script writes their family lists too
 # the declaration: one field of the family's settings class, after its last one
 LAST_FIELD = "    confidence_threshold: float = setting("
 FIELD = '    step_cap: int = setting(1000, "denoising steps per canvas at most, again (a test\'s)", low=1)\n'
@@ -49,6 +50,8 @@ def tree(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("tree")
     for name in COPIED:
         shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in COPIED_FILES:
+        shutil.copy(ROOT / name, root / name)
     _insert_field(_one_place(root, LAST_FIELD))
     sampler = _one_place(root, USE)
     sampler.write_text(sampler.read_text().replace(USE, USED))
