@@ -61,7 +61,12 @@ class RequestParams(DeclaredSettings):
         high_open=True,
     )
     threshold: float | None = setting(
-        None, "confidence threshold for this request (None: the service's)", low=0.0, low_open=True, high=1.0
+        None,
+        "confidence threshold for this request (None: the service's)",
+        low=0.0,
+        low_open=True,
+        high=1.0,
+        extra_body=True,
     )
     logprobs: int | None = setting(
         None, "each token's log probability and this many alternatives (None: none)", low=0, high=20
@@ -102,6 +107,8 @@ class RequestParams(DeclaredSettings):
 
 
 REQUEST_SETTINGS: dict[str, Setting] = settings_of(RequestParams)  # every request's, by name
+# those the API's body takes by name (dLLM settings OpenAI does not define): no gateway code names them
+EXTRA_BODY_SETTINGS = {name: item for name, item in REQUEST_SETTINGS.items() if item.extra_body}
 DEFAULTS: dict[str, Any] = {name: item.default for name, item in REQUEST_SETTINGS.items()}
 DEFAULTS |= {"family": {}, "grammar": None}
 

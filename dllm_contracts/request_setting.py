@@ -48,6 +48,9 @@ class Setting:
     # the service's decoding setting this one may not exceed (its name, as the gateway's settings and the
     # engine's decoding config call it: "steps_per_block"); None: none
     ceiling: str | None = None
+    # a dLLM setting the OpenAI API does not define: the gateway's body takes it by its name, as an extra
+    # body field (a family's settings always are); False: an OpenAI field, which the gateway maps itself
+    extra_body: bool = False
 
     def check(self, value: Any) -> None:
         """SettingError naming the setting unless ``value`` is of its kind and in its range (None passes
@@ -111,7 +114,7 @@ def _number(value: float | None) -> str:
 
 def setting(default: Any, description: str, **bounds: Any) -> Any:
     """A dataclass field declaring a setting: its default, what it means and its range (``Setting``'s
-    low, high, low_open, high_open, above, ceiling); its name and kind are the field's."""
+    low, high, low_open, high_open, above, ceiling, extra_body); its name and kind are the field's."""
     return dataclasses.field(default=default, metadata={SETTING: {"description": description, **bounds}})
 
 

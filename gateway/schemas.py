@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 from dllm_contracts.request_params import (
     CHOICES,
     COMPLETION_ALTERNATIVES,
+    EXTRA_BODY_SETTINGS,
     FAMILY_SETTING_OWNERS,
     FAMILY_SETTINGS,
     REQUEST_SETTINGS,
@@ -64,7 +65,11 @@ class DecodingFields(BaseModel):
 
     block_length: int | None = Field(None, ge=1, description="tokens per block (must match the service)")
     steps: int | None = Field(None, ge=1, description="denoising steps per block (must match the service)")
-    threshold: float | None = setting_field(REQUEST_SETTINGS["threshold"])
+
+    def extra_settings(self) -> dict[str, int | float]:
+        """The dLLM settings of every request this body sets, by name (``EXTRA_BODY_SETTINGS``)."""
+        given = {name: getattr(self, name) for name in EXTRA_BODY_SETTINGS}
+        return {name: EXTRA_BODY_SETTINGS[name].kind(v) for name, v in given.items() if v is not None}
 
     def family_settings(self) -> dict[str, int | float]:
         """The settings of a model family this request sets, by name (``RequestParams.family``)."""
@@ -76,13 +81,18 @@ def _owned(name: str, declared: Setting) -> str:
     return f"{' and '.join(FAMILY_SETTING_OWNERS[name])}: {declared.description}"
 
 
-# the settings model families add (the family table's: DiffusionGemma's sampler), each a body field; a
-# service whose model's family does not add one refuses it (unset: the checkpoint's)
+# the dLLM settings of every request (unset: the service's), and those model families add (the family
+# table's: DiffusionGemma's sampler), each a body field by its name; a service whose model's family does
+# not add one refuses it (unset: the checkpoint's)
 DllmFields = create_model(
     "DllmFields",
     __base__=DecodingFields,
     __doc__=DecodingFields.__doc__ + " A model family's own settings (unset: the checkpoint's) are "
     "refused by a service whose model's family does not add them.",
+    **{
+        name: (declared.kind | None, setting_field(declared))
+        for name, declared in EXTRA_BODY_SETTINGS.items()
+    },
     **{
         name: (declared.kind | None, setting_field(declared, description=_owned(name, declared)))
         for name, declared in FAMILY_SETTINGS.items()

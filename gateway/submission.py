@@ -140,9 +140,8 @@ def request_params(body: CommonFields, state: GatewayState) -> RequestParams:
         "top_p": body.top_p,
         "top_k": body.top_k,
         "seed": body.seed,
-        "threshold": body.threshold,
         "logprobs": body.alternatives(),
-    }
+    } | body.extra_settings()
     grammar = response_grammar(body) if isinstance(body, ChatCompletionRequest) else None
     try:
         return RequestParams(
