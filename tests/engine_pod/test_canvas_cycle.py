@@ -26,7 +26,7 @@ from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.static import StaticScheduler, sequential_scheduler
-from tests.engine_utils import dllm_generate_json, tokens
+from tests.engine_utils import dllm_generate_json
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "diffusion_gemma_reference"
 RUNS = json.loads((REFERENCE / "generate.json").read_text())["runs"]
@@ -84,7 +84,7 @@ def _run(base, indices: list[int], scheduler_of, order: list[int] | None = None)
     for i in order or indices:
         run = RUNS[i]
         params = RequestParams(max_tokens=run["args"]["max_new_tokens"], seed=run["seed"])
-        request = requests[i] = scheduler.request_for(str(i), run["prompt_ids"], tokens(params))
+        request = requests[i] = scheduler.request_for(str(i), run["prompt_ids"], params)
         engine.add_request(request)
     engine.run()
     return {i: request.generated for i, request in requests.items()}, engine
@@ -184,7 +184,7 @@ def test_rows_with_different_sampler_settings_share_batches_and_keep_their_refer
         own = {name: run["args"][name] for name in (*SAMPLER, "max_denoising_steps")}
         family = {} if EntropyBoundParams(**own) == runner.request_defaults else own
         params = RequestParams(max_tokens=run["args"]["max_new_tokens"], seed=run["seed"], family=family)
-        request = requests[i] = scheduler.request_for(str(i), run["prompt_ids"], tokens(params))
+        request = requests[i] = scheduler.request_for(str(i), run["prompt_ids"], params)
         engine.add_request(request)
     engine.run()
     assert any(not r.params.family for r in requests.values()) or args["canvas_length"] == 32

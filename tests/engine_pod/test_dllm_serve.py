@@ -126,7 +126,7 @@ def _engine(loaded, eos, config: SchedulerConfig, workload, sampling=None, logpr
     engine = Engine(make_runner(loaded, DECODING, BUDGET), DllmServeScheduler(BLOCK, eos, config))
     for rid, prompt, budget in workload:
         params = tokens(budget, (sampling or {}).get(rid), logprobs=(logprobs or {}).get(rid))
-        engine.add_request(engine.scheduler.request_for(rid, prompt, tokens(params)))
+        engine.add_request(engine.scheduler.request_for(rid, prompt, params))
     return engine
 
 

@@ -149,7 +149,7 @@ def _run(model, scheduler, decoding: DecodingConfig, turns: list[Turn], pool_tok
     def add(turn: Turn, history: list[int]) -> None:
         prompts[turn.request_id] = history + turn.prompt
         params = tokens(turn.budget, turn.sampling)
-        engine.add_request(scheduler.request_for(turn.request_id, prompts[turn.request_id], tokens(params)))
+        engine.add_request(scheduler.request_for(turn.request_id, prompts[turn.request_id], params))
 
     outputs: dict[str, list[int]] = {}
 

@@ -156,7 +156,7 @@ def _run_with_logprobs(loaded, scheduler, decoding, workload, asked: dict, sampl
     engine = Engine(runner, scheduler)
     for request_id, prompt, budget in workload:
         params = tokens(budget, sampling.get(request_id), logprobs=asked.get(request_id))
-        engine.add_request(scheduler.request_for(request_id, prompt, tokens(params)))
+        engine.add_request(scheduler.request_for(request_id, prompt, params))
     kept: dict[str, list] = {}
     while engine.has_work():
         result = engine.step()
