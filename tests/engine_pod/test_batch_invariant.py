@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dllm_contracts.head_sparse_config import HeadSparseConfig
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.loading.loader import load_model
 from engine_pod.models.batch_invariant import (
     BatchInvariantLinear,
@@ -60,12 +60,12 @@ def _outputs(loaded, family: str, on: bool) -> dict[str, dict]:
         for i, n in enumerate(PROMPT_LENGTHS)
     ]
     if canvas:  # its canvases start from noise drawn with each request's seed
-        sampling = {rid: SamplingParams(seed=i) for i, (rid, _, _) in enumerate(workload)}
+        sampling = {rid: RequestParams(seed=i) for i, (rid, _, _) in enumerate(workload)}
         logprobs = None  # its sampler records none
     else:
         sampling = {
-            "r1": SamplingParams(temperature=0.9, seed=11),
-            "r3": SamplingParams(0.7, top_k=20, seed=4),
+            "r1": RequestParams(temperature=0.9, seed=11),
+            "r3": RequestParams(temperature=0.7, top_k=20, seed=4),
         }
         logprobs = {rid: 2 for rid, _, _ in workload}
     decoding = DecodingConfig(
@@ -143,7 +143,7 @@ def test_the_decoding_variants_keep_a_requests_bits_under_the_setting(models, va
         batch_invariant=True,
         **VARIANTS[variant],
     )
-    sampling = {"r2": SamplingParams(temperature=0.8, seed=3)}
+    sampling = {"r2": RequestParams(temperature=0.8, seed=3)}
     run = partial(run_workload_logprobs, loaded, decoding=decoding, workload=workload, sampling=sampling)
     run = partial(run, logprobs={rid: 1 for rid, _, _ in workload})
     alone = run(partial(sequential_scheduler, 8, [], layout="dense"))

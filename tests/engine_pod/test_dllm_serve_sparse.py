@@ -18,7 +18,7 @@ from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.dllm_serve import DllmServeScheduler
 from engine_pod.scheduler.static import sequential_scheduler
-from tests.engine_utils import common_token, run_workload
+from tests.engine_utils import common_token, run_workload, tokens
 from tests.factories import REFERENCE_DIR, random_workload
 
 BLOCK, BUDGET = 8, 400
@@ -45,10 +45,10 @@ def _config(quota: float, **more) -> SchedulerConfig:
 
 def _tokens(engine: Engine, workload) -> dict[str, list[int]]:
     for rid, prompt, budget in workload:
-        engine.add_request(engine.scheduler.request_for(rid, prompt, budget))
-    tokens: dict[str, list[int]] = {}
-    engine.run(lambda r: tokens.__setitem__(r.request_id, list(r.generated)))
-    return tokens
+        engine.add_request(engine.scheduler.request_for(rid, prompt, tokens(budget)))
+    generated: dict[str, list[int]] = {}
+    engine.run(lambda r: generated.__setitem__(r.request_id, list(r.generated)))
+    return generated
 
 
 @pytest.mark.parametrize("mode", ["uniform", "head-centric"])
