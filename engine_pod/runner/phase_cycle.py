@@ -123,15 +123,9 @@ class PhaseStepper(DualCacheStepper):
         forwards = [0] * rows
         if state.canvas.extra is not None:  # rows carried out of the last cycle: counters, cache
             waited = self.carry.resume(state, owners, forwards)
+        quota, interval = cycle.refresh_quota, cycle.refresh_interval
         state.phases = _Phases(
-            cycle.refresh_quota,
-            cycle.refresh_interval,
-            widths,
-            layout.row_len,
-            forwards,
-            waited,
-            owners,
-            cycle.step_level,
+            quota, interval, widths, layout.row_len, forwards, waited, owners, cycle.step_level
         )
         return state
 

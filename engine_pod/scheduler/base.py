@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dllm_contracts.request_params import RequestParams
 from engine_pod.scheduler.cycle_row import CycleRow
@@ -39,6 +39,7 @@ class Scheduler:
         clock: Callable[[], float] = time.perf_counter,
         grid_aligned: bool = False,
         shares_blocks: bool = False,
+        chunks_prefill: bool = False,
     ) -> None:
         """``grid_aligned``: the model's blocks sit on the absolute grid of ``block_length`` (block-diffusion
         models); ``shares_blocks``: its runner shares rows' common whole blocks (a prefix cache). Both are
@@ -51,24 +52,29 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.grid_aligned = grid_aligned
         self.shares_blocks = shares_blocks
+        self.chunks_prefill = chunks_prefill  # the runner computes a prompt's prefix a chunk at a time
         self._in_rows: list[str] = []  # the requests behind the last cycle's rows, in row order
 
     def row_width_of(self, row: CycleRow) -> int:
         """Tokens a row of the next cycle holds: its prefix, the active block and any suffix."""
         return len(row.prefix_ids) + self.block_length * (1 + row.suffix_blocks)
 
-    def row_of(self, request: Request) -> CycleRow:
+    def row_of(self, request: Request, prefill_to: int = 0) -> CycleRow:
         """The one place a running request becomes a cycle's row: its prompt and committed blocks, the masked
         blocks after the active one where attention sees them (Fast-dLLM's full canvas; a hidden suffix
-        would be computed and never read, so it is left out), and its settings as they were queued."""
+        would be computed and never read, so it is left out), and its settings as they were queued.
+        ``prefill_to`` > 0: a chunk row (``prefill_chunks.py``), which decodes nothing, so it keeps to no
+        grammar (its settings without one)."""
         blocks_left = request.max_blocks - request.blocks_done(self.block_length) - 1
+        params = replace(request.params, grammar=None) if prefill_to else request.params
         return CycleRow(
             request.prompt_ids + tuple(request.generated),
             suffix_blocks=blocks_left if self.canvas == "full" else 0,
             suffix_visible=True,
             owner=request.request_id,
             prompt_len=request.prompt_len,
-            params=request.params,
+            params=params,
+            prefill_to=prefill_to,
         )
 
     # -- intake -------------------------------------------------------------------------------

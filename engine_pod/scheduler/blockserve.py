@@ -31,6 +31,7 @@ from engine_pod.scheduler.base import ClaimPlan, Scheduler
 from engine_pod.scheduler.box import BatchBox
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.pending_queue import PendingQueue
+from engine_pod.scheduler.prefill_chunks import PrefillChunks, prefill_chunk_tokens
 from engine_pod.scheduler.request import Request, RequestError, RequestState
 from engine_pod.scheduler.shared_blocks import PinnedBlocks, block_keys, shared_tokens
 
@@ -43,6 +44,8 @@ class BlockServeScheduler(Scheduler):
         self.pending = PendingQueue()
         self.active: list[Request] = []  # in admission order
         self.pinned = PinnedBlocks()  # warm prefixes' blocks, held by the runner's prefix cache for good
+        chunk = prefill_chunk_tokens(config.prefill_chunk, block_length, config.token_budget)
+        self.chunks = PrefillChunks(chunk if self.chunks_prefill else 0, block_length)
 
     @property
     def token_budget(self) -> int:
@@ -82,7 +85,7 @@ class BlockServeScheduler(Scheduler):
     def _held_width(self, request: Request, box: BatchBox) -> int:
         """What admitting ``request`` adds to the batch's cost: its admission width, less the whole blocks
         the batch's rows hold already (when the runner shares them and the layout does not pad)."""
-        if not (self.shares_blocks and self.packed):
+        if not (self.shares_blocks and self.packed) or self.chunks.chunks(request):
             return self.admission_width(request)
         keys = block_keys(request, self.block_length)
         return self.admission_width(request) - shared_tokens(keys, box.held_blocks, self.block_length)
@@ -93,6 +96,8 @@ class BlockServeScheduler(Scheduler):
             return 0
         held, shared = set(), 0
         for request in requests:
+            if self.chunks.chunks(request):
+                continue
             keys = block_keys(request, self.block_length)
             shared += shared_tokens(keys, held, self.block_length)
             held.update(keys)
@@ -100,7 +105,7 @@ class BlockServeScheduler(Scheduler):
 
     def _add(self, box: BatchBox, request: Request) -> None:
         box.add(self._held_width(request, box), self.row_width(request))
-        if self.shares_blocks and self.packed:
+        if self.shares_blocks and self.packed and not self.chunks.chunks(request):
             box.held_blocks.update(block_keys(request, self.block_length))
 
     def fits(self, request: Request) -> bool:
@@ -122,7 +127,7 @@ class BlockServeScheduler(Scheduler):
         for request in admitted:
             self._mark_running(request)
             self.active.append(request)
-        rows = [self.row_of(r) for r in self.active]
+        rows = [self.row_of(r, self.chunks.chunk_end(r)) for r in self.active]
         widths = [self.row_width_of(row) for row in rows]
         return SchedulerOutput(
             request_ids=[r.request_id for r in self.active],
@@ -141,6 +146,7 @@ class BlockServeScheduler(Scheduler):
             victim = self.active.pop()
             victim.state = RequestState.PREEMPTED
             victim.num_preemptions += 1
+            self.chunks.forget(victim.request_id)
             self.pending.push(victim)
             preempted.append(victim)
         return preempted
@@ -212,6 +218,7 @@ class BlockServeScheduler(Scheduler):
         self.pending.push(request)
 
     def _withdraw(self, request: Request) -> None:
+        self.chunks.forget(request.request_id)
         if request in self.active:
             self.active.remove(request)
         elif self.pending.find(request.request_id) is not None:
@@ -220,3 +227,8 @@ class BlockServeScheduler(Scheduler):
     def _after_update(self, output: SchedulerOutput, finished: list[Request]) -> None:
         done = {r.request_id for r in finished}
         self.active = [r for r in self.active if r.request_id not in done]
+        for request_id, row in zip(output.request_ids, output.rows):
+            if row.prefill_to:
+                self.chunks.ran(request_id, row.prefill_to)
+            elif request_id in self.chunks.done:
+                self.chunks.forget(request_id)

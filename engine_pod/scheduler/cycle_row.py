@@ -20,6 +20,9 @@ class CycleRow:
     # budget, its family's settings): the runner reads them here
     params: RequestParams = GREEDY
     prompt_len: int = 0  # where its answer starts in ``prefix_ids`` (read where it has a grammar)
+    # > 0: a chunk row (scheduler/prefill_chunks.py): compute the keys and values of ``prefix_ids`` up to
+    # here (whole blocks), decode nothing, commit nothing
+    prefill_to: int = 0
 
     @property
     def width(self) -> int:
