@@ -2,8 +2,8 @@
 
 A count chosen once at start from a quarter-second sample (``cpu_threads.py``) holds only while the machine
 stays as it was: a benchmark started on an idle machine that another process then keeps busy ran two
-threads on two contended cores, each torch operation waiting for its slower thread (the shared-prefix
-workload took 47 s where one thread took 5.5 s). So an engine whose count was chosen by default (no
+threads on two contended cores, each torch operation waiting for its slower thread (16 shared-prefix
+requests took 120-138 s where one thread took 7-12 s). So an engine whose count was chosen by default (no
 ``--threads``, no ``DLLM_THREADS``) looks again between block cycles, at most every ``RESAMPLE_S``: how many
 CPUs' worth other processes kept busy since it last looked (``/proc/stat`` less its own CPU time, over the
 whole interval: no sampling pause), and sets the count the same rule gives now, lower when others keep CPUs
