@@ -206,5 +206,7 @@ def run(args: argparse.Namespace) -> int:
         f"token budget {result['token_budget']} ({fit['bytes_per_token']:.0f} bytes/token, "
         f"R^2 {fit['r_squared']:.4f}, held-out error "
         f"{max(h['relative_error'] for h in result['held_out']):.1%})\n"
+        f"measured on {result['device_name']} ({result['device']}), {result['allocator']}: "
+        "another device or allocator needs its own profile\n"
     )
     return 0

@@ -16,6 +16,7 @@ from engine_pod.bench.benchmark import BenchConfig, run_benchmark
 from engine_pod.bench.results import ModelSpec
 from engine_pod.cli.main import main
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.device_memory import cpu_model
 from engine_pod.profiling.fit import MemoryFit
 from engine_pod.profiling.profiler import CORRECTION_MARGIN, _corrected_budget
 
@@ -95,6 +96,9 @@ def test_the_termination_message_is_the_summary_the_operator_reads(small_profile
     assert summary.source == "measured" and summary.token_budget == result["token_budget"]
     assert summary.device == "cpu" and summary.usable_memory_bytes == result["usable_memory_bytes"]
     assert result["tensor_parallel"] == summary.tensor_parallel == 1  # the size it was measured at
+    # what the budget depends on beside the model: the CPU as the machine names it, and the allocator
+    assert summary.device_name == cpu_model()
+    assert summary.allocator == result["allocator"] and "malloc, mmap from 1 MiB" in summary.allocator
 
 
 @pytest.mark.slow
