@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 REMEMBERED_DELETIONS = 1024  # uids kept as deleted (a uid is never reused; the oldest are forgotten)
+IDLE_WAIT_S = 120.0  # the most a delete handler waits for a reconcile under way to stop
 
 
 class ServiceDeleted(Exception):
@@ -58,8 +59,8 @@ class DeletionGuard:
                 self._deleted.popitem(last=False)
             return bool(self._running[uid])
 
-    def wait_until_idle(self, uid: str) -> None:
-        """Return once no reconcile of ``uid`` is under way (each ends at its next write, once the
-        deletion began)."""
+    def wait_until_idle(self, uid: str, timeout_s: float = IDLE_WAIT_S) -> bool:
+        """Whether no reconcile of ``uid`` is under way any more (each ends at its next write once the
+        deletion began), waited for up to ``timeout_s`` (a call to an API server that does not answer)."""
         with self._changed:
-            self._changed.wait_for(lambda: not self._running[uid])
+            return self._changed.wait_for(lambda: not self._running[uid], timeout_s)

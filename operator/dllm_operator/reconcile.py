@@ -314,7 +314,10 @@ class Reconciler:
         under_way = self.deletions.begin_deletion(uid)
         deleted = self._delete_children(namespace, name)
         if under_way:  # a reconcile from before the deletion may have written a child since
-            self.deletions.wait_until_idle(uid)
+            if not self.deletions.wait_until_idle(uid):
+                logger.warning(
+                    "%s/%s: a reconcile under way has not stopped; deleting again anyway", namespace, name
+                )
             deleted += self._delete_children(namespace, name)
         return deleted
 

@@ -9,7 +9,11 @@ handler ran, left for Kopf to notice at its next look (a minute by default).
 
 from __future__ import annotations
 
+import threading
+
 import kmock
+import pytest
+from dllm_operator.deletion_guard import DeletionGuard, ServiceDeleted
 
 from tests.operator.test_lifecycle import NAME, example, until
 
@@ -63,3 +67,29 @@ def test_a_resync_under_way_when_its_service_is_deleted_writes_no_child_after(cl
     assert _children_written_after_the_delete_handler_began(cluster) == []
     assert kube.deployment(f"{NAME}-engine") is None, kube.snapshot(NAME)
     assert not kube.jobs() and not kube.core.list_namespaced_config_map("default").items
+
+
+def test_a_deletion_waits_for_the_reconcile_under_way_within_a_bound_and_refuses_later_ones():
+    """The guard itself: a reconcile under way is waited for (up to the bound: an API call that does not
+    answer must not hold the delete handler for ever), a later one of the same uid never starts, another
+    service's still does."""
+    guard = DeletionGuard()
+    entered, release = threading.Event(), threading.Event()
+
+    def reconcile():
+        with guard.reconciling("deleted"):
+            entered.set()
+            release.wait()
+
+    under_way = threading.Thread(target=reconcile)
+    under_way.start()
+    entered.wait()
+    assert guard.begin_deletion("deleted")  # one is under way
+    assert not guard.wait_until_idle("deleted", timeout_s=0.1)
+    release.set()
+    under_way.join()
+    assert guard.wait_until_idle("deleted", timeout_s=60)
+    with pytest.raises(ServiceDeleted), guard.reconciling("deleted"):
+        pass
+    with guard.reconciling("another"):
+        guard.check("another")
