@@ -21,7 +21,7 @@ from engine_pod.profiling.fit import MemoryFit
 from engine_pod.profiling.profiler import CORRECTION_MARGIN, _corrected_budget
 
 MAX_TOKENS = 4096  # with a 1 GiB limit: a grid wide enough for a fit that predicts held-out shapes
-SMALL_MAX_TOKENS = 1024  # CI's profile: eight shapes, a budget measured once, the summary written
+SMALL_MAX_TOKENS = 384  # CI's profile: the smallest grid (two shapes fit, two held out), a budget
 
 
 class _Lines(logging.Handler):
@@ -154,7 +154,7 @@ def test_every_profile_measures_its_budget_once_and_it_fits(small_profile):
 
 
 def test_a_budget_far_past_the_grid_is_warned_about_in_the_terminal_and_the_json(small_profile):
-    """600 MiB over a grid of at most 1024 tokens: the budget lies many times past the largest point."""
+    """600 MiB over a grid of at most 384 tokens: the budget lies many times past the largest point."""
     result, _, logged = small_profile
     extrapolation = result["extrapolation"]
     assert extrapolation["largest_measured_tokens"] == SMALL_MAX_TOKENS
