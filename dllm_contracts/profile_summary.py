@@ -33,9 +33,13 @@ class ProfileSummary:
     token_budget: int
     source: str = "measured"
     device: str | None = None  # "cuda:0", "cpu"
-    device_name: str | None = None  # torch's name for the device, e.g. "NVIDIA H100 80GB HBM3"
+    # the device as the machine names it: a GPU's name ("NVIDIA H100 80GB HBM3"), a CPU's model ("AMD EPYC")
+    device_name: str | None = None
     gpu_product: str | None = None  # the measured node's nvidia.com/gpu.product label (operator)
     dtype: str | None = None
+    # the allocator it was measured under (the C library's malloc as dllm tunes it, or CUDA's caching
+    # allocator and its setting): the same model peaks otherwise under another
+    allocator: str | None = None
     layout: str | None = None  # the batch layout the budget was measured in (packed or dense)
     # the tensor-parallel size it was measured at (ranks of one engine group; the budget is per rank and
     # holds at that size only); a summary without it was measured at 1
@@ -130,6 +134,7 @@ class ProfileSummary:
 
 # fields a measured profile must carry (the rest may be absent)
 _OPTIONAL_KEYS = (
+    "allocator",
     "layout",
     "tensor_parallel",
     "cache_share",

@@ -8,6 +8,29 @@ from pathlib import Path
 
 import torch
 
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def device_name(device: torch.device) -> str:
+    """The device as the machine names it: a GPU's name, or the CPU's model (a memory budget measured on one
+    holds on that one: the same model on another CPU, or another allocator, can peak otherwise)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_model()
+
+
+def cpu_model(cpuinfo: Path = CPUINFO) -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (its vendor id where there is none); "cpu" unread."""
+    try:
+        fields = dict(
+            (key.strip(), value.strip())
+            for key, _, value in (line.partition(":") for line in cpuinfo.read_text().splitlines())
+            if value
+        )
+    except OSError:
+        return "cpu"
+    return fields.get("model name") or fields.get("vendor_id") or fields.get("CPU implementer") or "cpu"
+
 
 def total_memory(device: torch.device) -> int:
     """Bytes of memory the device has (CPU: RAM, or the cgroup limit if lower)."""

@@ -24,11 +24,12 @@ class ModelSpec:
         """The model (this process's rank of it), for as long as the context lasts."""
         import torch
 
+        from engine_pod.cpu_load import pin_threads
         from engine_pod.runner.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
 
         threads = max(1, torch.get_num_threads() // self.tensor_parallel)
         if self.tensor_parallel > 1:
-            torch.set_num_threads(threads)
+            pin_threads(threads)
         args = ModelArgs(self.model, self.device, self.dtype, seed, self.family, threads)
         with tensor_parallel_group(GroupPlace(self.tensor_parallel), args) as loaded:
             yield loaded

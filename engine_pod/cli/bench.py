@@ -23,7 +23,8 @@ from engine_pod.cli.common import (
 from engine_pod.cli.scheduling import add_scheduler_args, check_stagger, scheduler_config
 from engine_pod.cli.sparse_args import add_sparse_args
 from engine_pod.cli.sparse_checks import check_sparse_run
-from engine_pod.cpu_threads import PINNED, apply_threads
+from engine_pod.cpu_load import apply_threads
+from engine_pod.cpu_threads import PINNED
 
 logger = logging.getLogger(__name__)
 

@@ -109,9 +109,10 @@ def add_threads_arg(parser) -> None:
     parser.add_argument(
         "--threads",
         metavar="N",
-        help=f"torch threads (default: ${THREADS_ENV}, else one per CPU this process may use that other "
-        "processes leave free, sampled at start, at least 1; the CPUs: its affinity, capped by its cgroup CPU "
-        "quota; dllm serve keeps one for the gateway and Redis)",
+        help=f"torch threads, pinned (default: ${THREADS_ENV}, else one per CPU this process may use that "
+        "other processes leave free, at least 1, sampled at start and again between block cycles as the "
+        "load changes; the CPUs: its affinity, capped by its cgroup CPU quota; dllm serve keeps one for the "
+        "gateway and Redis)",
     )
 
 

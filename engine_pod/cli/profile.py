@@ -23,7 +23,7 @@ from engine_pod.cli.common import (
     check_logit_args,
 )
 from engine_pod.cli.sparse_args import add_sparse_args, sparse_config
-from engine_pod.cpu_threads import apply_threads
+from engine_pod.cpu_load import apply_threads
 from engine_pod.head_sparse.groups import PROFILE_KEY
 
 logger = logging.getLogger(__name__)
@@ -206,5 +206,7 @@ def run(args: argparse.Namespace) -> int:
         f"token budget {result['token_budget']} ({fit['bytes_per_token']:.0f} bytes/token, "
         f"R^2 {fit['r_squared']:.4f}, held-out error "
         f"{max(h['relative_error'] for h in result['held_out']):.1%})\n"
+        f"measured on {result['device_name']} ({result['device']}), {result['allocator']}: "
+        "another device or allocator needs its own profile\n"
     )
     return 0

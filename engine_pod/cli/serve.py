@@ -36,6 +36,7 @@ from engine_pod.cli.worker import add_worker_args
 from engine_pod.cpu_threads import choose_threads
 
 logger = logging.getLogger(__name__)
+SERVE_RESERVE = 1  # CPUs the worker's default thread count leaves to the gateway, Redis and the clients
 
 _HELD: list = []  # the data directory's lock file, open for the life of this process
 
@@ -151,7 +152,11 @@ def _worker_args(args: argparse.Namespace, redis_url: str, identity: ModelIdenti
     return [
         *("--model", args.model, "--device", args.device, "--dtype", args.dtype),
         *(["--family", args.family] if args.family else []),  # the worker refuses a checkpoint of another
-        *(["--threads", args.threads] if args.threads is not None else []),  # run() sets serve's choice
+        *(
+            ["--threads", args.threads]
+            if args.threads is not None
+            else ["--threads-reserve", str(SERVE_RESERVE)]
+        ),
         *("--redis", redis_url, "--service", args.service, *budget),
         *admission_flags(scheduler_config(args)),
         *("--policy", args.policy, "--batch-size", str(args.batch_size)),
@@ -190,8 +195,9 @@ def run(args: argparse.Namespace) -> int:
     warm_texts(args)  # a file that cannot be read, too
     _quiet_terminal()
     # a bad count ends serve here, before anything starts; the default keeps a CPU for the gateway and Redis
-    threads = choose_threads(args.threads, reserve=1)
-    args.threads = str(threads.threads)  # the worker's, as chosen here
+    # (and the worker, choosing it so as well, follows the load from there)
+    threads = choose_threads(args.threads, reserve=SERVE_RESERVE)
+    args.threads = None if threads.follow else str(threads.threads)  # a pinned count: the worker's too
     queue_settings(args)
     scheduler_config(args)  # a bad flag, or a profile of another layout or parallel size, ends serve here
     sparse_flags(args)  # bad head-sparse settings end serve here too

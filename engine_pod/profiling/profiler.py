@@ -25,9 +25,9 @@ from tqdm import tqdm
 from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
 from dllm_contracts.head_sparse_config import HeadSparseConfig
 from dllm_contracts.scheduler_config import DEFAULT_LAYOUT
-from engine_pod.allocators import CUDA_ALLOC_CONF
+from engine_pod.allocators import CUDA_ALLOC_CONF, describe_allocator
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.device_memory import available_memory, peak_allocated_bytes, total_memory
+from engine_pod.device_memory import available_memory, device_name, peak_allocated_bytes, total_memory
 from engine_pod.families.registry import family_of
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.loading.loader import (
@@ -263,7 +263,8 @@ def _result(
     return {
         "model": cfg.model,
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "device_name": device_name(device),
+        "allocator": describe_allocator(str(device)),
         "torch_version": torch.__version__,
         "dtype": cfg.dtype,
         "layout": cfg.layout,

@@ -15,7 +15,8 @@ from dllm_contracts.profile_summary import ProfileSummary
 from dllm_operator import names
 from dllm_operator.conditions import condition, set_condition
 from dllm_operator.config import OperatorSettings
-from dllm_operator.k8s import ChildRejected, KubeClient, collection_path, object_path
+from dllm_operator.deletion_guard import DeletionGuard, ServiceDeleted
+from dllm_operator.k8s import ChildRejected, KubeClient, collection_path, object_path, writes_checked
 from dllm_operator.manifests import common
 from dllm_operator.manifests.engine import EnginePods, profile_configmap
 from dllm_operator.manifests.engine_group import (
@@ -71,11 +72,23 @@ class Reconciler:
     def __init__(self, settings: OperatorSettings, client: KubeClient) -> None:
         self.settings = settings
         self.client = client
+        self.deletions = DeletionGuard()
 
     def reconcile(self, body: dict[str, Any], autoscale_now: bool = False) -> Outcome:
-        meta, status = body["metadata"], dict(body.get("status") or {})
+        """Bring the children in line with ``body``; nothing once the service is being deleted (the delete
+        handler owns what happens then, also when this view of the service is older than its deletion)."""
+        meta = body["metadata"]
         if meta.get("deletionTimestamp"):
-            return Outcome({})  # being deleted: the delete handler owns what happens now
+            return Outcome({})
+        try:
+            uid = meta["uid"]
+            with self.deletions.reconciling(uid), writes_checked(lambda: self.deletions.check(uid)):
+                return self._reconcile(body, autoscale_now)
+        except ServiceDeleted:
+            return Outcome({})
+
+    def _reconcile(self, body: dict[str, Any], autoscale_now: bool) -> Outcome:
+        meta, status = body["metadata"], dict(body.get("status") or {})
         generation = int(meta.get("generation", 1))
         conditions = list(status.get("conditions") or [])
         try:
@@ -194,6 +207,7 @@ class Reconciler:
         if profile.state == "ready" and summary is not None:
             self._apply_engine(spec, owner, current, summary, redis_url, status)
         scaling: dict[str, Any] = {}
+        self.deletions.check(owner["uid"])  # before the queue-depth check (a Redis that may not answer)
         if autoscale_now and not spec.keda:
             scaling, conditions = autoscale_engine(
                 self.client, spec, redis_url, status, events, conditions, generation
@@ -294,8 +308,20 @@ class Reconciler:
         )
 
     # -- deletion -------------------------------------------------------------------------------
-    def delete_children(self, namespace: str, name: str) -> int:
-        """Delete every child (garbage collection does it too in a real cluster; this is explicit)."""
+    def delete_children(self, namespace: str, name: str, uid: str) -> int:
+        """Delete every child (garbage collection does it too in a real cluster; this is explicit); no
+        reconcile of the service writes one after this returns."""
+        under_way = self.deletions.begin_deletion(uid)
+        deleted = self._delete_children(namespace, name)
+        if under_way:  # a reconcile from before the deletion may have written a child since
+            if not self.deletions.wait_until_idle(uid):
+                logger.warning(
+                    "%s/%s: a reconcile under way has not stopped; deleting again anyway", namespace, name
+                )
+            deleted += self._delete_children(namespace, name)
+        return deleted
+
+    def _delete_children(self, namespace: str, name: str) -> int:
         labels = {
             "app.kubernetes.io/instance": names.label_value(name),
             "app.kubernetes.io/managed-by": "dllm-operator",
