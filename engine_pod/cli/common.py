@@ -56,6 +56,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_tensor_parallel_arg(parser: argparse.ArgumentParser) -> None:
+    """``--tensor-parallel`` and ``--expert-parallel``: the group of processes the model is spread over."""
     parser.add_argument(
         "--tensor-parallel",
         type=int,
@@ -64,6 +65,16 @@ def add_tensor_parallel_arg(parser: argparse.ArgumentParser) -> None:
         help="split the model across N processes on this machine (N GPUs from --device's index on, or N CPU "
         "processes sharing the threads): attention heads, MLP units and the vocabulary divided among them; "
         "the same tokens as one process (default: 1)",
+    )
+    parser.add_argument(
+        "--expert-parallel",
+        type=int,
+        default=1,
+        metavar="E",
+        help="spread a mixture of experts' routed experts (LLaDA2.0, DiffusionGemma) over E sets of the "
+        "group's processes, each holding experts / E whole experts; with --tensor-parallel N (E dividing "
+        "N) each set's experts are split over its N / E processes, alone the group has E processes with "
+        "attention and dense layers repeated on each; the same tokens as one process (default: 1)",
     )
 
 
@@ -92,13 +103,17 @@ def add_group_args(parser: argparse.ArgumentParser) -> None:
 
 
 def group_place(args: argparse.Namespace):
-    """The tensor-parallel group these flags describe (one line for flags that do not fit together)."""
+    """The group these flags describe (one line for flags that do not fit together)."""
     from engine_pod.runner.group_processes import GroupPlace
 
     nodes = getattr(args, "nodes", 1)
     try:
         return GroupPlace(
-            args.tensor_parallel, nodes, getattr(args, "node_rank", 0), getattr(args, "group_address", None)
+            args.tensor_parallel,
+            nodes,
+            getattr(args, "node_rank", 0),
+            getattr(args, "group_address", None),
+            getattr(args, "expert_parallel", 1),
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None
