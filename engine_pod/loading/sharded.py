@@ -141,6 +141,12 @@ def _random_sources(config: Any, seed: int, device: torch.device) -> dict[str, T
     return random_sources(shapes, family_of(config).random_law or normal_law, seed, device)
 
 
+def draw_random(model: torch.nn.Module, config: Any, seed: int) -> None:
+    """A whole model's parameters drawn as its random preset's (``load_model("random:...")``'s draw)."""
+    device = next(model.parameters()).device
+    fill_model(model, _random_sources(config, seed, device), WholeModel(config).cut, random=True)
+
+
 def fill_model(model: torch.nn.Module, sources: dict[str, TensorSource], cut_of, random: bool) -> None:
     """Write each source's cut (``cut_of(name, whole shape)``; None: not this process's) into the model's
     tensor of that name; refuse, in one line, a tensor of another shape or one left without a source
