@@ -132,3 +132,15 @@ def test_dllm_bench_at_expert_parallel_answers_every_request_as_one_process(mode
             assert report["policies"]["blockserve"]["collectives_per_forward"] > 0
         digests[(tensor, expert)] = report["outputs_sha256"]
     assert all(digest == digests[(1, 1)] for digest in digests.values()), digests
+
+
+@pytest.mark.slow
+def test_dllm_profile_at_expert_parallel_records_both_sizes_and_a_budget(tmp_path):
+    out = tmp_path / "profile.json"
+    command = [sys.executable, "-m", "engine_pod.cli.main", "profile", "--model", LLADA2]
+    command += ["--expert-parallel", "2", "--max-tokens", "1024", "--memory-limit", str(4 << 30)]
+    command += ["--threads", "2", "--json", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert (result["tensor_parallel"], result["expert_parallel"]) == (1, 2) and result["token_budget"] > 0
