@@ -112,6 +112,7 @@ def test_a_blockserve_batch_at_expert_parallel_gives_every_request_the_tokens_of
 
 
 @pytest.mark.slow
+@pytest.mark.timeout((1 + len(SIZES)) * TIMEOUT_S)  # its commands' own bounds govern
 @pytest.mark.parametrize("model", [LLADA2, GEMMA])
 def test_dllm_bench_at_expert_parallel_answers_every_request_as_one_process(model, tmp_path):
     """BlockServe and static batching through `dllm bench`: each policy's answers hashed, equal at expert
@@ -135,10 +136,11 @@ def test_dllm_bench_at_expert_parallel_answers_every_request_as_one_process(mode
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S + 60)  # the command's own bound governs (a profile measures 8 shapes)
 def test_dllm_profile_at_expert_parallel_records_both_sizes_and_a_budget(tmp_path):
     out = tmp_path / "profile.json"
     command = [sys.executable, "-m", "engine_pod.cli.main", "profile", "--model", LLADA2]
-    command += ["--expert-parallel", "2", "--max-tokens", "1024", "--memory-limit", str(4 << 30)]
+    command += ["--expert-parallel", "2", "--max-tokens", "512", "--memory-limit", str(4 << 30)]
     command += ["--threads", "2", "--json", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stderr
