@@ -56,7 +56,6 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_tensor_parallel_arg(parser: argparse.ArgumentParser) -> None:
-    """``--tensor-parallel`` and ``--expert-parallel``: the group of processes the model is spread over."""
     parser.add_argument(
         "--tensor-parallel",
         type=int,
@@ -106,15 +105,9 @@ def group_place(args: argparse.Namespace):
     """The group these flags describe (one line for flags that do not fit together)."""
     from engine_pod.runner.group_processes import GroupPlace
 
-    nodes = getattr(args, "nodes", 1)
+    sizes = (args.tensor_parallel, getattr(args, "nodes", 1), getattr(args, "node_rank", 0))
     try:
-        return GroupPlace(
-            args.tensor_parallel,
-            nodes,
-            getattr(args, "node_rank", 0),
-            getattr(args, "group_address", None),
-            getattr(args, "expert_parallel", 1),
-        )
+        return GroupPlace(*sizes, getattr(args, "group_address", None), getattr(args, "expert_parallel", 1))
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
