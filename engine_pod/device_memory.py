@@ -49,6 +49,26 @@ def available_memory(device: torch.device) -> int:
     return total_memory(device)
 
 
+def address_space_left() -> int | None:
+    """Bytes of address space this process may still map under its limit (``ulimit -v``, RLIMIT_AS), or
+    None without one."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    return max(0, limit - _status_kib("VmSize") * 1024)
+
+
+def _status_kib(field: str) -> int:
+    """A size in /proc/self/status (kB), 0 where it cannot be read."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def _cgroup_limit() -> int | None:
     for path in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
         try:

@@ -134,6 +134,7 @@ NEW = generator.FamilyRow(
     "canvas",
     "acme/TinyCanvas-1B",
     "tiny-canvas-tiny",
+    True,
 )
 
 
@@ -156,6 +157,11 @@ def test_a_new_family_reaches_the_crd_and_its_schema_accepts_a_service_of_it():
     # its defaults, not the default family's 32 and 32, are what the CEL rules hold a service to
     assert any("must divide" in failure for failure in admit(_service(maxGenerationTokens=96), crd))
     assert admit(_service(blockLength=16, maxGenerationTokens=128), crd) == []
+    # a family with experts may spread them (parallelism.expert); one without may not
+    spread = _service(maxGenerationTokens=128) | {"parallelism": {"expert": 2}}
+    assert admit(spread, crd) == []
+    dense = spread | {"model": {"uri": "x", "family": "llada"}}
+    assert any("needs a mixture-of-experts family" in failure for failure in admit(dense, crd))
 
 
 def test_a_new_family_reaches_the_chart_and_the_contracts_table():
@@ -176,6 +182,7 @@ def test_a_new_family_reaches_the_chart_and_the_contracts_table():
         "steps_per_block": 16,
         "cache": "canvas",
         "tiny_preset": "tiny-canvas-tiny",
+        "expert_parallel": True,
     }
 
 

@@ -216,6 +216,7 @@ def _report(
         # each policy's answers, as one hash: two runs (another tensor-parallel size, another machine) compare
         "outputs_sha256": {name: outputs_digest(run) for name, run in runs.items()},
         "tensor_parallel": cfg.model.tensor_parallel,
+        "expert_parallel": cfg.model.expert_parallel,
         "latencies": {name: [o.latency_s for o in run.outcomes.values()] for name, run in runs.items()},
         "timelines": {name: timeline(run) for name, run in runs.items()},
     }

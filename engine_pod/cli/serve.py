@@ -22,7 +22,14 @@ from dllm_contracts.model_identity import ON_MODEL_CHANGE, ModelIdentity, Served
 from dllm_contracts.model_source import portable_name
 from dllm_contracts.scheduler_config import admission_flags
 from engine_pod.cli.budget import resolve_budget
-from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, check_logit_args, logit_flags
+from engine_pod.cli.common import (
+    CliError,
+    add_decoding_args,
+    add_model_args,
+    check_logit_args,
+    group_place,
+    logit_flags,
+)
 from engine_pod.cli.scheduling import scheduler_config
 from engine_pod.cli.serve_settings import (
     data_dir_of,
@@ -163,7 +170,7 @@ def _worker_args(args: argparse.Namespace, redis_url: str, identity: ModelIdenti
         *("--steps-per-block", str(args.steps_per_block)),
         *("--lease-ms", str(args.lease_ms), "--drain-timeout", str(args.drain_timeout)),
         *("--result-ttl", str(args.result_ttl), "--model-identity", identity.text),
-        *("--tensor-parallel", str(args.tensor_parallel)),
+        *("--tensor-parallel", str(args.tensor_parallel), "--expert-parallel", str(args.expert_parallel)),
         *warm_prefix_flags(args),
         *decoding,
     ]
@@ -200,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
     args.threads = None if threads.follow else str(threads.threads)  # a pinned count: the worker's too
     queue_settings(args)
     scheduler_config(args)  # a bad flag, or a profile of another layout or parallel size, ends serve here
+    _check_group(args)  # a group the model cannot be spread over, or that cannot fit, too
     sparse_flags(args)  # bad head-sparse settings end serve here too
     model_dir = _served_model_dir(args)
     if not (model_dir / "tokenizer.json").is_file():
@@ -254,6 +262,15 @@ def run(args: argparse.Namespace) -> int:
     finally:
         supervisor.stop_all(stopping.waiting)
     return stopping.farewell()
+
+
+def _check_group(args: argparse.Namespace) -> None:
+    """The worker's group (``--tensor-parallel``, ``--expert-parallel``) checked against the model and this
+    machine's memory before anything starts (the worker checks again before its ranks start)."""
+    from engine_pod.runner.group_processes import ModelArgs, check_group
+
+    if (place := group_place(args)).size > 1:
+        check_group(place, ModelArgs(args.model, args.device, args.dtype, family=args.family))
 
 
 def _redis(args: argparse.Namespace):

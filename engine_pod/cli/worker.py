@@ -166,9 +166,9 @@ def model_args(args: argparse.Namespace):
 
     from engine_pod.runner.group_processes import ModelArgs
 
-    per_node = max(1, args.tensor_parallel // max(1, getattr(args, "nodes", 1)))
+    per_node = group_place(args).per_node
     per_rank = max(1, torch.get_num_threads() // per_node)
-    if args.tensor_parallel > 1:
+    if per_node > 1:
         pin_threads(per_rank)
     return ModelArgs(args.model, args.device, args.dtype, family=args.family, threads=per_rank)
 
@@ -221,11 +221,12 @@ def _identity(text: str) -> ModelIdentity | None:
 def run(args: argparse.Namespace) -> int:
     from engine_pod.worker.http import ProbeSource, serve_probes
 
+    place = group_place(args)  # sizes that make no group: refused before anything starts
     check_logit_args(args)
     if args.threads_reserve < 0:
         raise CliError(f"--threads-reserve must not be negative, got {args.threads_reserve}")
     apply_threads(args.threads, reserve=args.threads_reserve)
-    if group_place(args).node > 0:
+    if place.node > 0:
         return follow_group(args)
     probes = ProbeSource()  # up before the model loads: a long download is alive, not restarted
     server = serve_probes(args.host, args.port, probes) if args.port else None

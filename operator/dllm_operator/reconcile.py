@@ -47,6 +47,7 @@ from dllm_operator.manifests.redis import (
     redis_service,
     redis_volume_claim,
 )
+from dllm_operator.placement import placement_problem
 from dllm_operator.pod_health import stuck_reason
 from dllm_operator.profile_state import ProfileState, ensure_profile
 from dllm_operator.scaling import autoscale_engine
@@ -103,6 +104,9 @@ class Reconciler:
                 "cluster: install it, or set parallelism.nodes to 1"
             )
             return self._degraded(conditions, generation, "LeaderWorkerSetNotInstalled", message)
+        unplaceable = placement_problem(self.client, spec)
+        if unplaceable:  # its pods would stay Pending: say why, and make none
+            return self._degraded(conditions, generation, "GroupTooLarge", unplaceable)
         owner = {"name": meta["name"], "uid": meta["uid"]}
         try:
             redis_url = self._ensure_redis(spec, owner)
@@ -278,7 +282,8 @@ class Reconciler:
 
     def _stuck_pods(self, spec: ServiceSpec) -> tuple[str, str] | None:
         for component in ("engine", "gateway"):
-            stuck = stuck_reason(self.client, spec.namespace, common.selector_labels(spec, component))
+            labels = common.selector_labels(spec, component)
+            stuck = stuck_reason(self.client, spec.namespace, labels, self.settings.unschedulable_after_s)
             if stuck:
                 return stuck
         return None
