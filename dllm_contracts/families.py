@@ -31,6 +31,8 @@ DEFAULT_FAMILY = FAMILIES[0]
 FAMILY_NAMES: dict[str, str] = {row["name"]: row["display_name"] for row in FAMILY_TABLE}
 # each family's cache kind: dual (LLaDA, Dream), paged (block diffusion), canvas (DiffusionGemma)
 FAMILY_CACHE: dict[str, str] = {row["name"]: row["cache"] for row in FAMILY_TABLE}
+# the families whose experts parallelism.expert (the engine's --expert-parallel) spreads over ranks
+EXPERT_FAMILIES = tuple(row["name"] for row in FAMILY_TABLE if row["expert_parallel"])
 FAMILIES_IN_WORDS = ", ".join(FAMILY_NAMES[family] for family in FAMILIES)
 
 

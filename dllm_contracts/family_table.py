@@ -2,8 +2,9 @@
 # (engine_pod/families/registry.py). Do not edit: change the family's record and run the script.
 """Every model family, in the registry's order (the first is the default), with the decoding it starts
 from when a service does not say, its cache kind (what dllm_contracts/run_rules.py judges by), its
-CPU-sized random preset (what the op census runs: engine_pod/bench/census_grid.py) and the per-request
-settings it adds (dllm_contracts/request_params.py reads them: the gateway's request fields)."""
+CPU-sized random preset (what the op census runs: engine_pod/bench/census_grid.py), whether its
+experts spread over ranks (parallelism.expert) and the per-request settings it adds
+(dllm_contracts/request_params.py reads them: the gateway's request fields)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "steps_per_block": 32,
         "cache": "dual",
         "tiny_preset": "llada-tiny",
+        "expert_parallel": False,
         "request_settings": (),
     },
     {
@@ -28,6 +30,7 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "steps_per_block": 32,
         "cache": "dual",
         "tiny_preset": "dream-tiny",
+        "expert_parallel": False,
         "request_settings": (),
     },
     {
@@ -38,6 +41,7 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "steps_per_block": 32,
         "cache": "paged",
         "tiny_preset": "llada2-tiny",
+        "expert_parallel": True,
         "request_settings": (),
     },
     {
@@ -48,6 +52,7 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "steps_per_block": 32,
         "cache": "paged",
         "tiny_preset": "sdar-tiny",
+        "expert_parallel": False,
         "request_settings": (),
     },
     {
@@ -58,6 +63,7 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "steps_per_block": 48,
         "cache": "canvas",
         "tiny_preset": "diffusion-gemma-tiny",
+        "expert_parallel": True,
         "request_settings": (
             {
                 "name": "max_denoising_steps",

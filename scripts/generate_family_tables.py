@@ -7,11 +7,11 @@ What it writes, each from the registry's records in their order (the first is th
 dllm_contracts/family_table.py (the torch-free table the operator, the gateway and the op census's grid
 read, with the per-request settings each family adds, which the gateway takes as request fields); in both
 copies of the DLLMService CRD, spec.model.family's enum, default and description, the per-family defaults
-in the CEL rules and in the descriptions of decoding.blockLength and decoding.stepsPerBlock; the chart's
-values.yaml supportedFamilies and values.schema.json's family enums; README.md's list of families and its
-Models table, the package summary's list in pyproject.toml, and docs/models.md's list of --family names.
-Only those lines change: the rest of each file stays as written. Run it after adding, removing or
-changing a family.
+in the CEL rules and in the descriptions of decoding.blockLength and decoding.stepsPerBlock, and the
+families the rule on parallelism.expert admits; the chart's values.yaml supportedFamilies and
+values.schema.json's family enums; README.md's list of families and its Models table, the package
+summary's list in pyproject.toml, and docs/models.md's list of --family names. Only those lines change:
+the rest of each file stays as written. Run it after adding, removing or changing a family.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ class FamilyRow:
     checkpoints: str  # the published checkpoints it reads (README's Models table)
     tiny_preset: str  # its CPU-sized random preset (dllm_contracts/model_presets.py): the op census runs it
     request_settings: tuple[dict[str, Any], ...] = ()  # the per-request settings it adds (Setting.to_row)
+    expert_parallel: bool = False  # a mixture of experts that parallelism.expert spreads over ranks
 
 
 def registry_rows() -> tuple[FamilyRow, ...]:
@@ -87,6 +88,7 @@ def registry_rows() -> tuple[FamilyRow, ...]:
             f.checkpoints,
             f.tiny_preset,
             tuple(s.to_row() for s in settings_of(f.request_params).values()) if f.request_params else (),
+            f.expert_parallel,
         )
         for f in registered_families()
     )
@@ -118,8 +120,9 @@ TABLE_HEAD = '''\
 # (engine_pod/families/registry.py). Do not edit: change the family's record and run the script.
 """Every model family, in the registry's order (the first is the default), with the decoding it starts
 from when a service does not say, its cache kind (what dllm_contracts/run_rules.py judges by), its
-CPU-sized random preset (what the op census runs: engine_pod/bench/census_grid.py) and the per-request
-settings it adds (dllm_contracts/request_params.py reads them: the gateway's request fields)."""
+CPU-sized random preset (what the op census runs: engine_pod/bench/census_grid.py), whether its
+experts spread over ranks (parallelism.expert) and the per-request settings it adds
+(dllm_contracts/request_params.py reads them: the gateway's request fields)."""
 
 from __future__ import annotations
 
@@ -141,8 +144,9 @@ def table_source(rows: Sequence[FamilyRow]) -> str:
             "steps_per_block": row.steps_per_block,
             "cache": row.cache,
             "tiny_preset": row.tiny_preset,
+            "expert_parallel": row.expert_parallel,
         }
-        lines = "".join(f"        {json.dumps(key)}: {json.dumps(value)},\n" for key, value in fields.items())
+        lines = "".join(f"        {json.dumps(key)}: {_python(value)},\n" for key, value in fields.items())
         lines += f'        "request_settings": {settings_source(row.request_settings)},\n'
         entries.append(f"    {{\n{lines}    }},\n")
     return TABLE_HEAD + "".join(entries) + ")\n"
@@ -155,14 +159,14 @@ def settings_source(settings: Sequence[dict[str, Any]]) -> str:
     items = []
     for item in settings:
         lines = "".join(
-            f"                {json.dumps(key)}: {_literal(value)},\n" for key, value in item.items()
+            f"                {json.dumps(key)}: {_python(value)},\n" for key, value in item.items()
         )
         items.append(f"            {{\n{lines}            }},\n")
     return "(\n" + "".join(items) + "        )"
 
 
-def _literal(value: Any) -> str:
-    """A Python literal for a setting's field (None, True and False as Python writes them)."""
+def _python(value: object) -> str:
+    """A value as Python source (JSON's spelling is Python's but for null, true and false)."""
     return repr(value) if value is None or isinstance(value, bool) else json.dumps(value)
 
 
@@ -240,6 +244,22 @@ def cel_chains(text: str, field: str, chain: str) -> str:
     return written
 
 
+EXPERT_RULE = re.compile(
+    r"(- rule: \"self\.parallelism\.expert == 1 \|\| self\.model\.family in )\[[^\]]*\](\"\n\s*message: "
+    r"parallelism\.expert above 1 needs a mixture-of-experts family \()[^)]*(\))"
+)
+
+
+def expert_rule(text: str, rows: Sequence[FamilyRow]) -> str:
+    """The CEL rule that admits parallelism.expert above 1 for the families with experts only."""
+    names = [row.name for row in rows if row.expert_parallel]
+    listed = ", ".join(f"'{name}'" for name in names)
+    written, count = EXPERT_RULE.subn(lambda m: f"{m[1]}[{listed}]{m[2]}{', '.join(names)}{m[3]}", text)
+    if count != 1:
+        raise GenerationError(f"expected one CEL rule on parallelism.expert's families, found {count}")
+    return written
+
+
 def crd_text(text: str, rows: Sequence[FamilyRow]) -> str:
     names = ", ".join(row.name for row in rows)
     text = field_lines(
@@ -256,7 +276,7 @@ def crd_text(text: str, rows: Sequence[FamilyRow]) -> str:
             text, field, {"description": lambda old, c=column: described_defaults(old, rows, c)}
         )
         text = cel_chains(text, field, cel_default(rows, column))
-    return text
+    return expert_rule(text, rows)
 
 
 # the chart
