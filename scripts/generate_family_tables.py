@@ -59,8 +59,8 @@ class FamilyRow:
     cache: str  # its cache kind: dual (LLaDA, Dream), paged (block diffusion) or canvas (DiffusionGemma)
     checkpoints: str  # the published checkpoints it reads (README's Models table)
     tiny_preset: str  # its CPU-sized random preset (dllm_contracts/model_presets.py): the op census runs it
-    request_settings: tuple[dict[str, Any], ...] = ()  # the per-request settings it adds (Setting.to_row)
     expert_parallel: bool = False  # a mixture of experts that parallelism.expert spreads over ranks
+    request_settings: tuple[dict[str, Any], ...] = ()  # the per-request settings it adds (Setting.to_row)
 
 
 def registry_rows() -> tuple[FamilyRow, ...]:
@@ -87,8 +87,8 @@ def registry_rows() -> tuple[FamilyRow, ...]:
             f.cache,
             f.checkpoints,
             f.tiny_preset,
-            tuple(s.to_row() for s in settings_of(f.request_params).values()) if f.request_params else (),
             f.expert_parallel,
+            tuple(s.to_row() for s in settings_of(f.request_params).values()) if f.request_params else (),
         )
         for f in registered_families()
     )

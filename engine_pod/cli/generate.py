@@ -11,14 +11,13 @@ from engine_pod.cli.common import (
     CliError,
     add_decoding_args,
     add_model_args,
-    add_request_args,
     add_tensor_parallel_arg,
     check_logit_args,
     decoding_config,
     group_place,
     parse_int_list,
-    request_params,
 )
+from engine_pod.cli.request_args import add_request_args, request_params
 from engine_pod.cli.sparse_args import add_sparse_args
 from engine_pod.cli.sparse_checks import check_sparse_run
 from engine_pod.cpu_load import apply_threads, pin_threads
