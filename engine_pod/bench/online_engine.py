@@ -28,7 +28,7 @@ class _Run:
         self.first_block: dict[str, float] = {}
         self.observed: dict[str, Observed] = {}
         self.unadmitted: list[Request] = []  # sent, not yet scheduled
-        self.waited_at: list[int] = []  # the cycles (engine.records' indices) that left a sent request waiting
+        self.waited_at: list[int] = []  # the cycles (engine.records' indices) leaving a request waiting
 
     def now(self) -> float:
         return time.perf_counter() - self.start

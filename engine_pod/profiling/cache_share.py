@@ -16,7 +16,7 @@ def cache_share(
     dtype: str,
     tensor_parallel: int,
     bytes_per_token: float,
-    sparse: HeadSparseConfig = HeadSparseConfig(),
+    sparse: HeadSparseConfig | None = None,
 ) -> dict:
     """``cache_bytes_per_token`` (a dual-cache family's dense keys and values of one token, per rank, of
     ``model``), its ``cache_share`` of the profiled ``bytes_per_token``, and ``context_kept_share``, the
@@ -30,5 +30,5 @@ def cache_share(
     return {
         "cache_bytes_per_token": cache,
         "cache_share": round(min(1.0, cache / bytes_per_token), 4),
-        "context_kept_share": round(sparse.context_kept_share(kv_heads), 4),
+        "context_kept_share": round((sparse or HeadSparseConfig()).context_kept_share(kv_heads), 4),
     }

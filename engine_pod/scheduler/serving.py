@@ -26,7 +26,7 @@ def serving_scheduler(
 ) -> Scheduler:
     """``policy``'s scheduler: BlockServe or dLLM-Serve with ``config``, static batches of ``batch_size`` (in arrival
     order, each run until its slowest row is done) or sequential. ``kept_share``: of a row's context, what
-its cache holds (the head-sparse cache's; dLLM-Serve's admission counts it)."""
+    its cache holds (the head-sparse cache's; dLLM-Serve's admission counts it)."""
     if policy == "blockserve":
         return BlockServeScheduler(block_length, eos_ids, config, **common)
     if policy == "dllm-serve":
