@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dllm_contracts.head_sparse_config import HeadSparseConfig
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.scheduler.dllm_serve import DllmServeScheduler
 
@@ -19,7 +20,9 @@ def _resident(kept_share: float, budget: int = 1024, cache_share: float = 0.5) -
     )
     scheduler = DllmServeScheduler(BLOCK, [], config, kept_share=kept_share, ignore_eos=True)
     for index in range(200):
-        scheduler.add(scheduler.request_for(f"r{index}", list(range(1, PROMPT + 1)), BLOCK))
+        scheduler.add(
+            scheduler.request_for(f"r{index}", list(range(1, PROMPT + 1)), RequestParams(max_tokens=BLOCK))
+        )
     return len(scheduler.schedule().request_ids)
 
 
@@ -43,7 +46,9 @@ def _claimable_prefix(kept_share: float) -> int:
     config = SchedulerConfig(token_budget=2048, refresh_quota=1.0, batch_refresh_quota=1.0, cache_share=1.0)
     scheduler = DllmServeScheduler(BLOCK, [], config, kept_share=kept_share, ignore_eos=True)
     for index in range(30):
-        scheduler.add(scheduler.request_for(f"r{index}", list(range(1, PROMPT + 1)), BLOCK))
+        scheduler.add(
+            scheduler.request_for(f"r{index}", list(range(1, PROMPT + 1)), RequestParams(max_tokens=BLOCK))
+        )
     assert len(scheduler.schedule().request_ids) == 30
     return scheduler.claim_plan().max_prefix
 
