@@ -24,7 +24,7 @@ class ModelSpec:
         """The model (this process's rank of it), for as long as the context lasts."""
         import torch
 
-        from engine_pod.runner.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
+        from engine_pod.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
 
         threads = max(1, torch.get_num_threads() // self.tensor_parallel)
         if self.tensor_parallel > 1:

@@ -93,7 +93,7 @@ def add_group_args(parser: argparse.ArgumentParser) -> None:
 
 def group_place(args: argparse.Namespace):
     """The tensor-parallel group these flags describe (one line for flags that do not fit together)."""
-    from engine_pod.runner.group_processes import GroupPlace
+    from engine_pod.group_processes import GroupPlace
 
     nodes = getattr(args, "nodes", 1)
     try:

@@ -29,6 +29,7 @@ from engine_pod.allocators import CUDA_ALLOC_CONF
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.device_memory import available_memory, peak_allocated_bytes, total_memory
 from engine_pod.families.registry import family_of
+from engine_pod.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.loading.loader import (
     LoadedModel,
@@ -44,7 +45,6 @@ from engine_pod.profiling.extrapolation import Extrapolation
 from engine_pod.profiling.fit import MemoryFit, fit_peak
 from engine_pod.profiling.grid import Point, grid
 from engine_pod.runner.factory import make_runner
-from engine_pod.runner.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
 from engine_pod.runner.tensor_parallel import group_peak, group_reset_peak
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput

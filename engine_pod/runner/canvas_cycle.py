@@ -66,10 +66,10 @@ from engine_pod.families.diffusion_gemma.context_cache import (
     context_pool,
     context_regions,
 )
-from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.canvas_forward import CanvasForward
 from engine_pod.runner.canvas_requests import CanvasRequest
 from engine_pod.runner.contract import CycleOutput, CycleStats
+from engine_pod.runner.model_interface import ServedModel
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 
@@ -106,7 +106,7 @@ class CanvasStepper:
     staggers_refreshes = False  # an exact context cache: nothing to refresh
     prefix_cache_stats = None
 
-    def __init__(self, loaded: LoadedModel, decoding: DecodingConfig, pool_tokens: int | None = None) -> None:
+    def __init__(self, loaded: ServedModel, decoding: DecodingConfig, pool_tokens: int | None = None) -> None:
         config = loaded.config
         if decoding.block_length != config.canvas_length:
             raise DecodingConfigError(

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # the loaded model holds tensors: named here, never imported 
     from torch import Tensor
 
     from engine_pod.block_diffusion.prefix_cache import PrefixCacheStats
-    from engine_pod.loading.loader import LoadedModel
+    from engine_pod.runner.model_interface import ServedModel
 
 
 @dataclass
@@ -71,7 +71,7 @@ class CycleOutput:
 class Runner(Protocol):
     """Runs block cycles of one model with one decoding config."""
 
-    loaded: LoadedModel  # the model, its config (EOS ids) and tokenizer
+    loaded: ServedModel  # the model, its config (EOS ids) and tokenizer
     decoding: DecodingConfig
     grid_aligned: bool  # the model's blocks sit on the absolute grid of the block length
     shares_blocks: bool  # the runner shares rows' common whole blocks (a prefix cache)

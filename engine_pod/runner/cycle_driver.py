@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # tensors: named here, never imported at run time
 
     from engine_pod.block_diffusion.prefix_cache import PrefixCacheStats
     from engine_pod.decoding.grammar.setup import GrammarSource
-    from engine_pod.loading.loader import LoadedModel
+    from engine_pod.runner.model_interface import ServedModel
 
 
 class Stepper(Protocol):
@@ -74,7 +74,7 @@ class Stepper(Protocol):
 class CycleRunner:
     """The Runner contract (runner/contract.py) of every family: this loop over its cache kind's stepper."""
 
-    def __init__(self, loaded: LoadedModel, decoding: DecodingConfig, stepper: Stepper) -> None:
+    def __init__(self, loaded: ServedModel, decoding: DecodingConfig, stepper: Stepper) -> None:
         self.loaded, self.decoding, self.stepper = loaded, decoding, stepper
         self.logit_budget = decoding.logit_budget
 

@@ -21,7 +21,6 @@ from engine_pod.decoding.policies import StepContext, make_policy
 from engine_pod.device_buffers import DeviceBuffers
 from engine_pod.head_sparse.hooks import refresh_heads, window_heads
 from engine_pod.head_sparse.store import HeadSparse, position_bytes
-from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner import dual_grammar
 from engine_pod.runner.canvas import Canvas, build_canvas, canvas_regions
 from engine_pod.runner.contract import CycleOutput, CycleStats
@@ -30,6 +29,7 @@ from engine_pod.runner.dual_cache import DualCache, DualCachePool
 from engine_pod.runner.dual_calibration import first_block_confidences
 from engine_pod.runner.dual_records import record_margins, trace_entry
 from engine_pod.runner.dual_rows import HostState, StepRows
+from engine_pod.runner.model_interface import ServedModel
 from engine_pod.runner.packing import refresh_inputs, window_inputs
 from engine_pod.scheduler.output import SchedulerOutput
 
@@ -67,7 +67,7 @@ class DualCacheStepper:
 
     def __init__(
         self,
-        loaded: LoadedModel,
+        loaded: ServedModel,
         decoding: DecodingConfig,
         pool_tokens: int | None = None,
         record_trace: bool = False,

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dllm_contracts.run_rules import sparse_family_problem
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.canvas_cycle import CanvasStepper
 from engine_pod.runner.contract import Runner
 from engine_pod.runner.cycle_driver import CycleRunner
+from engine_pod.runner.model_interface import ServedModel
 from engine_pod.runner.paged_cycle import PagedCacheStepper
 from engine_pod.runner.phase_cycle import PhaseStepper
 from engine_pod.runner.tensor_parallel import lead
@@ -18,7 +18,7 @@ _POOLED_STEPPERS = {"paged": PagedCacheStepper, "canvas": CanvasStepper}
 
 
 def make_runner(
-    loaded: LoadedModel,
+    loaded: ServedModel,
     decoding: DecodingConfig,
     pool_tokens: int | None = None,
     record_trace: bool = False,
@@ -43,7 +43,7 @@ def make_runner(
     return lead(CycleRunner(loaded, decoding, stepper), loaded, recipe)
 
 
-def refuse_candidates(loaded: LoadedModel, decoding: DecodingConfig) -> None:
+def refuse_candidates(loaded: ServedModel, decoding: DecodingConfig) -> None:
     """Logit candidates need the whole head on one process and a sampler that reads positions' logits
     one by one: DiffusionGemma's self-conditions on the whole vocabulary's softmax."""
     if not decoding.logit_candidates:

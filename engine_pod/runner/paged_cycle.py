@@ -30,9 +30,9 @@ from engine_pod.decoding.grammar.setup import GrammarSource
 from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext
 from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
-from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner import paged_grammar
 from engine_pod.runner.contract import CycleOutput, CycleStats
+from engine_pod.runner.model_interface import ServedModel
 from engine_pod.runner.paged_warm_prefix import fill_prefix
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
@@ -82,7 +82,7 @@ class PagedCacheStepper:
     staggers_refreshes = False  # an exact cache: nothing to refresh
     canvas_sampler = None  # no entropy-bound sampler
 
-    def __init__(self, loaded: LoadedModel, decoding: DecodingConfig, pool_tokens: int | None = None) -> None:
+    def __init__(self, loaded: ServedModel, decoding: DecodingConfig, pool_tokens: int | None = None) -> None:
         self.loaded, self.decoding = loaded, decoding
         self.threshold = block_threshold(decoding)
         L = decoding.block_length
