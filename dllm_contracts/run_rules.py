@@ -28,7 +28,7 @@ def stagger_problem(
 
 def stagger_problem_for(family, decoding) -> str | None:
     """``stagger_problem`` of a family record (its display name and cache kind) and a decoding config."""
-    facts = (family.display_name, family.cache, decoding.cache, decoding.remasking, decoding.sparse.on)
+    facts = (family.display_name, family.kind.name, decoding.cache, decoding.remasking, decoding.sparse.on)
     return stagger_problem(*facts)
 
 

@@ -79,7 +79,7 @@ def registry_rows() -> tuple[FamilyRow, ...]:
             f.summary,
             f.decoding.block_length,
             f.decoding.steps_per_block,
-            f.cache,
+            f.kind.name,
             f.checkpoints,
             f.tiny_preset,
         )

@@ -235,6 +235,6 @@ def check_stagger(args: argparse.Namespace) -> None:
 
     family = family_of(load_metadata(args.model, args.family)[0])
     sparse = getattr(args, "sparse_cache", "off") != "off"
-    problem = stagger_problem(family.display_name, family.cache, args.cache, args.remasking, sparse)
+    problem = stagger_problem(family.display_name, family.kind.name, args.cache, args.remasking, sparse)
     if problem:
         raise CliError(problem)

@@ -7,7 +7,7 @@ is committed. Slots are flat (page x page_size + offset); the last slot is a scr
 queries write to and padded keys read from, never attended.
 
 Pages are reference-counted: a request's table holds one reference to each of its pages, and the block
-prefix cache (block_diffusion/prefix_cache.py) one to each page it keeps, so that requests can share a
+prefix cache (kinds/block_causal/prefix_cache.py) one to each page it keeps, so that requests can share a
 committed block's page and a finished request's blocks can outlive it. A page returns to the free list
 when its last holder lets it go; when too few are free, ``reclaim`` (the cache's eviction) is asked first.
 

@@ -145,7 +145,7 @@ def check_shape(budget: int, cfg: ProfileConfig) -> Point:
 def for_model(cfg: ProfileConfig) -> ProfileConfig:
     """``cfg`` with what the model decides: whether its rows are canvases, the block length it takes."""
     config, _ = load_metadata(cfg.model, cfg.family)
-    canvas = family_of(config).cache == "canvas"
+    canvas = family_of(config).kind.canvas_rows
     block_length = cfg.block_length or (config.canvas_length if canvas else DEFAULT_BLOCK_LENGTH)
     if cfg.max_tokens < 4 * block_length:
         raise ProfileError(

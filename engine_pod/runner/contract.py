@@ -15,8 +15,19 @@ from engine_pod.scheduler.output import SchedulerOutput
 if TYPE_CHECKING:  # the loaded model holds tensors: named here, never imported at run time
     from torch import Tensor
 
-    from engine_pod.block_diffusion.prefix_cache import PrefixCacheStats
     from engine_pod.runner.model_interface import ServedModel
+
+
+@dataclass
+class PrefixCacheStats:
+    """A runner's block prefix cache: running totals since it was made (a scrape turns them into counters)."""
+
+    looked_up_tokens: int = 0  # whole-block tokens rows asked for when they entered the batch
+    hit_tokens: int = 0  # of those, found cached
+    attached_rows: int = 0
+    evicted_tokens: int = 0
+    cached_tokens: int = 0  # tokens the tree holds now
+    pinned_tokens: int = 0  # of those, warmed prefixes' (never evicted)
 
 
 @dataclass

@@ -7,8 +7,8 @@ of the device (which rows go on: a row whose block is complete leaves the next f
 gathers rows), until no row goes on; ``finish`` reads the committed blocks, and ``end`` gives back what
 the cycle held, however it ended.
 
-What differs by the family's cache kind is the stepper: the dual cache's (runner/dual_cycle.py), block
-diffusion's paged cache (runner/paged_cycle.py) and DiffusionGemma's canvases (runner/canvas_cycle.py).
+What differs by the family's cache kind is the stepper: the dual cache's (kinds/bidirectional/stepper.py), block
+diffusion's paged cache (kinds/block_causal/stepper.py) and DiffusionGemma's canvases (kinds/canvas/stepper.py).
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from dllm_contracts.canvas_sampler import EntropyBoundParams
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.logit_count import LOGITS
-from engine_pod.runner.contract import CycleOutput
+from engine_pod.runner.contract import CycleOutput, PrefixCacheStats
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.warm_prefixes import warm_prefix_problem
 
 if TYPE_CHECKING:  # tensors: named here, never imported at run time
     from torch import Tensor
 
-    from engine_pod.block_diffusion.prefix_cache import PrefixCacheStats
     from engine_pod.decoding.grammar.setup import GrammarSource
     from engine_pod.runner.model_interface import ServedModel
 
@@ -152,7 +151,7 @@ class CycleRunner:
         family or decoding without an exact prefix cache is refused in one line."""
         family, decoding = self.loaded.family, self.decoding
         problem = warm_prefix_problem(
-            family.display_name, family.cache, decoding.cache, decoding.prefix_cache
+            family.display_name, family.kind.name, decoding.cache, decoding.prefix_cache
         )
         if problem is not None:
             raise ValueError(problem)

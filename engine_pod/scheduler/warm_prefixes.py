@@ -6,7 +6,7 @@ nothing after it, so a prefix computed alone has the keys a request starting wit
 and Dream attend both ways across the whole sequence: a prefix's keys depend on everything after it (the
 answer's masks included), so a cached prefix would be an approximation (Fast-dLLM's prefix cache), and
 they are refused (``warm_prefix_problem``, torch-free, so that the worker and the command line refuse
-before any weights load). DiffusionGemma keeps no prefix cache. runner/paged_warm_prefix.py fills the
+before any weights load). DiffusionGemma keeps no prefix cache. kinds/block_causal/warm_prefix.py fills the
 cache.
 """
 

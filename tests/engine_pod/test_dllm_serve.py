@@ -1,4 +1,4 @@
-"""dLLM-Serve on the engine (runner/phase_cycle.py, runner/phase_carry.py, scheduler/dllm_serve.py): a quota
+"""dLLM-Serve on the engine (kinds/bidirectional/phase_stepper.py, kinds/bidirectional/phase_carry.py, scheduler/dllm_serve.py): a quota
 spreads a cycle's refreshes over its steps and never changes a request's tokens (float64, greedy and seeded
 sampling, LLaDA and Dream), and no step refreshes more than the quota; step-level batching ends a cycle at
 the step after which a row's block is complete, the rows going on carry their blocks, counters and caches
@@ -15,9 +15,9 @@ from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.engine import Engine
+from engine_pod.kinds.bidirectional.phase_stepper import PhaseScheduleError
 from engine_pod.loading.loader import load_model
 from engine_pod.runner.factory import make_runner
-from engine_pod.runner.phase_cycle import PhaseScheduleError
 from engine_pod.scheduler.dllm_serve import DllmServeScheduler
 from engine_pod.scheduler.static import sequential_scheduler
 from tests.engine_utils import common_token, run_workload

@@ -14,7 +14,7 @@ import torch
 from dllm_contracts.head_sparse_config import HeadSparseConfig
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
-from engine_pod.head_sparse import hooks
+from engine_pod.kinds.bidirectional.head_sparse import hooks
 from engine_pod.loading.loader import load_model
 from engine_pod.prompts import encode_prompt
 from engine_pod.runner.factory import make_runner
@@ -150,7 +150,7 @@ def test_other_cache_modes_and_families_are_refused():
 
 
 def test_cross_step_consistency_keeps_a_similar_heads_previous_ranking():
-    from engine_pod.head_sparse.scores import consistent_ranking
+    from engine_pod.kinds.bidirectional.head_sparse.scores import consistent_ranking
 
     previous = torch.tensor([[[0.5, 0.3, 0.2, 0.0]]])
     similar = torch.tensor([[[0.45, 0.35, 0.1, 0.1]]])

@@ -53,7 +53,7 @@ import sys
 from engine_pod.loading.loader import load_model
 loaded = load_model(sys.argv[1])
 mlp = loaded.model.layers[0].mlp
-print(loaded.config.family, loaded.config.activation, mlp.activation.func.__name__, loaded.family.cache)
+print(loaded.config.family, loaded.config.activation, mlp.activation.func.__name__, loaded.family.kind.name)
 """
 
 

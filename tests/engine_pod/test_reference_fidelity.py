@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from engine_pod.cli.main import main
+from engine_pod.kinds.bidirectional.box_batches import box_refresh, box_window
+from engine_pod.kinds.bidirectional.cycle_cache import DualCache, DualCachePool
 from engine_pod.loading.loader import load_model
-from engine_pod.runner.dual_batches import box_refresh, box_window
-from engine_pod.runner.dual_cache import DualCache, DualCachePool
 from tests.factories import REFERENCE_DIR, SHARED_REFERENCE, VENDORED_REFERENCE
 
 FAMILIES = ["llada", "dream"]

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.kinds.bidirectional.cycle_box import build_canvas
 from engine_pod.loading.loader import load_model
-from engine_pod.runner.canvas import build_canvas
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput

@@ -2,7 +2,7 @@
 the canvas width W, attention under each row's key mask in one call per layer (models/ragged.py's box).
 
 A refresh computes every column of its rows and, where the cycle keeps a dual cache, stores row r's keys
-at places ``r (W + 1) + column`` of the cache's run (runner/dual_cache.py); a window computes each row's
+at places ``r (W + 1) + column`` of the cache's run (kinds/bidirectional/cycle_cache.py); a window computes each row's
 window columns, stores them at their places first and attends over its row's ``W + 1`` places (the last,
 the scratch column the window's padding writes, never seen).
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine_pod.kinds.bidirectional.cycle_box import Canvas
+from engine_pod.kinds.bidirectional.cycle_cache import DualCache
 from engine_pod.models.forward_batch import ForwardBatch, KeyLayout, PoolRange
 from engine_pod.models.ragged import Box, RaggedAttention
-from engine_pod.runner.canvas import Canvas
-from engine_pod.runner.dual_cache import DualCache
 
 
 def box_refresh(canvas: Canvas, index: torch.Tensor | None, cache: DualCache | None) -> ForwardBatch:

@@ -1,11 +1,11 @@
-"""The decoder forwards of one DiffusionGemma cycle: which rows each computes and what they are fed."""
+"""The decoder forwards of one canvas cycle: which rows each computes and what they are fed."""
 
 from __future__ import annotations
 
 import torch
 
-from engine_pod.families.diffusion_gemma.context_cache import ContextRows
-from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
+from engine_pod.kinds.canvas.context_cache import ContextRows
+from engine_pod.kinds.canvas.model_interface import CanvasModel
 
 
 class CanvasForward:
@@ -14,7 +14,7 @@ class CanvasForward:
     stopped rows keep their last input, unsampled ones their padding)."""
 
     def __init__(
-        self, model: DiffusionGemmaModel, batch: ContextRows, running_at: torch.Tensor, gather_rows: bool
+        self, model: CanvasModel, batch: ContextRows, running_at: torch.Tensor, gather_rows: bool
     ) -> None:
         self.model, self.batch, self.gather_rows = model, batch, gather_rows
         self.running_at = running_at  # the running rows' places in a static batch

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from dllm_contracts.run_rules import sparse_family_problem
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.synthetic.masked_batches import TrainingBatch, encode, make_batches
@@ -62,8 +63,9 @@ def _loss(loaded: LoadedModel, batch: TrainingBatch) -> torch.Tensor:
 
 def head_importance(loaded: LoadedModel, cfg: ImportanceConfig, block_length: int = 32) -> dict:
     """The importance report: per layer, per (query) head, normalised scores and raw gradient norms."""
-    if not loaded.family.records_margins:
-        raise ValueError(f"head importance is for LLaDA and Dream, not {loaded.family.display_name}")
+    problem = sparse_family_problem(loaded.family.display_name, loaded.family.kind.name)
+    if problem is not None:  # the scores serve the head-sparse cache alone
+        raise ValueError(problem)
     torch.manual_seed(cfg.seed)
     model, config = loaded.model, loaded.config
     projections = [layer.attn.o_proj.weight for layer in model.layers]

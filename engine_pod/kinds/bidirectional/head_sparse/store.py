@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from dllm_contracts.head_sparse_config import HeadSparseConfig
-from engine_pod.head_sparse.groups import HeadGroup, kept_context, model_groups
-from engine_pod.head_sparse.scores import consistent_ranking, kept_positions
+from engine_pod.kinds.bidirectional.head_sparse.groups import HeadGroup, kept_context, model_groups
+from engine_pod.kinds.bidirectional.head_sparse.scores import consistent_ranking, kept_positions
 from engine_pod.models.ragged import starts_of
 
 

@@ -7,11 +7,11 @@ consecutive pages that the refresh reserves and the cycle's end gives back: noth
 (the next cycle's refresh recomputes every key, as the dual cache prescribes). A position's slot is the
 run's first slot plus its place in the run:
 - packed rows: row r's keys one after another from ``row_start[r]`` (``slot_of`` maps canvas columns to
-  places; runner/packing.py);
+  places; kinds/bidirectional/packing.py);
 - a dense box: row r's ``W + 1`` canvas columns from ``r (W + 1)``, the last a scratch column that window
-  padding writes and no query attends (runner/dual_batches.py).
+  padding writes and no query attends (kinds/bidirectional/box_batches.py).
 
-Under the head-sparse cache (head_sparse/, packed rows only) the cycle reserves no run: the refresh keeps
+Under the head-sparse cache (kinds/bidirectional/head_sparse/, packed rows only) the cycle reserves no run: the refresh keeps
 each head group's chosen entries in the cycle's own compact stores (``store``), which the windows read.
 """
 
@@ -31,9 +31,7 @@ class DualCache:
 
     def __init__(self, pool_for: Callable[[int], PagedKVPool] | None, heads=None) -> None:
         self._pool_for = pool_for  # a pool with at least this many free slots in one run; None: no pool
-        self.heads = (
-            heads  # head-sparse: the runner's HeadSparse (head_sparse/store.py), whose stores hold it
-        )
+        self.heads = heads  # head-sparse: the runner's HeadSparse (kinds/bidirectional/head_sparse/store.py), whose stores hold it
         self.store = None  # head-sparse: this cycle's CycleStore, made by the refresh
         self.owners: list[str] = []  # head-sparse: the request behind each row
         self.pool: PagedKVPool | None = None

@@ -1,17 +1,17 @@
-"""The dual-cache stepper with dLLM-Serve's phase multiplexing (runner/phase_plan.py decides the phases).
+"""The dual-cache stepper with dLLM-Serve's phase multiplexing (kinds/bidirectional/phase_plan.py decides the phases).
 
 A cycle whose scheduler sets a refresh quota or a refresh interval runs each row on its own schedule: the
-cycle's dual cache is laid out for every row at its start (runner/packing.py's layout, one copy), and at
+cycle's dual cache is laid out for every row at its start (kinds/bidirectional/packing.py's layout, one copy), and at
 each step the rows due for a refresh within the quota compute every position they attend, rewriting their
 places of the cache, while the others reuse theirs and compute their block only. Both kinds share the
 step's one forward (their queries packed together, each row reading its run of the cache after its new
 keys are written), so the step makes one attention call per layer and one read, as a plain cycle does;
 the step's plan is made on the device and comes to the host with that read, so no step copies anything
 to the device. A row due beyond the quota waits the step out. A cycle without either setting is the plain
-dual cycle (runner/dual_cycle.py).
+dual cycle (kinds/bidirectional/stepper.py).
 
 A cycle that asks for step-level batching ends at the first step after which a row's block is complete
-while others go on; those carry their blocks and caches into the next cycle (runner/phase_carry.py).
+while others go on; those carry their blocks and caches into the next cycle (kinds/bidirectional/phase_carry.py).
 
 Each row's forwards are those it takes alone, in the same order: its tokens are the same whatever the
 quota and whatever rows share its steps. The policy's decision must not depend on the step's number
@@ -27,14 +27,14 @@ import torch.nn.functional as F
 
 from dllm_contracts.run_rules import stagger_problem_for
 from engine_pod.decoding.denoise_step import Candidates
-from engine_pod.runner import dual_grammar as hooks
-from engine_pod.runner.canvas import Canvas
+from engine_pod.kinds.bidirectional import grammar as hooks
+from engine_pod.kinds.bidirectional.cycle_box import Canvas
+from engine_pod.kinds.bidirectional.packing import packed_layout, window_inputs
+from engine_pod.kinds.bidirectional.phase_carry import RESUME_COLUMNS, RowCarry
+from engine_pod.kinds.bidirectional.phase_plan import PhasePlan, plan_phases
+from engine_pod.kinds.bidirectional.step_rows import StepRows
+from engine_pod.kinds.bidirectional.stepper import DualCacheStepper, _DualCycle
 from engine_pod.runner.contract import CycleOutput
-from engine_pod.runner.dual_cycle import DualCacheStepper, _DualCycle
-from engine_pod.runner.dual_rows import StepRows
-from engine_pod.runner.packing import packed_layout, window_inputs
-from engine_pod.runner.phase_carry import RESUME_COLUMNS, RowCarry
-from engine_pod.runner.phase_plan import PhasePlan, plan_phases
 from engine_pod.scheduler.output import SchedulerOutput
 
 
@@ -75,7 +75,7 @@ class _Phases:
 class PhaseStepper(DualCacheStepper):
     """The dual-cache stepper, staggering its rows' refreshes where the cycle asks."""
 
-    extra_columns = RESUME_COLUMNS  # each row's resume columns (runner/phase_carry.py)
+    extra_columns = RESUME_COLUMNS  # each row's resume columns (kinds/bidirectional/phase_carry.py)
 
     @property
     def staggers_refreshes(self) -> bool:

@@ -4,8 +4,8 @@ Keeps each request's place in the exact KV cache across block cycles, keyed by t
 whose committed tokens are the ones cached last cycle reuses them; a request the scheduler names as
 released (finished, cancelled, preempted) gives its pages back, and one that comes back recomputes its
 cache from its committed tokens at its next cycle. The pool holds the token budget's pages. A cycle's
-layout and each step's queries: block_diffusion/cycle_layout.py; its forward batches:
-block_diffusion/batches.py.
+layout and each step's queries: kinds/block_causal/cycle_layout.py; its forward batches:
+kinds/block_causal/batches.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine_pod.block_diffusion.batches import dense_forward, packed_forward
-from engine_pod.block_diffusion.cycle_layout import (
+from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
+from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
+from engine_pod.decoding.grammar.setup import GrammarSource
+from engine_pod.decoding.logprobs import LogprobRecorder
+from engine_pod.decoding.policies import StepContext
+from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
+from engine_pod.kinds.block_causal import grammar as grammar_hooks
+from engine_pod.kinds.block_causal.batches import dense_forward, packed_forward
+from engine_pod.kinds.block_causal.cycle_layout import (
     BlockCycle,
     BlockRow,
     lay_out,
@@ -23,17 +30,10 @@ from engine_pod.block_diffusion.cycle_layout import (
     live_rows,
     step_queries,
 )
-from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache, PrefixCacheStats
-from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
-from engine_pod.decoding.denoise_step import Candidates, DenoiseStep
-from engine_pod.decoding.grammar.setup import GrammarSource
-from engine_pod.decoding.logprobs import LogprobRecorder
-from engine_pod.decoding.policies import StepContext
-from engine_pod.decoding.policies.scheduled_threshold import ScheduledThresholdPolicy
-from engine_pod.runner import paged_grammar
-from engine_pod.runner.contract import CycleOutput, CycleStats
+from engine_pod.kinds.block_causal.prefix_cache import BlockPrefixCache
+from engine_pod.kinds.block_causal.warm_prefix import fill_prefix
+from engine_pod.runner.contract import CycleOutput, CycleStats, PrefixCacheStats
 from engine_pod.runner.model_interface import ServedModel
-from engine_pod.runner.paged_warm_prefix import fill_prefix
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 
@@ -134,7 +134,7 @@ class PagedCacheStepper:
             self.score_dtype,
             [row.sampling for row in rows],
         )
-        grammar = paged_grammar.constrained_rows(self, rows, states, layout.starts)
+        grammar = grammar_hooks.constrained_rows(self, rows, states, layout.starts)
         return _PagedCycle(
             layout,
             [len(state.tokens) % L for state in states],
@@ -142,7 +142,7 @@ class PagedCacheStepper:
             hits,
             cycle.gather_rows,
             cycle.packed,
-            paged_grammar.most_steps(self, states, grammar),
+            grammar_hooks.most_steps(self, states, grammar),
             LogprobRecorder(counts, logprobs) if asked else None,
             logprobs,
             grammar=grammar,
@@ -157,14 +157,14 @@ class PagedCacheStepper:
         if step >= state.steps:
             return False
         state.masked = (state.layout.blocks == self.mask_id).sum(1)
-        state.counts = paged_grammar.read_counts(state)
+        state.counts = grammar_hooks.read_counts(state)
         return any(state.counts)
 
     @torch.no_grad()
     def step(self, state: _PagedCycle, step: int) -> None:
         """One step of the rows with masks left (every row, where the cycle keeps them all)."""
         cycle, counts = state.layout, state.counts
-        inputs = paged_grammar.before_step(state, self.mask_id)
+        inputs = grammar_hooks.before_step(state, self.mask_id)
         live, rows = live_rows(state.masked, counts, state.gather_rows)
         candidates = sum(counts[i] for i in live)
         queries = step_queries(cycle, live, rows, self.exact_cache, self.mask_id, candidates, state.packed)
@@ -195,7 +195,7 @@ class PagedCacheStepper:
             None if inputs is None else inputs.step,
         )
         cycle.blocks[rows] = commit.blocks
-        paged_grammar.keep_report(state, inputs, commit)
+        grammar_hooks.keep_report(state, inputs, commit)
         for i in live:
             cycle.rows[i].forwards += 1
             if self.exact_cache:
@@ -205,7 +205,7 @@ class PagedCacheStepper:
         """Every row's block (its fixed head left out), its tokens extended to the block's end."""
         cycle = state.layout
         blocks = cycle.blocks.tolist()
-        paged_grammar.host_blocks(state, blocks)
+        grammar_hooks.host_blocks(state, blocks)
         if any(self.mask_id in block for block in blocks):
             raise RuntimeError(f"a block kept masks after {state.steps} steps; this is a bug")
         if state.recorder is not None:

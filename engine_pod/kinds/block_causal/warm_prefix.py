@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from engine_pod.block_diffusion.batches import packed_forward
-from engine_pod.block_diffusion.cycle_layout import BlockRow, lay_out, step_queries
+from engine_pod.kinds.block_causal.batches import packed_forward
+from engine_pod.kinds.block_causal.cycle_layout import BlockRow, lay_out, step_queries
 
 WARM_OWNER = "warm-prefix"  # the pool's owner of the pages a prefix is computed in (released after)
 

@@ -1,4 +1,4 @@
-"""The dual-cache steppers' part of structured outputs (runner/dual_cycle.py, runner/phase_cycle.py): the
+"""The dual-cache steppers' part of structured outputs (kinds/bidirectional/stepper.py, kinds/bidirectional/phase_stepper.py): the
 step's grammar copy applied to the canvas, the host's knowledge of its constrained rows counted into the
 step's read, the step's report kept for the next read (decoding/grammar/ holds the rule itself). Each
 hook does nothing for a cycle without constrained rows."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from engine_pod.decoding.grammar.rows import ConstrainedRows, GrammarInputs, read_with
+from engine_pod.kinds.bidirectional.step_rows import HostState
 from engine_pod.runner.contract import CycleOutput
-from engine_pod.runner.dual_rows import HostState
 
 
 def read_state(stack: torch.Tensor, grammar: ConstrainedRows | None) -> tuple[HostState, list]:
@@ -83,7 +83,7 @@ def finished(
 
 def resumed_blocks(carried: dict, owners: list[str], length: int, mask_id: int) -> list[list[int | None]]:
     """Each row's block when a cycle starts (None where not committed): a carried row's as far as it was
-    committed (``carried``: runner/phase_carry.py's rows by request), else a fresh one."""
+    committed (``carried``: kinds/bidirectional/phase_carry.py's rows by request), else a fresh one."""
     return [
         [None if t == mask_id else t for t in carried[owner].block] if owner in carried else [None] * length
         for owner in owners

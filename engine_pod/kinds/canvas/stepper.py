@@ -15,7 +15,7 @@ done flag and argmax canvas, what its draws need to finish). The rows that go on
 picked out of the batch on the device (``ContextRows.rows``), so a cycle costs the same copies whatever
 its rows' lengths and however they stop.
 
-Kept per request between its cycles: its context cache (``families/diffusion_gemma/context_cache.py``:
+Kept per request between its cycles: its context cache (``kinds/canvas/context_cache.py``:
 its context's keys and values in pages of the runner's pool, every context token in every layer; a
 sliding layer reads the last window - 1), its ``torch.Generator`` (seeded with its ``SamplingParams.seed``,
 0 without one, so its first canvas is the reference's after ``torch.manual_seed(seed)``) and the lengths
@@ -58,16 +58,16 @@ from engine_pod.decoding.entropy_bound import (
     entropy_bound_step,
     start_canvas,
 )
-from engine_pod.decoding.grammar import canvas as grammar_hooks
 from engine_pod.decoding.grammar.setup import GrammarSource
-from engine_pod.families.diffusion_gemma.context_cache import (
+from engine_pod.kinds.canvas import grammar as grammar_hooks
+from engine_pod.kinds.canvas.context_cache import (
     ContextCache,
     ContextRows,
     context_pool,
     context_regions,
 )
-from engine_pod.runner.canvas_forward import CanvasForward
-from engine_pod.runner.canvas_requests import CanvasRequest
+from engine_pod.kinds.canvas.forward import CanvasForward
+from engine_pod.kinds.canvas.request_state import CanvasRequest
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.runner.model_interface import ServedModel
 from engine_pod.scheduler.cycle_row import CycleRow

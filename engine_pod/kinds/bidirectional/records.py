@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine_pod.decoding.scoring import top_two_gap
-from engine_pod.runner.canvas import Canvas
+from engine_pod.kinds.bidirectional.cycle_box import Canvas
 
 
 def record_margins(logits, pick_r, pick_k, transfer, index, margins: torch.Tensor) -> None:

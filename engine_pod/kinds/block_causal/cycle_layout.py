@@ -9,7 +9,7 @@ prompt at the first cycle, the block committed last cycle after that) together w
 their keys and values are final and stay in the pool; the block's are rewritten at each step. Later
 forwards take the active block alone. With ``exact_cache=False`` every forward recomputes the whole
 context instead, as the reference does; both give the same tokens (tests/engine_pod/test_block_diffusion.py).
-The stepper that runs these cycles is runner/paged_cycle.py.
+The stepper that runs these cycles is kinds/block_causal/stepper.py.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from engine_pod.block_diffusion.batches import StepQueries
 from engine_pod.decoding.row_sampling import COLUMNS, RowSampling
 from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.device_buffers import Floats
+from engine_pod.kinds.block_causal.batches import StepQueries
 from engine_pod.models.paged_kv import PagedKVPool
 
 

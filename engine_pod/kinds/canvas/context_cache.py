@@ -32,11 +32,12 @@ own (``generate.py``, one request).
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import torch
 
 from engine_pod.device_buffers import DeviceBuffers, Floats
-from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
-from engine_pod.families.diffusion_gemma.context_layout import ContextLayout
+from engine_pod.kinds.canvas.context_layout import ContextLayout
 from engine_pod.models.attention_rules import BIDIRECTIONAL, Masking, SdpaStyle
 from engine_pod.models.forward_batch import ContextThenOwn, ForwardBatch, KeyLayout
 from engine_pod.models.paged_kv import PagedKVPool
@@ -45,8 +46,25 @@ from engine_pod.models.ragged import RaggedAttention, RowSpans, starts_of
 _GQA_MAX_HEAD_DIM = 256  # the reference lets SDPA group the heads only up to this width
 
 
+class ContextConfig(Protocol):
+    """A canvas model's config, as its context cache and stepper read it."""
+
+    num_layers: int
+    layer_kv_heads: tuple[int, ...]  # per layer: its K/V heads
+    layer_head_dims: tuple[int, ...]  # per layer: their width
+    sliding_window: int  # a sliding layer's query sees itself and the window - 1 keys before it
+    canvas_length: int  # tokens denoised together: the kind's block
+    vocab_size: int
+    pad_token_id: int | None
+    generation: dict[str, Any]  # the checkpoint's generation config: the sampler's settings
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether ``layer`` attends within the sliding window (else to the whole context)."""
+        ...
+
+
 def context_pool(
-    config: DiffusionGemmaConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device
+    config: ContextConfig, num_pages: int, page_size: int, dtype: torch.dtype, device: torch.device
 ) -> PagedKVPool:
     """A pool of ``num_pages`` pages of ``page_size`` context positions in every layer."""
     return PagedKVPool(
@@ -60,7 +78,7 @@ def context_pool(
     )
 
 
-def context_regions(config: DiffusionGemmaConfig, tokens: int, rows: int) -> dict[str, int]:
+def context_regions(config: ContextConfig, tokens: int, rows: int) -> dict[str, int]:
     """The regions ``ContextRows.of`` sends into, for a pool of ``tokens`` positions and up to ``rows`` rows:
     per reach its rows' kept counts and extents, then the new tokens' positions and slots and per reach its
     kept context's slots and places and the new tokens' places."""
@@ -81,7 +99,7 @@ def sdpa_style(head_dim: int) -> SdpaStyle:
 class ContextCache:
     """One request's context in the pool: ``length`` tokens encoded, their slots in position order."""
 
-    def __init__(self, pool: PagedKVPool, owner: str, config: DiffusionGemmaConfig) -> None:
+    def __init__(self, pool: PagedKVPool, owner: str, config: ContextConfig) -> None:
         self.pool, self.owner, self.config = pool, owner, config
         reach = config.sliding_window - 1
         # per layer: how many of the last context positions it attends to (None: all)
@@ -90,7 +108,7 @@ class ContextCache:
 
     @classmethod
     def alone(
-        cls, config: DiffusionGemmaConfig, tokens: int, dtype: torch.dtype, device: torch.device
+        cls, config: ContextConfig, tokens: int, dtype: torch.dtype, device: torch.device
     ) -> ContextCache:
         """A request's context of up to ``tokens`` tokens, in a pool of its own."""
         page = config.canvas_length

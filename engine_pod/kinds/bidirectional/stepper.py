@@ -1,7 +1,7 @@
 """The dual-cache families' stepper (LLaDA, Dream), run by the cycle driver (runner/cycle_driver.py).
 
 A block cycle starts with a full forward over its rows (which refreshes the dual cache,
-runner/dual_cache.py), then runs cached window forwards (the active block, or the block and its suffix)
+kinds/bidirectional/cycle_cache.py), then runs cached window forwards (the active block, or the block and its suffix)
 until every row's block is complete. Rows whose block is complete stop costing compute when
 ``gather_rows`` is set (BlockServe); without it every row stays in every forward (static batching, as
 Fast-dLLM does). Nothing is kept across cycles: every cycle starts from the scheduler's rows.
@@ -19,18 +19,18 @@ from engine_pod.decoding.grammar.setup import GrammarSource
 from engine_pod.decoding.logprobs import LogprobRecorder
 from engine_pod.decoding.policies import StepContext, make_policy
 from engine_pod.device_buffers import DeviceBuffers
-from engine_pod.head_sparse.hooks import refresh_heads, window_heads
-from engine_pod.head_sparse.store import HeadSparse, position_bytes
-from engine_pod.runner import dual_grammar
-from engine_pod.runner.canvas import Canvas, build_canvas, canvas_regions
+from engine_pod.kinds.bidirectional import grammar as grammar_hooks
+from engine_pod.kinds.bidirectional.box_batches import box_refresh, box_window
+from engine_pod.kinds.bidirectional.calibration import first_block_confidences
+from engine_pod.kinds.bidirectional.cycle_box import Canvas, build_canvas, canvas_regions
+from engine_pod.kinds.bidirectional.cycle_cache import DualCache, DualCachePool
+from engine_pod.kinds.bidirectional.head_sparse.hooks import refresh_heads, window_heads
+from engine_pod.kinds.bidirectional.head_sparse.store import HeadSparse, position_bytes
+from engine_pod.kinds.bidirectional.packing import refresh_inputs, window_inputs
+from engine_pod.kinds.bidirectional.records import record_margins, trace_entry
+from engine_pod.kinds.bidirectional.step_rows import HostState, StepRows
 from engine_pod.runner.contract import CycleOutput, CycleStats
-from engine_pod.runner.dual_batches import box_refresh, box_window
-from engine_pod.runner.dual_cache import DualCache, DualCachePool
-from engine_pod.runner.dual_calibration import first_block_confidences
-from engine_pod.runner.dual_records import record_margins, trace_entry
-from engine_pod.runner.dual_rows import HostState, StepRows
 from engine_pod.runner.model_interface import ServedModel
-from engine_pod.runner.packing import refresh_inputs, window_inputs
 from engine_pod.scheduler.output import SchedulerOutput
 
 
@@ -60,9 +60,7 @@ class DualCacheStepper:
     shares_blocks = False
     prefix_cache_stats = None  # no prefix cache: every cycle computes its rows' caches afresh
     canvas_sampler = None  # no entropy-bound sampler
-    staggers_refreshes = (
-        False  # every row refreshes at its block's first forward (runner/phase_cycle.py can stagger)
-    )
+    staggers_refreshes = False  # every row refreshes at its block's first forward (kinds/bidirectional/phase_stepper.py can stagger)
     extra_columns = 0  # per-row integers its canvases carry beside the rows' own (Canvas.extra)
 
     def __init__(
@@ -137,7 +135,7 @@ class DualCacheStepper:
         return state
 
     def _canvas(self, cycle: SchedulerOutput, **resume) -> Canvas:
-        """The cycle's canvas (``resume``: resumed rows' blocks and columns, runner/phase_carry.py)."""
+        """The cycle's canvas (``resume``: resumed rows' blocks and columns, kinds/bidirectional/phase_carry.py)."""
         args = (self.mask_id, self.pad_id, self.loaded.device, self.decoding.threshold, self.score_dtype)
         return build_canvas(cycle.rows, self.decoding.block_length, *args, self.buffers, **resume)
 
@@ -154,7 +152,7 @@ class DualCacheStepper:
     @torch.no_grad()
     def step(self, state: _DualCycle, step: int) -> None:
         unfinished = state.gather_rows and step > 0
-        inputs = dual_grammar.before_step(state, unfinished, step == 0 and self.forces_start)
+        inputs = grammar_hooks.before_step(state, unfinished, step == 0 and self.forces_start)
         rows = self._step_rows(state.canvas, state.done, state.host, unfinished)
         self._denoise_step(state, rows, step, inputs)
         state.steps_taken[rows.index] += (~state.done[rows.index]).long()
@@ -162,7 +160,7 @@ class DualCacheStepper:
     def finish(self, state: _DualCycle) -> CycleOutput:
         output = state.output
         output.blocks = state.canvas.block_tokens().tolist()
-        dual_grammar.host_blocks(state.grammar, output)
+        grammar_hooks.host_blocks(state.grammar, output)
         output.steps = state.steps_taken.tolist()
         if state.recorder is not None:
             state.recorder.finish()
@@ -189,13 +187,13 @@ class DualCacheStepper:
         if self.exact_steps and constrained is None:
             return torch.full_like(canvas.active, at_cap)
         complete = (canvas.block_tokens() != self.mask_id).all(1)
-        return dual_grammar.finished(complete, at_cap, self.exact_steps, constrained)
+        return grammar_hooks.finished(complete, at_cap, self.exact_steps, constrained)
 
     def _read_state(self, canvas: Canvas, done: torch.Tensor, grammar) -> HostState:
-        """The step's one read from the device (the constrained rows' report with it: dual_grammar.py)."""
+        """The step's one read from the device (the constrained rows' report with it: grammar_hooks.py)."""
         masked = canvas.block_tokens() == self.mask_id
         stack = torch.stack([done.long(), masked.sum(1), masked[:, 0].long()])
-        return dual_grammar.read_state(stack, grammar)[0]
+        return grammar_hooks.read_state(stack, grammar)[0]
 
     def _step_rows(
         self, canvas: Canvas, done: torch.Tensor, state: HostState, only_unfinished: bool
@@ -228,12 +226,12 @@ class DualCacheStepper:
         logits = forward(canvas, cache, rows, candidates.r, candidates.k, out.stats, picked)
         positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
         context = None if forced_start else self._context(canvas, step, rows, state.masks_at_start)
-        grammar = dual_grammar.step_of(inputs)
+        grammar = grammar_hooks.step_of(inputs)
         commit = self.denoise(
             logits, candidates, rows.block, positions, step, canvas.sampling, context, state.recorder, grammar
         )
         canvas.write_block(rows.index, commit.blocks)
-        dual_grammar.keep_report(state, grammar, commit)
+        grammar_hooks.keep_report(state, grammar, commit)
         if self.record_margins:
             record_margins(logits, candidates.r, candidates.k, commit.transfer, rows.index, state.margins)
         out.stats.forwards += 1

@@ -1,4 +1,4 @@
-"""What DiffusionGemma's stepper (runner/canvas_cycle.py) keeps for one request between its cycles."""
+"""What DiffusionGemma's stepper (kinds/canvas/stepper.py) keeps for one request between its cycles."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine_pod.families.diffusion_gemma.context_cache import ContextCache
+from engine_pod.kinds.canvas.context_cache import ContextCache
 
 
 @dataclass

@@ -1,12 +1,12 @@
 """What a threshold calibration samples of a dual-cache model: the policy's confidences over each prompt's
-first block, from one full forward (runner/dual_cycle.py's ``first_block_confidences``)."""
+first block, from one full forward (kinds/bidirectional/stepper.py's ``first_block_confidences``)."""
 
 from __future__ import annotations
 
 import torch
 
+from engine_pod.kinds.bidirectional.cycle_box import build_canvas
 from engine_pod.models.forward_batch import ForwardBatch
-from engine_pod.runner.canvas import build_canvas
 from engine_pod.scheduler.cycle_row import CycleRow
 
 

@@ -1,4 +1,4 @@
-"""The paged (block-diffusion) stepper's part of structured outputs (runner/paged_cycle.py): a cycle's
+"""The paged (block-diffusion) stepper's part of structured outputs (kinds/block_causal/stepper.py): a cycle's
 constrained rows, the host's commits counted into each step's read and sent with the next step, and the
 blocks as the host has them at the cycle's end (decoding/grammar/ holds the rule itself). Each hook does
 nothing for a cycle without constrained rows."""

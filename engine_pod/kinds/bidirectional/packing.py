@@ -6,7 +6,7 @@ A refresh forward computes each row's attended positions (prompt, committed bloc
 the suffix where attention sees it; a hidden suffix is neither a key nor read, so it is skipped). A
 window forward computes the window positions that exist and writes their keys at their rows' cache
 positions. The canvas columns map to places in the cycle's dual cache through ``slot_of``
-(runner/dual_cache.py: a refresh's packed positions are those places).
+(kinds/bidirectional/cycle_cache.py: a refresh's packed positions are those places).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+from engine_pod.kinds.bidirectional.cycle_box import Canvas
+from engine_pod.kinds.bidirectional.cycle_cache import DualCache
 from engine_pod.models.forward_batch import ForwardBatch, KeyLayout, OwnKeys, PoolRange
 from engine_pod.models.ragged import RaggedAttention, RowSpans, VarlenBatch, starts_of, varlen_on_device
-from engine_pod.runner.canvas import Canvas
-from engine_pod.runner.dual_cache import DualCache
 
 
 @dataclass(frozen=True)

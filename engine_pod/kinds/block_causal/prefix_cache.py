@@ -23,6 +23,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from engine_pod.models.paged_kv import PagedKVPool
+from engine_pod.runner.contract import PrefixCacheStats
 
 
 @dataclass(eq=False)
@@ -34,18 +35,6 @@ class _Node:
     users: int = 0  # rows whose prefix runs through this node
     last_used: int = 0  # the cache's clock when a row last used it
     pinned: bool = False  # a warmed prefix's block: never evicted
-
-
-@dataclass
-class PrefixCacheStats:
-    """Running totals since the cache was made (a scrape turns them into counters)."""
-
-    looked_up_tokens: int = 0  # whole-block tokens rows asked for when they entered the batch
-    hit_tokens: int = 0  # of those, found cached
-    attached_rows: int = 0
-    evicted_tokens: int = 0
-    cached_tokens: int = 0  # tokens the tree holds now
-    pinned_tokens: int = 0  # of those, warmed prefixes' (never evicted)
 
 
 class BlockPrefixCache:

@@ -1,0 +1,15 @@
+"""The bidirectional kind's object, which its families' records name."""
+
+from __future__ import annotations
+
+from engine_pod.kinds.bidirectional.phase_stepper import PhaseStepper
+from engine_pod.runner.kind import CacheKind
+from engine_pod.runner.model_interface import TokenModel
+
+BIDIRECTIONAL = CacheKind(
+    name="dual",
+    stepper=PhaseStepper,
+    model_interface=TokenModel,
+    records_margins=True,
+    refreshes=True,
+)
