@@ -15,7 +15,7 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "summary": "LLaDA, a bidirectional masked diffusion model",
         "block_length": 32,
         "steps_per_block": 32,
-        "cache": "dual",
+        "kind": "bidirectional",
         "tiny_preset": "llada-tiny",
     },
     {
@@ -24,7 +24,7 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "summary": "Dream, a bidirectional masked diffusion model",
         "block_length": 32,
         "steps_per_block": 32,
-        "cache": "dual",
+        "kind": "bidirectional",
         "tiny_preset": "dream-tiny",
     },
     {
@@ -33,7 +33,7 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "summary": "LLaDA2.0, block diffusion with an exact KV cache, a mixture of experts",
         "block_length": 32,
         "steps_per_block": 32,
-        "cache": "paged",
+        "kind": "block_causal",
         "tiny_preset": "llada2-tiny",
     },
     {
@@ -42,7 +42,7 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "summary": "SDAR, block diffusion with an exact KV cache",
         "block_length": 32,
         "steps_per_block": 32,
-        "cache": "paged",
+        "kind": "block_causal",
         "tiny_preset": "sdar-tiny",
     },
     {
@@ -51,7 +51,7 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "summary": "DiffusionGemma, uniform-noise canvases over a kept causal context",
         "block_length": 256,
         "steps_per_block": 48,
-        "cache": "canvas",
+        "kind": "canvas",
         "tiny_preset": "diffusion-gemma-tiny",
     },
 )

@@ -154,7 +154,7 @@ def scheduler_for(
     runner: Runner, policy: str, scheduling: SchedulerConfig, batch_size: int = 1, **options
 ) -> Scheduler:
     """``policy``'s scheduler (one of SERVING_POLICIES) for ``runner``'s model and decoding: its block
-    length, EOS ids and canvas, and the scheduling facts of its model (``options``: the clock)."""
+    length, EOS ids and masked suffix, and the scheduling facts of its model (``options``: the clock)."""
     decoding = runner.decoding
     return serving_scheduler(
         policy,
@@ -163,7 +163,7 @@ def scheduler_for(
         scheduling,
         batch_size,
         ignore_eos=decoding.ignore_eos,
-        canvas=decoding.canvas,
+        masked_suffix=decoding.masked_suffix,
         **scheduling_facts(runner),
         **options,
     )

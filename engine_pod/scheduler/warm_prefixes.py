@@ -12,16 +12,18 @@ cache.
 
 from __future__ import annotations
 
+from dllm_contracts.run_rules import BIDIRECTIONAL_NAME, BLOCK_CAUSAL_NAME
 
-def warm_prefix_problem(family: str, family_cache: str, cache: str, prefix_cache: bool) -> str | None:
+
+def warm_prefix_problem(family: str, family_kind: str, cache: str, prefix_cache: bool) -> str | None:
     """Why a model and decoding cannot warm prefixes (None: they can), in one line."""
-    if family_cache == "dual":
+    if family_kind == BIDIRECTIONAL_NAME:
         return (
             f"--warm-prefix is refused for {family}: its attention is bidirectional, so a prefix's keys and "
             "values depend on every token after it and a cached prefix would only approximate them "
             "(Fast-dLLM's prefix cache); exact warm prefixes need a block-diffusion model (LLaDA2.0, SDAR)"
         )
-    if family_cache != "paged":
+    if family_kind != BLOCK_CAUSAL_NAME:
         return f"--warm-prefix needs a block prefix cache, which {family} does not keep"
     if cache == "none" or not prefix_cache:
         return (

@@ -220,7 +220,7 @@ def test_options_the_family_cannot_honour_are_refused_by_name(base):
     with pytest.raises(DecodingConfigError, match="canvas_length 16"):
         make_runner(base, DecodingConfig(block_length=32), 256)
     with pytest.raises(DecodingConfigError, match="canvas 'full'"):
-        make_runner(base, DecodingConfig(block_length=16, canvas="full"), 256)
+        make_runner(base, DecodingConfig(block_length=16, masked_suffix=True), 256)
     for option in ("record_trace", "record_margins"):
         with pytest.raises(ValueError, match=option):
             make_runner(base, DecodingConfig(block_length=16), 256, **{option: True})

@@ -25,7 +25,7 @@ from tests.factories import REFERENCE_DIR, random_workload
 
 BLOCK = 8
 BUDGET = 400
-DECODING = DecodingConfig(block_length=BLOCK, steps_per_block=4, cache="dual", canvas="block", threshold=0.6)
+DECODING = DecodingConfig(block_length=BLOCK, steps_per_block=4, cache="dual", threshold=0.6)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The dense box's forward batches of a dual-cache cycle (static batching's layout): every row padded to
-the canvas width W, attention under each row's key mask in one call per layer (models/ragged.py's box).
+the box width W, attention under each row's key mask in one call per layer (models/ragged.py's box).
 
 A refresh computes every column of its rows and, where the cycle keeps a dual cache, stores row r's keys
 at places ``r (W + 1) + column`` of the cache's run (kinds/bidirectional/cycle_cache.py); a window computes each row's
@@ -12,19 +12,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine_pod.kinds.bidirectional.cycle_box import Canvas
-from engine_pod.kinds.bidirectional.cycle_cache import DualCache
+from engine_pod.kinds.bidirectional.cycle_box import CycleBox
+from engine_pod.kinds.bidirectional.cycle_cache import CycleCache
 from engine_pod.models.forward_batch import ForwardBatch, KeyLayout, PoolRange
 from engine_pod.models.ragged import Box, RaggedAttention
 
 
-def box_refresh(canvas: Canvas, index: torch.Tensor | None, cache: DualCache | None) -> ForwardBatch:
-    """The full forward of canvas rows ``index`` (None: every row), filling ``cache`` where there is one
+def box_refresh(box: CycleBox, index: torch.Tensor | None, cache: CycleCache | None) -> ForwardBatch:
+    """The full forward of box rows ``index`` (None: every row), filling ``cache`` where there is one
     (a cache is filled for every row)."""
     if index is None:
-        tokens, positions, key_mask = canvas.tokens, canvas.position_ids, canvas.key_mask
+        tokens, positions, key_mask = box.tokens, box.position_ids, box.key_mask
     else:
-        tokens, positions, key_mask = canvas.tokens[index], canvas.position_ids[index], canvas.key_mask[index]
+        tokens, positions, key_mask = box.tokens[index], box.position_ids[index], box.key_mask[index]
     if cache is None:
         return ForwardBatch.box_over_itself(tokens, positions, key_mask)
     if index is not None:
@@ -38,11 +38,11 @@ def box_refresh(canvas: Canvas, index: torch.Tensor | None, cache: DualCache | N
     return ForwardBatch(tokens, positions, {None: KeyLayout(plan)}, cache.pool, cache.slots(places.flatten()))
 
 
-def box_window(canvas: Canvas, cache: DualCache, index: torch.Tensor, all_rows: bool, slots: torch.Tensor):
-    """The window forward of canvas rows ``index`` (``all_rows``: every row, in order) at canvas columns
+def box_window(box: CycleBox, cache: CycleCache, index: torch.Tensor, all_rows: bool, slots: torch.Tensor):
+    """The window forward of box rows ``index`` (``all_rows``: every row, in order) at box columns
     ``slots`` [R', Ww] (the scratch column where a row's window is shorter), over the cached rest."""
-    tokens = canvas.tokens_with_scratch[index].gather(1, slots)
-    positions = canvas.positions_with_scratch[index].gather(1, slots)
+    tokens = box.tokens_with_scratch[index].gather(1, slots)
+    positions = box.positions_with_scratch[index].gather(1, slots)
     width = cache.row_width
     key_mask = cache.key_mask if all_rows else cache.key_mask.index_select(0, index)
     reads = PoolRange(cache.base, cache.base + cache.total, width, None if all_rows else index)

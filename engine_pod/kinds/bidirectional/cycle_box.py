@@ -1,4 +1,5 @@
-"""Mixed-state dense layout of a block cycle: left padding, position ids, active-block slots.
+"""A bidirectional cycle's rows in one box: left padding, position ids, active-block slots (its mixed-state
+dense layout, which the packed forwards read too).
 
 Every row is right-aligned in a box of width W (left padding), so its first real token gets
 position 0 through a cumulative sum over the real-token mask. Each row's active block sits at its
@@ -18,7 +19,7 @@ from engine_pod.scheduler.cycle_row import CycleRow
 
 
 @dataclass
-class Canvas:
+class CycleBox:
     tokens_with_scratch: torch.Tensor  # [R, W + 1] token ids, padding included, pad in scratch column W
     positions_with_scratch: torch.Tensor  # [R, W + 1] position_ids, 0 in scratch column W
     tokens: torch.Tensor  # [R, W] view of the above: token ids, padding included
@@ -33,8 +34,8 @@ class Canvas:
     sampling: RowSampling | None = None  # per-row sampling settings; None: every row is greedy
     logprobs: list[int | None] | None = None  # per row: alternatives to record (None: none asked)
     packed: bool = False  # forwards compute only the positions that exist (kinds/bidirectional/packing.py)
-    host: CanvasRows | None = None  # what the host knows of each row without reading the device
-    extra: torch.Tensor | None = None  # [R, E] the caller's per-row integers, sent in the canvas's copy
+    host: BoxRows | None = None  # what the host knows of each row without reading the device
+    extra: torch.Tensor | None = None  # [R, E] the caller's per-row integers, sent in the box's copy
 
     @property
     def width(self) -> int:
@@ -59,7 +60,7 @@ class Canvas:
 
 
 @dataclass(frozen=True)
-class CanvasRows:
+class BoxRows:
     """Per row, from the scheduler's rows: what attention sees, the row's context, whether it commits."""
 
     key_lengths: list[int]  # positions attention sees (prompt, blocks so far, active block, visible suffix)
@@ -67,7 +68,7 @@ class CanvasRows:
     active: list[bool]
 
     @classmethod
-    def of(cls, rows: list[CycleRow], block_length: int) -> CanvasRows:
+    def of(cls, rows: list[CycleRow], block_length: int) -> BoxRows:
         context = [row.width + block_length for row in rows]
         suffix = [row.suffix_blocks * block_length if row.suffix_visible else 0 for row in rows]
         return cls([c + s for c, s in zip(context, suffix)], context, [row.active for row in rows])
@@ -79,8 +80,8 @@ def _row_tokens(row: CycleRow, block_length: int, mask_id: int, block: list[int]
     return list(row.prefix_ids) + active + [mask_id] * (block_length * row.suffix_blocks)
 
 
-def canvas_regions(tokens: int, block_length: int, extra_columns: int = 0) -> dict[str, int]:
-    """The canvas's regions in a runner's device buffers, sized for a token budget of ``tokens``: the
+def box_regions(tokens: int, block_length: int, extra_columns: int = 0) -> dict[str, int]:
+    """The box's regions in a runner's device buffers, sized for a token budget of ``tokens``: the
     per-row ones for as many rows as the budget holds blocks, then the tokens (a row's width and its
     scratch column)."""
     rows = max(1, tokens // block_length)
@@ -97,7 +98,7 @@ def _host_rows(
     blocks: list[list[int] | None],
     extra: list[list[int]],
 ):
-    """The canvas's lists by name: left-padded tokens and the scratch column [R, W + 1], then per row its
+    """The box's lists by name: left-padded tokens and the scratch column [R, W + 1], then per row its
     length, block start, hidden-suffix flag, active flag and threshold, and, where a row samples, every
     row's sampling settings [R, COLUMNS] (RowSampling.host_columns), and the caller's ``extra`` integers."""
     contents = [_row_tokens(row, block_length, mask_id, block) for row, block in zip(rows, blocks)]
@@ -116,7 +117,7 @@ def _host_rows(
     return parts, width
 
 
-def build_canvas(
+def build_box(
     rows: list[CycleRow],
     block_length: int,
     mask_id: int,
@@ -127,11 +128,11 @@ def build_canvas(
     buffers: DeviceBuffers | None = None,
     blocks: list[list[int] | None] | None = None,
     extra: list[list[int]] | None = None,
-) -> Canvas:
+) -> CycleBox:
     """Left-pad every row to the widest one and compute positions, masks and block slots; the rows' lists
-    go to the device in one copy, into ``buffers`` (the runner's; None: buffers of this canvas alone).
+    go to the device in one copy, into ``buffers`` (the runner's; None: buffers of this box alone).
     ``blocks``: a row's active block as far as it was committed (None: fully masked); ``extra``: the same
-    number of the caller's integers per row, sent in the same copy (``Canvas.extra``)."""
+    number of the caller's integers per row, sent in the same copy (``CycleBox.extra``)."""
     blocks = blocks or [None] * len(rows)
     parts, width = _host_rows(rows, block_length, mask_id, pad_id, threshold, blocks, extra or [])
     buffers = DeviceBuffers(device) if buffers is None else buffers
@@ -154,7 +155,7 @@ def build_canvas(
     visible = ~(hidden.bool()[:, None] & (columns[None, :] >= block_end[:, None]))
     positions = torch.zeros_like(tokens)
     positions[:, :width] = (columns[None, :] - start[:, None]).clamp(min=0)
-    return Canvas(
+    return CycleBox(
         tokens_with_scratch=tokens,
         positions_with_scratch=positions,
         tokens=tokens[:, :width],
@@ -168,6 +169,6 @@ def build_canvas(
         block_length=block_length,
         sampling=sampling,
         logprobs=[row.logprobs for row in rows] if any(row.logprobs is not None for row in rows) else None,
-        host=CanvasRows.of(rows, block_length),
+        host=BoxRows.of(rows, block_length),
         extra=sent["extra"].view(R, -1) if extra else None,
     )

@@ -6,9 +6,9 @@ They live in the runner's KV pool (models/paged_kv.py, the one KV store of every
 consecutive pages that the refresh reserves and the cycle's end gives back: nothing is kept across cycles
 (the next cycle's refresh recomputes every key, as the dual cache prescribes). A position's slot is the
 run's first slot plus its place in the run:
-- packed rows: row r's keys one after another from ``row_start[r]`` (``slot_of`` maps canvas columns to
+- packed rows: row r's keys one after another from ``row_start[r]`` (``slot_of`` maps box columns to
   places; kinds/bidirectional/packing.py);
-- a dense box: row r's ``W + 1`` canvas columns from ``r (W + 1)``, the last a scratch column that window
+- a dense box: row r's ``W + 1`` box columns from ``r (W + 1)``, the last a scratch column that window
   padding writes and no query attends (kinds/bidirectional/box_batches.py).
 
 Under the head-sparse cache (kinds/bidirectional/head_sparse/, packed rows only) the cycle reserves no run: the refresh keeps
@@ -23,10 +23,10 @@ import torch
 
 from engine_pod.models.paged_kv import PagedKVPool
 
-OWNER = "dual-cache"  # the run's owner in the runner's pool (one cycle at a time)
+OWNER = "cycle-cache"  # the run's owner in the runner's pool (one cycle at a time)
 
 
-class DualCache:
+class CycleCache:
     """One cycle's dual cache: its run in the pool, and where each row's positions are in it."""
 
     def __init__(self, pool_for: Callable[[int], PagedKVPool] | None, heads=None) -> None:
@@ -37,7 +37,7 @@ class DualCache:
         self.pool: PagedKVPool | None = None
         self.base = 0  # the run's first slot
         self.total = 0  # places in the run
-        # packed: each canvas column's place (``total``: not cached), each row's keys, host and device
+        # packed: each box column's place (``total``: not cached), each row's keys, host and device
         self.slot_of: torch.Tensor | None = None
         self.row_start: list[int] = []
         self.row_len: list[int] = []
@@ -85,7 +85,7 @@ class DualCache:
         return places + self.base if self.base else places
 
 
-class DualCachePool:
+class CycleCachePool:
     """The runner's pool for its cycles' dual caches: one pool, sized first for ``initial`` places (where
     the budget is known) and replaced by a larger one when a cycle needs more (nothing is held between
     cycles, so nothing moves)."""

@@ -1,5 +1,5 @@
 """The dual-cache steppers' part of structured outputs (kinds/bidirectional/stepper.py, kinds/bidirectional/phase_stepper.py): the
-step's grammar copy applied to the canvas, the host's knowledge of its constrained rows counted into the
+step's grammar copy applied to the box, the host's knowledge of its constrained rows counted into the
 step's read, the step's report kept for the next read (decoding/grammar/ holds the rule itself). Each
 hook does nothing for a cycle without constrained rows."""
 
@@ -57,14 +57,14 @@ def before_phase_step(state, forced_start: bool) -> GrammarInputs | None:
 
 def send_grammar(state, members: list[int], counts: list[int]) -> GrammarInputs:
     """The copy for the step's ``members`` (with their candidates' ``counts``): the host's commits written
-    into the canvas, the rows they complete done, before the step's rows are found on the device."""
-    grammar, canvas = state.grammar, state.canvas
+    into the box, the rows they complete done, before the step's rows are found on the device."""
+    grammar, box = state.grammar, state.box
     offsets = [sum(counts[:i]) for i in range(len(members))]
     first = {r: offsets[i] for i, r in enumerate(members) if r in grammar.rows and counts[i]}
-    inputs = grammar.send(members, first, canvas.thresholds)
+    inputs = grammar.send(members, first, box.thresholds)
     if inputs.commits:
-        slots = canvas.block_slots[inputs.commit_rows, inputs.commit_positions]
-        canvas.tokens[inputs.commit_rows, slots] = inputs.commit_tokens
+        slots = box.block_slots[inputs.commit_rows, inputs.commit_positions]
+        box.tokens[inputs.commit_rows, slots] = inputs.commit_tokens
     state.done[inputs.completed] = True
     if state.constrained is None:
         state.constrained = torch.zeros_like(state.done)

@@ -1,11 +1,11 @@
-"""From the dense canvas (the runner's bookkeeping) to a packed forward batch (models/forward_batch.py):
+"""From the dense box (the runner's bookkeeping) to a packed forward batch (models/forward_batch.py):
 only the positions that exist, rows one after another, each attending over its own keys in one call per
 layer, the last layer computing only the positions whose logits are needed.
 
 A refresh forward computes each row's attended positions (prompt, committed blocks, active block, and
 the suffix where attention sees it; a hidden suffix is neither a key nor read, so it is skipped). A
 window forward computes the window positions that exist and writes their keys at their rows' cache
-positions. The canvas columns map to places in the cycle's dual cache through ``slot_of``
+positions. The box columns map to places in the cycle's dual cache through ``slot_of``
 (kinds/bidirectional/cycle_cache.py: a refresh's packed positions are those places).
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_pod.kinds.bidirectional.cycle_box import Canvas
-from engine_pod.kinds.bidirectional.cycle_cache import DualCache
+from engine_pod.kinds.bidirectional.cycle_box import CycleBox
+from engine_pod.kinds.bidirectional.cycle_cache import CycleCache
 from engine_pod.models.forward_batch import ForwardBatch, KeyLayout, OwnKeys, PoolRange
 from engine_pod.models.ragged import RaggedAttention, RowSpans, VarlenBatch, starts_of, varlen_on_device
 
@@ -32,21 +32,21 @@ class PackedInputs:
 
 
 def refresh_inputs(
-    canvas: Canvas,
+    box: CycleBox,
     index: torch.Tensor | None,
-    cache: DualCache | None,
+    cache: CycleCache | None,
     pick_r: torch.Tensor,
     source: torch.Tensor,
     members: list[int],
     picked: list[int],
     picked_on_device: torch.Tensor,
 ) -> PackedInputs:
-    """A refresh over canvas rows ``index`` (None: all; ``members`` the same on the host);
+    """A refresh over box rows ``index`` (None: all; ``members`` the same on the host);
     ``(pick_r, source)`` the (row, column) pairs whose logits are needed, ``picked`` how many per row (and
     the same on the device). Lengths come from the host's record of the rows: the layout is one copy to the
     device, no read, and the attention plans' varlen batches are derived from it there."""
     take = (lambda t: t) if index is None else (lambda t: t[index])
-    layout = packed_layout(canvas, index, members)
+    layout = packed_layout(box, index, members)
     spans, total, row_start, row_len = layout.spans, layout.total, layout.row_start, layout.row_len
     order_on_device, rows, columns = layout.order, layout.rows, layout.columns
     write = None
@@ -57,16 +57,16 @@ def refresh_inputs(
     in_order = row_len[order_on_device]
     every = varlen_on_device(in_order, row_start[order_on_device], in_order, spans, total)
     final = _final(spans, picked, picked_on_device, row_start, row_len, total)
-    tokens, positions = take(canvas.tokens)[rows, columns], take(canvas.position_ids)[rows, columns]
+    tokens, positions = take(box.tokens)[rows, columns], take(box.position_ids)[rows, columns]
     batch = _batch(tokens, positions, spans, final, every, OwnKeys(), cache, write)
     return PackedInputs(batch, layout.slot_of[pick_r, source])
 
 
 @dataclass(frozen=True)
 class PackedLayout:
-    """Canvas rows packed one after another (longest first, rows of a length adjacent and in row order):
+    """Box rows packed one after another (longest first, rows of a length adjacent and in row order):
     each row's span, on the host and (``order``, ``row_start``, ``row_len``) on the device, each packed
-    position's canvas (row, column) and the map ``slot_of`` [R, W + 1] from canvas columns to packed
+    position's box (row, column) and the map ``slot_of`` [R, W + 1] from box columns to packed
     places (the total where a column is not packed). A dual cache keeps its places in this order."""
 
     spans: RowSpans
@@ -78,24 +78,24 @@ class PackedLayout:
     columns: torch.Tensor
     slot_of: torch.Tensor
 
-    def keep_in(self, cache: DualCache) -> None:
+    def keep_in(self, cache: CycleCache) -> None:
         """Reserve ``cache``'s run for these places and record where each row's are."""
         cache.reserve(self.total)
         spans = self.spans
         cache.set_packed_layout(self.slot_of, spans.k_start, spans.k_len, self.row_start, self.row_len)
 
 
-def packed_layout(canvas: Canvas, index: torch.Tensor | None, members: list[int]) -> PackedLayout:
-    """Canvas rows ``index`` (None: all; ``members`` the same on the host) packed over the positions
+def packed_layout(box: CycleBox, index: torch.Tensor | None, members: list[int]) -> PackedLayout:
+    """Box rows ``index`` (None: all; ``members`` the same on the host) packed over the positions
     attention sees, from the host's record of their lengths: one copy to the device, no read."""
-    keep = canvas.key_mask if index is None else canvas.key_mask[index]
-    lengths = [canvas.host.key_lengths[r] for r in members]
+    keep = box.key_mask if index is None else box.key_mask[index]
+    lengths = [box.host.key_lengths[r] for r in members]
     order = sorted(range(len(members)), key=lambda i: -lengths[i])
     spans = _spans_in_order(lengths, order)
     sent = torch.tensor(order + spans.k_start + lengths).to(keep.device)  # the layout's one copy
     order_on_device, row_start, row_len = sent.view(3, -1).unbind(0)
     total = sum(lengths)
-    rows, columns, slot_of = _pack(keep, order_on_device, canvas.width + 1, total)
+    rows, columns, slot_of = _pack(keep, order_on_device, box.width + 1, total)
     return PackedLayout(spans, total, order_on_device, row_start, row_len, rows, columns, slot_of)
 
 
@@ -155,7 +155,7 @@ def _batch(
     final: tuple[RowSpans, VarlenBatch | None],
     every: VarlenBatch | None,
     source: OwnKeys | PoolRange,
-    cache: DualCache | None,
+    cache: CycleCache | None,
     write: torch.Tensor | None,
 ) -> ForwardBatch:
     """The packed forward batch: every layer's plan (``every``: its varlen batch, where derived on the
@@ -169,8 +169,8 @@ def _batch(
 
 
 def window_inputs(
-    canvas: Canvas,
-    cache: DualCache,
+    box: CycleBox,
+    cache: CycleCache,
     index: torch.Tensor,
     slots: torch.Tensor,
     pick_r: torch.Tensor,
@@ -181,7 +181,7 @@ def window_inputs(
     lengths: list[int] | None = None,
     lengths_on_device: torch.Tensor | None = None,
 ) -> PackedInputs:
-    """A window over canvas rows ``index`` (``members`` on the host) at canvas columns ``slots`` [R', Ww]
+    """A window over box rows ``index`` (``members`` on the host) at box columns ``slots`` [R', Ww]
     (the scratch column where a row's window is shorter); ``(pick_r, source)`` rows of ``index`` and
     window columns, ``picked`` how many per row; ``lengths``: each row's window positions where the host
     knows them (every row's block: nothing is read back; ``lengths_on_device`` the same, where they
@@ -205,9 +205,9 @@ def window_inputs(
             q_len = torch.full_like(starts, lengths[0]) if lengths_on_device is None else lengths_on_device
             every = varlen_on_device(q_len[on_device], starts[on_device], ends[on_device], spans, cache.total)
     final = _final(spans, picked, picked_on_device, starts, ends, cache.total)
-    canvas_rows, canvas_columns = index[rows], slots[rows, columns]
-    tokens = canvas.tokens_with_scratch[canvas_rows, canvas_columns]
-    positions = canvas.positions_with_scratch[canvas_rows, canvas_columns]
+    box_rows, box_columns = index[rows], slots[rows, columns]
+    tokens = box.tokens_with_scratch[box_rows, box_columns]
+    positions = box.positions_with_scratch[box_rows, box_columns]
     write = None if cache.pool is None else cache.slots(cache_positions[rows, columns])
     reads = PoolRange(cache.base, cache.base + cache.total)
     batch = _batch(tokens, positions, spans, final, every, reads, cache, write)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-# per row in the canvas's copy: resumed, its entries' place, their count, forwards, waits, masks at start
+# per row in the box's copy: resumed, its entries' place, their count, forwards, waits, masks at start
 RESUME_COLUMNS = 6
 
 
@@ -60,7 +60,7 @@ class RowCarry:
 
     def columns(self, owners: list[str]) -> tuple[list[list[int] | None], list[list[int]]]:
         """For a cycle's rows (by request): each resumed row's block (None: a fresh block) and the
-        ``RESUME_COLUMNS`` integers the canvas's copy sends for every row."""
+        ``RESUME_COLUMNS`` integers the box's copy sends for every row."""
         blocks, columns = [], []
         for owner in owners:
             row = self.rows.get(owner)
@@ -74,10 +74,10 @@ class RowCarry:
 
     def resume(self, state, owners: list[str], forwards: list[int]) -> torch.Tensor:
         """Set the cycle's resumed rows (those carried out of the last one) where they were: their block's
-        counters on the device (from the canvas's copy), ``forwards`` on the host, their log probabilities so
+        counters on the device (from the box's copy), ``forwards`` on the host, their log probabilities so
         far and their cache (scattered into the cycle's run, laid out); returns each row's waits for a
         refresh. Everything carried is let go of."""
-        resume, cache = state.canvas.extra, state.cache
+        resume, cache = state.box.extra, state.cache
         resumed = resume[:, 0].bool()
         state.steps_taken = torch.where(resumed, resume[:, 3], state.steps_taken)
         state.masks_at_start = torch.where(resumed, resume[:, 5], state.masks_at_start)
@@ -103,9 +103,9 @@ class RowCarry:
         """The output of a cycle that ended with rows going on (``state.host.done`` False): every row's block
         as far as committed, those going on marked ``carried``; their counters come to the host with the
         blocks (the cycle's final read) and their cache entries are kept here."""
-        canvas, output, cache, L = state.canvas, state.output, state.cache, state.canvas.block_length
+        box, output, cache, L = state.box, state.output, state.cache, state.box.block_length
         counters = torch.stack([state.steps_taken, waited, state.masks_at_start], 1)
-        read = torch.cat([canvas.block_tokens(), counters], 1).tolist()  # the cycle's final read
+        read = torch.cat([box.block_tokens(), counters], 1).tolist()  # the cycle's final read
         output.blocks, output.steps = [r[:L] for r in read], [r[L] for r in read]
         if state.recorder is not None:
             state.recorder.finish()
@@ -133,7 +133,7 @@ class RowCarry:
 
     def _scatter(self, extra: torch.Tensor, resumed: int, total: int, cache) -> None:
         """The carried entries (``total``) of the cycle's ``resumed`` rows into its dual cache's run, placed by
-        ``extra`` (the canvas's resume columns [R, RESUME_COLUMNS] on the device)."""
+        ``extra`` (the box's resume columns [R, RESUME_COLUMNS] on the device)."""
         index = torch.nonzero_static(extra[:, 0], size=resumed)[:, 0]
         source = spans(extra[index, 1], extra[index, 2], total)
         target = spans(cache.row_start_on_device[index] + cache.base, extra[index, 2], total)

@@ -28,12 +28,12 @@ import torch.nn.functional as F
 from dllm_contracts.run_rules import stagger_problem_for
 from engine_pod.decoding.denoise_step import Candidates
 from engine_pod.kinds.bidirectional import grammar as hooks
-from engine_pod.kinds.bidirectional.cycle_box import Canvas
+from engine_pod.kinds.bidirectional.cycle_box import CycleBox
 from engine_pod.kinds.bidirectional.packing import packed_layout, window_inputs
 from engine_pod.kinds.bidirectional.phase_carry import RESUME_COLUMNS, RowCarry
 from engine_pod.kinds.bidirectional.phase_plan import PhasePlan, plan_phases
 from engine_pod.kinds.bidirectional.step_rows import StepRows
-from engine_pod.kinds.bidirectional.stepper import DualCacheStepper, _DualCycle
+from engine_pod.kinds.bidirectional.stepper import BidirectionalStepper, _BidirectionalCycle
 from engine_pod.runner.contract import CycleOutput
 from engine_pod.scheduler.output import SchedulerOutput
 
@@ -72,7 +72,7 @@ class _Phases:
     carry_out: bool = False  # the cycle ended with rows going on
 
 
-class PhaseStepper(DualCacheStepper):
+class PhaseStepper(BidirectionalStepper):
     """The dual-cache stepper, staggering its rows' refreshes where the cycle asks."""
 
     extra_columns = RESUME_COLUMNS  # each row's resume columns (kinds/bidirectional/phase_carry.py)
@@ -94,31 +94,31 @@ class PhaseStepper(DualCacheStepper):
     def _phased(cycle: SchedulerOutput) -> bool:
         return cycle.refresh_quota is not None or cycle.refresh_interval != 0
 
-    def _canvas(self, cycle: SchedulerOutput, **resume) -> Canvas:
-        """The cycle's canvas, resumed rows' blocks and counters in its copy."""
+    def _box(self, cycle: SchedulerOutput, **resume) -> CycleBox:
+        """The cycle's box, resumed rows' blocks and counters in its copy."""
         if not self.carry or not self._phased(cycle):
             self.carry.forget()
-            return super()._canvas(cycle)
+            return super()._box(cycle)
         blocks, columns = self.carry.columns(list(cycle.request_ids))
-        return super()._canvas(cycle, blocks=blocks, extra=columns)
+        return super()._box(cycle, blocks=blocks, extra=columns)
 
-    def begin(self, cycle: SchedulerOutput) -> _DualCycle:
+    def begin(self, cycle: SchedulerOutput) -> _BidirectionalCycle:
         state = super().begin(cycle)
         if not self._phased(cycle):
             return state
         if state.grammar is not None and self.carry:  # a resumed row's grammar: past its block's commits
             blocks = hooks.resumed_blocks(
-                self.carry.rows, cycle.request_ids, state.canvas.block_length, self.mask_id
+                self.carry.rows, cycle.request_ids, state.box.block_length, self.mask_id
             )
-            state.grammar = self.grammars.rows(cycle.rows, blocks, state.canvas.tokens.device)
+            state.grammar = self.grammars.rows(cycle.rows, blocks, state.box.tokens.device)
         self._check_stagger(cycle)
         rows, owners = len(cycle.rows), list(cycle.request_ids)
-        layout = packed_layout(state.canvas, None, list(range(rows)))
+        layout = packed_layout(state.box, None, list(range(rows)))
         layout.keep_in(state.cache)
-        widths = list(state.canvas.host.key_lengths)
+        widths = list(state.box.host.key_lengths)
         waited = torch.zeros_like(state.steps_taken)
         forwards = [0] * rows
-        if state.canvas.extra is not None:  # rows carried out of the last cycle: counters, cache
+        if state.box.extra is not None:  # rows carried out of the last cycle: counters, cache
             waited = self.carry.resume(state, owners, forwards)
         state.phases = _Phases(
             cycle.refresh_quota,
@@ -141,20 +141,20 @@ class PhaseStepper(DualCacheStepper):
         if cycle.refresh_quota is not None and cycle.refresh_quota < 1:
             raise PhaseScheduleError(f"a refresh quota must be positive, got {cycle.refresh_quota}")
 
-    def most_steps(self, state: _DualCycle) -> int:
+    def most_steps(self, state: _BidirectionalCycle) -> int:
         rows = 1 if state.phases is None else len(state.phases.widths)
         return super().most_steps(state) * rows  # each step moves at least one row on
 
     @torch.no_grad()
-    def going_on(self, state: _DualCycle, step: int) -> bool:
+    def going_on(self, state: _BidirectionalCycle, step: int) -> bool:
         """The rows' completion, then the next step's plan, made on the device and read with the rows'
         state in the step's one read."""
         phases = state.phases
         if phases is None:
             return super().going_on(state, step)
-        canvas = state.canvas
+        box = state.box
         if step:
-            complete = (canvas.block_tokens() != self.mask_id).all(1)
+            complete = (box.block_tokens() != self.mask_id).all(1)
             capped = complete if self.step_cap is None else complete | (state.steps_taken >= self.step_cap)
             state.done = state.done | capped
         plan = plan_phases(
@@ -165,7 +165,7 @@ class PhaseStepper(DualCacheStepper):
             phases.interval,
             phases.quota,
         )
-        masked = canvas.block_tokens() == self.mask_id
+        masked = box.block_tokens() == self.mask_id
         stack = torch.stack(
             [state.done.long(), masked.sum(1), masked[:, 0].long(), plan.refresh.long(), plan.reuse.long()]
         )
@@ -179,7 +179,7 @@ class PhaseStepper(DualCacheStepper):
             return False
         return going
 
-    def finish(self, state: _DualCycle) -> CycleOutput:
+    def finish(self, state: _BidirectionalCycle) -> CycleOutput:
         """The committed blocks; where the cycle ended with rows going on, theirs as far as committed (not
         committed: ``carried``), their counters read with them and their cache kept (``self.carry``)."""
         phases = state.phases
@@ -194,7 +194,7 @@ class PhaseStepper(DualCacheStepper):
         return output
 
     @torch.no_grad()
-    def step(self, state: _DualCycle, step: int) -> None:
+    def step(self, state: _BidirectionalCycle, step: int) -> None:
         phases = state.phases
         if phases is None:
             super().step(state, step)
@@ -209,17 +209,19 @@ class PhaseStepper(DualCacheStepper):
             phases.forwards[row] += 1
         state.steps_taken[rows.index] += 1
 
-    def _phase_rows(self, state: _DualCycle, stepping: torch.Tensor) -> tuple[StepRows, _PhaseLayout]:
+    def _phase_rows(
+        self, state: _BidirectionalCycle, stepping: torch.Tensor
+    ) -> tuple[StepRows, _PhaseLayout]:
         """The stepping rows (in row order), which of them refresh, which take their block's first forward
         and how many positions each computes, on the host and on the device (found there: no copy)."""
-        phases, canvas, host = state.phases, state.canvas, state.host
+        phases, box, host = state.phases, state.box, state.host
         members, refresh = list(phases.stepping), set(phases.refresh)
-        lengths = [phases.widths[r] if r in refresh else canvas.block_length for r in members]
+        lengths = [phases.widths[r] if r in refresh else box.block_length for r in members]
         first = [phases.forwards[r] == 0 for r in members]
         index = torch.argsort((~stepping).to(torch.int8), stable=True)[: len(members)]
         refreshing = phases.plan.refresh[index]
-        on_device = torch.where(refreshing, phases.widths_on_device[index], canvas.block_length)
-        block = canvas.block_tokens(index)
+        on_device = torch.where(refreshing, phases.widths_on_device[index], box.block_length)
+        block = box.block_tokens(index)
         rows = StepRows(
             index,
             len(members) == len(host.done),
@@ -231,8 +233,8 @@ class PhaseStepper(DualCacheStepper):
         )
         return rows, _PhaseLayout(refreshing, state.steps_taken[index] == 0, first, lengths, on_device)
 
-    def _phase_step(self, state: _DualCycle, rows: StepRows, layout: _PhaseLayout, inputs=None):
-        canvas = state.canvas
+    def _phase_step(self, state: _BidirectionalCycle, rows: StepRows, layout: _PhaseLayout, inputs=None):
+        box = state.box
         mask, counts = rows.candidates, rows.counts
         if self.quirks.commits_block_start_on_refresh and any(layout.first_on_host):
             # the block's first forward commits only its start: the threshold policy always commits a row's
@@ -242,22 +244,22 @@ class PhaseStepper(DualCacheStepper):
             counts = [int(m) if f else c for f, m, c in zip(layout.first_on_host, rows.first_masked, counts)]
         candidates = Candidates.of(mask, rows.index, sum(counts))
         logits = self._mixed_forward(state, rows, layout, candidates, counts, mask.sum(1))
-        positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
+        positions = box.position_ids.gather(1, box.block_slots)[candidates.owner, candidates.k]
         own_step = state.steps_taken[candidates.owner]  # each row's forwards so far: its draws' step
-        context = self._context(canvas, 0, rows, state.masks_at_start)
+        context = self._context(box, 0, rows, state.masks_at_start)
         grammar = hooks.step_of(inputs)
-        step = (positions, own_step, canvas.sampling, context, state.recorder, grammar)
+        step = (positions, own_step, box.sampling, context, state.recorder, grammar)
         commit = self.denoise(logits, candidates, rows.block, *step)
-        canvas.write_block(rows.index, commit.blocks)
+        box.write_block(rows.index, commit.blocks)
         hooks.keep_report(state, grammar, commit)
         state.output.stats.forwards += 1
 
     def _mixed_forward(self, state, rows: StepRows, layout: _PhaseLayout, candidates, counts, on_device):
         """One forward of the stepping rows: a refreshing row's every attended position, a reusing row's
         block, each row over its run of the cache."""
-        canvas, cache, stats = state.canvas, state.cache, state.output.stats
-        L, width = canvas.block_length, canvas.width
-        block_slots = canvas.block_slots[rows.index]
+        box, cache, stats = state.box, state.cache, state.output.stats
+        L, width = box.block_length, box.width
+        block_slots = box.block_slots[rows.index]
         pick_r, pick_k = candidates.r, candidates.k
         refresh = set(state.phases.refresh)
         if refresh:
@@ -271,7 +273,7 @@ class PhaseStepper(DualCacheStepper):
             slots, column = block_slots, pick_k
         source = (column - self.quirks.logit_shift).clamp(min=0)
         inputs = window_inputs(
-            canvas,
+            box,
             cache,
             rows.index,
             slots,
@@ -285,7 +287,7 @@ class PhaseStepper(DualCacheStepper):
         )
         stats.computed_positions += inputs.computed
         stats.add_refresh(sum(state.phases.widths[r] for r in refresh))
-        host = canvas.host
+        host = box.host
         stats.useful_positions += sum(
             (host.context_lengths[r] if r in refresh else L) for r in rows.members if host.active[r]
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine_pod.decoding.scoring import top_two_gap
-from engine_pod.kinds.bidirectional.cycle_box import Canvas
+from engine_pod.kinds.bidirectional.cycle_box import CycleBox
 
 
 def record_margins(logits, pick_r, pick_k, transfer, index, margins: torch.Tensor) -> None:
@@ -18,12 +18,12 @@ def record_margins(logits, pick_r, pick_k, transfer, index, margins: torch.Tenso
     margins[index] = torch.where(transfer, grid, committed)
 
 
-def trace_entry(canvas: Canvas, kind: str, block_length: int, commit) -> dict:
+def trace_entry(box: CycleBox, kind: str, block_length: int, commit) -> dict:
     """Row 0's forward of this ``kind`` ("full", "dual", "prefix") and what it committed."""
-    positions = canvas.position_ids[0].gather(0, canvas.block_slots[0])
+    positions = box.position_ids[0].gather(0, box.block_slots[0])
     start = int(positions[0])
     offset = 0 if kind == "full" else start
-    input_len = block_length if kind == "dual" else int(canvas.real[0].sum()) - offset
+    input_len = block_length if kind == "dual" else int(box.real[0].sum()) - offset
     transfer, proposals = commit.transfer, commit.proposals
     commits = [[int(positions[k]), int(proposals[0, k])] for k in transfer[0].nonzero(as_tuple=True)[0]]
     return {"kind": kind, "offset": offset, "input_len": input_len, "commits": commits}

@@ -12,7 +12,7 @@ import torch
 class StepRows:
     """The rows taking part in one forward and what they may commit."""
 
-    index: torch.Tensor  # [R'] row numbers in the canvas
+    index: torch.Tensor  # [R'] row numbers in the box
     all_rows: bool  # index covers every row in order (lets the cache skip a gather)
     block: torch.Tensor  # [R', L] current block tokens
     candidates: torch.Tensor  # [R', L] masked positions that may be committed now

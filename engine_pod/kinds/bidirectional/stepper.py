@@ -22,8 +22,8 @@ from engine_pod.device_buffers import DeviceBuffers
 from engine_pod.kinds.bidirectional import grammar as grammar_hooks
 from engine_pod.kinds.bidirectional.box_batches import box_refresh, box_window
 from engine_pod.kinds.bidirectional.calibration import first_block_confidences
-from engine_pod.kinds.bidirectional.cycle_box import Canvas, build_canvas, canvas_regions
-from engine_pod.kinds.bidirectional.cycle_cache import DualCache, DualCachePool
+from engine_pod.kinds.bidirectional.cycle_box import CycleBox, box_regions, build_box
+from engine_pod.kinds.bidirectional.cycle_cache import CycleCache, CycleCachePool
 from engine_pod.kinds.bidirectional.head_sparse.hooks import refresh_heads, window_heads
 from engine_pod.kinds.bidirectional.head_sparse.store import HeadSparse, position_bytes
 from engine_pod.kinds.bidirectional.packing import refresh_inputs, window_inputs
@@ -35,11 +35,11 @@ from engine_pod.scheduler.output import SchedulerOutput
 
 
 @dataclass
-class _DualCycle:
+class _BidirectionalCycle:
     """One cycle's state between its steps."""
 
-    canvas: Canvas
-    cache: DualCache | None
+    box: CycleBox
+    cache: CycleCache | None
     gather_rows: bool
     masks_at_start: torch.Tensor  # [R] masks in each row's block when the cycle began
     done: torch.Tensor  # [R] rows whose block is complete (or that never commit)
@@ -53,7 +53,7 @@ class _DualCycle:
     constrained: torch.Tensor | None = None  # [R] those rows, on the device (sent with their first step)
 
 
-class DualCacheStepper:
+class BidirectionalStepper:
     """The dual-cache families' part of a block cycle (a ``Stepper`` of runner/cycle_driver.py)."""
 
     grid_aligned = False  # blocks follow each request's prompt, wherever it ends
@@ -61,7 +61,7 @@ class DualCacheStepper:
     prefix_cache_stats = None  # no prefix cache: every cycle computes its rows' caches afresh
     canvas_sampler = None  # no entropy-bound sampler
     staggers_refreshes = False  # every row refreshes at its block's first forward (kinds/bidirectional/phase_stepper.py can stagger)
-    extra_columns = 0  # per-row integers its canvases carry beside the rows' own (Canvas.extra)
+    extra_columns = 0  # per-row integers its boxes carry beside the rows' own (CycleBox.extra)
 
     def __init__(
         self,
@@ -96,20 +96,20 @@ class DualCacheStepper:
         self.position_bytes = position_bytes(loaded.config, loaded.dtype)
         new_pool = lambda pages: self.model.new_pool(pages, L, loaded.device)  # noqa: E731
         pooled = decoding.uses_cache and self.heads is None
-        self.cache_pool = DualCachePool(new_pool, L, pool_tokens) if pooled else None
-        # each cycle's canvas lists, in regions sized from the budget (where known) at fixed addresses
+        self.cache_pool = CycleCachePool(new_pool, L, pool_tokens) if pooled else None
+        # each cycle's box lists, in regions sized from the budget (where known) at fixed addresses
         self.buffers = DeviceBuffers(
-            loaded.device, canvas_regions(pool_tokens, L, self.extra_columns) if pool_tokens else None
+            loaded.device, box_regions(pool_tokens, L, self.extra_columns) if pool_tokens else None
         )
 
-    def begin(self, cycle: SchedulerOutput) -> _DualCycle:
-        """The cycle's canvas (one copy to the device); packed: forwards compute only the positions that
+    def begin(self, cycle: SchedulerOutput) -> _BidirectionalCycle:
+        """The cycle's box (one copy to the device); packed: forwards compute only the positions that
         exist (no padding, no hidden suffix), else the dense box."""
         L, device = self.decoding.block_length, self.loaded.device
-        canvas = self._canvas(cycle)
-        canvas.packed = cycle.packed
+        box = self._box(cycle)
+        box.packed = cycle.packed
         R = len(cycle.rows)
-        cache = DualCache(self.cache_pool, self.heads) if self.decoding.uses_cache else None
+        cache = CycleCache(self.cache_pool, self.heads) if self.decoding.uses_cache else None
         if self.heads is not None:
             if not cycle.packed:
                 raise ValueError("the head-sparse cache runs packed rows only (BlockServe's layout)")
@@ -117,49 +117,49 @@ class DualCacheStepper:
             cache.owners = [row.owner for row in cycle.rows]
         output = CycleOutput(blocks=[], steps=[], stats=CycleStats())
         recorder = None
-        if canvas.logprobs is not None:
-            output.logprobs = [[None] * L if k is not None else None for k in canvas.logprobs]
-            recorder = LogprobRecorder(canvas.logprobs, output.logprobs)
-        state = _DualCycle(
-            canvas,
+        if box.logprobs is not None:
+            output.logprobs = [[None] * L if k is not None else None for k in box.logprobs]
+            recorder = LogprobRecorder(box.logprobs, output.logprobs)
+        state = _BidirectionalCycle(
+            box,
             cache,
             cycle.gather_rows,
-            (canvas.block_tokens() == self.mask_id).sum(1),
-            ~canvas.active,
+            (box.block_tokens() == self.mask_id).sum(1),
+            ~box.active,
             torch.zeros(R, dtype=torch.long, device=device),
             output,
-            torch.full(canvas.block_slots.shape, float("inf"), device=device),
+            torch.full(box.block_slots.shape, float("inf"), device=device),
             recorder,
         )
         state.grammar = self.grammars.rows(cycle.rows, [[None] * L for _ in cycle.rows], device)
         return state
 
-    def _canvas(self, cycle: SchedulerOutput, **resume) -> Canvas:
-        """The cycle's canvas (``resume``: resumed rows' blocks and columns, kinds/bidirectional/phase_carry.py)."""
+    def _box(self, cycle: SchedulerOutput, **resume) -> CycleBox:
+        """The cycle's box (``resume``: resumed rows' blocks and columns, kinds/bidirectional/phase_carry.py)."""
         args = (self.mask_id, self.pad_id, self.loaded.device, self.decoding.threshold, self.score_dtype)
-        return build_canvas(cycle.rows, self.decoding.block_length, *args, self.buffers, **resume)
+        return build_box(cycle.rows, self.decoding.block_length, *args, self.buffers, **resume)
 
-    def most_steps(self, state: _DualCycle) -> int:
+    def most_steps(self, state: _BidirectionalCycle) -> int:
         return self.decoding.block_length + self.decoding.steps_per_block + 2
 
     @torch.no_grad()
-    def going_on(self, state: _DualCycle, step: int) -> bool:
+    def going_on(self, state: _BidirectionalCycle, step: int) -> bool:
         if step:
-            state.done = state.done | self._finished(state.canvas, step, state.constrained)
-        state.host = self._read_state(state.canvas, state.done, state.grammar)
+            state.done = state.done | self._finished(state.box, step, state.constrained)
+        state.host = self._read_state(state.box, state.done, state.grammar)
         return not all(state.host.done)
 
     @torch.no_grad()
-    def step(self, state: _DualCycle, step: int) -> None:
+    def step(self, state: _BidirectionalCycle, step: int) -> None:
         unfinished = state.gather_rows and step > 0
         inputs = grammar_hooks.before_step(state, unfinished, step == 0 and self.forces_start)
-        rows = self._step_rows(state.canvas, state.done, state.host, unfinished)
+        rows = self._step_rows(state.box, state.done, state.host, unfinished)
         self._denoise_step(state, rows, step, inputs)
         state.steps_taken[rows.index] += (~state.done[rows.index]).long()
 
-    def finish(self, state: _DualCycle) -> CycleOutput:
+    def finish(self, state: _BidirectionalCycle) -> CycleOutput:
         output = state.output
-        output.blocks = state.canvas.block_tokens().tolist()
+        output.blocks = state.box.block_tokens().tolist()
         grammar_hooks.host_blocks(state.grammar, output)
         output.steps = state.steps_taken.tolist()
         if state.recorder is not None:
@@ -168,7 +168,7 @@ class DualCacheStepper:
             output.margins = state.margins.tolist()
         return output
 
-    def end(self, state: _DualCycle) -> None:
+    def end(self, state: _BidirectionalCycle) -> None:
         if state.cache is not None:
             state.cache.release()
 
@@ -181,22 +181,22 @@ class DualCacheStepper:
     def first_block_confidences(self, prompts: list[list[int]]) -> torch.Tensor:
         return first_block_confidences(self, prompts)
 
-    def _finished(self, canvas: Canvas, step: int, constrained: torch.Tensor | None) -> torch.Tensor:
+    def _finished(self, box: CycleBox, step: int, constrained: torch.Tensor | None) -> torch.Tensor:
         """Rows whose block is complete or whose steps are done (a constrained row's: when complete)."""
         at_cap = self.step_cap is not None and step >= self.step_cap
         if self.exact_steps and constrained is None:
-            return torch.full_like(canvas.active, at_cap)
-        complete = (canvas.block_tokens() != self.mask_id).all(1)
+            return torch.full_like(box.active, at_cap)
+        complete = (box.block_tokens() != self.mask_id).all(1)
         return grammar_hooks.finished(complete, at_cap, self.exact_steps, constrained)
 
-    def _read_state(self, canvas: Canvas, done: torch.Tensor, grammar) -> HostState:
+    def _read_state(self, box: CycleBox, done: torch.Tensor, grammar) -> HostState:
         """The step's one read from the device (the constrained rows' report with it: grammar_hooks.py)."""
-        masked = canvas.block_tokens() == self.mask_id
+        masked = box.block_tokens() == self.mask_id
         stack = torch.stack([done.long(), masked.sum(1), masked[:, 0].long()])
         return grammar_hooks.read_state(stack, grammar)[0]
 
     def _step_rows(
-        self, canvas: Canvas, done: torch.Tensor, state: HostState, only_unfinished: bool
+        self, box: CycleBox, done: torch.Tensor, state: HostState, only_unfinished: bool
     ) -> StepRows:
         rows = len(state.done)
         if only_unfinished:
@@ -205,14 +205,14 @@ class DualCacheStepper:
             index = torch.argsort(done.to(torch.int8), stable=True)[: len(members)]
         else:
             members, index = list(range(rows)), torch.arange(rows, device=done.device)
-        block = canvas.block_tokens(index)
+        block = box.block_tokens(index)
         candidates = (block == self.mask_id) & ~done[index, None]
         counts = [0 if state.done[r] else state.masked[r] for r in members]
         first = [not state.done[r] and state.first_masked[r] for r in members]
         return StepRows(index, len(members) == rows, block, candidates, members, counts, first)
 
-    def _denoise_step(self, state: _DualCycle, rows: StepRows, step: int, inputs=None) -> None:
-        canvas, cache, out = state.canvas, state.cache, state.output
+    def _denoise_step(self, state: _BidirectionalCycle, rows: StepRows, step: int, inputs=None) -> None:
+        box, cache, out = state.box, state.cache, state.output
         refresh = step == 0 or cache is None
         mask = rows.candidates
         forced_start = refresh and cache is not None and self.quirks.commits_block_start_on_refresh
@@ -223,75 +223,69 @@ class DualCacheStepper:
         candidates = Candidates.of(mask, rows.index, sum(counts))
         forward = self._full_forward if refresh else self._window_forward
         picked = (counts, mask.sum(1))  # candidates per row, on the host and on the device
-        logits = forward(canvas, cache, rows, candidates.r, candidates.k, out.stats, picked)
-        positions = canvas.position_ids.gather(1, canvas.block_slots)[candidates.owner, candidates.k]
-        context = None if forced_start else self._context(canvas, step, rows, state.masks_at_start)
+        logits = forward(box, cache, rows, candidates.r, candidates.k, out.stats, picked)
+        positions = box.position_ids.gather(1, box.block_slots)[candidates.owner, candidates.k]
+        context = None if forced_start else self._context(box, step, rows, state.masks_at_start)
         grammar = grammar_hooks.step_of(inputs)
         commit = self.denoise(
-            logits, candidates, rows.block, positions, step, canvas.sampling, context, state.recorder, grammar
+            logits, candidates, rows.block, positions, step, box.sampling, context, state.recorder, grammar
         )
-        canvas.write_block(rows.index, commit.blocks)
+        box.write_block(rows.index, commit.blocks)
         grammar_hooks.keep_report(state, grammar, commit)
         if self.record_margins:
             record_margins(logits, candidates.r, candidates.k, commit.transfer, rows.index, state.margins)
         out.stats.forwards += 1
         if self.record_trace and int(rows.index[0]) == 0:
             kind = "full" if refresh else self.decoding.cache
-            self.trace.append(trace_entry(canvas, kind, self.decoding.block_length, commit))
+            self.trace.append(trace_entry(box, kind, self.decoding.block_length, commit))
 
-    def _context(
-        self, canvas: Canvas, step: int, rows: StepRows, masks_at_start: torch.Tensor
-    ) -> StepContext:
+    def _context(self, box: CycleBox, step: int, rows: StepRows, masks_at_start: torch.Tensor) -> StepContext:
         return StepContext(
             step=step,
             steps_per_block=self.decoding.steps_per_block,
             masks_at_block_start=masks_at_start[rows.index],
             masks_now=rows.candidates.sum(1),
-            threshold=canvas.thresholds[rows.index],
+            threshold=box.thresholds[rows.index],
             eps=self.decoding.eps,
         )
 
     def _full_forward(
-        self, canvas: Canvas, cache, rows: StepRows, pick_r, pick_k, stats: CycleStats, picked: tuple
+        self, box: CycleBox, cache, rows: StepRows, pick_r, pick_k, stats: CycleStats, picked: tuple
     ):
         index = None if rows.all_rows else rows.index
-        block_slots = canvas.block_slots if index is None else canvas.block_slots[index]
+        block_slots = box.block_slots if index is None else box.block_slots[index]
         source = block_slots[pick_r, pick_k] - self.quirks.logit_shift
-        host = canvas.host
+        host = box.host
         stats.useful_positions += sum(host.context_lengths[r] for r in rows.members if host.active[r])
-        if canvas.packed:
-            inputs = refresh_inputs(canvas, index, cache, pick_r, source, rows.members, *picked)
+        if box.packed:
+            inputs = refresh_inputs(box, index, cache, pick_r, source, rows.members, *picked)
             stats.computed_positions += inputs.computed
             stats.add_refresh(inputs.computed)
             if cache is not None and cache.heads is not None:
-                inputs.batch.heads = refresh_heads(canvas, cache, picked[0], self.loaded.config.num_layers)
+                inputs.batch.heads = refresh_heads(box, cache, picked[0], self.loaded.config.num_layers)
             hidden = self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
         else:
-            stats.computed_positions += rows.index.shape[0] * canvas.width
-            stats.add_refresh(rows.index.shape[0] * canvas.width)
-            hidden = self.model.forward_batch(box_refresh(canvas, index, cache), (pick_r, source))
+            stats.computed_positions += rows.index.shape[0] * box.width
+            stats.add_refresh(rows.index.shape[0] * box.width)
+            hidden = self.model.forward_batch(box_refresh(box, index, cache), (pick_r, source))
         if cache is not None:
             cache.count_bytes(stats, self.position_bytes)
         return hidden
 
     def _window_forward(
-        self, canvas: Canvas, cache, rows: StepRows, pick_r, pick_k, stats: CycleStats, picked: tuple
+        self, box: CycleBox, cache, rows: StepRows, pick_r, pick_k, stats: CycleStats, picked: tuple
     ):
         index = rows.index
         block_window = self.decoding.cache == "dual"  # every row's window is its block, all cached
-        slots = canvas.block_slots[index] if block_window else canvas.prefix_window()[0][index]
-        stats.useful_positions += sum(canvas.host.active[r] for r in rows.members) * canvas.block_length
+        slots = box.block_slots[index] if block_window else box.prefix_window()[0][index]
+        stats.useful_positions += sum(box.host.active[r] for r in rows.members) * box.block_length
         source = (pick_k - self.quirks.logit_shift).clamp(min=0)
-        if canvas.packed:
-            lengths = [canvas.block_length] * len(rows.members) if block_window else None
-            inputs = window_inputs(
-                canvas, cache, index, slots, pick_r, source, rows.members, *picked, lengths
-            )
+        if box.packed:
+            lengths = [box.block_length] * len(rows.members) if block_window else None
+            inputs = window_inputs(box, cache, index, slots, pick_r, source, rows.members, *picked, lengths)
             stats.computed_positions += inputs.computed
             if cache.store is not None:
                 inputs.batch.heads = window_heads(cache, rows.members, picked[0])
             return self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
         stats.computed_positions += slots.numel()
-        return self.model.forward_batch(
-            box_window(canvas, cache, index, rows.all_rows, slots), (pick_r, source)
-        )
+        return self.model.forward_batch(box_window(box, cache, index, rows.all_rows, slots), (pick_r, source))

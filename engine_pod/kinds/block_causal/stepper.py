@@ -57,7 +57,7 @@ def block_threshold(decoding: DecodingConfig) -> float:
 
 
 @dataclass
-class _PagedCycle:
+class _BlockCausalCycle:
     """One cycle's state between its steps."""
 
     layout: BlockCycle
@@ -75,7 +75,7 @@ class _PagedCycle:
     grammar: object | None = None  # its constrained rows (decoding/grammar/rows.py; None: none)
 
 
-class PagedCacheStepper:
+class BlockCausalStepper:
     """The block-diffusion families' part of a block cycle (a ``Stepper`` of runner/cycle_driver.py)."""
 
     grid_aligned = True  # the scheduler puts blocks on the absolute grid
@@ -108,7 +108,7 @@ class PagedCacheStepper:
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         return None if self.prefix_cache is None else self.prefix_cache.stats
 
-    def begin(self, cycle: SchedulerOutput) -> _PagedCycle:
+    def begin(self, cycle: SchedulerOutput) -> _BlockCausalCycle:
         """Released rows give their pages back; every row takes its place in the cache (its cached blocks
         where it enters the batch), its pages up to its block's end, and the cycle's layout (one copy)."""
         rows, L = cycle.rows, self.decoding.block_length
@@ -135,7 +135,7 @@ class PagedCacheStepper:
             [row.sampling for row in rows],
         )
         grammar = grammar_hooks.constrained_rows(self, rows, states, layout.starts)
-        return _PagedCycle(
+        return _BlockCausalCycle(
             layout,
             [len(state.tokens) % L for state in states],
             [state.forwards for state in states],
@@ -148,11 +148,11 @@ class PagedCacheStepper:
             grammar=grammar,
         )
 
-    def most_steps(self, state: _PagedCycle) -> int:
+    def most_steps(self, state: _BlockCausalCycle) -> int:
         return state.steps
 
     @torch.no_grad()
-    def going_on(self, state: _PagedCycle, step: int) -> bool:
+    def going_on(self, state: _BlockCausalCycle, step: int) -> bool:
         """Whether a block has masks left (the step's one read), within the cycle's steps."""
         if step >= state.steps:
             return False
@@ -161,7 +161,7 @@ class PagedCacheStepper:
         return any(state.counts)
 
     @torch.no_grad()
-    def step(self, state: _PagedCycle, step: int) -> None:
+    def step(self, state: _BlockCausalCycle, step: int) -> None:
         """One step of the rows with masks left (every row, where the cycle keeps them all)."""
         cycle, counts = state.layout, state.counts
         inputs = grammar_hooks.before_step(state, self.mask_id)
@@ -201,7 +201,7 @@ class PagedCacheStepper:
             if self.exact_cache:
                 cycle.rows[i].cached = cycle.starts[i]
 
-    def finish(self, state: _PagedCycle) -> CycleOutput:
+    def finish(self, state: _BlockCausalCycle) -> CycleOutput:
         """Every row's block (its fixed head left out), its tokens extended to the block's end."""
         cycle = state.layout
         blocks = cycle.blocks.tolist()
@@ -225,7 +225,7 @@ class PagedCacheStepper:
             else [r if r is None else r[h:] for r, h in zip(recorded, heads)],
         )
 
-    def end(self, state: _PagedCycle) -> None:
+    def end(self, state: _BlockCausalCycle) -> None:
         """Nothing: the rows' pages are kept for their next cycle."""
 
     def _state(self, owner: str, row: CycleRow) -> BlockRow:

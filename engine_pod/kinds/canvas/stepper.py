@@ -39,9 +39,8 @@ What the family honours of the engine's options: ``block_length`` (= the canvas)
 sampler's other settings come from the checkpoint's generation config (``DiffusionGemmaConfig.generation``,
 ``dllm generate --entropy-bound`` and others override them): ``canvas_sampler``. A row whose request set
 its own (``CycleRow.sampler``: the API's request fields) samples with those, batched with rows that did
-not. ``IGNORED`` lists what is ignored and why; ``canvas="full"``, a block length other than the canvas,
-a trace and margins are refused by name.
-"""
+not. ``IGNORED`` lists what is ignored and why; a masked suffix (``--canvas full``), a block length other
+than the canvas, a trace and margins are refused by name."""
 
 from __future__ import annotations
 
@@ -99,7 +98,7 @@ class _CanvasCycle:
 
 
 class CanvasStepper:
-    """DiffusionGemma's part of a block cycle (a ``Stepper`` of runner/cycle_driver.py)."""
+    """The canvas kind's part of a block cycle (DiffusionGemma's) (a ``Stepper`` of runner/cycle_driver.py)."""
 
     grid_aligned = False  # canvases follow the prompt, wherever it ends
     shares_blocks = False
@@ -111,11 +110,11 @@ class CanvasStepper:
         if decoding.block_length != config.canvas_length:
             raise DecodingConfigError(
                 f"block_length {decoding.block_length} is not the model's canvas_length "
-                f"{config.canvas_length}: DiffusionGemma denoises whole canvases"
+                f"{config.canvas_length}: {loaded.family.display_name} denoises whole canvases"
             )
-        if decoding.canvas != "block":
+        if decoding.masked_suffix:
             raise DecodingConfigError(
-                f"canvas {decoding.canvas!r} does not apply: DiffusionGemma has no masks"
+                f"canvas 'full' (a masked suffix) does not apply: {loaded.family.display_name} has no masks"
             )
         self.loaded, self.decoding, self.model = loaded, decoding, loaded.model
         self.canvas_sampler = EntropyBoundParams.for_service(config.generation, decoding.steps_per_block)
@@ -286,5 +285,6 @@ class CanvasStepper:
 
     def first_block_confidences(self, prompts: list[list[int]]) -> torch.Tensor:
         raise ValueError(
-            "threshold calibration does not apply to diffusion_gemma: its sampler accepts by entropy"
+            f"threshold calibration does not apply to {self.loaded.family.display_name}: its sampler accepts "
+            "by entropy"
         )

@@ -54,7 +54,7 @@ class RefreshHeads:
 
 
 class WindowHeads:
-    """A window over the rows ``members`` (canvas rows, the window's row order: each row's block, in the
+    """A window over the rows ``members`` (box rows, the window's row order: each row's block, in the
     refresh's packing order) whose last layer computes ``picked`` queries of each (in ``last_rows``' order)."""
 
     def __init__(
@@ -90,16 +90,16 @@ class WindowHeads:
         return out.view(rows, tokens, heads, width)
 
 
-def refresh_heads(canvas, cache, picked: list[int], layers: int) -> RefreshHeads:
+def refresh_heads(box, cache, picked: list[int], layers: int) -> RefreshHeads:
     """A packed refresh's attention (its layout already in ``cache``, kinds/bidirectional/packing.py): the cycle's store,
     filled by its layers (every row of the cycle, ``picked``: each row's last-layer queries)."""
-    L = canvas.block_length
-    block_start = [n - L for n in canvas.host.context_lengths]
+    L = box.block_length
+    block_start = [n - L for n in box.host.context_lengths]
     device = cache.slot_of.device
     cache.store = CycleStore(
         cache.heads, cache.owners, cache.row_start, cache.row_len, block_start, L, device
     )
-    return RefreshHeads(cache.store, cache.slot_of.gather(1, canvas.block_slots), picked, layers)
+    return RefreshHeads(cache.store, cache.slot_of.gather(1, box.block_slots), picked, layers)
 
 
 def window_heads(cache, members: list[int], picked: list[int]) -> WindowHeads:

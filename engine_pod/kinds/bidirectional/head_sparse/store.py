@@ -21,7 +21,7 @@ from engine_pod.models.ragged import starts_of
 
 @dataclass
 class GroupRows:
-    """One group's row layout in its store, the same at every layer (host lists by canvas row)."""
+    """One group's row layout in its store, the same at every layer (host lists by box row)."""
 
     kept: list[int]  # entries of each row (its kept context and its block)
     start: list[int]  # each row's first entry
@@ -71,7 +71,7 @@ def position_bytes(config, dtype: torch.dtype) -> int:
 
 
 class CycleStore:
-    """One cycle's compact stores, built at its refresh (rows: every row of the cycle, canvas order)."""
+    """One cycle's compact stores, built at its refresh (rows: every row of the cycle, box order)."""
 
     def __init__(
         self,
