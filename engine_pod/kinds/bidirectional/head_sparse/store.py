@@ -54,8 +54,8 @@ class HeadSparse:
             return None
         if loaded.parallel.size > 1:
             raise ValueError("the head-sparse cache runs in one process (no tensor parallelism)")
-        model = loaded.config
-        return cls(config, model.num_layers, model.num_heads, model.num_kv_heads, loaded.device)
+        shape = loaded.config
+        return cls(config, shape.num_layers, shape.num_heads, shape.num_kv_heads, loaded.device)
 
     def release(self, owners: list[str]) -> None:
         for owner in owners:
