@@ -103,6 +103,28 @@ class PagedKVPool:
         """Slots in the pool (the scratch slot excluded)."""
         return self.scratch
 
+    def grow(self, num_pages: int) -> None:
+        """At least ``num_pages`` pages: every layer's entries reallocated larger (one layer at a time), the
+        held pages' entries kept in their slots (a page keeps its number, so every table and slot stays
+        valid), the new pages free, handed out after the free ones."""
+        pages = self.scratch // self.page_size
+        if num_pages <= pages:
+            return
+        held = len(self._free) < pages
+        size = num_pages * self.page_size
+        for stores in (self.keys, self.values):
+            for layer in range(len(stores)):
+                old = stores[layer]
+                shape, dtype, device = (size + 1, *old.shape[1:]), old.dtype, old.device
+                kept = old[: self.scratch] if held else None  # nothing held: the old entries go first
+                old = stores[layer] = None
+                stores[layer] = torch.zeros(shape, dtype=dtype, device=device)
+                if kept is not None:
+                    stores[layer][: self.scratch] = kept
+        self.scratch = size
+        self._free = list(range(num_pages - 1, pages - 1, -1)) + self._free
+        self._refs += [0] * (num_pages - pages)
+
     def share(self, owner: str, pages: list[int]) -> None:
         """Start ``owner``'s table (empty until now) with ``pages`` held by others (a cached prefix)."""
         if self._tables.get(owner):

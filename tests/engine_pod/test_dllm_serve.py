@@ -137,11 +137,26 @@ def _finish(engine: Engine) -> tuple[dict[str, list[int]], dict[str, list]]:
     tokens, values = {}, {}
     while engine.has_work():
         result = engine.step()
+        _carried_entries_are_in_the_pool(engine.runner.stepper)
         for rid, block, kept in zip(result.output.request_ids, result.blocks, result.logprobs or []):
             if block is not None and kept is not None:
                 values.setdefault(rid, []).extend(kept)
         tokens.update({r.request_id: list(r.generated) for r in result.finished})
     return tokens, values
+
+
+def _carried_entries_are_in_the_pool(stepper) -> None:
+    """Between cycles the pool holds nothing but the pages under the carried rows' entries, each once."""
+    carry, pool = stepper.carry, stepper.cache_pool.pool
+    pages = pool.capacity // pool.page_size
+    if not carry.rows:
+        assert not carry.pages and pool.free_pages == pages
+        return
+    assert carry.pool is pool and carry.pages and pool.free_pages == pages - len(carry.pages)
+    assert all(pool.holders(page) == 1 for page in carry.pages)
+    size = pool.page_size
+    for row in carry.rows.values():  # every entry's page is held
+        assert {s // size for s in range(row.kv_at, row.kv_at + row.kv_len)} <= set(carry.pages)
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])

@@ -4,7 +4,9 @@ own positions' entries first.
 
 They live in the runner's KV pool (models/paged_kv.py, the one KV store of every family) as one run of
 consecutive pages that the refresh reserves and the cycle's end gives back: nothing is kept across cycles
-(the next cycle's refresh recomputes every key, as the dual cache prescribes). A position's slot is the
+(the next cycle's refresh recomputes every key, as the dual cache prescribes), except where a cycle ends
+with rows going on (dLLM-Serve's step-level batching): their pages stay held until the next cycle has
+copied their entries into its run (kinds/bidirectional/phase_carry.py). A position's slot is the
 run's first slot plus its place in the run:
 - packed rows: row r's keys one after another from ``row_start[r]`` (``slot_of`` maps box columns to
   places; kinds/bidirectional/packing.py);
@@ -21,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine_pod.models.paged_kv import PagedKVPool
+from engine_pod.models.paged_kv import PagedKVPool, PoolExhausted
 
 OWNER = "cycle-cache"  # the run's owner in the runner's pool (one cycle at a time)
 
@@ -29,8 +31,8 @@ OWNER = "cycle-cache"  # the run's owner in the runner's pool (one cycle at a ti
 class CycleCache:
     """One cycle's dual cache: its run in the pool, and where each row's positions are in it."""
 
-    def __init__(self, pool_for: Callable[[int], PagedKVPool] | None, heads=None) -> None:
-        self._pool_for = pool_for  # a pool with at least this many free slots in one run; None: no pool
+    def __init__(self, pools: CycleCachePool | None, heads=None) -> None:
+        self.pools = pools  # where its run is reserved; None: no pool
         self.heads = heads  # head-sparse: the runner's HeadSparse (kinds/bidirectional/head_sparse/store.py), whose stores hold it
         self.store = None  # head-sparse: this cycle's CycleStore, made by the refresh
         self.owners: list[str] = []  # head-sparse: the request behind each row
@@ -50,11 +52,11 @@ class CycleCache:
     def reserve(self, places: int) -> None:
         """The run for ``places`` positions (the refresh's), its first slot ``base``."""
         self.release()
-        if self._pool_for is None:  # head-sparse: the refresh's stores hold what is kept
+        if self.pools is None:  # head-sparse: the refresh's stores hold what is kept
             self.base, self.total = 0, places
             return
-        self.pool = self._pool_for(places)
-        self.base, self.total = self.pool.reserve_run(OWNER, places), places
+        self.pool, self.base = self.pools.reserve_run(OWNER, places)
+        self.total = places
 
     def release(self) -> None:
         """Give the run back (the cycle ended)."""
@@ -86,20 +88,28 @@ class CycleCache:
 
 
 class CycleCachePool:
-    """The runner's pool for its cycles' dual caches: one pool, sized first for ``initial`` places (where
-    the budget is known) and replaced by a larger one when a cycle needs more (nothing is held between
-    cycles, so nothing moves)."""
+    """The runner's pool for its cycles' caches: one pool, sized first for ``initial`` places (where the
+    budget is known), grown when a cycle's run finds no room: to the run's size where the pool holds
+    nothing (nothing moves), else by the run's pages, the held pages' entries kept in place (a carried
+    row's: kinds/bidirectional/phase_carry.py)."""
 
     def __init__(self, new_pool: Callable[[int], PagedKVPool], page_size: int, initial: int | None) -> None:
         self.new_pool, self.page_size = new_pool, page_size
         self.pool: PagedKVPool | None = None
         if initial:
-            self(initial)
+            self.pool = new_pool(self._pages(initial))
 
-    def __call__(self, places: int) -> PagedKVPool:
-        """The pool, with room for ``places`` positions in one run."""
-        pages = -(-max(places, 1) // self.page_size)
-        if self.pool is None or self.pool.capacity < pages * self.page_size:
-            self.pool = None  # the old pool goes before the new one is allocated
+    def _pages(self, places: int) -> int:
+        return -(-max(places, 1) // self.page_size)
+
+    def reserve_run(self, owner: str, places: int) -> tuple[PagedKVPool, int]:
+        """The pool and the first slot of ``owner``'s new run of ``places`` positions."""
+        pages = self._pages(places)
+        if self.pool is None:
             self.pool = self.new_pool(pages)
-        return self.pool
+        try:
+            return self.pool, self.pool.reserve_run(owner, places)
+        except PoolExhausted:
+            total = self.pool.capacity // self.page_size
+            self.pool.grow(pages if self.pool.free_pages == total else total + pages)
+            return self.pool, self.pool.reserve_run(owner, places)

@@ -6,13 +6,15 @@ is complete while others go on. Each row that goes on leaves with what its next 
 stepper under the row's request:
 - on the host, from the cycle's final read: its block as far as it was committed, its forwards in the block,
   the steps it waited for a refresh, the masks its block started with, the log probabilities recorded;
-- on the device, its dual-cache entries (every layer's keys and values), gathered out of the cycle's run
-  before the run is given back.
+- in the pool, its dual-cache entries (every layer's keys and values) where the cycle's run has them: the
+  pages that hold them stay held (one reference each) when the run is given back, the others are free.
 
 The next cycle's rows are laid out as usual (its one copy carries each resumed row's block, counters and
-the place of its entries in the carry), and the carried entries are scattered into the new run: a resumed
+the first slot of its entries), its run is reserved beside the held pages (the pool grows where it has no
+room for both), and the carried entries are copied into the new run, then their pages let go: a resumed
 row's reuse forwards read the keys and values they would have read had the cycle gone on, so its tokens
-are those it gets alone. Nothing here copies anything to the device: the places are derived there.
+are those it gets alone. Nothing here copies anything to the device (the places are derived there), and
+nothing is copied out of the pool.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from engine_pod.models.paged_kv import PagedKVPool
 
 # per row in the box's copy: resumed, its entries' place, their count, forwards, waits, masks at start
 RESUME_COLUMNS = 6
@@ -34,29 +38,34 @@ class CarriedRow:
     waited: int  # steps it has waited for a refresh
     masks_at_start: int  # masked positions its block started with
     logprobs: list | None  # the log probabilities recorded in the block so far (where asked)
-    kv_at: int  # its entries' first place in the carried stores
+    kv_at: int  # its entries' first slot in the pool (their pages held by the carry)
     kv_len: int  # its entries (its dual cache's positions; 0: it has not refreshed in this block)
 
 
 class RowCarry:
-    """The rows carried out of the last cycle (by request) and their dual-cache entries, per layer."""
+    """The rows carried out of the last cycle (by request), and the pool's pages their entries are in."""
 
     def __init__(self) -> None:
         self.rows: dict[str, CarriedRow] = {}
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
+        self.pool: PagedKVPool | None = None
+        self.pages: list[int] = []  # held: one reference each
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def forget(self) -> None:
-        self.rows, self.keys, self.values = {}, [], []
+        """Let go of the rows and their pages."""
+        for page in self.pages:
+            self.pool.drop(page)
+        self.rows, self.pool, self.pages = {}, None, []
 
-    def keep(self, owners: list[str], rows: list[CarriedRow], pool, slots: torch.Tensor) -> None:
-        """``rows`` (of requests ``owners``) go on; their entries are the pool's at ``slots`` (device)."""
-        self.rows = dict(zip(owners, rows))
-        self.keys = [layer.index_select(0, slots) for layer in pool.keys]
-        self.values = [layer.index_select(0, slots) for layer in pool.values]
+    def keep(self, owners: list[str], rows: list[CarriedRow], pool: PagedKVPool) -> None:
+        """``rows`` (of requests ``owners``) go on: the pages under their entries stay held."""
+        self.forget()
+        pages = sorted({page for row in rows for page in _pages(row, pool.page_size)})
+        for page in pages:
+            pool.retain(page)
+        self.rows, self.pool, self.pages = dict(zip(owners, rows)), pool, pages
 
     def columns(self, owners: list[str]) -> tuple[list[list[int] | None], list[list[int]]]:
         """For a cycle's rows (by request): each resumed row's block (None: a fresh block) and the
@@ -111,18 +120,15 @@ class RowCarry:
             state.recorder.finish()
         output.carried = [not done for done in state.host.done]
         going = [r for r, carried in enumerate(output.carried) if carried]
-        rows, place = [], 0
+        rows = []
         for r in going:
             kept = output.logprobs[r] if output.logprobs is not None else None
             length = cache.row_len[r] if forwards[r] else 0  # a row yet to refresh has no cache to keep
+            at = cache.base + cache.row_start[r]
             rows.append(
-                CarriedRow(read[r][:L], forwards[r], read[r][L + 1], read[r][L + 2], kept, place, length)
+                CarriedRow(read[r][:L], forwards[r], read[r][L + 1], read[r][L + 2], kept, at, length)
             )
-            place += length
-        index = torch.argsort(state.done.to(torch.int8), stable=True)[: len(going)]  # going on, in order
-        lengths = torch.where(state.steps_taken[index] > 0, cache.row_len_on_device[index], 0)
-        slots = spans(cache.row_start_on_device[index] + cache.base, lengths, place)
-        self.keep([owners[r] for r in going], rows, cache.pool, slots)
+        self.keep([owners[r] for r in going], rows, cache.pool)
         return output
 
     def patch_blocks(self, owners: list[str], blocks: list[list[int]]) -> None:
@@ -132,15 +138,25 @@ class RowCarry:
                 self.rows[owner].block = list(block)
 
     def _scatter(self, extra: torch.Tensor, resumed: int, total: int, cache) -> None:
-        """The carried entries (``total``) of the cycle's ``resumed`` rows into its dual cache's run, placed by
-        ``extra`` (the box's resume columns [R, RESUME_COLUMNS] on the device)."""
+        """The carried entries (``total``) of the cycle's ``resumed`` rows copied from their held pages into
+        its dual cache's run (the same pool), placed by ``extra`` (the box's resume columns
+        [R, RESUME_COLUMNS] on the device)."""
+        if cache.pool is not self.pool:
+            raise RuntimeError(
+                "a carried row's entries are in another pool than its next cycle's; this is a bug"
+            )
         index = torch.nonzero_static(extra[:, 0], size=resumed)[:, 0]
         source = spans(extra[index, 1], extra[index, 2], total)
         target = spans(cache.row_start_on_device[index] + cache.base, extra[index, 2], total)
-        for stored, kept in zip(cache.pool.keys, self.keys):
-            stored.index_copy_(0, target, kept.index_select(0, source))
-        for stored, kept in zip(cache.pool.values, self.values):
-            stored.index_copy_(0, target, kept.index_select(0, source))
+        for stored in (*cache.pool.keys, *cache.pool.values):
+            stored.index_copy_(0, target, stored.index_select(0, source))
+
+
+def _pages(row: CarriedRow, page_size: int) -> range:
+    """The pool's pages under a carried row's entries."""
+    if not row.kv_len:
+        return range(0)
+    return range(row.kv_at // page_size, -(-(row.kv_at + row.kv_len) // page_size))
 
 
 def spans(starts: torch.Tensor, lengths: torch.Tensor, total: int) -> torch.Tensor:
