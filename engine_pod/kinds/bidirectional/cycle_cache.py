@@ -13,8 +13,9 @@ run's first slot plus its place in the run:
 - a dense box: row r's ``W + 1`` box columns from ``r (W + 1)``, the last a scratch column that window
   padding writes and no query attends (kinds/bidirectional/box_batches.py).
 
-Under the head-sparse cache (kinds/bidirectional/head_sparse/, packed rows only) the cycle reserves no run: the refresh keeps
-each head group's chosen entries in the cycle's own compact stores (``store``), which the windows read.
+Under the head-sparse cache (kinds/bidirectional/head_sparse/, packed rows only) the cycle reserves no
+dense run: the refresh keeps each head group's chosen entries in compact stores (``store``), which the
+windows read, in a run of the same pool as many pages long as what is kept (head_sparse/kept_pages.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ class CycleCache:
 
     def __init__(self, pools: CycleCachePool | None, heads=None) -> None:
         self.pools = pools  # where its run is reserved; None: no pool
-        self.heads = heads  # head-sparse: the runner's HeadSparse (kinds/bidirectional/head_sparse/store.py), whose stores hold it
+        self.heads = (
+            heads  # head-sparse: the runner's HeadSparse (head_sparse/store.py), whose stores hold it
+        )
         self.store = None  # head-sparse: this cycle's CycleStore, made by the refresh
         self.owners: list[str] = []  # head-sparse: the request behind each row
         self.pool: PagedKVPool | None = None
@@ -52,7 +55,9 @@ class CycleCache:
     def reserve(self, places: int) -> None:
         """The run for ``places`` positions (the refresh's), its first slot ``base``."""
         self.release()
-        if self.pools is None:  # head-sparse: the refresh's stores hold what is kept
+        if (
+            self.pools is None or self.heads is not None
+        ):  # head-sparse: the refresh's stores hold what is kept
             self.base, self.total = 0, places
             return
         self.pool, self.base = self.pools.reserve_run(OWNER, places)
@@ -60,6 +65,8 @@ class CycleCache:
 
     def release(self) -> None:
         """Give the run back (the cycle ended)."""
+        if self.store is not None:
+            self.store.release()
         self.store = None
         if self.pool is not None:
             self.pool.release(OWNER)

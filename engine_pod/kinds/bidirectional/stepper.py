@@ -95,8 +95,9 @@ class BidirectionalStepper:
         self.heads = HeadSparse.of(loaded, decoding.sparse)  # None: every head keeps every position
         self.position_bytes = position_bytes(loaded.config, loaded.dtype)
         new_pool = lambda pages: self.model.new_pool(pages, L, loaded.device)  # noqa: E731
-        pooled = decoding.uses_cache and self.heads is None
-        self.cache_pool = CycleCachePool(new_pool, L, pool_tokens) if pooled else None
+        # head-sparse: the pool grows to what its first cycle keeps, which no budget says in advance
+        initial = pool_tokens if self.heads is None else None
+        self.cache_pool = CycleCachePool(new_pool, L, initial) if decoding.uses_cache else None
         # each cycle's box lists, in regions sized from the budget (where known) at fixed addresses
         self.buffers = DeviceBuffers(
             loaded.device, box_regions(pool_tokens, L, self.extra_columns) if pool_tokens else None

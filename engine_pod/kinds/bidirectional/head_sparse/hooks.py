@@ -97,7 +97,7 @@ def refresh_heads(box, cache, picked: list[int], layers: int) -> RefreshHeads:
     block_start = [n - L for n in box.host.context_lengths]
     device = cache.slot_of.device
     cache.store = CycleStore(
-        cache.heads, cache.owners, cache.row_start, cache.row_len, block_start, L, device
+        cache.heads, cache.pools, cache.owners, cache.row_start, cache.row_len, block_start, L, device
     )
     return RefreshHeads(cache.store, cache.slot_of.gather(1, box.block_slots), picked, layers)
 

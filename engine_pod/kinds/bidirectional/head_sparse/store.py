@@ -4,7 +4,8 @@ keys and values of every row (what the cycle's memory is), filled at the refresh
 
 A group's heads keep the same count of each row: row r holds ``kept[r]`` entries from ``start[r]``
 (rows in the refresh's packing order), each head's entries in position order, the active block (always
-kept) a run of L of them at ``block_base[r, head]``. Nothing is taken from the runner's KV pool.
+kept) a run of L of them at ``block_base[r, head]``. The stores are views of pages of the runner's KV pool,
+as many as what is kept fills (head_sparse/kept_pages.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from dllm_contracts.head_sparse_config import HeadSparseConfig
 from engine_pod.kinds.bidirectional.head_sparse.groups import HeadGroup, kept_context, model_groups
+from engine_pod.kinds.bidirectional.head_sparse.kept_pages import KeptPages
 from engine_pod.kinds.bidirectional.head_sparse.scores import consistent_ranking, kept_positions
 from engine_pod.models.ragged import starts_of
 
@@ -76,6 +78,7 @@ class CycleStore:
     def __init__(
         self,
         sparse: HeadSparse,
+        pools,
         owners: list[str],
         k_start: list[int],
         k_len: list[int],
@@ -97,8 +100,9 @@ class CycleStore:
         order = sorted(range(rows), key=k_start.__getitem__)  # the refresh's packing order
         self.rows = [self._rows(group.retention, order) for group in sparse.groups[0]]
         layers = len(sparse.groups)
-        self.keys: list[list[torch.Tensor]] = [[] for _ in range(layers)]
-        self.values: list[list[torch.Tensor]] = [[] for _ in range(layers)]
+        counts, heads = [rows.total for rows in self.rows], [len(group.heads) for group in sparse.groups[0]]
+        self.pages = KeptPages(pools, counts, heads, layers)  # pools: the runner's CycleCachePool
+        self.keys, self.values = self.pages.keys, self.pages.values  # [layer][group]: [n_g, Hg, hd] views
         self.block_base: list[list[torch.Tensor]] = [[] for _ in range(layers)]
         self.previous, self.previous_len = self._previous(width)
         self.rankings: list[torch.Tensor] = []
@@ -148,8 +152,8 @@ class CycleStore:
             positions = kept_positions(ranking[:, heads], self.block, self.k_valid, rows.kept_on_device, most)
             row, rank = rows.entries
             places = self.k_start[row, None] + positions[row, :, rank]  # [T, Hg]
-            self.keys[layer].append(keys[places, heads[None, :]])
-            self.values[layer].append(values[places, heads[None, :]])
+            self.keys[layer][g].copy_(keys[places, heads[None, :]])
+            self.values[layer][g].copy_(values[places, heads[None, :]])
             before = (positions < self.block_start[:, None, None]).sum(-1)  # [R, Hg] kept ahead of the block
             self.block_base[layer].append(rows.start_on_device[:, None] + before)
 
@@ -163,3 +167,7 @@ class CycleStore:
 
     def kept_bytes(self) -> int:
         return sum(t.nbytes for layer in self.keys + self.values for t in layer)
+
+    def release(self) -> None:
+        """Give its pages back (the cycle ended)."""
+        self.pages.release()
