@@ -7,8 +7,8 @@ of the device (which rows go on: a row whose block is complete leaves the next f
 gathers rows), until no row goes on; ``finish`` reads the committed blocks, and ``end`` gives back what
 the cycle held, however it ended.
 
-What differs by the family's cache kind is the stepper: the dual cache's (kinds/bidirectional/stepper.py), block
-diffusion's paged cache (kinds/block_causal/stepper.py) and DiffusionGemma's canvases (kinds/canvas/stepper.py).
+What differs by the family's cache kind is the stepper, which the kind's folder holds (engine_pod/kinds/:
+bidirectional, block_causal, canvas) and the family's record names (runner/kind.py).
 """
 
 from __future__ import annotations

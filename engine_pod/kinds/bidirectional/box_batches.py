@@ -2,7 +2,7 @@
 the box width W, attention under each row's key mask in one call per layer (models/ragged.py's box).
 
 A refresh computes every column of its rows and, where the cycle keeps a dual cache, stores row r's keys
-at places ``r (W + 1) + column`` of the cache's run (kinds/bidirectional/cycle_cache.py); a window computes each row's
+at places ``r (W + 1) + column`` of the cache's run (cycle_cache.py); a window computes each row's
 window columns, stores them at their places first and attends over its row's ``W + 1`` places (the last,
 the scratch column the window's padding writes, never seen).
 """

@@ -33,7 +33,7 @@ class CycleBox:
     block_length: int
     sampling: RowSampling | None = None  # per-row sampling settings; None: every row is greedy
     logprobs: list[int | None] | None = None  # per row: alternatives to record (None: none asked)
-    packed: bool = False  # forwards compute only the positions that exist (kinds/bidirectional/packing.py)
+    packed: bool = False  # forwards compute only the positions that exist (packing.py)
     host: BoxRows | None = None  # what the host knows of each row without reading the device
     extra: torch.Tensor | None = None  # [R, E] the caller's per-row integers, sent in the box's copy
 

@@ -6,14 +6,14 @@ They live in the runner's KV pool (models/paged_kv.py, the one KV store of every
 consecutive pages that the refresh reserves and the cycle's end gives back: nothing is kept across cycles
 (the next cycle's refresh recomputes every key, as the dual cache prescribes), except where a cycle ends
 with rows going on (dLLM-Serve's step-level batching): their pages stay held until the next cycle has
-copied their entries into its run (kinds/bidirectional/phase_carry.py). A position's slot is the
+copied their entries into its run (phase_carry.py). A position's slot is the
 run's first slot plus its place in the run:
 - packed rows: row r's keys one after another from ``row_start[r]`` (``slot_of`` maps box columns to
-  places; kinds/bidirectional/packing.py);
+  places; packing.py);
 - a dense box: row r's ``W + 1`` box columns from ``r (W + 1)``, the last a scratch column that window
-  padding writes and no query attends (kinds/bidirectional/box_batches.py).
+  padding writes and no query attends (box_batches.py).
 
-Under the head-sparse cache (kinds/bidirectional/head_sparse/, packed rows only) the cycle reserves no
+Under the head-sparse cache (head_sparse/, packed rows only) the cycle reserves no
 dense run: the refresh keeps each head group's chosen entries in compact stores (``store``), which the
 windows read, in a run of the same pool as many pages long as what is kept (head_sparse/kept_pages.py).
 """
@@ -98,7 +98,7 @@ class CycleCachePool:
     """The runner's pool for its cycles' caches: one pool, sized first for ``initial`` places (where the
     budget is known), grown when a cycle's run finds no room: to the run's size where the pool holds
     nothing (nothing moves), else by the run's pages, the held pages' entries kept in place (a carried
-    row's: kinds/bidirectional/phase_carry.py)."""
+    row's: phase_carry.py)."""
 
     def __init__(self, new_pool: Callable[[int], PagedKVPool], page_size: int, initial: int | None) -> None:
         self.new_pool, self.page_size = new_pool, page_size

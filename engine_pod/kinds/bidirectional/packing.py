@@ -6,7 +6,7 @@ A refresh forward computes each row's attended positions (prompt, committed bloc
 the suffix where attention sees it; a hidden suffix is neither a key nor read, so it is skipped). A
 window forward computes the window positions that exist and writes their keys at their rows' cache
 positions. The box columns map to places in the cycle's dual cache through ``slot_of``
-(kinds/bidirectional/cycle_cache.py: a refresh's packed positions are those places).
+(cycle_cache.py: a refresh's packed positions are those places).
 """
 
 from __future__ import annotations

@@ -1,17 +1,17 @@
-"""The dual-cache stepper with dLLM-Serve's phase multiplexing (kinds/bidirectional/phase_plan.py decides the phases).
+"""The bidirectional stepper with dLLM-Serve's phase multiplexing (phase_plan.py decides the phases).
 
 A cycle whose scheduler sets a refresh quota or a refresh interval runs each row on its own schedule: the
-cycle's dual cache is laid out for every row at its start (kinds/bidirectional/packing.py's layout, one copy), and at
+cycle's dual cache is laid out for every row at its start (packing.py's layout, one copy), and at
 each step the rows due for a refresh within the quota compute every position they attend, rewriting their
 places of the cache, while the others reuse theirs and compute their block only. Both kinds share the
 step's one forward (their queries packed together, each row reading its run of the cache after its new
 keys are written), so the step makes one attention call per layer and one read, as a plain cycle does;
 the step's plan is made on the device and comes to the host with that read, so no step copies anything
 to the device. A row due beyond the quota waits the step out. A cycle without either setting is the plain
-dual cycle (kinds/bidirectional/stepper.py).
+dual cycle (stepper.py).
 
 A cycle that asks for step-level batching ends at the first step after which a row's block is complete
-while others go on; those carry their blocks and caches into the next cycle (kinds/bidirectional/phase_carry.py).
+while others go on; those carry their blocks and caches into the next cycle (phase_carry.py).
 
 Each row's forwards are those it takes alone, in the same order: its tokens are the same whatever the
 quota and whatever rows share its steps. The policy's decision must not depend on the step's number
@@ -75,7 +75,7 @@ class _Phases:
 class PhaseStepper(BidirectionalStepper):
     """The dual-cache stepper, staggering its rows' refreshes where the cycle asks."""
 
-    extra_columns = RESUME_COLUMNS  # each row's resume columns (kinds/bidirectional/phase_carry.py)
+    extra_columns = RESUME_COLUMNS  # each row's resume columns (phase_carry.py)
 
     @property
     def staggers_refreshes(self) -> bool:

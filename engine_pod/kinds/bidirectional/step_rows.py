@@ -1,5 +1,5 @@
 """What a dual-cache step knows of its rows: those taking part in its forward, and the host's copy of
-their state from the step's one read (kinds/bidirectional/stepper.py, kinds/bidirectional/phase_stepper.py)."""
+their state from the step's one read (stepper.py, phase_stepper.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""The dual-cache families' stepper (LLaDA, Dream), run by the cycle driver (runner/cycle_driver.py).
+"""The bidirectional kind's stepper (LLaDA, Dream), run by the cycle driver (runner/cycle_driver.py).
 
-A block cycle starts with a full forward over its rows (which refreshes the dual cache,
-kinds/bidirectional/cycle_cache.py), then runs cached window forwards (the active block, or the block and its suffix)
-until every row's block is complete. Rows whose block is complete stop costing compute when
+A block cycle starts with a full forward over its rows (which refreshes the dual cache, cycle_cache.py),
+then runs cached window forwards (the active block, or the block and its suffix) until every row's block
+is complete. Rows whose block is complete stop costing compute when
 ``gather_rows`` is set (BlockServe); without it every row stays in every forward (static batching, as
 Fast-dLLM does). Nothing is kept across cycles: every cycle starts from the scheduler's rows.
 """
@@ -54,13 +54,13 @@ class _BidirectionalCycle:
 
 
 class BidirectionalStepper:
-    """The dual-cache families' part of a block cycle (a ``Stepper`` of runner/cycle_driver.py)."""
+    """The bidirectional kind's part of a block cycle (a ``Stepper`` of runner/cycle_driver.py)."""
 
     grid_aligned = False  # blocks follow each request's prompt, wherever it ends
     shares_blocks = False
     prefix_cache_stats = None  # no prefix cache: every cycle computes its rows' caches afresh
     canvas_sampler = None  # no entropy-bound sampler
-    staggers_refreshes = False  # every row refreshes at its block's first forward (kinds/bidirectional/phase_stepper.py can stagger)
+    staggers_refreshes = False  # every row refreshes at its block's first forward (phase_stepper.py staggers)
     extra_columns = 0  # per-row integers its boxes carry beside the rows' own (CycleBox.extra)
 
     def __init__(
@@ -136,7 +136,7 @@ class BidirectionalStepper:
         return state
 
     def _box(self, cycle: SchedulerOutput, **resume) -> CycleBox:
-        """The cycle's box (``resume``: resumed rows' blocks and columns, kinds/bidirectional/phase_carry.py)."""
+        """The cycle's box (``resume``: resumed rows' blocks and columns, phase_carry.py)."""
         args = (self.mask_id, self.pad_id, self.loaded.device, self.decoding.threshold, self.score_dtype)
         return build_box(cycle.rows, self.decoding.block_length, *args, self.buffers, **resume)
 

@@ -9,7 +9,7 @@ prompt at the first cycle, the block committed last cycle after that) together w
 their keys and values are final and stay in the pool; the block's are rewritten at each step. Later
 forwards take the active block alone. With ``exact_cache=False`` every forward recomputes the whole
 context instead, as the reference does; both give the same tokens (tests/engine_pod/test_block_diffusion.py).
-The stepper that runs these cycles is kinds/block_causal/stepper.py.
+The stepper that runs these cycles is stepper.py.
 """
 
 from __future__ import annotations

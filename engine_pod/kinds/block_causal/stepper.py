@@ -1,11 +1,12 @@
-"""The block-diffusion families' stepper (LLaDA2.0, SDAR), run by the cycle driver (runner/cycle_driver.py).
+"""The block-causal kind's stepper (LLaDA2.0, SDAR: the block-diffusion families), run by the cycle driver
+(runner/cycle_driver.py).
 
 Keeps each request's place in the exact KV cache across block cycles, keyed by the row's owner: a row
 whose committed tokens are the ones cached last cycle reuses them; a request the scheduler names as
 released (finished, cancelled, preempted) gives its pages back, and one that comes back recomputes its
 cache from its committed tokens at its next cycle. The pool holds the token budget's pages. A cycle's
-layout and each step's queries: kinds/block_causal/cycle_layout.py; its forward batches:
-kinds/block_causal/batches.py.
+layout and each step's queries: cycle_layout.py; its forward batches:
+batches.py.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class _BlockCausalCycle:
 
 
 class BlockCausalStepper:
-    """The block-diffusion families' part of a block cycle (a ``Stepper`` of runner/cycle_driver.py)."""
+    """The block-causal kind's part of a block cycle (a ``Stepper`` of runner/cycle_driver.py)."""
 
     grid_aligned = True  # the scheduler puts blocks on the absolute grid
     staggers_refreshes = False  # an exact cache: nothing to refresh

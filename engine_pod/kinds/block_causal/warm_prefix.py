@@ -12,8 +12,9 @@ WARM_OWNER = "warm-prefix"  # the pool's owner of the pages a prefix is computed
 
 
 def fill_prefix(stepper, tokens: list[int]) -> int:
-    """Compute ``tokens``' whole blocks into ``stepper``'s (a BlockCausalStepper's) prefix cache and pin them there: one forward of
-    the prefix and one masked block after it (whose keys are dropped), as a request's first forward is.
+    """Compute ``tokens``' whole blocks into ``stepper``'s (a BlockCausalStepper's) prefix cache and pin them
+    there: one forward of the prefix and one masked block after it (whose keys are dropped), as a request's
+    first forward is.
     Returns the tokens newly pinned (blocks pinned by an earlier prefix are not counted again)."""
     cache, pool, L = stepper.prefix_cache, stepper.pool, stepper.decoding.block_length
     whole = list(tokens[: len(tokens) // L * L])

@@ -1,4 +1,4 @@
-"""DiffusionGemma's cache layout: the causal context's keys and values, in pages of one ``PagedKVPool``.
+"""The canvas kind's cache (DiffusionGemma's): the causal context's keys and values, in pages of one pool.
 
 The encoder writes them (the prompt, then each committed canvas), the decoder only reads them: every
 denoising step of a canvas attends to the same context. A request's context is positions ``[0, length)``

@@ -1,5 +1,5 @@
 """What the canvas kind needs of a model (runner/model_interface.py declares the rest; its config:
-``ContextConfig``, kinds/canvas/context_cache.py)."""
+``ContextConfig``, context_cache.py)."""
 
 from __future__ import annotations
 

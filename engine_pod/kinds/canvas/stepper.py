@@ -15,7 +15,7 @@ done flag and argmax canvas, what its draws need to finish). The rows that go on
 picked out of the batch on the device (``ContextRows.rows``), so a cycle costs the same copies whatever
 its rows' lengths and however they stop.
 
-Kept per request between its cycles: its context cache (``kinds/canvas/context_cache.py``:
+Kept per request between its cycles: its context cache (``context_cache.py``:
 its context's keys and values in pages of the runner's pool, every context token in every layer; a
 sliding layer reads the last window - 1), its ``torch.Generator`` (seeded with its ``SamplingParams.seed``,
 0 without one, so its first canvas is the reference's after ``torch.manual_seed(seed)``) and the lengths

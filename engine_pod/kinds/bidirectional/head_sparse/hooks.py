@@ -1,7 +1,7 @@
 """How a forward of a head-sparse cycle attends (a ``ForwardBatch``'s ``heads``).
 
 Refresh: every row attends over all its keys as without sparsity (the same call); then each layer's
-heads score the row's keys (kinds/bidirectional/head_sparse/scores.py) and the cycle's store keeps their top positions.
+heads score the row's keys (head_sparse/scores.py) and the cycle's store keeps their top positions.
 Window: per head group, the block's new keys and values are written over the group's block entries,
 then the group's query heads attend over the group's store: one attention call per group and layer
 (head-centric: three, for core, regular and minor heads; uniform: one).
@@ -91,7 +91,7 @@ class WindowHeads:
 
 
 def refresh_heads(box, cache, picked: list[int], layers: int) -> RefreshHeads:
-    """A packed refresh's attention (its layout already in ``cache``, kinds/bidirectional/packing.py): the cycle's store,
+    """A packed refresh's attention (its layout already in ``cache``, packing.py): the cycle's store,
     filled by its layers (every row of the cycle, ``picked``: each row's last-layer queries)."""
     L = box.block_length
     block_start = [n - L for n in box.host.context_lengths]

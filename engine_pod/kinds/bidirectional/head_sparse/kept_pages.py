@@ -9,7 +9,7 @@ another. The run is as many pages as those entries fill, sum over groups of ``n_
 ``Hkv`` per slot: a dense run's pages times the share the cache keeps, rounded up to a page. That is the
 memory the head-sparse cache saves, and what a scheduler that charges a row the pages of what it keeps
 (so that sparsity admits more rows) would count; a row carried across cycles could hold its part of them
-as a dense carried row holds its pages (kinds/bidirectional/phase_carry.py).
+as a dense carried row holds its pages (phase_carry.py).
 
 Each group's entries of a layer are a view of the pool, no copy: the refresh writes the entries its heads
 chose there, the window forwards rewrite the active block's entries there and attend over them.
@@ -26,7 +26,7 @@ class KeptPages:
     """One cycle's kept entries: ``counts[g]`` entries of ``heads[g]`` heads per group, in every layer."""
 
     def __init__(self, pools, counts: list[int], heads: list[int], layers: int) -> None:
-        """``pools``: the runner's CycleCachePool (kinds/bidirectional/cycle_cache.py), which reserves the run;
+        """``pools``: the runner's CycleCachePool (cycle_cache.py), which reserves the run;
         ``heads``: each group's heads, together every K/V head of a layer (a slot's width)."""
         entries = [n * h for n, h in zip(counts, heads)]
         self.slots = max(1, -(-sum(entries) // sum(heads)))
