@@ -6,16 +6,16 @@ They live in the runner's KV pool (models/paged_kv.py, the one KV store of every
 consecutive pages that the refresh reserves and the cycle's end gives back: nothing is kept across cycles
 (the next cycle's refresh recomputes every key, as the dual cache prescribes), except where a cycle ends
 with rows going on (dLLM-Serve's step-level batching): their pages stay held until the next cycle has
-copied their entries into its run (phase_carry.py). A position's slot is the
-run's first slot plus its place in the run:
+copied their entries into its run (phase_carry.py). A position's slot is the run's first slot plus its
+place in the run:
 - packed rows: row r's keys one after another from ``row_start[r]`` (``slot_of`` maps box columns to
   places; packing.py);
 - a dense box: row r's ``W + 1`` box columns from ``r (W + 1)``, the last a scratch column that window
   padding writes and no query attends (box_batches.py).
 
-Under the head-sparse cache (head_sparse/, packed rows only) the cycle reserves no
-dense run: the refresh keeps each head group's chosen entries in compact stores (``store``), which the
-windows read, in a run of the same pool as many pages long as what is kept (head_sparse/kept_pages.py).
+Under the head-sparse cache (head_sparse/, packed rows only) the cycle reserves no dense run: the refresh
+keeps each head group's chosen entries in compact stores (``store``), which the windows read, in a run of
+the same pool as many pages long as what is kept (head_sparse/kept_pages.py).
 """
 
 from __future__ import annotations
@@ -34,9 +34,7 @@ class CycleCache:
 
     def __init__(self, pools: CycleCachePool | None, heads=None) -> None:
         self.pools = pools  # where its run is reserved; None: no pool
-        self.heads = (
-            heads  # head-sparse: the runner's HeadSparse (head_sparse/store.py), whose stores hold it
-        )
+        self.heads = heads  # head-sparse: the runner's HeadSparse (head_sparse/store.py)
         self.store = None  # head-sparse: this cycle's CycleStore, made by the refresh
         self.owners: list[str] = []  # head-sparse: the request behind each row
         self.pool: PagedKVPool | None = None
@@ -55,9 +53,7 @@ class CycleCache:
     def reserve(self, places: int) -> None:
         """The run for ``places`` positions (the refresh's), its first slot ``base``."""
         self.release()
-        if (
-            self.pools is None or self.heads is not None
-        ):  # head-sparse: the refresh's stores hold what is kept
+        if self.pools is None or self.heads is not None:  # head-sparse: its stores hold what is kept
             self.base, self.total = 0, places
             return
         self.pool, self.base = self.pools.reserve_run(OWNER, places)
