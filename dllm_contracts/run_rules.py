@@ -14,12 +14,8 @@ BIDIRECTIONAL_NAME, BLOCK_CAUSAL_NAME, CANVAS_NAME = "bidirectional", "block_cau
 STEP_FREE_POLICIES = ("threshold",)  # remasking policies whose commits do not depend on the step's number
 
 
-def stagger_problem(
-    family: str, family_kind: str, cache: str, remasking: str, sparse: bool = False
-) -> str | None:
+def stagger_problem(family: str, family_kind: str, cache: str, remasking: str) -> str | None:
     """Why a model and decoding cannot run dllm-serve's staggered refreshes (None: they can)."""
-    if sparse:
-        return "policy dllm-serve does not run the head-sparse cache (--sparse-cache): use blockserve with it"
     if family_kind == BIDIRECTIONAL_NAME and cache == "dual" and remasking in STEP_FREE_POLICIES:
         return None
     return (
@@ -31,7 +27,7 @@ def stagger_problem(
 
 def stagger_problem_for(family, decoding) -> str | None:
     """``stagger_problem`` of a family record (its display name and cache kind) and a decoding config."""
-    facts = (family.display_name, family.kind.name, decoding.cache, decoding.remasking, decoding.sparse.on)
+    facts = (family.display_name, family.kind.name, decoding.cache, decoding.remasking)
     return stagger_problem(*facts)
 
 

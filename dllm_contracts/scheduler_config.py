@@ -71,8 +71,8 @@ class SchedulerConfig:
     batch_window_s: float = BATCH_WINDOW_S
     # dLLM-Serve (policy dllm-serve): the share of the token budget one step may spend on refreshes while an
     # interactive request is in the batch, and while only batch lines are (its design document's 40% and
-    # 70%); each row's refresh interval in forwards (0: at its block's first forward only, Fast-dLLM's dual
-    # cache); and the share of a token's profiled peak that its cache holds for the row's whole life (the
+    # 70%; a row must refresh within the smaller alone); each row's refresh interval in forwards (0: at its
+    # block's first forward only, Fast-dLLM's dual cache); and the share of a token's profiled peak that its cache holds for the row's whole life (the
     # rest is the refresh forward's and passes; 1: unknown, admit as BlockServe does)
     refresh_quota: float = DEFAULT_REFRESH_QUOTA
     batch_refresh_quota: float = DEFAULT_BATCH_REFRESH_QUOTA

@@ -21,6 +21,7 @@ from engine_pod.cli.common import (
 )
 from engine_pod.cli.scheduling import add_scheduler_args, check_stagger, scheduler_config
 from engine_pod.cli.sparse_args import add_sparse_args
+from engine_pod.cli.sparse_checks import check_sparse_run
 from engine_pod.cpu_threads import PINNED, apply_threads
 
 logger = logging.getLogger(__name__)
@@ -217,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--repeat must be positive")
     if "dllm-serve" in policies:
         check_stagger(args)
+    if not args.url:  # refused here, not in a benchmark child
+        check_sparse_run(args)
     online = bool(args.arrival_rate) or args.concurrency is not None
     threads = None if args.url else _threads(args, online)  # --url: the server's engine, not this process
     if online:

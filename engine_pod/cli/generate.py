@@ -20,6 +20,7 @@ from engine_pod.cli.common import (
     with_sampler_args,
 )
 from engine_pod.cli.sparse_args import add_sparse_args
+from engine_pod.cli.sparse_checks import check_sparse_run
 from engine_pod.cpu_threads import apply_threads
 from engine_pod.decoding.config import steps_per_block_for
 
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from engine_pod.group_processes import ModelArgs, tensor_parallel_group
 
     check_logit_args(args)
+    check_sparse_run(args)  # before any rank starts
     threads = apply_threads(args.threads, logging.DEBUG)
     if args.steps_per_block is not None:
         if args.steps_per_block < 1 or args.gen_length < 1:

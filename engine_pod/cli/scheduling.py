@@ -95,7 +95,8 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
         "--batch-refresh-quota",
         type=float,
         default=DEFAULTS.batch_refresh_quota,
-        help=f"the same while only batch lines run (default: {DEFAULTS.batch_refresh_quota})",
+        help="the same while only batch lines run; a request must refresh within the smaller of the two "
+        f"quotas (default: {DEFAULTS.batch_refresh_quota})",
     )
     phases.add_argument(
         "--refresh-interval",
@@ -234,7 +235,6 @@ def check_stagger(args: argparse.Namespace) -> None:
     from engine_pod.loading.loader import load_metadata
 
     family = family_of(load_metadata(args.model, args.family)[0])
-    sparse = getattr(args, "sparse_cache", "off") != "off"
-    problem = stagger_problem(family.display_name, family.kind.name, args.cache, args.remasking, sparse)
+    problem = stagger_problem(family.display_name, family.kind.name, args.cache, args.remasking)
     if problem:
         raise CliError(problem)

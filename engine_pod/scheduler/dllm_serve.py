@@ -51,11 +51,18 @@ class DllmServeScheduler(BlockServeScheduler):
     def _held_width(self, request: Request, box: BatchBox) -> int:
         return super()._held_width(request, box) + self.row_extra
 
+    @property
+    def row_quota(self) -> int:
+        """The most positions a row may refresh: the smaller quota, so that no step's refreshes pass its
+        quota whichever lanes share it (a batch line runs in both kinds of cycle, and a row carried on may
+        go from one into the other)."""
+        return min(self.quota_tokens(False), self.quota_tokens(True))
+
     def fits(self, request: Request) -> bool:
-        """Whether the request can ever run here: within the budget, and refreshing within the interactive
-        quota alone (the smaller, so that no step's refreshes pass its quota whichever lanes share it)."""
+        """Whether the request can ever run here: within the budget, and refreshing within the smaller
+        refresh quota alone."""
         width = request.peak_width(self.block_length)
-        return width + self.row_extra <= self.token_budget and width <= self.quota_tokens(False)
+        return width + self.row_extra <= self.token_budget and width <= self.row_quota
 
     def check_fits(self, request: Request) -> None:
         if not self.fits(request):
@@ -63,8 +70,7 @@ class DllmServeScheduler(BlockServeScheduler):
             raise RequestError(
                 f"request {request.request_id} needs {width} tokens at its last block (prompt "
                 f"{request.prompt_len} + {request.max_blocks} blocks of {self.block_length}), more than one "
-                f"step's refresh quota {self.quota_tokens(False)} of the token budget "
-                f"{self.config.token_budget}"
+                f"step's refresh quota {self.row_quota} of the token budget {self.config.token_budget}"
             )
 
     def _next_cycle(self) -> SchedulerOutput:
@@ -81,5 +87,5 @@ class DllmServeScheduler(BlockServeScheduler):
         plan = super().claim_plan()
         if plan is None:
             return None
-        widest = min(plan.max_prefix - self.row_extra, self.quota_tokens(False) - self.block_length)
+        widest = min(plan.max_prefix - self.row_extra, self.row_quota - self.block_length)
         return replace(plan, max_prefix=widest) if widest >= 1 else None

@@ -44,13 +44,19 @@ CYCLE_METRICS = {
         "dllm_kv_kept_bytes",
         "Of those, the bytes the cache kept (fewer under --sparse-cache)",
     ),
-    "kv_kept_share": (Gauge, "dllm_kv_kept_share", "Kept / dense dual-cache bytes, since start (1: dense)"),
+    "kv_kept_share": (
+        Gauge,
+        "dllm_kv_kept_share",
+        "Kept / dense dual-cache bytes of the refreshes since start (1: a dense cache; absent until a "
+        "refresh counts its cache's bytes)",
+    ),
     "carried_rows": (
         Counter,
         "dllm_carried_rows",
         "Rows whose block went on into the next cycle (dLLM-Serve's step-level batching)",
     ),
 }
+LAZY_CYCLE_METRICS = ("kv_kept_share",)  # registered at their first value: absent, not 0, before it
 
 
 class WorkerMetrics:
@@ -143,7 +149,8 @@ class WorkerMetrics:
             "dllm_prefix_cache_evicted_tokens", "Tokens evicted from the prefix cache", registry=r
         )
         for attribute, (kind, name, description) in CYCLE_METRICS.items():
-            setattr(self, attribute, kind(name, description, registry=r))
+            lazy = attribute in LAZY_CYCLE_METRICS
+            setattr(self, attribute, None if lazy else kind(name, description, registry=r))
         self._useful = 0
         self._computed = 0
         self._dense = self._kept = 0  # dual-cache bytes, dense and kept, since start
@@ -174,6 +181,9 @@ class WorkerMetrics:
         self._dense += record.kv_dense_bytes
         self._kept += record.kv_kept_bytes
         if self._dense:
+            if self.kv_kept_share is None:
+                kind, name, description = CYCLE_METRICS["kv_kept_share"]
+                self.kv_kept_share = kind(name, description, registry=self.registry)
             self.kv_kept_share.set(self._kept / self._dense)
 
     def record_logits(self, materialized: int, peak: int) -> None:

@@ -54,10 +54,6 @@ def decoding_option_problems(spec: ServiceSpec) -> list[str]:
         )
     if sparse.on and spec.cache != "dual":
         problems.append(f"decoding.sparseCache needs decoding.cache dual, not {spec.cache!r}")
-    if sparse.on and spec.policy == "dllm-serve":
-        problems.append(
-            "decoding.sparseCache: policy dllm-serve does not run it; use scheduling.policy blockserve"
-        )
     if sparse.on and spec.parallelism.tensor > 1:
         problems.append("decoding.sparseCache runs in one process: it needs parallelism.tensor 1")
     problems += family_problems(spec)  # what the engines refuse for the model's family

@@ -17,7 +17,7 @@ def family_problems(spec: ServiceSpec) -> list[str]:
         return []
     name, kind = FAMILY_NAMES[spec.family], FAMILY_KIND[spec.family]
     problems = []
-    if spec.policy == "dllm-serve":  # (with the sparse cache: decoding_options says why, once)
+    if spec.policy == "dllm-serve":
         problem = stagger_problem(name, kind, spec.cache, spec.remasking)
         if problem:
             problems.append(f"scheduling.policy: {problem}")

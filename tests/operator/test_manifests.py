@@ -352,6 +352,14 @@ def test_the_decoding_options_reach_dllm_worker():
     assert (defaults.max_materialized_logits, defaults.logit_candidates) == (None, 0)
 
 
+def test_dllm_serve_engines_run_the_sparse_cache_the_service_sets():
+    spec = example(
+        decoding__sparseCache={"mode": "uniform", "retention": 0.3}, scheduling__policy="dllm-serve"
+    )
+    args = engine_worker_args(spec)
+    assert (args.policy, args.sparse_cache, args.retention) == ("dllm-serve", "uniform", 0.3)
+
+
 def test_a_uniform_sparse_cache_needs_no_importance_file():
     spec = example(decoding__sparseCache={"mode": "uniform", "retention": 0.25})
     args = engine_worker_args(spec)
@@ -474,8 +482,6 @@ def test_the_operator_refuses_decoding_options_out_of_range(decoding, message):
 
 
 def test_the_operator_refuses_decoding_options_the_worker_would_refuse():
-    with pytest.raises(SpecError, match="decoding.sparseCache: policy dllm-serve does not run it"):
-        example(decoding__sparseCache={"mode": "uniform"}, scheduling__policy="dllm-serve")
     with pytest.raises(SpecError, match="decoding.warmPrefixes need scheduling.policy blockserve"):
         example(decoding__warmPrefixes=WARM, scheduling__policy="static")
     with pytest.raises(SpecError, match="decoding.sparseCache runs in one process"):

@@ -59,10 +59,11 @@ class RowCarry:
             self.pool.drop(page)
         self.rows, self.pool, self.pages = {}, None, []
 
-    def keep(self, owners: list[str], rows: list[CarriedRow], pool: PagedKVPool) -> None:
-        """``rows`` (of requests ``owners``) go on: the pages under their entries stay held."""
+    def keep(self, owners: list[str], rows: list[CarriedRow], pool: PagedKVPool | None) -> None:
+        """``rows`` (of requests ``owners``) go on: the pages under their entries stay held (no pool: the
+        head-sparse cache's stores hold their entries, phase_sparse.py)."""
         self.forget()
-        pages = sorted({page for row in rows for page in _pages(row, pool.page_size)})
+        pages = [] if pool is None else sorted({p for row in rows for p in _pages(row, pool.page_size)})
         for page in pages:
             pool.retain(page)
         self.rows, self.pool, self.pages = dict(zip(owners, rows)), pool, pages
@@ -123,7 +124,8 @@ class RowCarry:
         rows = []
         for r in going:
             kept = output.logprobs[r] if output.logprobs is not None else None
-            length = cache.row_len[r] if forwards[r] else 0  # a row yet to refresh has no cache to keep
+            # a row yet to refresh has no cache to keep; a head-sparse one keeps its own (no dense run)
+            length = cache.row_len[r] if forwards[r] and cache.pool is not None else 0
             at = cache.base + cache.row_start[r]
             rows.append(
                 CarriedRow(read[r][:L], forwards[r], read[r][L + 1], read[r][L + 2], kept, at, length)

@@ -32,6 +32,7 @@ from engine_pod.kinds.bidirectional.cycle_box import CycleBox
 from engine_pod.kinds.bidirectional.packing import packed_layout, window_inputs
 from engine_pod.kinds.bidirectional.phase_carry import RESUME_COLUMNS, RowCarry
 from engine_pod.kinds.bidirectional.phase_plan import PhasePlan, plan_phases
+from engine_pod.kinds.bidirectional.phase_sparse import KeptRows, phase_heads
 from engine_pod.kinds.bidirectional.step_rows import StepRows
 from engine_pod.kinds.bidirectional.stepper import BidirectionalStepper, _BidirectionalCycle
 from engine_pod.runner.contract import CycleOutput
@@ -85,10 +86,12 @@ class PhaseStepper(BidirectionalStepper):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.carry = RowCarry()  # rows carried out of the last cycle (step-level batching)
+        self.kept = KeptRows()  # head-sparse: each request's kept entries (phase_sparse.py)
 
     def forget(self) -> None:
         super().forget()
         self.carry.forget()
+        self.kept.forget()
 
     @staticmethod
     def _phased(cycle: SchedulerOutput) -> bool:
@@ -184,13 +187,17 @@ class PhaseStepper(BidirectionalStepper):
         committed: ``carried``), their counters read with them and their cache kept (``self.carry``)."""
         phases = state.phases
         if phases is None or not phases.carry_out:
+            self.kept.forget()
             return super().finish(state)
         if state.grammar is None:
-            return self.carry.end_at_step(state, phases.forwards, phases.owners, phases.waited)
-        hooks.send_grammar(state, [], [])  # the host's last commits and the rows they complete, on the device
-        output = self.carry.end_at_step(state, phases.forwards, phases.owners, phases.waited)
-        hooks.host_blocks(state.grammar, output, self.mask_id)
-        self.carry.patch_blocks(phases.owners, output.blocks)
+            output = self.carry.end_at_step(state, phases.forwards, phases.owners, phases.waited)
+        else:
+            # the host's last commits and the rows they complete, on the device
+            hooks.send_grammar(state, [], [])
+            output = self.carry.end_at_step(state, phases.forwards, phases.owners, phases.waited)
+            hooks.host_blocks(state.grammar, output, self.mask_id)
+            self.carry.patch_blocks(phases.owners, output.blocks)
+        self.kept.keep_only(set(self.carry.rows))  # head-sparse: the carried rows' kept entries go on
         return output
 
     @torch.no_grad()
@@ -286,9 +293,16 @@ class PhaseStepper(BidirectionalStepper):
             layout.lengths_on_device,
         )
         stats.computed_positions += inputs.computed
-        stats.add_refresh(sum(state.phases.widths[r] for r in refresh))
+        refreshed = sum(state.phases.widths[r] for r in refresh)
+        stats.add_refresh(refreshed)
         host = box.host
         stats.useful_positions += sum(
             (host.context_lengths[r] if r in refresh else L) for r in rows.members if host.active[r]
         )
-        return self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
+        if self.heads is not None:
+            inputs.batch.heads = phase_heads(self, state, rows.members, layout.lengths, counts)
+        logits = self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
+        dense = refreshed * self.position_bytes  # the refreshing rows' dense caches, and what they kept
+        stats.kv_dense_bytes += dense
+        stats.kv_kept_bytes += dense if inputs.batch.heads is None else inputs.batch.heads.kept_bytes()
+        return logits

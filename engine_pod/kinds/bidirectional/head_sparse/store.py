@@ -16,6 +16,7 @@ import torch
 
 from dllm_contracts.head_sparse_config import HeadSparseConfig
 from engine_pod.kinds.bidirectional.head_sparse.groups import HeadGroup, kept_context, model_groups
+from engine_pod.kinds.bidirectional.head_sparse.kept_pages import OWNER as PAGES_OWNER
 from engine_pod.kinds.bidirectional.head_sparse.kept_pages import KeptPages
 from engine_pod.kinds.bidirectional.head_sparse.scores import consistent_ranking, kept_positions
 from engine_pod.models.ragged import starts_of
@@ -85,6 +86,7 @@ class CycleStore:
         block_start: list[int],
         block_length: int,
         device,
+        pages_owner: str = PAGES_OWNER,
     ) -> None:
         self.sparse, self.owners, self.device = sparse, owners, device
         self.k_len, self.block_length = k_len, block_length
@@ -101,8 +103,8 @@ class CycleStore:
         self.rows = [self._rows(group.retention, order) for group in sparse.groups[0]]
         layers = len(sparse.groups)
         counts, heads = [rows.total for rows in self.rows], [len(group.heads) for group in sparse.groups[0]]
-        self.pages = KeptPages(pools, counts, heads, layers)  # pools: the runner's CycleCachePool
-        self.keys, self.values = self.pages.keys, self.pages.values  # [layer][group]: [n_g, Hg, hd] views
+        # pools: the runner's CycleCachePool; pages_owner: the run's owner in its pool
+        self.pages = KeptPages(pools, counts, heads, layers, pages_owner)
         self.block_base: list[list[torch.Tensor]] = [[] for _ in range(layers)]
         self.previous, self.previous_len = self._previous(width)
         self.rankings: list[torch.Tensor] = []
@@ -165,9 +167,18 @@ class CycleStore:
                 self.sparse.rankings[owner] = stacked[r, ..., : self.k_len[r]].clone()
         self.rankings = []
 
+    @property
+    def keys(self) -> list[list[torch.Tensor]]:
+        """[layer][group]: the kept keys [n_g, Hg, head_dim], views of the pool."""
+        return self.pages.keys
+
+    @property
+    def values(self) -> list[list[torch.Tensor]]:
+        return self.pages.values
+
     def kept_bytes(self) -> int:
         return sum(t.nbytes for layer in self.keys + self.values for t in layer)
 
     def release(self) -> None:
-        """Give its pages back (the cycle ended)."""
+        """Give its pages back (nothing refers to its entries any more)."""
         self.pages.release()
