@@ -19,7 +19,7 @@ MODEL_NAME_ENV = "DLLM_MODEL_NAME"  # the served model's name (clients' "model";
 FINGERPRINT_CHARS = 16  # hex digits kept: 64 bits tell checkpoints apart
 SAMPLES_PER_FILE = 16  # slices of each weights file read (its size, header and these: not the whole file)
 SAMPLE_BYTES = 64 * 1024
-ON_MODEL_CHANGE = ("refuse", "fail")  # what a start with another model does with the work waiting for the last
+ON_MODEL_CHANGE = ("refuse", "fail")  # what a start with another model does with the work waiting
 DESCRIBING_FILES = ("config.json", "tokenizer.json", "generation_config.json")
 
 

@@ -122,6 +122,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "topk_group": 2,
         "moe_intermediate_size": 64,
         "first_k_dense_replace": 1,
+        "max_position_embeddings": 32768,  # LLaDA2.0-mini's context
         "pad_token_id": 1001,
         "eos_token_id": 1001,
         "mask_token_id": 1000,

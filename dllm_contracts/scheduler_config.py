@@ -82,6 +82,10 @@ class SchedulerConfig:
     # while others go on (those carry their blocks on), so that it starts its next block and new requests
     # join at that step instead of when the slowest row's block completes; False: at block boundaries only
     step_level: bool = True
+    # chunked prefill (block diffusion's exact cache): a prompt's keys and values computed this many tokens
+    # (whole blocks) per block cycle, beside the decoding rows; None: 512 or an eighth of the budget,
+    # whichever is smaller; 0: a prompt's whole prefix in its first block's first forward
+    prefill_chunk: int | None = None
 
     def __post_init__(self) -> None:
         raise_problems(self.problems())
@@ -108,6 +112,7 @@ def problems_of(settings: dict, block_length: int | None = None) -> dict[str, st
     quota = settings.get("refresh_quota", DEFAULT_REFRESH_QUOTA)
     batch_quota = settings.get("batch_refresh_quota", DEFAULT_BATCH_REFRESH_QUOTA)
     interval, share = settings.get("refresh_interval", 0), settings.get("cache_share", 1.0)
+    chunk = settings.get("prefill_chunk")
     checks = {
         "token_budget": (budget < 1, f"must be positive, got {budget}"),
         "max_rows": (rows < 1, f"must be positive, got {rows}"),
@@ -128,6 +133,7 @@ def problems_of(settings: dict, block_length: int | None = None) -> dict[str, st
         "batch_refresh_quota": (not 0.0 < batch_quota <= 1.0, f"must be in (0, 1], got {batch_quota}"),
         "refresh_interval": (interval < 0, f"must be at least 0 forwards, got {interval}"),
         "cache_share": (not 0.0 < share <= 1.0, f"must be in (0, 1], got {share}"),
+        "prefill_chunk": (chunk is not None and chunk < 0, f"must be at least 0 tokens, got {chunk}"),
     }
     if block_length is not None and budget < block_length + 1:
         checks["token_budget"] = (True, f"{budget} cannot hold even one block of {block_length}")
@@ -158,5 +164,6 @@ def admission_flags(config: SchedulerConfig, cache_share: bool = True) -> list[s
         ),
         *("--refresh-interval", str(config.refresh_interval)),
         *(() if config.step_level else ("--no-step-level",)),
+        *(() if config.prefill_chunk is None else ("--prefill-chunk", str(config.prefill_chunk))),
         *(("--cache-share", str(config.cache_share)) if cache_share else ()),
     ]

@@ -42,6 +42,9 @@ class CycleRecord:
     kv_dense_bytes: int = 0  # the dual cache's keys and values of every cached position
     kv_kept_bytes: int = 0  # of those, what it held (all, unless head-sparse)
     carried: int = 0  # rows whose block went on into the next cycle (dLLM-Serve's step-level batching)
+    prefill_chunks: int = 0  # chunk rows (a long prompt's keys and values, a chunk at a time)
+    prefill_chunk_tokens: int = 0  # their tokens
+    chunk_wait_s: float = 0.0  # the share of the cycle's first forward decoding rows waited on chunks for
 
 
 @dataclass
@@ -131,6 +134,9 @@ class Engine:
                 kv_dense_bytes=cycle.stats.kv_dense_bytes,
                 kv_kept_bytes=cycle.stats.kv_kept_bytes,
                 carried=sum(carried),
+                prefill_chunks=cycle.stats.prefill_chunks,
+                prefill_chunk_tokens=cycle.stats.prefill_chunk_tokens,
+                chunk_wait_s=cycle.stats.chunk_wait_s,
             )
         )
         return StepResult(output, cycle.blocks, finished, cycle.logprobs, cycle.stats)

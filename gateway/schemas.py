@@ -344,7 +344,8 @@ class ModelCard(BaseModel):
     block_length: int
     steps_per_block: int
     threshold: float
-    max_prompt_tokens: int
+    max_prompt_tokens: int  # the longest prompt (with max_tokens 1)
+    context_length: int  # the most tokens a prompt and its max_tokens take together
     max_tokens: int
 
 

@@ -75,7 +75,16 @@ class GatewaySettings:
     )
     max_queued: int = _setting(10_000, "pending + in-flight requests beyond which new ones get 429")
     retry_after_s: int = 2
-    max_prompt_tokens: int = _setting(1024, "the longest prompt, in tokens")
+    max_prompt_tokens: int = _setting(
+        0,
+        "the longest prompt, in tokens; 0: whatever fits the context with the request's max_tokens (a "
+        "prompt and its max_tokens beyond the context are refused either way: context_length_exceeded)",
+    )
+    context_length: int = _setting(
+        0,
+        "the most tokens a prompt and its max_tokens may take together; 0: the model's context (its "
+        "config.json's max_position_embeddings, or its family's)",
+    )
     max_prompts_per_request: int = _setting(
         64, "prompts in one completions call (more: 400, nothing enqueued)"
     )
@@ -172,7 +181,8 @@ class GatewaySettings:
             ),
             (self.priority_head_start_s >= 0, "priority_head_start_s must not be negative"),
             (self.api_keys_reload_s >= 0, "api_keys_reload_s must not be negative (0: on SIGHUP only)"),
-            (self.max_prompt_tokens >= 1, "max_prompt_tokens must be positive"),
+            (self.max_prompt_tokens >= 0, "max_prompt_tokens must not be negative (0: the context's)"),
+            (self.context_length >= 0, "context_length must not be negative (0: the model's)"),
             (self.max_prompts_per_request >= 1, "max_prompts_per_request must be positive"),
             (self.max_batch_lines >= 1, "max_batch_lines must be positive"),
             (self.batch_chunk >= 1, "batch_chunk must be positive"),
@@ -277,6 +287,7 @@ ENV_NAMES = {  # field -> environment variable: the one place a gateway setting'
     "priority_head_start_s": "DLLM_PRIORITY_HEAD_START_S",
     "max_queued": "DLLM_MAX_QUEUED",
     "max_prompt_tokens": "DLLM_MAX_PROMPT_TOKENS",
+    "context_length": "DLLM_CONTEXT_LENGTH",
     "max_prompts_per_request": "DLLM_MAX_PROMPTS",
     "max_tokens_limit": "DLLM_MAX_TOKENS",
     "default_max_tokens": "DLLM_DEFAULT_MAX_TOKENS",

@@ -16,6 +16,7 @@ from dllm_contracts.structured_output import ResponseGrammar
 from gateway.errors import ApiError, model_not_found, queue_unreachable, shutting_down
 from gateway.metrics import QUEUE_FULL
 from gateway.openai_fields import unknown_fields
+from gateway.prompt_limits import longest_prompt, prompt_too_long
 from gateway.rate_limits import Admitted
 from gateway.schemas import CommonFields
 from gateway.state import GatewayState
@@ -94,33 +95,23 @@ def _check_sampler_fields(body: CommonFields, settings) -> None:
         )
 
 
-def too_long(tokens: int, state: GatewayState, param: str = "prompt", at_least: bool = False) -> ApiError:
-    limit = state.settings.max_prompt_tokens
-    count = f"at least {tokens}" if at_least else str(tokens)
-    return ApiError(
-        400,
-        f"the prompt has {count} tokens; this service accepts at most {limit}",
-        param=param,
-        code="context_length_exceeded",
-    )
-
-
 def check_prompt_text(texts: list[str], state: GatewayState, param: str = "prompt") -> None:
     """Refuse a prompt that is surely too long before tokenizing it: no token covers more than the
     tokenizer's longest token (twice that, for normalizers that shrink text), so more bytes than the
     limit times that is more tokens than the limit."""
-    bound = state.settings.max_prompt_tokens * state.tokenizer.max_token_bytes * 2
+    per_token = state.tokenizer.max_token_bytes * 2
     size = sum(len(text.encode("utf-8", "surrogatepass")) for text in texts)
-    if size > bound:
-        raise too_long(size // (state.tokenizer.max_token_bytes * 2), state, param, at_least=True)
+    if size > longest_prompt(state) * per_token:
+        raise prompt_too_long(size // per_token, None, state, param, at_least=True)
 
 
-def check_prompt(prompt_ids: list[int], state: GatewayState, param: str = "prompt") -> None:
-    limit = state.settings.max_prompt_tokens
+def check_prompt(prompt_ids: list[int], state: GatewayState, param: str = "prompt", max_tokens=None) -> None:
+    """The prompt's tokens: not empty, within the context beside ``max_tokens``, each in the vocabulary."""
     if not prompt_ids:
         raise ApiError(400, "the prompt is empty", param=param, code="invalid_value")
-    if len(prompt_ids) > limit:
-        raise too_long(len(prompt_ids), state, param)
+    refusal = prompt_too_long(len(prompt_ids), max_tokens, state, param)
+    if refusal is not None:
+        raise refusal
     vocab = state.tokenizer.tokenizer.get_vocab_size()
     if any(not 0 <= t < vocab for t in prompt_ids):
         raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param=param, code="invalid_value")
@@ -150,11 +141,12 @@ def build_request(
     carries the identity of the model it is accepted for: ``model_identity`` (a batch's, recorded when it
     was created), else the gateway's; and the grammar its answer keeps to (``response_grammar``)."""
     chat = hasattr(body, "messages")
-    check_prompt(prompt_ids, state, "messages" if chat else "prompt")
+    max_tokens = max_tokens_of(body, state)
+    check_prompt(prompt_ids, state, "messages" if chat else "prompt", max_tokens)
     return QueuedRequest(
         id=new_request_id("chatcmpl" if chat else "cmpl"),
         prompt_ids=prompt_ids,
-        max_tokens=max_tokens_of(body, state),
+        max_tokens=max_tokens,
         created=time.time(),
         threshold=body.threshold,
         stream=body.stream,

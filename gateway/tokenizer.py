@@ -8,6 +8,7 @@ from jinja2 import TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from dllm_contracts.model_context import context_length_of
 from dllm_contracts.text import cut_at_eos
 from gateway.chat_answers import tools_turn
 from gateway.model_files import ModelFiles, model_files
@@ -51,6 +52,7 @@ class GatewayTokenizer:
         self.bos_token = _token_text(config.get("bos_token")) or ""
         self.eos_token = _token_text(config.get("eos_token")) or ""
         self.eos_ids = self._eos_ids(files)
+        self.context_length = context_length_of(files.config)  # None: its config does not say
         # the most input bytes one token can stand for, at most: a vocabulary entry's length in UTF-8
         # (byte-level and byte-fallback entries spell each byte with one or more characters)
         self.max_token_bytes = max(len(t.encode()) for t in self.tokenizer.get_vocab(True)) or 1

@@ -100,6 +100,16 @@ def online_metrics(observed: list[Observed]) -> dict:
         "latency_by_family_s": {
             family: _percentiles([o.latency_s for o in observed if o.family == family]) for family in families
         },
+        "first_block_by_family_s": {
+            family: _percentiles(
+                [
+                    o.first_block_s - o.sent_s
+                    for o in observed
+                    if o.family == family and o.first_block_s is not None
+                ]
+            )
+            for family in families
+        },
     }
 
 

@@ -9,7 +9,7 @@ from dllm_contracts.text import completion_tokens
 from engine_pod.bench.execute import warm_up
 from engine_pod.bench.online import Load, Observed, OnlineRequest
 from engine_pod.bench.policies import PolicySpec, build_scheduler
-from engine_pod.bench.report import refresh_metrics
+from engine_pod.bench.report import chunk_metrics, refresh_metrics
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine, StepResult
 from engine_pod.loading.loader import LoadedModel
@@ -62,7 +62,8 @@ class _Run:
 def run_engine_online(
     loaded: LoadedModel, decoding: DecodingConfig, spec: PolicySpec, requests: list[OnlineRequest], load: Load
 ) -> tuple[list[Observed], dict]:
-    """Each request as observed, and the run's refreshes (bench/report.py's refresh_metrics)."""
+    """Each request as observed, and the run's refreshes and prefill chunks (bench/report.py's
+    refresh_metrics and chunk_metrics)."""
     runner = make_runner(loaded, decoding, spec.token_budget, record_margins=False)
     engine = Engine(runner, build_scheduler(spec, runner))
     warm_up(engine.runner, [r.request for r in requests])
@@ -72,7 +73,7 @@ def run_engine_online(
         _open_loop(run, families, load.arrival_offsets(len(requests)))
     else:
         _closed_loop(run, families, load.concurrency)
-    return list(run.observed.values()), refresh_metrics(engine.records)
+    return list(run.observed.values()), refresh_metrics(engine.records) | chunk_metrics(engine.records)
 
 
 def _open_loop(run: _Run, families: dict[str, str], offsets: list[float]) -> None:

@@ -53,7 +53,21 @@ def policy_metrics(run: PolicyRun, eos_ids) -> dict:
         | ({"cores": run.cores} if run.cores else {})
         | _cpu_metrics(run, generated)
         | refresh_metrics(run.cycles)
+        | chunk_metrics(run.cycles)
     )
+
+
+def chunk_metrics(cycles) -> dict:
+    """Chunked prefill over the engine's cycle records: the chunks, their prompt tokens, and the seconds
+    decoding rows waited on them (the chunks' share of the forwards they shared); nothing without chunks."""
+    chunks = sum(c.prefill_chunks for c in cycles)
+    if not chunks:
+        return {}
+    return {
+        "prefill_chunks": chunks,
+        "prefill_chunk_tokens": sum(c.prefill_chunk_tokens for c in cycles),
+        "prefill_chunk_wait_s": round(sum(c.chunk_wait_s for c in cycles), 4),
+    }
 
 
 def refresh_metrics(cycles) -> dict:

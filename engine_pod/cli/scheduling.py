@@ -83,6 +83,14 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
         f"starts as one batch (default: {DEFAULTS.batch_window_s}; a pause of {BURST_QUIET_S * 1000:g} ms "
         "ends it; 0: claim at once)",
     )
+    group.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        help="block-diffusion models (LLaDA2.0, SDAR): compute a long prompt's keys and values this many "
+        "tokens (whole blocks) per block cycle, beside the decoding rows, so that it does not stall them "
+        "(default: 512, or an eighth of the token budget if smaller; 0: the whole prompt at once)",
+    )
     phases = parser.add_argument_group("dLLM-Serve phases (--policy dllm-serve)")
     phases.add_argument(
         "--refresh-quota",
@@ -138,6 +146,7 @@ FLAGS = {
     "refresh_interval": "--refresh-interval",
     "cache_share": "--cache-share",
     "step_level": "--step-level",
+    "prefill_chunk": "--prefill-chunk",
 }  # SchedulerConfig's field -> the flag that sets it
 
 
@@ -170,6 +179,7 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
         refresh_interval=args.refresh_interval,
         cache_share=_cache_share(args, profile),
         step_level=args.step_level,
+        prefill_chunk=args.prefill_chunk,
     )
     problems = problems_of(settings)
     if problems:

@@ -53,12 +53,35 @@ def gateway_settings(args: argparse.Namespace, model_dir: Path):
         "threshold": args.threshold,
         "result_ttl_s": args.result_ttl,
     }
+    values.setdefault("context_length", served_context(args, model_dir))
     try:
         settings = GatewaySettings(**values)
         check_keys(settings)
     except SettingsError as exc:
         raise CliError(str(exc)) from None
     return settings
+
+
+def served_context(args: argparse.Namespace, model_dir: Path) -> int:
+    """The context the gateway holds requests to: the model's, or less where the worker's token budget
+    cannot hold a request that long (a prompt and max_tokens rounded up to blocks, the budget's measure of
+    a row at its widest); 0: the model's own (the gateway reads it)."""
+    from dllm_contracts.model_context import context_length_of
+    from engine_pod.cli.budget import resolve_budget
+    from gateway.model_files import model_files
+    from gateway.prompt_limits import FALLBACK_CONTEXT
+
+    model = context_length_of(model_files(str(model_dir)).config) or FALLBACK_CONTEXT
+    held = resolve_budget(args) - args.block_length + 1
+    if held >= model:
+        return 0
+    logger.info(
+        "requests are held to %d tokens (prompt and max_tokens): the token budget's, below the model's "
+        "context of %d",
+        max(held, 1),
+        model,
+    )
+    return max(held, 1)
 
 
 def check_keys(settings) -> None:

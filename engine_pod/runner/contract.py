@@ -50,6 +50,11 @@ class CycleStats:
     grammar_mask_seconds: float = 0.0
     grammar_walk_seconds: float = 0.0
     grammar_walk_commits: int = 0
+    # chunked prefill (kinds/block_causal/prefill_chunk.py): chunk rows computed, their tokens, and the share
+    # of the cycle's first forward they took while decoding rows waited on it (seconds)
+    prefill_chunks: int = 0
+    prefill_chunk_tokens: int = 0
+    chunk_wait_s: float = 0.0
 
     def add_grammar(self, cost) -> None:
         """A cycle's grammar cost (decoding/grammar/rows.py ``GrammarCost``)."""
@@ -126,4 +131,8 @@ class Runner(Protocol):
 def scheduling_facts(runner: Runner) -> dict[str, bool]:
     """What a scheduler is built knowing about the runner's model (keyword arguments of every scheduler):
     whether its blocks sit on the absolute grid, whether the runner shares rows' common whole blocks."""
-    return {"grid_aligned": runner.grid_aligned, "shares_blocks": runner.shares_blocks}
+    return {
+        "grid_aligned": runner.grid_aligned,
+        "shares_blocks": runner.shares_blocks,
+        "chunks_prefill": getattr(runner, "chunks_prefill", False),
+    }

@@ -97,6 +97,11 @@ class CycleRunner:
         return self.stepper.shares_blocks
 
     @property
+    def chunks_prefill(self) -> bool:
+        """Whether a prompt's prefix may be computed a chunk at a time (scheduler/prefill_chunks.py)."""
+        return getattr(self.stepper, "chunks_prefill", False)
+
+    @property
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         return self.stepper.prefix_cache_stats
 

@@ -38,6 +38,7 @@ class Scheduler:
         clock: Callable[[], float] = time.perf_counter,
         grid_aligned: bool = False,
         shares_blocks: bool = False,
+        chunks_prefill: bool = False,
     ) -> None:
         """``grid_aligned``: the model's blocks sit on the absolute grid of ``block_length`` (block-diffusion
         models); ``shares_blocks``: its runner shares rows' common whole blocks (a prefix cache). Both are
@@ -50,6 +51,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.grid_aligned = grid_aligned
         self.shares_blocks = shares_blocks
+        self.chunks_prefill = chunks_prefill  # the runner computes a prompt's prefix a chunk at a time
         self._in_rows: list[str] = []  # the requests behind the last cycle's rows, in row order
 
     def row_width_of(self, row: CycleRow) -> int:

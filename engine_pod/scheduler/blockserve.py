@@ -32,6 +32,7 @@ from engine_pod.scheduler.box import BatchBox
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.pending_queue import PendingQueue
+from engine_pod.scheduler.prefill_chunks import PrefillChunks, prefill_chunk_tokens
 from engine_pod.scheduler.request import Request, RequestError, RequestState
 from engine_pod.scheduler.shared_blocks import PinnedBlocks, block_keys, shared_tokens
 
@@ -44,6 +45,8 @@ class BlockServeScheduler(Scheduler):
         self.pending = PendingQueue()
         self.active: list[Request] = []  # in admission order
         self.pinned = PinnedBlocks()  # warm prefixes' blocks, held by the runner's prefix cache for good
+        chunk = prefill_chunk_tokens(config.prefill_chunk, block_length, config.token_budget)
+        self.chunks = PrefillChunks(chunk if self.chunks_prefill else 0, block_length)
 
     @property
     def token_budget(self) -> int:
@@ -83,7 +86,7 @@ class BlockServeScheduler(Scheduler):
     def _held_width(self, request: Request, box: BatchBox) -> int:
         """What admitting ``request`` adds to the batch's cost: its admission width, less the whole blocks
         the batch's rows hold already (when the runner shares them and the layout does not pad)."""
-        if not (self.shares_blocks and self.packed):
+        if not (self.shares_blocks and self.packed) or self.chunks.chunks(request):
             return self.admission_width(request)
         keys = block_keys(request, self.block_length)
         return self.admission_width(request) - shared_tokens(keys, box.held_blocks, self.block_length)
@@ -94,6 +97,8 @@ class BlockServeScheduler(Scheduler):
             return 0
         held, shared = set(), 0
         for request in requests:
+            if self.chunks.chunks(request):
+                continue
             keys = block_keys(request, self.block_length)
             shared += shared_tokens(keys, held, self.block_length)
             held.update(keys)
@@ -101,7 +106,7 @@ class BlockServeScheduler(Scheduler):
 
     def _add(self, box: BatchBox, request: Request) -> None:
         box.add(self._held_width(request, box), self.row_width(request))
-        if self.shares_blocks and self.packed:
+        if self.shares_blocks and self.packed and not self.chunks.chunks(request):
             box.held_blocks.update(block_keys(request, self.block_length))
 
     def fits(self, request: Request) -> bool:
@@ -139,6 +144,7 @@ class BlockServeScheduler(Scheduler):
     def _row(self, request: Request) -> CycleRow:
         blocks_left = request.max_blocks - request.blocks_done(self.block_length) - 1
         suffix = blocks_left if self.masked_suffix else 0
+        prefill_to = self.chunks.chunk_end(request)
         return CycleRow(
             request.prompt_ids + tuple(request.generated),
             suffix_blocks=suffix,
@@ -149,8 +155,9 @@ class BlockServeScheduler(Scheduler):
             logprobs=request.logprobs,
             owner=request.request_id,
             max_tokens=request.max_tokens,
-            grammar=request.grammar,
+            grammar=None if prefill_to else request.grammar,
             prompt_len=request.prompt_len,
+            prefill_to=prefill_to,
         )
 
     def _preempt_overflow(self) -> list[Request]:
@@ -159,6 +166,7 @@ class BlockServeScheduler(Scheduler):
             victim = self.active.pop()
             victim.state = RequestState.PREEMPTED
             victim.num_preemptions += 1
+            self.chunks.forget(victim.request_id)
             self.pending.push(victim)
             preempted.append(victim)
         return preempted
@@ -230,6 +238,7 @@ class BlockServeScheduler(Scheduler):
         self.pending.push(request)
 
     def _withdraw(self, request: Request) -> None:
+        self.chunks.forget(request.request_id)
         if request in self.active:
             self.active.remove(request)
         elif self.pending.find(request.request_id) is not None:
@@ -238,3 +247,8 @@ class BlockServeScheduler(Scheduler):
     def _after_update(self, output: SchedulerOutput, finished: list[Request]) -> None:
         done = {r.request_id for r in finished}
         self.active = [r for r in self.active if r.request_id not in done]
+        for request_id, row in zip(output.request_ids, output.rows):
+            if row.prefill_to:
+                self.chunks.ran(request_id, row.prefill_to)
+            elif request_id in self.chunks.done:
+                self.chunks.forget(request_id)

@@ -27,6 +27,9 @@ class CycleRow:
     )
     grammar: ResponseGrammar | None = None  # the grammar its answer is generated in (None: free)
     prompt_len: int = 0  # where its answer starts in ``prefix_ids`` (read where it has a grammar)
+    # > 0: a chunk row (scheduler/prefill_chunks.py): compute the keys and values of ``prefix_ids`` up to
+    # here (whole blocks), decode nothing, commit nothing
+    prefill_to: int = 0
 
     @property
     def width(self) -> int:

@@ -55,6 +55,21 @@ CYCLE_METRICS = {
         "dllm_carried_rows",
         "Rows whose block went on into the next cycle (dLLM-Serve's step-level batching)",
     ),
+    "prefill_chunks": (
+        Counter,
+        "dllm_prefill_chunks",
+        "Prefill chunks computed (a long prompt's keys and values, a chunk per cycle beside decoding rows)",
+    ),
+    "prefill_chunk_tokens": (
+        Counter,
+        "dllm_prefill_chunk_tokens",
+        "Prompt tokens computed in prefill chunks",
+    ),
+    "prefill_chunk_wait": (
+        Counter,
+        "dllm_prefill_chunk_wait_seconds",
+        "Time decoding rows waited on prefill chunks (the chunks' share of the forwards they shared)",
+    ),
 }
 LAZY_CYCLE_METRICS = ("kv_kept_share",)  # registered at their first value: absent, not 0, before it
 
@@ -176,6 +191,9 @@ class WorkerMetrics:
         self.peak_refresh_positions.set(peak)
         self.refresh_quota_positions.set(quota or 0)
         self.carried_rows.inc(record.carried)
+        self.prefill_chunks.inc(record.prefill_chunks)
+        self.prefill_chunk_tokens.inc(record.prefill_chunk_tokens)
+        self.prefill_chunk_wait.inc(record.chunk_wait_s)
         self.kv_dense_bytes.inc(record.kv_dense_bytes)
         self.kv_kept_bytes.inc(record.kv_kept_bytes)
         self._dense += record.kv_dense_bytes

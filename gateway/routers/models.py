@@ -7,6 +7,7 @@ import time
 from fastapi import APIRouter, Depends
 
 from gateway.errors import model_not_found
+from gateway.prompt_limits import context_of, longest_prompt
 from gateway.schemas import ModelCard, ModelList
 from gateway.state import State, require_api_key
 
@@ -22,7 +23,8 @@ def _card(state) -> ModelCard:
         block_length=s.block_length,
         steps_per_block=s.steps_per_block,
         threshold=s.threshold,
-        max_prompt_tokens=s.max_prompt_tokens,
+        max_prompt_tokens=longest_prompt(state),
+        context_length=context_of(state),
         max_tokens=s.max_tokens_limit,
     )
 

@@ -46,7 +46,7 @@ class ServiceSpec:
     remasking: str = "threshold"
     threshold: float = 0.9
     cache: str = "dual"
-    max_prompt_tokens: int = 2048
+    max_prompt_tokens: int = 0  # 0: the model's context less each request's max_tokens (the gateway's)
     max_generation_tokens: int = 512
     sparse_cache: SparseCache = SparseCache()  # the head-sparse cache (off unless the spec sets a mode)
     max_materialized_logits: int | None = None  # None: the worker's automatic chunk

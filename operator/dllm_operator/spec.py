@@ -77,7 +77,7 @@ def parse_spec(name: str, namespace: str, spec: dict[str, Any]) -> ServiceSpec:
         remasking=decoding.get("remasking", "threshold"),
         threshold=float(decoding.get("threshold", 0.9)),
         cache=decoding.get("cache", "dual"),
-        max_prompt_tokens=int(decoding.get("maxPromptTokens", 2048)),
+        max_prompt_tokens=int(decoding.get("maxPromptTokens", 0)),
         max_generation_tokens=int(decoding.get("maxGenerationTokens", 512)),
         **decoding_option_fields(decoding),
         **scheduling_fields(spec.get("scheduling") or {}),

@@ -252,7 +252,7 @@ def test_dllm_bench_runs_every_policy_with_the_setting_and_without(tmp_path, cap
     """The product path: `dllm bench --batch-invariant on,off` in float32, each policy both ways in one run:
     with the setting its batches (static's dense box among them) give every request the tokens it gets
     alone, and each run with it is measured against its run without."""
-    from engine_pod.cli.bench import _decoding_line
+    from engine_pod.cli.bench_summary import _decoding_line
     from engine_pod.cli.main import build_parser, main
 
     out = tmp_path / "bench.json"

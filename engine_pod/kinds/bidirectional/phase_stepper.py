@@ -123,15 +123,9 @@ class PhaseStepper(BidirectionalStepper):
         forwards = [0] * rows
         if state.box.extra is not None:  # rows carried out of the last cycle: counters, cache
             waited = self.carry.resume(state, owners, forwards)
+        quota, interval = cycle.refresh_quota, cycle.refresh_interval
         state.phases = _Phases(
-            cycle.refresh_quota,
-            cycle.refresh_interval,
-            widths,
-            layout.row_len,
-            forwards,
-            waited,
-            owners,
-            cycle.step_level,
+            quota, interval, widths, layout.row_len, forwards, waited, owners, cycle.step_level
         )
         return state
 
@@ -189,12 +183,10 @@ class PhaseStepper(BidirectionalStepper):
         if phases is None or not phases.carry_out:
             self.kept.forget()
             return super().finish(state)
-        if state.grammar is None:
-            output = self.carry.end_at_step(state, phases.forwards, phases.owners, phases.waited)
-        else:
-            # the host's last commits and the rows they complete, on the device
+        if state.grammar is not None:  # the host's last commits and the rows they complete, on the device
             hooks.send_grammar(state, [], [])
-            output = self.carry.end_at_step(state, phases.forwards, phases.owners, phases.waited)
+        output = self.carry.end_at_step(state, phases.forwards, phases.owners, phases.waited)
+        if state.grammar is not None:
             hooks.host_blocks(state.grammar, output, self.mask_id)
             self.carry.patch_blocks(phases.owners, output.blocks)
         self.kept.keep_only(set(self.carry.rows))  # head-sparse: the carried rows' kept entries go on

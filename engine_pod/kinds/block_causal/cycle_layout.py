@@ -37,8 +37,13 @@ class BlockRow:
     active: bool = True  # False: a finished row static batching keeps computing, never committed
     steps: int | None = None  # denoising steps of this row's blocks (None: the runner's)
     forwards: int = field(default=0, compare=False)  # forwards this row took part in
+    # > 0: a chunk row this cycle (prefill_chunk.py): its prompt's keys and values up to
+    # here are computed, its last block standing in for the active block; nothing is decoded
+    chunk_end: int = 0
 
     def block_start(self, block_length: int) -> int:
+        if self.chunk_end:
+            return self.chunk_end - block_length
         return len(self.tokens) // block_length * block_length
 
 
@@ -89,7 +94,7 @@ def lay_out(
     ends = [start + L for start in starts]
     slots = pool.host_slots([(row.owner, 0, end) for row, end in zip(rows, ends)])
     context_tokens = [token for row, start in zip(rows, starts) for token in row.tokens[:start]]
-    heads = [row.tokens[start:] for row, start in zip(rows, starts)]
+    heads = [row.tokens[start : start + L] for row, start in zip(rows, starts)]
     block_ids = [token for head in heads for token in head + [mask_id] * (L - len(head))]
     settings = RowSampling.host_columns(sampling or [None] * len(rows))
     sent = pool.buffers.send(  # the cycle's one copy to the device, into the pool's regions

@@ -28,9 +28,9 @@ from engine_pod.kinds.block_causal.cycle_layout import (
     BlockRow,
     lay_out,
     layout_regions,
-    live_rows,
     step_queries,
 )
+from engine_pod.kinds.block_causal.prefill_chunk import CycleChunks, after_forward, committed, keep_blocks
 from engine_pod.kinds.block_causal.prefix_cache import BlockPrefixCache
 from engine_pod.kinds.block_causal.warm_prefix import fill_prefix
 from engine_pod.runner.contract import CycleOutput, CycleStats, PrefixCacheStats
@@ -74,6 +74,7 @@ class _BlockCausalCycle:
     counts: list[int] = field(default_factory=list)  # the same, read
     stats: CycleStats = field(default_factory=CycleStats)
     grammar: object | None = None  # its constrained rows (decoding/grammar/rows.py; None: none)
+    chunks: CycleChunks = field(default_factory=CycleChunks)
 
 
 class BlockCausalStepper:
@@ -100,6 +101,7 @@ class BlockCausalStepper:
         self.score_dtype = torch.promote_types(loaded.dtype, torch.float32)
         self.denoise = DenoiseStep(self.policy, self.score_dtype, self.mask_id)
         self.grammars = GrammarSource(loaded, decoding.logit_candidates)
+        self.chunks_prefill = self.exact_cache  # final keys and values: a prompt computes a chunk at a time
 
     @property
     def shares_blocks(self) -> bool:
@@ -147,6 +149,7 @@ class BlockCausalStepper:
             LogprobRecorder(counts, logprobs) if asked else None,
             logprobs,
             grammar=grammar,
+            chunks=CycleChunks.of(states),
         )
 
     def most_steps(self, state: _BlockCausalCycle) -> int:
@@ -159,18 +162,19 @@ class BlockCausalStepper:
             return False
         state.masked = (state.layout.blocks == self.mask_id).sum(1)
         state.counts = grammar_hooks.read_counts(state)
-        return any(state.counts)
+        return state.chunks.going_on(step, state.stats) or any(state.counts)
 
     @torch.no_grad()
     def step(self, state: _BlockCausalCycle, step: int) -> None:
         """One step of the rows with masks left (every row, where the cycle keeps them all)."""
         cycle, counts = state.layout, state.counts
         inputs = grammar_hooks.before_step(state, self.mask_id)
-        live, rows = live_rows(state.masked, counts, state.gather_rows)
+        live, rows = state.chunks.live(step, state.masked, counts, state.gather_rows)
         candidates = sum(counts[i] for i in live)
         queries = step_queries(cycle, live, rows, self.exact_cache, self.mask_id, candidates, state.packed)
         build = packed_forward if state.packed else dense_forward
         batch, select = build(queries, self.pool)
+        state.chunks.count(step, cycle.rows, batch.tokens.numel(), any(counts), state.stats)
         hidden = self.model.forward_batch(batch, select)
         state.stats.computed_positions += batch.tokens.numel()
         state.stats.useful_positions += sum(w for w, i in zip(queries.widths, live) if cycle.rows[i].active)
@@ -200,7 +204,7 @@ class BlockCausalStepper:
         for i in live:
             cycle.rows[i].forwards += 1
             if self.exact_cache:
-                cycle.rows[i].cached = cycle.starts[i]
+                cycle.rows[i].cached = after_forward(cycle.rows[i], cycle.starts[i])
 
     def finish(self, state: _BlockCausalCycle) -> CycleOutput:
         """Every row's block (its fixed head left out), its tokens extended to the block's end."""
@@ -211,19 +215,16 @@ class BlockCausalStepper:
             raise RuntimeError(f"a block kept masks after {state.steps} steps; this is a bug")
         if state.recorder is not None:
             state.recorder.finish()
-        for row, start, block in zip(cycle.rows, cycle.starts, blocks):
-            row.tokens[start:] = block
+        keep_blocks(cycle.rows, cycle.starts, blocks)
         steps = [row.forwards - before for row, before in zip(cycle.rows, state.forwards_before)]
         state.stats.forwards = max(steps)
         state.stats.cached_on_entry = state.hits
         heads, recorded = state.heads, state.logprobs
         return CycleOutput(
-            blocks=[block[head:] for block, head in zip(blocks, heads)],
+            blocks=committed(cycle.rows, blocks, heads),
             steps=steps,
             stats=state.stats,
-            logprobs=None
-            if recorded is None
-            else [r if r is None else r[h:] for r, h in zip(recorded, heads)],
+            logprobs=None if recorded is None else committed(cycle.rows, recorded, heads),
         )
 
     def end(self, state: _BlockCausalCycle) -> None:
@@ -236,8 +237,7 @@ class BlockCausalStepper:
             self._leave(owner)
             threshold = self.threshold if row.threshold is None else row.threshold
             state = self.states[owner] = BlockRow(owner, prefix, threshold=threshold)
-        state.active = row.active
-        state.steps = self._steps(row)
+        state.active, state.steps, state.chunk_end = row.active, self._steps(row), row.prefill_to
         return state
 
     def first_block_confidences(self, prompts: list[list[int]]) -> torch.Tensor:
