@@ -32,6 +32,8 @@ FAMILY_NAMES: dict[str, str] = {row["name"]: row["display_name"] for row in FAMI
 # each family's cache kind (engine_pod/kinds/): bidirectional (LLaDA, Dream), block_causal (block diffusion),
 # canvas (DiffusionGemma)
 FAMILY_KIND: dict[str, str] = {row["name"]: row["kind"] for row in FAMILY_TABLE}
+# the families whose experts parallelism.expert (the engine's --expert-parallel) spreads over ranks
+EXPERT_FAMILIES = tuple(row["name"] for row in FAMILY_TABLE if row["expert_parallel"])
 FAMILIES_IN_WORDS = ", ".join(FAMILY_NAMES[family] for family in FAMILIES)
 
 

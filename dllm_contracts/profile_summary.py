@@ -33,13 +33,18 @@ class ProfileSummary:
     token_budget: int
     source: str = "measured"
     device: str | None = None  # "cuda:0", "cpu"
-    device_name: str | None = None  # torch's name for the device, e.g. "NVIDIA H100 80GB HBM3"
+    # the device as the machine names it: a GPU's name ("NVIDIA H100 80GB HBM3"), a CPU's model ("AMD EPYC")
+    device_name: str | None = None
     gpu_product: str | None = None  # the measured node's nvidia.com/gpu.product label (operator)
     dtype: str | None = None
+    # the allocator it was measured under (the C library's malloc as dllm tunes it, or CUDA's caching
+    # allocator and its setting): the same model peaks otherwise under another
+    allocator: str | None = None
     layout: str | None = None  # the batch layout the budget was measured in (packed or dense)
     # the tensor-parallel size it was measured at (ranks of one engine group; the budget is per rank and
     # holds at that size only); a summary without it was measured at 1
     tensor_parallel: int = 1
+    expert_parallel: int = 1  # the expert-parallel size it was measured at (a summary without it: 1)
     # the share of a token's peak (bytes_per_token) that its dual cache holds for the row's whole life (the
     # rest is the refresh forward's): what dLLM-Serve's admission counts (scheduler/dllm_serve.py)
     cache_share: float | None = None
@@ -55,8 +60,11 @@ class ProfileSummary:
     held_out_max_error: float | None = None
 
     @classmethod
-    def from_spec(cls, token_budget: int, tensor_parallel: int = 1) -> ProfileSummary:
-        return cls.parse({"token_budget": token_budget, "source": "spec", "tensor_parallel": tensor_parallel})
+    def from_spec(
+        cls, token_budget: int, tensor_parallel: int = 1, expert_parallel: int = 1
+    ) -> ProfileSummary:
+        sizes = {"tensor_parallel": tensor_parallel, "expert_parallel": expert_parallel}
+        return cls.parse({"token_budget": token_budget, "source": "spec", **sizes})
 
     @classmethod
     def from_result(cls, result: dict[str, Any]) -> ProfileSummary:
@@ -90,8 +98,9 @@ class ProfileSummary:
         summary = cls(**data) if "token_budget" in data else None
         if summary is None or summary.token_budget < 1:
             raise ProfileFormatError("a profile result has a positive integer token_budget")
-        if not isinstance(summary.tensor_parallel, int) or summary.tensor_parallel < 1:
-            raise ProfileFormatError("profile field tensor_parallel must be at least 1")
+        for key in ("tensor_parallel", "expert_parallel"):
+            if not isinstance(getattr(summary, key), int) or getattr(summary, key) < 1:
+                raise ProfileFormatError(f"profile field {key} must be at least 1")
         if summary.source not in SOURCES:
             raise ProfileFormatError(f"profile source must be one of {', '.join(SOURCES)}")
         missing = [key for key in _MEASURED_KEYS if summary.source == "measured" and data.get(key) is None]
@@ -112,9 +121,15 @@ class ProfileSummary:
 
     def as_dict(self) -> dict[str, Any]:
         """The fields that hold a value (what status, the ConfigMap and the termination message carry);
-        tensor_parallel only above 1 (what a reader that predates it also accepts)."""
+        tensor_parallel and expert_parallel only above 1 (what a reader that predates them also accepts)."""
         held = {key: value for key, value in asdict(self).items() if value is not None}
-        return {key: value for key, value in held.items() if (key, value) != ("tensor_parallel", 1)}
+        ones = (("tensor_parallel", 1), ("expert_parallel", 1))
+        return {key: value for key, value in held.items() if (key, value) not in ones}
+
+    def sizes(self) -> str:
+        """The group size it was measured at, as the flags say it."""
+        words = f"--tensor-parallel {self.tensor_parallel}"
+        return words + (f" --expert-parallel {self.expert_parallel}" if self.expert_parallel > 1 else "")
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), separators=(",", ":"))
@@ -130,8 +145,10 @@ class ProfileSummary:
 
 # fields a measured profile must carry (the rest may be absent)
 _OPTIONAL_KEYS = (
+    "allocator",
     "layout",
     "tensor_parallel",
+    "expert_parallel",
     "cache_share",
     "sparse_cache",
 )  # carried from a full result when it has them

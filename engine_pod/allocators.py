@@ -6,6 +6,8 @@ import ctypes
 import ctypes.util
 import functools
 import os
+import platform
+from pathlib import Path
 
 CUDA_ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 EXPANDABLE_SEGMENTS = "expandable_segments:True"
@@ -23,9 +25,10 @@ def configure_cuda_allocator() -> str:
 
 
 M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 1 << 20  # bytes: CPU allocations this large and larger come from mmap
 
 
-def tune_cpu_allocator(mmap_threshold: int = 1 << 20) -> None:
+def tune_cpu_allocator(mmap_threshold: int = MMAP_THRESHOLD) -> None:
     """Serve large CPU tensors from mmap so that freed activations leave the resident set at once.
 
     glibc's adaptive threshold otherwise keeps them in the heap, where reuse depends on history and
@@ -43,3 +46,20 @@ def _libc():
         return ctypes.CDLL(name) if name else None
     except OSError:
         return None
+
+
+def describe_allocator(device: str) -> str:
+    """The allocator a memory measurement on ``device`` ran under, in one line (what a profiled budget
+    depends on beside the device): CUDA's caching allocator and its setting, or the C library's malloc as
+    ``dllm`` tunes it (with what ``LD_PRELOAD`` puts in its place)."""
+    if device.startswith("cuda"):
+        return f"torch CUDA caching allocator, {CUDA_ALLOC_CONF}={os.environ.get(CUDA_ALLOC_CONF) or 'unset'}"
+    name, version = platform.libc_ver()
+    malloc = f"{name} {version} malloc".strip() if name else "the C library's malloc"
+    tunables = os.environ.get("GLIBC_TUNABLES")
+    preloaded = [Path(p).name for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split()]
+    return "; ".join(
+        [f"{malloc}, mmap from {MMAP_THRESHOLD >> 20} MiB"]
+        + ([f"GLIBC_TUNABLES={tunables}"] if tunables else [])
+        + ([f"LD_PRELOAD={' '.join(preloaded)}"] if preloaded else [])
+    )

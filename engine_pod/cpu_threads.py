@@ -8,12 +8,13 @@ limit is below the node's cores its threads outnumber the CPUs it gets, and the 
 
 The default is a thread for each usable CPU that no other process keeps busy, and at least one: a short
 sample of ``/proc/stat`` at start (``BUSY_SAMPLE_S``) tells how many CPUs' worth of the usable ones other
-processes are using. Every torch operation waits for its slowest thread, so a thread that shares its core
+processes are using, and the engine looks again between block cycles (``cpu_load.py``: the count follows
+the load after start). Every torch operation waits for its slowest thread, so a thread that shares its core
 with a busy neighbour stalls all the others: on 2 cores two threads ran about 1.6x one thread's throughput
 on a quiet machine and about 0.6x of it with one core busy (``scripts/threads_bench.py``,
 docs/benchmarks.md, "Torch threads"). ``dllm serve`` also keeps one CPU for the gateway, Redis and the
 clients on the same machine (``reserve``). ``--threads`` or ``DLLM_THREADS`` (the operator sets it from an
-engine pod's CPU request) choose otherwise, and then nothing is sampled.
+engine pod's CPU request) pin the count, and then nothing is sampled.
 
 Only the intra-op threads are set: torch's inter-op pool serves ``torch.jit.fork`` and similar
 asynchronous work, which the engine never starts, so its threads are never created.
@@ -83,9 +84,9 @@ def busy_elsewhere(cpus: set[int], sample_s: float, stat: Path = PROC_STAT) -> f
     """CPUs' worth of ``cpus`` that processes other than this one kept busy over ``sample_s`` seconds:
     their busy share in ``/proc/stat`` less this process's own CPU time. 0.0 where it cannot be read."""
     try:
-        before, own_before = _cpu_times(stat, cpus), _own_cpu_s()
+        before, own_before = cpu_times(stat, cpus), own_cpu_s()
         time.sleep(sample_s)
-        after, own_after = _cpu_times(stat, cpus), _own_cpu_s()
+        after, own_after = cpu_times(stat, cpus), own_cpu_s()
     except (OSError, ValueError, IndexError):
         return 0.0
     busy = sum(
@@ -96,7 +97,7 @@ def busy_elsewhere(cpus: set[int], sample_s: float, stat: Path = PROC_STAT) -> f
     return max(0.0, busy - (own_after - own_before) / sample_s)
 
 
-def _cpu_times(stat: Path, cpus: set[int]) -> dict[int, tuple[int, int]]:
+def cpu_times(stat: Path, cpus: set[int]) -> dict[int, tuple[int, int]]:
     """Per CPU in ``cpus``: (busy, total) clock ticks since boot, from ``/proc/stat``'s ``cpuN`` lines."""
     times = {}
     for line in stat.read_text().splitlines():
@@ -109,7 +110,7 @@ def _cpu_times(stat: Path, cpus: set[int]) -> dict[int, tuple[int, int]]:
     return times
 
 
-def _own_cpu_s() -> float:
+def own_cpu_s() -> float:
     """This process's CPU time (all its threads), in seconds."""
     return time.process_time()
 
@@ -166,15 +167,26 @@ def _quota_in(folder: Path) -> float | None:
 
 
 @dataclass(frozen=True)
+class FollowLoad:
+    """How a count chosen by default follows the load after start (``cpu_load.py``; picklable: a spawned
+    benchmark child is given it)."""
+
+    affinity: frozenset[int]  # the CPUs to watch
+    quota: float | None  # the cgroup's CPU quota (see UsableCpus)
+    reserve: int = 0  # CPUs kept for neighbours (dllm serve's gateway and Redis)
+
+
+@dataclass(frozen=True)
 class ThreadChoice:
     threads: int
     reason: str  # why: the flag, the variable, or the usable CPUs
+    follow: FollowLoad | None = None  # a default count follows the load; a pinned one (None) does not
 
     def log_line(self) -> str:
         return f"torch threads: {self.threads} ({self.reason})"
 
     def as_dict(self) -> dict:
-        return {"threads": self.threads, "reason": self.reason}
+        return {"threads": self.threads, "reason": self.reason, "follows_load": self.follow is not None}
 
 
 PINNED = ThreadChoice(1, "--pin: the engine on one core")
@@ -210,21 +222,12 @@ def choose_threads(
         threads = parse_threads(environ[THREADS_ENV], THREADS_ENV)
         return ThreadChoice(threads, f"{THREADS_ENV}={threads}; {cpus.describe()}")
     kept = f"; {reserve} kept for the gateway and Redis" if reserve else ""
-    reason = f"{cpus.describe()}{kept}; --threads or {THREADS_ENV} to override"
-    return ThreadChoice(cpus.default_threads(reserve), reason)
+    reason = f"{cpus.describe()}{kept}; follows the load; --threads or {THREADS_ENV} to pin"
+    follow = FollowLoad(frozenset(os.sched_getaffinity(0)), cpus.quota, reserve)
+    return ThreadChoice(cpus.default_threads(reserve), reason, follow)
 
 
 def set_torch_threads(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-
-
-def apply_threads(flag: str | None, level: int = logging.INFO) -> ThreadChoice:
-    """Choose this process's torch threads, set them and log why (at ``level``: a one-shot command whose
-    report states them, such as ``dllm generate --json``, says it only at DEBUG, leaving the terminal to
-    its answer or its one-line error)."""
-    choice = choose_threads(flag)
-    set_torch_threads(choice.threads)
-    logger.log(level, "%s", choice.log_line())
-    return choice

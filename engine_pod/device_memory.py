@@ -8,6 +8,29 @@ from pathlib import Path
 
 import torch
 
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def device_name(device: torch.device) -> str:
+    """The device as the machine names it: a GPU's name, or the CPU's model (a memory budget measured on one
+    holds on that one: the same model on another CPU, or another allocator, can peak otherwise)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_model()
+
+
+def cpu_model(cpuinfo: Path = CPUINFO) -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (its vendor id where there is none); "cpu" unread."""
+    try:
+        fields = dict(
+            (key.strip(), value.strip())
+            for key, _, value in (line.partition(":") for line in cpuinfo.read_text().splitlines())
+            if value
+        )
+    except OSError:
+        return "cpu"
+    return fields.get("model name") or fields.get("vendor_id") or fields.get("CPU implementer") or "cpu"
+
 
 def total_memory(device: torch.device) -> int:
     """Bytes of memory the device has (CPU: RAM, or the cgroup limit if lower)."""
@@ -24,6 +47,26 @@ def available_memory(device: torch.device) -> int:
         free, _ = torch.cuda.mem_get_info(device)
         return int(free + torch.cuda.memory_reserved(device))
     return total_memory(device)
+
+
+def address_space_left() -> int | None:
+    """Bytes of address space this process may still map under its limit (``ulimit -v``, RLIMIT_AS), or
+    None without one."""
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    return max(0, limit - _status_kib("VmSize") * 1024)
+
+
+def _status_kib(field: str) -> int:
+    """A size in /proc/self/status (kB), 0 where it cannot be read."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _cgroup_limit() -> int | None:

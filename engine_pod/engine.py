@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from dllm_contracts.run_rules import stagger_problem_for
 from dllm_contracts.scheduler_config import SchedulerConfig
+from engine_pod.cpu_load import between_cycles
 from engine_pod.runner.contract import CycleStats, Runner, scheduling_facts
 from engine_pod.scheduler.base import Scheduler
 from engine_pod.scheduler.output import SchedulerOutput
@@ -105,6 +106,7 @@ class Engine:
             self._start, self._reset = None, False
         if self._start is None:
             self._start = begin
+        between_cycles()  # torch's threads follow the load, never inside a cycle (cpu_load.py)
         cycle = self.runner.run(output)
         carried = cycle.carried or []
         if any(carried):  # blocks that go on in the next cycle are not committed yet

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import queue as queue_module
 from collections.abc import Callable
@@ -16,23 +17,31 @@ class ChildDied(RuntimeError):
         self.exitcode = exitcode
 
 
-def _call(function: Callable[..., Any], args: tuple, results, threads: int) -> None:
+def _call(function: Callable[..., Any], args: tuple, results, threads: int, follow, log) -> None:
     from engine_pod.allocators import tune_cpu_allocator
+    from engine_pod.cpu_load import follow_load
     from engine_pod.cpu_threads import set_torch_threads
 
+    _log_as_parent(*log)
     tune_cpu_allocator()  # a child measures peak memory: as every dllm command does, tune its allocator
     set_torch_threads(threads)  # a spawned process starts with torch's default: the parent's choice instead
+    follow_load(follow, threads)  # and follows the load from there as the parent would
     results.put(function(*args))
 
 
 def run_in_child(function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)`` in a spawned process with this process's torch threads; ChildDied if it ends
-    without returning."""
+    """``function(*args)`` in a spawned process with this process's torch threads (following the load if
+    this process does); ChildDied if it ends without returning."""
     import torch
+
+    from engine_pod.cpu_load import following
 
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    process = context.Process(target=_call, args=(function, args, results, torch.get_num_threads()))
+    threads = torch.get_num_threads()
+    process = context.Process(
+        target=_call, args=(function, args, results, threads, following(), _parent_log())
+    )
     process.start()
     while True:
         try:
@@ -43,3 +52,20 @@ def run_in_child(function: Callable[..., Any], *args: Any) -> Any:
                 raise ChildDied(process.exitcode) from None
     process.join()
     return value
+
+
+def _parent_log() -> tuple[int, logging.Formatter | None]:
+    """The parent's log level and format, for the child's records (its thread changes, its warnings)."""
+    root = logging.getLogger()
+    # the one a dllm command sets up (a test runner's own handlers stay its own)
+    handler = next((h for h in root.handlers if type(h) is logging.StreamHandler), None)
+    formatter = handler.formatter if handler is not None else None
+    return root.level, formatter if type(formatter) is logging.Formatter else None
+
+
+def _log_as_parent(level: int, formatter: logging.Formatter | None) -> None:
+    if formatter is None:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(formatter)
+    logging.basicConfig(level=level, handlers=[handler])

@@ -25,7 +25,10 @@
 #                    BlockServe against static batching (skip with BLOCK_MODEL=)
 #   7. tp/               on a machine with several GPUs (or with TENSOR_PARALLEL=N): `dllm generate` at 1 and
 #                    N ranks (the same tokens) and the mixed-workload BlockServe bench at N ranks beside
-#                    step 4's one (tp/bench.json; TENSOR_PARALLEL=1 skips it)
+#                    step 4's one (tp/bench.json; TENSOR_PARALLEL=1 skips it); then the block model's
+#                    fixed-steps BlockServe bench at --tensor-parallel N, --expert-parallel N and both
+#                    (tp/llada2-tensor.json, -expert.json, -both.json: tokens per second, collectives and
+#                    bytes sent per forward), each at the budget step 6 measured for one GPU
 # summary.txt holds every printed table. Eight files in all (bench.png too with PLOT=1), what one device
 # lease brings back.
 # Usage: bash scripts/gpu-bench.sh [OUT_DIR]          (default OUT_DIR: runs/gpu)
@@ -50,6 +53,7 @@ mkdir -p "$out"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 
 dllm() { "$python" -m engine_pod.cli.main "$@"; }
+budget_of() { "$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["token_budget"])' "$1"; }
 step() { echo "== gpu-bench [$((SECONDS))s] $*"; }
 
 step "device"
@@ -125,9 +129,40 @@ if [ -n "$tp" ] && [ "$tp" -gt 1 ]; then
       > "$out/tp/generate-$ranks.json" || status=$?
   done
   timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model "$model" --device "$device" \
-    --dtype "$dtype" --profile "$out/profile.json" --workload "$workload" --policy blockserve \
-    --calibrate-threshold "$calibrate" --no-margins --tensor-parallel "$tp" --json "$out/tp/bench.json" \
-    | tee -a "$out/summary.txt" || status=$?
+    --dtype "$dtype" --token-budget "$(budget_of "$out/profile.json")" --workload "$workload" \
+    --policy blockserve --calibrate-threshold "$calibrate" --no-margins --tensor-parallel "$tp" \
+    --json "$out/tp/bench.json" | tee -a "$out/summary.txt" || status=$?
+  if [ -n "$block_model" ] && [ -f "$out/llada2/profile.json" ]; then
+    step "tensor against expert parallelism: $tp ranks ($block_model)"
+    for split in tensor expert both; do
+      case "$split" in
+        tensor) sizes=(--tensor-parallel "$tp") ;;
+        expert) sizes=(--expert-parallel "$tp") ;;
+        both) sizes=(--tensor-parallel "$tp" --expert-parallel "$tp") ;;
+      esac
+      timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model "$block_model" \
+        --device "$device" --dtype "$dtype" --token-budget "$(budget_of "$out/llada2/profile.json")" \
+        --workload "${BLOCK_WORKLOAD:-synthetic:n=16,prompt=32-512,gen=32-256,seed=0}" --policy blockserve \
+        "${fixed[@]}" --no-margins "${sizes[@]}" --json "$out/tp/llada2-$split.json" \
+        | tee -a "$out/summary.txt" || status=$?
+    done
+    "$python" - "$out"/tp/llada2-{tensor,expert,both}.json <<'PY' | tee -a "$out/summary.txt"
+import json
+import sys
+
+for path in sys.argv[1:]:
+    try:
+        report = json.load(open(path))
+    except FileNotFoundError:
+        continue
+    run = report["policies"]["blockserve"]
+    print(
+        f"--tensor-parallel {report['tensor_parallel']} --expert-parallel {report['expert_parallel']}: "
+        f"{run['tokens_per_s']:.1f} tok/s, {run.get('collectives_per_forward')} collectives and "
+        f"{run.get('bytes_sent_per_forward')} bytes sent per forward"
+    )
+PY
+  fi
 fi
 
 step "done (bench exit status $status)"

@@ -18,7 +18,8 @@ import torch
 
 from dllm_contracts.defaults import ASSETS_DIR
 from engine_pod.loading.config_readers import config_from_dict
-from engine_pod.loading.loader import _random_init, build_model
+from engine_pod.loading.loader import build_model
+from engine_pod.loading.sharded import draw_random
 from engine_pod.loading.weights import save_checkpoint
 
 logger = logging.getLogger("make_builtin_block_models")
@@ -63,7 +64,7 @@ def write(name: str, out: Path, seed: int = 0) -> Path:
     raw = {**MODELS[name], **SHAPE, **SPECIAL}
     config = config_from_dict(raw)
     model = build_model(config, torch.device("cpu"), torch.float32)
-    _random_init(model, seed)
+    draw_random(model, config, seed)
     directory = out / name
     directory.mkdir(parents=True, exist_ok=True)
     save_checkpoint(config, model.state_dict(), directory)

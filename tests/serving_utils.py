@@ -152,18 +152,49 @@ def wait_for(
     interval_s: float = 0.05,
     what: str = "condition",
     seen=None,
+    progress=None,
 ):
     """Poll ``predicate`` until it returns something true (returned). On timeout the AssertionError says
-    what was awaited and what was seen last: ``seen()`` if given, else the predicate's last value."""
+    what was awaited and what was seen last: ``seen()`` if given, else the predicate's last value.
+
+    ``progress``: a function whose value changes while the awaited work goes on (answers counted, CPU
+    seconds spent): each change starts ``timeout_s`` again, which then bounds a stall, not the work (a
+    machine three times slower takes three times as long and still passes)."""
     deadline = time.monotonic() + timeout_s
+    done = progress() if progress is not None else None
     while not (value := predicate()):
+        if progress is not None and (now := progress()) != done:
+            done, deadline = now, time.monotonic() + timeout_s
         if time.monotonic() >= deadline:
             last = seen() if seen is not None else value
-            raise AssertionError(
-                f"timed out after {timeout_s:.0f} s waiting for {what}; last seen: {last!r:.1500}"
-            )
+            stalled = f"{timeout_s:.0f} s without progress" if progress is not None else f"{timeout_s:.0f} s"
+            raise AssertionError(f"timed out after {stalled} waiting for {what}; last seen: {last!r:.1500}")
         time.sleep(interval_s)
     return value
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds a process and its descendants have used so far (0.0 once gone): the progress of one that
+    is starting or working (``wait_for(progress=...)``)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))):
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        if fields := _stat_fields(current):
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+        todo += children.get(current, [])
+    return total
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state, ppid, ...), or None if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 def completion(client: httpx.Client, prompt: str, max_tokens: int = 16, **extra) -> httpx.Response:

@@ -105,23 +105,24 @@ def test_a_drifted_document_is_found_and_written_back(tmp_path, path, drift):
     [(generator.CRDS[0], _drift_enum), (generator.VALUES, _drift_enum), (generator.TABLE, _drift_table)],
     ids=["crd", "values", "table"],
 )
-def test_a_drifted_file_is_named_by_check_and_repaired(tmp_path, path, drift):
+def test_a_drifted_file_is_named_by_check_and_repaired(tmp_path, path, drift, caplog):
+    """The script's command line (its main, in this process: the repository's own --check above runs it as
+    a script): --check names the drifted file alone and writes nothing, a plain run writes it back."""
     _copy_files(tmp_path)
     original = (ROOT / path).read_text()
     drifted = drift(original)
     assert drifted != original
     (tmp_path / path).write_text(drifted)
 
-    done = run_script("--check", "--root", str(tmp_path))
-    assert done.returncode == 1, done.stderr
-    named = [name for name in generator.FILES if name in done.stderr]
-    assert named == [path], done.stderr
+    assert generator.main(["--check", "--root", str(tmp_path)]) == 1, caplog.text
+    named = [name for name in generator.FILES if name in caplog.text]
+    assert named == [path], caplog.text
     assert (tmp_path / path).read_text() == drifted  # --check writes nothing
 
-    done = run_script("--root", str(tmp_path))
-    assert done.returncode == 0, done.stderr
+    caplog.clear()
+    assert generator.main(["--root", str(tmp_path)]) == 0, caplog.text
     assert (tmp_path / path).read_text() == original
-    assert run_script("--check", "--root", str(tmp_path)).returncode == 0
+    assert generator.main(["--check", "--root", str(tmp_path)]) == 0, caplog.text
 
 
 NEW = generator.FamilyRow(
@@ -133,6 +134,7 @@ NEW = generator.FamilyRow(
     "canvas",
     "acme/TinyCanvas-1B",
     "tiny-canvas-tiny",
+    True,
 )
 
 
@@ -155,6 +157,11 @@ def test_a_new_family_reaches_the_crd_and_its_schema_accepts_a_service_of_it():
     # its defaults, not the default family's 32 and 32, are what the CEL rules hold a service to
     assert any("must divide" in failure for failure in admit(_service(maxGenerationTokens=96), crd))
     assert admit(_service(blockLength=16, maxGenerationTokens=128), crd) == []
+    # a family with experts may spread them (parallelism.expert); one without may not
+    spread = _service(maxGenerationTokens=128) | {"parallelism": {"expert": 2}}
+    assert admit(spread, crd) == []
+    dense = spread | {"model": {"uri": "x", "family": "llada"}}
+    assert any("needs a mixture-of-experts family" in failure for failure in admit(dense, crd))
 
 
 def test_a_new_family_reaches_the_chart_and_the_contracts_table():
@@ -175,6 +182,7 @@ def test_a_new_family_reaches_the_chart_and_the_contracts_table():
         "steps_per_block": 16,
         "kind": "canvas",
         "tiny_preset": "tiny-canvas-tiny",
+        "expert_parallel": True,
     }
 
 

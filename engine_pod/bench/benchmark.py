@@ -20,6 +20,7 @@ from engine_pod.bench.report import compare_outputs, outputs_digest, policy_metr
 from engine_pod.bench.results import ModelSpec, PolicyRun
 from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.device_memory import device_name
 from engine_pod.isolation import run_in_child
 from engine_pod.loading.loader import LoadedModel
 
@@ -161,9 +162,9 @@ def _median_run(runs: list[PolicyRun]) -> PolicyRun:
 
 
 def _device_name(device: str) -> str:
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return torch.cuda.get_device_name(torch.device(device))
-    return device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return device
+    return device_name(torch.device(device))  # a GPU's name, or the CPU's model
 
 
 def _report(
@@ -215,6 +216,7 @@ def _report(
         # each policy's answers, as one hash: two runs (another tensor-parallel size, another machine) compare
         "outputs_sha256": {name: outputs_digest(run) for name, run in runs.items()},
         "tensor_parallel": cfg.model.tensor_parallel,
+        "expert_parallel": cfg.model.expert_parallel,
         "latencies": {name: [o.latency_s for o in run.outcomes.values()] for name, run in runs.items()},
         "timelines": {name: timeline(run) for name, run in runs.items()},
     }

@@ -94,6 +94,7 @@ def run_policy(
     warm_up(engine.runner, requests)
     freeze_loaded_objects()  # as a worker does when it starts serving
     reset_peak(loaded.device)
+    loaded.parallel.clear_counts()  # the run's collectives, not the load's or the warm-up's
     outcomes: dict[str, RequestOutcome] = {}
     bar = tqdm(total=len(requests), desc=spec.name, unit="req", disable=not progress, leave=False)
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -117,6 +118,8 @@ def run_policy(
     cores = {"engine": sorted(os.sched_getaffinity(0))} if pinning else None
     run = PolicyRun(spec.name, wall, peak_bytes(loaded.device), outcomes, list(engine.records), cores)
     run.cpu_s = cpu
+    if loaded.parallel.size > 1:
+        run.collectives, run.collective_bytes = dict(loaded.parallel.counts), dict(loaded.parallel.sent)
     return run
 
 

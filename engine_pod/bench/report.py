@@ -51,6 +51,7 @@ def policy_metrics(run: PolicyRun, eos_ids) -> dict:
             "kv_kept_bytes": sum(c.kv_kept_bytes for c in run.cycles),
         }
         | ({"cores": run.cores} if run.cores else {})
+        | group_metrics(run)
         | _cpu_metrics(run, generated)
         | refresh_metrics(run.cycles)
         | chunk_metrics(run.cycles)
@@ -67,6 +68,25 @@ def chunk_metrics(cycles) -> dict:
         "prefill_chunks": chunks,
         "prefill_chunk_tokens": sum(c.prefill_chunk_tokens for c in cycles),
         "prefill_chunk_wait_s": round(sum(c.chunk_wait_s for c in cycles), 4),
+    }
+
+
+# what a forward makes (a cycle's broadcast is the leader's)
+FORWARD_COLLECTIVES = ("all_reduce", "all_gather")
+
+
+def group_metrics(run: PolicyRun) -> dict:
+    """A group's collectives over the run (rank 0's: every rank makes the same), and per forward pass those
+    the forwards make and the bytes a rank puts into them (empty for one process)."""
+    if run.collectives is None:
+        return {}
+    forwards = sum(c.forwards for c in run.cycles) or 1
+    made = sum(run.collectives.get(kind, 0) for kind in FORWARD_COLLECTIVES)
+    sent = sum((run.collective_bytes or {}).get(kind, 0) for kind in FORWARD_COLLECTIVES)
+    return {
+        "collectives": run.collectives,
+        "collectives_per_forward": round(made / forwards, 2),
+        "bytes_sent_per_forward": round(sent / forwards),
     }
 
 

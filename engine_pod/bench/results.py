@@ -18,19 +18,22 @@ class ModelSpec:
     dtype: str
     family: str | None = None  # the family the checkpoint must be (None: any; another is refused)
     tensor_parallel: int = 1  # ranks the model is split across (this process and spawned ones)
+    expert_parallel: int = 1  # sets of ranks a mixture of experts' experts are spread over
 
     @contextlib.contextmanager
     def loaded(self, seed: int = 0) -> Iterator[LoadedModel]:
         """The model (this process's rank of it), for as long as the context lasts."""
         import torch
 
+        from engine_pod.cpu_load import pin_threads
         from engine_pod.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
 
-        threads = max(1, torch.get_num_threads() // self.tensor_parallel)
-        if self.tensor_parallel > 1:
-            torch.set_num_threads(threads)
+        place = GroupPlace(self.tensor_parallel, expert=self.expert_parallel)
+        threads = max(1, torch.get_num_threads() // place.size)
+        if place.size > 1:
+            pin_threads(threads)
         args = ModelArgs(self.model, self.device, self.dtype, seed, self.family, threads)
-        with tensor_parallel_group(GroupPlace(self.tensor_parallel), args) as loaded:
+        with tensor_parallel_group(place, args) as loaded:
             yield loaded
 
     def metadata(self) -> tuple:
@@ -70,3 +73,6 @@ class PolicyRun:
     # the engine's process CPU time (engine alone): on a host whose cores other work shares, throughput per
     # CPU second compares runs that wall time cannot
     cpu_s: float | None = None
+    # a group's (rank 0's) collectives over the run, by kind, and the bytes it put into them (engine alone)
+    collectives: dict[str, int] | None = None
+    collective_bytes: dict[str, int] | None = None

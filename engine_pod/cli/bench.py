@@ -19,11 +19,13 @@ from engine_pod.cli.common import (
     add_tensor_parallel_arg,
     check_logit_args,
     decoding_config,
+    group_place,
 )
 from engine_pod.cli.scheduling import add_scheduler_args, check_stagger, scheduler_config
 from engine_pod.cli.sparse_args import add_sparse_args
 from engine_pod.cli.sparse_checks import check_sparse_run
-from engine_pod.cpu_threads import PINNED, apply_threads
+from engine_pod.cpu_load import apply_threads
+from engine_pod.cpu_threads import PINNED
 
 logger = logging.getLogger(__name__)
 
@@ -200,9 +202,8 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) ->
 def _model_spec(args: argparse.Namespace):
     from engine_pod.bench.results import ModelSpec
 
-    if args.tensor_parallel < 1:
-        raise CliError("--tensor-parallel must be at least 1")
-    return ModelSpec(args.model, args.device, args.dtype, args.family, args.tensor_parallel)
+    place = group_place(args)  # sizes that make no group: refused in one line
+    return ModelSpec(args.model, args.device, args.dtype, args.family, place.tensor, place.expert)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -65,6 +65,15 @@ def add_tensor_parallel_arg(parser: argparse.ArgumentParser) -> None:
         "processes sharing the threads): attention heads, MLP units and the vocabulary divided among them; "
         "the same tokens as one process (default: 1)",
     )
+    parser.add_argument(
+        "--expert-parallel",
+        type=int,
+        default=1,
+        metavar="E",
+        help="spread a mixture of experts' routed experts (LLaDA2.0, DiffusionGemma) over E sets of the group's "
+        "processes, each holding experts / E whole experts (with --tensor-parallel N, E dividing N, each set's "
+        "split over its N / E processes); attention and dense layers on each; the same tokens (default: 1)",
+    )
 
 
 def add_group_args(parser: argparse.ArgumentParser) -> None:
@@ -92,14 +101,12 @@ def add_group_args(parser: argparse.ArgumentParser) -> None:
 
 
 def group_place(args: argparse.Namespace):
-    """The tensor-parallel group these flags describe (one line for flags that do not fit together)."""
+    """The group these flags describe (one line for flags that do not fit together)."""
     from engine_pod.group_processes import GroupPlace
 
-    nodes = getattr(args, "nodes", 1)
+    sizes = (args.tensor_parallel, getattr(args, "nodes", 1), getattr(args, "node_rank", 0))
     try:
-        return GroupPlace(
-            args.tensor_parallel, nodes, getattr(args, "node_rank", 0), getattr(args, "group_address", None)
-        )
+        return GroupPlace(*sizes, getattr(args, "group_address", None), getattr(args, "expert_parallel", 1))
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
@@ -109,9 +116,10 @@ def add_threads_arg(parser) -> None:
     parser.add_argument(
         "--threads",
         metavar="N",
-        help=f"torch threads (default: ${THREADS_ENV}, else one per CPU this process may use that other "
-        "processes leave free, sampled at start, at least 1; the CPUs: its affinity, capped by its cgroup CPU "
-        "quota; dllm serve keeps one for the gateway and Redis)",
+        help=f"torch threads, pinned (default: ${THREADS_ENV}, else one per CPU this process may use that "
+        "other processes leave free, at least 1, sampled at start and again between block cycles as the "
+        "load changes; the CPUs: its affinity, capped by its cgroup CPU quota; dllm serve keeps one for the "
+        "gateway and Redis)",
     )
 
 

@@ -17,7 +17,7 @@ from engine_pod.cli.common import (
     decoding_config,
 )
 from engine_pod.cli.sparse_args import add_sparse_args
-from engine_pod.cpu_threads import apply_threads
+from engine_pod.cpu_load import apply_threads
 from engine_pod.synthetic.tasks import EXTRA_TASKS, TASKS, parse_tasks
 
 POLICIES = ("sequential", "static", "blockserve")

@@ -21,7 +21,7 @@ from engine_pod.cli.common import (
 )
 from engine_pod.cli.sparse_args import add_sparse_args
 from engine_pod.cli.sparse_checks import check_sparse_run
-from engine_pod.cpu_threads import apply_threads
+from engine_pod.cpu_load import apply_threads, pin_threads
 from engine_pod.decoding.config import steps_per_block_for
 
 
@@ -75,7 +75,6 @@ def _prompt_ids(args: argparse.Namespace, loaded) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
 
     from engine_pod.decoding.sampling_params import SamplingParams
     from engine_pod.generation import generate_one
@@ -91,12 +90,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         steps = args.steps if args.steps is not None else args.gen_length
         spb = steps_per_block_for(args.gen_length, args.block_length, steps)
+    place = group_place(args)  # sizes that make no group: refused before anything else
     decoding = decoding_config(args, spb)
-    place = group_place(args)
-    per_rank = max(1, threads.threads // args.tensor_parallel)
+    per_rank = max(1, threads.threads // place.size)
     model = ModelArgs(args.model, args.device, args.dtype, family=args.family, threads=per_rank)
-    if args.tensor_parallel > 1:
-        torch.set_num_threads(per_rank)
+    if place.size > 1:
+        pin_threads(per_rank)
     with tensor_parallel_group(place, model) as loaded:
         loaded = with_sampler_args(args, loaded)
         sampling = SamplingParams(seed=args.seed) if args.seed else None
@@ -112,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
             "elapsed_s": round(result.elapsed_s, 6),
             "torch_threads": threads.threads,
             "tensor_parallel": args.tensor_parallel,
+            "expert_parallel": args.expert_parallel,
             "weights_bytes_per_rank": weights_bytes,
         }
         sys.stdout.write(json.dumps(payload) + "\n")

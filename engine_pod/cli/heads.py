@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from engine_pod.cli.common import CliError, add_model_args
-from engine_pod.cpu_threads import apply_threads
+from engine_pod.cpu_load import apply_threads
 from engine_pod.synthetic.tasks import TASKS, parse_tasks
 
 logger = logging.getLogger(__name__)

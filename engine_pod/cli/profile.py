@@ -21,9 +21,10 @@ from engine_pod.cli.common import (
     add_model_args,
     add_tensor_parallel_arg,
     check_logit_args,
+    group_place,
 )
 from engine_pod.cli.sparse_args import add_sparse_args, sparse_config
-from engine_pod.cpu_threads import apply_threads
+from engine_pod.cpu_load import apply_threads
 from engine_pod.kinds.bidirectional.head_sparse.groups import PROFILE_KEY
 
 logger = logging.getLogger(__name__)
@@ -135,6 +136,7 @@ def _measure(args: argparse.Namespace, config) -> dict:
         sparse = sparse_config(argparse.Namespace(**vars(args) | {"head_importance": importance}))
         result = run_profile(replace(config, sparse=sparse)) | {
             "tensor_parallel": args.tensor_parallel,
+            "expert_parallel": args.expert_parallel,
             "max_materialized_logits": args.max_materialized_logits,
             "logit_candidates": args.logit_candidates,
             "batch_invariant": args.batch_invariant[0],
@@ -146,14 +148,13 @@ def _measure(args: argparse.Namespace, config) -> dict:
 def run(args: argparse.Namespace) -> int:
     from engine_pod.profiling.profiler import ProfileConfig
 
-    if args.tensor_parallel < 1:
-        raise CliError(f"--tensor-parallel must be at least 1, got {args.tensor_parallel}")
     if args.nodes != 1:
         raise CliError(
             f"--nodes {args.nodes}: dllm profile measures a group on one machine only; profile "
             f"--tensor-parallel {args.tensor_parallel} on one machine that holds the whole group, or give the "
             "workers of a group over several machines --token-budget (a DLLMService: profiling.tokenBudget)"
         )
+    place = group_place(args)  # sizes that make no group: refused in one line
     apply_threads(args.threads)
     if not 0 < args.utilization <= 1:
         raise CliError(f"--utilization must be in (0, 1], got {args.utilization}")
@@ -162,13 +163,13 @@ def run(args: argparse.Namespace) -> int:
     check_logit_args(args)
     if args.score_heads and not args.json_out:
         raise CliError("--score-heads stores the heads' importance in the --json result: pass --json PATH")
-    if args.score_heads and args.tensor_parallel != 1:
+    if args.score_heads and place.size != 1:
         raise CliError("--score-heads scores the heads in one process: profile with --tensor-parallel 1")
     if args.heads_examples < 1:
         raise CliError(f"--heads-examples must be positive, got {args.heads_examples}")
     if args.sparse_cache != "off" and args.layout != "packed":
         raise CliError("--sparse-cache runs packed rows only: drop --layout dense")
-    if args.sparse_cache != "off" and args.tensor_parallel != 1:
+    if args.sparse_cache != "off" and place.size != 1:
         raise CliError("--sparse-cache runs in one process: profile with --tensor-parallel 1")
     max_tokens = args.max_tokens or (65536 if args.device.startswith("cuda") else 16384)
     if args.block_length is not None and max_tokens < 4 * args.block_length:  # else checked with the model's
@@ -185,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
         layout=args.layout,
         family=args.family,
         tensor_parallel=args.tensor_parallel,
+        expert_parallel=args.expert_parallel,
         max_materialized_logits=args.max_materialized_logits,
         logit_candidates=args.logit_candidates,
         batch_invariant=args.batch_invariant[0],
@@ -206,5 +208,7 @@ def run(args: argparse.Namespace) -> int:
         f"token budget {result['token_budget']} ({fit['bytes_per_token']:.0f} bytes/token, "
         f"R^2 {fit['r_squared']:.4f}, held-out error "
         f"{max(h['relative_error'] for h in result['held_out']):.1%})\n"
+        f"measured on {result['device_name']} ({result['device']}), {result['allocator']}: "
+        "another device or allocator needs its own profile\n"
     )
     return 0

@@ -195,12 +195,12 @@ def _check_profile_fits(args: argparse.Namespace, profile: ProfileSummary) -> No
             f"{profile.layout}, or profile again with --layout {args.layout}"
         )
     _check_profile_sparse(args, profile)
-    ranks = getattr(args, "tensor_parallel", 1)
-    if profile.tensor_parallel != ranks:
+    ranks, experts = getattr(args, "tensor_parallel", 1), getattr(args, "expert_parallel", 1)
+    if (profile.tensor_parallel, profile.expert_parallel) != (ranks, experts):
+        asked = ProfileSummary(1, tensor_parallel=ranks, expert_parallel=experts).sizes()
         raise CliError(
-            f"--profile {args.profile} was measured at --tensor-parallel {profile.tensor_parallel} (its budget "
-            f"is per rank of a group of that size): run with --tensor-parallel {profile.tensor_parallel}, or "
-            f"profile again with --tensor-parallel {ranks}"
+            f"--profile {args.profile} was measured at {profile.sizes()} (its budget is per rank of a group "
+            f"of that size): run with {profile.sizes()}, or profile again with {asked}"
         )
 
 

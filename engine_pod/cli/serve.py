@@ -22,7 +22,14 @@ from dllm_contracts.model_identity import ON_MODEL_CHANGE, ModelIdentity, Served
 from dllm_contracts.model_source import portable_name
 from dllm_contracts.scheduler_config import admission_flags
 from engine_pod.cli.budget import resolve_budget
-from engine_pod.cli.common import CliError, add_decoding_args, add_model_args, check_logit_args, logit_flags
+from engine_pod.cli.common import (
+    CliError,
+    add_decoding_args,
+    add_model_args,
+    check_logit_args,
+    group_place,
+    logit_flags,
+)
 from engine_pod.cli.scheduling import scheduler_config
 from engine_pod.cli.serve_settings import (
     data_dir_of,
@@ -36,6 +43,7 @@ from engine_pod.cli.worker import add_worker_args
 from engine_pod.cpu_threads import choose_threads
 
 logger = logging.getLogger(__name__)
+SERVE_RESERVE = 1  # CPUs the worker's default thread count leaves to the gateway, Redis and the clients
 
 _HELD: list = []  # the data directory's lock file, open for the life of this process
 
@@ -151,14 +159,18 @@ def _worker_args(args: argparse.Namespace, redis_url: str, identity: ModelIdenti
     return [
         *("--model", args.model, "--device", args.device, "--dtype", args.dtype),
         *(["--family", args.family] if args.family else []),  # the worker refuses a checkpoint of another
-        *(["--threads", args.threads] if args.threads is not None else []),  # run() sets serve's choice
+        *(
+            ["--threads", args.threads]
+            if args.threads is not None
+            else ["--threads-reserve", str(SERVE_RESERVE)]
+        ),
         *("--redis", redis_url, "--service", args.service, *budget),
         *admission_flags(scheduler_config(args)),
         *("--policy", args.policy, "--batch-size", str(args.batch_size)),
         *("--steps-per-block", str(args.steps_per_block)),
         *("--lease-ms", str(args.lease_ms), "--drain-timeout", str(args.drain_timeout)),
         *("--result-ttl", str(args.result_ttl), "--model-identity", identity.text),
-        *("--tensor-parallel", str(args.tensor_parallel)),
+        *("--tensor-parallel", str(args.tensor_parallel), "--expert-parallel", str(args.expert_parallel)),
         *warm_prefix_flags(args),
         *decoding,
     ]
@@ -190,10 +202,12 @@ def run(args: argparse.Namespace) -> int:
     warm_texts(args)  # a file that cannot be read, too
     _quiet_terminal()
     # a bad count ends serve here, before anything starts; the default keeps a CPU for the gateway and Redis
-    threads = choose_threads(args.threads, reserve=1)
-    args.threads = str(threads.threads)  # the worker's, as chosen here
+    # (and the worker, choosing it so as well, follows the load from there)
+    threads = choose_threads(args.threads, reserve=SERVE_RESERVE)
+    args.threads = None if threads.follow else str(threads.threads)  # a pinned count: the worker's too
     queue_settings(args)
     scheduler_config(args)  # a bad flag, or a profile of another layout or parallel size, ends serve here
+    _check_group(args)  # a group the model cannot be spread over, or that cannot fit, too
     sparse_flags(args)  # bad head-sparse settings end serve here too
     model_dir = _served_model_dir(args)
     if not (model_dir / "tokenizer.json").is_file():
@@ -248,6 +262,15 @@ def run(args: argparse.Namespace) -> int:
     finally:
         supervisor.stop_all(stopping.waiting)
     return stopping.farewell()
+
+
+def _check_group(args: argparse.Namespace) -> None:
+    """The worker's group (``--tensor-parallel``, ``--expert-parallel``) checked against the model and this
+    machine's memory before anything starts (the worker checks again before its ranks start)."""
+    from engine_pod.group_processes import ModelArgs, check_group
+
+    if (place := group_place(args)).size > 1:
+        check_group(place, ModelArgs(args.model, args.device, args.dtype, family=args.family))
 
 
 def _redis(args: argparse.Namespace):

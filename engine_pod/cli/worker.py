@@ -27,7 +27,7 @@ from engine_pod.cli.common import (
 from engine_pod.cli.scheduling import add_scheduler_args, scheduler_config
 from engine_pod.cli.sparse_args import add_sparse_args
 from engine_pod.cli.warm_prefix import add_warm_prefix_args, check_warm_family, warm_prefix_ids
-from engine_pod.cpu_threads import apply_threads
+from engine_pod.cpu_load import apply_threads, pin_threads
 from engine_pod.scheduler.serving import SERVING_POLICIES
 
 if TYPE_CHECKING:
@@ -86,6 +86,14 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--service", required=True, help="service name (queue key prefix)")
     parser.add_argument("--worker-id", default="", help="default: hostname-pid")
+    parser.add_argument(
+        "--threads-reserve",
+        type=int,
+        default=0,
+        metavar="N",
+        help="without --threads or $DLLM_THREADS: CPUs the default thread count leaves to neighbours on the "
+        "same machine (dllm serve passes 1, for its gateway and Redis; default: 0)",
+    )
     parser.add_argument(
         "--model-identity",
         default=os.environ.get(MODEL_IDENTITY_ENV, ""),
@@ -158,10 +166,10 @@ def model_args(args: argparse.Namespace):
 
     from engine_pod.group_processes import ModelArgs
 
-    per_node = max(1, args.tensor_parallel // max(1, getattr(args, "nodes", 1)))
+    per_node = group_place(args).per_node
     per_rank = max(1, torch.get_num_threads() // per_node)
     if per_node > 1:
-        torch.set_num_threads(per_rank)
+        pin_threads(per_rank)
     return ModelArgs(args.model, args.device, args.dtype, family=args.family, threads=per_rank)
 
 
@@ -213,9 +221,12 @@ def _identity(text: str) -> ModelIdentity | None:
 def run(args: argparse.Namespace) -> int:
     from engine_pod.worker.http import ProbeSource, serve_probes
 
+    place = group_place(args)  # sizes that make no group: refused before anything starts
     check_logit_args(args)
-    apply_threads(args.threads)
-    if group_place(args).node > 0:
+    if args.threads_reserve < 0:
+        raise CliError(f"--threads-reserve must not be negative, got {args.threads_reserve}")
+    apply_threads(args.threads, reserve=args.threads_reserve)
+    if place.node > 0:
         return follow_group(args)
     probes = ProbeSource()  # up before the model loads: a long download is alive, not restarted
     server = serve_probes(args.host, args.port, probes) if args.port else None

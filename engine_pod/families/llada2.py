@@ -184,5 +184,6 @@ FAMILY = ModelFamily(
     decoding=FamilyDecoding(block_length=DEFAULT_BLOCK_LENGTH, steps_per_block=DEFAULT_BLOCK_LENGTH),
     name_map=llada2_name_map,
     tensor_parallel=BlockShards,
+    expert_parallel=True,
     steps_capped_by_length=True,  # its reference generate caps a block's steps by the generation length
 )

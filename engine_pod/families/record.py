@@ -44,30 +44,31 @@ class ModelFamily:
     decoding: FamilyDecoding  # what a service decodes with when it does not say
     checkpoints: str  # the published checkpoints it reads, as README's Models table names them
     tiny_preset: str  # its CPU-sized random preset (dllm_contracts/model_presets.py): the op census runs it
-    # checkpoint parameter name -> the model's; None where ``load_weights`` reads its own layout
+    # checkpoint parameter name -> the model's; None where ``read_sources`` reads its own layout
     name_map: Callable[[Any], dict[str, str]] | None = None
     read_directory: Callable[[Path], Any] | None = None  # the config from more than config.json
-    load_weights: Callable[..., Any] | None = None  # (model_dir, device, dtype) -> a ready model
-    # (config, model_dir, keep) -> its own layout as the model's state dict, ``keep(name, tensor)`` kept of
-    # each tensor as it is read (a tensor-parallel rank's slices); None: read whole by ``load_weights``
-    read_state: Callable[[Any, Path, Callable], dict[str, Any]] | None = None
-    random_init: Callable[[Any, int], None] | None = None  # (model, seed): a random preset's weights
-    finish: Callable[[Any, Any], None] | None = None  # (model, config) after its weights are in
+    # (config, model_dir) -> its own layout: our tensor name -> a source each process reads its part of
+    read_sources: Callable[[Any, Path], dict[str, Any]] | None = None
+    # (name, whole shape) -> the distribution a random preset draws the parameter from (models/random_weights)
+    random_law: Callable[[str, tuple[int, ...]], Any] | None = None
+    # (model, config, random) after its weights are in (random: a random preset's, not a checkpoint's)
+    finish: Callable[[Any, Any, bool], None] | None = None
     count_parameters: Callable[[Any], int] | None = None  # (config) -> parameters, without weights
     eos_from_directory: bool = True  # EOS ids also from generation_config.json and the tokenizer
     quirks: DualCacheQuirks = DualCacheQuirks()
     steps_capped_by_length: bool = False  # a row's steps per block capped by its generation budget
     entropy_sampler: bool = False  # the entropy-bound sampler's settings apply (--entropy-bound, ...)
-    # (config, TensorParallel) -> its rank's shards (build(), shard(name, tensor)); None: one process only
+    # (config, TensorParallel) -> its rank's shards (build(), cut(name, shape), finish); None: one process only
     tensor_parallel: Callable[[Any, Any], Any] | None = None
+    expert_parallel: bool = False  # a mixture of experts whose experts --expert-parallel spreads over ranks
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, CacheKind):
             raise ValueError(
                 f"family {self.name}: kind {self.kind!r} is not a cache kind (engine_pod/kinds/)"
             )
-        if self.name_map is None and self.load_weights is None:
-            raise ValueError(f"family {self.name}: a name_map or its own load_weights is needed")
+        if self.name_map is None and self.read_sources is None:
+            raise ValueError(f"family {self.name}: a name_map or its own read_sources is needed")
         if not self.model_types or any(t != t.lower() for t in self.model_types):
             raise ValueError(f"family {self.name}: model_types must be given in lower case")
 

@@ -1,19 +1,24 @@
 """A checkpoint's tensors under our parameter names, through its family's name map (its module in
-``engine_pod/families/``), and our state dict written back under the checkpoint's names."""
+``engine_pod/families/``), as sources each process reads its part of; and our state dict written back
+under the checkpoint's names."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from tqdm import tqdm
 
 from engine_pod.families.registry import family_of
-from engine_pod.models.checkpoint_files import PART, CheckpointError, iter_checkpoint, join_parts, part_sizes
+from engine_pod.models.checkpoint_files import (
+    PART,
+    CheckpointError,
+    checkpoint_tensors,
+    join_parts,
+    part_sizes,
+)
 from engine_pod.models.config import ModelConfig
-from engine_pod.progress import tqdm_disable
+from engine_pod.models.tensor_sources import TensorSource
 
 
 def name_map(config: ModelConfig) -> dict[str, str]:
@@ -24,37 +29,21 @@ def name_map(config: ModelConfig) -> dict[str, str]:
     return mapping(config)
 
 
-def load_state_dict(
-    config: ModelConfig, model_dir: Path, keep: Callable[[str, torch.Tensor], torch.Tensor] | None = None
-) -> dict[str, torch.Tensor]:
-    """Our state dict from the checkpoint, checking that every parameter is present exactly once; ``keep``:
-    what to keep of each tensor as it is read (a tensor-parallel rank's slice: the whole is never held)."""
+def checkpoint_sources(config: ModelConfig, model_dir: Path) -> dict[str, TensorSource]:
+    """Each of our parameters' tensor in the checkpoint, as a source to read boxes of (nothing read yet),
+    checking that every parameter is present exactly once (pieces stored apart read as one)."""
     mapping = name_map(config)
-    state: dict[str, torch.Tensor] = {}
-    tensors = tqdm(  # a bar on a terminal only (an 8B checkpoint takes a while to read)
-        iter_checkpoint(model_dir),
-        total=len(mapping),
-        desc="loading weights",
-        unit="tensor",
-        disable=tqdm_disable(),
-    )
-    for key, tensor in tensors:
+    state: dict[str, TensorSource] = {}
+    for key, tensor in checkpoint_tensors(model_dir):
         if key not in mapping:
             if key.endswith("rotary_emb.inv_freq"):
                 continue
             raise CheckpointError(f"unexpected parameter {key!r} for a {config.family} checkpoint")
-        ours = mapping[key]
-        state[ours] = tensor if keep is None or PART in ours else keep(ours, tensor)
+        state[mapping[key]] = tensor
     missing = sorted(set(mapping) - {k for k, v in mapping.items() if v in state})
     if missing:
         raise CheckpointError(f"checkpoint is missing {len(missing)} parameters, e.g. {missing[0]!r}")
-    joined = {key.split(PART)[0] for key in state if PART in key}
-    state = join_parts(state)
-    for name in joined if keep is not None else ():  # a fused parameter is cut once it is whole
-        state[name] = keep(name, state[name])
-    if config.tied_embeddings:
-        state["lm_head.weight"] = state["word_embeddings.weight"]
-    return state
+    return join_parts(state)
 
 
 def save_checkpoint(config: ModelConfig, state: dict[str, torch.Tensor], model_dir: Path) -> None:

@@ -1,5 +1,6 @@
 """A checkpoint's files: ``model.safetensors`` or a sharded set listed in ``model.safetensors.index.json``,
-and the parameters some checkpoints keep in pieces that the engine fuses (SDAR's q, k and v)."""
+its tensors as sources to read boxes of (``loading/safetensors_file.py``), and the parameters some
+checkpoints keep in pieces that the engine fuses (SDAR's q, k and v)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
-from safetensors import safe_open
-
 from engine_pod.models.config import ModelConfig
+from engine_pod.models.safetensors_file import FileTensor, SafetensorsError, file_tensors
+from engine_pod.models.tensor_sources import JoinedPieces, TensorSource
 
 
 class CheckpointError(ValueError):
@@ -28,14 +28,14 @@ def part_sizes(config: ModelConfig, name: str) -> list[int]:
     return [config.num_heads * hd, config.num_kv_heads * hd, config.num_kv_heads * hd]
 
 
-def join_parts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Pieces ``name#0``, ``name#1``... concatenated (along the output rows) into ``name``."""
-    pieces: dict[str, dict[int, torch.Tensor]] = {}
+def join_parts(state: dict[str, TensorSource]) -> dict[str, TensorSource]:
+    """Pieces ``name#0``, ``name#1``... read as one ``name`` (side by side along the output rows)."""
+    pieces: dict[str, dict[int, TensorSource]] = {}
     for key in [k for k in state if PART in k]:
         name, index = key.split(PART)
         pieces.setdefault(name, {})[int(index)] = state.pop(key)
     for name, parts in pieces.items():
-        state[name] = torch.cat([parts[i] for i in sorted(parts)])
+        state[name] = JoinedPieces(tuple(parts[i] for i in sorted(parts)))
     return state
 
 
@@ -50,10 +50,12 @@ def weight_files(model_dir: Path) -> list[Path]:
     raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
 
 
-def iter_checkpoint(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_tensors(model_dir: Path) -> Iterator[tuple[str, FileTensor]]:
+    """Every tensor of the checkpoint as a source to read boxes of (no data read here)."""
     for path in weight_files(model_dir):
         if not path.is_file():
             raise CheckpointError(f"missing weight shard {path}")
-        with safe_open(str(path), framework="pt") as handle:
-            for key in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield key, handle.get_tensor(key)
+        try:
+            yield from file_tensors(path).items()
+        except SafetensorsError as exc:
+            raise CheckpointError(str(exc)) from None

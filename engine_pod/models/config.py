@@ -34,6 +34,16 @@ class MoESpec:
     groups_per_token: int  # ... and a token's experts come from its best groups only
     routed_scaling: float  # the routed experts' weights are scaled by this after normalisation
     first_dense_layers: int  # the first layers keep a dense MLP
+    held: tuple[int, int] | None = None  # (first, count) of the routed experts this process holds (None: all)
+    shared_width: int | None = (
+        None  # the shared experts' hidden units here (None: shared_experts x the width)
+    )
+
+    @property
+    def held_experts(self) -> range:
+        """The whole model's routed experts this process holds (an expert-parallel rank: its set)."""
+        first, count = self.held or (0, self.num_experts)
+        return range(first, first + count)
 
 
 @dataclass(frozen=True)

@@ -72,17 +72,20 @@ class PaddedGroups(NamedTuple):
 
 
 def padded_groups(chosen: torch.Tensor, num_experts: int) -> PaddedGroups:
-    """Groups of the sorted experts ``chosen`` [pairs], each padded to a multiple of ``TILE_ROWS`` rows:
-    computed on the device from the sorted list (searchsorted, no count read back). A grouped matmul over
-    them multiplies every expert's rows as one product of a multiple of ``TILE_ROWS`` rows, however many
-    tokens chose the expert."""
+    """Groups of the sorted experts ``chosen`` [pairs], each padded to a multiple of ``TILE_ROWS`` rows,
+    and the pairs of any higher key (another rank's experts under expert parallelism) after the last group,
+    unpadded: computed on the device from the sorted list (searchsorted, no count read back). A grouped
+    matmul over them multiplies every expert's rows as one product of a multiple of ``TILE_ROWS`` rows,
+    however many tokens chose the expert."""
     numbers = torch.arange(num_experts + 1, device=chosen.device, dtype=chosen.dtype)
-    bounds = torch.searchsorted(chosen, numbers)
+    bounds = torch.searchsorted(chosen, numbers)  # where each group begins; bounds[num_experts]: the rest
     starts, counts = bounds[:-1], bounds[1:] - bounds[:-1]
     padded = (counts + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
     ends = padded.cumsum(0)
-    rank = torch.arange(chosen.shape[0], device=chosen.device) - starts[chosen]
-    return PaddedGroups((ends - padded)[chosen] + rank, ends.to(torch.int32))
+    group = chosen.clamp(max=num_experts)  # the rest: one more group after the last
+    first_row = torch.cat([ends - padded, ends[-1:]])
+    rank = torch.arange(chosen.shape[0], device=chosen.device) - torch.cat([starts, bounds[-1:]])[group]
+    return PaddedGroups(first_row[group] + rank, ends.to(torch.int32))
 
 
 def product_of(module: nn.Module):

@@ -1,5 +1,6 @@
-"""A tensor-parallel group: this process's rank among the group's processes, and the collectives a sharded
-model makes (torch.distributed: gloo on CPUs, NCCL on GPUs), counted.
+"""A tensor-parallel group: this process's rank among the group's processes, how the model is spread over
+them (its layout: tensor parallelism, expert parallelism or both), and the collectives a sharded model makes
+(torch.distributed: gloo on CPUs, NCCL on GPUs), counted with the bytes each rank puts into them.
 
 Every collective is bounded by the group's timeout: a rank that dies or hangs ends the others' next
 collective with an error within it, so the whole group ends rather than waiting forever. A follower waits
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +24,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from engine_pod.parallel.layout import GroupLayout
 
 COLLECTIVE_TIMEOUT_S = 30.0  # how long a collective waits for the other ranks
 START_TIMEOUT_S = 600.0  # how long joining and the collectives before the runner starts wait
@@ -32,23 +36,39 @@ class GroupFailed(ConnectionError):
     """A rank of the group stopped or stopped answering: the whole group ends."""
 
 
+TIMEOUT_SHARE = 0.9  # a collective that failed after this share of its timeout ran out of time
+
+
 @contextlib.contextmanager
 def _collective(kind: str, timeout_s: float) -> Iterator[None]:
-    """A collective whose failure (a rank gone, or silent past ``timeout_s``) ends this rank in one line."""
+    """A collective whose failure (a rank gone, or silent past ``timeout_s``) ends this rank in one line
+    that says which of the two happened."""
+    began = time.monotonic()
     try:
         yield
     except RuntimeError as exc:  # gloo and NCCL report a lost peer or a timeout as RuntimeError
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise GroupFailed(
-            f"the tensor-parallel group failed in {kind}: a rank stopped or did not answer within "
-            f"{timeout_s:.0f} s ({reason[:200]})"
-        ) from None
+        raise GroupFailed(failure_line(kind, timeout_s, time.monotonic() - began, exc)) from None
+
+
+def failure_line(kind: str, timeout_s: float, waited_s: float, exc: BaseException) -> str:
+    """What a failed collective says: a rank that did not answer within the timeout (the collective ran
+    out of time, or the library says it timed out), or a rank that stopped (its connection closed before)."""
+    text = str(exc).strip()
+    reason = text.splitlines()[0][:200] if text else type(exc).__name__
+    lowered = text.lower()
+    timed_out = waited_s >= TIMEOUT_SHARE * timeout_s or "timed out" in lowered or "timeout" in lowered
+    if timed_out:
+        what = f"a rank did not answer within {timeout_s:.0f} s"
+    else:
+        what = f"a rank stopped (its connection closed after {waited_s:.1f} s, within the {timeout_s:.0f} s bound)"
+    return f"the tensor-parallel group failed in {kind}: {what} ({reason})"
 
 
 @dataclass
 class TensorParallel:
-    """This process's place in a tensor-parallel group of ``size`` processes (rank 0 decides; the others
-    follow), and how many collectives it has made, by kind."""
+    """This process's place in a group of ``size`` processes (rank 0 decides; the others follow), how the
+    model is spread over them (``layout``), and how many collectives it has made and the bytes it put into
+    them, by kind."""
 
     rank: int = 0
     size: int = 1
@@ -56,6 +76,47 @@ class TensorParallel:
     timeout_s: float = COLLECTIVE_TIMEOUT_S  # how long each collective waits for the other ranks
     steady: Any = None  # the process group with that timeout (None: the default one, which waits longer)
     starting: bool = True  # collectives run in the default group, under START_TIMEOUT_S, until started()
+    layout: GroupLayout | None = None  # None: tensor parallelism over all ``size`` ranks
+    sent: Counter = field(default_factory=Counter)  # bytes this rank put into collectives, by kind
+
+    def __post_init__(self) -> None:
+        if self.layout is None:
+            self.layout = GroupLayout(tensor=self.size)
+        if self.layout.ranks != self.size:
+            raise ValueError(f"a group of {self.size} ranks cannot hold {self.layout.describe()}")
+
+    @property
+    def tensor_size(self) -> int:
+        """Ranks the dense parts (attention, dense MLPs, the vocabulary) are split over: 1 where repeated."""
+        return self.size if self.layout.dense_split else 1
+
+    @property
+    def tensor_rank(self) -> int:
+        return self.rank if self.layout.dense_split else 0
+
+    @property
+    def expert_sets(self) -> int:
+        """Sets of ranks the routed experts are spread over (each holds experts / sets whole experts)."""
+        return self.layout.expert
+
+    @property
+    def expert_set(self) -> int:
+        """The set of experts this rank holds."""
+        return self.rank // self.expert_width_ranks
+
+    @property
+    def expert_width_ranks(self) -> int:
+        """Ranks each held expert is split over by width (tensor parallelism inside the experts)."""
+        return self.size // self.layout.expert
+
+    @property
+    def expert_width_rank(self) -> int:
+        return self.rank % self.expert_width_ranks
+
+    def clear_counts(self) -> None:
+        """Start counting collectives and bytes again."""
+        self.counts.clear()
+        self.sent.clear()
 
     def started(self) -> None:
         """The group runs: from here on every collective waits ``timeout_s`` (every rank calls it at the
@@ -83,6 +144,7 @@ class TensorParallel:
         """``tensor`` summed over the ranks, in place."""
         if self.size > 1:
             self.counts["all_reduce"] += 1
+            self.sent["all_reduce"] += tensor.numel() * tensor.element_size()
             with self._collective("an all-reduce"):
                 dist.all_reduce(tensor, group=self._group)
         return tensor
@@ -93,6 +155,7 @@ class TensorParallel:
             return value
         self.counts["max"] += 1
         box = torch.tensor([value], dtype=torch.long)
+        self.sent["max"] += box.element_size()
         with self._collective("an all-reduce"):
             dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self._group)
         return int(box.item())
@@ -103,6 +166,7 @@ class TensorParallel:
             return tensor
         self.counts["all_gather"] += 1
         tensor = tensor.contiguous()
+        self.sent["all_gather"] += tensor.numel() * tensor.element_size()
         parts = [torch.empty_like(tensor) for _ in range(self.size)]
         with self._collective("an all-gather"):
             dist.all_gather(parts, tensor, group=self._group)
@@ -130,10 +194,16 @@ def free_address() -> str:
 
 
 def join_group(
-    rank: int, size: int, address: str, device: torch.device, timeout_s: float = COLLECTIVE_TIMEOUT_S
+    rank: int,
+    size: int,
+    address: str,
+    device: torch.device,
+    timeout_s: float = COLLECTIVE_TIMEOUT_S,
+    layout: GroupLayout | None = None,
 ) -> TensorParallel:
-    """Join the group at ``address`` as ``rank`` of ``size`` (NCCL on GPUs, gloo elsewhere): waiting for
-    the others up to START_TIMEOUT_S, each collective after ``started`` up to ``timeout_s``."""
+    """Join the group at ``address`` as ``rank`` of ``size`` (NCCL on GPUs, gloo elsewhere), the model
+    spread by ``layout`` (None: tensor parallelism over every rank): waiting for the others up to
+    START_TIMEOUT_S, each collective after ``started`` up to ``timeout_s``."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     with _collective("joining the group", START_TIMEOUT_S):
         dist.init_process_group(
@@ -144,7 +214,7 @@ def join_group(
             timeout=timedelta(seconds=START_TIMEOUT_S),
         )
         steady = dist.new_group(list(range(size)), timeout=timedelta(seconds=timeout_s), backend=backend)
-    return TensorParallel(rank, size, timeout_s=timeout_s, steady=steady)
+    return TensorParallel(rank, size, timeout_s=timeout_s, steady=steady, layout=layout)
 
 
 def leave_group() -> None:

@@ -16,10 +16,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import torch
-
 from engine_pod.models.config import ModelConfig, ModelConfigError
 from engine_pod.models.transformer import DiffusionTransformer
+from engine_pod.parallel.cuts import Cut
 from engine_pod.parallel.head_split import HeadSplit
 from engine_pod.parallel.layers import RowParallelLinear, VocabParallelEmbedding, VocabParallelHead
 
@@ -33,6 +32,8 @@ class LlamaShards(HeadSplit):
     def __post_init__(self) -> None:
         if self.config.tied_embeddings:
             raise ModelConfigError("tensor parallelism of a model with tied embeddings is not supported")
+        if self.parallel.expert_sets > 1:
+            raise ModelConfigError("--expert-parallel spreads a mixture of experts: this model has none")
         self.check([self.config.intermediate_size])
 
     def rank_config(self) -> ModelConfig:
@@ -41,7 +42,7 @@ class LlamaShards(HeadSplit):
             config,
             num_heads=self.heads,
             num_kv_heads=self.kv_heads[1],
-            intermediate_size=config.intermediate_size // self.parallel.size,
+            intermediate_size=config.intermediate_size // self.parallel.tensor_size,
             head_dim_override=config.head_dim,
         )
 
@@ -55,33 +56,33 @@ class LlamaShards(HeadSplit):
         for layer in model.layers:
             layer.attn.o_proj = RowParallelLinear(local.num_heads * local.head_dim, hidden, parallel)
             layer.mlp.down_proj = RowParallelLinear(local.intermediate_size, hidden, parallel)
-        model.embed_tokens = VocabParallelEmbedding(rows, hidden, parallel.rank * rows, parallel)
+        model.embed_tokens = VocabParallelEmbedding(rows, hidden, parallel.tensor_rank * rows, parallel)
         model.lm_head = VocabParallelHead(hidden, rows, config.vocab_size, parallel)
         return model  # its config is this rank's: its KV pool holds this rank's K/V heads
 
-    def finish(self, model) -> None:
+    def finish(self, model, random: bool = False) -> None:
         """The inference layout: q, k and v fused (tied embeddings are refused)."""
         model.fuse_projections()
 
-    def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """This rank's slice of the whole model's parameter ``name`` (a copy: the whole is not kept)."""
+    def cut(self, name: str, shape: tuple[int, ...]) -> Cut:
+        """This rank's part of the whole model's parameter ``name`` of ``shape``."""
         if name in ("embed_tokens.weight", "lm_head.weight"):
-            return self.vocab_slice(tensor)
+            return self.vocab_cut(shape)
         found = _LAYER.fullmatch(name)
         if found is None:
-            return tensor  # norms: repeated on every rank
+            return Cut.whole(shape)  # norms: repeated on every rank
         _, projection, _ = found.groups()
-        hd, rank, size = self.config.head_dim, self.parallel.rank, self.parallel.size
+        hd, rank = self.config.head_dim, self.parallel.tensor_rank
+        heads = (rank * self.heads * hd, (rank + 1) * self.heads * hd)
         if projection == "q_proj":
-            return tensor[rank * self.heads * hd :][: self.heads * hd].clone()
+            return Cut.along(shape, 0, heads)
         if projection in ("k_proj", "v_proj"):
             first, count = self.kv_heads
-            return tensor[first * hd : (first + count) * hd].clone()
+            return Cut.along(shape, 0, (first * hd, (first + count) * hd))
         if projection == "o_proj":
-            return tensor[:, rank * self.heads * hd :][:, : self.heads * hd].clone()
-        width = self.config.intermediate_size // size
+            return Cut.along(shape, 1, heads)
         if projection in ("gate_proj", "up_proj"):
-            return tensor[rank * width : (rank + 1) * width].clone()
+            return self.split_cut(shape, 0)
         if projection == "down_proj":
-            return tensor[:, rank * width : (rank + 1) * width].clone()
+            return self.split_cut(shape, 1)
         raise ModelConfigError(f"no tensor-parallel split is known for parameter {name!r}")

@@ -25,20 +25,14 @@ from tqdm import tqdm
 from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
 from dllm_contracts.head_sparse_config import HeadSparseConfig
 from dllm_contracts.scheduler_config import DEFAULT_LAYOUT
-from engine_pod.allocators import CUDA_ALLOC_CONF
+from engine_pod.allocators import CUDA_ALLOC_CONF, describe_allocator
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.device_memory import available_memory, peak_allocated_bytes, total_memory
+from engine_pod.device_memory import available_memory, device_name, peak_allocated_bytes, total_memory
 from engine_pod.families.registry import family_of
 from engine_pod.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
 from engine_pod.isolation import ChildDied, run_in_child
-from engine_pod.loading.loader import (
-    LoadedModel,
-    build_model,
-    load_metadata,
-    no_initial_draws,
-    parse_device,
-    parse_dtype,
-)
+from engine_pod.loading.loader import LoadedModel, load_metadata, parse_device, parse_dtype
+from engine_pod.loading.sharded import build_part, model_plan
 from engine_pod.parallel.group import TensorParallel
 from engine_pod.profiling.cache_share import cache_share
 from engine_pod.profiling.extrapolation import Extrapolation
@@ -71,6 +65,7 @@ class ProfileConfig:
     canvas: bool = False  # rows of one canvas each over a kept context (DiffusionGemma): set by run_profile
     family: str | None = None  # the family the checkpoint must be (None: any)
     tensor_parallel: int = 1  # ranks the model is split across: each rank's peak measured, the worst kept
+    expert_parallel: int = 1  # sets of ranks a mixture of experts' experts are spread over
     max_materialized_logits: int | None = None  # the engine's logit budget (DecodingConfig), in force
     logit_candidates: int = 0  # and its candidates (0: the whole vocabulary)
     batch_invariant: bool = False  # the engine's products row-invariant (DecodingConfig.batch_invariant)
@@ -113,7 +108,11 @@ def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> Poin
 def _model(cfg: ProfileConfig):
     """The model (this process's rank of it) for as long as the context lasts."""
     args = ModelArgs(cfg.model, cfg.device, cfg.dtype, cfg.seed, cfg.family)
-    return tensor_parallel_group(GroupPlace(cfg.tensor_parallel), args)
+    return tensor_parallel_group(_place(cfg), args)
+
+
+def _place(cfg: ProfileConfig) -> GroupPlace:
+    return GroupPlace(cfg.tensor_parallel, expert=cfg.expert_parallel)
 
 
 def _measure_fresh(cfg: ProfileConfig, point: Point) -> Point:
@@ -239,19 +238,12 @@ def _check_record(budget: int, point: Point, fit: MemoryFit, usable: int) -> dic
 
 
 def _weights_bytes(cfg: ProfileConfig) -> int:
-    """Parameter bytes, from the config alone (no weights are loaded)."""
+    """Parameter bytes of rank 0's part (the most any rank holds; the whole for one process), from the
+    config alone (no weights are loaded)."""
     config, _ = load_metadata(cfg.model, cfg.family)
-    if cfg.tensor_parallel > 1:  # rank 0's part (the most any rank holds)
-        record = family_of(config)
-        if record.tensor_parallel is None:
-            raise ProfileError(
-                f"{record.display_name} does not run tensor-parallel yet: use --tensor-parallel 1"
-            )
-        shards = record.tensor_parallel(config, TensorParallel(0, cfg.tensor_parallel))
-        with torch.device("meta"), no_initial_draws():
-            model = shards.build(record.architecture).to(parse_dtype(cfg.dtype))
-    else:
-        model = build_model(config, torch.device("meta"), parse_dtype(cfg.dtype))
+    place = _place(cfg)
+    parallel = TensorParallel(0, place.size, layout=place.layout)
+    model = build_part(model_plan(config, parallel)).to(parse_dtype(cfg.dtype))
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
@@ -263,7 +255,8 @@ def _result(
     return {
         "model": cfg.model,
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "device_name": device_name(device),
+        "allocator": describe_allocator(str(device)),
         "torch_version": torch.__version__,
         "dtype": cfg.dtype,
         "layout": cfg.layout,
@@ -284,7 +277,7 @@ def _result(
         "extrapolation": extrapolation.as_json(),
         "warnings": extrapolation.warnings(),
         "token_budget": budget,
-    } | cache_share(cfg.model, cfg.family, cfg.dtype, cfg.tensor_parallel, fit.bytes_per_token)
+    } | cache_share(cfg.model, cfg.family, cfg.dtype, _place(cfg).layout.tensor, fit.bytes_per_token)
 
 
 def _held_out_error(fit: MemoryFit, point: Point) -> dict:

@@ -50,4 +50,7 @@ def refuse_candidates(loaded: ServedModel, decoding: DecodingConfig) -> None:
             "vocabulary's softmax; use 0"
         )
     if loaded.parallel.size > 1:
-        raise ValueError("--logit-candidates needs the whole LM head in one process: use --tensor-parallel 1")
+        raise ValueError(
+            "--logit-candidates needs the whole LM head in one process: use --tensor-parallel 1 and "
+            "--expert-parallel 1"
+        )

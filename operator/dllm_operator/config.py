@@ -58,6 +58,9 @@ class OperatorSettings:
     # it restarts elsewhere, nothing accepted is lost), 0 blocks every voluntary eviction (a drain waits until
     # someone moves it)
     redis_max_unavailable: int = 1
+    # a pod the scheduler has found no node for (Unschedulable) this long is said in the service's
+    # conditions (a group larger than any node, GPUs all taken): long enough for a cluster autoscaler
+    unschedulable_after_s: float = 300.0
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
@@ -77,6 +80,7 @@ class OperatorSettings:
             keda_namespace=env.get("DLLM_KEDA_NAMESPACE", cls.keda_namespace),
             keda_operator_app=env.get("DLLM_KEDA_OPERATOR_APP", cls.keda_operator_app),
             redis_max_unavailable=_max_unavailable(env.get("DLLM_REDIS_MAX_UNAVAILABLE")),
+            unschedulable_after_s=float(env.get("DLLM_UNSCHEDULABLE_AFTER_S", cls.unschedulable_after_s)),
         )
 
 

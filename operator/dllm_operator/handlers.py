@@ -12,6 +12,7 @@ from dllm_operator.reconcile import Outcome, Reconciler
 
 RESYNC_S = OperatorSettings.from_env().resync_seconds  # the timer's period is fixed when handlers register
 WATCH_TIMEOUT_S = 60  # a watch the API server leaves silent is re-opened after this long
+TIMER_EXIT_POLL_S = 1.0  # how often a deletion looks whether the resync under way has ended
 _state: dict[str, Reconciler] = {}
 
 
@@ -35,6 +36,9 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = WATCH_TIMEOUT_S
+    # a resync under way when the service is deleted ends within one reconcile (deletion_guard.py): look
+    # again this often whether it has, before the finalizer goes (Kopf's default waits a minute)
+    settings.background.cancellation_polling = TIMER_EXIT_POLL_S
 
 
 @kopf.on.login()
@@ -66,6 +70,6 @@ def resync(body, patch: kopf.Patch, **_) -> None:
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-def cleanup(name: str, namespace: str, logger: logging.Logger, **_) -> None:
-    deleted = reconciler().delete_children(namespace, name)
+def cleanup(name: str, namespace: str, uid: str, logger: logging.Logger, **_) -> None:
+    deleted = reconciler().delete_children(namespace, name, uid)
     logger.info("deleted %d children of %s/%s", deleted, namespace, name)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlencode
 
@@ -138,6 +139,21 @@ def object_path(manifest: dict[str, Any]) -> str:
     return f"{collection_path(manifest['apiVersion'], manifest['kind'], meta['namespace'])}/{meta['name']}"
 
 
+# what a write (a create or a patch) made in this context checks first; it raises to stop the write
+_WRITE_CHECK: ContextVar[Callable[[], None] | None] = ContextVar("dllm_write_check", default=None)
+
+
+@contextmanager
+def writes_checked(check: Callable[[], None]) -> Iterator[None]:
+    """Every create or patch this thread makes inside the block calls ``check`` first (a reconcile stops
+    writing when its service's deletion begins, however old its view of the service)."""
+    token = _WRITE_CHECK.set(check)
+    try:
+        yield
+    finally:
+        _WRITE_CHECK.reset(token)
+
+
 class KubeClient:
     def __init__(self, api: kubernetes.client.ApiClient) -> None:
         self.api = api
@@ -155,6 +171,9 @@ class KubeClient:
         return cls(kubernetes.client.ApiClient())
 
     def _call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        check = _WRITE_CHECK.get()
+        if check is not None and method in ("POST", "PATCH"):
+            check()
         headers = {"Content-Type": content_type, "Accept": "application/json"}
         if hasattr(self.api, "param_serialize"):  # kubernetes >= 33 (new generator)
             method, url, headers, body, _ = self.api.param_serialize(

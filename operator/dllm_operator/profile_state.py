@@ -52,8 +52,11 @@ def profile_hash_of(spec: ServiceSpec, engine_image: str) -> str:
         "node_selector": spec.node_selector,
     } | ({"revision": spec.revision} if spec.revision else {})  # absent: the hashes of before
     memory_fields |= profiled_options(spec)  # the logit budget, the sparse cache (unset: as before)
-    if spec.parallelism.tensor > 1:  # a budget is per rank of a group of this size (1: the hashes of before)
+    # a budget is per rank of a group of this size (1: the hashes of before)
+    if spec.parallelism.tensor > 1:
         memory_fields["tensor_parallel"] = spec.parallelism.tensor
+    if spec.parallelism.expert > 1:
+        memory_fields["expert_parallel"] = spec.parallelism.expert
     return hashlib.sha256(json.dumps(memory_fields, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -76,6 +79,10 @@ def _gpu_product(client: KubeClient, node: str | None) -> str | None:
     return labels.get(GPU_PRODUCT_LABEL)
 
 
+def _size_words(tensor: int, expert: int) -> str:
+    return f"{tensor}" + (f" with expert-parallel size {expert}" if expert > 1 else "")
+
+
 def _job_finished(job: dict[str, Any]) -> str | None:
     status = job.get("status") or {}
     for condition in status.get("conditions") or []:
@@ -91,7 +98,16 @@ def _job_finished(job: dict[str, Any]) -> str | None:
 def _at_size(summary: ProfileSummary | None, spec: ServiceSpec) -> ProfileSummary | None:
     """The summary if it was measured at the service's tensor-parallel size: a budget is per rank of a
     group of one size, and never used at another (whatever hash it was stored under)."""
-    return summary if summary is not None and summary.tensor_parallel == spec.parallelism.tensor else None
+    return summary if summary is not None and _sizes(summary) == _asked(spec) else None
+
+
+def _sizes(summary: ProfileSummary) -> tuple[int, int]:
+    return summary.tensor_parallel, summary.expert_parallel
+
+
+def _asked(spec: ServiceSpec) -> tuple[int, int]:
+    """The sizes a profile must be measured at: the engine's --tensor-parallel and --expert-parallel."""
+    return spec.parallelism.tensor, spec.parallelism.expert
 
 
 def _stored_summary(stored: dict[str, Any], profile_hash: str) -> ProfileSummary | None:
@@ -129,9 +145,11 @@ def ensure_profile(
 ) -> ProfileState:
     """``stored``: the service's ``status.profile`` (hash, tokenBudget, result) from earlier resyncs."""
     profile_hash = profile_hash_of(spec, settings.engine_image)
-    tensor = spec.parallelism.tensor
+    tensor, expert = _asked(spec)
     if spec.token_budget is not None:
-        return ProfileState("ready", profile_hash, ProfileSummary.from_spec(spec.token_budget, tensor))
+        return ProfileState(
+            "ready", profile_hash, ProfileSummary.from_spec(spec.token_budget, tensor, expert)
+        )
     summary = _at_size(_stored_summary(stored or {}, profile_hash), spec) or _at_size(
         _configmap_summary(client, spec, profile_hash), spec
     )
@@ -146,7 +164,7 @@ def ensure_profile(
         return ProfileState("running", profile_hash, message=f"profiling Job {name} created")
     finished = _job_finished(job)
     if finished is None:
-        stuck = stuck_reason(client, spec.namespace, {"job-name": name})
+        stuck = stuck_reason(client, spec.namespace, {"job-name": name}, settings.unschedulable_after_s)
         if stuck:  # it would wait until its deadline: say why now
             return ProfileState(
                 "running", profile_hash, message=f"profiling Job {name}: {stuck[1]}", reason=stuck[0]
@@ -159,12 +177,13 @@ def ensure_profile(
         return ProfileState("failed", profile_hash, message=str(exc))
     if finished == "Failed":
         return ProfileState("failed", profile_hash, message=f"profiling Job {name} failed")
-    if summary.tensor_parallel != tensor:  # an engine image that ran the profile at another size
+    if _sizes(summary) != (tensor, expert):  # an engine image that ran the profile at another size
         return ProfileState(
             "failed",
             profile_hash,
-            message=f"profiling Job {name} measured a budget at tensor-parallel size {summary.tensor_parallel}, "
-            f"and the service runs at {tensor} (does the engine image support --tensor-parallel?)",
+            message=f"profiling Job {name} measured a budget at tensor-parallel size "
+            f"{_size_words(*_sizes(summary))}, and the service runs at {_size_words(tensor, expert)} (does "
+            "the engine image support --tensor-parallel and --expert-parallel?)",
         )
     product = _gpu_product(client, node) if spec.gpus else None
     return ProfileState("ready", profile_hash, summary.with_gpu_product(product))

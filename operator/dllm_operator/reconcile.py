@@ -15,7 +15,8 @@ from dllm_contracts.profile_summary import ProfileSummary
 from dllm_operator import names
 from dllm_operator.conditions import condition, set_condition
 from dllm_operator.config import OperatorSettings
-from dllm_operator.k8s import ChildRejected, KubeClient, collection_path, object_path
+from dllm_operator.deletion_guard import DeletionGuard, ServiceDeleted
+from dllm_operator.k8s import ChildRejected, KubeClient, collection_path, object_path, writes_checked
 from dllm_operator.manifests import common
 from dllm_operator.manifests.engine import EnginePods, profile_configmap
 from dllm_operator.manifests.engine_group import (
@@ -46,6 +47,7 @@ from dllm_operator.manifests.redis import (
     redis_service,
     redis_volume_claim,
 )
+from dllm_operator.placement import placement_problem
 from dllm_operator.pod_health import stuck_reason
 from dllm_operator.profile_state import ProfileState, ensure_profile
 from dllm_operator.scaling import autoscale_engine
@@ -71,11 +73,23 @@ class Reconciler:
     def __init__(self, settings: OperatorSettings, client: KubeClient) -> None:
         self.settings = settings
         self.client = client
+        self.deletions = DeletionGuard()
 
     def reconcile(self, body: dict[str, Any], autoscale_now: bool = False) -> Outcome:
-        meta, status = body["metadata"], dict(body.get("status") or {})
+        """Bring the children in line with ``body``; nothing once the service is being deleted (the delete
+        handler owns what happens then, also when this view of the service is older than its deletion)."""
+        meta = body["metadata"]
         if meta.get("deletionTimestamp"):
-            return Outcome({})  # being deleted: the delete handler owns what happens now
+            return Outcome({})
+        try:
+            uid = meta["uid"]
+            with self.deletions.reconciling(uid), writes_checked(lambda: self.deletions.check(uid)):
+                return self._reconcile(body, autoscale_now)
+        except ServiceDeleted:
+            return Outcome({})
+
+    def _reconcile(self, body: dict[str, Any], autoscale_now: bool) -> Outcome:
+        meta, status = body["metadata"], dict(body.get("status") or {})
         generation = int(meta.get("generation", 1))
         conditions = list(status.get("conditions") or [])
         try:
@@ -90,6 +104,9 @@ class Reconciler:
                 "cluster: install it, or set parallelism.nodes to 1"
             )
             return self._degraded(conditions, generation, "LeaderWorkerSetNotInstalled", message)
+        unplaceable = placement_problem(self.client, spec)
+        if unplaceable:  # its pods would stay Pending: say why, and make none
+            return self._degraded(conditions, generation, "GroupTooLarge", unplaceable)
         owner = {"name": meta["name"], "uid": meta["uid"]}
         try:
             redis_url = self._ensure_redis(spec, owner)
@@ -194,6 +211,7 @@ class Reconciler:
         if profile.state == "ready" and summary is not None:
             self._apply_engine(spec, owner, current, summary, redis_url, status)
         scaling: dict[str, Any] = {}
+        self.deletions.check(owner["uid"])  # before the queue-depth check (a Redis that may not answer)
         if autoscale_now and not spec.keda:
             scaling, conditions = autoscale_engine(
                 self.client, spec, redis_url, status, events, conditions, generation
@@ -264,7 +282,8 @@ class Reconciler:
 
     def _stuck_pods(self, spec: ServiceSpec) -> tuple[str, str] | None:
         for component in ("engine", "gateway"):
-            stuck = stuck_reason(self.client, spec.namespace, common.selector_labels(spec, component))
+            labels = common.selector_labels(spec, component)
+            stuck = stuck_reason(self.client, spec.namespace, labels, self.settings.unschedulable_after_s)
             if stuck:
                 return stuck
         return None
@@ -294,8 +313,20 @@ class Reconciler:
         )
 
     # -- deletion -------------------------------------------------------------------------------
-    def delete_children(self, namespace: str, name: str) -> int:
-        """Delete every child (garbage collection does it too in a real cluster; this is explicit)."""
+    def delete_children(self, namespace: str, name: str, uid: str) -> int:
+        """Delete every child (garbage collection does it too in a real cluster; this is explicit); no
+        reconcile of the service writes one after this returns."""
+        under_way = self.deletions.begin_deletion(uid)
+        deleted = self._delete_children(namespace, name)
+        if under_way:  # a reconcile from before the deletion may have written a child since
+            if not self.deletions.wait_until_idle(uid):
+                logger.warning(
+                    "%s/%s: a reconcile under way has not stopped; deleting again anyway", namespace, name
+                )
+            deleted += self._delete_children(namespace, name)
+        return deleted
+
+    def _delete_children(self, namespace: str, name: str) -> int:
         labels = {
             "app.kubernetes.io/instance": names.label_value(name),
             "app.kubernetes.io/managed-by": "dllm-operator",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from dllm_contracts.families import DEFAULT_FAMILY, FamilyDecoding, family_decoding
+from dllm_contracts.families import DEFAULT_FAMILY, EXPERT_FAMILIES, FamilyDecoding, family_decoding
 from dllm_operator.decoding_options import decoding_option_fields, decoding_option_problems
 from dllm_operator.model_spec import source_fields, source_problems
 from dllm_operator.parallelism import parse_parallelism
@@ -147,8 +147,12 @@ def _check(spec: ServiceSpec) -> None:
         ),
         (
             not 0 <= spec.gpus <= 1,
-            "resources.gpus must be 0 or 1 (GPUs per rank; parallelism.tensor sets the ranks, replicas the "
-            "groups)",
+            "resources.gpus must be 0 or 1 (GPUs per rank; parallelism sets the ranks, replicas the groups)",
+        ),
+        (
+            spec.parallelism.expert > 1 and spec.family not in EXPERT_FAMILIES,
+            "parallelism.expert above 1 needs a mixture-of-experts family "
+            f"({', '.join(EXPERT_FAMILIES)}): {spec.family} has no experts to spread",
         ),
         (
             spec.parallelism.multi_node and spec.token_budget is None,

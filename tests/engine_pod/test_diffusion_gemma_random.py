@@ -65,7 +65,8 @@ def test_every_dtype_holds_the_same_model():
 def test_a_requests_tokens_are_the_same_alone_and_in_any_batch_in_float32(loaded):
     """Sampled draws scale a logit's last bit by 1 / temperature, so only bit-equal logits keep a
     request's tokens: BlockServe's mixed batches and static batches give each request its tokens alone."""
-    lengths = [(5, 96), (40, 32), (131, 64), (17, 128), (90, 64), (8, 32)]
+    # prompts of every size class, answers of one or two blocks: rows leave at different cycles
+    lengths = [(5, 64), (40, 32), (131, 32), (17, 64), (90, 32), (8, 32)]
     workload = [
         (str(i), torch.randint(3, 1024, (p,), generator=torch.Generator().manual_seed(i)).tolist(), g)
         for i, (p, g) in enumerate(lengths)

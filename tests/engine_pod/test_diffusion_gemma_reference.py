@@ -25,8 +25,8 @@ from engine_pod.decoding.entropy_bound import (
 from engine_pod.families.diffusion_gemma.config import diffusion_gemma_config
 from engine_pod.families.diffusion_gemma.generate import generate
 from engine_pod.families.diffusion_gemma.multimodal import MultimodalInputError, refuse_multimodal_inputs
-from engine_pod.families.diffusion_gemma.weights import load_diffusion_gemma
 from engine_pod.kinds.canvas.context_cache import ContextCache
+from engine_pod.loading.loader import load_model
 from engine_pod.models.checkpoint_files import CheckpointError
 from engine_pod.models.config import ModelConfigError
 
@@ -47,7 +47,12 @@ PARAM_FIELDS = (
 
 @pytest.fixture(scope="module")
 def model():
-    return load_diffusion_gemma(REFERENCE)
+    return _load(REFERENCE)
+
+
+def _load(directory: Path):
+    """The checkpoint's model, as the engine loads it (float32, on the CPU)."""
+    return load_model(str(directory)).model
 
 
 def _params(args: dict) -> EntropyBoundParams:
@@ -295,7 +300,7 @@ def test_a_checkpoint_with_a_dropped_field_loads_and_runs(tmp_path, model, case)
         pytest.skip("the default changes the tensors' shapes or is refused: checked as a config only")
     same_forward = all(expected[f"text.{name}"] == base[f"text.{name}"] for name in FORWARD_FIELDS)
     directory = _checkpoint_with(tmp_path, _dropped(case))
-    assert _first_logits(load_diffusion_gemma(directory)).equal(_first_logits(model)) == same_forward
+    assert _first_logits(_load(directory)).equal(_first_logits(model)) == same_forward
 
 
 def _checkpoint_with(tmp_path: Path, raw: dict, tensors: dict | None = None) -> Path:
@@ -346,19 +351,17 @@ def test_other_checkpoint_layouts_give_the_same_logits(tmp_path, model, layout):
     else:
         tensors = {k: v for k, v in tensors.items() if k not in shared or "self_conditioning" in k}
         tensors |= encoder
-    loaded = load_diffusion_gemma(_checkpoint_with(tmp_path, raw, tensors))
+    loaded = _load(_checkpoint_with(tmp_path, raw, tensors))
     assert torch.equal(_first_logits(loaded), _first_logits(model))
 
 
 def test_an_unknown_or_missing_tensor_is_refused(tmp_path):
     raw, tensors = json.loads((REFERENCE / "config.json").read_text()), _tensors()
     with pytest.raises(CheckpointError, match="unexpected tensor 'model.decoder.extra'"):
-        load_diffusion_gemma(
-            _checkpoint_with(tmp_path / "extra", raw, {**tensors, "model.decoder.extra": torch.zeros(1)})
-        )
+        _load(_checkpoint_with(tmp_path / "extra", raw, {**tensors, "model.decoder.extra": torch.zeros(1)}))
     del tensors["model.decoder.layers.1.experts.down_proj"]
     with pytest.raises(CheckpointError, match="missing"):
-        load_diffusion_gemma(_checkpoint_with(tmp_path / "missing", raw, tensors))
+        _load(_checkpoint_with(tmp_path / "missing", raw, tensors))
 
 
 # --- multimodal and unsupported configurations ----------------------------------------------------

@@ -16,11 +16,12 @@ from engine_pod.bench.benchmark import BenchConfig, run_benchmark
 from engine_pod.bench.results import ModelSpec
 from engine_pod.cli.main import main
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.device_memory import cpu_model
 from engine_pod.profiling.fit import MemoryFit
 from engine_pod.profiling.profiler import CORRECTION_MARGIN, _corrected_budget
 
 MAX_TOKENS = 4096  # with a 1 GiB limit: a grid wide enough for a fit that predicts held-out shapes
-SMALL_MAX_TOKENS = 1024  # CI's profile: eight shapes, a budget measured once, the summary written
+SMALL_MAX_TOKENS = 384  # CI's profile: the smallest grid (two shapes fit, two held out), a budget
 
 
 class _Lines(logging.Handler):
@@ -95,6 +96,9 @@ def test_the_termination_message_is_the_summary_the_operator_reads(small_profile
     assert summary.source == "measured" and summary.token_budget == result["token_budget"]
     assert summary.device == "cpu" and summary.usable_memory_bytes == result["usable_memory_bytes"]
     assert result["tensor_parallel"] == summary.tensor_parallel == 1  # the size it was measured at
+    # what the budget depends on beside the model: the CPU as the machine names it, and the allocator
+    assert summary.device_name == cpu_model()
+    assert summary.allocator == result["allocator"] and "malloc, mmap from 1 MiB" in summary.allocator
 
 
 @pytest.mark.slow
@@ -150,7 +154,7 @@ def test_every_profile_measures_its_budget_once_and_it_fits(small_profile):
 
 
 def test_a_budget_far_past_the_grid_is_warned_about_in_the_terminal_and_the_json(small_profile):
-    """600 MiB over a grid of at most 1024 tokens: the budget lies many times past the largest point."""
+    """600 MiB over a grid of at most 384 tokens: the budget lies many times past the largest point."""
     result, _, logged = small_profile
     extrapolation = result["extrapolation"]
     assert extrapolation["largest_measured_tokens"] == SMALL_MAX_TOKENS

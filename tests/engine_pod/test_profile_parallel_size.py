@@ -67,3 +67,26 @@ def test_dllm_profile_refuses_a_group_over_several_machines_in_one_line(tmp_path
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--nodes 2: dllm profile measures a group on one machine only" in err[0], err
+
+
+def test_a_profile_of_another_expert_parallel_size_is_refused_and_its_own_gives_its_budget(tmp_path, capsys):
+    """The expert-parallel size is part of the size a budget holds at (a rank holds other weights)."""
+    path = tmp_path / "profile-ep2.json"
+    path.write_text(ProfileSummary.from_spec(4096, tensor_parallel=1, expert_parallel=2).to_json())
+    argv = ["worker", "--model", str(tmp_path / "none"), "--redis", "redis://127.0.0.1:1/0", "--service", "s"]
+    argv += ["--port", "0", "--threads", "1", "--profile", str(path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "was measured at --tensor-parallel 1 --expert-parallel 2" in err[0], err
+    assert err[0].endswith(
+        "run with --tensor-parallel 1 --expert-parallel 2, or profile again with --tensor-parallel 1"
+    )
+
+    from engine_pod.cli.main import build_parser
+    from engine_pod.cli.scheduling import scheduler_config
+
+    args = build_parser().parse_args(
+        ["worker", "--redis", "redis://x", "--service", "s", "--expert-parallel", "2", "--profile", str(path)]
+    )
+    assert scheduler_config(args).token_budget == 4096

@@ -120,3 +120,10 @@ def test_a_summary_records_the_tensor_parallel_size_it_was_measured_at():
     for bad in (0, "4", True):
         with pytest.raises(ProfileFormatError, match="tensor_parallel"):
             ProfileSummary.parse(json.loads(summary.to_json()) | {"tensor_parallel": bad})
+
+
+def test_a_summary_carries_the_cpu_and_the_allocator_its_budget_was_measured_under():
+    measured = {"device": "cpu", "device_name": "AMD EPYC", "allocator": "glibc 2.36 malloc, mmap from 1 MiB"}
+    summary = ProfileSummary.from_result(FULL_RESULT | measured)
+    assert (summary.device_name, summary.allocator) == ("AMD EPYC", measured["allocator"])
+    assert read_termination_message(summary.termination_message()) == summary  # as the operator stores it

@@ -21,6 +21,8 @@ from engine_pod.decoding.sampling_params import SamplingParams
 from engine_pod.generation import generate_one
 from engine_pod.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
 from engine_pod.loading.loader import load_model
+from engine_pod.loading.sharded import load_shard
+from engine_pod.parallel.group import TensorParallel
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.dllm_serve import DllmServeScheduler
 from tests.engine_utils import run_workload
@@ -183,15 +185,21 @@ def test_each_rank_holds_at_most_its_share_of_the_split_weights_plus_the_repeate
         assert held <= share, (ranks, held, total)
 
 
-def test_a_model_the_preflight_refuses_on_one_rank_under_a_memory_cap_loads_on_two(monkeypatch):
+def test_under_a_memory_cap_a_rank_holds_its_share_and_the_ranks_of_one_machine_are_counted_together(
+    monkeypatch,
+):
+    """A cap the whole model does not fit: refused in one process; a rank's own check judges its share
+    (what a GPU rank, on a device of its own, holds); and the two ranks of one CPU machine, which share its
+    memory, are refused together before any starts."""
     whole = load_model("builtin:tiny-llada", dtype="float64").weights_bytes  # a checkpoint: cut as read
     monkeypatch.setattr("engine_pod.device_memory.total_memory", lambda device: whole * 3 // 4)
     with pytest.raises(ModelLoadError, match="more than the"):
         load_model("builtin:tiny-llada", dtype="float64")
-    decoding = DecodingConfig(block_length=8, steps_per_block=4)
-    with tensor_parallel_group(GroupPlace(2), ModelArgs("builtin:tiny-llada", dtype="float64")) as loaded:
-        assert loaded.weights_bytes <= whole * 3 // 4
-        assert len(generate_one(loaded, PROMPT, 8, decoding).token_ids) == 8
+    rank = load_shard("builtin:tiny-llada", TensorParallel(1, 2), dtype="float64")
+    assert rank.weights_bytes <= whole * 3 // 4
+    group = tensor_parallel_group(GroupPlace(2), ModelArgs("builtin:tiny-llada", dtype="float64"))
+    with pytest.raises(ModelLoadError, match="on each of the 2 ranks on this machine"), group:
+        pass
 
 
 @pytest.mark.slow

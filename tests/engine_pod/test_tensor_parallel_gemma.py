@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import weakref
 from collections import Counter
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from engine_pod.generation import generate_one
 from engine_pod.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
 from engine_pod.loading.loader import load_model
 from engine_pod.loading.sharded import load_shard
+from engine_pod.parallel.cuts import CHUNK_BYTES
 from engine_pod.parallel.group import TensorParallel
 
 MODEL = "random:diffusion-gemma-tiny"
@@ -135,34 +135,37 @@ def test_dllm_generate_reports_each_diffusion_gemma_rank_holding_at_most_its_sha
 
 
 class _Reads:
-    """The checkpoint's tensors as its reader gets them, and the most bytes of them alive at once."""
+    """The checkpoint's tensors as its reader lists them, each read recorded: the bytes of every box read."""
 
-    def __init__(self, read) -> None:
-        self.read, self.alive, self.peak, self.largest = read, [], 0, 0
+    def __init__(self, tensors) -> None:
+        self.tensors, self.sizes = tensors, []
 
     def __call__(self, model_dir):
-        for key, tensor in self.read(model_dir):
-            self.alive = [ref for ref in self.alive if ref() is not None]
-            self.alive.append(weakref.ref(tensor))
-            self.largest = max(self.largest, tensor.nbytes)
-            self.peak = max(self.peak, sum(ref().nbytes for ref in self.alive if ref() is not None))
-            yield key, tensor
+        for key, tensor in self.tensors(model_dir):
+            yield key, _Recorded(tensor, self.sizes)
+
+
+class _Recorded:
+    def __init__(self, tensor, sizes: list[int]) -> None:
+        self.tensor, self.sizes, self.shape = tensor, sizes, tensor.shape
+
+    def read(self, box):
+        out = self.tensor.read(box)
+        self.sizes.append(out.nbytes)
+        return out
 
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_diffusion_gemma_rank_reads_only_its_slices_of_a_checkpoint(monkeypatch, rank):
-    """Each tensor cut to the rank's slice as it is read: the tensors read are never all held at once (at
-    most those kept whole, and the one in hand and the one before it), and the rank holds its share."""
+    """Each tensor's slice read from the file, a chunk at a time: what a rank reads is its share (and the
+    layer scalars, read whole), never a whole tensor it splits, and it holds its share."""
     whole = load_model(str(CHECKPOINT))
-    repeated = sum(  # what a rank keeps whole as read: norms, routers, the self-conditioning MLP
-        t.nbytes
-        for name, t in whole.model.named_parameters()
-        if not (_SPLIT.fullmatch(name) or _KV.fullmatch(name))
-    ) - sum(t.nbytes for name, t in whole.model.named_parameters() if name in _VOCAB)
-    reads = _Reads(weights.iter_checkpoint)
-    monkeypatch.setattr(weights, "iter_checkpoint", reads)
+    reads = _Reads(weights.checkpoint_tensors)
+    monkeypatch.setattr(weights, "checkpoint_tensors", reads)
     loaded = load_shard(str(CHECKPOINT), TensorParallel(rank, 2))
-    assert reads.peak <= repeated + 2 * reads.largest < whole.weights_bytes, (reads.peak, whole.weights_bytes)
+    scalars = sum(t.nbytes for name, t in whole.model.named_buffers() if name.endswith("layer_scalars"))
+    assert sum(reads.sizes) <= loaded.weights_bytes + scalars < whole.weights_bytes, sum(reads.sizes)
+    assert max(reads.sizes) <= CHUNK_BYTES
     assert loaded.weights_bytes // 8 <= share_of(2, str(CHECKPOINT))[0] // 2  # float32: half of float64
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp.web
+import jsonpatch
 import kmock
 import kubernetes
 
@@ -31,23 +34,37 @@ def rbac_verb(request) -> str:
 
 
 class Emulator(kmock.KubernetesEmulator):
-    """Two gaps of kmock 0.8 filled as a real API server would: a missing object is a 404 (not a
-    bare 500), and ``metadata.generateName`` gets a unique name (Kopf names its events so).
+    """Three gaps of kmock 0.8 filled as a real API server would: a missing object is a 404 (not a
+    bare 500), ``metadata.generateName`` gets a unique name (Kopf names its events so), and every write
+    gives its object a new ``resourceVersion`` (without it Kopf took the echo of an older write for news
+    and ran a handler again for a change it had handled).
 
     For tests: ``deletes`` records every DELETE (path and body, to check propagation policies), and
     ``reject`` (a function of the request returning a message or None) plays an admission webhook or a
     quota that refuses an object with 422. ``held`` (resource plurals) holds back their watch events
     until the plural leaves it: a watcher keeps working from an older view, as a loaded API server or
-    a slow watch leaves it."""
+    a slow watch leaves it. ``gate`` holds the operator's requests it matches until ``gate_open``: the
+    operator caught in the middle of its work, as a slow API server leaves it."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.deletes: list[tuple[str, Any]] = []
+        # (the operator's?, method, path) of every write, in order
+        self.writes: list[tuple[bool, str, str]] = []
         self.lists: list[tuple[str, dict[str, str]]] = []  # (path, query) of every list of a collection
         self.patches: list[str] = []  # the path of every PATCH (each resync patches its service's status)
         self.patch_bodies: list[tuple[str, Any]] = []  # (path, body) of every PATCH
         self.reject: Callable[[Any], str | None] | None = None
         self.held: set[str] = set()
+        # the operator's work, to bound a wait by it: when it last called, and the path of its every PATCH of
+        # a DLLMService (each reconcile, resync or handler, ends with one of its service's status)
+        self.last_operator_call = time.monotonic()
+        self.service_patches: list[str] = []
+        # ``gate``: operator requests it matches wait until ``gate_open`` is set (a reconcile caught mid-way)
+        self.gate: Callable[[Any], bool] | None = None
+        self.gate_open = threading.Event()
+        self.gated = threading.Event()  # a request waited at the gate
+        self._versions = itertools.count(2)  # resourceVersions (a test's objects are created at "1")
 
     async def _serve_watch(self, request):
         async for event in super()._serve_watch(request):
@@ -55,11 +72,38 @@ class Emulator(kmock.KubernetesEmulator):
                 await asyncio.sleep(HELD_POLL_S)
             yield event
 
+    def _stamp_version(self, request) -> None:
+        """Every write gives its object a new resourceVersion, as a real API server does (kmock keeps the
+        one it was created with): Kopf then tells its own patches' echoes from older events, and a JSON
+        patch that tests an older version fails with 422."""
+        if request.resource is None or request.action not in (kmock.action.CREATE, kmock.action.UPDATE):
+            return
+        version = str(next(self._versions))
+        if isinstance(request.data, dict):
+            request.data.setdefault("metadata", {})["resourceVersion"] = version
+        elif isinstance(request.data, list):  # a JSON patch: after its own tests
+            request.data.append({"op": "add", "path": "/metadata/resourceVersion", "value": version})
+
+    async def _pass_gate(self, request) -> None:
+        if self.gate is None or not self.gate(request):
+            return
+        self.gated.set()
+        while not self.gate_open.is_set():  # set by the test's thread
+            await asyncio.sleep(HELD_POLL_S)
+
     async def _handle(self, request):
         known = request.resource is not None and request.resource.plural and request.action is not None
-        if known and request.headers.get("User-Agent") != TEST_AGENT:  # discovery has no resource
+        operator = request.headers.get("User-Agent") != TEST_AGENT
+        if known and operator:  # discovery has no resource
             resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
             OPERATOR_CALLS.add((request.resource.group or "", resource, rbac_verb(request)))
+        if request.method in (kmock.method.POST, kmock.method.PATCH, kmock.method.DELETE):
+            self.writes.append((operator, request.method.name, request.url.path))
+        if operator:
+            self.last_operator_call = time.monotonic()
+            if known and request.method == kmock.method.PATCH and request.resource.plural == "dllmservices":
+                self.service_patches.append(request.url.path)
+            await self._pass_gate(request)
         if request.method == kmock.method.DELETE:
             self.deletes.append((request.url.path, request.data))
         if request.method == kmock.method.PATCH:
@@ -81,8 +125,18 @@ class Emulator(kmock.KubernetesEmulator):
         meta = data.get("metadata") if isinstance(data, dict) else None
         if isinstance(meta, dict) and meta.get("generateName") and not meta.get("name"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        self._stamp_version(request)
         try:
             return await super()._handle(request)
+        except (jsonpatch.JsonPatchTestFailed, jsonpatch.JsonPatchConflict) as exc:  # a stale resourceVersion
+            body = {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Failure",
+                "code": 422,
+                "message": str(exc),
+            }
+            return aiohttp.web.json_response(body, status=422)
         except kmock.KubernetesError as exc:
             body = {
                 "apiVersion": "v1",
@@ -140,13 +194,14 @@ class EmulatedCluster:
         configuration.verify_ssl = False
         api = kubernetes.client.ApiClient(configuration)
         api.user_agent = TEST_AGENT
-        return Kube(api)
+        return Kube(api, self.emulator)
 
 
 class Kube:
     """Typed clients of the official kubernetes package, pointed at the emulator."""
 
-    def __init__(self, api: kubernetes.client.ApiClient) -> None:
+    def __init__(self, api: kubernetes.client.ApiClient, emulator: Emulator) -> None:
+        self.emulator = emulator  # what the operator did (its calls), for waits bounded by its work
         self.custom = kubernetes.client.CustomObjectsApi(api)
         self.apps = kubernetes.client.AppsV1Api(api)
         self.batch = kubernetes.client.BatchV1Api(api)

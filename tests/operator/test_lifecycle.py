@@ -10,6 +10,7 @@ import base64
 import copy
 import json
 import os
+import time
 from dataclasses import replace
 
 import kubernetes_validate
@@ -29,19 +30,34 @@ from engine_pod.serve.redis_server import RedisServer
 from tests.charts.test_chart import CHART, helm
 from tests.operator.cluster import LWS_RESOURCE, OPERATOR_CALLS, EmulatedCluster, Kube
 from tests.operator.crd_utils import EXAMPLE_PATH
-from tests.serving_utils import wait_for
 
-# Kopf re-opens a watch the API server left silent after WATCH_TIMEOUT_S: a wait on the operator covers one
-# such stall, with resyncs and handler retries around it, on a machine three times slower than this one.
-OPERATOR_WAIT_S = 3 * WATCH_TIMEOUT_S
+# A wait on the operator is bounded by its work, not by the clock: it gives up once the operator has run
+# this many reconciles (each ends with a patch of its service: at a one-second resync, every wait here takes
+# a few) without bringing the condition about, however slow the machine makes each of them ...
+OPERATOR_CYCLES = 40
+# ... or once the operator has made no API call at all for this long: stuck (Kopf re-opens a watch the API
+# server left silent after WATCH_TIMEOUT_S; a resync calls the API every second)
+OPERATOR_SILENT_S = 3 * WATCH_TIMEOUT_S
+POLL_S = 0.1  # the emulator, the operator and this wait share one process: poll it lightly
 
 NAME = "llada-8b"
 
 
 def until(kube: Kube, predicate, what: str):
-    """Wait for the operator to bring about ``predicate``; on timeout, say where the service and its
-    children stood."""
-    return wait_for(predicate, OPERATOR_WAIT_S, what=what, seen=lambda: kube.snapshot(NAME))
+    """Wait for the operator to bring about ``predicate`` (returned), for as long as it keeps working
+    towards it; when it has given up, say where the service and its children stood."""
+    emulator = kube.emulator
+    start = len(emulator.service_patches)
+    while not (value := predicate()):
+        cycles = len(emulator.service_patches) - start
+        silent = time.monotonic() - emulator.last_operator_call
+        if cycles >= OPERATOR_CYCLES or silent >= OPERATOR_SILENT_S:
+            raise AssertionError(
+                f"gave up waiting for {what} after {cycles} reconciles, the operator silent for {silent:.0f} s; "
+                f"last seen: {kube.snapshot(NAME)!r:.1500}"
+            )
+        time.sleep(POLL_S)
+    return value
 
 
 def after_resyncs(cluster: EmulatedCluster, kube: Kube, count: int) -> None:

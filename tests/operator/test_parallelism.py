@@ -62,7 +62,11 @@ def shm(pod_spec: dict) -> tuple[dict | None, dict | None]:
 
 def test_the_crd_defaults_are_the_operators():
     defaults = apply_defaults({"model": {"uri": "x"}}, spec_schema(load_crd()))["parallelism"]
-    assert defaults == {"tensor": Parallelism.tensor, "nodes": Parallelism.nodes}
+    assert defaults == {
+        "tensor": Parallelism.tensor,
+        "nodes": Parallelism.nodes,
+        "expert": Parallelism.expert,
+    }
     assert parse_spec("s", "default", {"model": {"uri": "x"}}).parallelism == Parallelism()
 
 
@@ -176,9 +180,84 @@ def test_the_documented_services_are_admitted_and_render_what_the_guide_says():
     guide = (ROOT / "docs" / "kubernetes.md").read_text()
     section = guide[guide.index("## Models larger than one GPU") :].split("\n## ", 1)[0]
     services = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", section, re.S)]
-    assert [s["spec"]["parallelism"] for s in services] == [{"tensor": 4}, {"tensor": 8, "nodes": 2}]
+    assert [s["spec"]["parallelism"] for s in services] == [
+        {"tensor": 4},
+        {"tensor": 8, "nodes": 2},
+        {"tensor": 4, "expert": 4},
+    ]
     for service in services:
         assert admit(service["spec"]) == []
         spec = parse_spec(service["metadata"]["name"], "default", service["spec"])
         assert f"nvidia.com/gpu: {spec.parallelism.ranks_per_pod}" in section
         assert f"sizeLimit: {spec.parallelism.shm_size()}" in section or spec.parallelism.multi_node
+
+
+def _llada2(**parallelism) -> dict:
+    spec = example_spec(**parallelism)
+    spec["model"] = {"uri": "inclusionAI/LLaDA2.0-mini", "family": "llada2"}
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "message"),
+    [
+        ({"tensor": 2, "expert": 4}, "parallelism.expert must divide parallelism.tensor"),
+        ({"expert": 6, "nodes": 4}, "parallelism.tensor must be a multiple of parallelism.nodes"),
+    ],
+)
+def test_expert_sizes_the_crd_rejects_the_operator_refuses_too(parallelism, message):
+    spec = _llada2() | {"parallelism": parallelism}
+    if parallelism.get("nodes", 1) > 1:
+        spec["profiling"] = {"tokenBudget": 200_000}
+    assert any(message in failure for failure in admit(spec)), admit(spec)
+    with pytest.raises(SpecError, match=message):
+        parse_spec("llada2", "default", spec)
+
+
+def test_a_family_without_experts_is_refused_expert_parallelism_by_the_crd_and_the_operator():
+    spec = example_spec(expert=2)  # the example is LLaDA
+    message = "parallelism.expert above 1 needs a mixture-of-experts family (llada2, diffusion_gemma)"
+    assert any(message in failure for failure in admit(spec)), admit(spec)
+    with pytest.raises(SpecError, match=r"needs a mixture-of-experts family .*llada has no experts"):
+        parse_spec("llada-8b", "default", spec)
+
+
+@pytest.mark.parametrize(
+    ("parallelism", "ranks_per_pod"),
+    [({"expert": 4}, 4), ({"tensor": 4, "expert": 2}, 4), ({"expert": 2}, 2)],
+)
+def test_expert_parallelism_renders_its_flag_and_sizes_the_pods_by_the_groups_ranks(
+    parallelism, ranks_per_pod
+):
+    spec = parse_spec("llada2", "default", _llada2(**parallelism))
+    assert admit(_llada2(**parallelism)) == []
+    manifests = all_manifests(spec)
+    for manifest in manifests:
+        validate(manifest)
+    job, engine = manifests[0]["spec"]["template"]["spec"], manifests[2]["spec"]["template"]["spec"]
+    for pod in (job, engine):  # the profile measures at the size the engine runs at
+        args = parse_command(container(pod)["command"])
+        assert (args.tensor_parallel, args.expert_parallel) == (
+            parallelism.get("tensor", 1),
+            parallelism["expert"],
+        )
+        assert container(pod)["resources"]["limits"]["nvidia.com/gpu"] == str(ranks_per_pod)
+        assert shm(pod)[0]["emptyDir"]["sizeLimit"] == f"{ranks_per_pod}Gi"
+    others = {
+        profile_hash_of(parse_spec("llada2", "default", _llada2(**p)), "img") for p in ({}, {"tensor": 4})
+    }
+    assert profile_hash_of(spec, "img") not in others  # another group size is profiled again
+
+
+def test_experts_over_two_nodes_render_a_leader_worker_set_of_their_ranks():
+    spec = parse_spec("llada2", "default", _llada2(expert=8, nodes=2))
+    settings = OperatorSettings(operator_namespace="dllm-system")
+    group_set = engine_workload(spec, OWNER, EnginePods(settings, managed_redis_url(spec), "abc", None), 1)
+    validate_group_set(group_set)
+    group = group_set["spec"]["leaderWorkerTemplate"]
+    assert group["size"] == 2
+    for index, role in enumerate(("leaderTemplate", "workerTemplate")):
+        pod = group[role]["spec"]
+        args = parse_command(expanded(container(pod)["command"], worker_index=index))
+        assert (args.tensor_parallel, args.expert_parallel, args.nodes) == (1, 8, 2)
+        assert container(pod)["resources"]["limits"]["nvidia.com/gpu"] == "4"

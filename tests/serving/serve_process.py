@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from tests.serving_utils import wait_for
+from tests.serving_utils import cpu_seconds, wait_for
 
 
 class Serve:
@@ -40,7 +40,15 @@ class Serve:
         return f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self) -> None:
-        wait_for(lambda: "API at" in self.log.read_text() or self.process.poll() is not None, 120, 0.1)
+        """Until its "API at" line, for as long as it keeps starting (its processes using CPU)."""
+        wait_for(
+            lambda: "API at" in self.log.read_text() or self.process.poll() is not None,
+            60,
+            0.1,
+            what="dllm serve's API",
+            seen=lambda: self.log.read_text()[-1000:],
+            progress=lambda: round(cpu_seconds(self.process.pid)),  # a second of CPU more: still starting
+        )
         assert self.process.poll() is None, self.log.read_text()[-2000:]
         self.port = int(re.search(r"API at http://[^ ]+:(\d+)/v1", self.log.read_text()).group(1))
 
@@ -115,3 +123,18 @@ def openai_client(server: Serve, key: str = "unused", asynchronous: bool = False
     """The official client pointed at ``server`` (no retries: a refusal is the test's to see)."""
     kind = openai.AsyncOpenAI if asynchronous else openai.OpenAI
     return kind(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
+
+
+def wait_for_batch(client: openai.OpenAI, batch_id: str, status: str = "completed"):
+    """The batch once in ``status`` (retrieved with the official client), waited for while its lines keep
+    being answered."""
+
+    def now():
+        batch = client.batches.retrieve(batch_id)
+        return batch if batch.status == status else None
+
+    def answered():
+        counts = client.batches.retrieve(batch_id).request_counts
+        return (counts.completed, counts.failed) if counts else None
+
+    return wait_for(now, 120, 0.2, what=f"the batch {status}", progress=answered)

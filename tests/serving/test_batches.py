@@ -57,7 +57,10 @@ def test_batch_round_trip_with_an_invalid_line(
             batch = client.get(f"/v1/batches/{batch_id}").json()
             return batch if batch["status"] == "completed" else None
 
-        batch = wait_for(finished, 120, what="the batch to complete")
+        def answered():
+            return client.get(f"/v1/batches/{batch_id}").json()["request_counts"]
+
+        batch = wait_for(finished, 120, what="the batch to complete", progress=answered)
         assert batch["request_counts"] == {"total": 14, "completed": 12, "failed": 2}
         times = [batch[f] for f in ("created_at", "in_progress_at", "finalizing_at", "completed_at")]
         assert times == sorted(times) and batch["expires_at"] == batch["created_at"] + 24 * 3600

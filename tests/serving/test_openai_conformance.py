@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import httpx
 import openai
 import pytest
 
 from tests.serving.conftest import KEY, OTHER_KEY, SERVED
-from tests.serving.serve_process import openai_client, running
+from tests.serving.serve_process import openai_client, running, wait_for_batch
 from tests.serving_utils import write_served_model
 
 MODEL = SERVED
@@ -177,9 +176,7 @@ def test_a_batch_is_its_owners_and_cancelling_it_stops_its_queued_lines(client, 
     with pytest.raises(openai.NotFoundError):
         other.batches.cancel(batch.id)
     assert client.batches.cancel(batch.id).status in ("cancelling", "cancelled")
-    deadline = time.monotonic() + 120
-    while (batch := client.batches.retrieve(batch.id)).status != "cancelled" and time.monotonic() < deadline:
-        time.sleep(0.2)
+    batch = wait_for_batch(client, batch.id, "cancelled")
     counts = batch.request_counts
     assert batch.status == "cancelled" and counts.total == lines
     assert counts.completed + counts.failed == lines and counts.failed > lines // 2
@@ -391,10 +388,7 @@ def test_batch_lines_honour_stop_strings_and_logprobs(client):
     batch = client.batches.create(
         input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
-    deadline = time.monotonic() + 120
-    while (batch := client.batches.retrieve(batch.id)).status != "completed" and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert batch.status == "completed"
+    batch = wait_for_batch(client, batch.id, "completed")
     output = {
         row["custom_id"]: row["response"]["body"]["choices"][0]
         for row in map(json.loads, client.files.content(batch.output_file_id).text.splitlines())

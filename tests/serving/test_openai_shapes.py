@@ -6,7 +6,6 @@ model (``keyed_serve``), through the official client."""
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import openai
@@ -14,7 +13,7 @@ import pytest
 import redis
 
 from tests.serving.conftest import KEY, SERVED
-from tests.serving.serve_process import openai_client
+from tests.serving.serve_process import openai_client, wait_for_batch
 
 MODEL = SERVED
 PROMPT = "count from 1 to 21 ."  # answered with 22 tokens
@@ -107,14 +106,6 @@ def _rows(rows: list[dict]) -> bytes:
     return "".join(json.dumps(row) + "\n" for row in rows).encode()
 
 
-def _finished(client, batch_id: str):
-    deadline = time.monotonic() + 120
-    while (batch := client.batches.retrieve(batch_id)).status != "completed" and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert batch.status == "completed"
-    return batch
-
-
 def test_a_batch_file_with_a_repeated_custom_id_is_refused_naming_it_and_its_lines(client):
     rows = [_row("a"), _row("b"), _row("c"), _row("b")]
     source = client.files.create(file=("twice.jsonl", _rows(rows)), purpose="batch")
@@ -135,7 +126,7 @@ def test_batch_ids_are_openais_and_a_bad_line_is_reported_by_field_and_line(clie
         input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
     assert batch.id.startswith("batch_") and batch.input_file_id.startswith("file-")
-    batch = _finished(client, batch.id)
+    batch = wait_for_batch(client, batch.id)
     assert batch.output_file_id.startswith("file-") and batch.error_file_id.startswith("file-")
     (row,) = [json.loads(line) for line in client.files.content(batch.error_file_id).text.splitlines()]
     error = row["error"]
@@ -149,7 +140,7 @@ def test_batch_ids_are_openais_and_a_bad_line_is_reported_by_field_and_line(clie
 def test_a_batch_stored_under_the_old_id_form_is_still_found_by_its_id(serve, client):
     """Batches created before ids took OpenAI's ``batch_`` form keep their ``batch-`` ids."""
     source = client.files.create(file=("old.jsonl", _rows([_row("x")])), purpose="batch")
-    batch = _finished(
+    batch = wait_for_batch(
         client,
         client.batches.create(
             input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h"

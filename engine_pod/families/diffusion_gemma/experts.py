@@ -12,8 +12,13 @@ Inference in float32, bfloat16 or float16 runs the experts as two ``grouped_mm``
 (token, slot) pairs sorted by expert, each expert's group padded with zero rows to a multiple of
 ``row_invariant.TILE_ROWS`` (the library multiplies each group as one product, so a token's bits never
 depend on a group of a few rows; ``row_invariant`` says why), the groups laid out on the device: the
-same ops however many experts were chosen, nothing read back to the host. float64 (which ``grouped_mm`` does not take) loops over the
-experts chosen.
+same ops however many experts were chosen, nothing read back to the host. float64 (which ``grouped_mm``
+does not take) loops over the experts chosen.
+
+An expert-parallel rank holds some of the experts (``held``, set by ``shards.py``) and computes
+their part of each token's output, zeros for the pairs routed elsewhere (the layer's all-reduce sums the
+ranks' parts: ``shards.py``); its grouped matmuls run over every pair, the held experts' groups first and
+the other pairs after the last group (not computed, zeroed): the same ops and shapes whatever was chosen.
 """
 
 from __future__ import annotations
@@ -51,30 +56,33 @@ class GemmaRouter(nn.Module):
 
 
 class GemmaExperts(nn.Module):
-    """The routed experts; ``forward`` runs each chosen expert once over its tokens."""
+    """The routed experts this process holds; ``forward`` runs each chosen expert once over its tokens."""
 
-    def __init__(self, config: DiffusionGemmaConfig) -> None:
+    def __init__(self, config: DiffusionGemmaConfig, held: range | None = None) -> None:
         super().__init__()
         width, hidden = config.moe_intermediate_size, config.hidden_size
         self.num_experts = config.num_experts
-        self.gate_up_proj = nn.Parameter(torch.empty(config.num_experts, 2 * width, hidden))
-        self.down_proj = nn.Parameter(torch.empty(config.num_experts, hidden, width))
+        self.held = range(config.num_experts) if held is None else held  # the whole model's experts held here
+        self.gate_up_proj = nn.Parameter(torch.empty(len(self.held), 2 * width, hidden))
+        self.down_proj = nn.Parameter(torch.empty(len(self.held), hidden, width))
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """sum over k of weights[:, k] * expert[:, k](x) for x [N, D], added in increasing expert order."""
+        """sum over k of weights[:, k] * expert[:, k](x) for x [N, D] over the held experts (zeros for the
+        others'), added in increasing expert order."""
         if self._groups_on_device(x):
             return self._grouped(x, experts, weights)
         tokens = x.shape[0]
         order, counts = self._by_expert(experts)
         slot_major = weights.t().reshape(-1)
         outputs, start = [], 0
-        for expert, count in enumerate(counts):
+        for expert, count in enumerate(counts[: len(self.held)]):
             if count:
                 chosen = order[start : start + count]
                 outputs.append(self._expert(expert, x[chosen % tokens]) * slot_major[chosen, None])
                 start += count
-        pairs = torch.empty(experts.numel(), x.shape[-1], dtype=x.dtype, device=x.device)
-        pairs[order] = torch.cat(outputs).to(x.dtype)
+        pairs = torch.zeros(experts.numel(), x.shape[-1], dtype=x.dtype, device=x.device)
+        if outputs:
+            pairs[order[:start]] = torch.cat(outputs).to(x.dtype)
         return self._sum_in_expert_order(pairs.view(-1, tokens, x.shape[-1]).transpose(0, 1), experts)
 
     def _groups_on_device(self, x: torch.Tensor) -> bool:
@@ -83,34 +91,42 @@ class GemmaExperts(nn.Module):
             return False
         return all(n * x.element_size() % 16 == 0 for n in (x.shape[-1], self.down_proj.shape[-1]))
 
+    def _held_keys(self, experts: torch.Tensor) -> torch.Tensor:
+        """Each pair's expert as its place among the held ones (0 to held - 1), the others after them."""
+        return (experts - self.held.start) % self.num_experts
+
     def _grouped(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """``forward`` as two grouped matmuls; each expert's group padded to a multiple of ``TILE_ROWS`` rows."""
-        tokens, pairs_count = x.shape[0], experts.numel()
-        flat = experts.t().reshape(-1)  # pair slot * N + token, as _by_expert numbers them
+        tokens, pairs_count, held = x.shape[0], experts.numel(), len(self.held)
+        flat = self._held_keys(experts).t().reshape(-1)  # pair slot * N + token, as _by_expert numbers them
         order = flat.argsort(stable=True)
         chosen = flat[order]
-        layout = padded_groups(chosen, self.num_experts)
-        inputs = x.new_zeros(PaddedGroups.room(pairs_count, self.num_experts), x.shape[-1])
+        layout = padded_groups(chosen, held)
+        inputs = x.new_zeros(PaddedGroups.room(pairs_count, held), x.shape[-1])
         inputs[layout.rows] = x[order % tokens]
         gate, up = F.grouped_mm(inputs, self.gate_up_proj.transpose(1, 2), offs=layout.ends).chunk(2, dim=-1)
         hidden = F.grouped_mm(
             F.gelu(gate, approximate="tanh") * up, self.down_proj.transpose(1, 2), offs=layout.ends
         )
         slot_major = weights.t().reshape(-1)
+        weighted = hidden[layout.rows] * slot_major[order, None]
+        if held < self.num_experts:  # the other ranks' pairs lie past the last group: not computed
+            weighted = torch.where((chosen < held)[:, None], weighted, 0)
         pairs = torch.empty(pairs_count, x.shape[-1], dtype=x.dtype, device=x.device)
-        pairs[order] = (hidden[layout.rows] * slot_major[order, None]).to(x.dtype)
+        pairs[order] = weighted.to(x.dtype)
         return self._sum_in_expert_order(pairs.view(-1, tokens, x.shape[-1]).transpose(0, 1), experts)
 
     def _by_expert(self, experts: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
-        """The (slot, token) pairs, numbered slot * N + token, grouped by expert and in that order
-        inside a group (the reference's ``torch.where`` order), and how many each expert has."""
-        flat = experts.t().reshape(-1)
+        """The (slot, token) pairs, numbered slot * N + token, grouped by held expert (the others after
+        them) and in that order inside a group (the reference's ``torch.where`` order), and how many each
+        expert has, in that order."""
+        flat = self._held_keys(experts).t().reshape(-1)
         order = flat.argsort(stable=True)
         return order, torch.bincount(flat, minlength=self.num_experts).tolist()
 
     def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        """The expert over its tokens x [n, D], each token rounded alike however many others chose the
-        expert (``row_invariant.linear``)."""
+        """Held expert ``expert`` (its place among the held ones) over its tokens x [n, D], each token
+        rounded alike however many others chose the expert (``row_invariant.linear``)."""
         gate, up = linear(x, self.gate_up_proj[expert]).chunk(2, dim=-1)
         return linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[expert])
 

@@ -14,16 +14,16 @@ from engine_pod.families.diffusion_gemma.config import (
     load_diffusion_gemma_config,
 )
 from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
-from engine_pod.families.diffusion_gemma.random_init import random_init
+from engine_pod.families.diffusion_gemma.random_init import random_law
 from engine_pod.families.diffusion_gemma.shards import GemmaShards
-from engine_pod.families.diffusion_gemma.weights import diffusion_gemma_state_dict, load_diffusion_gemma
+from engine_pod.families.diffusion_gemma.weights import diffusion_gemma_sources
 from engine_pod.families.record import ModelFamily
 from engine_pod.kinds.canvas.kind import CANVAS
 
 
-def _finish_random(model: DiffusionGemmaModel, _config) -> None:
-    """A random model's constants: no checkpoint gives it its per-layer scalars (ones)."""
-    model.fill_constants(scalars=True)
+def _finish(model: DiffusionGemmaModel, _config, random: bool) -> None:
+    """The constants no checkpoint holds; a random model's per-layer scalars too (ones)."""
+    model.fill_constants(scalars=random)
 
 
 def _count_parameters(config) -> int:
@@ -48,12 +48,12 @@ FAMILY = ModelFamily(
     decoding=FamilyDecoding(
         block_length=int(TOP_DEFAULTS["canvas_length"]), steps_per_block=DEFAULT_MAX_DENOISING_STEPS
     ),
-    load_weights=load_diffusion_gemma,
-    read_state=diffusion_gemma_state_dict,
-    random_init=random_init,
-    finish=_finish_random,
+    read_sources=diffusion_gemma_sources,
+    random_law=random_law,
+    finish=_finish,
     count_parameters=_count_parameters,
     eos_from_directory=False,  # its generation config's EOS ids, as its reference generate's
     entropy_sampler=True,
     tensor_parallel=GemmaShards,
+    expert_parallel=True,
 )

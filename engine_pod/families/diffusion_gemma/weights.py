@@ -1,38 +1,32 @@
-"""DiffusionGemma's safetensors checkpoint under its Hugging Face names, loaded into ``DiffusionGemmaModel``.
+"""DiffusionGemma's safetensors checkpoint under its Hugging Face names, as sources of its model's tensors.
 
 ``save_pretrained`` writes each tied tensor once, under the decoder's name (``model.decoder.*``); the
 encoder contributes only its per-layer ``layer_scalar`` buffers (and, untied, its own layers and
 embeddings under ``model.encoder.language_model.*``, with an ``lm_head.weight``). A tied checkpoint
 written under the encoder's names loads too (the decoder's copy wins where both are present, as the
 reference's tying does). The vision tower's tensors are skipped (``multimodal.py``); any other name,
-or a missing one, is an error. Files are read with ``loading/weights.py``'s readers; a tensor-parallel rank
-keeps only its slice of each tensor as it is read.
+or a missing one, is an error. Each tensor is a source that a process reads its part of (a rank's slice,
+or the whole: ``loading/loader.py``), never held whole by a rank that keeps a slice.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig, load_diffusion_gemma_config
+from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
 from engine_pod.families.diffusion_gemma.layer import LAYER_NORMS
-from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
 from engine_pod.families.diffusion_gemma.multimodal import is_vision_weight
-from engine_pod.models.checkpoint_files import CheckpointError, iter_checkpoint
+from engine_pod.models.checkpoint_files import CheckpointError, checkpoint_tensors
+from engine_pod.models.tensor_sources import InMemory, TensorSource, whole_box
 
 logger = logging.getLogger(__name__)
 
 DECODER, ENCODER = "model.decoder.", "model.encoder.language_model."
 _SCALAR = "layer_scalar"
 _UNUSED = (ENCODER + "norm.weight",)
-Keep = Callable[[str, torch.Tensor], torch.Tensor]  # (our name, the tensor read) -> what is kept of it
-
-
-def _whole(_name: str, tensor: torch.Tensor) -> torch.Tensor:
-    return tensor
 
 
 def _layer_names(config: DiffusionGemmaConfig, index: int) -> list[str]:
@@ -91,28 +85,25 @@ def _skipped(config: DiffusionGemmaConfig, key: str) -> bool:
     return is_vision_weight(key) or key in _UNUSED
 
 
-def diffusion_gemma_state_dict(
-    config: DiffusionGemmaConfig, model_dir: Path, keep: Keep | None = None
-) -> dict[str, torch.Tensor]:
-    """Our state dict from the checkpoint, every parameter present exactly once; ``keep``: what to keep of
-    each tensor as it is read (a tensor-parallel rank's slice: the whole is never held)."""
-    keep = keep or _whole
+def diffusion_gemma_sources(config: DiffusionGemmaConfig, model_dir: Path) -> dict[str, TensorSource]:
+    """Each of our tensors in the checkpoint, as a source to read boxes of (nothing read but the layer
+    scalars), every one present exactly once."""
     mapping = diffusion_gemma_name_map(config)
-    state: dict[str, torch.Tensor] = {}
+    state: dict[str, TensorSource] = {}
     scalars = {
         name: [None] * config.num_layers for name in ("encoder_layer_scalars", "decoder_layer_scalars")
     }
     skipped = 0
-    for key, tensor in iter_checkpoint(Path(model_dir)):
+    for key, tensor in checkpoint_tensors(Path(model_dir)):
         slot = _scalar_slot(key)
         if slot is not None:
-            scalars[slot[0]][slot[1]] = tensor.reshape(())
+            scalars[slot[0]][slot[1]] = tensor.read(whole_box(tensor.shape)).reshape(())
         elif _skipped(config, key):
             skipped += 1
         elif _alias(config, key) in mapping:
             name = mapping[_alias(config, key)]
             if name not in state or key.startswith(DECODER):
-                state[name] = keep(name, tensor)
+                state[name] = tensor
         else:
             raise CheckpointError(f"unexpected tensor {key!r} in a diffusion_gemma checkpoint")
     missing = sorted(name for name in mapping.values() if name not in state)
@@ -121,26 +112,6 @@ def diffusion_gemma_state_dict(
     for name, values in scalars.items():
         if any(value is None for value in values):
             raise CheckpointError(f"checkpoint lacks a layer_scalar of some layer ({name})")
-        state[name] = keep(name, torch.stack(values))
-    logger.info("read %d tensors; skipped %d (vision tower and unused)", len(state), skipped)
+        state[name] = InMemory(torch.stack(values))
+    logger.info("found %d tensors; skipped %d (vision tower and unused)", len(state), skipped)
     return state
-
-
-def load_diffusion_gemma(
-    model_dir: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
-) -> DiffusionGemmaModel:
-    """The text model of the checkpoint in ``model_dir``, its modules built once in ``dtype`` on ``device``."""
-    config = load_diffusion_gemma_config(Path(model_dir))
-    with torch.device("meta"):
-        model = DiffusionGemmaModel(config)
-    model = model.to(dtype).to_empty(device=device).eval()
-    state = diffusion_gemma_state_dict(config, Path(model_dir))
-    expected = model.state_dict()
-    for name, tensor in state.items():
-        if tuple(expected[name].shape) != tuple(tensor.shape):
-            raise CheckpointError(
-                f"{name} has shape {tuple(tensor.shape)}, config.json implies {tuple(expected[name].shape)}"
-            )
-    model.load_state_dict({name: tensor.to(dtype) for name, tensor in state.items()}, strict=True)
-    model.fill_constants()
-    return model

@@ -109,10 +109,9 @@ def model_args(spec: ServiceSpec) -> list[str]:
 
 
 def tensor_parallel_args(spec: ServiceSpec) -> list[str]:
-    """``--tensor-parallel N`` for a group of more than one rank (at 1, the engine's default, the flag is
-    left out: engine images that predate it run as before)."""
-    tensor = spec.parallelism.tensor
-    return ["--tensor-parallel", str(tensor)] if tensor > 1 else []
+    """``--tensor-parallel N`` and ``--expert-parallel E`` for a group of more than one rank (at 1, the
+    engine's default, a flag is left out: engine images that predate it run as before)."""
+    return spec.parallelism.engine_args()
 
 
 def model_location(spec: ServiceSpec) -> str:
