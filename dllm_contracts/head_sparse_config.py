@@ -9,6 +9,7 @@ than ``retention``). The active block's own positions are always kept.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 MODES = ("off", "head-centric", "uniform")
@@ -63,6 +64,24 @@ class HeadSparseConfig:
     def group_retentions(self) -> tuple[float, float, float]:
         """(core, regular, minor) retention of head-centric groups."""
         return 1.0, self.retention, min(self.minor_retention, self.retention)
+
+    def group_sizes(self, heads: int) -> tuple[int, int, int]:
+        """(core, regular, minor) heads of a head-centric layer of ``heads`` K/V heads: the shares rounded
+        half up (0.2 of 6 heads is 1, of 32 is 6), the core first."""
+        core = min(math.floor(self.core_share * heads + 0.5), heads)
+        minor = min(math.floor(self.minor_share * heads + 0.5), heads - core)
+        return core, heads - core - minor, minor
+
+    def context_kept_share(self, heads: int) -> float:
+        """The share of a row's context (its positions outside the active block, which is always kept)
+        that the cache keeps, over a layer's ``heads`` K/V heads: 1 when off. What dLLM-Serve's admission
+        counts a row's held cache at (scheduler/dllm_serve.py)."""
+        if self.mode == "off":
+            return 1.0
+        if self.mode == "uniform":
+            return self.retention
+        sizes = self.group_sizes(heads)
+        return sum(n * r for n, r in zip(sizes, self.group_retentions())) / heads
 
 
 def problems_of(settings: dict) -> dict[str, str]:

@@ -162,14 +162,16 @@ def scheduler_for(
     runner: Runner, policy: str, scheduling: SchedulerConfig, batch_size: int = 1, **options
 ) -> Scheduler:
     """``policy``'s scheduler (one of SERVING_POLICIES) for ``runner``'s model and decoding: its block
-    length, EOS ids and masked suffix, and the scheduling facts of its model (``options``: the clock)."""
-    decoding = runner.decoding
+    length, EOS ids and masked suffix, the share of a row's context its cache keeps, and the scheduling
+    facts of its model (``options``: the clock)."""
+    decoding, config = runner.decoding, runner.loaded.config
     return serving_scheduler(
         policy,
         decoding.block_length,
-        runner.loaded.config.eos_token_ids,
+        config.eos_token_ids,
         scheduling,
         batch_size,
+        kept_share=decoding.sparse.context_kept_share(config.num_kv_heads),
         ignore_eos=decoding.ignore_eos,
         masked_suffix=decoding.masked_suffix,
         **scheduling_facts(runner),

@@ -20,10 +20,15 @@
 #                    block, one token a step: a number of forwards that random weights do not change),
 #                    static against blockserve (FIXED_POLICY=...), each with --batch-invariant and without
 #                    in the same run (its cost: vs_batch_invariant_off; INVARIANT=on or off runs one way)
-#   6. llada2/         the profile and the fixed-steps bench for a random model of the LLaDA2.0-mini shape
+#   6. (summary.txt) `dllm bench` under Poisson arrivals at the profiled budget (the dense profile's: one memory
+#                    limit), BlockServe dense, dLLM-Serve dense and dLLM-Serve with the uniform head-sparse
+#                    cache at retention 0.5 and 0.3 (SPARSE_POLICY=..., SPARSE_RATE, SPARSE_REQUESTS): rows
+#                    resident per cycle, tokens/s, latencies, refresh share and peak memory, a table only
+#                    (a lease brings back eight files)
+#   7. llada2/         the profile and the fixed-steps bench for a random model of the LLaDA2.0-mini shape
 #                    (block diffusion, 256 experts; its exact KV cache sized by the profiled budget),
 #                    BlockServe against static batching (skip with BLOCK_MODEL=)
-#   7. tp/               on a machine with several GPUs (or with TENSOR_PARALLEL=N): `dllm generate` at 1 and
+#   8. tp/               on a machine with several GPUs (or with TENSOR_PARALLEL=N): `dllm generate` at 1 and
 #                    N ranks (the same tokens) and the mixed-workload BlockServe bench at N ranks beside
 #                    step 4's one (tp/bench.json; TENSOR_PARALLEL=1 skips it); then the block model's
 #                    fixed-steps BlockServe bench at --tensor-parallel N, --expert-parallel N and both
@@ -101,6 +106,15 @@ timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model "
   --dtype "$dtype" --profile "$out/profile.json" --workload "$workload" --policy "$fixed_policies" \
   "${fixed[@]}" --batch-invariant "$invariant" --no-isolate --no-margins --json "$out/bench-fixed.json" \
   | tee -a "$out/summary.txt" || status=$?
+
+sparse_policies=${SPARSE_POLICY-blockserve:dense,dllm-serve:dense,dllm-serve:uniform@0.5,dllm-serve:uniform@0.3}
+if [ -n "$sparse_policies" ]; then
+  step "bench, one memory limit, Poisson arrivals ($workload: $sparse_policies)"
+  timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model "$model" --device "$device" \
+    --dtype "$dtype" --profile "$out/profile.json" --workload "$workload" --policy "$sparse_policies" \
+    --arrival-rate "${SPARSE_RATE:-4}" --requests "${SPARSE_REQUESTS:-32}" \
+    | tee -a "$out/summary.txt" || status=$?
+fi
 
 block_model=${BLOCK_MODEL-random:llada2-mini}
 if [ -n "$block_model" ]; then

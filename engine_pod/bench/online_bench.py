@@ -13,6 +13,7 @@ from engine_pod.bench.online import Load, OnlineRequest, online_metrics, repeat_
 from engine_pod.bench.online_engine import run_engine_online
 from engine_pod.bench.online_http import drive
 from engine_pod.bench.policies import PolicySpec, static_batch_size_for, static_widths
+from engine_pod.bench.policy_caches import decoding_for, split_policy
 from engine_pod.bench.prepare import prepare_requests
 from engine_pod.bench.results import ModelSpec
 from engine_pod.bench.workloads import load_workload
@@ -85,28 +86,33 @@ def _runs(cfg: OnlineConfig, requests: list[OnlineRequest]):
         widths = static_widths(prepared, cfg.decoding.block_length)
         batch = static_batch_size_for(widths, cfg.scheduling.token_budget)
         for name in cfg.policies:
-            spec = PolicySpec(name, cfg.scheduling, batch)
+            spec = PolicySpec(split_policy(name)[0], cfg.scheduling, batch)
+            decoding = decoding_for(name, cfg.decoding)
             for load in cfg.loads:
                 if spec.through_gateway:
                     yield (
                         name,
                         load,
-                        lambda load=load, spec=spec: _through_gateway(loaded, cfg, spec, requests, load),
+                        lambda load=load, spec=spec, decoding=decoding: _through_gateway(
+                            loaded, decoding, spec, requests, load
+                        ),
                     )
                 else:
                     yield (
                         name,
                         load,
-                        lambda load=load, spec=spec: run_engine_online(
-                            loaded, cfg.decoding, spec, requests, load
+                        lambda load=load, spec=spec, decoding=decoding: run_engine_online(
+                            loaded, decoding, spec, requests, load
                         ),
                     )
 
 
-def _through_gateway(loaded, cfg: OnlineConfig, spec: PolicySpec, requests: list[OnlineRequest], load: Load):
+def _through_gateway(
+    loaded, decoding: DecodingConfig, spec: PolicySpec, requests: list[OnlineRequest], load: Load
+):
     from engine_pod.bench.through_gateway import serving_stack
 
-    with serving_stack(loaded, cfg.decoding, spec, [r.request for r in requests]) as stack:
+    with serving_stack(loaded, decoding, spec, [r.request for r in requests]) as stack:
         observed = stack.serve_while(
             lambda: asyncio.run(drive(stack.url, requests, load, "bench", chat=False))
         )
@@ -114,10 +120,13 @@ def _through_gateway(loaded, cfg: OnlineConfig, spec: PolicySpec, requests: list
 
 
 def online_summary(report: dict) -> str:
+    usable = report.get("usable_memory_bytes")
     lines = [
-        f"{report['workload']}: {report['requests']} requests per load, target {report['target']}",
-        f"{'policy':<20}{'load':<14}{'tok/s':>9}{'1st blk p50':>12}{'p99':>8}{'lat p50':>9}{'p90':>8}"
-        f"{'p99':>8}{'wait p50':>9}{'worst family p99/p50':>22}",
+        f"{report['workload']}: {report['requests']} requests per load, target {report['target']}"
+        + (f", usable memory {usable / 2**20:.0f} MiB" if usable else ""),
+        f"{'run':<28}{'load':<14}{'tok/s':>9}{'1st blk p50':>12}{'p99':>8}{'lat p50':>9}{'p90':>8}"
+        f"{'p99':>8}{'wait p50':>9}{'worst family p99/p50':>22}{'rows mean':>10}{'max':>5}{'waiting':>8}{'holds':>7}{'kept':>6}"
+        f"{'refresh':>8}{'peak MiB':>9}",
     ]
     for name, by_load in report["runs"].items():
         for label, m in by_load.items():
@@ -125,8 +134,21 @@ def online_summary(report: dict) -> str:
             wait = (m.get("queue_wait_s") or {}).get("p50")
             worst = max(f["p99"] for f in m["latency_by_family_s"].values()) / lat["p50"]
             lines.append(
-                f"{name:<20}{label:<14}{m['tokens_per_s']:>9.1f}{first.get('p50', 0):>12.2f}"
+                f"{name:<28}{label:<14}{m['tokens_per_s']:>9.1f}{first.get('p50', 0):>12.2f}"
                 f"{first.get('p99', 0):>8.2f}{lat['p50']:>9.2f}{lat['p90']:>8.2f}{lat['p99']:>8.2f}"
                 f"{(f'{wait:.2f}' if wait is not None else '-'):>9}{worst:>22.2f}"
+                f"{_figure(m, 'rows_resident_mean', '.2f'):>10}{_figure(m, 'rows_resident_max', 'd'):>5}"
+                f"{_figure(m, 'rows_resident_mean_waiting', '.2f'):>8}"
+                f"{_figure(m, 'rows_the_budget_holds', '.2f'):>7}"
+                f"{_figure(m, 'admitted_kept_share', '.2f'):>6}{_figure(m, 'refresh_share', '.3f'):>8}"
+                f"{_figure(m, 'peak_memory_bytes', '.0f', 2**20):>9}"
             )
     return "\n".join(lines)
+
+
+def _figure(metrics: dict, key: str, spec: str, unit: int = 1) -> str:
+    """An engine figure for the table ('-' where the engine ran elsewhere: a server, the gateway)."""
+    value = metrics.get(key)
+    if value is None:
+        return "-"
+    return format(value / unit if unit != 1 else value, spec)

@@ -9,8 +9,9 @@ from dllm_contracts.text import completion_tokens
 from engine_pod.bench.execute import warm_up
 from engine_pod.bench.online import Load, Observed, OnlineRequest
 from engine_pod.bench.policies import PolicySpec, build_scheduler
-from engine_pod.bench.report import chunk_metrics, refresh_metrics
+from engine_pod.bench.report import chunk_metrics, refresh_metrics, residency_metrics
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.device_memory import peak_bytes, reset_peak
 from engine_pod.engine import Engine, StepResult
 from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.factory import make_runner
@@ -26,6 +27,8 @@ class _Run:
         self.sent: dict[str, float] = {}
         self.first_block: dict[str, float] = {}
         self.observed: dict[str, Observed] = {}
+        self.unadmitted: list[Request] = []  # sent, not yet scheduled
+        self.waited_at: list[int] = []  # the cycles (engine.records' indices) leaving a request waiting
 
     def now(self) -> float:
         return time.perf_counter() - self.start
@@ -37,10 +40,14 @@ class _Run:
         )
         self.sent[prepared.request_id] = self.now()
         self.engine.add_request(request)
+        self.unadmitted.append(request)
 
     def step(self, families: dict[str, str]) -> list[Request]:
         result: StepResult = self.engine.step()
         at = self.now()
+        self.unadmitted = [r for r in self.unadmitted if r.first_scheduled_time is None]
+        if self.unadmitted and self.engine.records:
+            self.waited_at.append(len(self.engine.records) - 1)
         for request_id, row in zip(result.output.request_ids, result.output.rows):
             if row.active:
                 self.first_block.setdefault(request_id, at)
@@ -62,18 +69,25 @@ class _Run:
 def run_engine_online(
     loaded: LoadedModel, decoding: DecodingConfig, spec: PolicySpec, requests: list[OnlineRequest], load: Load
 ) -> tuple[list[Observed], dict]:
-    """Each request as observed, and the run's refreshes and prefill chunks (bench/report.py's
-    refresh_metrics and chunk_metrics)."""
+    """Each request as observed, and the engine's figures: its refreshes, prefill chunks and the rows
+    resident per cycle (bench/report.py), the share of a row's context its admission counts as held, and
+    the peak memory (CUDA: this run's; CPU: the process's since it started)."""
     runner = make_runner(loaded, decoding, spec.token_budget, record_margins=False)
     engine = Engine(runner, build_scheduler(spec, runner))
     warm_up(engine.runner, [r.request for r in requests])
+    reset_peak(loaded.device)
     families = {r.request.request_id: r.family for r in requests}
     run = _Run(engine, decoding, requests)
     if load.rate is not None:
         _open_loop(run, families, load.arrival_offsets(len(requests)))
     else:
         _closed_loop(run, families, load.concurrency)
-    return list(run.observed.values()), refresh_metrics(engine.records) | chunk_metrics(engine.records)
+    figures = refresh_metrics(engine.records) | chunk_metrics(engine.records)
+    figures |= residency_metrics(engine.records, [engine.records[i] for i in run.waited_at], engine.scheduler)
+    return list(run.observed.values()), figures | {
+        "admitted_kept_share": getattr(engine.scheduler, "kept_share", 1.0),
+        "peak_memory_bytes": peak_bytes(loaded.device),
+    }
 
 
 def _open_loop(run: _Run, families: dict[str, str], offsets: list[float]) -> None:

@@ -106,6 +106,34 @@ def refresh_metrics(cycles) -> dict:
     }
 
 
+def residency_metrics(cycles, waited: list, scheduler) -> dict:
+    """Rows resident per cycle (the batch each block cycle ran: mean and maximum), and over the ``waited``
+    cycles, those that left an arrived request waiting (the budget bound them), the mean rows and their mean
+    width, beside the rows ``scheduler``'s budget holds at that width (what admission predicts); and the
+    most cache bytes one cycle held (dense, and kept: less under the head-sparse cache)."""
+    if not cycles:
+        return {}
+    rows = [c.rows for c in cycles]
+    figures = {
+        "rows_resident_mean": round(sum(rows) / len(rows), 3),
+        "rows_resident_max": max(rows),
+        "cycles": len(cycles),
+        "cycles_with_requests_waiting": len(waited),
+        "peak_kv_dense_bytes": max(c.kv_dense_bytes for c in cycles),
+        "peak_kv_kept_bytes": max(c.kv_kept_bytes for c in cycles),
+    }
+    held = getattr(scheduler, "held_row_width", None)
+    if waited and held is not None:
+        waited_rows = sum(c.rows for c in waited)
+        width = sum(c.cost for c in waited) / waited_rows
+        figures |= {
+            "rows_resident_mean_waiting": round(waited_rows / len(waited), 3),
+            "row_width_mean_waiting": round(width, 1),
+            "rows_the_budget_holds": round(scheduler.token_budget / held(round(width)), 2),
+        }
+    return figures
+
+
 def _cpu_metrics(run: PolicyRun, generated: int) -> dict:
     if not run.cpu_s:
         return {}

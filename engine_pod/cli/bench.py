@@ -6,9 +6,11 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from engine_pod.bench.policies import POLICIES
+from engine_pod.bench.policy_caches import cache_config, split_policy
 from engine_pod.bench.workloads import named_workloads
 from engine_pod.cli.bench_summary import summary_text
 from engine_pod.cli.budget import read_profile
@@ -48,7 +50,10 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--policy",
         default="sequential,static,blockserve",
-        help=f"comma-separated, from: {', '.join(POLICIES)}",
+        help=f"comma-separated, from: {', '.join(POLICIES)}; under --arrival-rate/--concurrency a policy "
+        "may name its own cache, policy:dense, policy:uniform@R or policy:head-centric@R (R the retention; "
+        "the other head-sparse settings are the flags'), e.g. blockserve:dense,dllm-serve:dense,"
+        "dllm-serve:uniform@0.3",
     )
     parser.add_argument(
         "--batch-size", type=int, help="static batch size (default: largest that fits the budget)"
@@ -182,7 +187,10 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) ->
     )
     out = Path(args.json_out) if args.json_out else None
 
+    usable = read_profile(args.profile).usable_memory_bytes if args.profile else None
+
     def write(report: dict) -> None:
+        report["usable_memory_bytes"] = usable
         report["torch_threads"] = threads.as_dict() if threads else None
         if out:
             out.write_text(json.dumps(report, indent=2) + "\n")
@@ -195,8 +203,26 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) ->
         from engine_pod.bench.plots import plot_online
 
         plot_online(report, Path(args.plot))
+    report["usable_memory_bytes"] = usable
     sys.stdout.write((threads.log_line() + "\n" if threads else "") + online_summary(report) + "\n")
     return 0
+
+
+def _check_policy_caches(args: argparse.Namespace, policies: tuple[str, ...]) -> list:
+    """The head-sparse settings of the policies that name their own cache, each refused in one line when
+    out of range."""
+    from engine_pod.cli.sparse_args import sparse_config
+
+    caches = []
+    for entry in policies:
+        cache = split_policy(entry)[1]
+        if cache is None:
+            continue
+        try:
+            caches.append(cache_config(cache, replace(sparse_config(args), mode="off")))
+        except ValueError as exc:
+            raise CliError(f"--policy {entry}: {exc}") from None
+    return caches
 
 
 def _model_spec(args: argparse.Namespace):
@@ -211,18 +237,21 @@ def run(args: argparse.Namespace) -> int:
 
     check_logit_args(args)
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
-    unknown = [p for p in policies if p not in POLICIES]
+    unknown = [p for p in policies if split_policy(p)[0] not in POLICIES]
     if unknown or not policies:
         raise CliError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
+    own_caches = _check_policy_caches(args, policies)
     if args.batch_size is not None and args.batch_size < 1:
         raise CliError("--batch-size must be positive")
     if args.repeat < 1:
         raise CliError("--repeat must be positive")
-    if "dllm-serve" in policies:
+    if any(split_policy(p)[0] == "dllm-serve" for p in policies):
         check_stagger(args)
     if not args.url:  # refused here, not in a benchmark child
-        check_sparse_run(args)
+        check_sparse_run(args, sparse_on=any(c.on for c in own_caches))
     online = bool(args.arrival_rate) or args.concurrency is not None
+    if own_caches and not online:
+        raise CliError("a policy's own cache (policy:cache) runs under --arrival-rate or --concurrency")
     threads = None if args.url else _threads(args, online)  # --url: the server's engine, not this process
     if online:
         return _run_online(args, policies, threads)

@@ -8,9 +8,10 @@ import argparse
 from engine_pod.cli.common import CliError
 
 
-def check_sparse_run(args: argparse.Namespace) -> None:
-    """``--sparse-cache`` with the command's model and ``--tensor-parallel`` (nothing when it is off)."""
-    if getattr(args, "sparse_cache", "off") == "off":
+def check_sparse_run(args: argparse.Namespace, sparse_on: bool = False) -> None:
+    """``--sparse-cache`` (or, ``sparse_on``, a run's own sparse cache) with the command's model and
+    ``--tensor-parallel`` (nothing when it is off)."""
+    if getattr(args, "sparse_cache", "off") == "off" and not sparse_on:
         return
     from engine_pod.profiling.heads import check_sparse_family
 

@@ -277,7 +277,9 @@ def _result(
         "extrapolation": extrapolation.as_json(),
         "warnings": extrapolation.warnings(),
         "token_budget": budget,
-    } | cache_share(cfg.model, cfg.family, cfg.dtype, _place(cfg).layout.tensor, fit.bytes_per_token)
+    } | cache_share(
+        cfg.model, cfg.family, cfg.dtype, _place(cfg).layout.tensor, fit.bytes_per_token, cfg.sparse
+    )
 
 
 def _held_out_error(fit: MemoryFit, point: Point) -> dict:

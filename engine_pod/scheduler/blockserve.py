@@ -83,6 +83,10 @@ class BlockServeScheduler(Scheduler):
             self._add(box, request)
         return box
 
+    def held_row_width(self, width: int) -> int:
+        """What a row of ``width`` positions costs against ``token_budget`` (no blocks shared)."""
+        return width
+
     def _held_width(self, request: Request, box: BatchBox) -> int:
         """What admitting ``request`` adds to the batch's cost: its admission width, less the whole blocks
         the batch's rows hold already (when the runner shares them and the layout does not pad)."""

@@ -12,6 +12,10 @@ most ``q B`` positions refreshed in a step, a batch fits when
 ``s * sum(widths) + (1 - s) * (q B + rows * L) <= B``: each row costs its width, plus its reuse block at
 the forward's share, against ``(B - (1 - s) q B) / s``. With ``s = 1`` that is BlockServe's admission; the
 lower the cache's share, the more rows a quota lets in. A row must also refresh within the quota alone.
+
+With the head-sparse cache a row holds only what its heads keep: its active block and a share ``k`` of
+its context (``kept_share``, HeadSparseConfig.context_kept_share; 1: dense), so a row of width ``w``
+costs ``L + ceil(k (w - L))`` of its width, and at one budget more rows are resident.
 """
 
 from __future__ import annotations
@@ -30,8 +34,13 @@ from engine_pod.scheduler.request import Request, RequestError
 class DllmServeScheduler(BlockServeScheduler):
     staggers_refreshes = True
 
-    def __init__(self, block_length: int, eos_ids, config: SchedulerConfig, **kwargs) -> None:
+    def __init__(
+        self, block_length: int, eos_ids, config: SchedulerConfig, kept_share: float = 1.0, **kwargs
+    ) -> None:
         super().__init__(block_length, eos_ids, config, **kwargs)
+        if not 0.0 < kept_share <= 1.0:
+            raise ValueError(f"kept share must be in (0, 1], got {kept_share}")
+        self.kept_share = kept_share  # of a row's context, what its cache holds (1: dense)
         share = config.cache_share
         self.row_extra = math.ceil((1 - share) / share * block_length)  # a row's reuse block, in width units
 
@@ -48,8 +57,17 @@ class DllmServeScheduler(BlockServeScheduler):
         quota = min(config.refresh_quota, config.batch_refresh_quota) * budget
         return int((budget - (1 - share) * quota) / share)
 
+    def kept_width(self, width: int) -> int:
+        """What a row of ``width`` positions holds in the cache: its active block and the kept share of
+        the rest."""
+        context = max(width - self.block_length, 0)
+        return width - context + math.ceil(round(self.kept_share * context, 9))
+
+    def held_row_width(self, width: int) -> int:
+        return self.kept_width(width) + self.row_extra
+
     def _held_width(self, request: Request, box: BatchBox) -> int:
-        return super()._held_width(request, box) + self.row_extra
+        return self.held_row_width(super()._held_width(request, box))
 
     @property
     def row_quota(self) -> int:
@@ -62,7 +80,7 @@ class DllmServeScheduler(BlockServeScheduler):
         """Whether the request can ever run here: within the budget, and refreshing within the smaller
         refresh quota alone."""
         width = request.peak_width(self.block_length)
-        return width + self.row_extra <= self.token_budget and width <= self.row_quota
+        return self.kept_width(width) + self.row_extra <= self.token_budget and width <= self.row_quota
 
     def check_fits(self, request: Request) -> None:
         if not self.fits(request):
@@ -87,5 +105,6 @@ class DllmServeScheduler(BlockServeScheduler):
         plan = super().claim_plan()
         if plan is None:
             return None
-        widest = min(plan.max_prefix - self.row_extra, self.row_quota - self.block_length)
+        held_prefix = plan.max_prefix - self.row_extra  # of the held width, what a prefix may take
+        widest = min(math.floor(held_prefix / self.kept_share), self.row_quota - self.block_length)
         return replace(plan, max_prefix=widest) if widest >= 1 else None

@@ -21,14 +21,16 @@ def serving_scheduler(
     eos_ids: Iterable[int],
     config: SchedulerConfig,
     batch_size: int = 1,
+    kept_share: float = 1.0,
     **common,
 ) -> Scheduler:
     """``policy``'s scheduler: BlockServe or dLLM-Serve with ``config``, static batches of ``batch_size`` (in arrival
-    order, each run until its slowest row is done) or sequential."""
+    order, each run until its slowest row is done) or sequential. ``kept_share``: of a row's context, what
+    its cache holds (the head-sparse cache's; dLLM-Serve's admission counts it)."""
     if policy == "blockserve":
         return BlockServeScheduler(block_length, eos_ids, config, **common)
     if policy == "dllm-serve":
-        return DllmServeScheduler(block_length, eos_ids, config, **common)
+        return DllmServeScheduler(block_length, eos_ids, config, kept_share=kept_share, **common)
     if policy == "static":
         return StaticScheduler(block_length, eos_ids, batch_size=batch_size, **common)
     if policy == "sequential":

@@ -121,6 +121,7 @@ def test_gpu_bench_script_runs_every_step_in_the_bare_environment_at_a_small_siz
         WORKLOAD="synthetic:n=2,prompt=8-40,gen=32-32,seed=0",
         BLOCK_MAX_TOKENS="384",
         BLOCK_WORKLOAD="synthetic:n=2,prompt=8-30,gen=32-32,seed=0",
+        SPARSE_REQUESTS="4",
     )
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
     for name in ("device.txt", "profile.json", "bench.json", "bench-fixed.json", "summary.txt"):
@@ -141,6 +142,10 @@ def test_gpu_bench_script_runs_every_step_in_the_bare_environment_at_a_small_siz
         "static",
     }
     assert "bench: policies measured blockserve, static" in result.stdout
+    summary = (tmp_path / "summary.txt").read_text()  # one memory limit, dense and sparse caches
+    for run in ("blockserve:dense", "dllm-serve:dense", "dllm-serve:uniform@0.5", "dllm-serve:uniform@0.3"):
+        assert f"\n{run} " in summary, summary
+    assert "rows mean" in summary
 
 
 @pytest.fixture(scope="module")

@@ -43,6 +43,8 @@ def test_the_profile_records_the_sparse_settings_it_measured_with(sparse_profile
     result = json.loads(path.read_text())
     assert result["sparse_cache"] == RECORDED
     assert len(result["head_importance"]["importance"]) == 4  # scored for the measure, and kept
+    # what dLLM-Serve's admission counts a row's context at: of 6 heads, 1 core whole, 4 at 0.3, 1 at 0.1
+    assert result["context_kept_share"] == round((1 + 4 * 0.3 + 0.1) / 6, 4)
     assert read_termination_message(termination).sparse_cache == RECORDED  # what the operator stores
 
 
