@@ -245,6 +245,6 @@ def check_stagger(args: argparse.Namespace) -> None:
     from engine_pod.loading.loader import load_metadata
 
     family = family_of(load_metadata(args.model, args.family)[0])
-    problem = stagger_problem(family.display_name, family.cache, args.cache, args.remasking)
+    problem = stagger_problem(family.display_name, family.kind.name, args.cache, args.remasking)
     if problem:
         raise CliError(problem)

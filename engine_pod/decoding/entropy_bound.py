@@ -202,7 +202,7 @@ class CanvasStep:
     moves to its next canvas input; a row whose result says ``done`` commits ``argmax`` instead."""
 
     def __init__(self, rows: CanvasSamplerState, logits: torch.Tensor, grammar=None) -> None:
-        """``grammar``: the constrained rows' part of the step (decoding/grammar/canvas.py), or None."""
+        """``grammar``: the constrained rows' part of the step (kinds/canvas/grammar.py), or None."""
         columns = rows.columns
         self.rows = rows
         steps_left = columns.limits - rows.steps_taken

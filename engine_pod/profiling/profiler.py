@@ -29,6 +29,7 @@ from engine_pod.allocators import CUDA_ALLOC_CONF, describe_allocator
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.device_memory import available_memory, device_name, peak_allocated_bytes, total_memory
 from engine_pod.families.registry import family_of
+from engine_pod.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.loading.loader import LoadedModel, load_metadata, parse_device, parse_dtype
 from engine_pod.loading.sharded import build_part, model_plan
@@ -38,7 +39,6 @@ from engine_pod.profiling.extrapolation import Extrapolation
 from engine_pod.profiling.fit import MemoryFit, fit_peak
 from engine_pod.profiling.grid import Point, grid
 from engine_pod.runner.factory import make_runner
-from engine_pod.runner.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
 from engine_pod.runner.tensor_parallel import group_peak, group_reset_peak
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
@@ -144,7 +144,7 @@ def check_shape(budget: int, cfg: ProfileConfig) -> Point:
 def for_model(cfg: ProfileConfig) -> ProfileConfig:
     """``cfg`` with what the model decides: whether its rows are canvases, the block length it takes."""
     config, _ = load_metadata(cfg.model, cfg.family)
-    canvas = family_of(config).cache == "canvas"
+    canvas = family_of(config).kind.canvas_rows
     block_length = cfg.block_length or (config.canvas_length if canvas else DEFAULT_BLOCK_LENGTH)
     if cfg.max_tokens < 4 * block_length:
         raise ProfileError(

@@ -34,7 +34,7 @@ class Scheduler:
         block_length: int,
         eos_ids: Iterable[int],
         ignore_eos: bool = False,
-        canvas: str = "block",
+        masked_suffix: bool = False,
         clock: Callable[[], float] = time.perf_counter,
         grid_aligned: bool = False,
         shares_blocks: bool = False,
@@ -46,7 +46,7 @@ class Scheduler:
         self.block_length = block_length
         self.eos_ids = frozenset(eos_ids)
         self.ignore_eos = ignore_eos
-        self.canvas = canvas
+        self.masked_suffix = masked_suffix  # rows hold their masked suffix (DecodingConfig's)
         self.clock = clock
         self.requests: dict[str, Request] = {}
         self.grid_aligned = grid_aligned

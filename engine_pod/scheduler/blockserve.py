@@ -62,7 +62,7 @@ class BlockServeScheduler(Scheduler):
     # -- widths and cost ------------------------------------------------------------------------
     def row_width(self, request: Request) -> int:
         """Tokens the request's row materialises in the next cycle."""
-        if self.canvas == "full":
+        if self.masked_suffix:
             return request.peak_width(self.block_length)
         return request.next_width(self.block_length)
 
@@ -147,7 +147,7 @@ class BlockServeScheduler(Scheduler):
 
     def _row(self, request: Request) -> CycleRow:
         blocks_left = request.max_blocks - request.blocks_done(self.block_length) - 1
-        suffix = blocks_left if self.canvas == "full" else 0
+        suffix = blocks_left if self.masked_suffix else 0
         prefill_to = self.chunks.chunk_end(request)
         return CycleRow(
             request.prompt_ids + tuple(request.generated),

@@ -49,7 +49,7 @@ class PrefillChunks:
         """Whether ``request``'s prompt is computed in chunks. Its blocks then count as its own in the
         budget, never as shared: rows that enter while its chunks are computed find only those computed
         so far in the prefix cache, and a block it computes after another row cached it stays its own
-        copy (block_diffusion/prefix_cache.py); counting them shared would overfill the pool."""
+        copy (kinds/block_causal/prefix_cache.py); counting them shared would overfill the pool."""
         return bool(self.chunk) and request.prompt_len - request.grid_head > self.chunk
 
     def ran(self, request_id: str, chunk_end: int) -> None:

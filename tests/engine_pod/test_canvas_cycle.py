@@ -1,4 +1,4 @@
-"""DiffusionGemma through the engine (runner/canvas_cycle.py): the reference's 40 seeded generate runs
+"""DiffusionGemma through the engine (kinds/canvas/stepper.py): the reference's 40 seeded generate runs
 (tests/data/diffusion_gemma_reference) token for token in float32, alone through the sequential
 scheduler, inside BlockServe's mixed batches (packed and dense, rows joining at different cycles) and
 static batches, and through `dllm generate`; the options the family cannot honour are refused by name."""
@@ -212,7 +212,7 @@ def test_dllm_generate_reproduces_a_reference_run():
 
 def test_the_loaded_config_gives_what_the_engine_needs(base):
     config = base.config
-    assert config.family == "diffusion_gemma" and family_of(config).cache == "canvas"
+    assert config.family == "diffusion_gemma" and family_of(config).kind.name == "canvas"
     assert config.eos_token_ids == (1,) and config.vocab_size == 256 and config.canvas_length == 16
 
 
@@ -220,7 +220,7 @@ def test_options_the_family_cannot_honour_are_refused_by_name(base):
     with pytest.raises(DecodingConfigError, match="canvas_length 16"):
         make_runner(base, DecodingConfig(block_length=32), 256)
     with pytest.raises(DecodingConfigError, match="canvas 'full'"):
-        make_runner(base, DecodingConfig(block_length=16, canvas="full"), 256)
+        make_runner(base, DecodingConfig(block_length=16, masked_suffix=True), 256)
     for option in ("record_trace", "record_margins"):
         with pytest.raises(ValueError, match=option):
             make_runner(base, DecodingConfig(block_length=16), 256, **{option: True})

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import torch
 
 from engine_pod.decoding.entropy_bound import EntropyBoundParams, entropy_bound_step, start_canvas
-from engine_pod.families.diffusion_gemma.context_cache import ContextCache
 from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
 from engine_pod.families.diffusion_gemma.multimodal import refuse_image_tokens
+from engine_pod.kinds.canvas.context_cache import ContextCache
 
 logger = logging.getLogger(__name__)
 
