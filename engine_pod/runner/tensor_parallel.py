@@ -33,6 +33,7 @@ class LeaderRunner:
         self.grid_aligned = runner.grid_aligned
         self.shares_blocks = runner.shares_blocks
         self.staggers_refreshes = runner.staggers_refreshes
+        self.chunks_prefill = getattr(runner, "chunks_prefill", False)  # every rank runs the chunk rows
         self.canvas_sampler = runner.canvas_sampler
         self._last_told = time.monotonic()
 

@@ -184,6 +184,8 @@ class BlockServeScheduler(Scheduler):
                 break  # an aged candidate that does not fit yet keeps its place: nobody overtakes it
             if not self._aged(candidate, now) and not self._dense_enough(candidate, box):
                 break  # wider prompts wait for a batch of their own width (the queue is sorted)
+            if not self.chunks.room_for(candidate, self.active + chosen):
+                break  # another prompt's chunks are running: this one waits (keeping its place)
             pending.remove(candidate)
             self._add(box, candidate)
             chosen.append(candidate)
