@@ -171,7 +171,9 @@ def scheduler_for(
         config.eos_token_ids,
         scheduling,
         batch_size,
-        kept_share=decoding.sparse.context_kept_share(config.num_kv_heads),
+        kept_share=1.0  # a cache that keeps every position; DiffusionGemma's config names no K/V heads
+        if decoding.sparse.mode == "off"
+        else decoding.sparse.context_kept_share(config.num_kv_heads),
         ignore_eos=decoding.ignore_eos,
         masked_suffix=decoding.masked_suffix,
         **scheduling_facts(runner),

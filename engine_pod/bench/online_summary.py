@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 from dllm_contracts.scheduler_config import SchedulerConfig
-from engine_pod.cli.prefill_chunk_arg import chunk_label
 
 
 def policy_runs(
@@ -86,3 +85,8 @@ def family_lines(report: dict, width: int) -> list[str]:
                     f"{first.get('p50', 0):>12.2f}{m['tokens_per_s']:>9.1f}{chunks:>8}{chunk_wait:>13.2f}"
                 )
     return lines
+
+
+def chunk_label(chunk: int | None) -> str:
+    """How a run with this chunk is named beside its policy (as ``--prefill-chunk`` names it)."""
+    return "off" if chunk == 0 else "auto" if chunk is None else str(chunk)

@@ -33,8 +33,3 @@ def prefill_chunk_settings(text: str) -> tuple[int | None, ...]:
     if len(set(values)) < len(values):
         raise argparse.ArgumentTypeError(f"a chunk size is named twice in {text!r}")
     return values
-
-
-def chunk_label(chunk: int | None) -> str:
-    """How a run with this chunk is named beside its policy."""
-    return "off" if chunk == 0 else "auto" if chunk is None else str(chunk)

@@ -252,3 +252,15 @@ def test_released_requests_are_forgotten_and_preempted_ones_keep_their_generator
     third.released, third.preempted = ["a"], ["a"]
     runner.run(third)
     assert set(runner.stepper.states) == {"c"} and runner.stepper.suspended["a"][1] == [3, 16]
+
+
+@pytest.mark.parametrize("policy", ["blockserve", "dllm-serve"])
+def test_the_serving_scheduler_is_made_for_diffusion_gemma(base, policy):
+    """What ``dllm serve``'s worker builds for a DiffusionGemma model (its config names no K/V heads; the
+    kept share of a dense cache is 1)."""
+    from engine_pod.engine import scheduler_for
+
+    run = RUNS[0]
+    runner = make_runner(_loaded(base, run), _decoding(run), pool_tokens=512)
+    scheduler = scheduler_for(runner, policy, SchedulerConfig(token_budget=512))
+    assert scheduler.block_length == run["args"]["canvas_length"]
