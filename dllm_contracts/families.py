@@ -29,8 +29,9 @@ FAMILIES = tuple(FAMILY_DECODING)
 DEFAULT_FAMILY = FAMILIES[0]
 # how users know each family (help texts, the package summary and README name every one)
 FAMILY_NAMES: dict[str, str] = {row["name"]: row["display_name"] for row in FAMILY_TABLE}
-# each family's cache kind: dual (LLaDA, Dream), paged (block diffusion), canvas (DiffusionGemma)
-FAMILY_CACHE: dict[str, str] = {row["name"]: row["cache"] for row in FAMILY_TABLE}
+# each family's cache kind (engine_pod/kinds/): bidirectional (LLaDA, Dream), block_causal (block diffusion),
+# canvas (DiffusionGemma)
+FAMILY_KIND: dict[str, str] = {row["name"]: row["kind"] for row in FAMILY_TABLE}
 # the families whose experts parallelism.expert (the engine's --expert-parallel) spreads over ranks
 EXPERT_FAMILIES = tuple(row["name"] for row in FAMILY_TABLE if row["expert_parallel"])
 FAMILIES_IN_WORDS = ", ".join(FAMILY_NAMES[family] for family in FAMILIES)

@@ -162,8 +162,8 @@ def scheduler_for(
     runner: Runner, policy: str, scheduling: SchedulerConfig, batch_size: int = 1, **options
 ) -> Scheduler:
     """``policy``'s scheduler (one of SERVING_POLICIES) for ``runner``'s model and decoding: its block
-    length, EOS ids and canvas, the share of a row's context its cache keeps, and the scheduling facts of
-    its model (``options``: the clock)."""
+    length, EOS ids and masked suffix, the share of a row's context its cache keeps, and the scheduling
+    facts of its model (``options``: the clock)."""
     decoding, config = runner.decoding, runner.loaded.config
     return serving_scheduler(
         policy,
@@ -171,11 +171,11 @@ def scheduler_for(
         config.eos_token_ids,
         scheduling,
         batch_size,
-        kept_share=1.0
+        kept_share=1.0  # a cache that keeps every position; DiffusionGemma's config names no K/V heads
         if decoding.sparse.mode == "off"
         else decoding.sparse.context_kept_share(config.num_kv_heads),
         ignore_eos=decoding.ignore_eos,
-        canvas=decoding.canvas,
+        masked_suffix=decoding.masked_suffix,
         **scheduling_facts(runner),
         **options,
     )

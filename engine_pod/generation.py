@@ -43,7 +43,7 @@ def generate_one(
         decoding.block_length,
         eos,
         ignore_eos=decoding.ignore_eos,
-        canvas=decoding.canvas,
+        masked_suffix=decoding.masked_suffix,
         layout="packed" if decoding.sparse.on else "dense",  # the head-sparse cache runs packed rows only
         **scheduling_facts(runner),
     )

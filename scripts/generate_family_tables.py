@@ -56,7 +56,9 @@ class FamilyRow:
     summary: str
     block_length: int
     steps_per_block: int
-    cache: str  # its cache kind: dual (LLaDA, Dream), paged (block diffusion) or canvas (DiffusionGemma)
+    kind: (
+        str  # its cache kind's name: bidirectional (LLaDA, Dream), block_causal or canvas (engine_pod/kinds/)
+    )
     checkpoints: str  # the published checkpoints it reads (README's Models table)
     tiny_preset: str  # its CPU-sized random preset (dllm_contracts/model_presets.py): the op census runs it
     expert_parallel: bool = False  # a mixture of experts that parallelism.expert spreads over ranks
@@ -84,7 +86,7 @@ def registry_rows() -> tuple[FamilyRow, ...]:
             f.summary,
             f.decoding.block_length,
             f.decoding.steps_per_block,
-            f.cache,
+            f.kind.name,
             f.checkpoints,
             f.tiny_preset,
             f.expert_parallel,
@@ -100,8 +102,8 @@ def check_rows(rows: Sequence[FamilyRow]) -> None:
     for row in rows:
         if not FAMILY_NAME.fullmatch(row.name):
             raise GenerationError(f"family name {row.name!r} is not lower case letters, digits and _ (<= 32)")
-        if row.cache not in KIND_WORDS:
-            raise GenerationError(f"family {row.name}: cache kind {row.cache!r} has no words in KIND_WORDS")
+        if row.kind not in KIND_WORDS:
+            raise GenerationError(f"family {row.name}: cache kind {row.kind!r} has no words in KIND_WORDS")
         if "|" in row.checkpoints or ")" in row.display_name:
             raise GenerationError(f"family {row.name}: its checkpoints or display name cannot go in a table")
     declared: dict[str, dict[str, Any]] = {}
@@ -142,7 +144,7 @@ def table_source(rows: Sequence[FamilyRow]) -> str:
             "summary": row.summary,
             "block_length": row.block_length,
             "steps_per_block": row.steps_per_block,
-            "cache": row.cache,
+            "kind": row.kind,
             "tiny_preset": row.tiny_preset,
             "expert_parallel": row.expert_parallel,
         }
@@ -305,8 +307,8 @@ def values_schema_text(text: str, rows: Sequence[FamilyRow]) -> str:
 
 # how README's Models table describes each cache kind: (attention, cache)
 KIND_WORDS = {
-    "dual": ("bidirectional", "Fast-dLLM dual cache, refreshed at each block"),
-    "paged": ("causal across blocks", "exact: a block's keys and values kept once committed"),
+    "bidirectional": ("bidirectional", "Fast-dLLM dual cache, refreshed at each block"),
+    "block_causal": ("causal across blocks", "exact: a block's keys and values kept once committed"),
     "canvas": (
         "causal encoder, bidirectional canvas",
         "exact: the context's keys and values kept across canvases",
@@ -334,7 +336,7 @@ def models_table(rows: Sequence[FamilyRow]) -> str:
     """README's Models table: a row per family."""
     lines = [MODELS_HEADER, "|---|---|---|---|---|"]
     for row in rows:
-        attention, cache = KIND_WORDS[row.cache]
+        attention, cache = KIND_WORDS[row.kind]
         lines.append(
             f"| `{row.name}` | {row.checkpoints} | {attention} | {cache} | `random:{row.tiny_preset}` |"
         )

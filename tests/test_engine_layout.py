@@ -20,7 +20,7 @@ FAMILY_ROOMS = (
     "engine_pod.models",
     "engine_pod.families",
     "engine_pod.loading",
-    "engine_pod.block_diffusion",
+    "engine_pod.kinds",
     "engine_pod.runner",
     "engine_pod.profiling",
 )

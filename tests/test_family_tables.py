@@ -180,7 +180,7 @@ def test_a_new_family_reaches_the_chart_and_the_contracts_table():
         "summary": NEW.summary,
         "block_length": 64,
         "steps_per_block": 16,
-        "cache": "canvas",
+        "kind": "canvas",
         "tiny_preset": "tiny-canvas-tiny",
         "expert_parallel": True,
         "request_settings": (),  # it adds no per-request setting

@@ -208,7 +208,7 @@ def run_census(
         for policy, rows, text, kind in grid:
             for remasking in REMASKINGS.get(spec, DEFAULT_REMASKING):
                 if policy in STAGGERED and stagger_problem(
-                    loaded.family.name, loaded.family.cache, "dual", remasking
+                    loaded.family.name, loaded.family.kind.name, "dual", remasking
                 ):
                     continue  # staggered refreshes need a dual cache and a policy that does not count steps
                 lengths = rows if text == "all" else min(int(text), rows)

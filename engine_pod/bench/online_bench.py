@@ -12,6 +12,7 @@ from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.bench.online import Load, OnlineRequest, online_metrics, repeat_to
 from engine_pod.bench.online_engine import run_engine_online
 from engine_pod.bench.online_http import drive
+from engine_pod.bench.online_summary import policy_runs
 from engine_pod.bench.policies import PolicySpec, static_batch_size_for, static_widths
 from engine_pod.bench.policy_caches import decoding_for, split_policy
 from engine_pod.bench.prepare import prepare_requests
@@ -30,6 +31,7 @@ class OnlineConfig:
     decoding: DecodingConfig
     scheduling: SchedulerConfig
     loads: tuple[Load, ...]
+    prefill_chunks: tuple[int | None, ...] = ()  # each policy runs with each (empty: scheduling's own)
     requests: int | None = None  # how many requests per load (default: the workload's)
     url: str | None = None  # a running server to load instead (chat requests; policies ignored)
     api_key: str | None = None
@@ -55,6 +57,10 @@ def run_online_benchmark(cfg: OnlineConfig, on_run: Callable[[dict], None] | Non
         "loads": [asdict(load) | {"label": load.label} for load in cfg.loads],
         "target": cfg.url or "in-process",
         "runs": {},
+        "prefill_chunk_by_run": {
+            name: scheduling.prefill_chunk
+            for name, _, scheduling in policy_runs(cfg.policies, cfg.scheduling, cfg.prefill_chunks)
+        },  # the setting each run had (None: the default from the budget; 0: whole prompts)
     }
     for name, load, run in _runs(cfg, requests):
         logger.info("%s under %s: %d requests", name, load.label, len(requests))
@@ -85,9 +91,9 @@ def _runs(cfg: OnlineConfig, requests: list[OnlineRequest]):
         prepared = [r.request for r in requests]
         widths = static_widths(prepared, cfg.decoding.block_length)
         batch = static_batch_size_for(widths, cfg.scheduling.token_budget)
-        for name in cfg.policies:
-            spec = PolicySpec(split_policy(name)[0], cfg.scheduling, batch)
-            decoding = decoding_for(name, cfg.decoding)
+        for name, policy, scheduling in policy_runs(cfg.policies, cfg.scheduling, cfg.prefill_chunks):
+            spec = PolicySpec(split_policy(policy)[0], scheduling, batch)
+            decoding = decoding_for(policy, cfg.decoding)
             for load in cfg.loads:
                 if spec.through_gateway:
                     yield (
@@ -117,38 +123,3 @@ def _through_gateway(
             lambda: asyncio.run(drive(stack.url, requests, load, "bench", chat=False))
         )
     return observed, {}  # the engine's figures are the worker's (its /metrics)
-
-
-def online_summary(report: dict) -> str:
-    usable = report.get("usable_memory_bytes")
-    lines = [
-        f"{report['workload']}: {report['requests']} requests per load, target {report['target']}"
-        + (f", usable memory {usable / 2**20:.0f} MiB" if usable else ""),
-        f"{'run':<28}{'load':<14}{'tok/s':>9}{'1st blk p50':>12}{'p99':>8}{'lat p50':>9}{'p90':>8}"
-        f"{'p99':>8}{'wait p50':>9}{'worst family p99/p50':>22}{'rows mean':>10}{'max':>5}{'waiting':>8}{'holds':>7}{'kept':>6}"
-        f"{'refresh':>8}{'peak MiB':>9}",
-    ]
-    for name, by_load in report["runs"].items():
-        for label, m in by_load.items():
-            first, lat = m["first_block_s"], m["latency_s"]
-            wait = (m.get("queue_wait_s") or {}).get("p50")
-            worst = max(f["p99"] for f in m["latency_by_family_s"].values()) / lat["p50"]
-            lines.append(
-                f"{name:<28}{label:<14}{m['tokens_per_s']:>9.1f}{first.get('p50', 0):>12.2f}"
-                f"{first.get('p99', 0):>8.2f}{lat['p50']:>9.2f}{lat['p90']:>8.2f}{lat['p99']:>8.2f}"
-                f"{(f'{wait:.2f}' if wait is not None else '-'):>9}{worst:>22.2f}"
-                f"{_figure(m, 'rows_resident_mean', '.2f'):>10}{_figure(m, 'rows_resident_max', 'd'):>5}"
-                f"{_figure(m, 'rows_resident_mean_waiting', '.2f'):>8}"
-                f"{_figure(m, 'rows_the_budget_holds', '.2f'):>7}"
-                f"{_figure(m, 'admitted_kept_share', '.2f'):>6}{_figure(m, 'refresh_share', '.3f'):>8}"
-                f"{_figure(m, 'peak_memory_bytes', '.0f', 2**20):>9}"
-            )
-    return "\n".join(lines)
-
-
-def _figure(metrics: dict, key: str, spec: str, unit: int = 1) -> str:
-    """An engine figure for the table ('-' where the engine ran elsewhere: a server, the gateway)."""
-    value = metrics.get(key)
-    if value is None:
-        return "-"
-    return format(value / unit if unit != 1 else value, spec)

@@ -58,7 +58,7 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--batch-size", type=int, help="static batch size (default: largest that fits the budget)"
     )
-    add_scheduler_args(parser)
+    add_scheduler_args(parser, compare=True)
     parser.add_argument(
         "--steps-per-block", type=int, default=32, help="denoising steps per block (default: 32)"
     )
@@ -165,8 +165,9 @@ def _threads(args: argparse.Namespace, online: bool):
 
 def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) -> int:
     from engine_pod.bench.http_client import HttpError
-    from engine_pod.bench.online_bench import OnlineConfig, online_summary, run_online_benchmark
+    from engine_pod.bench.online_bench import OnlineConfig, run_online_benchmark
     from engine_pod.bench.online_http import served_model
+    from engine_pod.bench.online_summary import online_summary
 
     if args.requests is not None and args.requests < 1:
         raise CliError("--requests must be positive")
@@ -176,10 +177,13 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) ->
     ):
         if len(settings) > 1:
             raise CliError(f"{flag} on,off compares the policies offline; an online load takes on or off")
+    if args.url and len(args.prefill_chunk) > 1:
+        raise CliError("--prefill-chunk: a running server (--url) has its own; give one size or none")
     model = served_model(args.url, args.api_key, args.served_model_name) if args.url else "bench"
     config = OnlineConfig(
         **_run_settings(args, policies),
         loads=_loads(args),
+        prefill_chunks=args.prefill_chunk,
         requests=args.requests,
         url=args.url,
         api_key=args.api_key,
@@ -257,6 +261,10 @@ def run(args: argparse.Namespace) -> int:
         return _run_online(args, policies, threads)
     if args.url:
         raise CliError("--url needs --arrival-rate or --concurrency")
+    if len(args.prefill_chunk) > 1:
+        raise CliError(
+            "--prefill-chunk: several sizes compare online loads (--arrival-rate or --concurrency)"
+        )
     calibrate = args.calibrate_threshold
     if calibrate is not None and not (0 < calibrate < 1 and args.remasking == "threshold"):
         raise CliError("--calibrate-threshold takes a fraction in (0, 1) and needs --remasking threshold")

@@ -10,7 +10,7 @@ from dllm_contracts.families import FAMILIES, FAMILIES_IN_WORDS
 from dllm_contracts.head_sparse_config import HeadSparseConfig
 from dllm_contracts.logit_settings import logit_problems
 from engine_pod.cli.sparse_args import sparse_config
-from engine_pod.decoding.config import CACHE_MODES, CANVAS_MODES, REMASKING, DecodingConfig
+from engine_pod.decoding.config import CACHE_MODES, REMASKING, DecodingConfig
 from engine_pod.loading.presets import PRESETS
 
 
@@ -100,7 +100,7 @@ def add_group_args(parser: argparse.ArgumentParser) -> None:
 
 def group_place(args: argparse.Namespace):
     """The group these flags describe (one line for flags that do not fit together)."""
-    from engine_pod.runner.group_processes import GroupPlace
+    from engine_pod.group_processes import GroupPlace
 
     sizes = (args.tensor_parallel, getattr(args, "nodes", 1), getattr(args, "node_rank", 0))
     try:
@@ -171,7 +171,7 @@ def add_decoding_args(parser: argparse.ArgumentParser, compare: bool = False) ->
     group.add_argument("--cache", choices=CACHE_MODES, default="dual", help="KV cache mode (default: dual)")
     group.add_argument(
         "--canvas",
-        choices=CANVAS_MODES,
+        choices=("block", "full"),
         default="block",
         help="block: prompt + blocks so far (BlockServe, dllm serve); full: also the masked suffix, as "
         "LLaDA's and Fast-dLLM's reference code (default: block)",
@@ -252,7 +252,7 @@ def decoding_config(args: argparse.Namespace, steps_per_block: int) -> DecodingC
         remasking=args.remasking,
         threshold=args.threshold,
         cache=args.cache,
-        canvas=args.canvas,
+        masked_suffix=args.canvas == "full",
         ignore_eos=args.ignore_eos,
         prefix_cache=args.prefix_cache[0],
         max_materialized_logits=args.max_materialized_logits,

@@ -76,7 +76,7 @@ def _prompt_ids(args: argparse.Namespace, loaded) -> list[int]:
 def run(args: argparse.Namespace) -> int:
 
     from engine_pod.generation import generate_one
-    from engine_pod.runner.group_processes import ModelArgs, tensor_parallel_group
+    from engine_pod.group_processes import ModelArgs, tensor_parallel_group
 
     check_logit_args(args)
     check_sparse_run(args)  # before any rank starts

@@ -36,8 +36,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine_pod.head_sparse.importance import ImportanceConfig, head_importance
     from engine_pod.loading.loader import load_model
+    from engine_pod.profiling.head_importance import ImportanceConfig, head_importance
 
     apply_threads(args.threads, logging.DEBUG)
     if args.block_length < 1:

@@ -25,7 +25,7 @@ from engine_pod.cli.common import (
 )
 from engine_pod.cli.sparse_args import add_sparse_args, sparse_config
 from engine_pod.cpu_load import apply_threads
-from engine_pod.head_sparse.groups import PROFILE_KEY
+from engine_pod.kinds.bidirectional.head_sparse.groups import PROFILE_KEY
 
 logger = logging.getLogger(__name__)
 

@@ -18,13 +18,15 @@ from dllm_contracts.scheduler_config import (
 )
 from engine_pod.cli.budget import add_budget_args, read_profile, resolve_budget
 from engine_pod.cli.common import CliError
+from engine_pod.cli.prefill_chunk_arg import prefill_chunk_setting, prefill_chunk_settings
 from engine_pod.cli.sparse_args import SPARSE_FLAGS, sparse_settings
 
 logger = logging.getLogger(__name__)
 
 
-def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
-    """The token budget (``--token-budget`` or ``--profile``) and BlockServe's admission settings."""
+def add_scheduler_args(parser: argparse.ArgumentParser, compare: bool = False) -> None:
+    """The token budget (``--token-budget`` or ``--profile``) and BlockServe's admission settings;
+    ``compare`` (a benchmark's): ``--prefill-chunk`` takes a comma list, every policy run with each."""
     add_budget_args(parser)
     group = parser.add_argument_group("BlockServe admission")
     group.add_argument(
@@ -85,11 +87,13 @@ def add_scheduler_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--prefill-chunk",
-        type=int,
-        default=None,
+        type=prefill_chunk_settings if compare else prefill_chunk_setting,
+        default=(None,) if compare else None,
+        metavar="TOKENS" + ("[,TOKENS...]" if compare else ""),
         help="block-diffusion models (LLaDA2.0, SDAR): compute a long prompt's keys and values this many "
         "tokens (whole blocks) per block cycle, beside the decoding rows, so that it does not stall them "
-        "(default: 512, or an eighth of the token budget if smaller; 0: the whole prompt at once)",
+        "(default, or auto: 512, or an eighth of the token budget if smaller; 0 or off: the whole prompt "
+        "at once)" + ("; a comma list (off,512,256) runs every policy with each" if compare else ""),
     )
     phases = parser.add_argument_group("dLLM-Serve phases (--policy dllm-serve)")
     phases.add_argument(
@@ -179,12 +183,18 @@ def scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
         refresh_interval=args.refresh_interval,
         cache_share=_cache_share(args, profile),
         step_level=args.step_level,
-        prefill_chunk=args.prefill_chunk,
+        prefill_chunk=_first(args.prefill_chunk),
     )
     problems = problems_of(settings)
     if problems:
         raise CliError("; ".join(f"{FLAGS[name]} {message}" for name, message in problems.items()))
     return SchedulerConfig(**settings)
+
+
+def _first(chunk):
+    """A benchmark's ``--prefill-chunk`` is a tuple (one run per size): the config takes its first; the
+    benchmark replaces it for each run."""
+    return chunk[0] if isinstance(chunk, tuple) else chunk
 
 
 def _check_profile_fits(args: argparse.Namespace, profile: ProfileSummary) -> None:
@@ -245,6 +255,6 @@ def check_stagger(args: argparse.Namespace) -> None:
     from engine_pod.loading.loader import load_metadata
 
     family = family_of(load_metadata(args.model, args.family)[0])
-    problem = stagger_problem(family.display_name, family.cache, args.cache, args.remasking)
+    problem = stagger_problem(family.display_name, family.kind.name, args.cache, args.remasking)
     if problem:
         raise CliError(problem)

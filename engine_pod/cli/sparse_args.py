@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from dllm_contracts.head_sparse_config import MODES, HeadSparseConfig
-from engine_pod.head_sparse.groups import profile_has_importance
+from engine_pod.kinds.bidirectional.head_sparse.groups import profile_has_importance
 
 _DEFAULTS = HeadSparseConfig()
 SPARSE_FLAGS = {

@@ -69,7 +69,7 @@ def check_warm_family(args: argparse.Namespace) -> None:
     from engine_pod.scheduler.warm_prefixes import warm_prefix_problem
 
     family = family_of(load_metadata(args.model, args.family)[0])
-    problem = warm_prefix_problem(family.display_name, family.cache, args.cache, args.prefix_cache[0])
+    problem = warm_prefix_problem(family.display_name, family.kind.name, args.cache, args.prefix_cache[0])
     if problem is not None:
         raise CliError(problem)
     if getattr(args, "policy", "blockserve") not in ("blockserve",):

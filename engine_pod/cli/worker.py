@@ -125,8 +125,8 @@ def build_worker(args: argparse.Namespace, redis_url: str, service: str, held: E
     """The worker of these flags; ``held`` keeps its tensor-parallel group (the other ranks' processes)
     for as long as the worker runs."""
     from dllm_contracts.tracing import Tracing
+    from engine_pod.group_processes import tensor_parallel_group
     from engine_pod.runner.factory import make_runner
-    from engine_pod.runner.group_processes import tensor_parallel_group
     from engine_pod.worker.config import WorkerConfig
     from engine_pod.worker.worker import Worker
 
@@ -164,7 +164,7 @@ def model_args(args: argparse.Namespace):
     """What each rank of the worker's group loads, with its share of this process's threads."""
     import torch
 
-    from engine_pod.runner.group_processes import ModelArgs
+    from engine_pod.group_processes import ModelArgs
 
     per_node = group_place(args).per_node
     per_rank = max(1, torch.get_num_threads() // per_node)
@@ -176,8 +176,8 @@ def model_args(args: argparse.Namespace):
 def follow_group(args: argparse.Namespace) -> int:
     """Another node's ranks of the group: compute what node 0 sends until it stops (no queue, no probes
     of a worker: the pod lives as long as its group)."""
+    from engine_pod.group_processes import tensor_parallel_group
     from engine_pod.runner.factory import make_runner
-    from engine_pod.runner.group_processes import tensor_parallel_group
     from engine_pod.runner.tensor_parallel import follow
 
     with tensor_parallel_group(group_place(args), model_args(args)) as loaded:

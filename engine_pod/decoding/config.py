@@ -1,4 +1,4 @@
-"""Decoding options shared by every scheduler: block length, steps, remasking policy, cache, canvas."""
+"""Decoding options shared by every scheduler: block length, steps, remasking policy, cache, masked suffix."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from engine_pod.models.logit_budget import LogitBudget
 
 REMASKING = ("low_confidence", "threshold", "scheduled_threshold", "entropy", "maskgit_plus", "topk_margin")
 CACHE_MODES = ("none", "prefix", "dual")
-CANVAS_MODES = ("block", "full")
 
 
 class DecodingConfigError(ValueError):
@@ -27,7 +26,9 @@ class DecodingConfig:
     remasking: str = "threshold"  # which positions to commit at each step (see decoding/policies)
     threshold: float = 0.9  # confidence needed by the threshold policy
     cache: str = "dual"  # none: full forwards; prefix: cache before the block; dual: cache outside it
-    canvas: str = "block"  # block: prompt + blocks so far (BlockServe); full: + masked suffix (Fast-dLLM)
+    # every row also holds its masked suffix up to its generation budget, as LLaDA's and Fast-dLLM's reference
+    # code (``--canvas full``); False: the prompt and the blocks so far (BlockServe, ``--canvas block``)
+    masked_suffix: bool = False
     ignore_eos: bool = False  # keep generating after a block that contains EOS
     eps: float = 1e-3  # Dream's final timestep, used by the timestep schedule of quota policies
     # block-diffusion models (LLaDA2.0, SDAR): share the keys and values of whole blocks between requests
@@ -58,8 +59,6 @@ class DecodingConfig:
             raise DecodingConfigError(f"unknown remasking {self.remasking!r}; choose one of {REMASKING}")
         if self.cache not in CACHE_MODES:
             raise DecodingConfigError(f"unknown cache mode {self.cache!r}; choose one of {CACHE_MODES}")
-        if self.canvas not in CANVAS_MODES:
-            raise DecodingConfigError(f"unknown canvas {self.canvas!r}; choose one of {CANVAS_MODES}")
         for name, message in logit_problems(self.max_materialized_logits, self.logit_candidates).items():
             raise DecodingConfigError(f"{name.replace('_', ' ')} {message}")
         if not REQUEST_SETTINGS["threshold"].in_range(self.threshold):  # a request's threshold replaces it

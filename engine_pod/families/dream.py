@@ -10,6 +10,7 @@ from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
 from dllm_contracts.families import FamilyDecoding
 from engine_pod.families.name_maps import layered_name_map
 from engine_pod.families.record import DualCacheQuirks, ModelFamily
+from engine_pod.kinds.bidirectional.kind import BIDIRECTIONAL
 from engine_pod.models.config import ModelConfig, as_tuple, mlp_activation, qwen_shape
 from engine_pod.models.transformer import DiffusionTransformer
 from engine_pod.parallel.llama_shards import LlamaShards
@@ -64,7 +65,7 @@ FAMILY = ModelFamily(
     model_types=("dream",),
     read_config=dream_config,
     architecture=DiffusionTransformer,
-    cache="dual",
+    kind=BIDIRECTIONAL,
     checkpoints="Dream-org/Dream-v0-Instruct-7B",
     tiny_preset="dream-tiny",
     decoding=FamilyDecoding(block_length=DEFAULT_BLOCK_LENGTH, steps_per_block=DEFAULT_BLOCK_LENGTH),

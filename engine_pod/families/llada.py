@@ -9,6 +9,7 @@ from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
 from dllm_contracts.families import FamilyDecoding
 from engine_pod.families.name_maps import layered_name_map
 from engine_pod.families.record import DualCacheQuirks, ModelFamily
+from engine_pod.kinds.bidirectional.kind import BIDIRECTIONAL
 from engine_pod.models.config import ModelConfig, ModelConfigError, as_tuple, mlp_activation, require
 from engine_pod.models.transformer import DiffusionTransformer
 from engine_pod.parallel.llama_shards import LlamaShards
@@ -92,7 +93,7 @@ FAMILY = ModelFamily(
     model_types=("llada",),
     read_config=llada_config,
     architecture=DiffusionTransformer,
-    cache="dual",
+    kind=BIDIRECTIONAL,
     checkpoints="GSAI-ML/LLaDA-8B-Instruct",
     tiny_preset="llada-tiny",
     decoding=FamilyDecoding(block_length=DEFAULT_BLOCK_LENGTH, steps_per_block=DEFAULT_BLOCK_LENGTH),

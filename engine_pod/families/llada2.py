@@ -11,6 +11,7 @@ from typing import Any
 from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
 from dllm_contracts.families import FamilyDecoding
 from engine_pod.families.record import ModelFamily
+from engine_pod.kinds.block_causal.kind import BLOCK_CAUSAL
 from engine_pod.models.block_transformer import BlockDiffusionTransformer
 from engine_pod.models.config import ModelConfig, ModelConfigError, MoESpec, as_tuple, mlp_activation
 from engine_pod.models.config_fields import check_fixed, needed, reader_with_defaults
@@ -177,7 +178,7 @@ FAMILY = ModelFamily(
     model_types=("llada2_moe",),
     read_config=llada2_config,
     architecture=BlockDiffusionTransformer,
-    cache="paged",
+    kind=BLOCK_CAUSAL,
     checkpoints="inclusionAI/LLaDA2.0-mini (mixture of experts)",
     tiny_preset="llada2-tiny",
     decoding=FamilyDecoding(block_length=DEFAULT_BLOCK_LENGTH, steps_per_block=DEFAULT_BLOCK_LENGTH),

@@ -7,22 +7,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from dllm_contracts.families import FamilyDecoding
 from dllm_contracts.request_params import FamilyParams
-
-# How a family's cycles keep keys and values, which decides its runner (runner/factory.py):
-# dual: LLaDA-style bidirectional models, Fast-dLLM's dual cache rebuilt each cycle;
-# paged: block diffusion, an exact cache of committed blocks in a paged pool;
-# canvas: uniform-noise canvases over a kept causal context in a paged pool.
-CacheKind = Literal["dual", "paged", "canvas"]
-CACHE_KINDS: tuple[CacheKind, ...] = ("dual", "paged", "canvas")
+from engine_pod.runner.kind import CacheKind
 
 
 @dataclass(frozen=True)
 class DualCacheQuirks:
-    """How a dual-cache family's reference decodes, kept out of the generic denoising loop."""
+    """How a bidirectional family's reference decodes, kept out of the generic denoising loop."""
 
     logit_shift: int = 0  # logits for position p come from hidden state p - shift (Dream: 1)
     commits_block_start_on_refresh: bool = (
@@ -47,7 +41,7 @@ class ModelFamily:
     model_types: tuple[str, ...]  # config.json's model_type values it reads, lower case
     read_config: Callable[[dict[str, Any]], Any]  # config.json's fields -> its config
     architecture: Callable[[Any], Any]  # its config -> the model's modules (an nn.Module class)
-    cache: CacheKind
+    kind: CacheKind  # how its cycles keep keys and values: its stepper (engine_pod/kinds/)
     decoding: FamilyDecoding  # what a service decodes with when it does not say
     checkpoints: str  # the published checkpoints it reads, as README's Models table names them
     tiny_preset: str  # its CPU-sized random preset (dllm_contracts/model_presets.py): the op census runs it
@@ -72,8 +66,10 @@ class ModelFamily:
     expert_parallel: bool = False  # a mixture of experts whose experts --expert-parallel spreads over ranks
 
     def __post_init__(self) -> None:
-        if self.cache not in CACHE_KINDS:
-            raise ValueError(f"family {self.name}: cache {self.cache!r} is not one of {CACHE_KINDS}")
+        if not isinstance(self.kind, CacheKind):
+            raise ValueError(
+                f"family {self.name}: kind {self.kind!r} is not a cache kind (engine_pod/kinds/)"
+            )
         if self.name_map is None and self.read_sources is None:
             raise ValueError(f"family {self.name}: a name_map or its own read_sources is needed")
         if not self.model_types or any(t != t.lower() for t in self.model_types):
@@ -92,4 +88,4 @@ class ModelFamily:
     @property
     def records_margins(self) -> bool:
         """Whether its runner can record each commit's top-two margin and row 0's trace."""
-        return self.cache == "dual"
+        return self.kind.records_margins

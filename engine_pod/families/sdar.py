@@ -10,6 +10,7 @@ from typing import Any
 from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
 from dllm_contracts.families import FamilyDecoding
 from engine_pod.families.record import ModelFamily
+from engine_pod.kinds.block_causal.kind import BLOCK_CAUSAL
 from engine_pod.models.block_transformer import BlockDiffusionTransformer
 from engine_pod.models.checkpoint_files import PART
 from engine_pod.models.config import ModelConfig, as_tuple, mlp_activation
@@ -113,7 +114,7 @@ FAMILY = ModelFamily(
     model_types=("sdar",),
     read_config=sdar_config,
     architecture=BlockDiffusionTransformer,
-    cache="paged",
+    kind=BLOCK_CAUSAL,
     checkpoints="JetLM/SDAR-1.7B/4B/8B-Chat",
     tiny_preset="sdar-tiny",
     decoding=FamilyDecoding(block_length=DEFAULT_BLOCK_LENGTH, steps_per_block=DEFAULT_BLOCK_LENGTH),

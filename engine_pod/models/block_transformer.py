@@ -7,7 +7,7 @@ key_layernorm, dense}, post_attention_layernorm, mlp}``, ``norm``, ``lm_head``. 
 
 Every forward reads and writes a paged KV pool (models/paged_kv.py): the queries' keys and values are
 written at their slots first, then each row attends over its key slots under a block-causal mask, in
-the forward's layout (models/forward_batch.py, built by block_diffusion/batches.py: a padded box or packed rows). A row's queries are its
+the forward's layout (models/forward_batch.py, built by kinds/block_causal/batches.py: a padded box or packed rows). A row's queries are its
 not-yet-cached committed tokens (stored for good) and its active block.
 """
 

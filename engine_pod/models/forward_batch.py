@@ -7,8 +7,8 @@ layer reads (its ``KeySource``) and calls the engine's attention op once (models
 with the layer's plan (models/ragged.py). Where the layers differ in what they see (DiffusionGemma's
 sliding and full layers), each group of layers has its own layout.
 
-Each cache kind has its builder: runner/dual_batches.py (LLaDA and Dream's dual cache),
-block_diffusion/batches.py (block diffusion's paged cache) and families/diffusion_gemma/context_cache.py
+Each cache kind has its builder: kinds/bidirectional/box_batches.py (LLaDA and Dream's dual cache),
+kinds/block_causal/batches.py (block diffusion's paged cache) and kinds/canvas/context_cache.py
 (DiffusionGemma's context cache).
 """
 
@@ -124,7 +124,7 @@ class ForwardBatch:
     write_slots: torch.Tensor | None = None
     final: KeyLayout | None = None
     layer_groups: Sequence[Hashable] | None = None
-    # a head-sparse cycle's forwards attend through it (head_sparse/hooks.py); None: ``attend_dense``
+    # a head-sparse cycle's forwards attend through it (kinds/bidirectional/head_sparse/hooks.py); None: ``attend_dense``
     heads: HeadAttention | None = None
 
     @classmethod

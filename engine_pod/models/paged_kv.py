@@ -7,7 +7,7 @@ is committed. Slots are flat (page x page_size + offset); the last slot is a scr
 queries write to and padded keys read from, never attended.
 
 Pages are reference-counted: a request's table holds one reference to each of its pages, and the block
-prefix cache (block_diffusion/prefix_cache.py) one to each page it keeps, so that requests can share a
+prefix cache (kinds/block_causal/prefix_cache.py) one to each page it keeps, so that requests can share a
 committed block's page and a finished request's blocks can outlive it. A page returns to the free list
 when its last holder lets it go; when too few are free, ``reclaim`` (the cache's eviction) is asked first.
 
@@ -102,6 +102,28 @@ class PagedKVPool:
     def capacity(self) -> int:
         """Slots in the pool (the scratch slot excluded)."""
         return self.scratch
+
+    def grow(self, num_pages: int) -> None:
+        """At least ``num_pages`` pages: every layer's entries reallocated larger (one layer at a time), the
+        held pages' entries kept in their slots (a page keeps its number, so every table and slot stays
+        valid), the new pages free, handed out after the free ones."""
+        pages = self.scratch // self.page_size
+        if num_pages <= pages:
+            return
+        held = len(self._free) < pages
+        size = num_pages * self.page_size
+        for stores in (self.keys, self.values):
+            for layer in range(len(stores)):
+                old = stores[layer]
+                shape, dtype, device = (size + 1, *old.shape[1:]), old.dtype, old.device
+                kept = old[: self.scratch] if held else None  # nothing held: the old entries go first
+                old = stores[layer] = None
+                stores[layer] = torch.zeros(shape, dtype=dtype, device=device)
+                if kept is not None:
+                    stores[layer][: self.scratch] = kept
+        self.scratch = size
+        self._free = list(range(num_pages - 1, pages - 1, -1)) + self._free
+        self._refs += [0] * (num_pages - pages)
 
     def share(self, owner: str, pages: list[int]) -> None:
         """Start ``owner``'s table (empty until now) with ``pages`` held by others (a cached prefix)."""

@@ -7,7 +7,7 @@ call of the registered op ``dllm::ragged_attention`` (models/attention_backends.
 one varlen flash kernel on a GPU, the grouped SDPA below elsewhere). What a row may see of its keys and
 how SDPA is called are the plan's ``Masking`` and ``SdpaStyle`` (models/attention_rules.py).
 
-The grouped SDPA, the reference: rows are grouped by length and each group runs as one SDPA call. The runner packs rows in length order (runner/packing.py), so a group of one length is a
+The grouped SDPA, the reference: rows are grouped by length and each group runs as one SDPA call. The runner packs rows in length order (kinds/bidirectional/packing.py), so a group of one length is a
 contiguous run: a view, nothing gathered, nothing padded. Groups may also admit rows within
 ``LENGTH_TOLERANCE`` of their widest (fewer calls, some padding, gathered); padding entries read a real
 position and are masked out, their outputs discarded.

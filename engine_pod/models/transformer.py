@@ -3,7 +3,7 @@
 One entry point, ``forward_batch``: a forward batch (models/forward_batch.py) says which tokens at which
 positions, where their keys and values go in the KV pool and what each row attends over (the runner's
 builders make a refresh over the whole canvas, or a window of it over the cached rest:
-runner/dual_batches.py, runner/packing.py). The LM head runs only on the positions the caller selects,
+kinds/bidirectional/box_batches.py, kinds/bidirectional/packing.py). The LM head runs only on the positions the caller selects,
 never on the whole sequence.
 """
 

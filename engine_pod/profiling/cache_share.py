@@ -23,7 +23,7 @@ def cache_share(
     share of a row's context the ``sparse`` cache keeps (1: dense); nothing for a family without a dual
     cache."""
     config, _ = load_metadata(model, family)
-    if family_of(config).cache != "dual":
+    if not family_of(config).kind.refreshes:
         return {}
     kv_heads = config.num_kv_heads // tensor_parallel if config.num_kv_heads >= tensor_parallel else 1
     cache = 2 * config.num_layers * kv_heads * config.head_dim * parse_dtype(dtype).itemsize

@@ -34,8 +34,8 @@ def score_heads(model: str, device: str, dtype: str, family: str | None, example
 
 def _score(model: str, device: str, dtype: str, family: str | None, examples: int) -> dict | str:
     """In the child: the report, or why not (one line, never a traceback from the child)."""
-    from engine_pod.head_sparse.importance import ImportanceConfig, head_importance
     from engine_pod.loading.loader import load_model
+    from engine_pod.profiling.head_importance import ImportanceConfig, head_importance
 
     try:
         loaded = load_model(model, device, dtype, family=family)
@@ -49,7 +49,7 @@ def profile_heads(args: argparse.Namespace, scratch: Path) -> tuple[dict | None,
     groups with: --head-importance's, else the heads scored here, written under ``scratch`` for the grid's
     processes to read."""
     if args.head_importance:
-        from engine_pod.head_sparse.groups import importance_report
+        from engine_pod.kinds.bidirectional.head_sparse.groups import importance_report
 
         return importance_report(args.head_importance), args.head_importance
     if not (args.score_heads or args.sparse_cache == "head-centric"):
@@ -66,6 +66,6 @@ def check_sparse_family(model: str, family: str | None) -> None:
     from engine_pod.loading.loader import load_metadata
 
     record = family_of(load_metadata(model, family)[0])
-    problem = sparse_family_problem(record.display_name, record.cache)
+    problem = sparse_family_problem(record.display_name, record.kind.name)
     if problem:
         raise HeadScoreError(problem)

@@ -29,6 +29,7 @@ from engine_pod.allocators import CUDA_ALLOC_CONF, describe_allocator
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.device_memory import available_memory, device_name, peak_allocated_bytes, total_memory
 from engine_pod.families.registry import family_of
+from engine_pod.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.loading.loader import LoadedModel, load_metadata, parse_device, parse_dtype
 from engine_pod.loading.sharded import build_part, model_plan
@@ -37,8 +38,8 @@ from engine_pod.profiling.cache_share import cache_share
 from engine_pod.profiling.extrapolation import Extrapolation
 from engine_pod.profiling.fit import MemoryFit, fit_peak
 from engine_pod.profiling.grid import Point, grid
+from engine_pod.profiling.room import no_block_fits, smallest_too_large
 from engine_pod.runner.factory import make_runner
-from engine_pod.runner.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
 from engine_pod.runner.tensor_parallel import group_peak, group_reset_peak
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
@@ -144,7 +145,7 @@ def check_shape(budget: int, cfg: ProfileConfig) -> Point:
 def for_model(cfg: ProfileConfig) -> ProfileConfig:
     """``cfg`` with what the model decides: whether its rows are canvases, the block length it takes."""
     config, _ = load_metadata(cfg.model, cfg.family)
-    canvas = family_of(config).cache == "canvas"
+    canvas = family_of(config).kind.canvas_rows
     block_length = cfg.block_length or (config.canvas_length if canvas else DEFAULT_BLOCK_LENGTH)
     if cfg.max_tokens < 4 * block_length:
         raise ProfileError(
@@ -172,11 +173,14 @@ def _profile(
         raise ProfileError(
             f"usable memory {usable} bytes is not more than the model's weights ({weights} bytes)"
         )
-    shapes, measured = grid(cfg.max_tokens, cfg.block_length, cfg.canvas), []
+    shapes = sorted(grid(cfg.max_tokens, cfg.block_length, cfg.canvas), key=lambda p: p.tokens)
+    measured = []
     with tqdm(total=len(shapes) + 1, desc="profile", unit="shape", disable=not progress) as bar:
         for point in shapes:  # the bar ends its line even when a point fails, so an error prints alone
             measured.append(_measure(cfg, loaded, point))
             logger.debug("%d x %d tokens: peak %d bytes", point.rows, point.width, measured[-1].peak_bytes)
+            if problem := smallest_too_large(measured[0], usable):  # the smallest first: no grid in vain
+                raise ProfileError(problem)
             bar.update(1)
         fit = _fit(measured, weights)
         budget, checks = _checked_budget(cfg, loaded, fit, usable)
@@ -196,7 +200,8 @@ def _checked_budget(
     """The fit's budget, measured at its own size and scaled down until the measured peak fits."""
     budget, checks = fit.budget(usable), []
     for _ in range(MAX_CHECKS):
-        _require_one_block(budget, cfg, fit, usable)
+        if problem := no_block_fits(budget, cfg.block_length, fit, usable):
+            raise ProfileError(problem)
         point = _measure(cfg, loaded, check_shape(budget, cfg))
         checks.append(_check_record(budget, point, fit, usable))
         if point.peak_bytes <= usable:
@@ -214,14 +219,6 @@ def _corrected_budget(budget: int, peak: int, fixed: float, usable: int) -> int:
     """The budget scaled so its variable part lands a margin under the limit: aiming exactly at the limit
     leaves a noisy peak just over it, check after check."""
     return int(budget * (usable - fixed) * (1 - CORRECTION_MARGIN) / max(peak - fixed, 1))
-
-
-def _require_one_block(budget: int, cfg: ProfileConfig, fit: MemoryFit, usable: int) -> None:
-    if budget < 2 * cfg.block_length:
-        raise ProfileError(
-            f"usable memory {usable} bytes leaves room for only {max(budget, 0)} batch tokens "
-            f"(runtime {int(fit.intercept_bytes)} + weights {fit.weights_bytes} bytes); that cannot run one block"
-        )
 
 
 def _check_record(budget: int, point: Point, fit: MemoryFit, usable: int) -> dict:

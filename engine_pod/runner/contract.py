@@ -15,8 +15,19 @@ from engine_pod.scheduler.output import SchedulerOutput
 if TYPE_CHECKING:  # the loaded model holds tensors: named here, never imported at run time
     from torch import Tensor
 
-    from engine_pod.block_diffusion.prefix_cache import PrefixCacheStats
-    from engine_pod.loading.loader import LoadedModel
+    from engine_pod.runner.model_interface import ServedModel
+
+
+@dataclass
+class PrefixCacheStats:
+    """A runner's block prefix cache: running totals since it was made (a scrape turns them into counters)."""
+
+    looked_up_tokens: int = 0  # whole-block tokens rows asked for when they entered the batch
+    hit_tokens: int = 0  # of those, found cached
+    attached_rows: int = 0
+    evicted_tokens: int = 0
+    cached_tokens: int = 0  # tokens the tree holds now
+    pinned_tokens: int = 0  # of those, warmed prefixes' (never evicted)
 
 
 @dataclass
@@ -39,7 +50,7 @@ class CycleStats:
     grammar_mask_seconds: float = 0.0
     grammar_walk_seconds: float = 0.0
     grammar_walk_commits: int = 0
-    # chunked prefill (runner/prefill_chunk.py): chunk rows computed, their tokens, and the share
+    # chunked prefill (kinds/block_causal/prefill_chunk.py): chunk rows computed, their tokens, and the share
     # of the cycle's first forward they took while decoding rows waited on it (seconds)
     prefill_chunks: int = 0
     prefill_chunk_tokens: int = 0
@@ -76,7 +87,7 @@ class CycleOutput:
 class Runner(Protocol):
     """Runs block cycles of one model with one decoding config."""
 
-    loaded: LoadedModel  # the model, its config (EOS ids) and tokenizer
+    loaded: ServedModel  # the model, its config (EOS ids) and tokenizer
     decoding: DecodingConfig
     grid_aligned: bool  # the model's blocks sit on the absolute grid of the block length
     shares_blocks: bool  # the runner shares rows' common whole blocks (a prefix cache)

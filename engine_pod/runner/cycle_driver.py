@@ -7,8 +7,8 @@ of the device (which rows go on: a row whose block is complete leaves the next f
 gathers rows), until no row goes on; ``finish`` reads the committed blocks, and ``end`` gives back what
 the cycle held, however it ended.
 
-What differs by the family's cache kind is the stepper: the dual cache's (runner/dual_cycle.py), block
-diffusion's paged cache (runner/paged_cycle.py) and DiffusionGemma's canvases (runner/canvas_cycle.py).
+What differs by the family's cache kind is the stepper, which the kind's folder holds (engine_pod/kinds/:
+bidirectional, block_causal, canvas) and the family's record names (runner/kind.py).
 """
 
 from __future__ import annotations
@@ -19,16 +19,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 from dllm_contracts.request_params import FamilyParams
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.logit_count import LOGITS
-from engine_pod.runner.contract import CycleOutput
+from engine_pod.runner.contract import CycleOutput, PrefixCacheStats
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.warm_prefixes import warm_prefix_problem
 
 if TYPE_CHECKING:  # tensors: named here, never imported at run time
     from torch import Tensor
 
-    from engine_pod.block_diffusion.prefix_cache import PrefixCacheStats
     from engine_pod.decoding.grammar.setup import GrammarSource
-    from engine_pod.loading.loader import LoadedModel
+    from engine_pod.runner.model_interface import ServedModel
 
 
 class Stepper(Protocol):
@@ -74,7 +73,7 @@ class Stepper(Protocol):
 class CycleRunner:
     """The Runner contract (runner/contract.py) of every family: this loop over its cache kind's stepper."""
 
-    def __init__(self, loaded: LoadedModel, decoding: DecodingConfig, stepper: Stepper) -> None:
+    def __init__(self, loaded: ServedModel, decoding: DecodingConfig, stepper: Stepper) -> None:
         self.loaded, self.decoding, self.stepper = loaded, decoding, stepper
         self.logit_budget = decoding.logit_budget
 
@@ -157,7 +156,7 @@ class CycleRunner:
         family or decoding without an exact prefix cache is refused in one line."""
         family, decoding = self.loaded.family, self.decoding
         problem = warm_prefix_problem(
-            family.display_name, family.cache, decoding.cache, decoding.prefix_cache
+            family.display_name, family.kind.name, decoding.cache, decoding.prefix_cache
         )
         if problem is not None:
             raise ValueError(problem)

@@ -16,8 +16,8 @@ from typing import Any
 
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.device_memory import peak_bytes, reset_peak
-from engine_pod.loading.loader import LoadedModel
 from engine_pod.runner.contract import CycleOutput, Runner
+from engine_pod.runner.model_interface import ServedModel
 from engine_pod.scheduler.output import SchedulerOutput
 
 STOP = ("stop",)
@@ -27,12 +27,13 @@ PULSE = ("pulse",)  # the leader is there; nothing to do
 class LeaderRunner:
     """Rank 0's runner: each call is broadcast to the group first, then run on rank 0's shard."""
 
-    def __init__(self, runner: Runner, loaded: LoadedModel) -> None:
+    def __init__(self, runner: Runner, loaded: ServedModel) -> None:
         self.runner, self.loaded, self.parallel = runner, loaded, loaded.parallel
         self.decoding: DecodingConfig = runner.decoding
         self.grid_aligned = runner.grid_aligned
         self.shares_blocks = runner.shares_blocks
         self.staggers_refreshes = runner.staggers_refreshes
+        self.chunks_prefill = getattr(runner, "chunks_prefill", False)  # every rank runs the chunk rows
         self.request_defaults = runner.request_defaults
         self._last_told = time.monotonic()
 
@@ -74,7 +75,7 @@ class LeaderRunner:
         self._last_told = time.monotonic()
 
 
-def lead(runner: Runner, loaded: LoadedModel, recipe: tuple[Any, ...]) -> Runner:
+def lead(runner: Runner, loaded: ServedModel, recipe: tuple[Any, ...]) -> Runner:
     """Rank 0's runner for a group (``runner`` itself for one process): the others are told the runner's
     ``recipe`` (make_runner's arguments after the model) and build theirs alike."""
     if loaded.parallel.size == 1 or not loaded.parallel.leads:
@@ -84,19 +85,19 @@ def lead(runner: Runner, loaded: LoadedModel, recipe: tuple[Any, ...]) -> Runner
     return LeaderRunner(runner, loaded)
 
 
-def group_reset_peak(loaded: LoadedModel) -> None:
+def group_reset_peak(loaded: ServedModel) -> None:
     """A new peak window on every rank's device (rank 0 asks)."""
     loaded.parallel.broadcast(("reset_peak",))
     reset_peak(loaded.device)
 
 
-def group_peak(loaded: LoadedModel) -> int:
+def group_peak(loaded: ServedModel) -> int:
     """The worst rank's peak memory since its window began (rank 0 asks)."""
     loaded.parallel.broadcast(("peak",))
     return loaded.parallel.max_of(peak_bytes(loaded.device))
 
 
-def follow(loaded: LoadedModel, make_runner) -> None:
+def follow(loaded: ServedModel, make_runner) -> None:
     """A follower rank's loop: build the runner rank 0 names, run what it broadcasts, until it stops."""
     runner = None
     while True:

@@ -35,7 +35,7 @@ class Scheduler:
         block_length: int,
         eos_ids: Iterable[int],
         ignore_eos: bool = False,
-        canvas: str = "block",
+        masked_suffix: bool = False,
         clock: Callable[[], float] = time.perf_counter,
         grid_aligned: bool = False,
         shares_blocks: bool = False,
@@ -47,7 +47,7 @@ class Scheduler:
         self.block_length = block_length
         self.eos_ids = frozenset(eos_ids)
         self.ignore_eos = ignore_eos
-        self.canvas = canvas
+        self.masked_suffix = masked_suffix  # rows hold their masked suffix (DecodingConfig's)
         self.clock = clock
         self.requests: dict[str, Request] = {}
         self.grid_aligned = grid_aligned
@@ -60,16 +60,16 @@ class Scheduler:
         return len(row.prefix_ids) + self.block_length * (1 + row.suffix_blocks)
 
     def row_of(self, request: Request, prefill_to: int = 0) -> CycleRow:
-        """The one place a running request becomes a cycle's row: its prompt and committed blocks, the masked
-        blocks after the active one where attention sees them (Fast-dLLM's full canvas; a hidden suffix
-        would be computed and never read, so it is left out), and its settings as they were queued.
+        """The one place a running request becomes a cycle's row: its prompt and committed blocks, its masked
+        suffix (the blocks after the active one) where attention sees it (Fast-dLLM's sequence; a hidden
+        suffix would be computed and never read, so it is left out), and its settings as they were queued.
         ``prefill_to`` > 0: a chunk row (``prefill_chunks.py``), which decodes nothing, so it keeps to no
         grammar (its settings without one)."""
         blocks_left = request.max_blocks - request.blocks_done(self.block_length) - 1
         params = replace(request.params, grammar=None) if prefill_to else request.params
         return CycleRow(
             request.prompt_ids + tuple(request.generated),
-            suffix_blocks=blocks_left if self.canvas == "full" else 0,
+            suffix_blocks=blocks_left if self.masked_suffix else 0,
             suffix_visible=True,
             owner=request.request_id,
             prompt_len=request.prompt_len,

@@ -61,7 +61,7 @@ class BlockServeScheduler(Scheduler):
     # -- widths and cost ------------------------------------------------------------------------
     def row_width(self, request: Request) -> int:
         """Tokens the request's row materialises in the next cycle."""
-        if self.canvas == "full":
+        if self.masked_suffix:
             return request.peak_width(self.block_length)
         return request.next_width(self.block_length)
 
@@ -164,6 +164,8 @@ class BlockServeScheduler(Scheduler):
                 break  # an aged candidate that does not fit yet keeps its place: nobody overtakes it
             if not self._aged(candidate, now) and not self._dense_enough(candidate, box):
                 break  # wider prompts wait for a batch of their own width (the queue is sorted)
+            if not self.chunks.room_for(candidate, self.active + chosen):
+                break  # another prompt's chunks are running: this one waits (keeping its place)
             pending.remove(candidate)
             self._add(box, candidate)
             chosen.append(candidate)

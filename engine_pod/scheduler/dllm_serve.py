@@ -1,7 +1,7 @@
 """dLLM-Serve's scheduler (its design document, section 2.2): BlockServe's admission and block-boundary
 batches, with phase-multiplexed refreshes.
 
-Each cycle carries a refresh quota (runner/phase_plan.py decides, step by step, which rows refresh
+Each cycle carries a refresh quota (kinds/bidirectional/phase_plan.py decides, step by step, which rows refresh
 within it): ``refresh_quota`` of the token budget while an interactive request is in the batch,
 ``batch_refresh_quota`` while only batch lines are; and each row's refresh interval.
 

@@ -20,7 +20,7 @@ class SchedulerOutput:
     released: list[str] = field(default_factory=list)
     packed: bool = False  # run packed (rows concatenated, no padding) rather than as a dense box
     row_total: int = 0  # the rows' widths summed, blocks included: what a packed batch holds
-    # dLLM-Serve's phase multiplexing (runner/phase_plan.py): the most positions one step refreshes
+    # dLLM-Serve's phase multiplexing (kinds/bidirectional/phase_plan.py): the most positions one step refreshes
     # (None: every row refreshes at its block's first forward, all at once) and each row's refresh interval
     refresh_quota: int | None = None
     refresh_interval: int = 0

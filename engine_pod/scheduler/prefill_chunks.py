@@ -8,6 +8,11 @@ cycle computes (a multiple of the block length), and the row commits nothing. It
 first block's first forward, as an unchunked prompt's whole prefix does: the first block starts when the
 last chunk is in the cache. Only a runner with an exact cache of final keys and values (block diffusion's
 paged cache: LLaDA2.0, SDAR) chunks (``Runner.chunks_prefill``); the scheduler asks it for nothing else.
+
+Admission counts a chunk's forward cost as well as the pages its row holds: a chunking row is admitted
+at its full width (the pages it holds once its prompt is in), and only while no other row's chunks are
+running (``room_for``), so that a cycle's first forward computes at most one chunk beside the decoding
+rows' blocks.
 """
 
 from __future__ import annotations
@@ -49,8 +54,22 @@ class PrefillChunks:
         """Whether ``request``'s prompt is computed in chunks. Its blocks then count as its own in the
         budget, never as shared: rows that enter while its chunks are computed find only those computed
         so far in the prefix cache, and a block it computes after another row cached it stays its own
-        copy (block_diffusion/prefix_cache.py); counting them shared would overfill the pool."""
+        copy (kinds/block_causal/prefix_cache.py); counting them shared would overfill the pool."""
         return bool(self.chunk) and request.prompt_len - request.grid_head > self.chunk
+
+    def cycle_tokens(self, requests: list[Request]) -> int:
+        """Prompt tokens the next cycle's chunk rows compute (each row's next chunk)."""
+        return sum(self.chunk_end(r) - self.done.get(r.request_id, 0) for r in requests if self.chunk_end(r))
+
+    def room_for(self, request: Request, running: list[Request]) -> bool:
+        """Whether ``request`` may be admitted beside ``running`` as far as the cycle's forward goes: a
+        request whose prompt is chunked adds a chunk to every cycle's first forward until its prompt is in
+        the cache, so it waits while another one's chunks are running: the decoding rows' forward carries
+        at most one chunk (the chunk size is the one budget of prompt tokens a cycle computes beside
+        them), however many long prompts arrive together. A prompt short enough to go whole is not held."""
+        if not self.chunks(request):
+            return True
+        return self.cycle_tokens(running) == 0
 
     def ran(self, request_id: str, chunk_end: int) -> None:
         """A cycle computed ``request_id``'s prefix up to ``chunk_end``."""

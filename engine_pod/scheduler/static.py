@@ -3,8 +3,8 @@
 ``StaticScheduler`` takes B requests in arrival order and runs them as one batch until the slowest
 is done: every row stays in every forward of a block until the slowest row's block is complete,
 finished rows stay in the batch (computed, never committed), and nothing is admitted before the whole
-batch is done. On the full canvas each row materialises the prompt and the whole generation budget
-(Fast-dLLM's sequence); on the block canvas the masked suffix, which attention would not see, is left
+batch is done. With the masked suffix (``--canvas full``) each row materialises the prompt and the whole
+generation budget (Fast-dLLM's sequence); without it the suffix, which attention would not see, is left
 out. With B = 1 (rows leaving a forward once their block is complete) it is the sequential baseline:
 one request at a time. Both default to the dense layout, as Fast-dLLM runs them (``layout="packed"``
 computes only the positions that exist: outputs are the same).
@@ -67,9 +67,9 @@ class StaticScheduler(Scheduler):
 
     def _finished_row(self, request: Request) -> CycleRow:
         """A finished row stays in the batch, computed and never committed, as wide as the batch's other
-        rows: EOS-filled up to the block the batch is on (to its full width on the full canvas)."""
+        rows: EOS-filled up to the block the batch is on (to its full width with the masked suffix)."""
         L = self.block_length
-        if self.canvas == "full":
+        if self.masked_suffix:
             blocks = request.max_blocks - 1
         else:
             blocks = max((r.blocks_done(L) for r in self.batch if not r.is_finished), default=0)

@@ -6,22 +6,24 @@ nothing after it, so a prefix computed alone has the keys a request starting wit
 and Dream attend both ways across the whole sequence: a prefix's keys depend on everything after it (the
 answer's masks included), so a cached prefix would be an approximation (Fast-dLLM's prefix cache), and
 they are refused (``warm_prefix_problem``, torch-free, so that the worker and the command line refuse
-before any weights load). DiffusionGemma keeps no prefix cache. runner/paged_warm_prefix.py fills the
+before any weights load). DiffusionGemma keeps no prefix cache. kinds/block_causal/warm_prefix.py fills the
 cache.
 """
 
 from __future__ import annotations
 
+from dllm_contracts.run_rules import BIDIRECTIONAL_NAME, BLOCK_CAUSAL_NAME
 
-def warm_prefix_problem(family: str, family_cache: str, cache: str, prefix_cache: bool) -> str | None:
+
+def warm_prefix_problem(family: str, family_kind: str, cache: str, prefix_cache: bool) -> str | None:
     """Why a model and decoding cannot warm prefixes (None: they can), in one line."""
-    if family_cache == "dual":
+    if family_kind == BIDIRECTIONAL_NAME:
         return (
             f"--warm-prefix is refused for {family}: its attention is bidirectional, so a prefix's keys and "
             "values depend on every token after it and a cached prefix would only approximate them "
             "(Fast-dLLM's prefix cache); exact warm prefixes need a block-diffusion model (LLaDA2.0, SDAR)"
         )
-    if family_cache != "paged":
+    if family_kind != BLOCK_CAUSAL_NAME:
         return f"--warm-prefix needs a block prefix cache, which {family} does not keep"
     if cache == "none" or not prefix_cache:
         return (

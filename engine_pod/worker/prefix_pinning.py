@@ -22,7 +22,9 @@ logger = logging.getLogger(__name__)
 def check_warm_prefixes(runner: Runner, scheduler: Scheduler, prefixes: tuple[tuple[int, ...], ...]) -> None:
     """Refuse, in one line, warm prefixes this model, policy or budget cannot hold."""
     family, decoding = runner.loaded.family, runner.decoding
-    problem = warm_prefix_problem(family.display_name, family.cache, decoding.cache, decoding.prefix_cache)
+    problem = warm_prefix_problem(
+        family.display_name, family.kind.name, decoding.cache, decoding.prefix_cache
+    )
     if problem is not None:
         raise ValueError(problem)
     if not hasattr(scheduler, "pin_prefix"):

@@ -1,8 +1,9 @@
 """spec.scheduling: which scheduler the engines run and its settings, as `dllm worker` flags.
 
 Defaults and ranges are SchedulerConfig's (dllm_contracts/scheduler_config.py, the one home of both); the
-CRD repeats them and a test holds the two equal. ``cacheShare`` alone has no default: absent, the engines
-take the profile's measure (``dllm worker --profile``), else 1.
+CRD repeats them and a test holds the two equal. ``cacheShare`` and ``prefillChunk`` have no default:
+absent, the engines take the profile's measure (``dllm worker --profile``), else 1, and the chunk the
+worker derives from its token budget.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ SCHEDULING_FIELDS = {
     "refresh_interval": "refreshInterval",
     "cache_share": "cacheShare",
     "step_level": "stepLevel",
+    "prefill_chunk": "prefillChunk",
 }  # SchedulerConfig's field -> its name under spec.scheduling
-UNSET_BY_DEFAULT = ("cache_share",)  # absent: the worker's own default (the profile's measure)
+UNSET_BY_DEFAULT = ("cache_share", "prefill_chunk")  # absent: the worker's own default
+FIELD_TYPES = {"prefill_chunk": int}  # those whose SchedulerConfig default (None) does not give the type
 
 
 def scheduling_fields(scheduling: dict[str, Any]) -> dict[str, Any]:
@@ -43,7 +46,7 @@ def scheduling_fields(scheduling: dict[str, Any]) -> dict[str, Any]:
     for name, crd_name in SCHEDULING_FIELDS.items():
         default = getattr(DEFAULTS, name)
         if crd_name in scheduling:
-            fields[name] = type(default)(scheduling[crd_name])
+            fields[name] = FIELD_TYPES.get(name, type(default))(scheduling[crd_name])
         else:
             fields[name] = None if name in UNSET_BY_DEFAULT else default
     return fields

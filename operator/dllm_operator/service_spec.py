@@ -66,6 +66,7 @@ class ServiceSpec:
     refresh_interval: int = DEFAULTS.refresh_interval
     cache_share: float | None = None  # None: the profile's measure, else SchedulerConfig's default
     step_level: bool = DEFAULTS.step_level
+    prefill_chunk: int | None = None  # None: the worker's default (512, or an eighth of its budget)
     image: str | None = None
     gpus: int = 1  # per rank: a pod requests parallelism.pod_gpus(gpus)
     gpu_resource: str = "nvidia.com/gpu"

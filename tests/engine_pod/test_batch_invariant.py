@@ -122,14 +122,14 @@ VARIANTS = {
     "head-sparse cache": {"sparse": HeadSparseConfig(mode="uniform", retention=0.5)},
     "no cache": {"cache": "none"},
     "prefix cache": {"cache": "prefix"},
-    "full canvas": {"canvas": "full"},
+    "masked suffix": {"masked_suffix": True},
 }
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_decoding_variants_keep_a_requests_bits_under_the_setting(models, variant, plain_products):
     """LLaDA's other paths (the bfloat16 candidates' scores, the head-sparse cache's attention, forwards
-    without a dual cache, the full canvas): a request's tokens and log probabilities alone and in
+    without a dual cache, the masked suffix of --canvas full): a request's tokens and log probabilities alone and in
     BlockServe's batches."""
     loaded = _loaded(models, "llada")
     rng = random.Random(7)

@@ -1,4 +1,4 @@
-"""DiffusionGemma through the engine (runner/canvas_cycle.py): the reference's 40 seeded generate runs
+"""DiffusionGemma through the engine (kinds/canvas/stepper.py): the reference's 40 seeded generate runs
 (tests/data/diffusion_gemma_reference) token for token in float32, alone through the sequential
 scheduler, inside BlockServe's mixed batches (packed and dense, rows joining at different cycles) and
 static batches, and through `dllm generate`; the options the family cannot honour are refused by name."""
@@ -210,7 +210,7 @@ def test_dllm_generate_reproduces_a_reference_run():
 
 def test_the_loaded_config_gives_what_the_engine_needs(base):
     config = base.config
-    assert config.family == "diffusion_gemma" and family_of(config).cache == "canvas"
+    assert config.family == "diffusion_gemma" and family_of(config).kind.name == "canvas"
     assert config.eos_token_ids == (1,) and config.vocab_size == 256 and config.canvas_length == 16
 
 
@@ -218,7 +218,7 @@ def test_options_the_family_cannot_honour_are_refused_by_name(base):
     with pytest.raises(DecodingConfigError, match="canvas_length 16"):
         make_runner(base, DecodingConfig(block_length=32), 256)
     with pytest.raises(DecodingConfigError, match="canvas 'full'"):
-        make_runner(base, DecodingConfig(block_length=16, canvas="full"), 256)
+        make_runner(base, DecodingConfig(block_length=16, masked_suffix=True), 256)
     for option in ("record_trace", "record_margins"):
         with pytest.raises(ValueError, match=option):
             make_runner(base, DecodingConfig(block_length=16), 256, **{option: True})
@@ -250,3 +250,15 @@ def test_released_requests_are_forgotten_and_preempted_ones_keep_their_generator
     third.released, third.preempted = ["a"], ["a"]
     runner.run(third)
     assert set(runner.stepper.states) == {"c"} and runner.stepper.suspended["a"][1] == [3, 16]
+
+
+@pytest.mark.parametrize("policy", ["blockserve", "dllm-serve"])
+def test_the_serving_scheduler_is_made_for_diffusion_gemma(base, policy):
+    """What ``dllm serve``'s worker builds for a DiffusionGemma model (its config names no K/V heads; the
+    kept share of a dense cache is 1)."""
+    from engine_pod.engine import scheduler_for
+
+    run = RUNS[0]
+    runner = make_runner(_loaded(base, run), _decoding(run), pool_tokens=512)
+    scheduler = scheduler_for(runner, policy, SchedulerConfig(token_budget=512))
+    assert scheduler.block_length == run["args"]["canvas_length"]

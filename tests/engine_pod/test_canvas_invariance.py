@@ -1,4 +1,4 @@
-"""DiffusionGemma's batching contract (runner/canvas_cycle.py), in float64 where no rounding can flip a
+"""DiffusionGemma's batching contract (kinds/canvas/stepper.py), in float64 where no rounding can flip a
 decision: a seeded request's tokens are the same alone and inside BlockServe's mixed batches (rows on
 different canvases and steps, admitted at different cycles, preempted and resumed) and static batches,
 packed or dense; and a request the runner forgets and sees again continues as if never preempted."""

@@ -1,5 +1,5 @@
 """DiffusionGemma's context in pages of one pool (models/diffusion_gemma/context_cache.py, the runner's
-pool in runner/canvas_cycle.py): the pool is sized by the token budget, released and preempted requests
+pool in kinds/canvas/stepper.py): the pool is sized by the token budget, released and preempted requests
 give their pages back, a BlockServe run with preemption never holds more pages than the pool has (nor
 leaks one), and a context laid over many pages, out of order, gives the logits of one laid in order."""
 
@@ -15,7 +15,7 @@ import torch
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
-from engine_pod.families.diffusion_gemma.context_cache import ContextCache, context_pool
+from engine_pod.kinds.canvas.context_cache import ContextCache, context_pool
 from engine_pod.loading.loader import load_model
 from engine_pod.runner.contract import scheduling_facts
 from engine_pod.runner.factory import make_runner

@@ -60,7 +60,7 @@ def models():
 def _decoding(loaded):
     decoding = decoding_for(loaded)
     return (
-        decoding if loaded.family.cache == "canvas" else replace(decoding, block_length=8, steps_per_block=8)
+        decoding if loaded.family.kind.canvas_rows else replace(decoding, block_length=8, steps_per_block=8)
     )
 
 

@@ -15,7 +15,7 @@ import torch
 from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.families.diffusion_gemma.context_cache import ContextCache, ContextRows, context_pool
+from engine_pod.kinds.canvas.context_cache import ContextCache, ContextRows, context_pool
 from engine_pod.loading.loader import load_model
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler

@@ -16,16 +16,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from engine_pod.decoding.entropy_bound import entropy_bound_step, start_canvas, temperatures
 from engine_pod.families.diffusion_gemma.config import diffusion_gemma_config
-from engine_pod.families.diffusion_gemma.context_cache import ContextCache
-from engine_pod.families.diffusion_gemma.entropy_bound import (
-    EntropyBoundParams,
-    entropy_bound_step,
-    start_canvas,
-    temperatures,
-)
 from engine_pod.families.diffusion_gemma.generate import generate
 from engine_pod.families.diffusion_gemma.multimodal import MultimodalInputError, refuse_multimodal_inputs
+from engine_pod.families.diffusion_gemma.sampler_settings import EntropyBoundParams
+from engine_pod.kinds.canvas.context_cache import ContextCache
 from engine_pod.loading.loader import load_model
 from engine_pod.models.checkpoint_files import CheckpointError
 from engine_pod.models.config import ModelConfigError

@@ -1,4 +1,4 @@
-"""dLLM-Serve on the engine (runner/phase_cycle.py, runner/phase_carry.py, scheduler/dllm_serve.py): a quota
+"""dLLM-Serve on the engine (kinds/bidirectional/phase_stepper.py, kinds/bidirectional/phase_carry.py, scheduler/dllm_serve.py): a quota
 spreads a cycle's refreshes over its steps and never changes a request's tokens (float64, greedy and seeded
 sampling, LLaDA and Dream), and no step refreshes more than the quota; step-level batching ends a cycle at
 the step after which a row's block is complete, the rows going on carry their blocks, counters and caches
@@ -15,9 +15,9 @@ from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
+from engine_pod.kinds.bidirectional.phase_stepper import PhaseScheduleError
 from engine_pod.loading.loader import load_model
 from engine_pod.runner.factory import make_runner
-from engine_pod.runner.phase_cycle import PhaseScheduleError
 from engine_pod.scheduler.dllm_serve import DllmServeScheduler
 from engine_pod.scheduler.static import sequential_scheduler
 from tests.engine_utils import common_token, run_workload, tokens
@@ -25,7 +25,7 @@ from tests.factories import REFERENCE_DIR, random_workload
 
 BLOCK = 8
 BUDGET = 400
-DECODING = DecodingConfig(block_length=BLOCK, steps_per_block=4, cache="dual", canvas="block", threshold=0.6)
+DECODING = DecodingConfig(block_length=BLOCK, steps_per_block=4, cache="dual", threshold=0.6)
 
 
 @pytest.fixture(scope="module")
@@ -135,11 +135,26 @@ def _finish(engine: Engine) -> tuple[dict[str, list[int]], dict[str, list]]:
     tokens, values = {}, {}
     while engine.has_work():
         result = engine.step()
+        _carried_entries_are_in_the_pool(engine.runner.stepper)
         for rid, block, kept in zip(result.output.request_ids, result.blocks, result.logprobs or []):
             if block is not None and kept is not None:
                 values.setdefault(rid, []).extend(kept)
         tokens.update({r.request_id: list(r.generated) for r in result.finished})
     return tokens, values
+
+
+def _carried_entries_are_in_the_pool(stepper) -> None:
+    """Between cycles the pool holds nothing but the pages under the carried rows' entries, each once."""
+    carry, pool = stepper.carry, stepper.cache_pool.pool
+    pages = pool.capacity // pool.page_size
+    if not carry.rows:
+        assert not carry.pages and pool.free_pages == pages
+        return
+    assert carry.pool is pool and carry.pages and pool.free_pages == pages - len(carry.pages)
+    assert all(pool.holders(page) == 1 for page in carry.pages)
+    size = pool.page_size
+    for row in carry.rows.values():  # every entry's page is held
+        assert {s // size for s in range(row.kv_at, row.kv_at + row.kv_len)} <= set(carry.pages)
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])

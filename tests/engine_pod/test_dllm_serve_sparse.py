@@ -59,7 +59,6 @@ def test_dllm_serve_with_a_sparse_cache_answers_as_blockserve_with_it(models, fa
         block_length=BLOCK,
         steps_per_block=4,
         cache="dual",
-        canvas="block",
         threshold=0.6,
         sparse=_sparse(mode, loaded, tmp_path),
     )
@@ -78,3 +77,47 @@ def test_dllm_serve_with_a_sparse_cache_answers_as_blockserve_with_it(models, fa
             assert any(r.carried for r in records), quota  # blocks went on from one cycle to the next
             assert max(r.peak_refresh_positions for r in records) <= int(quota * BUDGET)
     assert not engine.runner.stepper.carry.rows and not engine.runner.stepper.kept.of  # nothing left behind
+
+
+def test_the_kept_entries_stay_in_pages_of_the_pool_while_a_row_refers_to_them(models):
+    """Between cycles the pool holds exactly the pages of the stores a carried row refers to (each store a
+    run of its own), their entries views of the pool's memory (after any growth); a store no row refers
+    to gives its pages back, and nothing is held once every request is done."""
+    loaded = models["llada"]
+    decoding = DecodingConfig(
+        block_length=BLOCK,
+        steps_per_block=4,
+        cache="dual",
+        threshold=0.6,
+        sparse=_sparse("uniform", loaded, None),
+    )
+    workload = random_workload(random.Random(7), 8, 480, BLOCK, max_prompt=30, max_blocks=4)
+    engine = Engine(make_runner(loaded, decoding, BUDGET), DllmServeScheduler(BLOCK, [], _config(0.16)))
+    stepper = engine.runner.stepper
+    checked = []
+    real_finish = stepper.finish
+
+    def finish(state):
+        output = real_finish(state)
+        pool = stepper.cache_pool.pool
+        stores = {id(store): store for store, _ in stepper.kept.of.values()}.values()
+        held = {p for p in range(pool.capacity // pool.page_size) if pool.holders(p)}
+        runs = [set(pool.table(store.pages.owner)) for store in stores]
+        assert held == set().union(*runs) and sum(map(len, runs)) == len(held)
+        views = [t for store in stores for layer in store.keys + store.values for t in layer]
+        assert all(_in_pool(t, pool) for t in views)
+        checked.append(len(runs))
+        return output
+
+    stepper.finish = finish
+    _tokens(engine, workload)
+    assert any(checked)  # some cycle carried rows with their stores
+    pool = stepper.cache_pool.pool
+    assert not stepper.kept.of and pool.free_pages * pool.page_size == pool.capacity
+
+
+def _in_pool(view, pool) -> bool:
+    """Whether ``view`` lies in one of the pool's layers' memory."""
+    return any(
+        view.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() for t in pool.keys + pool.values
+    )

@@ -1,4 +1,4 @@
-"""The entropy-bound sampler's arithmetic shortcuts (families/diffusion_gemma/entropy_bound.py) give torch's bits: its
+"""The entropy-bound sampler's arithmetic shortcuts (decoding/entropy_bound.py) give torch's bits: its
 logsumexp without the slow exps of subnormal results, and the step's probabilities reused by the
 self-conditioning (models/diffusion_gemma/model.py) in place of a second softmax."""
 
@@ -7,12 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_pod.families.diffusion_gemma.entropy_bound import (
-    EntropyBoundParams,
-    entropy_bound_step,
-    logsumexp,
-    start_canvas,
-)
+from engine_pod.decoding.entropy_bound import entropy_bound_step, logsumexp, start_canvas
+from engine_pod.families.diffusion_gemma.sampler_settings import EntropyBoundParams
 from engine_pod.loading.loader import load_model
 
 

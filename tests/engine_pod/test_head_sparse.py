@@ -14,7 +14,8 @@ import torch
 from dllm_contracts.head_sparse_config import HeadSparseConfig
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
-from engine_pod.head_sparse import hooks
+from engine_pod.kinds.bidirectional.head_sparse import hooks
+from engine_pod.kinds.bidirectional.head_sparse import store as store_module
 from engine_pod.loading.loader import load_model
 from engine_pod.prompts import encode_prompt
 from engine_pod.runner.factory import make_runner
@@ -128,11 +129,41 @@ def test_head_centric_groups_read_their_own_counts_in_three_calls_per_layer(
     assert len(calls) % 3 == 0
 
 
-def test_the_sparse_cache_takes_nothing_from_the_kv_pool(loaded):
-    runner = make_runner(loaded, DecodingConfig(sparse=HeadSparseConfig(mode="uniform")), pool_tokens=4096)
-    assert runner.stepper.cache_pool is None
-    dense = make_runner(loaded, DecodingConfig(), pool_tokens=4096)
-    assert dense.stepper.cache_pool.pool is not None
+@pytest.mark.parametrize("mode", ["uniform", "head-centric"])
+def test_the_kept_entries_live_in_pages_of_the_pool_as_many_as_they_fill(
+    loaded, workload, importance, mode, monkeypatch
+):
+    """The stores a window reads are views of the runner's pool, in a run of as many pages as the kept
+    entries fill (the dense run's pages times the share kept, up to a page), given back at the cycle's end;
+    no pool is sized for the budget up front."""
+    seen = []
+    real = store_module.CycleStore.finish
+
+    def spy(store):
+        pool = store.pages.pool
+        views = [t for layer in store.keys + store.values for t in layer]
+        seen.append(all(_same_memory(t, pool) for t in views))
+        return real(store)
+
+    monkeypatch.setattr(store_module.CycleStore, "finish", spy)
+    sparse = HeadSparseConfig(mode=mode, retention=0.3, minor_retention=0.1, importance=importance)
+    runner = make_runner(loaded, DecodingConfig(remasking="low_confidence", sparse=sparse), pool_tokens=4096)
+    assert runner.stepper.cache_pool.pool is None
+    rows = [CycleRow(tuple(p * 4)) for _, p, _ in workload[:3]]  # contexts long beside the block
+    stats = runner.run(SchedulerOutput.of_rows(rows, packed=True)).stats
+    pool, per_position = runner.stepper.cache_pool.pool, runner.stepper.position_bytes
+    assert seen == [True]
+    assert pool.free_pages * pool.page_size == pool.capacity  # nothing held after the cycle
+    kept_slots = -(-stats.kv_kept_bytes // per_position)
+    assert pool.capacity == -(-kept_slots // pool.page_size) * pool.page_size
+    assert pool.capacity < stats.kv_dense_bytes // per_position
+
+
+def _same_memory(view: torch.Tensor, pool) -> bool:
+    """Whether ``view`` lies in one of the pool's layers' memory."""
+    return any(
+        view.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() for t in pool.keys + pool.values
+    )
 
 
 def test_the_dense_box_layout_is_refused_in_one_line(loaded):
@@ -150,7 +181,7 @@ def test_other_cache_modes_and_families_are_refused():
 
 
 def test_cross_step_consistency_keeps_a_similar_heads_previous_ranking():
-    from engine_pod.head_sparse.scores import consistent_ranking
+    from engine_pod.kinds.bidirectional.head_sparse.scores import consistent_ranking
 
     previous = torch.tensor([[[0.5, 0.3, 0.2, 0.0]]])
     similar = torch.tensor([[[0.45, 0.35, 0.1, 0.1]]])

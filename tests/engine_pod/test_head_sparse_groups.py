@@ -9,8 +9,8 @@ import torch
 
 from dllm_contracts.head_sparse_config import HeadSparseConfig, HeadSparseConfigError
 from engine_pod.cli.main import main
-from engine_pod.head_sparse.groups import kept_context, layer_groups
-from engine_pod.head_sparse.scores import kept_positions
+from engine_pod.kinds.bidirectional.head_sparse.groups import kept_context, layer_groups
+from engine_pod.kinds.bidirectional.head_sparse.scores import kept_positions
 
 
 def test_uniform_is_one_group_of_every_head_at_r():

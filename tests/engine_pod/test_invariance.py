@@ -37,7 +37,7 @@ workloads = st.fixed_dictionaries(
         "remasking": st.sampled_from(REMASKING),  # every policy, maskgit_plus included
         "threshold": st.sampled_from([0.3, 0.6, 0.9]),
         "cache": st.sampled_from(["none", "prefix", "dual"]),
-        "canvas": st.sampled_from(["block", "full"]),
+        "masked_suffix": st.booleans(),
         "budget_slack": st.integers(0, 200),
         "admission": st.sampled_from(["preempt", "projected"]),
         "static_batch": st.integers(1, 6),
@@ -58,10 +58,10 @@ def test_output_is_independent_of_the_batch(models, case):
         remasking=case["remasking"],
         threshold=case["threshold"],
         cache=case["cache"],
-        canvas=case["canvas"],
+        masked_suffix=case["masked_suffix"],
     )
     loaded = models[case["family"]]
-    dense_alone = dict(canvas=case["canvas"], layout="dense")
+    dense_alone = dict(masked_suffix=case["masked_suffix"], layout="dense")
     free = run_workload(
         loaded, sequential_scheduler(BLOCK, [], ignore_eos=True, **dense_alone), decoding, workload
     )
@@ -72,9 +72,13 @@ def test_output_is_independent_of_the_batch(models, case):
     order = list(range(len(workload)))
     rng.shuffle(order)
     scheduling = SchedulerConfig(token_budget=budget, admission=case["admission"], layout=case["layout"])
-    blockserve = BlockServeScheduler(BLOCK, eos, scheduling, canvas=case["canvas"])
+    blockserve = BlockServeScheduler(BLOCK, eos, scheduling, masked_suffix=case["masked_suffix"])
     static = StaticScheduler(
-        BLOCK, eos, batch_size=case["static_batch"], canvas=case["canvas"], layout=case["layout"]
+        BLOCK,
+        eos,
+        batch_size=case["static_batch"],
+        masked_suffix=case["masked_suffix"],
+        layout=case["layout"],
     )
     assert run_workload(loaded, blockserve, decoding, workload, order) == alone
     assert run_workload(loaded, static, decoding, workload, order) == alone
@@ -83,7 +87,7 @@ def test_output_is_independent_of_the_batch(models, case):
 def test_early_eos_really_happens_in_these_workloads(models):
     """Guard against a vacuous property: EOS does cut some requests short."""
     workload = random_workload(random.Random(7), 10, 480, BLOCK, max_blocks=4)
-    decoding = DecodingConfig(block_length=BLOCK, steps_per_block=4, cache="dual", canvas="block")
+    decoding = DecodingConfig(block_length=BLOCK, steps_per_block=4, cache="dual")
     loaded = models["llada"]
     free = run_workload(loaded, sequential_scheduler(BLOCK, [], ignore_eos=True), decoding, workload)
     eos = [common_token(free, 0)]

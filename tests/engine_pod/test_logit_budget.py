@@ -14,7 +14,7 @@ from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.cli.main import main
 from engine_pod.decoding.config import DecodingConfig, DecodingConfigError
 from engine_pod.engine import Engine
-from engine_pod.families.diffusion_gemma.context_cache import ContextCache, context_pool
+from engine_pod.kinds.canvas.context_cache import ContextCache, context_pool
 from engine_pod.loading.loader import load_model
 from engine_pod.models.logit_budget import LogitBudget
 from engine_pod.runner.factory import make_runner

@@ -78,7 +78,7 @@ def census_figures(loaded, spec, policy="blockserve-packed", requests="greedy", 
     """A scenario of 8 rows (each its own prompt length) over 2 cycles, in blocks of 8 (a canvas: its own)."""
     scenario = Scenario(spec, policy, kw.get("rows", 8), kw.get("distinct", 8), 2, requests, remasking)
     decoding = decoding_for(loaded, remasking)
-    if loaded.family.cache != "canvas":
+    if not loaded.family.kind.canvas_rows:
         decoding = replace(decoding, block_length=8, steps_per_block=8)
     return run_scenario(loaded, scenario, decoding)
 

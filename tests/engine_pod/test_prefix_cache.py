@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import LAYOUTS, SchedulerConfig
-from engine_pod.block_diffusion.prefix_cache import BlockPrefixCache
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.engine import Engine
+from engine_pod.kinds.block_causal.prefix_cache import BlockPrefixCache
 from engine_pod.loading.loader import load_model
 from engine_pod.models.paged_kv import PagedKVPool
 from engine_pod.runner.factory import make_runner

@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from engine_pod.cli.main import main
+from engine_pod.kinds.bidirectional.box_batches import box_refresh, box_window
+from engine_pod.kinds.bidirectional.cycle_cache import CycleCache, CycleCachePool
 from engine_pod.loading.loader import load_model
-from engine_pod.runner.dual_batches import box_refresh, box_window
-from engine_pod.runner.dual_cache import DualCache, DualCachePool
 from tests.factories import REFERENCE_DIR, SHARED_REFERENCE, VENDORED_REFERENCE
 
 FAMILIES = ["llada", "dream"]
@@ -62,7 +62,7 @@ def _refresh(model, x0: torch.Tensor):
     """One row's full forward filling a dual cache (the engine's own builder): its logits and the cache."""
     n = x0.shape[1]
     canvas = _canvas(x0)
-    cache = DualCache(DualCachePool(lambda pages: model.new_pool(pages, 16, x0.device), 16, None))
+    cache = CycleCache(CycleCachePool(lambda pages: model.new_pool(pages, 16, x0.device), 16, None))
     every = torch.arange(n)
     logits = model.forward_batch(box_refresh(canvas, None, cache), (every * 0, every)).logits()
     return logits[None], (cache, canvas)

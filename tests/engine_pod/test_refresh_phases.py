@@ -1,4 +1,4 @@
-"""Which rows refresh at a step (runner/phase_plan.py, decided on the device): the quota caps a step's
+"""Which rows refresh at a step (kinds/bidirectional/phase_plan.py, decided on the device): the quota caps a step's
 refresh positions, due rows are taken longest-waiting first with no overtaking, and a row wider than the
 quota steps alone. The plan is checked against a plain host-side reading of the same rule, on random
 states (property test) and on hand-made cases."""
@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_pod.runner.phase_plan import plan_phases
+from engine_pod.kinds.bidirectional.phase_plan import plan_phases
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The block-cycle runner: per-row thresholds, canvas layout, padding accounting; the runner contract."""
+"""The block-cycle runner: per-row thresholds, the cycle box, padding accounting; the runner contract."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 
 from dllm_contracts.request_params import RequestParams
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.kinds.bidirectional.cycle_box import build_box
 from engine_pod.loading.loader import load_model
-from engine_pod.runner.canvas import build_canvas
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
@@ -42,14 +42,14 @@ def test_rows_with_their_own_thresholds_decode_as_they_would_alone(loaded):
     assert mixed.steps[0] > mixed.steps[1]  # a stricter threshold needs more steps
 
 
-def test_canvas_left_pads_and_positions_start_at_zero():
+def test_the_cycle_box_left_pads_and_positions_start_at_zero():
     rows = [CycleRow((1, 2, 3, 4, 5)), CycleRow((4,), suffix_blocks=1, suffix_visible=False)]
-    canvas = build_canvas(rows, 2, mask_id=9, pad_id=0, device=torch.device("cpu"))
-    assert canvas.tokens.tolist() == [[1, 2, 3, 4, 5, 9, 9], [0, 0, 4, 9, 9, 9, 9]]
-    assert canvas.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 2, 3, 4]]
-    assert canvas.block_slots.tolist() == [[5, 6], [3, 4]]
-    assert canvas.key_mask.tolist()[1] == [False, False, True, True, True, False, False]  # hidden suffix
-    slots, valid = canvas.prefix_window()
+    box = build_box(rows, 2, mask_id=9, pad_id=0, device=torch.device("cpu"))
+    assert box.tokens.tolist() == [[1, 2, 3, 4, 5, 9, 9], [0, 0, 4, 9, 9, 9, 9]]
+    assert box.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 2, 3, 4]]
+    assert box.block_slots.tolist() == [[5, 6], [3, 4]]
+    assert box.key_mask.tolist()[1] == [False, False, True, True, True, False, False]  # hidden suffix
+    slots, valid = box.prefix_window()
     assert slots.tolist() == [[5, 6, 7, 7], [3, 4, 5, 6]]  # column 7 is the scratch slot
     assert valid.tolist() == [[True, True, False, False], [True, True, True, True]]
 

@@ -176,7 +176,7 @@ def test_static_runs_until_the_slowest_row_and_admits_in_arrival_order():
     assert [o.box_width for o in outputs[:3]] == [9 + L, 9 + 2 * L, 9 + 3 * L]
     assert [len(row.prefix_ids) for row in outputs[2].rows] == [3, 9 + 2 * L]  # never past its own budget
     full = drive(
-        StaticScheduler(L, [EOS], batch_size=2, canvas="full"),
+        StaticScheduler(L, [EOS], batch_size=2, masked_suffix=True),
         [make_request(i, *s) for i, s in enumerate([(3, 1), (9, 3)])],
         {},
     )
@@ -359,7 +359,7 @@ def test_a_static_batchs_finished_row_is_eos_filled_to_the_batchs_block_and_neve
         row = dict(zip(output.request_ids, output.rows))[quick.request_id]
         assert not row.active and row.suffix_blocks == 0 and row.suffix_visible
         assert row.prefix_ids == tuple([7] * 3) + tuple([EOS] * L * cycle)
-    full = StaticScheduler(L, [EOS], batch_size=2, canvas="full")
+    full = StaticScheduler(L, [EOS], batch_size=2, masked_suffix=True)
     outputs = drive(full, [make_request(0, 3, 4), make_request(1, 2, 4)], {"r0-3": 0, "r1-2": 2})
     finished = dict(zip(outputs[1].request_ids, outputs[1].rows))["r0-3"]
     assert finished.prefix_ids == tuple([7] * 3) + tuple([EOS] * L * 3)  # the full canvas's width
@@ -400,7 +400,7 @@ def test_every_problem_is_reported_at_once_and_the_budget_must_hold_a_block():
 
 def test_the_full_canvas_materialises_each_rows_masked_suffix_and_costs_its_peak():
     config = SchedulerConfig(token_budget=400, layout="dense")
-    scheduler = BlockServeScheduler(L, [EOS], config, clock=ManualClock(), canvas="full")
+    scheduler = BlockServeScheduler(L, [EOS], config, clock=ManualClock(), masked_suffix=True)
     request = make_request(0, 5, 3)
     scheduler.add(request)
     widths = []
@@ -510,7 +510,7 @@ def test_the_full_canvas_admits_against_each_rows_peak():
     """On the full canvas a row is always as wide as its peak: two requests of peak 5 + 3L do not fit
     a budget of one peak plus a little, though their first rows (5 + L) would."""
     config = SchedulerConfig(token_budget=5 + 3 * L + 8, layout="dense")
-    scheduler = BlockServeScheduler(L, [EOS], config, clock=ManualClock(), canvas="full")
+    scheduler = BlockServeScheduler(L, [EOS], config, clock=ManualClock(), masked_suffix=True)
     for index in range(2):
         scheduler.add(make_request(index, 5, 3))
     assert len(scheduler.schedule().rows) == 1

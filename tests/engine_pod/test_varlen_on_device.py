@@ -1,5 +1,5 @@
 """The attention plans' varlen batches that the builders derive on the device from the cycle's copy (no
-copy per plan; models/ragged.py ``varlen_on_device``, runner/packing.py, block_diffusion/batches.py) are
+copy per plan; models/ragged.py ``varlen_on_device``, kinds/bidirectional/packing.py, kinds/block_causal/batches.py) are
 the sequences the host would have cut from the same spans, and the varlen kernel (emulated on the CPU, as
 torch documents it) computes over them what the reference computes, in real cycles of the dual-cache and
 the paged runners with rows leaving at different steps."""

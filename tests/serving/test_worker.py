@@ -361,13 +361,13 @@ def test_a_worker_on_the_full_canvas_answers_as_dllm_generate_does(
         QueuedRequest(i, p, RequestParams(max_tokens=3 * BLOCK), time.time()) for i, p in prompts.items()
     ]
     assert queue.run(queue.ops.enqueue_all(requests))
-    with make_worker(redis_server.url, service, canvas="full", ignore_eos=True):
+    with make_worker(redis_server.url, service, masked_suffix=True, ignore_eos=True):
         results = wait_for(
             lambda: _all_done(queue, prompts),
             WAIT_S,
             what="the answers",
         )
-    config = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, canvas="full", ignore_eos=True)
+    config = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, masked_suffix=True, ignore_eos=True)
     block_canvas = DecodingConfig(block_length=BLOCK, steps_per_block=BLOCK, ignore_eos=True)
     for request_id, prompt in prompts.items():
         assert results[request_id].token_ids == generate_one(loaded, prompt, 3 * BLOCK, config).token_ids

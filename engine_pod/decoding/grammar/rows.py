@@ -151,7 +151,7 @@ class ConstrainedRows:
     def send_blocks(
         self, members: list[int], places: list[int]
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """A canvas step's one copy (decoding/grammar/canvas.py): for each of ``members`` (at ``places`` among
+        """A canvas step's one copy (kinds/canvas/grammar.py): for each of ``members`` (at ``places`` among
         the running rows) its block as the host knows it (-1: not committed), its frontier, whether it is
         complete, and its mask at its frontier."""
         open_rows = [row for row in members if not self.rows[row].complete]

@@ -11,15 +11,15 @@ context in a full layer, its last ``sliding_window - 1`` tokens in a sliding one
 canvas itself, whatever the canvas length: the reference's decoder passes no sliding mask.
 
 A batched forward attends through its ``ForwardBatch`` (models/forward_batch.py, made of the rows'
-contexts by ``context_cache.ContextRows``: one context cache per row, in pages of one pool): the
-projections, norms and output run over every row at once; ``batch.attend`` writes the encoder's new
+contexts by the canvas kind's ``ContextRows``, kinds/canvas/context_cache.py: one context cache per row,
+in pages of one pool): the projections, norms and output run over every row at once; ``batch.attend`` writes the encoder's new
 keys and values into the rows' pages, then every row attends over its kept context (read from the pool
 in one gather per layer) and its new tokens in one call of the engine's attention op
 (models/attention_backends.py), no padding, no row seeing another's keys.
 
 SDPA is called as the reference calls it (``transformers`` ``sdpa_attention_forward``, the batch's plans
-say how: ``context_cache.sdpa_style``): no mask and ``is_causal`` where the mask would be plainly causal,
-``enable_gqa`` without a mask for heads up to 256 wide, the K/V heads repeated otherwise; so a single
+say how: ``sdpa_style`` in kinds/canvas/context_cache.py): no mask and ``is_causal`` where the mask would
+be plainly causal, ``enable_gqa`` without a mask for heads up to 256 wide, the K/V heads repeated otherwise; so a single
 request reproduces the reference bit for bit.
 """
 

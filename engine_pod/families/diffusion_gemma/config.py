@@ -117,7 +117,6 @@ class DiffusionGemmaConfig:
 
     # what the engine reads of every family's config (``models/config.py``'s ModelConfig)
     family = MODEL_TYPE
-    block_diffusion = False  # not on the masked block-diffusion runner: its own canvas runner
     mask_token_id = None  # uniform noise, no mask token
 
     def with_eos(self, eos_token_ids: tuple[int, ...]) -> DiffusionGemmaConfig:

@@ -21,6 +21,7 @@ from engine_pod.families.diffusion_gemma.sampler_settings import (
 from engine_pod.families.diffusion_gemma.shards import GemmaShards
 from engine_pod.families.diffusion_gemma.weights import diffusion_gemma_sources
 from engine_pod.families.record import ModelFamily
+from engine_pod.kinds.canvas.kind import CANVAS
 
 
 def _finish(model: DiffusionGemmaModel, _config, random: bool) -> None:
@@ -42,7 +43,7 @@ FAMILY = ModelFamily(
     read_config=diffusion_gemma_config,
     read_directory=load_diffusion_gemma_config,
     architecture=DiffusionGemmaModel,
-    cache="canvas",
+    kind=CANVAS,
     checkpoints="google/diffusiongemma-26B-A4B-it (text; mixture of experts)",
     tiny_preset="diffusion-gemma-tiny",
     # its config's canvas_length and its generation config's max_denoising_steps (transformers 5.24.0,

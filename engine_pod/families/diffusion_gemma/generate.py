@@ -3,7 +3,7 @@
 The reference loop (``DiffusionGemmaGenerationMixin.generate``) at batch 1: encode the prompt into the
 context cache (in a pool of its own, sized for the prompt and every canvas but the last); then per canvas
 (at most ``ceil(max_new_tokens / canvas_length)``): draw a uniform canvas, denoise it step by step
-(``families/diffusion_gemma/entropy_bound.py``) until the sampler stops it, commit the last step's argmax canvas, stop if
+(``decoding/entropy_bound.py``) until the sampler stops it, commit the last step's argmax canvas, stop if
 it holds an EOS id or the length is reached, else encode the committed canvas into the cache (positions
 continue) and start the next. Whole canvases are returned, as the reference returns them (so up to
 ``canvas_length - 1`` tokens beyond ``max_new_tokens``), cut after the first EOS (where the reference
@@ -18,14 +18,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine_pod.families.diffusion_gemma.context_cache import ContextCache
-from engine_pod.families.diffusion_gemma.entropy_bound import (
-    EntropyBoundParams,
-    entropy_bound_step,
-    start_canvas,
-)
+from engine_pod.decoding.entropy_bound import entropy_bound_step, start_canvas
 from engine_pod.families.diffusion_gemma.model import DiffusionGemmaModel
 from engine_pod.families.diffusion_gemma.multimodal import refuse_image_tokens
+from engine_pod.families.diffusion_gemma.sampler_settings import EntropyBoundParams
+from engine_pod.kinds.canvas.context_cache import ContextCache
 
 logger = logging.getLogger(__name__)
 

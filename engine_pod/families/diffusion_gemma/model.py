@@ -21,9 +21,9 @@ from torch import nn
 from engine_pod.device_buffers import DeviceBuffers
 from engine_pod.families.diffusion_gemma.blocks import GeGLU, UnscaledRMSNorm
 from engine_pod.families.diffusion_gemma.config import DiffusionGemmaConfig
-from engine_pod.families.diffusion_gemma.context_cache import ContextCache, ContextRows
 from engine_pod.families.diffusion_gemma.layer import GemmaLayer
 from engine_pod.families.diffusion_gemma.rotary import GemmaRotary
+from engine_pod.kinds.canvas.context_cache import ContextCache, ContextRows
 from engine_pod.logit_count import LOGITS
 from engine_pod.models.forward_batch import ForwardBatch
 from engine_pod.models.layers import RMSNorm

@@ -4,8 +4,9 @@ Declared once, here, with their defaults and ranges: the family's record names t
 (``ModelFamily.request_params``), scripts/generate_family_tables.py writes the declarations into the
 family table (dllm_contracts/family_table.py), from which the gateway builds its request fields, and a
 request carries the ones it sets in ``RequestParams.family``. The engine's sampler
-(``engine_pod/families/diffusion_gemma/entropy_bound.py``) reads an instance; a checkpoint's generation config and ``dllm
-generate``'s flags set a service's. The defaults are the reference's (transformers 5.24.0,
+(``engine_pod/decoding/entropy_bound.py``) reads an instance, which the canvas kind's stepper builds
+from this class (``for_service``); a checkpoint's generation config and ``dllm generate``'s flags set a
+service's. The defaults are the reference's (transformers 5.24.0,
 ``DiffusionGemmaGenerationConfig._get_default_generation_params()``), the ranges its generation config's.
 """
 
