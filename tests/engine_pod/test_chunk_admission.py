@@ -4,6 +4,7 @@ carries at most one chunk beside the decoding rows; short prompts are admitted b
 
 from __future__ import annotations
 
+from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 
@@ -23,7 +24,7 @@ def _cycle_chunk_tokens(output) -> int:
 def test_a_second_long_prompt_waits_for_the_first_ones_chunks_and_short_ones_do_not():
     scheduler = _scheduler()
     for name, length in (("long-a", LONG), ("long-b", LONG + BLOCK), ("short-0", 40), ("short-1", 50)):
-        scheduler.add(scheduler.request_for(name, [7] * length, 2 * BLOCK))
+        scheduler.add(scheduler.request_for(name, [7] * length, RequestParams(max_tokens=2 * BLOCK)))
     seen_running: list[set[str]] = []
     chunk_cycles = 0
     while scheduler.has_unfinished() and len(seen_running) < 200:
@@ -46,5 +47,5 @@ def test_without_chunking_two_long_prompts_enter_together():
     config = SchedulerConfig(token_budget=8192, prefill_chunk=0, min_padding_efficiency=0)
     scheduler = BlockServeScheduler(BLOCK, [], config, grid_aligned=True, chunks_prefill=True)
     for name in ("long-a", "long-b"):
-        scheduler.add(scheduler.request_for(name, [7] * LONG, 2 * BLOCK))
+        scheduler.add(scheduler.request_for(name, [7] * LONG, RequestParams(max_tokens=2 * BLOCK)))
     assert set(scheduler.schedule().request_ids) == {"long-a", "long-b"}
