@@ -19,6 +19,8 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "kind": "bidirectional",
         "tiny_preset": "llada-tiny",
         "expert_parallel": False,
+        "model_types": ["llada"],
+        "default_context": 4096,
     },
     {
         "name": "dream",
@@ -29,6 +31,8 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "kind": "bidirectional",
         "tiny_preset": "dream-tiny",
         "expert_parallel": False,
+        "model_types": ["dream"],
+        "default_context": 32768,
     },
     {
         "name": "llada2",
@@ -39,6 +43,8 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "kind": "block_causal",
         "tiny_preset": "llada2-tiny",
         "expert_parallel": True,
+        "model_types": ["llada2_moe"],
+        "default_context": 16384,
     },
     {
         "name": "sdar",
@@ -49,6 +55,8 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "kind": "block_causal",
         "tiny_preset": "sdar-tiny",
         "expert_parallel": False,
+        "model_types": ["sdar"],
+        "default_context": 32768,
     },
     {
         "name": "diffusion_gemma",
@@ -59,5 +67,7 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "kind": "canvas",
         "tiny_preset": "diffusion-gemma-tiny",
         "expert_parallel": True,
+        "model_types": ["diffusion_gemma"],
+        "default_context": 131072,
     },
 )

@@ -61,6 +61,8 @@ class FamilyRow:
     checkpoints: str  # the published checkpoints it reads (README's Models table)
     tiny_preset: str  # its CPU-sized random preset (dllm_contracts/model_presets.py): the op census runs it
     expert_parallel: bool = False  # a mixture of experts that parallelism.expert spreads over ranks
+    model_types: tuple[str, ...] = ()  # the config.json model_types it reads
+    default_context: int | None = None  # its context where a config names none (the gateway's prompt limit)
 
 
 def registry_rows() -> tuple[FamilyRow, ...]:
@@ -87,9 +89,22 @@ def registry_rows() -> tuple[FamilyRow, ...]:
             f.checkpoints,
             f.tiny_preset,
             f.expert_parallel,
+            tuple(f.model_types),
+            _default_context(PRESETS[f.tiny_preset]),
         )
         for f in registered_families()
     )
+
+
+def _default_context(preset: dict) -> int:
+    """The context the engine's reader fills in for a config of this family that names none."""
+    from engine_pod.loading.config_readers import config_from_dict
+
+    names = ("max_position_embeddings", "max_sequence_length", "n_positions")
+    bare = {k: v for k, v in preset.items() if k not in names}
+    if "text_config" in preset:
+        bare["text_config"] = {k: v for k, v in preset["text_config"].items() if k not in names}
+    return config_from_dict(bare).max_position_embeddings
 
 
 def check_rows(rows: Sequence[FamilyRow]) -> None:
@@ -135,6 +150,8 @@ def table_source(rows: Sequence[FamilyRow]) -> str:
             "kind": row.kind,
             "tiny_preset": row.tiny_preset,
             "expert_parallel": row.expert_parallel,
+            "model_types": list(row.model_types),
+            "default_context": row.default_context,
         }
         lines = "".join(f"        {json.dumps(key)}: {_python(value)},\n" for key, value in fields.items())
         entries.append(f"    {{\n{lines}    }},\n")
@@ -142,8 +159,8 @@ def table_source(rows: Sequence[FamilyRow]) -> str:
 
 
 def _python(value: object) -> str:
-    """A value as Python source (JSON's spelling is Python's but for true and false)."""
-    return repr(value) if isinstance(value, bool) else json.dumps(value)
+    """A value as Python source (JSON's spelling is Python's but for true, false and null)."""
+    return repr(value) if isinstance(value, bool) or value is None else json.dumps(value)
 
 
 # the CRD
