@@ -20,6 +20,8 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "kind": "bidirectional",
         "tiny_preset": "llada-tiny",
         "expert_parallel": False,
+        "model_types": ["llada"],
+        "default_context": 4096,
         "request_settings": (),
     },
     {
@@ -31,6 +33,8 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "kind": "bidirectional",
         "tiny_preset": "dream-tiny",
         "expert_parallel": False,
+        "model_types": ["dream"],
+        "default_context": 32768,
         "request_settings": (),
     },
     {
@@ -42,6 +46,8 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "kind": "block_causal",
         "tiny_preset": "llada2-tiny",
         "expert_parallel": True,
+        "model_types": ["llada2_moe"],
+        "default_context": 16384,
         "request_settings": (),
     },
     {
@@ -53,6 +59,8 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "kind": "block_causal",
         "tiny_preset": "sdar-tiny",
         "expert_parallel": False,
+        "model_types": ["sdar"],
+        "default_context": 32768,
         "request_settings": (),
     },
     {
@@ -64,6 +72,8 @@ FAMILY_TABLE: tuple[dict[str, Any], ...] = (
         "kind": "canvas",
         "tiny_preset": "diffusion-gemma-tiny",
         "expert_parallel": True,
+        "model_types": ["diffusion_gemma"],
+        "default_context": 131072,
         "request_settings": (
             {
                 "name": "max_denoising_steps",

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from dllm_contracts.family_table import FAMILY_TABLE
+
 CONTEXT_FIELDS = ("max_position_embeddings", "max_sequence_length", "n_positions")
-# a family's context where its config names none, by config.json's model_type
-FAMILY_CONTEXT = {
-    "llada": 4096,
-    "Dream": 32768,
-    "llada2_moe": 16384,
-    "sdar": 32768,
-    "diffusion_gemma": 131_072,
-}
+# a family's context where its config names none, by config.json's model_type (the engine's readers' default)
+FAMILY_CONTEXT = {kind.lower(): row["default_context"] for row in FAMILY_TABLE for kind in row["model_types"]}
 
 
 def context_length_of(config: dict[str, Any]) -> int | None:
@@ -27,4 +23,4 @@ def context_length_of(config: dict[str, Any]) -> int | None:
             value = fields.get(name)
             if isinstance(value, int) and value > 0:
                 return value
-    return FAMILY_CONTEXT.get(str(config.get("model_type", "")))
+    return FAMILY_CONTEXT.get(str(config.get("model_type", "")).lower())

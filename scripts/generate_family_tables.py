@@ -62,6 +62,8 @@ class FamilyRow:
     checkpoints: str  # the published checkpoints it reads (README's Models table)
     tiny_preset: str  # its CPU-sized random preset (dllm_contracts/model_presets.py): the op census runs it
     expert_parallel: bool = False  # a mixture of experts that parallelism.expert spreads over ranks
+    model_types: tuple[str, ...] = ()  # the config.json model_types it reads
+    default_context: int | None = None  # its context where a config names none (the gateway's prompt limit)
     request_settings: tuple[dict[str, Any], ...] = ()  # the per-request settings it adds (Setting.to_row)
 
 
@@ -90,10 +92,23 @@ def registry_rows() -> tuple[FamilyRow, ...]:
             f.checkpoints,
             f.tiny_preset,
             f.expert_parallel,
+            tuple(f.model_types),
+            _default_context(PRESETS[f.tiny_preset]),
             tuple(s.to_row() for s in settings_of(f.request_params).values()) if f.request_params else (),
         )
         for f in registered_families()
     )
+
+
+def _default_context(preset: dict) -> int:
+    """The context the engine's reader fills in for a config of this family that names none."""
+    from engine_pod.loading.config_readers import config_from_dict
+
+    names = ("max_position_embeddings", "max_sequence_length", "n_positions")
+    bare = {k: v for k, v in preset.items() if k not in names}
+    if "text_config" in preset:
+        bare["text_config"] = {k: v for k, v in preset["text_config"].items() if k not in names}
+    return config_from_dict(bare).max_position_embeddings
 
 
 def check_rows(rows: Sequence[FamilyRow]) -> None:
@@ -147,6 +162,8 @@ def table_source(rows: Sequence[FamilyRow]) -> str:
             "kind": row.kind,
             "tiny_preset": row.tiny_preset,
             "expert_parallel": row.expert_parallel,
+            "model_types": list(row.model_types),
+            "default_context": row.default_context,
         }
         lines = "".join(f"        {json.dumps(key)}: {_python(value)},\n" for key, value in fields.items())
         lines += f'        "request_settings": {settings_source(row.request_settings)},\n'

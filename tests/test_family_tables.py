@@ -135,6 +135,8 @@ NEW = generator.FamilyRow(
     "acme/TinyCanvas-1B",
     "tiny-canvas-tiny",
     True,
+    ("tiny_canvas",),
+    2048,
 )
 
 
@@ -183,6 +185,8 @@ def test_a_new_family_reaches_the_chart_and_the_contracts_table():
         "kind": "canvas",
         "tiny_preset": "tiny-canvas-tiny",
         "expert_parallel": True,
+        "model_types": ["tiny_canvas"],
+        "default_context": 2048,
         "request_settings": (),  # it adds no per-request setting
     }
 

@@ -33,5 +33,5 @@ def test_a_config_without_its_context_gets_the_family_default_the_engine_fills_i
 
 def test_every_family_has_a_default_and_an_unknown_model_none():
     assert context_length_of({"model_type": "gpt2"}) is None
-    assert set(FAMILY_CONTEXT) >= {str(PRESETS[n]["model_type"]) for n in PRESETS}
+    assert set(FAMILY_CONTEXT) >= {str(PRESETS[n]["model_type"]).lower() for n in PRESETS}
     assert context_length_of(PRESETS["llada2-tiny"]) == 32768  # the context the long-prompt benchmarks use

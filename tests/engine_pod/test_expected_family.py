@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import engine_pod.loading.loader as loader
+import engine_pod.loading.sharded as sharded
 from dllm_contracts.families import FAMILIES
 from dllm_contracts.model_source import ModelLoadError
 from engine_pod.bench.results import ModelSpec
@@ -20,8 +21,8 @@ def no_weights(monkeypatch):
     def read(*args, **kwargs):
         raise AssertionError("weights were read or built before the family was checked")
 
-    monkeypatch.setattr(loader, "load_state_dict", read)
-    monkeypatch.setattr(loader, "build_model", read)
+    monkeypatch.setattr(sharded, "build_part", read)  # builds a model (a rank's part)
+    monkeypatch.setattr(sharded, "fill_model", read)  # reads or draws its weights
 
 
 @pytest.mark.parametrize(

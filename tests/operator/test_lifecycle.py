@@ -532,6 +532,20 @@ def test_keda_mode_emits_a_scaled_object_and_leaves_replicas_to_it(cluster, oper
     assert "replicas" not in deployment["spec"]
     # KEDA's operator (namespace keda, its pods labelled app=keda-operator) may read the queue depth
     until(kube, lambda: _admits_keda(kube), what="the managed Redis admitting KEDA's operator")
+    # a changed bound reaches the ScaledObject (patched in place)
+    most = scaled[0]["spec"]["maxReplicaCount"] + 1
+    kube.patch_service(NAME, {"spec": {"replicas": {"max": most}}})
+    until(
+        kube,
+        lambda: [
+            o
+            for o in kube.custom.list_namespaced_custom_object(
+                "keda.sh", "v1alpha1", "default", "scaledobjects"
+            )["items"]
+            if o["spec"]["maxReplicaCount"] == most
+        ],
+        what="the ScaledObject's new maximum",
+    )
     # switched off: the ScaledObject goes (its HPA would fight the operator's own autoscaler)
     kube.patch_service(NAME, {"spec": {"replicas": {"keda": False}}})
     until(kube, lambda: not _admits_keda(kube), what="KEDA's operator no longer admitted")

@@ -112,7 +112,7 @@ def test_the_official_openai_client_works_unchanged(stack):
         ({"model": "tiny", "prompt": "hi", "block_length": 64}, 400, "block_length"),
         ({"model": "tiny", "prompt": "hi", "steps": 3}, 400, "steps"),
         ({"model": "tiny", "prompt": "hi", "threshold": 2}, 400, "threshold"),
-        ({"model": "tiny", "prompt": "hi " * 2000}, 400, "at most"),
+        ({"model": "tiny", "prompt": "hi " * 20000}, 400, "maximum context length"),
         ({"model": "tiny", "prompt": [99999]}, 400, "token ids"),
         ({"model": "tiny"}, 400, "prompt"),
         ({"model": "tiny", "prompt": "a", "n": 17}, 400, "n"),

@@ -27,10 +27,6 @@ def kept_context(retention: float, context: int) -> int:
     return min(context, math.ceil(round(retention * context, 9)))
 
 
-def _share(share: float, heads: int) -> int:
-    return math.floor(share * heads + 0.5)  # rounded half up: 0.2 of 6 heads is 1, of 32 is 6
-
-
 def layer_groups(config: HeadSparseConfig, importance: list[float] | None, heads: int) -> list[HeadGroup]:
     """One layer's non-empty groups. Head-centric: heads ranked by ``importance`` (one score per K/V head,
     ties to the lower head), the most important core share kept whole, the least important minor share at
@@ -40,8 +36,7 @@ def layer_groups(config: HeadSparseConfig, importance: list[float] | None, heads
     if importance is None or len(importance) != heads:
         raise HeadSparseConfigError(f"head-centric groups need one importance per head ({heads})")
     ranked = sorted(range(heads), key=lambda h: (-importance[h], h))
-    core = min(_share(config.core_share, heads), heads)
-    minor = min(_share(config.minor_share, heads), heads - core)
+    core, _, minor = config.group_sizes(heads)  # the shares rounded half up, as admission counts them
     parts = (ranked[:core], ranked[core : heads - minor], ranked[heads - minor :])
     names = ("core", "regular", "minor")
     return [
