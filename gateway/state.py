@@ -6,7 +6,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated, Protocol
 
 import redis.asyncio as aioredis
 from fastapi import Depends, Request
@@ -24,10 +24,19 @@ from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
 from gateway.tokenizer import GatewayTokenizer
 
-if TYPE_CHECKING:
-    from gateway.batch_keeper import BatchKeeper
-
 SHUTDOWN_MARGIN_S = 3.0  # ends waits this long before the drain timeout (one poll of Redis and a reply)
+
+
+class BatchHolder(Protocol):
+    """What the handlers ask of the batches this process holds (gateway.batch_keeper.BatchKeeper)."""
+
+    gateway: str  # this process's id: the owner written on the batches it holds
+
+    def adopt(self, batch_id: str) -> None: ...
+
+    async def run(self) -> None: ...
+
+    async def release(self) -> None: ...
 
 
 @dataclass
@@ -43,7 +52,7 @@ class GatewayState:
     api_keys: ApiKeys
     files: FileStore  # the bytes of files and batch outputs (their records are in Redis)
     tracing: Tracing = field(default_factory=Tracing.off)  # request spans (off: no tracer)
-    batches: BatchKeeper | None = None  # the batches this gateway process holds (set by the lifespan)
+    batches: BatchHolder | None = None  # the batches this gateway process holds (set by the lifespan)
     tasks: set[asyncio.Task] = field(default_factory=set)  # background work of this process
     stop_waiting_at: float = math.inf  # monotonic time at which waits end with a 503 (shutting down)
 

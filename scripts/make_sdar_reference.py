@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from make_block_reference import EOS_ID, MASK_ID, ORDINARY, _write_checkpoint, forward_cases
+from block_reference.shared import EOS_ID, MASK_ID, ORDINARY, forward_cases, write_checkpoint
 from safetensors.torch import save_file
 
 SDAR_CONFIG = {
@@ -139,7 +139,7 @@ def make_sdar(reference: Path, out: Path) -> tuple[int, int]:
     generate.sample_with_temperature_topk_topp = greedy
     config = configuration.SDARConfig(**SDAR_CONFIG)
     config._attn_implementation = "sdpa"
-    model = _write_checkpoint(
+    model = write_checkpoint(
         modeling.SDARForCausalLM, config, SDAR_CONFIG, out, "model.embed_tokens.weight", "lm_head.weight"
     )
     generator = torch.Generator().manual_seed(7)
