@@ -122,6 +122,13 @@ class FamilyParams(DeclaredSettings):
     """Base of a family's own per-request settings (a frozen dataclass of ``setting`` fields): an instance
     holds a service's values, which a request's ``family`` settings replace."""
 
+    @classmethod
+    def for_service(cls, generation: Mapping[str, Any], steps_per_block: int) -> FamilyParams:
+        """A service's values, from its checkpoint's generation config (``generation``, as read) and the
+        engine's steps per block; here the declared defaults (a family whose values come from there
+        overrides this)."""
+        return cls()
+
     def for_request(self, given: Mapping[str, Any] | None) -> FamilyParams:
         """These settings (the service's) with those a request sets (``given``, by name). SettingError for
         a name this family does not declare, a value out of range, a relation broken once merged, or a

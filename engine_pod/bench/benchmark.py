@@ -20,7 +20,7 @@ from engine_pod.bench.results import ModelSpec, PolicyRun
 from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.device_memory import device_name
-from engine_pod.families.diffusion_gemma.sampler_settings import EntropyBoundParams
+from engine_pod.families.registry import family_of
 from engine_pod.isolation import run_in_child
 from engine_pod.loading.loader import LoadedModel
 
@@ -128,7 +128,7 @@ def _run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None, h
             all_runs[name].append(run)
             runs = {n: _median_run(r) for n, r in all_runs.items() if r}
             report = _report(cfg, runs, requests, widths, batch, config.eos_token_ids, calibration)
-            report["canvas_sampler"] = _canvas_sampler(config, cfg.decoding)
+            report["family_settings"] = _family_settings(config, cfg.decoding)
             report["wall_s_per_run"] = {n: [round(x.wall_s, 4) for x in r] for n, r in all_runs.items() if r}
             report["cpu_s_per_run"] = {
                 n: [round(x.cpu_s, 3) for x in r if x.cpu_s] for n, r in all_runs.items() if r
@@ -138,13 +138,11 @@ def _run_benchmark(cfg: BenchConfig, on_policy: Callable[[dict], None] | None, h
     return report
 
 
-def _canvas_sampler(config, decoding: DecodingConfig) -> dict | None:
-    """The entropy-bound sampler's settings where the model samples with it (its generation config, with
-    the steps per block as its steps per canvas, as the runner sets them); None for the others."""
-    generation = getattr(config, "generation", None)
-    if generation is None:
-        return None
-    return asdict(EntropyBoundParams.for_service(generation, decoding.steps_per_block))
+def _family_settings(config, decoding: DecodingConfig) -> dict | None:
+    """The service's values of the per-request settings the model's family adds (DiffusionGemma's
+    sampler's), as the runner sets them; None for a family that adds none."""
+    settings = family_of(config).service_settings(config, decoding.steps_per_block)
+    return None if settings is None else asdict(settings)
 
 
 def _round_order(policies: tuple[str, ...], round_number: int) -> tuple[str, ...]:

@@ -39,16 +39,16 @@ def _threads_line(report: dict) -> str:
 
 
 def _decoding_line(report: dict) -> str:
-    """The confidence threshold, or the entropy-bound sampler's settings for a model that samples so; and
-    whether the products were batch-invariant (--batch-invariant)."""
+    """The confidence threshold, or the settings the model's family adds (DiffusionGemma's sampler's) for
+    a family that adds some; and whether the products were batch-invariant (--batch-invariant)."""
     invariant = {
         ("on",): "; batch-invariant products, every batch packed",
         ("on", "off"): "; every policy with batch-invariant products (every batch packed) and without",
         ("off", "on"): "; every policy without batch-invariant products and with (every batch packed)",
     }.get(tuple(report.get("batch_invariant", ())), "")
-    if sampler := report.get("canvas_sampler"):
-        settings = ", ".join(f"{name} {value:g}" for name, value in sampler.items())
-        return f"entropy-bound sampler: {settings}{invariant}"
+    if family_settings := report.get("family_settings"):
+        settings = ", ".join(f"{name} {value:g}" for name, value in family_settings.items())
+        return f"the family's settings: {settings}{invariant}"
     calibration = report.get("threshold_calibration")
     line = f"threshold {report['decoding']['threshold']:.6g}"
     if calibration:

@@ -85,6 +85,14 @@ class ModelFamily:
             config = self.read_config(raw)
         return config if config.family == self.name else replace(config, family=self.name)
 
+    def service_settings(self, config: Any, steps_per_block: int) -> FamilyParams | None:
+        """The service's values of the per-request settings this family adds (None: it adds none), from
+        its config's generation config (generation_config.json as read, where the config keeps one) and
+        the engine's steps per block: what a request that sets none of them runs with."""
+        if self.request_params is None:
+            return None
+        return self.request_params.for_service(getattr(config, "generation", None) or {}, steps_per_block)
+
     @property
     def records_margins(self) -> bool:
         """Whether its runner can record each commit's top-two margin and row 0's trace."""

@@ -96,7 +96,7 @@ def test_dllm_bench_reports_the_entropy_bound_samplers_settings_not_a_threshold(
     ]
     assert main([*argv, "--policy", "blockserve", "--no-isolate", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["canvas_sampler"] == {
+    assert report["family_settings"] == {
         "max_denoising_steps": 32,  # the steps per block
         "entropy_bound": 1000.0,  # the preset's generation config
         "t_min": 0.05,
@@ -105,5 +105,5 @@ def test_dllm_bench_reports_the_entropy_bound_samplers_settings_not_a_threshold(
         "confidence_threshold": 1.0,
     }
     printed = capsys.readouterr().out
-    assert "entropy-bound sampler: max_denoising_steps 32, entropy_bound 1000, t_min 0.05" in printed
+    assert "the family's settings: max_denoising_steps 32, entropy_bound 1000, t_min 0.05" in printed
     assert "threshold 0.9" not in printed

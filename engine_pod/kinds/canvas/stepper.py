@@ -116,14 +116,13 @@ class CanvasStepper:
             raise DecodingConfigError(
                 f"canvas 'full' (a masked suffix) does not apply: {loaded.family.display_name} has no masks"
             )
-        settings = loaded.family.request_params  # its sampler's settings (decoding/entropy_bound.py's names)
-        if settings is None:
+        if loaded.family.request_params is None:  # its sampler's settings (decoding/entropy_bound.py's names)
             raise DecodingConfigError(
                 f"{loaded.family.display_name} declares no sampler settings (its record's request_params)"
             )
         self.loaded, self.decoding, self.model = loaded, decoding, loaded.model
         # the service's: its checkpoint's generation config, its steps per canvas the engine's
-        self.request_defaults = settings.for_service(config.generation, decoding.steps_per_block)
+        self.request_defaults = loaded.family.service_settings(config, decoding.steps_per_block)
         self.pool_tokens = pool_tokens or DEFAULT_POOL_TOKENS
         pages = -(-self.pool_tokens // decoding.block_length)  # a row's pages never exceed its tokens
         # this process's heads (a tensor-parallel rank's share)
