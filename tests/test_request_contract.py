@@ -228,3 +228,44 @@ def row_of(self, request):
     return CycleRow(prefix, params=request.params)
 """
     assert rows_from_requests(source) == [3, 6]
+
+
+# where nothing names a setting a family adds (the family declares it, its kind's stepper and sampler use it)
+FAMILY_BLIND = ("gateway", "engine_pod/worker", "engine_pod/scheduler", "engine_pod/runner", "engine_pod/bench")
+
+
+def family_setting_names(source: str) -> list[tuple[str, int]]:
+    """(setting, line) for each name, attribute, keyword or string in ``source`` that is a family's
+    setting (``FAMILY_SETTINGS``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        word = (
+            node.id
+            if isinstance(node, ast.Name)
+            else node.attr
+            if isinstance(node, ast.Attribute)
+            else node.arg
+            if isinstance(node, ast.keyword)
+            else node.value
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            else None
+        )
+        if word in FAMILY_SETTINGS:
+            found.append((word, getattr(node, "lineno", 0)))
+    return found
+
+
+def test_no_family_setting_is_named_outside_its_family_and_kind():
+    assert FAMILY_SETTINGS  # DiffusionGemma declares some: the scan has names to look for
+    named = [
+        f"{path.relative_to(ROOT).as_posix()}:{line} {word}"
+        for folder in FAMILY_BLIND
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for word, line in family_setting_names(path.read_text())
+    ]
+    assert not named, named
+
+
+def test_the_family_setting_scan_finds_one_named():
+    source = 'steps = min(row.params.family.get("max_denoising_steps", 48), cap)\nt_max = 0.8\n'
+    assert sorted(family_setting_names(source)) == [("max_denoising_steps", 1), ("t_max", 2)]
