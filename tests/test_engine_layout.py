@@ -116,6 +116,31 @@ def test_the_worker_and_the_scheduler_know_no_model_family():
         assert not knows, room
 
 
+KIND_ROOMS = ("engine_pod.kinds", "engine_pod.families")  # what differs by cache kind or family
+
+
+def kind_imports(graph: dict[str, set[str]], room: str = "engine_pod.runner") -> set[str]:
+    """What the modules of ``room`` import from the kinds' folders or the families."""
+    return {m for module, imported in graph.items() if module.startswith(room) for m in imported} & {
+        m for m in graph if m.startswith(KIND_ROOMS)
+    }
+
+
+def test_the_runner_holds_only_what_every_kind_shares():
+    """``runner/`` (the cycle driver, the runner contract, the factory, the interfaces, tensor parallelism)
+    imports no cache kind's folder and no family: a kind's code lives in ``engine_pod/kinds/``, and the
+    family's record names its kind."""
+    assert not kind_imports(module_graph())
+
+
+def test_the_kind_scan_finds_a_runner_that_imports_a_kind():
+    graph = module_graph()
+    graph["engine_pod.runner.factory"] = graph["engine_pod.runner.factory"] | {
+        "engine_pod.kinds.canvas.stepper"
+    }
+    assert kind_imports(graph) == {"engine_pod.kinds.canvas.stepper"}
+
+
 def test_the_cycle_finder_finds_a_cycle_and_nothing_else():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]

@@ -231,7 +231,13 @@ def row_of(self, request):
 
 
 # where nothing names a setting a family adds (the family declares it, its kind's stepper and sampler use it)
-FAMILY_BLIND = ("gateway", "engine_pod/worker", "engine_pod/scheduler", "engine_pod/runner", "engine_pod/bench")
+FAMILY_BLIND = (
+    "gateway",
+    "engine_pod/worker",
+    "engine_pod/scheduler",
+    "engine_pod/runner",
+    "engine_pod/bench",
+)
 
 
 def family_setting_names(source: str) -> list[tuple[str, int]]:
