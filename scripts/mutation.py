@@ -75,7 +75,10 @@ def mutmut_section(scope: Scope) -> str:
         f"pytest_add_cli_args_test_selection = {toml_list(scope.tests)}\n"
         # a mutant that hangs the worker's loop or a wait fails its test at this bound instead of
         # mutmut's default (30 times the tests' clean run, minutes per mutant here)
-        f'pytest_add_cli_args = ["--timeout", "{PER_TEST_TIMEOUT_S}"]\n'
+        # and in one process: mutmut counts which tests reach a mutated function in the process it runs
+        # pytest in, which the project's default -n (xdist's workers) would leave empty ("no test case
+        # for any mutant")
+        f'pytest_add_cli_args = ["--timeout", "{PER_TEST_TIMEOUT_S}", "-n", "0"]\n'
         "timeout_multiplier = 2.0\n"
         'also_copy = ["operator/", "crds/", "charts/"]\n\n'
     )
