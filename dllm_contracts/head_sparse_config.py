@@ -5,6 +5,16 @@ Off by default. ``uniform``: every head of every layer keeps ``retention`` of ea
 ``head-centric``: per layer, heads ranked by importance (``dllm heads``) fall into three groups: the core
 share kept whole, the regular heads at ``retention``, the minor share at ``minor_retention`` (never more
 than ``retention``). The active block's own positions are always kept.
+
+Which positions a head keeps (not how many): ``scoring`` (``probability``: the attention probability the
+block's queries give each key, averaged over them and summed over a K/V head's query heads;
+``mean-query-logit``: the pre-softmax logit of the block's mean query against each key, the most over a
+K/V head's query heads), ``pool_kernel`` (each context position scores the most of the scores of its
+neighbours within the kernel), ``selection`` (``per-head``: each K/V head its own positions; ``shared``: one
+set for every head of a layer, ranked by the scores summed over all query heads) and ``selection_delay``
+(a block's first forwards that compute every position without selecting; the selection is made at the
+full forward after them). dLLM-Serve's published code selects by ``mean-query-logit``, ``pool_kernel`` 3,
+``selection_delay`` 1, per head or shared.
 """
 
 from __future__ import annotations
@@ -13,7 +23,11 @@ import math
 from dataclasses import asdict, dataclass
 
 MODES = ("off", "head-centric", "uniform")
+SCORINGS = ("probability", "mean-query-logit")
+SELECTIONS = ("per-head", "shared")
 MAX_MINOR_RETENTION = 0.2
+MAX_POOL_KERNEL = 15  # odd, so that a position's neighbours lie evenly on both sides
+MAX_SELECTION_DELAY = 32
 LABELS = {  # HeadSparseConfig's field -> how its messages name it
     "mode": "sparse cache mode",
     "retention": "retention",
@@ -21,12 +35,17 @@ LABELS = {  # HeadSparseConfig's field -> how its messages name it
     "core_share": "core share",
     "minor_share": "minor share",
     "consistency": "consistency threshold",
+    "scoring": "sparse scoring",
+    "pool_kernel": "pool kernel",
+    "selection": "sparse selection",
+    "selection_delay": "selection delay",
     "importance": "head-centric retention",
 }
 
 
 # per mode, the settings besides the mode that decide what the cache holds (a profile records them; the
-# importance and the consistency threshold choose which positions are kept, not how many)
+# importance, the consistency threshold, the scoring, pooling, selection and delay choose which positions
+# are kept, not how many)
 MEMORY_FIELDS = {
     "off": (),
     "uniform": ("retention",),
@@ -49,6 +68,10 @@ class HeadSparseConfig:
     # refresh have a cosine similarity above this with the scores it ranked by then keeps that ranking
     # there (its selection stays put); 1 never holds (each refresh selects afresh)
     consistency: float = 0.9
+    scoring: str = "probability"  # what ranks a key: probability | mean-query-logit (module docstring)
+    pool_kernel: int = 1  # each context position scores the most of this many around it (odd; 1: itself)
+    selection: str = "per-head"  # per-head: each K/V head keeps its own positions; shared: one set per layer
+    selection_delay: int = 0  # a block's first forwards that compute every position before the selecting one
     importance: str | None = None  # the JSON ``dllm heads`` wrote (head-centric needs it)
 
     def __post_init__(self) -> None:
@@ -90,7 +113,7 @@ def problems_of(settings: dict) -> dict[str, str]:
     resource's field)."""
     mode, retention, minor = settings["mode"], settings["retention"], settings["minor_retention"]
     core_share, minor_share = settings["core_share"], settings["minor_share"]
-    consistency = settings["consistency"]
+    consistency, kernel, delay = settings["consistency"], settings["pool_kernel"], settings["selection_delay"]
     checks = [
         ("mode", mode not in MODES, f"must be one of {', '.join(MODES)}, got {mode!r}"),
         ("retention", not 0.0 < retention <= 1.0, f"must be in (0, 1], got {retention}"),
@@ -108,6 +131,26 @@ def problems_of(settings: dict) -> dict[str, str]:
         ),
         ("consistency", not -1.0 <= consistency <= 1.0, f"must be in [-1, 1], got {consistency}"),
         (
+            "scoring",
+            settings["scoring"] not in SCORINGS,
+            f"must be one of {', '.join(SCORINGS)}, got {settings['scoring']!r}",
+        ),
+        (
+            "pool_kernel",
+            not (_is_int(kernel) and 1 <= kernel <= MAX_POOL_KERNEL and kernel % 2 == 1),
+            f"must be an odd whole number from 1 to {MAX_POOL_KERNEL}, got {kernel}",
+        ),
+        (
+            "selection",
+            settings["selection"] not in SELECTIONS,
+            f"must be one of {', '.join(SELECTIONS)}, got {settings['selection']!r}",
+        ),
+        (
+            "selection_delay",
+            not (_is_int(delay) and 0 <= delay <= MAX_SELECTION_DELAY),
+            f"must be a whole number from 0 to {MAX_SELECTION_DELAY}, got {delay}",
+        ),
+        (
             "importance",
             mode == "head-centric" and not settings["importance"],
             "needs head importance: pass the JSON `dllm heads` writes (--head-importance), or a --profile "
@@ -119,6 +162,10 @@ def problems_of(settings: dict) -> dict[str, str]:
         if failed and name not in problems:
             problems[name] = message
     return problems
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def memory_settings(settings: dict) -> dict | None:

@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dllm_contracts.head_sparse_config import MODES, HeadSparseConfig
+from dllm_contracts.head_sparse_config import (
+    MAX_POOL_KERNEL,
+    MAX_SELECTION_DELAY,
+    MODES,
+    SCORINGS,
+    SELECTIONS,
+    HeadSparseConfig,
+)
 from engine_pod.kinds.bidirectional.head_sparse.groups import profile_has_importance
 
 _DEFAULTS = HeadSparseConfig()
@@ -17,6 +24,10 @@ SPARSE_FLAGS = {
     "core_share": "--core-share",
     "minor_share": "--minor-share",
     "consistency": "--sparse-consistency",
+    "scoring": "--sparse-scoring",
+    "pool_kernel": "--sparse-pool-kernel",
+    "selection": "--sparse-selection",
+    "selection_delay": "--selection-delay",
 }  # HeadSparseConfig's field -> its flag (parsed as the flag's name in snake case)
 
 
@@ -61,6 +72,36 @@ def add_sparse_args(parser: argparse.ArgumentParser) -> None:
         help="cross-step consistency: a head whose new scores have a cosine similarity above this with the "
         "ranking of its request's previous refresh keeps that ranking; 1 turns it off "
         f"(default: {_DEFAULTS.consistency})",
+    )
+    group.add_argument(
+        "--sparse-scoring",
+        choices=SCORINGS,
+        default=_DEFAULTS.scoring,
+        help="what ranks a key at a refresh: probability (the attention probability the block's queries give "
+        "it, averaged over them, summed over a K/V head's query heads) or mean-query-logit (the pre-softmax "
+        "logit of the block's mean query, the most over a K/V head's query heads, as dLLM-Serve's published "
+        f"code) (default: {_DEFAULTS.scoring})",
+    )
+    group.add_argument(
+        "--sparse-pool-kernel",
+        type=int,
+        default=_DEFAULTS.pool_kernel,
+        help="each context position scores the most of the scores within this many positions around it, odd, "
+        f"1 to {MAX_POOL_KERNEL}; 1 pools nothing (dLLM-Serve's code: 3) (default: {_DEFAULTS.pool_kernel})",
+    )
+    group.add_argument(
+        "--sparse-selection",
+        choices=SELECTIONS,
+        default=_DEFAULTS.selection,
+        help="per-head: each K/V head keeps its own positions; shared: every head of a layer keeps one set, "
+        f"ranked by the scores summed over its heads (default: {_DEFAULTS.selection})",
+    )
+    group.add_argument(
+        "--selection-delay",
+        type=int,
+        default=_DEFAULTS.selection_delay,
+        help="a block's first forwards that compute every position before the one that selects what is kept, "
+        f"0 to {MAX_SELECTION_DELAY} (dLLM-Serve's code: 1) (default: {_DEFAULTS.selection_delay})",
     )
     group.add_argument(
         "--head-importance",

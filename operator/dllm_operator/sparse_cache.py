@@ -22,6 +22,10 @@ SPARSE_FIELDS = {
     "minor_share": "minorShare",
     "minor_retention": "minorRetention",
     "consistency": "consistency",
+    "scoring": "scoring",
+    "pool_kernel": "poolKernel",
+    "selection": "selection",
+    "selection_delay": "selectionDelay",
 }  # HeadSparseConfig's field -> its name under spec.decoding.sparseCache
 
 
@@ -35,6 +39,10 @@ class SparseCache:
     minor_share: float = _SPARSE_DEFAULTS.minor_share
     minor_retention: float = _SPARSE_DEFAULTS.minor_retention
     consistency: float = _SPARSE_DEFAULTS.consistency
+    scoring: str = _SPARSE_DEFAULTS.scoring
+    pool_kernel: int = _SPARSE_DEFAULTS.pool_kernel
+    selection: str = _SPARSE_DEFAULTS.selection
+    selection_delay: int = _SPARSE_DEFAULTS.selection_delay
     importance_configmap: str | None = None  # its IMPORTANCE_KEY is mounted into the engine pods
 
     @property
@@ -67,6 +75,8 @@ def sparse_flags(sparse: SparseCache) -> list[str]:
     flags = ["--sparse-cache", sparse.mode, "--retention", str(sparse.retention)]
     flags += ["--minor-retention", str(sparse.minor_retention), "--core-share", str(sparse.core_share)]
     flags += ["--minor-share", str(sparse.minor_share), "--sparse-consistency", str(sparse.consistency)]
+    flags += ["--sparse-scoring", sparse.scoring, "--sparse-pool-kernel", str(sparse.pool_kernel)]
+    flags += ["--sparse-selection", sparse.selection, "--selection-delay", str(sparse.selection_delay)]
     path = sparse.importance_path
     return flags + (["--head-importance", path] if path else [])
 

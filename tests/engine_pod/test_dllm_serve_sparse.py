@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -29,9 +30,16 @@ def models():
     return {family: load_model(str(REFERENCE_DIR / family), dtype="float64") for family in ("llada", "dream")}
 
 
+# dLLM-Serve's published selection: the mean query's pre-softmax logits, pooled over 3, after one full forward
+AUTHORS = {"scoring": "mean-query-logit", "pool_kernel": 3, "selection_delay": 1}
+
+
 def _sparse(mode: str, loaded, tmp_path) -> HeadSparseConfig:
     if mode == "uniform":
         return HeadSparseConfig(mode="uniform", retention=0.3)
+    if mode.startswith("authors-"):  # authors-per-head, authors-shared
+        selection = mode.removeprefix("authors-")
+        return replace(_sparse("uniform", loaded, tmp_path), **AUTHORS, selection=selection)
     config = loaded.config  # head h of every layer scores h + 1: the last heads core, the first minor
     path = tmp_path / "importance.json"
     scores = [[h + 1.0 for h in range(config.num_heads)] for _ in range(config.num_layers)]
@@ -51,7 +59,7 @@ def _tokens(engine: Engine, workload) -> dict[str, list[int]]:
     return generated
 
 
-@pytest.mark.parametrize("mode", ["uniform", "head-centric"])
+@pytest.mark.parametrize("mode", ["uniform", "head-centric", "authors-per-head", "authors-shared"])
 @pytest.mark.parametrize("family", ["llada", "dream"])
 def test_dllm_serve_with_a_sparse_cache_answers_as_blockserve_with_it(models, family, mode, tmp_path):
     loaded = models[family]

@@ -1,8 +1,9 @@
 """dLLM-Serve's phase multiplexing, decided on the device: which of a cycle's rows refresh at a step.
 
 A row refreshes (its forward computes every position it attends and rewrites its dual cache) at the first
-forward of its block and, with a refresh interval I > 0, at every I-th of its forwards after that; its
-other forwards reuse the cache (they compute its block only). A refresh costs the row's whole width, a
+forward of its block (with a head-sparse selection delay d, at each of its first d + 1: the last selects)
+and, with a refresh interval I > 0, at every I-th of its forwards after that; its other forwards reuse the
+cache (they compute its block only). A refresh costs the row's whole width, a
 reuse its block: the refresh quota caps the positions a step refreshes, so that a cycle's refreshes are
 spread over its steps instead of all falling on the first. A row due for a refresh beyond the quota waits
 the step out (it never reuses a stale cache), so the quota changes when a row's forwards run, never what
@@ -38,10 +39,12 @@ def plan_phases(
     widths: torch.Tensor,
     interval: int,
     quota: int | None,
+    delay: int = 0,
 ) -> PhasePlan:
     """The step's phases of the rows ``going_on`` [R], by their ``forwards`` in their block so far, the
-    steps they ``waited`` for a refresh and their refresh ``widths`` [R] (no read of the device)."""
-    due = going_on & (forwards == 0)
+    steps they ``waited`` for a refresh and their refresh ``widths`` [R] (no read of the device); ``delay``:
+    the forwards of a block that refresh before the first that may reuse."""
+    due = going_on & (forwards <= delay)
     if interval > 0:
         due = due | (going_on & (forwards % interval == 0))
     reuse = going_on & ~due

@@ -22,7 +22,6 @@ from itertools import count
 
 import torch
 
-from engine_pod.kinds.bidirectional.head_sparse.scores import attention_scores
 from engine_pod.kinds.bidirectional.head_sparse.store import CycleStore, HeadSparse
 from engine_pod.models.attention_backends import ragged_attention
 from engine_pod.models.ragged import RaggedAttention, RowSpans, starts_of
@@ -78,7 +77,8 @@ class PhaseHeads:
     its last-layer queries; ``row_start``: each box row's place in the cycle's cache order (the
     forward's packing order); ``pools``: the runner's CycleCachePool, where a refresh's store is kept;
     ``refresh``: the members that refresh; ``block_start``: where each box
-    row's block lies among its keys."""
+    row's block lies among its keys; ``selecting``: the refreshing members that select (None: all; a
+    refresh within the selection delay attends as the others and keeps nothing)."""
 
     def __init__(
         self,
@@ -95,6 +95,7 @@ class PhaseHeads:
         block_length: int,
         layers: int,
         device,
+        selecting: set[int] | None = None,
     ) -> None:
         self.sparse, self.pools, self.kept, self.layers, self.device = sparse, pools, kept, layers, device
         self.block_length = block_length
@@ -104,9 +105,16 @@ class PhaseHeads:
             q_start[i] = start
         final_start = starts_of(picked)
         self.store: CycleStore | None = None
+        self.own_places: torch.Tensor | None = None  # the refreshing rows' keys, where any refresh
         fresh = [i for i in order if members[i] in refresh]  # the refreshing rows, in packing order
+        self.selected_positions = 0  # what the selecting rows' dense caches would hold
         if fresh:
-            self._plan_refresh(fresh, members, owners, lengths, picked, q_start, final_start, block_start)
+            chosen = refresh if selecting is None else selecting
+            self._plan_attention(fresh, lengths, picked, q_start, final_start)
+            kept.drop([owners[members[i]] for i in fresh])  # their earlier entries: nothing reads them again
+            selects = [i for i in fresh if members[i] in chosen]
+            if selects:
+                self._plan_store(selects, members, owners, lengths, picked, q_start, final_start, block_start)
         # the reusing rows, by the store that holds their entries
         self.reuse: list[tuple[CycleStore, dict]] = []
         by_store: dict[int, tuple[CycleStore, list[int], list[int]]] = {}
@@ -120,10 +128,10 @@ class PhaseHeads:
             plans = self._reuse_plans(store, rows_here, local, q_start, final_start, picked)
             self.reuse.append((store, plans))
 
-    def _plan_refresh(self, fresh, members, owners, lengths, picked, q_start, final_start, block_start):
-        """The refreshing rows ``fresh`` (indices of ``members``, in packing order): their attention over
-        their own keys (compacted), their scoring queries, and the store their kept entries fill."""
-        kept, device, L, sparse = self.kept, self.device, self.block_length, self.sparse
+    def _plan_attention(self, fresh, lengths, picked, q_start, final_start) -> None:
+        """The refreshing rows ``fresh`` (indices of ``members``, in packing order) attend over their own
+        keys (compacted), as without sparsity."""
+        device = self.device
         widths = [lengths[i] for i in fresh]
         own = starts_of(widths)
         self.own_places = _places([q_start[i] for i in fresh], widths, device)  # their keys, compacted
@@ -131,21 +139,30 @@ class PhaseHeads:
         counts = [picked[i] for i in fresh]
         self.own_final = _places([final_start[i] for i in fresh], counts, device)
         self.own_final_plan = RaggedAttention(RowSpans(starts_of(counts), counts, own, widths), device)
-        starts = [block_start[members[i]] for i in fresh]
-        names = [owners[members[i]] for i in fresh]
-        kept.drop(names)  # their earlier entries: nothing reads them again
+
+    def _plan_store(self, selects, members, owners, lengths, picked, q_start, final_start, block_start):
+        """The selecting rows ``selects`` (indices of ``members``, in packing order): their scoring queries,
+        and the store their kept entries fill."""
+        kept, device, L, sparse = self.kept, self.device, self.block_length, self.sparse
+        widths = [lengths[i] for i in selects]
+        self.selected_positions = sum(widths)
+        own = starts_of(widths)
+        self.store_places = _places([q_start[i] for i in selects], widths, device)  # their keys, compacted
+        counts = [picked[i] for i in selects]
+        starts = [block_start[members[i]] for i in selects]
+        names = [owners[members[i]] for i in selects]
         self.store = CycleStore(
             sparse, self.pools, names, own, widths, starts, L, device, pages_owner=kept.owner_name()
         )
         offsets = torch.arange(L, device=device)
-        block = torch.tensor([q_start[i] + s for i, s in zip(fresh, starts)], device=device)
+        block = torch.tensor([q_start[i] + s for i, s in zip(selects, starts)], device=device)
         self.scoring = (
             block[:, None] + offsets,
-            torch.ones(len(fresh), L, dtype=torch.bool, device=device),
+            torch.ones(len(selects), L, dtype=torch.bool, device=device),
         )
         widest = max(max(counts), 1)
         real = torch.arange(widest, device=device) < torch.tensor(counts, device=device)[:, None]
-        first = torch.tensor([final_start[i] for i in fresh], device=device)
+        first = torch.tensor([final_start[i] for i in selects], device=device)
         self.final_scoring = (
             torch.where(real, first[:, None] + torch.arange(widest, device=device), 0),
             real,
@@ -180,7 +197,7 @@ class PhaseHeads:
         rows, heads, tokens, width = q.shape
         queries, own_k, own_v = q.transpose(1, 2).flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)
         out = queries.new_zeros(queries.shape[0], heads, own_v.shape[-1])
-        if self.store is not None:
+        if self.own_places is not None:
             scale = batch.layout(layer, final).plan.style.scale or q.shape[-1] ** -0.5
             self._refresh(layer, queries, own_k, own_v, out, final, scale)
         for store, plan in self.reuse:
@@ -188,13 +205,17 @@ class PhaseHeads:
         return out.view(rows, tokens, heads, width)
 
     def _refresh(self, layer: int, queries, own_k, own_v, out, final: bool, scale: float) -> None:
-        """The refreshing rows: every head over their own keys, then their scores and kept entries."""
+        """The refreshing rows: every head over their own keys, then the selecting rows' scores and kept
+        entries."""
         keys, values = own_k[self.own_places], own_v[self.own_places]
         at = self.own_final if final else self.own_places
         out[at] = ragged_attention(queries[at], keys, values, self.own_final_plan if final else self.own_plan)
         store = self.store
+        if store is None:
+            return
+        keys, values = own_k[self.store_places], own_v[self.store_places]
         places, valid = self.final_scoring if final else self.scoring
-        scores = attention_scores(queries[places], valid, keys[store.key_index], store.k_valid, scale)
+        scores = store.scores(queries[places], valid, keys[store.key_index], scale)
         if final and self.last is not None:  # a row with no last-layer query ranks as the layer before
             scores = torch.where(self.has_final[:, None, None], scores, self.last)
         self.last = scores
@@ -239,4 +260,5 @@ def phase_heads(stepper, state, members: list[int], lengths: list[int], picked: 
         L,
         stepper.loaded.config.num_layers,
         box.tokens.device,
+        {r for r in state.phases.refresh if state.phases.forwards[r] >= stepper.selection_delay},
     )

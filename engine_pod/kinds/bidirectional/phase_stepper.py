@@ -161,6 +161,7 @@ class PhaseStepper(BidirectionalStepper):
             phases.widths_on_device,
             phases.interval,
             phases.quota,
+            self.selection_delay,
         )
         masked = box.block_tokens() == self.mask_id
         stack = torch.stack(
@@ -294,7 +295,10 @@ class PhaseStepper(BidirectionalStepper):
         if self.heads is not None:
             inputs.batch.heads = phase_heads(self, state, rows.members, layout.lengths, counts)
         logits = self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
-        dense = refreshed * self.position_bytes  # the refreshing rows' dense caches, and what they kept
+        heads = inputs.batch.heads
+        # the refreshing rows' dense caches, and what they kept (head-sparse: the rows that selected; a
+        # refresh within the selection delay keeps nothing)
+        dense = (refreshed if heads is None else heads.selected_positions) * self.position_bytes
         stats.kv_dense_bytes += dense
-        stats.kv_kept_bytes += dense if inputs.batch.heads is None else inputs.batch.heads.kept_bytes()
+        stats.kv_kept_bytes += dense if heads is None else heads.kept_bytes()
         return logits

@@ -93,6 +93,8 @@ class BidirectionalStepper:
         self.forces_start = decoding.uses_cache and self.quirks.commits_block_start_on_refresh
         L = decoding.block_length
         self.heads = HeadSparse.of(loaded, decoding.sparse)  # None: every head keeps every position
+        # head-sparse: a block's first forwards that compute every position before the one that selects
+        self.selection_delay = decoding.sparse.selection_delay if self.heads is not None else 0
         self.position_bytes = position_bytes(loaded.config, loaded.dtype)
         new_pool = lambda pages: self.model.new_pool(pages, L, loaded.device)  # noqa: E731
         # head-sparse: the pool grows to what its first cycle keeps, which no budget says in advance
@@ -141,7 +143,7 @@ class BidirectionalStepper:
         return build_box(cycle.rows, self.decoding.block_length, *args, self.buffers, **resume)
 
     def most_steps(self, state: _BidirectionalCycle) -> int:
-        return self.decoding.block_length + self.decoding.steps_per_block + 2
+        return self.decoding.block_length + self.decoding.steps_per_block + 2 + self.selection_delay
 
     @torch.no_grad()
     def going_on(self, state: _BidirectionalCycle, step: int) -> bool:
@@ -152,7 +154,8 @@ class BidirectionalStepper:
 
     @torch.no_grad()
     def step(self, state: _BidirectionalCycle, step: int) -> None:
-        unfinished = state.gather_rows and step > 0
+        # the selecting refresh (after the delay's full forwards) keeps entries of every row of the cycle
+        unfinished = state.gather_rows and step > self.selection_delay
         inputs = grammar_hooks.before_step(state, unfinished, step == 0 and self.forces_start)
         rows = self._step_rows(state.box, state.done, state.host, unfinished)
         self._denoise_step(state, rows, step, inputs)
@@ -214,17 +217,20 @@ class BidirectionalStepper:
 
     def _denoise_step(self, state: _BidirectionalCycle, rows: StepRows, step: int, inputs=None) -> None:
         box, cache, out = state.box, state.cache, state.output
-        refresh = step == 0 or cache is None
+        refresh = step <= self.selection_delay or cache is None
         mask = rows.candidates
-        forced_start = refresh and cache is not None and self.quirks.commits_block_start_on_refresh
+        forced_start = step == 0 and cache is not None and self.quirks.commits_block_start_on_refresh
         if forced_start:
             mask = mask.clone()
             mask[:, 1:] = False
         counts = [int(f) for f in rows.first_masked] if forced_start else rows.counts
         candidates = Candidates.of(mask, rows.index, sum(counts))
-        forward = self._full_forward if refresh else self._window_forward
         picked = (counts, mask.sum(1))  # candidates per row, on the host and on the device
-        logits = forward(box, cache, rows, candidates.r, candidates.k, out.stats, picked)
+        args = (box, cache, rows, candidates.r, candidates.k, out.stats, picked)
+        if refresh:
+            logits = self._full_forward(*args, selects=step == self.selection_delay)
+        else:
+            logits = self._window_forward(*args)
         positions = box.position_ids.gather(1, box.block_slots)[candidates.owner, candidates.k]
         context = None if forced_start else self._context(box, step, rows, state.masks_at_start)
         grammar = grammar_hooks.step_of(inputs)
@@ -251,8 +257,18 @@ class BidirectionalStepper:
         )
 
     def _full_forward(
-        self, box: CycleBox, cache, rows: StepRows, pick_r, pick_k, stats: CycleStats, picked: tuple
+        self,
+        box: CycleBox,
+        cache,
+        rows: StepRows,
+        pick_r,
+        pick_k,
+        stats: CycleStats,
+        picked: tuple,
+        selects: bool = True,
     ):
+        """A forward over every position the rows attend; with the dual cache it refreshes it, except a
+        head-sparse forward within the selection delay (``selects`` false), which keeps nothing."""
         index = None if rows.all_rows else rows.index
         block_slots = box.block_slots if index is None else box.block_slots[index]
         source = block_slots[pick_r, pick_k] - self.quirks.logit_shift
@@ -262,14 +278,14 @@ class BidirectionalStepper:
             inputs = refresh_inputs(box, index, cache, pick_r, source, rows.members, *picked)
             stats.computed_positions += inputs.computed
             stats.add_refresh(inputs.computed)
-            if cache is not None and cache.heads is not None:
+            if cache is not None and cache.heads is not None and selects:
                 inputs.batch.heads = refresh_heads(box, cache, picked[0], self.loaded.config.num_layers)
             hidden = self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
         else:
             stats.computed_positions += rows.index.shape[0] * box.width
             stats.add_refresh(rows.index.shape[0] * box.width)
             hidden = self.model.forward_batch(box_refresh(box, index, cache), (pick_r, source))
-        if cache is not None:
+        if cache is not None and selects:
             cache.count_bytes(stats, self.position_bytes)
         return hidden
 

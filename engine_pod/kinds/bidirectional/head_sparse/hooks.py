@@ -1,7 +1,9 @@
 """How a forward of a head-sparse cycle attends (a ``ForwardBatch``'s ``heads``).
 
 Refresh: every row attends over all its keys as without sparsity (the same call); then each layer's
-heads score the row's keys (head_sparse/scores.py) and the cycle's store keeps their top positions.
+heads score the row's keys (head_sparse/scores.py, as the settings say) and the cycle's store keeps their
+top positions. With a selection delay, the block's first forwards compute every position without this
+(stepper.py): the refresh that selects is the one after them.
 Window: per head group, the block's new keys and values are written over the group's block entries,
 then the group's query heads attend over the group's store: one attention call per group and layer
 (head-centric: three, for core, regular and minor heads; uniform: one).
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from engine_pod.kinds.bidirectional.head_sparse.scores import attention_scores
 from engine_pod.kinds.bidirectional.head_sparse.store import CycleStore
 from engine_pod.models.attention_backends import ragged_attention
 from engine_pod.models.ragged import RaggedAttention, RowSpans, starts_of
@@ -43,7 +44,7 @@ class RefreshHeads:
         places, valid = self.final if final else self.block
         scale = batch.layout(layer, final).plan.style.scale or q.shape[-1] ** -0.5
         keys = own_k[self.store.key_index]
-        scores = attention_scores(queries[places], valid, keys, self.store.k_valid, scale)
+        scores = self.store.scores(queries[places], valid, keys, scale)
         if final and self.last is not None:  # a row with no last-layer query ranks as the layer before
             scores = torch.where(self.has_final[:, None, None], scores, self.last)
         self.last = scores

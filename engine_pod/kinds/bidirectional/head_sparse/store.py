@@ -18,7 +18,12 @@ from dllm_contracts.head_sparse_config import HeadSparseConfig
 from engine_pod.kinds.bidirectional.head_sparse.groups import HeadGroup, kept_context, model_groups
 from engine_pod.kinds.bidirectional.head_sparse.kept_pages import OWNER as PAGES_OWNER
 from engine_pod.kinds.bidirectional.head_sparse.kept_pages import KeptPages
-from engine_pod.kinds.bidirectional.head_sparse.scores import consistent_ranking, kept_positions
+from engine_pod.kinds.bidirectional.head_sparse.scores import (
+    consistent_ranking,
+    kept_positions,
+    pooled,
+    selection_scores,
+)
 from engine_pod.models.ragged import starts_of
 
 
@@ -139,6 +144,17 @@ class CycleStore:
                 previous[r, ..., :n] = past[..., :n]
             lengths.append(n)
         return previous, torch.tensor(lengths, device=self.device)
+
+    def scores(
+        self, queries: torch.Tensor, q_valid: torch.Tensor, keys: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """Each head's scores [R, Hkv, K] of each row's keys ([R, K, Hkv, hd], at ``key_index``) from its
+        scoring ``queries`` [R, Q, H, hd] (``q_valid`` the real ones), scored, shared and pooled as the
+        settings say (head_sparse/scores.py)."""
+        config = self.sparse.config
+        shared = config.selection == "shared"
+        scores = selection_scores(queries, q_valid, keys, self.k_valid, scale, config.scoring, shared)
+        return pooled(scores, self.k_valid & ~self.block, config.pool_kernel)
 
     def keep(self, layer: int, scores: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """The layer's kept entries from its refresh's keys and values [N, Hkv, hd] (packed places) and its
