@@ -19,6 +19,7 @@ from engine_pod.bench.prepare import prepare_requests
 from engine_pod.bench.results import ModelSpec
 from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
+from engine_pod.isolation import ChildDied, run_in_child
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,9 @@ class OnlineConfig:
     api_key: str | None = None
     served_model: str = "bench"
     seed: int = 0
+    # on a CPU, each engine-alone run in a fresh process of its own, so that its peak memory is its own
+    # (resident memory cannot be reset within a process)
+    isolate: bool = False
 
 
 def _requests(cfg: OnlineConfig) -> list[OnlineRequest]:
@@ -88,6 +92,8 @@ def _runs(cfg: OnlineConfig, requests: list[OnlineRequest]):
             )
         return
     with cfg.model.loaded(cfg.seed) as loaded:  # for as long as the runs are drawn
+        # a CPU run's peak is its own process's (the same measure as `dllm profile`'s points)
+        isolated = cfg.isolate and loaded.device.type == "cpu" and loaded.parallel.size == 1
         prepared = [r.request for r in requests]
         widths = static_widths(prepared, cfg.decoding.block_length)
         batch = static_batch_size_for(widths, cfg.scheduling.token_budget)
@@ -103,14 +109,51 @@ def _runs(cfg: OnlineConfig, requests: list[OnlineRequest]):
                             loaded, decoding, spec, requests, load
                         ),
                     )
+                elif isolated:
+                    yield (
+                        name,
+                        load,
+                        lambda load=load, spec=spec, decoding=decoding: _engine_in_child(
+                            cfg, decoding, spec, requests, load
+                        ),
+                    )
                 else:
                     yield (
                         name,
                         load,
-                        lambda load=load, spec=spec, decoding=decoding: run_engine_online(
+                        lambda load=load, spec=spec, decoding=decoding: _engine_here(
                             loaded, decoding, spec, requests, load
                         ),
                     )
+
+
+# what a run's peak_memory_bytes is (report's peak_measure)
+PEAK_OWN_PROCESS = "resident high-water mark of the run's own process: imports, weights and engine"
+PEAK_SINCE_RESET = "allocator's reserved peak since the run began"
+PEAK_THIS_PROCESS = "resident high-water mark of the bench process since it started (every run before too)"
+
+
+def _engine_here(loaded, decoding: DecodingConfig, spec: PolicySpec, requests, load: Load):
+    observed, figures = run_engine_online(loaded, decoding, spec, requests, load)
+    measure = PEAK_SINCE_RESET if loaded.device.type == "cuda" else PEAK_THIS_PROCESS
+    return observed, figures | {"peak_measure": measure}
+
+
+def _engine_fresh(cfg: OnlineConfig, decoding: DecodingConfig, spec: PolicySpec, requests, load: Load):
+    """In a spawned process: the model loaded there, the run, its figures (its peak its process's)."""
+    import torch
+
+    torch.manual_seed(cfg.seed)
+    with cfg.model.loaded(cfg.seed) as loaded:
+        observed, figures = run_engine_online(loaded, decoding, spec, requests, load)
+    return observed, figures | {"peak_measure": PEAK_OWN_PROCESS}
+
+
+def _engine_in_child(cfg: OnlineConfig, decoding: DecodingConfig, spec: PolicySpec, requests, load: Load):
+    try:
+        return run_in_child(_engine_fresh, cfg, decoding, spec, requests, load)
+    except ChildDied as exc:
+        raise RuntimeError(f"benchmark child for {spec.name} under {load.label} died ({exc})") from None
 
 
 def _through_gateway(

@@ -32,7 +32,7 @@ def online_summary(report: dict) -> str:
         + (f", usable memory {usable / 2**20:.0f} MiB" if usable else ""),
         f"{'run':<{width}}{'load':<14}{'tok/s':>9}{'1st blk p50':>12}{'p99':>8}{'lat p50':>9}{'p90':>8}"
         f"{'p99':>8}{'wait p50':>9}{'worst family p99/p50':>22}{'rows mean':>10}{'max':>5}{'waiting':>8}"
-        f"{'holds':>7}{'kept':>6}{'refresh':>8}{'peak MiB':>9}",
+        f"{'holds':>7}{'kept':>6}{'refresh':>8}{'peak MiB':>9}" + (f"{'<= usable':>10}" if usable else ""),
     ]
     for name, by_load in report["runs"].items():
         for label, m in by_load.items():
@@ -48,8 +48,29 @@ def online_summary(report: dict) -> str:
                 f"{_figure(m, 'rows_the_budget_holds', '.2f'):>7}"
                 f"{_figure(m, 'admitted_kept_share', '.2f'):>6}{_figure(m, 'refresh_share', '.3f'):>8}"
                 f"{_figure(m, 'peak_memory_bytes', '.0f', 2**20):>9}"
+                + (f"{_under(m, usable):>10}" if usable else "")
             )
+    measures = sorted(
+        {m["peak_measure"] for by in report["runs"].values() for m in by.values() if "peak_measure" in m}
+    )
+    lines += [f"peak memory: {measure}" for measure in measures]
     return "\n".join(lines + family_lines(report, width))
+
+
+def mark_peaks(report: dict) -> None:
+    """Each run's ``peak_within_usable``: its peak memory against the profile's usable memory (where both
+    are known)."""
+    usable = report.get("usable_memory_bytes")
+    for by_load in report["runs"].values():
+        for metrics in by_load.values():
+            if usable and metrics.get("peak_memory_bytes") is not None:
+                metrics["peak_within_usable"] = metrics["peak_memory_bytes"] <= usable
+
+
+def _under(metrics: dict, usable: int) -> str:
+    """Whether the run's peak stayed within the profile's usable memory ('-' where not measured here)."""
+    peak = metrics.get("peak_memory_bytes")
+    return "-" if peak is None else "yes" if peak <= usable else "NO"
 
 
 def _figure(metrics: dict, key: str, spec: str, unit: int = 1) -> str:

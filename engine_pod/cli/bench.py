@@ -76,7 +76,12 @@ def register(subparsers) -> None:
         "client) on the others: the gateway policies' figure is then not decided by how the host shares "
         "its cores (on a GPU host the forwards do not use the gateway's cores)",
     )
-    parser.add_argument("--no-isolate", action="store_true", help="run every policy in this process")
+    parser.add_argument(
+        "--no-isolate",
+        action="store_true",
+        help="run every policy in this process (by default each runs in a fresh one, so that on a CPU its peak "
+        "memory is its own)",
+    )
     parser.add_argument(
         "--no-margins",
         action="store_true",
@@ -167,7 +172,7 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) ->
     from engine_pod.bench.http_client import HttpError
     from engine_pod.bench.online_bench import OnlineConfig, run_online_benchmark
     from engine_pod.bench.online_http import served_model
-    from engine_pod.bench.online_summary import online_summary
+    from engine_pod.bench.online_summary import mark_peaks, online_summary
 
     if args.requests is not None and args.requests < 1:
         raise CliError("--requests must be positive")
@@ -188,6 +193,7 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) ->
         url=args.url,
         api_key=args.api_key,
         served_model=model,
+        isolate=not args.no_isolate,
     )
     out = Path(args.json_out) if args.json_out else None
 
@@ -195,6 +201,7 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) ->
 
     def write(report: dict) -> None:
         report["usable_memory_bytes"] = usable
+        mark_peaks(report)
         report["torch_threads"] = threads.as_dict() if threads else None
         if out:
             out.write_text(json.dumps(report, indent=2) + "\n")
