@@ -57,6 +57,13 @@ def test_a_head_keeps_its_top_scored_positions_and_the_block_in_position_order()
         ({"minor_retention": 0.3}, "minor retention must be in (0, 0.2]"),
         ({"core_share": 0.7, "minor_share": 0.4}, "at most 1"),
         ({"consistency": 2.0}, "consistency threshold"),
+        ({"scoring": "attention"}, "sparse scoring must be one of probability, mean-query-logit"),
+        ({"pool_kernel": 2}, "pool kernel must be an odd whole number from 1 to 15, got 2"),
+        ({"pool_kernel": 17}, "pool kernel must be an odd whole number"),
+        ({"pool_kernel": 3.0}, "pool kernel must be an odd whole number"),
+        ({"selection": "all"}, "sparse selection must be one of per-head, shared"),
+        ({"selection_delay": -1}, "selection delay must be a whole number from 0 to 32, got -1"),
+        ({"selection_delay": 33}, "selection delay must be a whole number from 0 to 32"),
         ({"mode": "head-centric"}, "needs head importance"),
     ],
 )
@@ -114,7 +121,8 @@ def test_serve_hands_its_sparse_cache_settings_to_the_worker(tmp_path):
 
     heads = tmp_path / "heads.json"
     argv = ["serve", "--token-budget", "4096", "--sparse-cache", "head-centric", "--retention", "0.3"]
-    given = build_parser().parse_args([*argv, "--head-importance", str(heads)])
+    argv += ["--sparse-scoring", "mean-query-logit", "--sparse-pool-kernel", "3", "--sparse-selection", "shared"]
+    given = build_parser().parse_args([*argv, "--selection-delay", "2", "--head-importance", str(heads)])
     given.service = "default"
     worker_argv = _worker_args(given, "redis://127.0.0.1:1/0", IDENTITY)
     parsed = build_parser().parse_args(["worker", *worker_argv])
@@ -123,6 +131,35 @@ def test_serve_hands_its_sparse_cache_settings_to_the_worker(tmp_path):
         0.3,
         str(heads),
     )
+    assert (parsed.sparse_scoring, parsed.sparse_pool_kernel) == ("mean-query-logit", 3)
+    assert (parsed.sparse_selection, parsed.selection_delay) == ("shared", 2)
     plain = build_parser().parse_args(["serve", "--token-budget", "4096"])
     plain.service = "default"
     assert "--sparse-cache" not in _worker_args(plain, "redis://127.0.0.1:1/0", IDENTITY)
+
+
+@pytest.mark.parametrize("command", ["bench", "serve", "eval", "generate"])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (("--sparse-pool-kernel", "4"), "pool kernel must be an odd whole number from 1 to 15, got 4"),
+        (("--selection-delay", "40"), "selection delay must be a whole number from 0 to 32, got 40"),
+    ],
+)
+def test_selection_settings_out_of_range_are_refused_in_one_line(command, flags, words, capsys):
+    argv = [command, "--sparse-cache", "uniform", *flags, "--threads", "1"]
+    argv += {"generate": ["--prompt", "x"], "eval": ["--n", "1"]}.get(command, [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+
+
+def test_a_worker_refuses_selection_settings_out_of_range_in_one_line():
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "engine_pod.cli.main", "-q", "worker", "--redis", "redis://127.0.0.1:1/0"]
+    argv += ["--service", "s", "--sparse-cache", "uniform", "--sparse-pool-kernel", "0"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "pool kernel must be an odd whole number" in lines[0], lines

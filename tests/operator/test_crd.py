@@ -164,6 +164,12 @@ INVALID = [
     ("decoding.sparseCache", {"mode": "uniform", "coreShare": -0.1}),
     ("decoding.sparseCache", {"mode": "uniform", "minorShare": 1.1}),
     ("decoding.sparseCache", {"mode": "uniform", "consistency": 2}),
+    ("decoding.sparseCache", {"mode": "uniform", "scoring": "attention"}),
+    ("decoding.sparseCache", {"mode": "uniform", "poolKernel": 4}),  # even
+    ("decoding.sparseCache", {"mode": "uniform", "poolKernel": 17}),
+    ("decoding.sparseCache", {"mode": "uniform", "selection": "all"}),
+    ("decoding.sparseCache", {"mode": "uniform", "selectionDelay": -1}),
+    ("decoding.sparseCache", {"mode": "uniform", "selectionDelay": 1.5}),
     ("decoding.sparseCache", {"mode": "uniform", "retension": 0.5}),  # a typo must not be pruned
     ("decoding.sparseCache", {"mode": "head-centric"}),  # no importance file
     ("decoding.sparseCache", {"mode": "head-centric", "headImportanceConfigMap": "Heads_JSON"}),
@@ -221,6 +227,10 @@ VALID = [
             "minorShare": 0.3,
             "minorRetention": 0.2,
             "consistency": -1,
+            "scoring": "mean-query-logit",
+            "poolKernel": 3,
+            "selection": "shared",
+            "selectionDelay": 1,
             "headImportanceConfigMap": "llada-8b.heads",
         },
     ),

@@ -302,6 +302,10 @@ SPARSE = {
     "minorShare": 0.3,
     "minorRetention": 0.1,
     "consistency": 0.8,
+    "scoring": "mean-query-logit",
+    "poolKernel": 3,
+    "selection": "shared",
+    "selectionDelay": 1,
     "headImportanceConfigMap": "llada-8b-heads",
 }
 WARM = ["system:You are a helpful assistant.", "Translate into French:"]
@@ -326,6 +330,8 @@ def test_the_decoding_options_reach_dllm_worker():
         0.3,
     )
     assert (args.minor_retention, args.sparse_consistency) == (0.1, 0.8)
+    assert (args.sparse_scoring, args.sparse_pool_kernel) == ("mean-query-logit", 3)
+    assert (args.sparse_selection, args.selection_delay) == ("shared", 1)
     assert args.head_importance == "/etc/dllm/head-importance/heads.json"
     assert (args.max_materialized_logits, args.logit_candidates) == (64, 8)
     assert args.warm_prefix == WARM
@@ -458,6 +464,22 @@ def test_the_sparse_cache_reaches_the_profiling_job_its_hash_and_the_engines_che
         (
             {"sparseCache": {"mode": "uniform", "consistency": 2}},
             r"decoding.sparseCache.consistency must be in \[-1, 1\]",
+        ),
+        (
+            {"sparseCache": {"mode": "uniform", "poolKernel": 4}},
+            "decoding.sparseCache.poolKernel must be an odd whole number from 1 to 15, got 4",
+        ),
+        (
+            {"sparseCache": {"mode": "uniform", "selectionDelay": 40}},
+            "decoding.sparseCache.selectionDelay must be a whole number from 0 to 32, got 40",
+        ),
+        (
+            {"sparseCache": {"mode": "uniform", "scoring": "attention"}},
+            "decoding.sparseCache.scoring must be one of probability, mean-query-logit",
+        ),
+        (
+            {"sparseCache": {"mode": "uniform", "selection": "all"}},
+            "decoding.sparseCache.selection must be one of per-head, shared",
         ),
         (
             {"sparseCache": {"mode": "uniform", "coreShare": -0.1}},
