@@ -52,6 +52,7 @@ class ProfileSummary:
     # memory_settings: its mode and the shares and retentions that decide what it holds); None: the dense cache
     sparse_cache: dict[str, Any] | None = None
     total_memory_bytes: int | None = None
+    memory_limit_bytes: int | None = None  # the limit it was measured against (usable: its planned share)
     usable_memory_bytes: int | None = None
     weights_bytes: int | None = None
     bytes_per_token: float | None = None
@@ -151,6 +152,7 @@ _OPTIONAL_KEYS = (
     "expert_parallel",
     "cache_share",
     "sparse_cache",
+    "memory_limit_bytes",
 )  # carried from a full result when it has them
 _MEASURED_KEYS = (
     "device",

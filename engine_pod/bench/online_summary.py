@@ -25,14 +25,17 @@ def policy_runs(
 
 
 def online_summary(report: dict) -> str:
-    usable = report.get("usable_memory_bytes")
+    usable, limit = report.get("usable_memory_bytes"), report.get("memory_limit_bytes")
     width = max([28, *(len(name) + 2 for name in report["runs"])])
     lines = [
         f"{report['workload']}: {report['requests']} requests per load, target {report['target']}"
+        + (f", memory limit {limit / 2**20:.0f} MiB" if limit else "")
         + (f", usable memory {usable / 2**20:.0f} MiB" if usable else ""),
         f"{'run':<{width}}{'load':<14}{'tok/s':>9}{'1st blk p50':>12}{'p99':>8}{'lat p50':>9}{'p90':>8}"
         f"{'p99':>8}{'wait p50':>9}{'worst family p99/p50':>22}{'rows mean':>10}{'max':>5}{'waiting':>8}"
-        f"{'holds':>7}{'kept':>6}{'refresh':>8}{'peak MiB':>9}" + (f"{'<= usable':>10}" if usable else ""),
+        f"{'holds':>7}{'kept':>6}{'refresh':>8}{'peak MiB':>9}"
+        + (f"{'<= limit':>9}" if limit else "")
+        + (f"{'<= usable':>10}" if usable else ""),
     ]
     for name, by_load in report["runs"].items():
         for label, m in by_load.items():
@@ -48,6 +51,7 @@ def online_summary(report: dict) -> str:
                 f"{_figure(m, 'rows_the_budget_holds', '.2f'):>7}"
                 f"{_figure(m, 'admitted_kept_share', '.2f'):>6}{_figure(m, 'refresh_share', '.3f'):>8}"
                 f"{_figure(m, 'peak_memory_bytes', '.0f', 2**20):>9}"
+                + (f"{_under(m, limit):>9}" if limit else "")
                 + (f"{_under(m, usable):>10}" if usable else "")
             )
     measures = sorted(
@@ -58,19 +62,20 @@ def online_summary(report: dict) -> str:
 
 
 def mark_peaks(report: dict) -> None:
-    """Each run's ``peak_within_usable``: its peak memory against the profile's usable memory (where both
-    are known)."""
-    usable = report.get("usable_memory_bytes")
+    """Each run's ``peak_within_limit`` and ``peak_within_usable``: its peak memory against the profile's
+    memory limit and the share of it the profile plans for (where both are known)."""
+    bounds = {"limit": report.get("memory_limit_bytes"), "usable": report.get("usable_memory_bytes")}
     for by_load in report["runs"].values():
         for metrics in by_load.values():
-            if usable and metrics.get("peak_memory_bytes") is not None:
-                metrics["peak_within_usable"] = metrics["peak_memory_bytes"] <= usable
+            for name, bound in bounds.items():
+                if bound and metrics.get("peak_memory_bytes") is not None:
+                    metrics[f"peak_within_{name}"] = metrics["peak_memory_bytes"] <= bound
 
 
-def _under(metrics: dict, usable: int) -> str:
-    """Whether the run's peak stayed within the profile's usable memory ('-' where not measured here)."""
+def _under(metrics: dict, bound: int) -> str:
+    """Whether the run's peak stayed within ``bound`` ('-' where not measured here)."""
     peak = metrics.get("peak_memory_bytes")
-    return "-" if peak is None else "yes" if peak <= usable else "NO"
+    return "-" if peak is None else "yes" if peak <= bound else "NO"
 
 
 def _figure(metrics: dict, key: str, spec: str, unit: int = 1) -> str:

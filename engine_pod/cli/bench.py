@@ -197,10 +197,12 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) ->
     )
     out = Path(args.json_out) if args.json_out else None
 
-    usable = read_profile(args.profile).usable_memory_bytes if args.profile else None
+    profile = read_profile(args.profile) if args.profile else None
+    usable = profile.usable_memory_bytes if profile else None
+    limit = profile.memory_limit_bytes if profile else None
 
     def write(report: dict) -> None:
-        report["usable_memory_bytes"] = usable
+        report["usable_memory_bytes"], report["memory_limit_bytes"] = usable, limit
         mark_peaks(report)
         report["torch_threads"] = threads.as_dict() if threads else None
         if out:
@@ -214,7 +216,7 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) ->
         from engine_pod.bench.plots import plot_online
 
         plot_online(report, Path(args.plot))
-    report["usable_memory_bytes"] = usable
+    report["usable_memory_bytes"], report["memory_limit_bytes"] = usable, limit
     sys.stdout.write((threads.log_line() + "\n" if threads else "") + online_summary(report) + "\n")
     return 0
 
