@@ -121,7 +121,8 @@ def test_serve_hands_its_sparse_cache_settings_to_the_worker(tmp_path):
 
     heads = tmp_path / "heads.json"
     argv = ["serve", "--token-budget", "4096", "--sparse-cache", "head-centric", "--retention", "0.3"]
-    argv += ["--sparse-scoring", "mean-query-logit", "--sparse-pool-kernel", "3", "--sparse-selection", "shared"]
+    argv += ["--sparse-scoring", "mean-query-logit", "--sparse-pool-kernel", "3"]
+    argv += ["--sparse-selection", "shared"]
     given = build_parser().parse_args([*argv, "--selection-delay", "2", "--head-importance", str(heads)])
     given.service = "default"
     worker_argv = _worker_args(given, "redis://127.0.0.1:1/0", IDENTITY)
@@ -162,4 +163,5 @@ def test_a_worker_refuses_selection_settings_out_of_range_in_one_line():
     argv += ["--service", "s", "--sparse-cache", "uniform", "--sparse-pool-kernel", "0"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1 and "pool kernel must be an odd whole number" in lines[0], lines
+    assert done.returncode == 2 and len(lines) == 1, lines
+    assert "pool kernel must be an odd whole number" in lines[0]
