@@ -66,8 +66,10 @@ def test_dllm_serve_holds_refreshes_to_its_quota_and_answers_a_batch_as_each_alo
 
 
 def test_dllm_serve_runs_the_sparse_cache_and_shows_the_share_it_keeps(tmp_path):
+    """With dLLM-Serve's published selection (its scoring, pooling and delay, one set for every head)."""
     port = free_port()
-    sparse = ["--sparse-cache", "uniform", "--retention", "0.3"]
+    sparse = ["--sparse-cache", "uniform", "--retention", "0.3", "--sparse-scoring", "mean-query-logit"]
+    sparse += ["--sparse-pool-kernel", "3", "--selection-delay", "1", "--sparse-selection", "shared"]
     flags = [*FLAGS, "--batch-refresh-quota", str(QUOTA), *sparse, "--metrics-port", str(port)]
     with running(tmp_path, *flags) as server:
         batched = _answers(server)
