@@ -61,6 +61,14 @@ def online_summary(report: dict) -> str:
     return "\n".join(lines + family_lines(report, width))
 
 
+def add_memory_bounds(report: dict, profile) -> None:
+    """The profile's (a ProfileSummary, or None) memory limit and the share of it it plans for, and each run's
+    peak against them (``mark_peaks``)."""
+    report["usable_memory_bytes"] = profile.usable_memory_bytes if profile else None
+    report["memory_limit_bytes"] = profile.memory_limit_bytes if profile else None
+    mark_peaks(report)
+
+
 def mark_peaks(report: dict) -> None:
     """Each run's ``peak_within_limit`` and ``peak_within_usable``: its peak memory against the profile's
     memory limit and the share of it the profile plans for (where both are known)."""

@@ -76,12 +76,7 @@ def register(subparsers) -> None:
         "client) on the others: the gateway policies' figure is then not decided by how the host shares "
         "its cores (on a GPU host the forwards do not use the gateway's cores)",
     )
-    parser.add_argument(
-        "--no-isolate",
-        action="store_true",
-        help="run every policy in this process (by default each runs in a fresh one, so that on a CPU its peak "
-        "memory is its own)",
-    )
+    parser.add_argument("--no-isolate", action="store_true", help="run every policy in this process")
     parser.add_argument(
         "--no-margins",
         action="store_true",
@@ -172,7 +167,7 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) ->
     from engine_pod.bench.http_client import HttpError
     from engine_pod.bench.online_bench import OnlineConfig, run_online_benchmark
     from engine_pod.bench.online_http import served_model
-    from engine_pod.bench.online_summary import mark_peaks, online_summary
+    from engine_pod.bench.online_summary import add_memory_bounds, online_summary
 
     if args.requests is not None and args.requests < 1:
         raise CliError("--requests must be positive")
@@ -198,12 +193,9 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) ->
     out = Path(args.json_out) if args.json_out else None
 
     profile = read_profile(args.profile) if args.profile else None
-    usable = profile.usable_memory_bytes if profile else None
-    limit = profile.memory_limit_bytes if profile else None
 
     def write(report: dict) -> None:
-        report["usable_memory_bytes"], report["memory_limit_bytes"] = usable, limit
-        mark_peaks(report)
+        add_memory_bounds(report, profile)
         report["torch_threads"] = threads.as_dict() if threads else None
         if out:
             out.write_text(json.dumps(report, indent=2) + "\n")
@@ -216,7 +208,7 @@ def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) ->
         from engine_pod.bench.plots import plot_online
 
         plot_online(report, Path(args.plot))
-    report["usable_memory_bytes"], report["memory_limit_bytes"] = usable, limit
+    add_memory_bounds(report, profile)
     sys.stdout.write((threads.log_line() + "\n" if threads else "") + online_summary(report) + "\n")
     return 0
 

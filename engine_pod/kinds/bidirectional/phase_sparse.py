@@ -262,3 +262,12 @@ def phase_heads(stepper, state, members: list[int], lengths: list[int], picked: 
         box.tokens.device,
         {r for r in state.phases.refresh if state.phases.forwards[r] >= stepper.selection_delay},
     )
+
+
+def count_refresh_bytes(stats, heads: PhaseHeads | None, refreshed: int, position_bytes: int) -> None:
+    """A step's refreshes in its ``stats`` (CycleStats): the dense caches of its ``refreshed`` positions and
+    what they kept; under the head-sparse cache (``heads``), of the rows that selected only (a refresh
+    within the selection delay keeps nothing)."""
+    positions = refreshed if heads is None else heads.selected_positions
+    stats.kv_dense_bytes += positions * position_bytes
+    stats.kv_kept_bytes += positions * position_bytes if heads is None else heads.kept_bytes()

@@ -32,7 +32,7 @@ from engine_pod.kinds.bidirectional.cycle_box import CycleBox
 from engine_pod.kinds.bidirectional.packing import packed_layout, window_inputs
 from engine_pod.kinds.bidirectional.phase_carry import RESUME_COLUMNS, RowCarry
 from engine_pod.kinds.bidirectional.phase_plan import PhasePlan, plan_phases
-from engine_pod.kinds.bidirectional.phase_sparse import KeptRows, phase_heads
+from engine_pod.kinds.bidirectional.phase_sparse import KeptRows, count_refresh_bytes, phase_heads
 from engine_pod.kinds.bidirectional.step_rows import StepRows
 from engine_pod.kinds.bidirectional.stepper import BidirectionalStepper, _BidirectionalCycle
 from engine_pod.runner.contract import CycleOutput
@@ -295,10 +295,5 @@ class PhaseStepper(BidirectionalStepper):
         if self.heads is not None:
             inputs.batch.heads = phase_heads(self, state, rows.members, layout.lengths, counts)
         logits = self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
-        heads = inputs.batch.heads
-        # the refreshing rows' dense caches, and what they kept (head-sparse: the rows that selected; a
-        # refresh within the selection delay keeps nothing)
-        dense = (refreshed if heads is None else heads.selected_positions) * self.position_bytes
-        stats.kv_dense_bytes += dense
-        stats.kv_kept_bytes += dense if heads is None else heads.kept_bytes()
+        count_refresh_bytes(stats, inputs.batch.heads, refreshed, self.position_bytes)
         return logits

@@ -257,15 +257,7 @@ class BidirectionalStepper:
         )
 
     def _full_forward(
-        self,
-        box: CycleBox,
-        cache,
-        rows: StepRows,
-        pick_r,
-        pick_k,
-        stats: CycleStats,
-        picked: tuple,
-        selects: bool = True,
+        self, box: CycleBox, cache, rows: StepRows, pick_r, pick_k, stats: CycleStats, picked, selects=True
     ):
         """A forward over every position the rows attend; with the dual cache it refreshes it, except a
         head-sparse forward within the selection delay (``selects`` false), which keeps nothing."""
