@@ -46,6 +46,7 @@ class CycleRecord:
     prefill_chunks: int = 0  # chunk rows (a long prompt's keys and values, a chunk at a time)
     prefill_chunk_tokens: int = 0  # their tokens
     chunk_wait_s: float = 0.0  # the share of the cycle's first forward decoding rows waited on chunks for
+    cpu_s: float = 0.0  # this process's CPU seconds in the cycle (its work, whatever else shares the host)
 
 
 @dataclass
@@ -107,6 +108,7 @@ class Engine:
         if self._start is None:
             self._start = begin
         between_cycles()  # torch's threads follow the load, never inside a cycle (cpu_load.py)
+        cpu_began = time.process_time()
         cycle = self.runner.run(output)
         carried = cycle.carried or []
         if any(carried):  # blocks that go on in the next cycle are not committed yet
@@ -139,6 +141,7 @@ class Engine:
                 prefill_chunks=cycle.stats.prefill_chunks,
                 prefill_chunk_tokens=cycle.stats.prefill_chunk_tokens,
                 chunk_wait_s=cycle.stats.chunk_wait_s,
+                cpu_s=time.process_time() - cpu_began,
             )
         )
         return StepResult(output, cycle.blocks, finished, cycle.logprobs, cycle.stats)

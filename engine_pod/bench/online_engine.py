@@ -10,7 +10,7 @@ from dllm_contracts.text import completion_tokens
 from engine_pod.bench.execute import warm_up
 from engine_pod.bench.online import Load, Observed, OnlineRequest
 from engine_pod.bench.policies import PolicySpec, build_scheduler
-from engine_pod.bench.report import chunk_metrics, refresh_metrics, residency_metrics
+from engine_pod.bench.report import chunk_metrics, refresh_metrics, residency_metrics, work_metrics
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.device_memory import peak_bytes, reset_peak
 from engine_pod.engine import Engine, StepResult
@@ -86,7 +86,7 @@ def run_engine_online(
         _open_loop(run, families, load.arrival_offsets(len(requests)))
     else:
         _closed_loop(run, families, load.concurrency)
-    figures = refresh_metrics(engine.records) | chunk_metrics(engine.records)
+    figures = refresh_metrics(engine.records) | chunk_metrics(engine.records) | work_metrics(engine.records)
     figures |= residency_metrics(engine.records, [engine.records[i] for i in run.waited_at], engine.scheduler)
     return list(run.observed.values()), figures | {
         "admitted_kept_share": getattr(engine.scheduler, "kept_share", 1.0),

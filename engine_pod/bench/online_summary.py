@@ -96,7 +96,8 @@ def _figure(metrics: dict, key: str, spec: str, unit: int = 1) -> str:
 
 def family_lines(report: dict, width: int) -> list[str]:
     """Per task family and run: latency p50/p99 and first block p50, with the run's throughput, prefill
-    chunks and the seconds decoding rows waited on them; nothing for a workload of one family."""
+    chunks, the seconds decoding rows waited on them and the engine's CPU seconds over the run (its work);
+    nothing for a workload of one family."""
     families = sorted(
         {f for by_load in report["runs"].values() for m in by_load.values() for f in m["latency_by_family_s"]}
     )
@@ -105,18 +106,19 @@ def family_lines(report: dict, width: int) -> list[str]:
     lines = [
         "by task family:",
         f"{'run':<{width}}{'load':<14}{'family':<10}{'lat p50':>9}{'p99':>8}{'1st blk p50':>12}"
-        f"{'tok/s':>9}{'chunks':>8}{'chunk wait s':>13}",
+        f"{'tok/s':>9}{'chunks':>8}{'chunk wait s':>13}{'engine cpu s':>13}",
     ]
     for name, by_load in report["runs"].items():
         for label, m in by_load.items():
             chunks = m.get("prefill_chunks", 0)
             chunk_wait = m.get("prefill_chunk_wait_s", 0.0)
+            cpu = m.get("engine_cpu_s", 0.0)
             for family in families:
                 lat = m["latency_by_family_s"].get(family) or {}
                 first = m["first_block_by_family_s"].get(family) or {}
                 lines.append(
                     f"{name:<{width}}{label:<14}{family:<10}{lat.get('p50', 0):>9.2f}{lat.get('p99', 0):>8.2f}"
-                    f"{first.get('p50', 0):>12.2f}{m['tokens_per_s']:>9.1f}{chunks:>8}{chunk_wait:>13.2f}"
+                    f"{first.get('p50', 0):>12.2f}{m['tokens_per_s']:>9.1f}{chunks:>8}{chunk_wait:>13.2f}{cpu:>13.2f}"
                 )
     return lines
 

@@ -58,6 +58,16 @@ def policy_metrics(run: PolicyRun, eos_ids) -> dict:
     )
 
 
+def work_metrics(cycles) -> dict:
+    """The engine's work over the run: its cycles' wall seconds and this process's CPU seconds in them (on
+    a host shared with other work, the CPU seconds are what the cycles cost; with one torch thread and an
+    idle core, about their wall time)."""
+    return {
+        "engine_busy_s": round(sum(c.duration_s for c in cycles), 4),
+        "engine_cpu_s": round(sum(c.cpu_s for c in cycles), 4),
+    }
+
+
 def chunk_metrics(cycles) -> dict:
     """Chunked prefill over the engine's cycle records: the chunks, their prompt tokens, and the seconds
     decoding rows waited on them (the chunks' share of the forwards they shared); nothing without chunks."""

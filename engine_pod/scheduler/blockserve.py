@@ -158,14 +158,18 @@ class BlockServeScheduler(Scheduler):
     def _select(self, pending: PendingQueue, box: BatchBox) -> list[Request]:
         """Take from ``pending`` (removing them) the requests admitted next to the batch ``box``."""
         now, chosen = self.clock(), []
+        held: set[str] = set()  # prompts waiting for another one's chunks: they keep their place
         while box.rows < self.config.max_rows:
-            candidate = self._candidate(pending, box, now)
+            candidate = self._candidate(pending, box, now, held)
             if candidate is None or box.cost_with(self._held_width(candidate, box)) > self.token_budget:
                 break  # an aged candidate that does not fit yet keeps its place: nobody overtakes it
             if not self._aged(candidate, now) and not self._dense_enough(candidate, box):
                 break  # wider prompts wait for a batch of their own width (the queue is sorted)
             if not self.chunks.room_for(candidate, self.active + chosen):
-                break  # another prompt's chunks are running: this one waits (keeping its place)
+                # another prompt's chunks are running: this one waits for them, aged or not, and the
+                # requests behind it go on being admitted (they do not chunk, or wait the same way)
+                held.add(candidate.request_id)
+                continue
             pending.remove(candidate)
             self._add(box, candidate)
             chosen.append(candidate)
@@ -183,15 +187,25 @@ class BlockServeScheduler(Scheduler):
             return True  # filling inside the box never adds padding
         return box.efficiency_with(width) >= self.config.min_padding_efficiency
 
-    def _candidate(self, pending: PendingQueue, box: BatchBox, now: float) -> Request | None:
-        """Aged requests first; else the shortest that fits inside the box; else the shortest."""
-        oldest = pending.longest_waiting()
+    def _candidate(
+        self, pending: PendingQueue, box: BatchBox, now: float, held: frozenset[str] | set[str] = frozenset()
+    ) -> Request | None:
+        """Aged requests first; else the shortest that fits inside the box; else the shortest (none of
+        those ``held``)."""
+        oldest = pending.longest_waiting(held)
         if oldest is not None and self._aged(oldest, now):
             return oldest
         if self.config.admission == "preempt":
-            return pending.shortest()  # widths grow with the prefix: the shortest is inside if any is
-        inside = next((r for r in pending if self.admission_width(r) <= box.widest_admission), None)
-        return inside if inside is not None else pending.shortest()
+            return pending.shortest(held)  # widths grow with the prefix: the shortest is inside if any is
+        inside = next(
+            (
+                r
+                for r in pending
+                if r.request_id not in held and self.admission_width(r) <= box.widest_admission
+            ),
+            None,
+        )
+        return inside if inside is not None else pending.shortest(held)
 
     # -- claiming from a shared queue -----------------------------------------------------------
     def claim_plan(self) -> ClaimPlan | None:

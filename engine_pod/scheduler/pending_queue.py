@@ -48,12 +48,14 @@ class PendingQueue:
         self._arrivals.remove((request.arrival_time or 0.0, order))
         del self._by_order[order]
 
-    def shortest(self) -> Request | None:
-        return self._requests[0] if self._requests else None
+    def shortest(self, skip: frozenset[str] | set[str] = frozenset()) -> Request | None:
+        """The shortest request whose id is not in ``skip``."""
+        return next((r for r in self._requests if r.request_id not in skip), None)
 
-    def longest_waiting(self) -> Request | None:
-        """The request that arrived first; the earliest queued among equals."""
-        return self._by_order[self._arrivals[0][1]] if self._arrivals else None
+    def longest_waiting(self, skip: frozenset[str] | set[str] = frozenset()) -> Request | None:
+        """The request that arrived first (the earliest queued among equals), of those not in ``skip``."""
+        waiting = (self._by_order[order] for _, order in self._arrivals)
+        return next((r for r in waiting if r.request_id not in skip), None)
 
     def find(self, request_id: str) -> Request | None:
         order = self._order_of.get(request_id)

@@ -41,6 +41,9 @@ def test_one_bench_call_runs_each_policy_with_each_chunk_size(tmp_path, capsys):
     assert off["generated_tokens"] == on["generated_tokens"]
     for metrics in (off, on):
         assert set(metrics["latency_by_family_s"]) == {"short", "long"}
+        # the engine's work: CPU seconds within its cycles' wall seconds (one torch thread)
+        assert metrics["engine_cpu_s"] > 0
+        assert 0 < metrics["engine_busy_s"] <= metrics["wall_s"]
     printed = capsys.readouterr().out
     family_rows = [line for line in printed.splitlines() if line.startswith("blockserve chunk")]
     assert len([row for row in family_rows if " short " in row]) == 2

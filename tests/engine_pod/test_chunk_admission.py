@@ -49,3 +49,33 @@ def test_without_chunking_two_long_prompts_enter_together():
     for name in ("long-a", "long-b"):
         scheduler.add(scheduler.request_for(name, [7] * LONG, RequestParams(max_tokens=2 * BLOCK)))
     assert set(scheduler.schedule().request_ids) == {"long-a", "long-b"}
+
+
+def test_a_long_prompt_waiting_for_anothers_chunks_does_not_hold_back_short_ones_even_when_aged():
+    """The second long prompt waits for the first one's chunks however long it has waited (fairness
+    reserves the budget, not the chunk lane); short prompts that arrive behind it are admitted meanwhile,
+    and it enters as soon as the first one's chunks are in."""
+    now = [0.0]
+    config = SchedulerConfig(token_budget=8192, prefill_chunk=CHUNK, min_padding_efficiency=0, max_wait_s=0.5)
+    scheduler = BlockServeScheduler(
+        BLOCK, [], config, grid_aligned=True, chunks_prefill=True, ignore_eos=True, clock=lambda: now[0]
+    )
+    for name in ("long-a", "long-b"):
+        scheduler.add(scheduler.request_for(name, [7] * LONG, RequestParams(max_tokens=2 * BLOCK)))
+    chunk_cycles_a = (LONG - 1) // CHUNK
+    entered: dict[str, int] = {}
+    for cycle in range(60):
+        now[0] = float(cycle)  # a second per cycle: long-b is aged from the second cycle on
+        if cycle == 2:
+            for i in range(3):
+                scheduler.add(scheduler.request_for(f"short-{i}", [7] * 40, RequestParams(max_tokens=BLOCK)))
+        output = scheduler.schedule()
+        if output.is_empty:
+            break
+        for request_id in output.request_ids:
+            entered.setdefault(request_id, cycle)
+        blocks = [None if row.prefill_to else [1] * BLOCK for row in output.rows]
+        scheduler.update_from_output(output, blocks)
+    assert not scheduler.has_unfinished()
+    assert all(entered[f"short-{i}"] == 2 for i in range(3)), entered  # not held behind long-b
+    assert entered["long-b"] == chunk_cycles_a  # as soon as long-a's chunks are in
