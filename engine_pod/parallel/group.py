@@ -2,18 +2,21 @@
 them (its layout: tensor parallelism, expert parallelism or both), and the collectives a sharded model makes
 (torch.distributed: gloo on CPUs, NCCL on GPUs), counted with the bytes each rank puts into them.
 
-Every collective is bounded by the group's timeout: a rank that dies or hangs ends the others' next
-collective with an error within it, so the whole group ends rather than waiting forever. A follower waits
-for the leader's next message under the same bound, so an idle leader sends one every ``pulse_s``
-(runner/tensor_parallel.py): an idle group stays up, and a rank lost meanwhile is found within a pulse.
-Until the group has started (``started``: rank 0 has told the others their runner), its collectives wait
-``START_TIMEOUT_S`` instead: the ranks of a multi-node group start as their pods do, and load their shards
-at their own pace.
+A rank that dies ends the others' next collective at once (its connections close). On CPUs a collective
+waits for the slowest rank however long it computes, and ends with GroupFailed once it has waited the
+group's timeout and no other rank has made progress for as long (``parallel/progress.py``: a rank stopped,
+frozen or waiting for something that never comes); on GPUs each collective is bounded by the timeout. So
+the whole group ends rather than waiting forever, and a slow machine is not mistaken for a hung one. A
+follower waits for the leader's next message under the same rule, so an idle leader sends one every
+``pulse_s`` (runner/tensor_parallel.py): an idle group stays up. Until the group has started (``started``:
+rank 0 has told the others their runner), its collectives wait up to ``START_TIMEOUT_S`` instead: the ranks
+of a multi-node group start as their pods do, and load their shards at their own pace.
 """
 
 from __future__ import annotations
 
 import contextlib
+import pickle
 import socket
 import time
 from collections import Counter
@@ -26,8 +29,9 @@ import torch
 import torch.distributed as dist
 
 from engine_pod.parallel.layout import GroupLayout
+from engine_pod.parallel.progress import GroupProgress, StalledGroup
 
-COLLECTIVE_TIMEOUT_S = 30.0  # how long a collective waits for the other ranks
+COLLECTIVE_TIMEOUT_S = 30.0  # how long a collective waits while no other rank makes progress
 START_TIMEOUT_S = 600.0  # how long joining and the collectives before the runner starts wait
 PULSES_PER_TIMEOUT = 6  # an idle leader's keep-alive messages within one collective timeout
 
@@ -60,7 +64,7 @@ def failure_line(kind: str, timeout_s: float, waited_s: float, exc: BaseExceptio
     if timed_out:
         what = f"a rank did not answer within {timeout_s:.0f} s"
     else:
-        what = f"a rank stopped (its connection closed after {waited_s:.1f} s, within the {timeout_s:.0f} s bound)"
+        what = f"a rank stopped (its connection closed after {waited_s:.1f} s)"
     return f"the tensor-parallel group failed in {kind}: {what} ({reason})"
 
 
@@ -78,6 +82,9 @@ class TensorParallel:
     starting: bool = True  # collectives run in the default group, under START_TIMEOUT_S, until started()
     layout: GroupLayout | None = None  # None: tensor parallelism over all ``size`` ranks
     sent: Counter = field(default_factory=Counter)  # bytes this rank put into collectives, by kind
+    # the others' progress (CPUs): a running group's waits end when it stops, not at a fixed time (None:
+    # each collective is bounded by ``timeout_s``)
+    progress: GroupProgress | None = None
 
     def __post_init__(self) -> None:
         if self.layout is None:
@@ -119,16 +126,32 @@ class TensorParallel:
         self.sent.clear()
 
     def started(self) -> None:
-        """The group runs: from here on every collective waits ``timeout_s`` (every rank calls it at the
-        same point: after the runner's message)."""
+        """The group runs: from here on every collective waits as ``join_group`` says (every rank calls it
+        at the same point: after the runner's message)."""
         self.starting = False
 
     @property
     def _group(self) -> Any:
         return None if self.starting else self.steady
 
-    def _collective(self, kind: str):
-        return _collective(kind, START_TIMEOUT_S if self.starting or self.steady is None else self.timeout_s)
+    def _run(self, kind: str, collective, *args: Any, **kwargs: Any) -> None:
+        """``collective`` (a torch.distributed one) over the group: until it has started, bounded by
+        START_TIMEOUT_S; then, on CPUs, for as long as another rank makes progress (GroupProgress), else
+        by ``timeout_s``. A failure ends this rank in one line (GroupFailed) that says what happened."""
+        group = self._group
+        by_progress = self.progress is not None and group is not None
+        bound = START_TIMEOUT_S if self.starting or self.steady is None else self.timeout_s
+        with _collective(kind, START_TIMEOUT_S if by_progress else bound):
+            if not by_progress:
+                collective(*args, group=group, **kwargs)
+                return
+            began = time.monotonic()
+            try:
+                self.progress.wait(collective(*args, group=group, async_op=True, **kwargs), began)
+            except StalledGroup as stalled:
+                group.abort()  # the collective waits no more: the group can be left at once
+                what = f"a rank did not answer within {self.timeout_s:.0f} s ({stalled})"
+                raise GroupFailed(f"the tensor-parallel group failed in {kind}: {what}") from None
 
     @property
     def leads(self) -> bool:
@@ -145,8 +168,7 @@ class TensorParallel:
         if self.size > 1:
             self.counts["all_reduce"] += 1
             self.sent["all_reduce"] += tensor.numel() * tensor.element_size()
-            with self._collective("an all-reduce"):
-                dist.all_reduce(tensor, group=self._group)
+            self._run("an all-reduce", dist.all_reduce, tensor)
         return tensor
 
     def max_of(self, value: int) -> int:
@@ -156,8 +178,7 @@ class TensorParallel:
         self.counts["max"] += 1
         box = torch.tensor([value], dtype=torch.long)
         self.sent["max"] += box.element_size()
-        with self._collective("an all-reduce"):
-            dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self._group)
+        self._run("an all-reduce", dist.all_reduce, box, op=dist.ReduceOp.MAX)
         return int(box.item())
 
     def all_gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -168,8 +189,7 @@ class TensorParallel:
         tensor = tensor.contiguous()
         self.sent["all_gather"] += tensor.numel() * tensor.element_size()
         parts = [torch.empty_like(tensor) for _ in range(self.size)]
-        with self._collective("an all-gather"):
-            dist.all_gather(parts, tensor, group=self._group)
+        self._run("an all-gather", dist.all_gather, parts, tensor)
         return torch.cat(parts, -1)
 
     def broadcast(self, message: Any = None) -> Any:
@@ -177,10 +197,15 @@ class TensorParallel:
         if self.size == 1:
             return message
         self.counts["broadcast"] += 1
-        box = [message]
-        with self._collective("a broadcast"):
-            dist.broadcast_object_list(box, src=0, group=self._group)
-        return box[0]
+        payload = pickle.dumps(message) if self.leads else b""
+        length = torch.tensor([len(payload)], dtype=torch.long)
+        self._run("a broadcast", dist.broadcast, length, src=0)
+        if self.leads:
+            data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        else:
+            data = torch.empty(int(length.item()), dtype=torch.uint8)
+        self._run("a broadcast", dist.broadcast, data, src=0)
+        return message if self.leads else pickle.loads(data.numpy().tobytes())
 
 
 SINGLE = TensorParallel()  # one process: every collective is the identity
@@ -203,7 +228,8 @@ def join_group(
 ) -> TensorParallel:
     """Join the group at ``address`` as ``rank`` of ``size`` (NCCL on GPUs, gloo elsewhere), the model
     spread by ``layout`` (None: tensor parallelism over every rank): waiting for the others up to
-    START_TIMEOUT_S, each collective after ``started`` up to ``timeout_s``."""
+    START_TIMEOUT_S; each collective after ``started``, on CPUs, while another rank makes progress or up
+    to ``timeout_s`` since the last did (up to START_TIMEOUT_S in all), on GPUs up to ``timeout_s``."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     with _collective("joining the group", START_TIMEOUT_S):
         dist.init_process_group(
@@ -213,10 +239,23 @@ def join_group(
             world_size=size,
             timeout=timedelta(seconds=START_TIMEOUT_S),
         )
-        steady = dist.new_group(list(range(size)), timeout=timedelta(seconds=timeout_s), backend=backend)
-    return TensorParallel(rank, size, timeout_s=timeout_s, steady=steady, layout=layout)
+        by_progress = backend == "gloo"  # NCCL's collectives run on the device: each bounded as it is
+        bound = START_TIMEOUT_S if by_progress else timeout_s
+        steady = dist.new_group(list(range(size)), timeout=timedelta(seconds=bound), backend=backend)
+    progress = GroupProgress(rank, size, address, timeout_s) if by_progress else None
+    if progress is not None:
+        _watching.append(progress)
+    parallel = TensorParallel(
+        rank, size, timeout_s=timeout_s, steady=steady, layout=layout, progress=progress
+    )
+    return parallel
+
+
+_watching: list[GroupProgress] = []  # this process's group's progress thread (stopped when it leaves)
 
 
 def leave_group() -> None:
+    while _watching:
+        _watching.pop().stop()
     if dist.is_initialized():
         dist.destroy_process_group()

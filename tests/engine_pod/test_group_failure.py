@@ -1,6 +1,7 @@
 """A group's failure says what happened: a rank that died (its connection closed at once) is told apart from
-a rank that stopped answering (the collective ran out of its timeout). Two real gloo processes, real
-signals (SIGKILL, SIGSTOP) sent by the test, a collective timeout of 3 s."""
+a rank that stopped answering (no other rank made progress for the timeout), whichever rank it is (rank 0
+also holds the group's store, where each rank's progress is counted). Two real gloo processes, real signals
+(SIGKILL, SIGSTOP) sent by the test, a collective timeout of 3 s."""
 
 from __future__ import annotations
 
@@ -17,16 +18,17 @@ TIMEOUT_S = 3.0
 WAIT_S = 120  # a bound on every wait for the ranks, however slow the machine
 
 
-def _rank(rank: int, address: str, results) -> None:
-    """Join, start, then make all-reduces until one fails: rank 0 reports the failure's line (each rank on a
-    queue of its own: a rank killed while it writes to a shared one would leave its lock taken)."""
+def _rank(rank: int, address: str, silent: int, results) -> None:
+    """Join, start, then make all-reduces until one fails: the rank not signalled reports the failure's line
+    (each rank on a queue of its own: a rank killed while it writes to a shared one would leave its lock
+    taken)."""
     parallel = join_group(rank, 2, address, torch.device("cpu"), timeout_s=TIMEOUT_S)
     try:
         parallel.broadcast("runner")
         parallel.started()
         parallel.all_reduce(torch.ones(4))
         results.put(("ready", rank, os.getpid()))
-        if rank == 1:
+        if rank == silent:
             signal.pause()  # until the test kills or stops it
         try:
             parallel.all_reduce(torch.ones(4))  # the other rank never joins this one
@@ -37,26 +39,28 @@ def _rank(rank: int, address: str, results) -> None:
         leave_group()
 
 
-@pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP])
-def test_a_group_failure_says_whether_a_rank_died_or_did_not_answer(fault):
+@pytest.mark.parametrize(("fault", "silent"), [(signal.SIGKILL, 1), (signal.SIGSTOP, 1), (signal.SIGSTOP, 0)])
+def test_a_group_failure_says_whether_a_rank_died_or_did_not_answer(fault, silent):
     spawn = multiprocessing.get_context("spawn")
     results, address = [spawn.Queue(), spawn.Queue()], free_address()
-    ranks = [spawn.Process(target=_rank, args=(r, address, results[r])) for r in (0, 1)]
+    ranks = [spawn.Process(target=_rank, args=(r, address, silent, results[r])) for r in (0, 1)]
     for process in ranks:
         process.start()
     try:
         ready = {rank: pid for _, rank, pid in (queue.get(timeout=WAIT_S) for queue in results)}
-        os.kill(ready[1], fault)
-        phase, rank, message = results[0].get(timeout=WAIT_S)
+        os.kill(ready[silent], fault)
+        phase, rank, message = results[1 - silent].get(timeout=WAIT_S)
     finally:
         for process in ranks:
             process.kill()
             process.join(timeout=WAIT_S)
-    assert (phase, rank) == ("failed", 0), message
+    assert (phase, rank) == ("failed", 1 - silent), message
     assert message.startswith("the tensor-parallel group failed in an all-reduce: "), message
     if fault == signal.SIGKILL:  # its connection closed at once
         assert "a rank stopped (its connection closed after" in message, message
         assert "did not answer" not in message, message
-    else:  # alive but silent: the all-reduce waited out its timeout
-        assert f"a rank did not answer within {TIMEOUT_S:.0f} s" in message, message
+    else:  # alive but silent: no progress for the timeout
+        assert f"a rank did not answer within {TIMEOUT_S:.0f} s (no other rank made progress" in message, (
+            message
+        )
         assert "stopped" not in message, message

@@ -1,20 +1,31 @@
 """A tensor-parallel group waits long while it starts (ranks of a multi-node group start and load minutes
-apart) and its collective timeout once it runs: two real gloo processes, a collective timeout of 1 s, and a
-leader that keeps the other rank waiting 2.5 s before and after the group starts."""
+apart); once it runs, a rank waits for another however long that one computes, and gives up within the
+collective timeout once no other rank makes progress. Two real gloo processes, a collective timeout of 1 s,
+and a leader that keeps the other rank waiting 2.5 s before the group starts, and after it either sleeping
+(no progress: a hung rank) or computing (a slow one)."""
 
 from __future__ import annotations
 
 import multiprocessing
 import time
 
+import pytest
 import torch
 
 from engine_pod.parallel.group import GroupFailed, free_address, join_group, leave_group
 
 TIMEOUT_S, LATE_S = 1.0, 2.5
+WAIT_S = 120  # a bound on every wait for the ranks, however slow the machine
 
 
-def _rank(rank: int, address: str, results) -> None:
+def _compute_for(seconds: float) -> None:
+    """Busy on the CPU for ``seconds`` of wall time (a rank whose share of a batch takes that long)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sum(range(10_000))
+
+
+def _rank(rank: int, address: str, late: str, results) -> None:
     parallel = join_group(rank, 2, address, torch.device("cpu"), timeout_s=TIMEOUT_S)
     try:
         if rank == 0:
@@ -22,7 +33,7 @@ def _rank(rank: int, address: str, results) -> None:
         results.put(("starting", rank, parallel.broadcast("runner")))
         parallel.started()
         if rank == 0:
-            time.sleep(LATE_S)  # hung: the other rank must give up within the collective timeout
+            (time.sleep if late == "sleeping" else _compute_for)(LATE_S)
         began = time.monotonic()
         try:
             parallel.broadcast("run")
@@ -33,17 +44,31 @@ def _rank(rank: int, address: str, results) -> None:
         leave_group()
 
 
-def test_a_late_rank_is_waited_for_while_the_group_starts_and_not_once_it_runs():
+def _seen(late: str) -> list[tuple]:
     spawn = multiprocessing.get_context("spawn")
     results, address = spawn.Queue(), free_address()
-    ranks = [spawn.Process(target=_rank, args=(r, address, results)) for r in (0, 1)]
+    ranks = [spawn.Process(target=_rank, args=(r, address, late, results)) for r in (0, 1)]
     for process in ranks:
         process.start()
-    seen = [results.get(timeout=120) for _ in range(3)]
-    for process in ranks:
-        process.join(timeout=60)
-        if process.is_alive():
-            process.kill()
+    try:
+        return [results.get(timeout=WAIT_S) for _ in range(4)]  # each rank starting, then running
+    finally:
+        for process in ranks:
+            process.join(timeout=WAIT_S)
+            if process.is_alive():
+                process.kill()
+
+
+def test_a_late_rank_is_waited_for_while_the_group_starts_and_not_once_it_runs_and_stopped():
+    seen = _seen("sleeping")
     assert ("starting", 1, "runner") in seen  # waited 2.5 s for rank 0, past the 1 s timeout
     (waited,) = [value for phase, rank, value in seen if (phase, rank) == ("running", 1)]
     assert isinstance(waited, float) and waited < LATE_S  # gave up within the timeout, not after 2.5 s
+
+
+@pytest.mark.parametrize("late", ["computing"])
+def test_a_rank_computing_longer_than_the_timeout_is_waited_for_once_the_group_runs(late):
+    """A slower machine, or a rank whose experts drew more of a large batch: its progress keeps the others
+    waiting past the timeout, and the group goes on."""
+    seen = _seen(late)
+    assert ("running", 1, "answered") in seen and ("running", 0, "answered") in seen, seen
