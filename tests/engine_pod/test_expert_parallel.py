@@ -122,7 +122,8 @@ def test_dllm_bench_at_expert_parallel_answers_every_request_as_one_process(mode
         out = tmp_path / f"bench-{tensor}-{expert}.json"
         command = [sys.executable, "-m", "engine_pod.cli.main", "bench", "--model", model]
         command += ["--dtype", "float64", "--workload", "heterogeneous", "--limit", "8"]
-        command += ["--policy", "static,blockserve", "--no-margins", "--threads", "2"]
+        # one thread a process: two on a shared, loaded machine ran one process 10x slower than a group
+        command += ["--policy", "static,blockserve", "--no-margins", "--threads", "1"]
         command += ["--tensor-parallel", str(tensor), "--expert-parallel", str(expert), "--json", str(out)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
         assert done.returncode == 0, done.stderr
