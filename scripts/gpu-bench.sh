@@ -33,7 +33,9 @@
 #                    step 4's one (tp/bench.json; TENSOR_PARALLEL=1 skips it); then the block model's
 #                    fixed-steps BlockServe bench at --tensor-parallel N, --expert-parallel N and both
 #                    (tp/llada2-tensor.json, -expert.json, -both.json: tokens per second, collectives and
-#                    bytes sent per forward), each at the budget step 6 measured for one GPU
+#                    bytes sent per forward), each at the budget step 6 measured for one GPU; on a machine
+#                    with one GPU, the same three splits and one process of random:llada2-tiny on its CPUs
+#                    at 2 gloo ranks instead (summary.txt; CPU_SPLITS=1 runs them anywhere, 0 skips them)
 # summary.txt holds every printed table. Eight files in all (bench.png too with PLOT=1), what one device
 # lease brings back.
 # Usage: bash scripts/gpu-bench.sh [OUT_DIR]          (default OUT_DIR: runs/gpu)
@@ -60,6 +62,25 @@ export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 dllm() { "$python" -m engine_pod.cli.main "$@"; }
 budget_of() { "$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["token_budget"])' "$1"; }
 step() { echo "== gpu-bench [$((SECONDS))s] $*"; }
+# one line a split: tokens per second, collectives and bytes sent per forward (the reports given, in order)
+print_splits() {
+  "$python" - "$@" <<'PY' | tee -a "$out/summary.txt"
+import json
+import sys
+
+for path in sys.argv[1:]:
+    try:
+        report = json.load(open(path))
+    except FileNotFoundError:
+        continue
+    run = report["policies"]["blockserve"]
+    print(
+        f"--tensor-parallel {report['tensor_parallel']} --expert-parallel {report['expert_parallel']}: "
+        f"{run['tokens_per_s']:.1f} tok/s, {run.get('collectives_per_forward')} collectives and "
+        f"{run.get('bytes_sent_per_forward')} bytes sent per forward"
+    )
+PY
+}
 
 step "device"
 "$python" - "$device" <<'PY' | tee "$out/device.txt"
@@ -160,23 +181,22 @@ if [ -n "$tp" ] && [ "$tp" -gt 1 ]; then
         "${fixed[@]}" --no-margins "${sizes[@]}" --json "$out/tp/llada2-$split.json" \
         | tee -a "$out/summary.txt" || status=$?
     done
-    "$python" - "$out"/tp/llada2-{tensor,expert,both}.json <<'PY' | tee -a "$out/summary.txt"
-import json
-import sys
-
-for path in sys.argv[1:]:
-    try:
-        report = json.load(open(path))
-    except FileNotFoundError:
-        continue
-    run = report["policies"]["blockserve"]
-    print(
-        f"--tensor-parallel {report['tensor_parallel']} --expert-parallel {report['expert_parallel']}: "
-        f"{run['tokens_per_s']:.1f} tok/s, {run.get('collectives_per_forward')} collectives and "
-        f"{run.get('bytes_sent_per_forward')} bytes sent per forward"
-    )
-PY
+    print_splits "$out"/tp/llada2-{tensor,expert,both}.json
   fi
+elif [ "${CPU_SPLITS:-auto}" = 1 ] || { [ "${CPU_SPLITS:-auto}" = auto ] && [ "${device%%:*}" = cuda ]; }; then
+  # one GPU: the experts cannot be spread over devices, so the comparison docs/benchmarks.md shows runs on this
+  # machine's CPUs (two gloo ranks; its table only, in summary.txt; CPU_SPLITS=0 skips it)
+  step "tensor against expert parallelism on the CPUs: 2 ranks (random:llada2-tiny)"
+  splits=$(mktemp -d)
+  for sizes in "1 1" "2 1" "1 2" "2 2"; do
+    read -r tensor expert <<<"$sizes"
+    timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model random:llada2-tiny --device cpu \
+      --workload synthetic:n=8,prompt=16-64,gen=32-64,seed=0 --policy blockserve --calibrate-threshold 0.5 \
+      --threads 2 --no-margins --tensor-parallel "$tensor" --expert-parallel "$expert" \
+      --json "$splits/cpu-$tensor-$expert.json" >/dev/null || status=$?
+  done
+  print_splits "$splits"/cpu-{1-1,2-1,1-2,2-2}.json
+  rm -rf "$splits"
 fi
 
 step "done (bench exit status $status)"
