@@ -33,12 +33,17 @@ class Masking:
             return None, False
         if (queries == 1 or keys == queries) and (self.window is None or keys < self.window):
             return None, queries > 1
-        query_positions = torch.arange(keys - queries, keys, device=device)[:, None]
+        return self.window_mask(keys - queries, queries, keys, device), False
+
+    def window_mask(self, first: int, queries: int, keys: int, device) -> torch.Tensor:
+        """The causal mask [queries, keys] of queries at key positions ``first``.. over keys ``0..keys``:
+        a query sees the keys up to its own position, within the sliding window where there is one."""
+        query_positions = torch.arange(first, first + queries, device=device)[:, None]
         key_positions = torch.arange(keys, device=device)[None, :]
         mask = key_positions <= query_positions
         if self.window is not None:
             mask &= key_positions > query_positions - self.window
-        return mask, False
+        return mask
 
 
 @dataclass(frozen=True)
