@@ -41,6 +41,7 @@ class OnlineConfig:
     # on a CPU, each engine-alone run in a fresh process of its own, so that its peak memory is its own
     # (resident memory cannot be reset within a process)
     isolate: bool = False
+    clock: str = "wall"  # what engine-alone runs are timed by (bench/run_clock.py)
 
 
 def _requests(cfg: OnlineConfig) -> list[OnlineRequest]:
@@ -60,6 +61,7 @@ def run_online_benchmark(cfg: OnlineConfig, on_run: Callable[[dict], None] | Non
         "scheduling": asdict(cfg.scheduling),
         "loads": [asdict(load) | {"label": load.label} for load in cfg.loads],
         "target": cfg.url or "in-process",
+        "clock": "wall" if cfg.url else cfg.clock,
         "runs": {},
         "prefill_chunk_by_run": {
             name: scheduling.prefill_chunk
@@ -122,7 +124,7 @@ def _runs(cfg: OnlineConfig, requests: list[OnlineRequest]):
                         name,
                         load,
                         lambda load=load, spec=spec, decoding=decoding: _engine_here(
-                            loaded, decoding, spec, requests, load
+                            loaded, decoding, spec, requests, load, cfg.clock
                         ),
                     )
 
@@ -133,8 +135,8 @@ PEAK_SINCE_RESET = "allocator's reserved peak since the run began"
 PEAK_THIS_PROCESS = "resident high-water mark of the bench process since it started (every run before too)"
 
 
-def _engine_here(loaded, decoding: DecodingConfig, spec: PolicySpec, requests, load: Load):
-    observed, figures = run_engine_online(loaded, decoding, spec, requests, load)
+def _engine_here(loaded, decoding: DecodingConfig, spec: PolicySpec, requests, load: Load, clock: str):
+    observed, figures = run_engine_online(loaded, decoding, spec, requests, load, clock)
     measure = PEAK_SINCE_RESET if loaded.device.type == "cuda" else PEAK_THIS_PROCESS
     return observed, figures | {"peak_measure": measure}
 
@@ -145,7 +147,7 @@ def _engine_fresh(cfg: OnlineConfig, decoding: DecodingConfig, spec: PolicySpec,
 
     torch.manual_seed(cfg.seed)
     with cfg.model.loaded(cfg.seed) as loaded:
-        observed, figures = run_engine_online(loaded, decoding, spec, requests, load)
+        observed, figures = run_engine_online(loaded, decoding, spec, requests, load, cfg.clock)
     return observed, figures | {"peak_measure": PEAK_OWN_PROCESS}
 
 

@@ -1,9 +1,7 @@
-"""A policy's engine alone under an online load: requests join the scheduler when they arrive (in real
-time), as they would behind a queue, with no HTTP or Redis in between."""
+"""A policy's engine alone under an online load: requests join the scheduler when they arrive (on the
+run's clock, bench/run_clock.py), as they would behind a queue, with no HTTP or Redis in between."""
 
 from __future__ import annotations
-
-import time
 
 from dllm_contracts.request_params import RequestParams
 from dllm_contracts.text import completion_tokens
@@ -11,6 +9,7 @@ from engine_pod.bench.execute import warm_up
 from engine_pod.bench.online import Load, Observed, OnlineRequest
 from engine_pod.bench.policies import PolicySpec, build_scheduler
 from engine_pod.bench.report import chunk_metrics, refresh_metrics, residency_metrics, work_metrics
+from engine_pod.bench.run_clock import RunClock
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.device_memory import peak_bytes, reset_peak
 from engine_pod.engine import Engine, StepResult
@@ -22,9 +21,11 @@ from engine_pod.scheduler.request import Request
 class _Run:
     """The bookkeeping of one online run: what has arrived, what the client has seen."""
 
-    def __init__(self, engine: Engine, decoding: DecodingConfig, requests: list[OnlineRequest]) -> None:
-        self.engine, self.decoding, self.requests = engine, decoding, requests
-        self.start = time.perf_counter()
+    def __init__(
+        self, engine: Engine, decoding: DecodingConfig, requests: list[OnlineRequest], clock: RunClock
+    ) -> None:
+        self.engine, self.decoding, self.requests, self.clock = engine, decoding, requests, clock
+        engine.scheduler.clock = clock.now  # arrivals, admission's waits and first schedules on one clock
         self.sent: dict[str, float] = {}
         self.first_block: dict[str, float] = {}
         self.observed: dict[str, Observed] = {}
@@ -32,7 +33,7 @@ class _Run:
         self.waited_at: list[int] = []  # the cycles (engine.records' indices) leaving a request waiting
 
     def now(self) -> float:
-        return time.perf_counter() - self.start
+        return self.clock.now()
 
     def send(self, item: OnlineRequest) -> None:
         prepared = item.request
@@ -40,7 +41,7 @@ class _Run:
             prepared.request_id,
             prepared.prompt_ids,
             RequestParams(max_tokens=prepared.max_tokens),
-            arrival_time=time.perf_counter(),
+            arrival_time=self.now(),
         )
         self.sent[prepared.request_id] = self.now()
         self.engine.add_request(request)
@@ -58,7 +59,7 @@ class _Run:
         eos = self.engine.runner.loaded.config.eos_token_ids
         for request in result.finished:
             rid = request.request_id
-            scheduled = request.first_scheduled_time - self.start if request.first_scheduled_time else None
+            scheduled = request.first_scheduled_time
             self.observed[rid] = Observed(
                 families[rid],
                 self.sent[rid],
@@ -71,7 +72,12 @@ class _Run:
 
 
 def run_engine_online(
-    loaded: LoadedModel, decoding: DecodingConfig, spec: PolicySpec, requests: list[OnlineRequest], load: Load
+    loaded: LoadedModel,
+    decoding: DecodingConfig,
+    spec: PolicySpec,
+    requests: list[OnlineRequest],
+    load: Load,
+    clock: str = "wall",
 ) -> tuple[list[Observed], dict]:
     """Each request as observed, and the engine's figures: its refreshes, prefill chunks and the rows
     resident per cycle (bench/report.py), the share of a row's context its admission counts as held, and
@@ -81,7 +87,7 @@ def run_engine_online(
     warm_up(engine.runner, [r.request for r in requests])
     reset_peak(loaded.device)
     families = {r.request.request_id: r.family for r in requests}
-    run = _Run(engine, decoding, requests)
+    run = _Run(engine, decoding, requests, RunClock(clock))
     if load.rate is not None:
         _open_loop(run, families, load.arrival_offsets(len(requests)))
     else:
@@ -102,7 +108,7 @@ def _open_loop(run: _Run, families: dict[str, str], offsets: list[float]) -> Non
         if run.engine.has_work():
             run.step(families)
         elif waiting:
-            time.sleep(max(0.0, waiting[0][0] - run.now()))
+            run.clock.wait_until(waiting[0][0])
 
 
 def _closed_loop(run: _Run, families: dict[str, str], concurrency: int) -> None:

@@ -29,6 +29,11 @@ def online_summary(report: dict) -> str:
     width = max([28, *(len(name) + 2 for name in report["runs"])])
     lines = [
         f"{report['workload']}: {report['requests']} requests per load, target {report['target']}"
+        + (
+            f", timed by the engine's CPU seconds ({report['clock']})"
+            if report.get("clock", "wall") != "wall"
+            else ""
+        )
         + (f", memory limit {limit / 2**20:.0f} MiB" if limit else "")
         + (f", usable memory {usable / 2**20:.0f} MiB" if usable else ""),
         f"{'run':<{width}}{'load':<14}{'tok/s':>9}{'1st blk p50':>12}{'p99':>8}{'lat p50':>9}{'p90':>8}"

@@ -12,6 +12,7 @@ from pathlib import Path
 from engine_pod.bench.policies import POLICIES
 from engine_pod.bench.policy_caches import cache_config, split_policy
 from engine_pod.bench.workloads import named_workloads
+from engine_pod.cli.bench_online import add_online_args, run_online
 from engine_pod.cli.bench_summary import summary_text
 from engine_pod.cli.budget import read_profile
 from engine_pod.cli.common import (
@@ -98,46 +99,11 @@ def register(subparsers) -> None:
         "what it measured); the summary table goes to the terminal either way",
     )
     parser.add_argument("--plot", help="write throughput, latency CDF and timeline plots to this PNG")
-    online = parser.add_argument_group(
-        "online load",
-        "requests arrive over time instead of all at once: every policy (gateway: the whole serving path) "
-        "sees the same arrivals; reported: throughput, time to the first committed block, latency "
-        "percentiles per task family, queue wait",
-    )
-    online.add_argument(
-        "--arrival-rate", help="Poisson arrivals (seeded), requests per second; comma-separated for several"
-    )
-    online.add_argument(
-        "--concurrency", type=int, help="closed loop: this many clients, one request each at a time"
-    )
-    online.add_argument("--requests", type=int, help="requests per load, cycling through the workload")
-    online.add_argument(
-        "--url",
-        help="load this running server (e.g. `dllm serve`) with chat requests instead of the policies",
-    )
-    online.add_argument("--api-key", help="bearer key for --url")
-    online.add_argument(
-        "--served-model-name",
-        help="model name sent to --url (default: the one the server lists at /v1/models)",
-    )
+    add_online_args(parser)
     add_decoding_args(parser, compare=True)
     add_sparse_args(parser)
     add_tensor_parallel_arg(parser)
     parser.set_defaults(handler=run)
-
-
-def _loads(args: argparse.Namespace) -> tuple:
-    from engine_pod.bench.online import Load
-
-    if args.arrival_rate and args.concurrency:
-        raise CliError("use either --arrival-rate or --concurrency")
-    try:
-        if args.concurrency is not None:
-            return (Load(concurrency=args.concurrency),)
-        rates = [float(part) for part in args.arrival_rate.split(",") if part.strip()]
-        return tuple(Load(rate=rate) for rate in rates)
-    except ValueError as exc:
-        raise CliError(f"--arrival-rate/--concurrency: {exc}") from exc
 
 
 def _run_settings(args: argparse.Namespace, policies: tuple[str, ...]) -> dict:
@@ -161,56 +127,6 @@ def _threads(args: argparse.Namespace, online: bool):
         logger.info("%s", choice.log_line())
         return choice
     return apply_threads(args.threads)
-
-
-def _run_online(args: argparse.Namespace, policies: tuple[str, ...], threads) -> int:
-    from engine_pod.bench.http_client import HttpError
-    from engine_pod.bench.online_bench import OnlineConfig, run_online_benchmark
-    from engine_pod.bench.online_http import served_model
-    from engine_pod.bench.online_summary import add_memory_bounds, online_summary
-
-    if args.requests is not None and args.requests < 1:
-        raise CliError("--requests must be positive")
-    for flag, settings in (
-        ("--prefix-cache", args.prefix_cache),
-        ("--batch-invariant", args.batch_invariant),
-    ):
-        if len(settings) > 1:
-            raise CliError(f"{flag} on,off compares the policies offline; an online load takes on or off")
-    if args.url and len(args.prefill_chunk) > 1:
-        raise CliError("--prefill-chunk: a running server (--url) has its own; give one size or none")
-    model = served_model(args.url, args.api_key, args.served_model_name) if args.url else "bench"
-    config = OnlineConfig(
-        **_run_settings(args, policies),
-        loads=_loads(args),
-        prefill_chunks=args.prefill_chunk,
-        requests=args.requests,
-        url=args.url,
-        api_key=args.api_key,
-        served_model=model,
-        isolate=not args.no_isolate,
-    )
-    out = Path(args.json_out) if args.json_out else None
-
-    profile = read_profile(args.profile) if args.profile else None
-
-    def write(report: dict) -> None:
-        add_memory_bounds(report, profile)
-        report["torch_threads"] = threads.as_dict() if threads else None
-        if out:
-            out.write_text(json.dumps(report, indent=2) + "\n")
-
-    try:
-        report = run_online_benchmark(config, on_run=write)
-    except HttpError as exc:  # the server refused a request of the load
-        raise CliError(f"{args.url or 'the gateway'}: {exc}") from None
-    if args.plot:
-        from engine_pod.bench.plots import plot_online
-
-        plot_online(report, Path(args.plot))
-    add_memory_bounds(report, profile)
-    sys.stdout.write((threads.log_line() + "\n" if threads else "") + online_summary(report) + "\n")
-    return 0
 
 
 def _check_policy_caches(args: argparse.Namespace, policies: tuple[str, ...]) -> list:
@@ -259,9 +175,11 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("a policy's own cache (policy:cache) runs under --arrival-rate or --concurrency")
     threads = None if args.url else _threads(args, online)  # --url: the server's engine, not this process
     if online:
-        return _run_online(args, policies, threads)
+        return run_online(args, policies, threads, _run_settings(args, policies))
     if args.url:
         raise CliError("--url needs --arrival-rate or --concurrency")
+    if args.clock != "wall":
+        raise CliError(f"--clock {args.clock} times online loads (--arrival-rate or --concurrency)")
     if len(args.prefill_chunk) > 1:
         raise CliError(
             "--prefill-chunk: several sizes compare online loads (--arrival-rate or --concurrency)"
