@@ -6,7 +6,9 @@ cycle encodes each row's context tokens not encoded yet (the prompt at first, th
 last cycle) into the request's context cache, draws each row's uniform canvas from the request's
 generator, and denoises every row in one batched decoder forward per step; each row stops by its own
 adaptive stopping (``decoding/entropy_bound.py``) and, when the cycle gathers rows, leaves the later
-forwards. A row commits its last step's argmax canvas.
+forwards. A row commits its last step's argmax canvas. A chunk row (``CycleRow.prefill_to``: a long prompt
+encoded a chunk per cycle, ``prefill_chunk.py``) encodes its prompt up to its chunk's end in the same
+encoder forward, and draws and commits nothing.
 
 What the host and the device exchange in a cycle: one copy for the encoder's forward (its rows' chunks,
 of any lengths, packed into one forward with their positions, slots and attention layout), one for the
