@@ -82,9 +82,10 @@ class SchedulerConfig:
     # while others go on (those carry their blocks on), so that it starts its next block and new requests
     # join at that step instead of when the slowest row's block completes; False: at block boundaries only
     step_level: bool = True
-    # chunked prefill (block diffusion's exact cache): a prompt's keys and values computed this many tokens
-    # (whole blocks) per block cycle, beside the decoding rows; None: 512 or an eighth of the budget,
-    # whichever is smaller; 0: a prompt's whole prefix in its first block's first forward
+    # chunked prefill (block diffusion's exact cache, DiffusionGemma's context encoder): a prompt's keys and
+    # values computed this many tokens (whole blocks) per block cycle, beside the decoding rows; None: 512
+    # or an eighth of the budget, whichever is smaller; 0: a prompt's whole prefix in its first block's
+    # first forward
     prefill_chunk: int | None = None
 
     def __post_init__(self) -> None:

@@ -34,10 +34,23 @@ def run_workload(
     ``scheduler``: a scheduler, or a callable that builds one from the runner's scheduling facts;
     ``sampling``: request id -> its settings but max_tokens (default: greedy); ``grammars``: request id ->
     the ResponseGrammar its answer keeps to (default: none)."""
+    return run_engine(loaded, scheduler, decoding, workload, order, sampling, grammars)[0]
+
+
+def run_engine(
+    loaded: LoadedModel,
+    scheduler,
+    decoding: DecodingConfig,
+    workload,
+    order=None,
+    sampling=None,
+    grammars=None,
+) -> tuple[dict[str, list[int]], Engine]:
+    """``run_workload``'s outputs, and the engine that ran them (its cycles' records)."""
     engine = _engine_with(loaded, scheduler, decoding, workload, order, sampling=sampling, grammar=grammars)
     outputs: dict[str, list[int]] = {}
     engine.run(lambda r: outputs.__setitem__(r.request_id, list(r.generated)))
-    return outputs
+    return outputs, engine
 
 
 def run_workload_logprobs(

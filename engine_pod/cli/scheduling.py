@@ -90,8 +90,9 @@ def add_scheduler_args(parser: argparse.ArgumentParser, compare: bool = False) -
         type=prefill_chunk_settings if compare else prefill_chunk_setting,
         default=(None,) if compare else None,
         metavar="TOKENS" + ("[,TOKENS...]" if compare else ""),
-        help="block-diffusion models (LLaDA2.0, SDAR): compute a long prompt's keys and values this many "
-        "tokens (whole blocks) per block cycle, beside the decoding rows, so that it does not stall them "
+        help="block-diffusion models (LLaDA2.0, SDAR) and DiffusionGemma's context encoder: compute a long "
+        "prompt's keys and values this many tokens (whole blocks) per block cycle, beside the decoding "
+        "rows, so that it does not stall them "
         "(default, or auto: 512, or an eighth of the token budget if smaller; 0 or off: the whole prompt "
         "at once)" + ("; a comma list (off,512,256) runs every policy with each" if compare else ""),
     )

@@ -7,7 +7,8 @@ compute gets a chunk row: ``CycleRow.prefill_to`` names the end of the prefix wh
 cycle computes (a multiple of the block length), and the row commits nothing. Its last chunk goes with its
 first block's first forward, as an unchunked prompt's whole prefix does: the first block starts when the
 last chunk is in the cache. Only a runner with an exact cache of final keys and values (block diffusion's
-paged cache: LLaDA2.0, SDAR) chunks (``Runner.chunks_prefill``); the scheduler asks it for nothing else.
+paged cache: LLaDA2.0, SDAR; DiffusionGemma's context cache, written by its causal encoder) chunks
+(``Runner.chunks_prefill``); the scheduler asks it for nothing else.
 
 Admission counts a chunk's forward cost as well as the pages its row holds: a chunking row is admitted
 at its full width (the pages it holds once its prompt is in), and only while no other row's chunks are

@@ -1,6 +1,7 @@
 """The op census of a block cycle that carries a prefill chunk (a long prompt's keys and values beside
-decoding rows): no more syncs, copies or attention calls than the same cycle without it, and a chunk's
-size never shows in the ops (the packed forward's ops do not grow with lengths)."""
+decoding rows; DiffusionGemma's: a chunk of a long context in the cycle's encoder forward, beside the
+decoding rows' canvases): no more syncs, copies or attention calls than the same cycle without it, and a
+chunk's size never shows in the ops (the packed forward's ops do not grow with lengths)."""
 
 from __future__ import annotations
 
@@ -17,24 +18,33 @@ from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 
-BLOCK, LONG = 8, 200
+BLOCK = 8  # the block-diffusion models' (DiffusionGemma's is its canvas)
+CYCLES, LARGE = 3, 6  # cycles counted; the larger chunk, in blocks
 
 
-@pytest.fixture(scope="module", params=["random:llada2-tiny", "random:sdar-tiny"])
+@pytest.fixture(
+    scope="module", params=["random:llada2-tiny", "random:sdar-tiny", "random:diffusion-gemma-tiny"]
+)
 def loaded(request):
     torch.set_num_threads(1)
     return load_model(request.param)
 
 
+def _block(loaded) -> int:
+    return getattr(loaded.config, "canvas_length", BLOCK)
+
+
 def _figures(loaded, chunk: int):
     """Three cycles of 8 decoding rows, beside a long prompt's chunks of ``chunk`` tokens (0: none)."""
-    decoding = replace(decoding_for(loaded), block_length=BLOCK, steps_per_block=BLOCK)
+    block = _block(loaded)
+    decoding = replace(decoding_for(loaded), block_length=block, steps_per_block=block)
     runner = make_runner(loaded, decoding, pool_tokens=1 << 15)
     rows = _rows(loaded, prompt_lengths(8, 8, 8), 0)
     params = RequestParams(max_tokens=512)
-    long = CycleRow(tuple(range(10, 10 + LONG)), owner="long", params=params, prompt_len=LONG)
+    size = (CYCLES * LARGE + 1) * block  # longer than every cycle's chunks
+    long = CycleRow(tuple(range(10, 10 + size)), owner="long", params=params, prompt_len=size)
     censuses = []
-    for cycle in range(3):
+    for cycle in range(CYCLES):
         chunk_row = [replace(long, prefill_to=chunk * (cycle + 1))] if chunk else []
         output = SchedulerOutput.of_rows(rows + chunk_row, gather_rows=True, packed=True)
         with counting(loaded.model) as census:
@@ -47,7 +57,8 @@ def _figures(loaded, chunk: int):
 
 
 def test_a_cycle_with_a_chunk_counts_within_the_bounds_of_one_without(loaded):
-    plain, small, large = (_figures(loaded, chunk) for chunk in (0, 2 * BLOCK, 6 * BLOCK))
+    block = _block(loaded)
+    plain, small, large = (_figures(loaded, chunk) for chunk in (0, 2 * block, LARGE * block))
     for chunked in (small, large):
         assert chunked.syncs_per_forward <= plain.syncs_per_forward
         assert chunked.syncs_per_step <= plain.syncs_per_step

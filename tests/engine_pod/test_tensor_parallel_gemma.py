@@ -77,10 +77,11 @@ class _Calls:
 
 def test_a_diffusion_gemma_checkpoint_on_two_ranks_its_tokens_collectives_and_share():
     """A checkpoint (each tensor cut as it is read) on two ranks: the tokens of one process, each rank at
-    most its share of the weights, and these collectives. Per forward, encoder or decoder, 1 + 3L
-    all-reduces (L layers): the embedding's lookup over the vocabulary's runs, then per layer the
-    attention's output (o_proj), the dense MLP's and the experts' (Gemma's sandwich norms normalise each
-    before they meet, so each is summed on its own). A decoder forward also gathers its logits along the
+    most its share of the weights, and these collectives. Per decoder forward 1 + 3L all-reduces (L
+    layers): the embedding's lookup over the vocabulary's runs, then per layer the attention's output
+    (o_proj), the dense MLP's and the experts' (Gemma's sandwich norms normalise each before they meet, so
+    each is summed on its own); per encoder forward three fewer (its last layer only writes its keys and
+    values: its output is never read). A decoder forward also gathers its logits along the
     vocabulary (one all-gather), and each of its steps but a canvas's last sums the soft embeddings'
     product over the vocabulary (one all-reduce). Per cycle: one broadcast (the cycle), one encoder
     forward (the prompt, then each committed canvas); the runner's recipe is one broadcast more. Nothing
@@ -103,7 +104,7 @@ def test_a_diffusion_gemma_checkpoint_on_two_ranks_its_tokens_collectives_and_sh
     assert (encodes, denoises, softs) == (cycles, result.num_forward_passes, denoises - cycles)
     assert denoises > 2 * cycles, "every canvas stopped at its first step: the test proves little"
     assert made == {
-        "all_reduce": (encodes + denoises) * (1 + 3 * layers) + softs,
+        "all_reduce": encodes * (1 + 3 * (layers - 1)) + denoises * (1 + 3 * layers) + softs,
         "all_gather": denoises,
         "broadcast": 1 + cycles,
     }

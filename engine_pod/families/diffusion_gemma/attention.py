@@ -74,6 +74,19 @@ class GemmaAttention(nn.Module):
             raise ValueError("an encoder forward needs slots for its new context tokens, and this has none")
         return self._attend(x, cos, sin, batch)
 
+    def write_context(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch
+    ) -> None:
+        """The new context tokens' keys and values into the rows' pages, no attention: the encoder's last
+        layer, whose output nothing reads (the decoder reads only the context's keys and values)."""
+        if batch.write_slots is None or batch.pool is None:
+            raise ValueError("an encoder forward needs slots for its new context tokens, and this has none")
+        rows, tokens, _ = x.shape
+        k = self.k_proj(x).view(rows, tokens, -1, self.head_dim)
+        v = k if self.v_proj is None else self.v_proj(x).view(rows, tokens, -1, self.head_dim)
+        k = rotate(self.k_norm(k), cos, sin)
+        batch.pool.write(self.layer, batch.write_slots, k.flatten(0, 1), self.v_norm(v).flatten(0, 1))
+
     def decode(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch
     ) -> torch.Tensor:

@@ -64,3 +64,10 @@ class GemmaLayer(nn.Module):
         routed = self.post_feedforward_layernorm_2(routed.reshape(x.shape))
         x = x + self.post_feedforward_layernorm(dense + routed)
         return x * scalar
+
+    def write_context(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch
+    ) -> None:
+        """The encoder's last layer: its new context tokens' keys and values written, nothing more (its
+        output would be the encoder's hidden states, which nothing reads)."""
+        self.self_attn.write_context(self.input_layernorm(x), cos, sin, batch)

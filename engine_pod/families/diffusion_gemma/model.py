@@ -2,7 +2,8 @@
 
 ``encode`` runs the encoder over new context tokens (the prompt, later each committed canvas) and
 writes their keys and values into each row's ``ContextCache`` (pages of a pool, reserved here); its
-hidden states are not used. ``denoise`` runs the decoder over one canvas (bidirectional, reading the
+hidden states are not used, so its last layer only writes its keys and values (no attention, no MLP: a
+third of a long context's encoding on the tiny preset, whose last layer is the full-attention one). ``denoise`` runs the decoder over one canvas (bidirectional, reading the
 cache) and returns the softcapped float32 logits. Self-conditioning: the decoder's input embeddings are
 ``post_norm(embed(canvas) + GeGLU(pre_norm(soft)))`` where ``soft`` is the previous step's soft
 prediction, ``softmax(processed logits) @ E * sqrt(D)`` (zeros at a canvas's first step);
@@ -98,8 +99,12 @@ class DiffusionGemmaModel(nn.Module):
         tables = {
             kind: self.rotary.cos_sin(batch.positions, kind, x.dtype) for kind in set(self.config.layer_types)
         }
+        last = len(layers) - 1
         for index, layer in enumerate(layers):
             cos, sin = tables[self.config.layer_types[index]]
+            if encoding and index == last:  # its output, the encoder's hidden states, is never read
+                layer.write_context(x, cos, sin, batch)
+                return x
             x = layer(x, cos, sin, batch, scalars[index : index + 1], encoding)
         return x
 

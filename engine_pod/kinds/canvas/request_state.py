@@ -19,11 +19,14 @@ class CanvasRequest:
     encoded: tuple[int, ...] = ()  # the context tokens the cache holds
 
     def pending(self, prefix: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """The chunks to encode before this cycle's canvas: a rebuild's as first written (a new request
-        has none), then the rest."""
+        """The chunks to encode of ``prefix`` (this cycle's context: a chunk row's up to its chunk's end):
+        a rebuild's as first written, as far as they lie within it (a new request has none), then the
+        rest."""
         chunks, start = [], len(self.encoded)
         if not self.encoded:
             for length in self.chunks:
+                if start + length > len(prefix):
+                    break
                 chunks.append(prefix[start : start + length])
                 start += length
         return chunks + ([prefix[start:]] if len(prefix) > start else [])

@@ -6,7 +6,9 @@ cycle encodes each row's context tokens not encoded yet (the prompt at first, th
 last cycle) into the request's context cache, draws each row's uniform canvas from the request's
 generator, and denoises every row in one batched decoder forward per step; each row stops by its own
 adaptive stopping (``decoding/entropy_bound.py``) and, when the cycle gathers rows, leaves the later
-forwards. A row commits its last step's argmax canvas.
+forwards. A row commits its last step's argmax canvas. A chunk row (``CycleRow.prefill_to``: a long prompt
+encoded a chunk per cycle, ``prefill_chunk.py``) encodes its prompt up to its chunk's end in the same
+encoder forward, and draws and commits nothing.
 
 What the host and the device exchange in a cycle: one copy for the encoder's forward (its rows' chunks,
 of any lengths, packed into one forward with their positions, slots and attention layout), one for the
@@ -66,6 +68,7 @@ from engine_pod.kinds.canvas.context_cache import (
     context_regions,
 )
 from engine_pod.kinds.canvas.forward import CanvasForward
+from engine_pod.kinds.canvas.prefill_chunk import CanvasChunks
 from engine_pod.kinds.canvas.request_state import CanvasRequest
 from engine_pod.runner.contract import CycleOutput, CycleStats
 from engine_pod.runner.model_interface import ServedModel
@@ -87,7 +90,7 @@ IGNORED = {  # engine options that mean nothing for this family
 class _CanvasCycle:
     """One cycle's state between its steps."""
 
-    blocks: list[list[int]]  # per row: its committed canvas (padding until it stops)
+    blocks: list[list[int] | None]  # per row: its committed canvas (padding until it stops; chunk rows None)
     steps: list[int]
     stats: CycleStats
     running: list[int] = field(default_factory=list)  # the rows still sampled
@@ -95,6 +98,7 @@ class _CanvasCycle:
     forward: CanvasForward | None = None
     limit: int = 0  # the most steps a row's canvas takes
     grammar: object | None = None  # its constrained rows (decoding/grammar/rows.py; None: none)
+    chunks: CanvasChunks = field(default_factory=CanvasChunks)  # its chunk rows (prefill_chunk.py)
 
 
 class CanvasStepper:
@@ -104,6 +108,7 @@ class CanvasStepper:
     shares_blocks = False
     staggers_refreshes = False  # an exact context cache: nothing to refresh
     prefix_cache_stats = None
+    chunks_prefill = True  # the encoder's keys and values are final: a long context encodes a chunk a cycle
 
     def __init__(self, loaded: ServedModel, decoding: DecodingConfig, pool_tokens: int | None = None) -> None:
         config = loaded.config
@@ -139,15 +144,24 @@ class CanvasStepper:
         self.grammars = GrammarSource(loaded)
 
     def begin(self, cycle: SchedulerOutput) -> _CanvasCycle:
-        """Released requests give their pages back; every computed row's pending context is encoded, and
-        its canvas drawn (the decoder's layout and the rows' sampler settings in one copy)."""
+        """Released requests give their pages back; every computed row's pending context is encoded (a
+        chunk row's up to its chunk's end), and every other computed row's canvas drawn (the decoder's
+        layout and the rows' sampler settings in one copy)."""
         self._release(cycle.released, set(cycle.preempted))
         self._check_budget(cycle.rows)
         rows = list(zip(cycle.request_ids, cycle.rows))
         computed = [i for i, (_, row) in enumerate(rows) if row.active or not cycle.gather_rows]
         states = {i: self._state(*rows[i]) for i in computed}
-        encoded = self._encode([(states[i], rows[i][1].prefix_ids) for i in computed])
-        return self._start(cycle, states, encoded)
+        chunks = CanvasChunks.of(cycle.rows, computed)
+        ends = {i: chunks.end(cycle.rows[i]) for i in computed}
+        new = {i: ends[i] - len(states[i].encoded) for i in computed}
+        canvases = sum(1 for i in computed if i not in chunks.rows and cycle.rows[i].active)
+        stats = CycleStats()
+        chunk_tokens = sum(new[i] for i in chunks.rows)
+        chunks.count(chunk_tokens, sum(new.values()), canvases * self.decoding.block_length, stats)
+        encoded = self._encode([(states[i], rows[i][1].prefix_ids[: ends[i]]) for i in computed])
+        canvases = {i: state for i, state in states.items() if i not in chunks.rows}
+        return self._start(cycle, canvases, encoded, chunks, stats)
 
     def most_steps(self, state: _CanvasCycle) -> int:
         return state.limit
@@ -199,9 +213,9 @@ class CanvasStepper:
         return state
 
     def _encode(self, work: list[tuple[CanvasRequest, tuple[int, ...]]]) -> int:
-        """Encode every request's pending chunks, each request's in order: the chunks of one round (every
-        request's first, then the rebuilt requests' next) in one packed encoder forward. Returns the
-        tokens encoded."""
+        """Encode every request's pending chunks of the context it is given (a chunk row's: its prefix up
+        to its chunk's end), each request's in order: the chunks of one round (every request's first, then
+        the rebuilt requests' next) in one packed encoder forward. Returns the tokens encoded."""
         queues = [(state, state.pending(prefix)) for state, prefix in work]
         for state, _ in queues:
             if not state.encoded:
@@ -218,16 +232,22 @@ class CanvasStepper:
             round_ += 1
         return encoded
 
-    def _start(self, cycle: SchedulerOutput, states: dict[int, CanvasRequest], encoded: int) -> _CanvasCycle:
-        """Every computed row's canvas, to be stepped together until each stops; rows that stopped leave
-        the forwards when the cycle gathers rows. The host sends the batch's layout and the rows' sampler
-        settings in one copy."""
+    def _start(
+        self,
+        cycle: SchedulerOutput,
+        states: dict[int, CanvasRequest],
+        encoded: int,
+        chunks: CanvasChunks,
+        stats: CycleStats,
+    ) -> _CanvasCycle:
+        """Every computed row's canvas (``states``: the rows that are no chunk rows), to be stepped
+        together until each stops; rows that stopped leave the forwards when the cycle gathers rows. The
+        host sends the batch's layout and the rows' sampler settings in one copy. A chunk row commits
+        nothing (None)."""
         L, R = self.decoding.block_length, len(cycle.rows)
-        state = _CanvasCycle(
-            [[self.pad_id] * L for _ in range(R)],
-            [0] * R,
-            CycleStats(computed_positions=encoded, useful_positions=encoded),
-        )
+        stats.computed_positions = stats.useful_positions = encoded
+        blocks = [None if i in chunks.rows else [self.pad_id] * L for i in range(R)]
+        state = _CanvasCycle(blocks, [0] * R, stats, chunks=chunks)
         computed = list(states)
         running = [i for i in computed if cycle.rows[i].active]  # the rows sampled
         if not running:
@@ -264,6 +284,8 @@ class CanvasStepper:
         state.stats.computed_positions += forward.rows * L
         state.stats.useful_positions += len(running) * L
         result = entropy_bound_step(state.rows, logits, grammar)
+        if step == 0:
+            state.chunks.first_step_read(state.stats)
         grammar_hooks.walk(state.grammar, running, result)
         for place, i in enumerate(running):
             state.steps[i] += 1
