@@ -65,7 +65,7 @@ class _Run:
                 self.sent[rid],
                 at,
                 self.first_block.get(rid),
-                completion_tokens(request.generated, eos),
+                completion_tokens(request.generated[: request.max_tokens], eos),  # a client's: cut to the ask
                 scheduled,
             )
         return result.finished
