@@ -21,6 +21,7 @@ from typing import Protocol
 import torch
 
 from engine_pod.models.attention_backends import ragged_attention
+from engine_pod.models.gather_scratch import GatherScratch
 from engine_pod.models.paged_kv import PagedKVPool
 from engine_pod.models.ragged import Box, RaggedAttention
 
@@ -62,11 +63,15 @@ class PoolRange:
 
 @dataclass(frozen=True)
 class PoolSlots:
-    """The entries at ``slots`` [Nk], gathered (pages anywhere in the pool)."""
+    """The entries at ``slots`` [Nk], gathered (pages anywhere in the pool): into the pool's ``scratch``
+    where it is given (models/gather_scratch.py), else into a new tensor."""
 
     slots: torch.Tensor
+    scratch: GatherScratch | None = None
 
     def read(self, stored: torch.Tensor | None, own: torch.Tensor) -> torch.Tensor:
+        if self.scratch is not None:
+            return self.scratch.gather(_stored(stored), self.slots)
         return _stored(stored).index_select(0, self.slots)
 
 

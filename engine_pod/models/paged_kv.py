@@ -24,6 +24,7 @@ import torch
 from engine_pod.device_buffers import DeviceBuffers
 from engine_pod.host_bundle import to_device
 from engine_pod.models.config import ModelConfig
+from engine_pod.models.gather_scratch import GatherScratch
 
 
 class PoolExhausted(RuntimeError):
@@ -58,6 +59,7 @@ class PagedKVPool:
         self.reclaim: Callable[[int], None] | None = None  # frees at least n pages if it can
         # the lists of the batches over this pool, sent in named regions (a runner sizes them: ``reserve``)
         self.buffers = DeviceBuffers(device)
+        self.gather_scratch = GatherScratch()  # where forwards gather their keys and values on a CPU
 
     @property
     def free_pages(self) -> int:

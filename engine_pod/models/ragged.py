@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from engine_pod.models.attention_rules import BIDIRECTIONAL, DEFAULT_STYLE, Masking, SdpaStyle
+from engine_pod.models.block_chunks import block_chunks
 from engine_pod.models.sdpa import attend, expand_heads
 from engine_pod.models.window_chunks import WindowChunk, sdpa_by_chunks, window_chunks
 
@@ -106,7 +107,8 @@ class _Group:
     shape: tuple[int, int, int]  # (Rg, Tq, Tk)
     mask: torch.Tensor | None = None  # [Tq, Tk] shared by the group's rows (Masking.group_mask)
     causal: bool = False  # SDPA's is_causal stands for the mask
-    chunks: tuple[WindowChunk, ...] = ()  # a long sliding-window group's SDPA calls (models/window_chunks.py)
+    # a long sliding-window or block-causal group's SDPA calls (models/window_chunks.py, block_chunks.py)
+    chunks: tuple[WindowChunk, ...] = ()
 
 
 def _grouped_rows(spans: RowSpans, exact: bool) -> list[list[int]]:
@@ -206,7 +208,9 @@ class RaggedAttention:
         if keys is None:
             keys, valid = _index(k_start, k_len, device)
             k_valid = None if min(k_len) == max(k_len) else valid
-        chunks = window_chunks(self.masking, shape[1], shape[2], device)
+        chunks = window_chunks(self.masking, shape[1], shape[2], device) or block_chunks(
+            self.masking, shape[1], shape[2], device
+        )
         mask, causal = (None, False) if chunks else self.masking.group_mask(shape[1], shape[2], device)
         queries = _contiguous(q_start, q_len)
         if queries is not None:
@@ -265,13 +269,15 @@ class RaggedAttention:
         chunks' calls, each under its own mask."""
         heads, style = q.shape[1], self.style
         masked = group.mask is not None or bool(group.chunks)
-        native_gqa = style.native_gqa and not masked and heads != k.shape[1]
+        native_gqa = heads != k.shape[1] and (
+            (style.native_gqa and not masked) or (self.masking.block > 0 and q.device.type == "cpu")
+        )
         if not native_gqa:
             k, v = expand_heads(k, heads), expand_heads(v, heads)
         if style.head_major:
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         if group.chunks:
-            return sdpa_by_chunks(q, k, v, group.chunks, style.scale)
+            return sdpa_by_chunks(q, k, v, group.chunks, style.scale, native_gqa)
         mask = None if group.mask is None else group.mask[None, None]
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, scale=style.scale, is_causal=group.causal, enable_gqa=native_gqa

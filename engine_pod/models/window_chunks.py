@@ -37,13 +37,14 @@ CHUNKED_ABOVE = 3 * KEY_BLOCK
 @dataclass(frozen=True)
 class WindowChunk:
     """One SDPA call of a chunked row: queries ``[q_start, q_end)`` of the row's, over its keys
-    ``[k_start, k_end)`` under ``mask`` [queries, keys]."""
+    ``[k_start, k_end)`` under ``mask`` [queries, keys] (a block's queries: [1, keys] that they share, or
+    None where they see every key of the call)."""
 
     q_start: int
     q_end: int
     k_start: int
     k_end: int
-    mask: torch.Tensor
+    mask: torch.Tensor | None
 
 
 def query_block(queries: int) -> tuple[int, int]:
@@ -78,10 +79,16 @@ def window_chunks(masking: Masking, queries: int, keys: int, device: torch.devic
 
 
 def sdpa_by_chunks(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunks: tuple[WindowChunk, ...], scale: float | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    chunks: tuple[WindowChunk, ...],
+    scale: float | None,
+    gqa: bool = False,
 ) -> torch.Tensor:
-    """q [R, H, Tq, hd] over k/v [R, H, Tk, hd] (heads expanded), one SDPA call per chunk -> [R, H, Tq, hd],
-    laid out as one SDPA call lays its output out (token-major underneath)."""
+    """q [R, H, Tq, hd] over k/v [R, H, Tk, hd] (heads expanded; ``gqa``: grouped [R, Hkv, Tk, hd], SDPA's
+    ``enable_gqa``), one SDPA call per chunk -> [R, H, Tq, hd], laid out as one SDPA call lays its output out
+    (token-major underneath). A chunk's mask is [queries or 1, keys] (None: every key)."""
     rows, heads, tokens, _ = q.shape
     out = q.new_empty(rows, tokens, heads, v.shape[-1]).transpose(1, 2)
     for chunk in chunks:
@@ -89,7 +96,8 @@ def sdpa_by_chunks(
             q[:, :, chunk.q_start : chunk.q_end],
             k[:, :, chunk.k_start : chunk.k_end],
             v[:, :, chunk.k_start : chunk.k_end],
-            attn_mask=chunk.mask[None, None],
+            attn_mask=None if chunk.mask is None else chunk.mask[None, None],
             scale=scale,
+            enable_gqa=gqa,
         )
     return out

@@ -83,7 +83,7 @@ def dense_forward(step: StepQueries, pool: PagedKVPool) -> tuple[ForwardBatch, S
     pick_r, pick_k = step.masked()
     offsets = widths_on_device - L
     plan = RaggedAttention.over_box(Box(rows, queries, keys, mask), device)
-    layout = KeyLayout(plan, PoolSlots(key_slots.flatten()))
+    layout = KeyLayout(plan, PoolSlots(key_slots.flatten(), pool.gather_scratch))
     forward = ForwardBatch(tokens, positions, {None: layout}, pool, write.flatten())
     return forward, (pick_r, offsets[pick_r] + pick_k)
 
@@ -136,7 +136,8 @@ def packed_forward(step: StepQueries, pool: PagedKVPool) -> tuple[ForwardBatch, 
         offsets = _rows_planned(step, plan, keys, pool)
         laid_out = _rows_laid_out(step, order, ends)
     tokens, positions, write, key_slots = laid_out
-    forward = ForwardBatch(tokens, positions, {None: KeyLayout(plan, PoolSlots(key_slots))}, pool, write[0])
+    layout = KeyLayout(plan, PoolSlots(key_slots, pool.gather_scratch))
+    forward = ForwardBatch(tokens, positions, {None: layout}, pool, write[0])
     pick_r, pick_k = step.masked()
     return forward, (torch.zeros_like(pick_r), offsets[pick_r] + pick_k)
 
