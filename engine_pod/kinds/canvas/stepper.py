@@ -67,6 +67,7 @@ from engine_pod.kinds.canvas.context_cache import (
     context_pool,
     context_regions,
 )
+from engine_pod.kinds.canvas.encode_rounds import encode_pending
 from engine_pod.kinds.canvas.forward import CanvasForward
 from engine_pod.kinds.canvas.prefill_chunk import CanvasChunks
 from engine_pod.kinds.canvas.request_state import CanvasRequest
@@ -159,7 +160,9 @@ class CanvasStepper:
         stats = CycleStats()
         chunk_tokens = sum(new[i] for i in chunks.rows)
         chunks.count(chunk_tokens, sum(new.values()), canvases * self.decoding.block_length, stats)
-        encoded = self._encode([(states[i], rows[i][1].prefix_ids[: ends[i]]) for i in computed])
+        encoded = encode_pending(
+            self.model, self.pool.buffers, [(states[i], rows[i][1].prefix_ids[: ends[i]]) for i in computed]
+        )
         canvases = {i: state for i, state in states.items() if i not in chunks.rows}
         return self._start(cycle, canvases, encoded, chunks, stats)
 
@@ -211,26 +214,6 @@ class CanvasStepper:
             state.generator.set_state(generator_state)
         self.states[owner] = state
         return state
-
-    def _encode(self, work: list[tuple[CanvasRequest, tuple[int, ...]]]) -> int:
-        """Encode every request's pending chunks of the context it is given (a chunk row's: its prefix up
-        to its chunk's end), each request's in order: the chunks of one round (every request's first, then
-        the rebuilt requests' next) in one packed encoder forward. Returns the tokens encoded."""
-        queues = [(state, state.pending(prefix)) for state, prefix in work]
-        for state, _ in queues:
-            if not state.encoded:
-                state.chunks = []  # recorded again as they are encoded
-        encoded, round_ = 0, 0
-        while any(round_ < len(chunks) for _, chunks in queues):
-            group = [(state, chunks[round_]) for state, chunks in queues if round_ < len(chunks)]
-            chunks, caches = [chunk for _, chunk in group], [state.cache for state, _ in group]
-            self.model.encode_chunks(chunks, caches, self.pool.buffers)
-            for state, chunk in group:
-                state.encoded += chunk
-                state.chunks.append(len(chunk))
-                encoded += len(chunk)
-            round_ += 1
-        return encoded
 
     def _start(
         self,
