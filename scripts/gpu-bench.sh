@@ -24,7 +24,8 @@
 #                    limit), BlockServe dense, dLLM-Serve dense and dLLM-Serve with the uniform head-sparse
 #                    cache at retention 0.5 and 0.3 (SPARSE_POLICY=..., SPARSE_RATE, SPARSE_REQUESTS): rows
 #                    resident per cycle, tokens/s, latencies, refresh share and peak memory, a table only
-#                    (a lease brings back eight files)
+#                    (a lease brings back eight files); every run in one process, as on a GPU (on a CPU
+#                    rehearsal the peak is then the process's since it started)
 #   7. llada2/         the profile and the fixed-steps bench for a random model of the LLaDA2.0-mini shape
 #                    (block diffusion, 256 experts; its exact KV cache sized by the profiled budget),
 #                    BlockServe against static batching (skip with BLOCK_MODEL=)
@@ -133,7 +134,7 @@ if [ -n "$sparse_policies" ]; then
   step "bench, one memory limit, Poisson arrivals ($workload: $sparse_policies)"
   timeout "${BENCH_TIMEOUT:-330}" "$python" -m engine_pod.cli.main bench --model "$model" --device "$device" \
     --dtype "$dtype" --profile "$out/profile.json" --workload "$workload" --policy "$sparse_policies" \
-    --arrival-rate "${SPARSE_RATE:-4}" --requests "${SPARSE_REQUESTS:-32}" \
+    --arrival-rate "${SPARSE_RATE:-4}" --requests "${SPARSE_REQUESTS:-32}" --no-isolate \
     | tee -a "$out/summary.txt" || status=$?
 fi
 

@@ -143,6 +143,7 @@ def generate_and_bench(root: Path, model: str) -> None:
         workload,
         "--policy",
         "static,blockserve",
+        "--no-isolate",  # both policies in one process: the tokens are compared, not peaks
         "--json",
         str(report),
     )

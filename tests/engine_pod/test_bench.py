@@ -204,10 +204,12 @@ def test_pinned_bench_runs_the_engine_on_one_core_and_the_serving_path_on_the_ot
 
 
 def _online_bench(model, out, *load: str) -> list[str]:
+    """Eight requests (every family of the workload) under each load; the engine-alone runs in this process
+    (a run in a process of its own: ``test_bench_online_peak``)."""
     return [
-        "bench", "--model", str(model), "--workload", "heterogeneous", "--requests", "16",
+        "bench", "--model", str(model), "--workload", "heterogeneous", "--requests", "8",
         "--policy", "sequential,static,blockserve,gateway", "--token-budget", "2048",
-        "--block-length", "8", "--steps-per-block", "8", "--json", str(out), *load,
+        "--block-length", "8", "--steps-per-block", "8", "--no-isolate", "--json", str(out), *load,
     ]  # fmt: skip
 
 
@@ -220,7 +222,7 @@ def test_online_bench_runs_every_policy_on_the_same_arrivals(model, tmp_path):
     tokens = set()
     for name, by_load in report["runs"].items():
         for label, metrics in by_load.items():
-            assert metrics["requests"] == 16, (name, label)
+            assert metrics["requests"] == 8, (name, label)
             assert set(metrics["latency_by_family_s"]) == {"count", "needle", "countdown", "letters"}
             assert 0 < metrics["first_block_s"]["p50"] <= metrics["latency_s"]["p99"]
             assert (metrics["queue_wait_s"] is None) == (name == "gateway")

@@ -33,7 +33,9 @@ def test_sparse_dllm_serve_keeps_more_rows_resident_at_the_same_budget(tmp_path)
     assert sparse["rows_resident_mean_waiting"] > dense["rows_resident_mean_waiting"]
     for run in (dense, sparse):
         assert 0.7 < run["rows_resident_mean_waiting"] / run["rows_the_budget_holds"] <= 1.0
-    assert sparse["rows_resident_max"] >= dense["rows_resident_max"]  # a peak: arrivals' timing can tie it
+    # (the peaks, rows_resident_max, are not compared: one cycle's rows follow the arrivals' timing, and a
+    # dense cycle of short rows can outnumber every sparse one; the means under waiting above are the
+    # guarantee, and fail when the sparse run admits rows at their dense width)
     assert 0 < sparse["peak_kv_kept_bytes"] < sparse["peak_kv_dense_bytes"]
     assert dense["peak_kv_kept_bytes"] == dense["peak_kv_dense_bytes"] > 0
     assert "dllm-serve:uniform@0.3" in done.stdout and "rows mean" in done.stdout

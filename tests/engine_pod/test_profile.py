@@ -4,7 +4,6 @@ that keeps BlockServe under the memory limit, and clear failures."""
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 import torch
@@ -19,41 +18,16 @@ from engine_pod.decoding.config import DecodingConfig
 from engine_pod.device_memory import cpu_model
 from engine_pod.profiling.fit import MemoryFit
 from engine_pod.profiling.profiler import CORRECTION_MARGIN, _corrected_budget
+from tests.engine_pod.shared_profiles import SMALL_MAX_TOKENS, scored_small_profile
 
 MAX_TOKENS = 4096  # with a 1 GiB limit: a grid wide enough for a fit that predicts held-out shapes
-SMALL_MAX_TOKENS = 384  # CI's profile: the smallest grid (two shapes fit, two held out), a budget
 
 
-class _Lines(logging.Handler):
-    """What `dllm profile` logged (its warnings reach the terminal through the root logger)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def _profile(out, max_tokens: int, memory_limit: str) -> tuple[dict, str, list[str]]:
-    argv = [  # the default model
-        "profile",
-        "--memory-limit",
-        memory_limit,
-        "--max-tokens",
-        str(max_tokens),
-        "--json",
-        str(out / "p.json"),
-        "--termination-log",
-        str(out / "term"),
-    ]
-    logged = _Lines()
-    logging.getLogger().addHandler(logged)
-    try:
-        assert main(argv) == 0
-    finally:
-        logging.getLogger().removeHandler(logged)
-    return json.loads((out / "p.json").read_text()), (out / "term").read_text(), logged.lines
+def _profile(out, max_tokens: int, memory_limit: str) -> tuple[dict, str]:
+    argv = ["profile", "--memory-limit", memory_limit, "--max-tokens", str(max_tokens)]  # the default model
+    argv += ["--json", str(out / "p.json"), "--termination-log", str(out / "term")]
+    assert main(argv) == 0
+    return json.loads((out / "p.json").read_text()), (out / "term").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +38,15 @@ def profile(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small_profile(tmp_path_factory):
-    """A smaller limit too: the budget measured at its own size stays small."""
-    return _profile(tmp_path_factory.mktemp("small-profile"), SMALL_MAX_TOKENS, "600M")
+    """A smaller limit too (600 MiB): the budget measured at its own size stays small. The run's one small
+    profile, which scored the heads too (``test_profile_heads`` reads it)."""
+    path, termination, logged = scored_small_profile(tmp_path_factory)
+    return json.loads(path.read_text()), termination, logged
 
 
 @pytest.mark.slow
 def test_profile_measures_a_grid_and_fits_it(profile):
-    result, _, _ = profile
+    result, _ = profile
     fitted = [p for p in result["points"] if not p["held_out"]]
     assert len(fitted) >= 5 and len({(p["rows"], p["width"]) for p in fitted}) == len(fitted)
     assert max(p["tokens"] for p in fitted) <= MAX_TOKENS
@@ -82,7 +58,7 @@ def test_profile_measures_a_grid_and_fits_it(profile):
 
 @pytest.mark.slow
 def test_fit_predicts_held_out_shapes_within_ten_percent(profile):
-    result, _, _ = profile
+    result, _ = profile
     assert result["held_out"], "the profile must measure shapes it did not fit"
     for point in result["held_out"]:
         assert point["relative_error"] <= 0.10, point
@@ -103,7 +79,7 @@ def test_the_termination_message_is_the_summary_the_operator_reads(small_profile
 
 @pytest.mark.slow
 def test_blockserve_at_the_profiled_budget_stays_under_the_limit(profile):
-    result, _, _ = profile
+    result, _ = profile
     fit = result["fit"]
     model_fit = MemoryFit(result["weights_bytes"], fit["intercept_bytes"], fit["bytes_per_token"], 1.0, 0.0)
     limit = int(model_fit.predict(3000) / 0.9)  # a memory limit whose 90% holds about 3000 batch tokens

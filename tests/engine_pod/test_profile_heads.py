@@ -10,33 +10,22 @@ import pytest
 from dllm_contracts.profile_summary import ProfileSummary, read_termination_message
 from engine_pod.cli.common import decoding_config
 from engine_pod.cli.main import build_parser, main
+from tests.engine_pod.shared_profiles import HEADS_EXAMPLES, scored_small_profile
 from tests.serving.serve_process import openai_client, running
-
-EXAMPLES = "8"  # calibration examples: enough to score the shipped model's heads, quick on CI's cores
 
 
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory):
-    """A small profile of the shipped model that scored its heads, and its termination message."""
-    out = tmp_path_factory.mktemp("scored")
-    # the smallest grid (four shapes): what is tested here is what the profile records, not its fit
-    argv = ["profile", "--memory-limit", "600M", "--max-tokens", "384", "--threads", "1", "--score-heads"]
-    argv += [
-        "--heads-examples",
-        EXAMPLES,
-        "--json",
-        str(out / "p.json"),
-        "--termination-log",
-        str(out / "term"),
-    ]
-    assert main(argv) == 0
-    return out / "p.json", (out / "term").read_text()
+    """The run's small profile of the shipped model that scored its heads, and its termination message
+    (``test_profile`` reads the same one)."""
+    path, termination, _ = scored_small_profile(tmp_path_factory)
+    return path, termination
 
 
 def test_the_profile_stores_what_dllm_heads_scores(scored, tmp_path):
     path, termination = scored
     heads = tmp_path / "heads.json"
-    assert main(["heads", "--examples", EXAMPLES, "--threads", "1", "--out", str(heads)]) == 0
+    assert main(["heads", "--examples", HEADS_EXAMPLES, "--threads", "1", "--out", str(heads)]) == 0
     assert json.loads(path.read_text())["head_importance"] == json.loads(heads.read_text())
     # the operator's summary stays the budget's alone
     assert "head_importance" not in termination
