@@ -53,8 +53,8 @@ class _Run:
         self.unadmitted = [r for r in self.unadmitted if r.first_scheduled_time is None]
         if self.unadmitted and self.engine.records:
             self.waited_at.append(len(self.engine.records) - 1)
-        for request_id, row in zip(result.output.request_ids, result.output.rows):
-            if row.active:
+        for request_id, row, block in zip(result.output.request_ids, result.output.rows, result.blocks):
+            if row.active and block is not None:  # committed (a chunk or carried block is not yet)
                 self.first_block.setdefault(request_id, at)
         eos = self.engine.runner.loaded.config.eos_token_ids
         for request in result.finished:

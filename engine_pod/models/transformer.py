@@ -114,6 +114,21 @@ class DiffusionTransformer(nn.Module):
         hidden = self.layers[-1](hidden, cos, sin, batch, select[1])
         return SelectedHidden(self.norm(hidden[0]), self.lm_head, self.logit_budget)
 
+    def forward_layers(
+        self, batch: ForwardBatch, hidden: torch.Tensor | None, start: int, end: int, last: torch.Tensor
+    ) -> torch.Tensor:
+        """Layers ``[start, end)`` of ``batch``'s forward (a refresh split across cycles), from ``hidden``,
+        the states entering layer ``start`` (None: the tokens' embedding), each writing its keys and values
+        where the batch says; the states leaving layer ``end - 1``. The model's last layer computes only the
+        packed positions ``last`` (its keys and values are every position's, as ``forward_batch``'s)."""
+        if hidden is None:
+            hidden = self.embed_tokens(batch.tokens)
+        cos, sin = self.rotary.cos_sin(batch.positions, hidden.dtype)
+        final = len(self.layers) - 1
+        for index in range(start, end):
+            hidden = self.layers[index](hidden, cos, sin, batch, last if index == final else None)
+        return hidden
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Plain batch-1-style forward over unpadded rows: logits for every token."""
         rows, tokens = input_ids.shape

@@ -129,11 +129,12 @@ class Runner(Protocol):
         ...
 
 
-def scheduling_facts(runner: Runner) -> dict[str, bool]:
+def scheduling_facts(runner: Runner) -> dict[str, bool | int]:
     """What a scheduler is built knowing about the runner's model (keyword arguments of every scheduler):
     whether its blocks sit on the absolute grid, whether the runner shares rows' common whole blocks."""
     return {
         "grid_aligned": runner.grid_aligned,
         "shares_blocks": runner.shares_blocks,
         "chunks_prefill": getattr(runner, "chunks_prefill", False),
+        "refresh_layers": getattr(runner, "refresh_layers", 0),
     }

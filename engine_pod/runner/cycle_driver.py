@@ -102,6 +102,12 @@ class CycleRunner:
         return getattr(self.stepper, "chunks_prefill", False)
 
     @property
+    def refresh_layers(self) -> int:
+        """Layers a dual-cache row's refresh may be split over across cycles (scheduler/split_refresh.py;
+        0: every refresh is computed whole)."""
+        return getattr(self.stepper, "refresh_layers", 0)
+
+    @property
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         return self.stepper.prefix_cache_stats
 

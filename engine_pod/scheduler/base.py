@@ -40,6 +40,7 @@ class Scheduler:
         grid_aligned: bool = False,
         shares_blocks: bool = False,
         chunks_prefill: bool = False,
+        refresh_layers: int = 0,
     ) -> None:
         """``grid_aligned``: the model's blocks sit on the absolute grid of ``block_length`` (block-diffusion
         models); ``shares_blocks``: its runner shares rows' common whole blocks (a prefix cache). Both are
@@ -53,6 +54,7 @@ class Scheduler:
         self.grid_aligned = grid_aligned
         self.shares_blocks = shares_blocks
         self.chunks_prefill = chunks_prefill  # the runner computes a prompt's prefix a chunk at a time
+        self.refresh_layers = refresh_layers  # layers a row's refresh may be split over (0: never split)
         self._in_rows: list[str] = []  # the requests behind the last cycle's rows, in row order
 
     def row_width_of(self, row: CycleRow) -> int:

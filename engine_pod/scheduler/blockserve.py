@@ -26,14 +26,18 @@ request is one this scheduler admits.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from dllm_contracts.scheduler_config import SchedulerConfig, raise_problems
 from engine_pod.scheduler.base import ClaimPlan, Scheduler
 from engine_pod.scheduler.box import BatchBox
+from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
 from engine_pod.scheduler.pending_queue import PendingQueue
 from engine_pod.scheduler.prefill_chunks import PrefillChunks, prefill_chunk_tokens
 from engine_pod.scheduler.request import Request, RequestError, RequestState
 from engine_pod.scheduler.shared_blocks import PinnedBlocks, block_keys, shared_tokens
+from engine_pod.scheduler.split_refresh import SplitRefreshes
 
 
 class BlockServeScheduler(Scheduler):
@@ -46,6 +50,8 @@ class BlockServeScheduler(Scheduler):
         self.pinned = PinnedBlocks()  # warm prefixes' blocks, held by the runner's prefix cache for good
         chunk = prefill_chunk_tokens(config.prefill_chunk, block_length, config.token_budget)
         self.chunks = PrefillChunks(chunk if self.chunks_prefill else 0, block_length)
+        # a dual-cache row wider than the chunk refreshes a few layers per cycle (packed rows only)
+        self.splits = SplitRefreshes(chunk if self.packed else 0, self.refresh_layers)
 
     @property
     def token_budget(self) -> int:
@@ -131,7 +137,7 @@ class BlockServeScheduler(Scheduler):
         for request in admitted:
             self._mark_running(request)
             self.active.append(request)
-        rows = [self.row_of(r, self.chunks.chunk_end(r)) for r in self.active]
+        rows = [self._split(r, self.row_of(r, self.chunks.chunk_end(r))) for r in self.active]
         widths = [self.row_width_of(row) for row in rows]
         return SchedulerOutput(
             request_ids=[r.request_id for r in self.active],
@@ -144,6 +150,11 @@ class BlockServeScheduler(Scheduler):
             preempted=[r.request_id for r in preempted],
         )
 
+    def _split(self, request: Request, row: CycleRow) -> CycleRow:
+        """``row`` with its refresh's split (scheduler/split_refresh.py), where it has one."""
+        split = self.splits.split_of(request.request_id, self.row_width_of(row))
+        return replace(row, refresh_split=split) if split[1] else row
+
     def _preempt_overflow(self) -> list[Request]:
         preempted = []
         while len(self.active) > 1 and self._box_of(self.active).cost > self.token_budget:
@@ -151,6 +162,7 @@ class BlockServeScheduler(Scheduler):
             victim.state = RequestState.PREEMPTED
             victim.num_preemptions += 1
             self.chunks.forget(victim.request_id)
+            self.splits.forget(victim.request_id)
             self.pending.push(victim)
             preempted.append(victim)
         return preempted
@@ -239,6 +251,7 @@ class BlockServeScheduler(Scheduler):
 
     def _withdraw(self, request: Request) -> None:
         self.chunks.forget(request.request_id)
+        self.splits.forget(request.request_id)
         if request in self.active:
             self.active.remove(request)
         elif self.pending.find(request.request_id) is not None:
@@ -247,7 +260,13 @@ class BlockServeScheduler(Scheduler):
     def _after_update(self, output: SchedulerOutput, finished: list[Request]) -> None:
         done = {r.request_id for r in finished}
         self.active = [r for r in self.active if r.request_id not in done]
+        for request_id in done:
+            self.splits.forget(request_id)
         for request_id, row in zip(output.request_ids, output.rows):
+            request = self.requests.get(request_id)
+            if request_id not in done and request is not None:
+                committed = len(request.prompt_ids) + len(request.generated) > len(row.prefix_ids)
+                self.splits.ran(request_id, row.refresh_split, committed)
             if row.prefill_to:
                 self.chunks.ran(request_id, row.prefill_to)
             elif request_id in self.chunks.done:

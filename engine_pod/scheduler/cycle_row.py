@@ -23,6 +23,10 @@ class CycleRow:
     # > 0: a chunk row (scheduler/prefill_chunks.py): compute the keys and values of ``prefix_ids`` up to
     # here (whole blocks), decode nothing, commit nothing
     prefill_to: int = 0
+    # (pieces done, pieces) where a dual-cache row's refresh is split across cycles (scheduler/split_refresh.py;
+    # (0, 0): computed whole): done < pieces, the cycle computes the next piece of its layers and the row
+    # commits nothing; done == pieces, the row decodes its block over the cache its pieces computed
+    refresh_split: tuple[int, int] = (0, 0)
 
     @property
     def width(self) -> int:

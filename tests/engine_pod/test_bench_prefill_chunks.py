@@ -67,3 +67,26 @@ def test_bad_chunk_sizes_are_refused_in_one_line(chunks, message, capsys):
 def test_several_chunk_sizes_need_an_online_load(capsys):
     assert main([*BENCH, "--prefill-chunk", "off,512"]) == 2
     assert "several sizes compare online loads" in capsys.readouterr().err
+
+
+def test_llada_bench_splits_a_long_rows_refresh_and_its_first_block_is_its_committed_one(tmp_path):
+    """LLaDA: a 600-token prompt's refresh in 3 pieces (632 positions over chunks of 256; 4 layers), one a
+    cycle, then its one block: its first block is the cycle that committed it (its latency), not a piece's."""
+    out = tmp_path / "llada.json"
+    trace = tmp_path / "t.jsonl"
+    lines = [{"id": f"s{i}", "prompt_tokens": 40 + i, "max_tokens": BLOCK, "task": "short"} for i in range(3)]
+    lines.insert(1, {"id": "l0", "prompt_tokens": 600, "max_tokens": BLOCK, "task": "long"})
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = [
+        "bench", "--model", "random:llada-tiny", "--threads", "1", "--workload", str(trace),
+        "--arrival-rate", "400", "--policy", "blockserve", "--prefill-chunk", "off,256",
+        "--token-budget", "4096", "--json", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    (off,) = report["runs"]["blockserve chunk off"].values()
+    (on,) = report["runs"]["blockserve chunk 256"].values()
+    assert "prefill_chunks" not in off and on["prefill_chunks"] == 3
+    assert off["generated_tokens"] == on["generated_tokens"]
+    long_first, long_latency = on["first_block_by_family_s"]["long"], on["latency_by_family_s"]["long"]
+    assert long_first["max"] == pytest.approx(long_latency["max"], abs=1e-3)

@@ -32,8 +32,9 @@ OWNER = "cycle-cache"  # the run's owner in the runner's pool (one cycle at a ti
 class CycleCache:
     """One cycle's dual cache: its run in the pool, and where each row's positions are in it."""
 
-    def __init__(self, pools: CycleCachePool | None, heads=None) -> None:
+    def __init__(self, pools: CycleCachePool | None, heads=None, owner: str = OWNER) -> None:
         self.pools = pools  # where its run is reserved; None: no pool
+        self.owner = owner  # its run's owner in the pool (a split refresh's run is its request's)
         self.heads = heads  # head-sparse: the runner's HeadSparse (head_sparse/store.py)
         self.store = None  # head-sparse: this cycle's CycleStore, made by the refresh
         self.owners: list[str] = []  # head-sparse: the request behind each row
@@ -56,7 +57,7 @@ class CycleCache:
         if self.pools is None or self.heads is not None:  # head-sparse: its stores hold what is kept
             self.base, self.total = 0, places
             return
-        self.pool, self.base = self.pools.reserve_run(OWNER, places)
+        self.pool, self.base = self.pools.reserve_run(self.owner, places)
         self.total = places
 
     def release(self) -> None:
@@ -65,7 +66,7 @@ class CycleCache:
             self.store.release()
         self.store = None
         if self.pool is not None:
-            self.pool.release(OWNER)
+            self.pool.release(self.owner)
             self.pool = None
 
     def set_packed_layout(

@@ -68,6 +68,16 @@ class RowCarry:
             pool.retain(page)
         self.rows, self.pool, self.pages = dict(zip(owners, rows)), pool, pages
 
+    def adopt(self, owner: str, row: CarriedRow, pool: PagedKVPool) -> None:
+        """Carry ``row`` (of request ``owner``) into the next cycle beside those carried already: its entries'
+        pages held here too (a split refresh's run, split_refresh.py, which its owner gives back)."""
+        if self.pool is not None and pool is not self.pool:
+            raise RuntimeError("a row's entries are in another pool than the carried rows'; this is a bug")
+        for page in _pages(row, pool.page_size):
+            pool.retain(page)
+            self.pages.append(page)
+        self.rows[owner], self.pool = row, pool
+
     def columns(self, owners: list[str]) -> tuple[list[list[int] | None], list[list[int]]]:
         """For a cycle's rows (by request): each resumed row's block (None: a fresh block) and the
         ``RESUME_COLUMNS`` integers the box's copy sends for every row."""

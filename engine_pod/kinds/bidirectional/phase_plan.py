@@ -40,13 +40,17 @@ def plan_phases(
     interval: int,
     quota: int | None,
     delay: int = 0,
+    ready: torch.Tensor | None = None,
 ) -> PhasePlan:
     """The step's phases of the rows ``going_on`` [R], by their ``forwards`` in their block so far, the
     steps they ``waited`` for a refresh and their refresh ``widths`` [R] (no read of the device); ``delay``:
-    the forwards of a block that refresh before the first that may reuse."""
+    the forwards of a block that refresh before the first that may reuse; ``ready`` [R]: rows whose block's
+    refresh is in their cache already (split across cycles, split_refresh.py): their first forward reuses."""
     due = going_on & (forwards <= delay)
     if interval > 0:
         due = due | (going_on & (forwards % interval == 0))
+    if ready is not None:
+        due = due & ~(ready & (forwards == 0))
     reuse = going_on & ~due
     if quota is None:
         return PhasePlan(due, reuse, torch.zeros_like(due))

@@ -51,6 +51,7 @@ class _BidirectionalCycle:
     phases: object | None = None  # each row's refresh schedule, where the cycle staggers refreshes
     grammar: object | None = None  # its constrained rows (decoding/grammar/rows.py; None: none)
     constrained: torch.Tensor | None = None  # [R] those rows, on the device (sent with their first step)
+    pieces: object | None = None  # rows that computed a refresh piece instead (phase_stepper.py)
 
 
 class BidirectionalStepper:
