@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dllm_contracts.run_rules import BIDIRECTIONAL_NAME
-from engine_pod.kinds.bidirectional.phase_stepper import PhaseStepper
+from engine_pod.kinds.bidirectional.split_stepper import SplitRefreshStepper
 from engine_pod.runner.kind import CacheKind
 from engine_pod.runner.model_interface import TokenModel
 
 BIDIRECTIONAL = CacheKind(
     name=BIDIRECTIONAL_NAME,
-    stepper=PhaseStepper,
+    stepper=SplitRefreshStepper,
     model_interface=TokenModel,
     records_margins=True,
     refreshes=True,

@@ -20,8 +20,7 @@ quota and whatever rows share its steps. The policy's decision must not depend o
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -34,10 +33,9 @@ from engine_pod.kinds.bidirectional.packing import packed_layout, window_inputs
 from engine_pod.kinds.bidirectional.phase_carry import RESUME_COLUMNS, RowCarry
 from engine_pod.kinds.bidirectional.phase_plan import PhasePlan, plan_phases
 from engine_pod.kinds.bidirectional.phase_sparse import KeptRows, count_refresh_bytes, phase_heads
-from engine_pod.kinds.bidirectional.split_refresh import RefreshPieces, is_piece
 from engine_pod.kinds.bidirectional.step_rows import StepRows
 from engine_pod.kinds.bidirectional.stepper import BidirectionalStepper, _BidirectionalCycle
-from engine_pod.runner.contract import CycleOutput, CycleStats
+from engine_pod.runner.contract import CycleOutput
 from engine_pod.scheduler.output import SchedulerOutput
 
 
@@ -76,16 +74,6 @@ class _Phases:
     ready: torch.Tensor | None = None  # [R] rows whose block's refresh is in the cache (split_refresh.py)
 
 
-@dataclass
-class _Pieces:
-    """A cycle's rows that computed a piece of their refresh (split_refresh.py) and decode nothing: where
-    they were among the scheduler's rows; ``output``: the cycle's, where no other row steps."""
-
-    rows: list[int]
-    total: int
-    output: CycleOutput | None = None
-
-
 class PhaseStepper(BidirectionalStepper):
     """The dual-cache stepper, staggering its rows' refreshes where the cycle asks."""
 
@@ -100,28 +88,15 @@ class PhaseStepper(BidirectionalStepper):
         super().__init__(*args, **kwargs)
         self.carry = RowCarry()  # rows carried out of the last cycle (step-level batching)
         self.kept = KeptRows()  # head-sparse: each request's kept entries (phase_sparse.py)
-        self.pieces = RefreshPieces(self)  # long rows' refreshes split across cycles (split_refresh.py)
-
-    @property
-    def refresh_layers(self) -> int:
-        """Layers a row's refresh may be split over across cycles (split_refresh.py): the model's, where
-        refreshes can be staggered over a dense dual cache in the pool and a block's first token is read at
-        its own position (LLaDA; Dream reads it at the position before the block, which only its refresh
-        computes); 0: every refresh is computed whole."""
-        splits = self.heads is None and self.cache_pool is not None and self.staggers_refreshes
-        splits = splits and not self.quirks.logit_shift
-        return self.loaded.config.num_layers if splits and hasattr(self.model, "forward_layers") else 0
 
     def forget(self) -> None:
         super().forget()
         self.carry.forget()
         self.kept.forget()
-        self.pieces.forget()
 
     @staticmethod
     def _phased(cycle: SchedulerOutput) -> bool:
-        """Whether rows run on schedules of their own: a quota, an interval, or a row whose refresh was
-        computed in pieces (its first forward reuses the cache)."""
+        """Whether rows run on schedules of their own: a quota, an interval, or a refresh made in pieces."""
         split = any(row.refresh_split[1] for row in cycle.rows)
         return cycle.refresh_quota is not None or cycle.refresh_interval != 0 or split
 
@@ -133,51 +108,7 @@ class PhaseStepper(BidirectionalStepper):
         blocks, columns = self.carry.columns(list(cycle.request_ids))
         return super()._box(cycle, blocks=blocks, extra=columns)
 
-    def begin(self, cycle: SchedulerOutput) -> _BidirectionalCycle | _Pieces:
-        """The cycle laid out; its piece rows' pieces computed (split_refresh.py), the others' cycle begun
-        (a row whose pieces are in carried into it)."""
-        for owner in cycle.released:
-            self.pieces.drop(owner)
-        pieces = _Pieces([r for r, row in enumerate(cycle.rows) if is_piece(row)], len(cycle.rows))
-        stats = CycleStats()
-        if len(pieces.rows) == pieces.total:  # nothing decodes: the pieces are the cycle
-            for row in cycle.rows:
-                self.pieces.compute(row, stats)
-            L = self.decoding.block_length
-            blocks = [[self.mask_id] * L for _ in cycle.rows]
-            pieces.output = CycleOutput(blocks, [0] * pieces.total, stats, carried=[True] * pieces.total)
-            return pieces
-        if pieces.rows:
-            kept = [r for r in range(pieces.total) if r not in set(pieces.rows)]
-            rows, ids = [cycle.rows[r] for r in kept], [cycle.request_ids[r] for r in kept]
-            decoding = replace(cycle, rows=rows, request_ids=ids)
-        else:
-            decoding = cycle
-        runs = self._adopt_refreshes(decoding)
-        state = self._begin_rows(decoding)
-        for run in runs:
-            run.release()  # the carry copied its entries into the cycle's run
-        began = time.perf_counter()
-        for r in pieces.rows:
-            self.pieces.compute(cycle.rows[r], state.output.stats)
-        if pieces.rows:  # the decoding rows waited for the pieces
-            state.output.stats.chunk_wait_s += time.perf_counter() - began
-        state.pieces = pieces if pieces.rows else None
-        return state
-
-    def _adopt_refreshes(self, cycle: SchedulerOutput) -> list:
-        """Rows whose refresh pieces are all in, carried into the cycle (a row carried out of the last one
-        goes on as it was); the runs their entries are in."""
-        runs = []
-        for owner, row in zip(cycle.request_ids, cycle.rows):
-            done, pieces = row.refresh_split
-            if pieces and done == pieces and owner not in self.carry.rows:
-                carried, run = self.pieces.carried(owner)
-                self.carry.adopt(owner, carried, run.pool)
-                runs.append(run)
-        return runs
-
-    def _begin_rows(self, cycle: SchedulerOutput) -> _BidirectionalCycle:
+    def begin(self, cycle: SchedulerOutput) -> _BidirectionalCycle:
         state = super().begin(cycle)
         if not self._phased(cycle):
             return state
@@ -213,18 +144,14 @@ class PhaseStepper(BidirectionalStepper):
         if cycle.refresh_quota is not None and cycle.refresh_quota < 1:
             raise PhaseScheduleError(f"a refresh quota must be positive, got {cycle.refresh_quota}")
 
-    def most_steps(self, state: _BidirectionalCycle | _Pieces) -> int:
-        if isinstance(state, _Pieces):
-            return 0
+    def most_steps(self, state: _BidirectionalCycle) -> int:
         rows = 1 if state.phases is None else len(state.phases.widths)
         return super().most_steps(state) * rows  # each step moves at least one row on
 
     @torch.no_grad()
-    def going_on(self, state: _BidirectionalCycle | _Pieces, step: int) -> bool:
+    def going_on(self, state: _BidirectionalCycle, step: int) -> bool:
         """The rows' completion, then the next step's plan, made on the device and read with the rows'
-        state in the step's one read (a cycle of pieces only: no step)."""
-        if isinstance(state, _Pieces):
-            return False
+        state in the step's one read."""
         phases = state.phases
         if phases is None:
             return super().going_on(state, step)
@@ -233,16 +160,8 @@ class PhaseStepper(BidirectionalStepper):
             complete = (box.block_tokens() != self.mask_id).all(1)
             capped = complete if self.step_cap is None else complete | (state.steps_taken >= self.step_cap)
             state.done = state.done | capped
-        plan = plan_phases(
-            ~state.done,
-            state.steps_taken,
-            phases.waited,
-            phases.widths_on_device,
-            phases.interval,
-            phases.quota,
-            self.selection_delay,
-            phases.ready,
-        )
+        live, counts = ~state.done, (state.steps_taken, phases.waited, phases.widths_on_device)
+        plan = plan_phases(live, *counts, phases.interval, phases.quota, self.selection_delay, phases.ready)
         masked = box.block_tokens() == self.mask_id
         stack = torch.stack(
             [state.done.long(), masked.sum(1), masked[:, 0].long(), plan.refresh.long(), plan.reuse.long()]
@@ -257,20 +176,9 @@ class PhaseStepper(BidirectionalStepper):
             return False
         return going
 
-    def finish(self, state: _BidirectionalCycle | _Pieces) -> CycleOutput:
+    def finish(self, state: _BidirectionalCycle) -> CycleOutput:
         """The committed blocks; where the cycle ended with rows going on, theirs as far as committed (not
-        committed: ``carried``), their counters read with them and their cache kept (``self.carry``); a
-        piece row's block goes on (``carried``)."""
-        if isinstance(state, _Pieces):
-            return state.output
-        output = self._finish_rows(state)
-        return output if state.pieces is None else _with_pieces(output, state.pieces, self.mask_id)
-
-    def end(self, state: _BidirectionalCycle | _Pieces) -> None:
-        if not isinstance(state, _Pieces):
-            super().end(state)
-
-    def _finish_rows(self, state: _BidirectionalCycle) -> CycleOutput:
+        committed: ``carried``), their counters read with them and their cache kept (``self.carry``)."""
         phases = state.phases
         if phases is None or not phases.carry_out:
             self.kept.forget()
@@ -388,23 +296,3 @@ class PhaseStepper(BidirectionalStepper):
         logits = self.model.forward_batch(inputs.batch, (pick_r, inputs.select))
         count_refresh_bytes(stats, inputs.batch.heads, refreshed, self.position_bytes)
         return logits
-
-
-def _with_pieces(output: CycleOutput, pieces: _Pieces, mask_id: int) -> CycleOutput:
-    """``output`` (of the rows that decoded) over all the scheduler's rows: each piece row's block masked
-    and going on (``carried``), its steps 0."""
-    L = len(output.blocks[0])
-    at = {r: i for i, r in enumerate(r for r in range(pieces.total) if r not in set(pieces.rows))}
-
-    def spread(values: list, filler) -> list:
-        return [values[at[r]] if r in at else filler() for r in range(pieces.total)]
-
-    carried = output.carried or [False] * len(output.blocks)
-    output.blocks = spread(output.blocks, lambda: [mask_id] * L)
-    output.steps = spread(output.steps, lambda: 0)
-    output.carried = [r not in at or carried[at[r]] for r in range(pieces.total)]
-    if output.margins is not None:
-        output.margins = spread(output.margins, lambda: [float("inf")] * L)
-    if output.logprobs is not None:
-        output.logprobs = spread(output.logprobs, lambda: None)
-    return output

@@ -2,10 +2,9 @@
 
 A block cycle starts with a full forward over its rows (which refreshes the dual cache, cycle_cache.py),
 then runs cached window forwards (the active block, or the block and its suffix) until every row's block
-is complete. Rows whose block is complete stop costing compute when
-``gather_rows`` is set (BlockServe); without it every row stays in every forward (static batching, as
-Fast-dLLM does). Nothing is kept across cycles: every cycle starts from the scheduler's rows.
-"""
+is complete. Rows whose block is complete stop costing compute when ``gather_rows`` is set (BlockServe);
+without it every row stays in every forward (static batching, as Fast-dLLM does). Nothing is kept across
+cycles: every cycle starts from the scheduler's rows (phase_stepper.py and split_stepper.py keep more)."""
 
 from __future__ import annotations
 
@@ -51,7 +50,7 @@ class _BidirectionalCycle:
     phases: object | None = None  # each row's refresh schedule, where the cycle staggers refreshes
     grammar: object | None = None  # its constrained rows (decoding/grammar/rows.py; None: none)
     constrained: torch.Tensor | None = None  # [R] those rows, on the device (sent with their first step)
-    pieces: object | None = None  # rows that computed a refresh piece instead (phase_stepper.py)
+    pieces: object | None = None  # rows that computed a refresh piece instead (split_stepper.py)
 
 
 class BidirectionalStepper:
