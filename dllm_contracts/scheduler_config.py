@@ -84,7 +84,7 @@ class SchedulerConfig:
     step_level: bool = True
     # chunked prefill (block diffusion's exact cache, DiffusionGemma's context encoder): a prompt's keys and
     # values computed this many tokens (whole blocks) per block cycle, beside the decoding rows; LLaDA's dual
-    # cache: a row wider than this refreshes a few layers per cycle (scheduler/split_refresh.py); None: 512
+    # cache: a row wider than twice this refreshes a few layers per cycle (scheduler/split_refresh.py); None: 512
     # or an eighth of the budget, whichever is smaller; 0: a prompt's whole prefix in its first block's
     # first forward
     prefill_chunk: int | None = None

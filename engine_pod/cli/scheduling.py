@@ -92,7 +92,7 @@ def add_scheduler_args(parser: argparse.ArgumentParser, compare: bool = False) -
         metavar="TOKENS" + ("[,TOKENS...]" if compare else ""),
         help="block-diffusion models (LLaDA2.0, SDAR) and DiffusionGemma's context encoder: compute a long "
         "prompt's keys and values this many tokens (whole blocks) per block cycle, beside the decoding "
-        "rows, so that it does not stall them; LLaDA: a row wider than this refreshes its dual cache a "
+        "rows, so that it does not stall them; LLaDA: a row wider than twice this refreshes its dual cache a "
         "few layers per cycle (as many pieces as it has chunks, at most one per layer) "
         "(default, or auto: 512, or an eighth of the token budget if smaller; 0 or off: the whole prompt "
         "at once)" + ("; a comma list (off,512,256) runs every policy with each" if compare else ""),

@@ -5,13 +5,18 @@ every row beside it waits for it. Split, the refresh is computed a few of the mo
 piece is in, then decodes its block in the next cycle over the cache its pieces computed (the same
 computation spread over cycles: its tokens are those it gets computed whole).
 
-A row is split when its refresh (its width with the active block) is wider than the chunk
-(``--prefill-chunk``), into as many pieces as it has chunks, at most one per layer, so that a piece costs
-about what a chunk's refresh through every layer costs. Only a runner that can keep a refresh between
+A row is split when its refresh (its width with the active block) is wider than ``SPLIT_AFTER_CHUNKS``
+chunks (``--prefill-chunk``), into as many pieces as it has chunks, at most one per layer, so that a piece
+costs about what a chunk's refresh through every layer costs. A row of one or two chunks is not split:
+every block of a split row takes its pieces' cycles and one more, which costs more than the stall it saves
+(at a 2,048-token budget, chunks of 256, splitting the mixed workload's rows of 257 to 385 positions made
+it 4 forwards longer and about a tenth slower). Only a runner that can keep a refresh between
 cycles splits (``Runner.refresh_layers``: its layers; 0: it cannot).
 """
 
 from __future__ import annotations
+
+SPLIT_AFTER_CHUNKS = 2  # a refresh wider than this many chunks is split
 
 
 class SplitRefreshes:
@@ -23,7 +28,7 @@ class SplitRefreshes:
 
     def pieces(self, width: int) -> int:
         """Pieces a refresh of ``width`` positions is split into (0: computed whole)."""
-        if not self.chunk or self.layers < 2 or width <= self.chunk:
+        if not self.chunk or self.layers < 2 or width <= SPLIT_AFTER_CHUNKS * self.chunk:
             return 0
         return min(self.layers, -(-width // self.chunk))
 

@@ -99,8 +99,8 @@ def test_a_long_rows_pieces_run_one_a_cycle_then_its_block_decodes(llada):
 
 def test_the_pieces_rule():
     splits = SplitRefreshes(chunk=512, layers=4)
-    assert splits.pieces(512) == 0  # within the chunk: whole
-    assert splits.pieces(513) == 2
+    assert splits.pieces(1024) == 0  # within two chunks: whole (its pieces' cycles would cost more)
+    assert splits.pieces(1025) == 3
     assert splits.pieces(3532) == 4  # 7 chunks, at most one piece per layer
     assert SplitRefreshes(chunk=0, layers=4).pieces(3532) == 0  # --prefill-chunk 0: never split
     assert SplitRefreshes(chunk=512, layers=0).pieces(3532) == 0  # a runner that cannot split
