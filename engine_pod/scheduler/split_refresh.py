@@ -8,9 +8,10 @@ computation spread over cycles: its tokens are those it gets computed whole).
 A row is split when its refresh (its width with the active block) is wider than ``SPLIT_AFTER_CHUNKS``
 chunks (``--prefill-chunk``), into as many pieces as it has chunks, at most one per layer, so that a piece
 costs about what a chunk's refresh through every layer costs. A row of one or two chunks is not split:
-every block of a split row takes its pieces' cycles and one more, which costs more than the stall it saves
-(at a 2,048-token budget, chunks of 256, splitting the mixed workload's rows of 257 to 385 positions made
-it 4 forwards longer and about a tenth slower). Only a runner that can keep a refresh between
+every block of a split row takes its pieces' cycles and one more, and its pieces compute positions its
+decoding forward computes again, for a stall too short to matter (at a 2,048-token budget, chunks of 256,
+splitting the mixed workload's rows of 257 to 385 positions took its padding efficiency from 1.0 to 0.91,
+the same tokens, and no throughput to show for it). Only a runner that can keep a refresh between
 cycles splits (``Runner.refresh_layers``: its layers; 0: it cannot).
 """
 
