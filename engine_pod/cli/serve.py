@@ -191,7 +191,6 @@ def run(args: argparse.Namespace) -> int:
     from engine_pod.serve.gateway_process import GatewayProcess
     from engine_pod.serve.preflight import PreflightError
     from engine_pod.serve.queue_owner import QueueHeldError, QueueOwner, QueueUnreachable
-    from engine_pod.serve.redis_server import free_port
     from engine_pod.serve.stopping import Stopping
     from engine_pod.serve.supervisor import ChildCannotStart, Supervised, Supervisor, child_popen_options
     from engine_pod.serve.worker_process import WorkerProcess
@@ -221,10 +220,9 @@ def run(args: argparse.Namespace) -> int:
     identity = ModelIdentity.of(settings.served_model, model_dir)
     options = child_popen_options()
     children = [Supervised("redis-server", redis)] if redis is not None else []
-    probe_port = args.metrics_port or free_port()
     worker = WorkerProcess(
         _worker_args(args, redis_url, identity),
-        probe_port,
+        args.metrics_port,  # None: one picked (and picked again if taken before the worker binds it)
         options,
         stop_s=args.drain_timeout + 10,
         model=f"{settings.served_model} on {args.device}, {args.dtype}",

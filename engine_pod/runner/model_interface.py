@@ -50,6 +50,18 @@ class TokenModel(EngineModel, Protocol):
         ...
 
 
+class DualCacheModel(TokenModel, Protocol):
+    """A token model whose dual cache's refresh can be split across cycles: the bidirectional kind's."""
+
+    def forward_layers(
+        self, batch: ForwardBatch, hidden: torch.Tensor | None, start: int, end: int, last: torch.Tensor
+    ) -> torch.Tensor:
+        """Layers ``[start, end)`` of ``batch``'s forward from ``hidden`` (None: the tokens' embedding), each
+        writing its keys and values where the batch says (kinds/bidirectional/split_refresh.py); the states
+        leaving layer ``end - 1``."""
+        ...
+
+
 class ServedModel(Protocol):
     """A loaded model as a runner sees it."""
 

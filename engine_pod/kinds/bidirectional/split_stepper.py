@@ -40,7 +40,7 @@ class SplitRefreshStepper(PhaseStepper):
         refresh is computed whole."""
         splits = self.heads is None and self.cache_pool is not None and self.staggers_refreshes
         splits = splits and not self.quirks.logit_shift
-        return self.loaded.config.num_layers if splits and hasattr(self.model, "forward_layers") else 0
+        return self.loaded.config.num_layers if splits else 0
 
     def forget(self) -> None:
         super().forget()
