@@ -50,7 +50,7 @@ class BlockServeScheduler(Scheduler):
         self.pinned = PinnedBlocks()  # warm prefixes' blocks, held by the runner's prefix cache for good
         chunk = prefill_chunk_tokens(config.prefill_chunk, block_length, config.token_budget)
         self.chunks = PrefillChunks(chunk if self.chunks_prefill else 0, block_length)
-        # a dual-cache row wider than the chunk refreshes a few layers per cycle (packed rows only)
+        # a dual-cache row wider than two chunks refreshes a few layers per cycle (packed rows only)
         self.splits = SplitRefreshes(chunk if self.packed else 0, self.refresh_layers)
 
     @property

@@ -46,7 +46,7 @@ class _Refresh:
 
 
 class RefreshPieces:
-    """The split refreshes under way, by request; a stepper's (phase_stepper.py)."""
+    """The split refreshes under way, by request; a stepper's (split_stepper.py)."""
 
     def __init__(self, stepper) -> None:
         self.stepper = stepper
