@@ -26,7 +26,8 @@ class ModelSpec:
         import torch
 
         from engine_pod.cpu_load import pin_threads
-        from engine_pod.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
+        from engine_pod.group_processes import ModelArgs, tensor_parallel_group
+        from engine_pod.parallel.place import GroupPlace
 
         place = GroupPlace(self.tensor_parallel, expert=self.expert_parallel)
         threads = max(1, torch.get_num_threads() // place.size)

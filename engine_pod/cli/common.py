@@ -100,7 +100,7 @@ def add_group_args(parser: argparse.ArgumentParser) -> None:
 
 def group_place(args: argparse.Namespace):
     """The group these flags describe (one line for flags that do not fit together)."""
-    from engine_pod.group_processes import GroupPlace
+    from engine_pod.parallel.place import GroupPlace
 
     sizes = (args.tensor_parallel, getattr(args, "nodes", 1), getattr(args, "node_rank", 0))
     try:

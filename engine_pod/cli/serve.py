@@ -265,9 +265,9 @@ def run(args: argparse.Namespace) -> int:
 def _check_group(args: argparse.Namespace) -> None:
     """The worker's group (``--tensor-parallel``, ``--expert-parallel``) checked against the model and this
     machine's memory before anything starts (the worker checks again before its ranks start)."""
-    from engine_pod.group_processes import ModelArgs, check_group
-
     if (place := group_place(args)).size > 1:
+        from engine_pod.group_processes import ModelArgs, check_group  # torch: only for a group
+
         check_group(place, ModelArgs(args.model, args.device, args.dtype, family=args.family))
 
 

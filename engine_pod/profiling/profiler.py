@@ -29,11 +29,12 @@ from engine_pod.allocators import CUDA_ALLOC_CONF, describe_allocator
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.device_memory import available_memory, device_name, peak_allocated_bytes, total_memory
 from engine_pod.families.registry import family_of
-from engine_pod.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
+from engine_pod.group_processes import ModelArgs, tensor_parallel_group
 from engine_pod.isolation import ChildDied, run_in_child
 from engine_pod.loading.loader import LoadedModel, load_metadata, parse_device, parse_dtype
 from engine_pod.loading.sharded import build_part, model_plan
 from engine_pod.parallel.group import TensorParallel
+from engine_pod.parallel.place import GroupPlace
 from engine_pod.profiling.cache_share import cache_share
 from engine_pod.profiling.extrapolation import Extrapolation
 from engine_pod.profiling.fit import MemoryFit, fit_peak

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_pod.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
+from engine_pod.group_processes import ModelArgs, tensor_parallel_group
 from engine_pod.loading.loader import load_model
+from engine_pod.parallel.place import GroupPlace
 from tests.engine_pod.test_batch_invariant import _outputs
 
 SLOW = [("diffusion-gemma", 1, 2), ("llada2", 2, 2), ("diffusion-gemma", 2, 2)]

@@ -12,11 +12,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.generation import generate_one
-from engine_pod.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
+from engine_pod.group_processes import ModelArgs, tensor_parallel_group
 from engine_pod.loading.loader import load_model
 from engine_pod.loading.sharded import load_shard
 from engine_pod.parallel.group import TensorParallel
 from engine_pod.parallel.layout import GroupLayout
+from engine_pod.parallel.place import GroupPlace
 
 LLADA2, GEMMA = "random:llada2-tiny", "random:diffusion-gemma-tiny"
 PROMPT = [5, 17, 33, 8, 101, 64, 12]

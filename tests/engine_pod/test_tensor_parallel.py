@@ -19,10 +19,11 @@ from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.generation import generate_one
-from engine_pod.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
+from engine_pod.group_processes import ModelArgs, tensor_parallel_group
 from engine_pod.loading.loader import load_model
 from engine_pod.loading.sharded import load_shard
 from engine_pod.parallel.group import TensorParallel
+from engine_pod.parallel.place import GroupPlace
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.dllm_serve import DllmServeScheduler
 from tests.engine_utils import run_workload

@@ -21,11 +21,12 @@ from dllm_contracts.request_params import RequestParams
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.families.diffusion_gemma import weights
 from engine_pod.generation import generate_one
-from engine_pod.group_processes import GroupPlace, ModelArgs, tensor_parallel_group
+from engine_pod.group_processes import ModelArgs, tensor_parallel_group
 from engine_pod.loading.loader import load_model
 from engine_pod.loading.sharded import load_shard
 from engine_pod.parallel.cuts import CHUNK_BYTES
 from engine_pod.parallel.group import TensorParallel
+from engine_pod.parallel.place import GroupPlace
 
 MODEL = "random:diffusion-gemma-tiny"
 PROMPT = [5, 17, 33, 8, 101, 64, 12]

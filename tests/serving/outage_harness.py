@@ -4,6 +4,7 @@ and a bounded load that counts what a fault did: sent, completed, lost, duplicat
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import signal
 import subprocess
@@ -24,7 +25,7 @@ from engine_pod.loading.loader import load_model
 from engine_pod.serve.gateway_process import GatewayProcess
 from engine_pod.serve.redis_server import RedisServer, free_port
 from tests.redis_cluster import LocalRedisCluster
-from tests.serving_utils import BLOCK, start_worker_process
+from tests.serving_utils import BLOCK, start_worker_process, wait_for
 
 WORKER_FLAGS = ("--dtype", "float64", "--lease-ms", "1500")  # float64: results comparable exactly
 
@@ -173,16 +174,39 @@ async def _stream(client: httpx.AsyncClient, body: dict, outcome: Outcome) -> No
 
 
 async def _load(
-    url: str, prompts: list[str], max_tokens: int, concurrency: int, stream_every: int, model: str
+    url: str,
+    prompts: list[str],
+    max_tokens: int,
+    concurrency: int,
+    stream_every: int,
+    model: str,
+    answered: list[Outcome],
 ):
     limit = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=180) as client:
 
         async def bounded(index: int, prompt: str) -> Outcome:
             async with limit:
-                return await _one(client, prompt, max_tokens, index % stream_every == 0, model)
+                outcome = await _one(client, prompt, max_tokens, index % stream_every == 0, model)
+            answered.append(outcome)
+            return outcome
 
         return await asyncio.gather(*(bounded(i, p) for i, p in enumerate(prompts)))
+
+
+@dataclass
+class Load:
+    """A load running in a background thread: its outcomes once done (in prompt order), and those answered
+    so far."""
+
+    future: concurrent.futures.Future
+    answered: list[Outcome]
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self, timeout: float) -> list[Outcome]:
+        return self.future.result(timeout=timeout)
 
 
 def start_load(
@@ -192,12 +216,19 @@ def start_load(
     concurrency: int = 16,
     stream_every: int = 4,
     model: str = "tiny",
-):
-    """Run the load in a background thread; returns a future of the outcomes, in prompt order."""
-    import concurrent.futures
-
+) -> Load:
+    """Run the load in a background thread."""
+    answered: list[Outcome] = []
     pool = concurrent.futures.ThreadPoolExecutor(1)
-    return pool.submit(asyncio.run, _load(url, prompts, max_tokens, concurrency, stream_every, model))
+    run = _load(url, prompts, max_tokens, concurrency, stream_every, model, answered)
+    return Load(pool.submit(asyncio.run, run), answered)
+
+
+def wait_under_way(load: Load, answered: int = 4) -> None:
+    """Until ``answered`` requests of the load are answered (the engine is serving it, however fast the
+    host), and the rest still running: where a fault must land."""
+    wait_for(lambda: len(load.answered) >= answered or load.done(), 120, what="the load to get going")
+    assert not load.done(), "the fault must land while the load runs"
 
 
 def reference_texts(model_dir, prompts: list[str], max_tokens: int) -> list[str]:

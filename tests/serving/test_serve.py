@@ -22,7 +22,13 @@ import pytest
 import redis
 
 from dllm_contracts.queue.keys import ServiceKeys
-from tests.serving.outage_harness import Tally, assert_nothing_lost, results_published_twice, start_load
+from tests.serving.outage_harness import (
+    Tally,
+    assert_nothing_lost,
+    results_published_twice,
+    start_load,
+    wait_under_way,
+)
 from tests.serving.serve_process import Serve, chat_batch_file, openai_client, running
 from tests.serving_utils import WAIT_S, gateway_settings, wait_for, write_served_model
 
@@ -84,9 +90,19 @@ def test_serving_resumes_after_kill_9_of_any_child(serve, child):
     print(f"{child}: serving again {recovered_s:.1f} s after kill -9")
 
 
-def test_ctrl_c_drains_every_child_and_exits_zero(serve):
+def _loads_torch(pid: int) -> bool:
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_only_the_worker_loads_torch_and_ctrl_c_drains_every_child_and_exits_zero(serve):
     children = serve.children()
     assert set(children) == {"redis", "worker", "gateway"}
+    # the supervisor and the gateway start in a fraction of the worker's time: torch is the worker's alone
+    assert [_loads_torch(pid) for pid in (serve.process.pid, children["gateway"], children["worker"])] == [
+        False,
+        False,
+        True,
+    ]
     assert serve.stop() == 0
     assert not [name for name, pid in children.items() if _alive(pid)]
 
@@ -275,8 +291,7 @@ def test_under_load_a_fault_in_dllm_serve_loses_nothing(tmp_path, fault):
         server.wait_ready()
         prompts = [f"count to {n} ." for n in range(1, LOAD_REQUESTS + 1)]
         load = start_load(server.url, prompts, 32, model="tiny-llada")
-        time.sleep(1.0)
-        assert not load.done(), "the fault must land while the load runs"
+        wait_under_way(load)
         victim = server.children()["worker" if "worker" in fault else "redis"]
         if fault.startswith("freeze"):
             _freeze(victim, 5.0)
