@@ -92,6 +92,22 @@ class Emulator(kmock.KubernetesEmulator):
             await asyncio.sleep(HELD_POLL_S)
 
     async def _handle(self, request):
+        try:
+            return await self._answer(request)
+        finally:
+            self._forget(request)
+
+    def _forget(self, request) -> None:
+        """Drop a request once answered. kmock keeps every request it was sent and finds each new one's
+        reaction by scanning them all: a cost that grows with the test (half the CPU of a long operator
+        test went to it). The tests read the records above, never kmock's; the requests still in flight
+        (watches among them) stay, for kmock to match."""
+        for index, seen in enumerate(self._requests):
+            if seen is request:
+                del self._requests[index]
+                return
+
+    async def _answer(self, request):
         known = request.resource is not None and request.resource.plural and request.action is not None
         operator = request.headers.get("User-Agent") != TEST_AGENT
         if known and operator:  # discovery has no resource
