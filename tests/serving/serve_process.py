@@ -31,6 +31,8 @@ class Serve:
         argv = [sys.executable, "-m", "engine_pod.cli.main", "serve", "--port", "0"]
         argv += [] if plain else ["--data-dir", str(tmp / "data"), "--drain-timeout", "5"]
         argv += extra
+        named = [i for i, arg in enumerate(argv[:-1]) if arg == "--data-dir"]
+        self.data_dir = Path(argv[named[-1] + 1]) if named else None  # None: the default one
         self.out = open(self.log, "w")  # noqa: SIM115 (closed in stop)
         env = os.environ | {"OMP_NUM_THREADS": "1"} | (env or {})  # one torch thread: the suite shares cores
         self.process = subprocess.Popen(argv, stdout=self.out, stderr=subprocess.STDOUT, env=env, cwd=cwd)

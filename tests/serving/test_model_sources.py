@@ -20,10 +20,25 @@ PROMPT = "letters from t to z ."  # the shipped model answers "t u v w x y z"
 ANSWER = "t u v w x y z"
 
 
+def _store(log: Path) -> S3Server:
+    server = S3Server(log)
+    server.upload(builtin_model_dir("tiny-llada"), "models", "llada/tiny-llada")
+    return server
+
+
 @pytest.fixture
 def store(tmp_path):
-    server = S3Server(tmp_path / "moto.log")
-    server.upload(builtin_model_dir("tiny-llada"), "models", "llada/tiny-llada")
+    """A store of this test's own: for the test that stops it."""
+    server = _store(tmp_path / "moto.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_store(tmp_path_factory):
+    """One store for the tests that only read it (each test's model cache is its own): a moto server's
+    start costs seconds of CPU."""
+    server = _store(tmp_path_factory.mktemp("s3") / "moto.log")
     yield server
     server.stop()
 
@@ -70,8 +85,8 @@ def _dllm(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, env=os.environ | env, timeout=300)
 
 
-def test_generate_takes_an_s3_model(store, tmp_path):
-    env = store.env() | {"DLLM_MODEL_CACHE": str(tmp_path / "cache")}
+def test_generate_takes_an_s3_model(shared_store, tmp_path):
+    env = shared_store.env() | {"DLLM_MODEL_CACHE": str(tmp_path / "cache")}
     argv = ["generate", "--model", "s3://models/llada/tiny-llada", "--chat", "--canvas", "block"]
     done = _dllm(env, *argv, "--prompt", PROMPT)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -96,9 +111,9 @@ NO_CREDENTIALS = {
     ],
 )
 def test_an_s3_model_that_cannot_be_fetched_ends_serve_in_one_line(
-    store, tmp_path, model, overrides, message
+    shared_store, tmp_path, model, overrides, message
 ):
-    env = store.env() | {"DLLM_MODEL_CACHE": str(tmp_path / "cache")} | overrides
+    env = shared_store.env() | {"DLLM_MODEL_CACHE": str(tmp_path / "cache")} | overrides
     done = _dllm(env, "serve", "--port", "0", "--data-dir", str(tmp_path / "data"), "--model", model)
     assert done.returncode == 2
     [line] = done.stderr.strip().splitlines()[-1:]

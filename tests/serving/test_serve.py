@@ -32,7 +32,7 @@ from tests.serving.outage_harness import (
 from tests.serving.serve_process import Serve, chat_batch_file, openai_client, running
 from tests.serving_utils import WAIT_S, gateway_settings, wait_for, write_served_model
 
-LOAD_REQUESTS = 120  # a load the faults below land in the middle of
+LOAD_REQUESTS = 40  # a load the faults below land in the middle of (16 at a time: 16 in flight then)
 RECOVERY_BOUND_S = 20.0  # DESIGN: back within 10 s; measured 0.3-5 s here, bound left loose for CI
 
 
@@ -47,7 +47,16 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture
 def serve(tmp_path):
+    """A ``dllm serve`` of this test's own: for the tests that kill or stop it."""
     with running(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def shared_serve(tmp_path_factory):
+    """One ``dllm serve`` for the tests below that only start something beside it or send it requests:
+    none kills, stops or reconfigures it (each start costs seconds of CPU)."""
+    with running(tmp_path_factory.mktemp("shared-serve")) as server:
         yield server
 
 
@@ -143,49 +152,6 @@ def test_a_taken_port_ends_serve_before_anything_starts_with_the_cause_in_its_la
     print(f"a taken port: refused after {took_s:.2f} s")
 
 
-def test_a_second_serve_on_a_data_directory_in_use_exits_at_once_in_one_line(serve, tmp_path):
-    """The running ``serve`` holds its data directory (tmp_path/data): a second one on another port is
-    refused before it starts a second redis-server on the same append-only file."""
-    done, took_s = _serve_once("--port", "0", "--data-dir", str(tmp_path / "data"))
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr
-    assert lines[0].startswith(f"dllm serve: error: the data directory {tmp_path / 'data'} is in use")
-    assert "--data-dir" in lines[0] and "--service" in lines[0]
-    assert serve.answers()  # the first one serves on
-    print(f"a data directory in use: refused after {took_s:.2f} s")
-
-
-def test_a_second_serve_or_gateway_on_a_port_in_use_is_refused_whatever_its_data_directory(serve, tmp_path):
-    """The running ``serve`` listens on its port through sockets that share it (SO_REUSEPORT): a second
-    ``dllm serve`` on another data directory, or a gateway alone, must not join them and split the
-    requests, but end in one line naming the port."""
-    done, took_s = _serve_once("--port", str(serve.port), "--data-dir", str(tmp_path / "other"))
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stderr.strip().splitlines() == [
-        f"dllm serve: error: port {serve.port} is in use: the gateway cannot listen on it; "
-        "choose another with --port"
-    ]
-    env = (
-        os.environ
-        | gateway_settings(
-            write_served_model(tmp_path / "model"), f"redis://127.0.0.1:{serve.redis_port()}/0", "other"
-        ).to_env()
-    )
-    gateway = subprocess.run(
-        [sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port", str(serve.port)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert gateway.returncode == 2, gateway.stderr[-2000:]
-    assert gateway.stderr.strip().splitlines()[-1] == f"gateway: error: port {serve.port} is in use"
-    assert _listeners(serve.port) == 1  # the first one's gateway alone
-    assert serve.answers()
-    print(f"a port in use: refused after {took_s:.2f} s")
-
-
 def _listeners(port: int) -> int:
     """Listening TCP sockets on ``port`` (any address), from the kernel's table."""
     state_listen = "0A"
@@ -225,7 +191,7 @@ def test_a_checkpoint_of_another_family_ends_serve_with_the_workers_line_before_
 
 
 def test_ctrl_c_twice_stops_at_once_and_the_accepted_work_is_served_at_the_next_start(tmp_path):
-    lines = 300
+    lines = 100  # the worker is frozen once a few are done: most wait, for the drain and the next start
     content = chat_batch_file(lines)
     server = Serve(tmp_path, "--lease-ms", "2000")
     try:
@@ -284,7 +250,7 @@ def _freeze(pid: int, seconds: float) -> None:
 
 @pytest.mark.parametrize("fault", ["kill -9 worker", "kill -9 redis", "freeze redis 5 s"])
 def test_under_load_a_fault_in_dllm_serve_loses_nothing(tmp_path, fault):
-    """120 requests (every fourth streamed) through `dllm serve`; the fault lands mid-load; every
+    """40 requests (every fourth streamed) through `dllm serve`; the fault lands mid-load; every
     request completes, none twice, none with a 5xx. (The outage harness's slow cases send 200.)"""
     server = Serve(tmp_path, "--lease-ms", "3000", "--service", "load")
     try:
@@ -310,26 +276,6 @@ def test_under_load_a_fault_in_dllm_serve_loses_nothing(tmp_path, fault):
     finally:
         assert server.stop() == 0
     assert_nothing_lost(tally, duplicated, LOAD_REQUESTS)
-
-
-def test_the_online_benchmark_loads_dllm_serve_with_chat_requests(serve, tmp_path):
-    """``dllm bench --url``: the load generator against what users run (the shipped model, its chat
-    template, the model's name from /v1/models), in a closed loop of 4 clients."""
-    out = tmp_path / "load.json"
-    argv = [sys.executable, "-m", "engine_pod.cli.main", "bench", "--url", serve.url, "--concurrency", "4"]
-    argv += ["--requests", "12", "--json", str(out)]
-    subprocess.run(argv, check=True, timeout=300)
-    run = json.loads(out.read_text())["runs"]["server"]["concurrency 4"]
-    assert run["requests"] == 12 and run["generated_tokens"] > 0
-    assert set(run["latency_by_family_s"]) == {"count", "needle", "countdown", "letters"}
-    assert 0 < run["first_block_s"]["p50"] <= run["latency_s"]["max"]
-    wrong = subprocess.run(
-        [*argv, "--served-model-name", "bench"], capture_output=True, text=True, timeout=300
-    )
-    assert wrong.returncode == 2, wrong.stderr
-    assert wrong.stderr.strip().splitlines() == [
-        f"dllm bench: error: {serve.url} does not serve 'bench'; it serves tiny-llada (--served-model-name)"
-    ]
 
 
 @pytest.mark.parametrize(  # LLaDA2.0 through dllm serve against dllm generate in CI: test_block_streaming.py
@@ -367,3 +313,83 @@ def test_dllm_serve_serves_a_checkpoint_as_dllm_generate_decodes_it(tmp_path, fa
         assert reply.choices[0].text == expected["text"]
         assert reply.usage.completion_tokens == expected["completion_tokens"]
         assert reply.choices[0].finish_reason == expected["finish_reason"]
+
+
+# The tests below share one `dllm serve` (shared_serve): they come last, so that it runs only while they do.
+
+
+def test_a_second_serve_on_a_data_directory_in_use_exits_at_once_in_one_line(shared_serve):
+    """The running ``serve`` holds its data directory: a second one on another port is refused before it
+    starts a second redis-server on the same append-only file."""
+    data = shared_serve.data_dir
+    done, took_s = _serve_once("--port", "0", "--data-dir", str(data))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"dllm serve: error: the data directory {data} is in use")
+    assert "--data-dir" in lines[0] and "--service" in lines[0]
+    assert shared_serve.answers()  # the first one serves on
+    print(f"a data directory in use: refused after {took_s:.2f} s")
+
+
+def test_a_second_serve_or_gateway_on_a_port_in_use_is_refused_whatever_its_data_directory(
+    shared_serve, tmp_path
+):
+    """The running ``serve`` listens on its port through sockets that share it (SO_REUSEPORT): a second
+    ``dllm serve`` on another data directory, or a gateway alone, must not join them and split the
+    requests, but end in one line naming the port."""
+    done, took_s = _serve_once("--port", str(shared_serve.port), "--data-dir", str(tmp_path / "other"))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        f"dllm serve: error: port {shared_serve.port} is in use: the gateway cannot listen on it; "
+        "choose another with --port"
+    ]
+    env = (
+        os.environ
+        | gateway_settings(
+            write_served_model(tmp_path / "model"),
+            f"redis://127.0.0.1:{shared_serve.redis_port()}/0",
+            "other",
+        ).to_env()
+    )
+    gateway = subprocess.run(
+        [sys.executable, "-m", "gateway", "--host", "127.0.0.1", "--port", str(shared_serve.port)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert gateway.returncode == 2, gateway.stderr[-2000:]
+    assert gateway.stderr.strip().splitlines()[-1] == f"gateway: error: port {shared_serve.port} is in use"
+    assert _listeners(shared_serve.port) == 1  # the first one's gateway alone
+    assert shared_serve.answers()
+    print(f"a port in use: refused after {took_s:.2f} s")
+
+
+def test_the_online_benchmark_loads_dllm_serve_with_chat_requests(shared_serve, tmp_path):
+    """``dllm bench --url``: the load generator against what users run (the shipped model, its chat
+    template, the model's name from /v1/models), in a closed loop of 4 clients."""
+    out = tmp_path / "load.json"
+    argv = [
+        sys.executable,
+        "-m",
+        "engine_pod.cli.main",
+        "bench",
+        "--url",
+        shared_serve.url,
+        "--concurrency",
+        "4",
+    ]
+    argv += ["--requests", "12", "--json", str(out)]
+    subprocess.run(argv, check=True, timeout=300)
+    run = json.loads(out.read_text())["runs"]["server"]["concurrency 4"]
+    assert run["requests"] == 12 and run["generated_tokens"] > 0
+    assert set(run["latency_by_family_s"]) == {"count", "needle", "countdown", "letters"}
+    assert 0 < run["first_block_s"]["p50"] <= run["latency_s"]["max"]
+    wrong = subprocess.run(
+        [*argv, "--served-model-name", "bench"], capture_output=True, text=True, timeout=300
+    )
+    assert wrong.returncode == 2, wrong.stderr
+    assert wrong.stderr.strip().splitlines() == [
+        f"dllm bench: error: {shared_serve.url} does not serve 'bench'; it serves tiny-llada (--served-model-name)"
+    ]

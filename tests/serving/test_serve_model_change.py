@@ -19,7 +19,7 @@ from dllm_contracts.queue.keys import ServiceKeys
 from tests.serving.serve_process import Serve, chat_batch_file, openai_client, running
 from tests.serving_utils import WAIT_S, wait_for
 
-LINES = 120
+LINES = 40  # enough that work still waits when the worker is frozen (16 rows at a time)
 OTHER_MODEL = "builtin:tiny-llada2-random"
 
 
