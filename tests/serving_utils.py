@@ -146,6 +146,9 @@ def start_worker_process(
     )
 
 
+PROGRESS_EVERY_S = 1.0  # how often wait_for reads progress (cpu_seconds scans /proc: ms of CPU a read)
+
+
 def wait_for(
     predicate,
     timeout_s: float = WAIT_S,
@@ -159,12 +162,16 @@ def wait_for(
 
     ``progress``: a function whose value changes while the awaited work goes on (answers counted, CPU
     seconds spent): each change starts ``timeout_s`` again, which then bounds a stall, not the work (a
-    machine three times slower takes three times as long and still passes)."""
+    machine three times slower takes three times as long and still passes); it is read once a second."""
     deadline = time.monotonic() + timeout_s
     done = progress() if progress is not None else None
+    look_at = time.monotonic() + PROGRESS_EVERY_S
     while not (value := predicate()):
-        if progress is not None and (now := progress()) != done:
-            done, deadline = now, time.monotonic() + timeout_s
+        now = time.monotonic()
+        if progress is not None and now >= min(look_at, deadline):
+            look_at = now + PROGRESS_EVERY_S
+            if (current := progress()) != done:
+                done, deadline = current, now + timeout_s
         if time.monotonic() >= deadline:
             last = seen() if seen is not None else value
             stalled = f"{timeout_s:.0f} s without progress" if progress is not None else f"{timeout_s:.0f} s"
