@@ -26,7 +26,7 @@ from engine_pod.parallel.group import TensorParallel
 from engine_pod.parallel.place import GroupPlace
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.dllm_serve import DllmServeScheduler
-from tests.engine_utils import run_workload
+from tests.engine_utils import in_process, run_workload
 from tests.factories import random_workload
 
 PROMPT = [5, 17, 33, 8, 101, 64, 12]
@@ -35,7 +35,7 @@ TIMEOUT_S = 300  # a bound on a whole `dllm generate` run, however slow the mach
 
 
 def _generate(model: str, ranks: int, *flags: str) -> tuple[int, dict | None, str]:
-    """`dllm generate --json` in its own process: exit status, payload, stderr (DiffusionGemma: its canvas is
+    """`dllm generate --json` in its own process (one rank: in this one): exit status, payload, stderr (DiffusionGemma: its canvas is
     its block, its noise seeded)."""
     command = [sys.executable, "-m", "engine_pod.cli.main", "generate", "--model", model]
     command += ["--dtype", "float64", "--prompt-ids", ",".join(map(str, PROMPT))]
@@ -44,6 +44,8 @@ def _generate(model: str, ranks: int, *flags: str) -> tuple[int, dict | None, st
     else:
         command += ["--gen-length", "16", "--block-length", "8"]
     command += ["--threads", "1", "--tensor-parallel", str(ranks), "--json", *flags]
+    if ranks == 1:  # one process: the same command in this one (its torch already loaded)
+        return in_process(command[3:])
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=os.environ.copy())
     payload = json.loads(done.stdout) if done.returncode == 0 else None
     return done.returncode, payload, done.stderr
