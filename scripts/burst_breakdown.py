@@ -26,12 +26,9 @@ from dllm_contracts.queue.keys import ServiceKeys
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod import engine as engine_module
 from engine_pod.allocators import tune_cpu_allocator
-from engine_pod.bench import through_gateway
 from engine_pod.bench.policies import PolicySpec
-from engine_pod.bench.prepare import prepare_requests
 from engine_pod.bench.workloads import load_workload
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.loading.loader import load_metadata, load_model
 
 
 class Recorder:
@@ -43,6 +40,8 @@ class Recorder:
         self.enqueued: dict[str, float] = {}  # queue id -> when Redis took it (seconds)
 
     def install(self) -> None:
+        from engine_pod.bench import through_gateway  # torch: loaded here, so --help answers at once
+
         step, submit, stack = (
             engine_module.Engine.step,
             through_gateway._submit_all,
@@ -95,6 +94,10 @@ def main() -> None:
     parser.add_argument("--workload", default="homogeneous", help="a shipped workload (default: homogeneous)")
     parser.add_argument("--runs", type=int, default=6)
     args = parser.parse_args()
+    from engine_pod.bench import through_gateway  # torch: loaded once the arguments are read
+    from engine_pod.bench.prepare import prepare_requests
+    from engine_pod.loading.loader import load_metadata, load_model
+
     tune_cpu_allocator()  # as every dllm command does
     config, tokenizer = load_metadata(DEFAULT_MODEL)
     requests = prepare_requests(load_workload(args.workload), config, tokenizer, 0)

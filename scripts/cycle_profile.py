@@ -14,18 +14,17 @@ import argparse
 import random
 import time
 from collections import defaultdict
-
-import torch
-from torch.profiler import ProfilerActivity, profile
+from typing import TYPE_CHECKING
 
 from dllm_contracts.defaults import DEFAULT_MODEL
 from engine_pod.allocators import tune_cpu_allocator
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.loading.loader import load_model
 from engine_pod.runner.contract import Runner
-from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.cycle_row import CycleRow
 from engine_pod.scheduler.output import SchedulerOutput
+
+if TYPE_CHECKING:  # torch loads in main, once the arguments are read (--help answers at once)
+    import torch
 
 GROUPS = {  # operator -> what it is part of
     "aten::mm": "matmul (projections, MLP, LM head)",
@@ -89,6 +88,8 @@ def _arguments() -> argparse.Namespace:
 
 def _timed(runner: Runner, cycle: SchedulerOutput, device: torch.device):
     """One cycle, its wall time (the device's queue drained)."""
+    import torch
+
     start = time.perf_counter()
     out = runner.run(cycle)
     if device.type == "cuda":
@@ -114,6 +115,12 @@ def _print_shares(prof, cuda: bool) -> None:
 
 def main() -> None:
     args = _arguments()
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine_pod.loading.loader import load_model
+    from engine_pod.runner.factory import make_runner
+
     tune_cpu_allocator()  # as every dllm command does
     loaded = load_model(args.model, args.device, args.dtype)
     decoding = DecodingConfig(

@@ -14,13 +14,7 @@ import logging
 import shutil
 from pathlib import Path
 
-import torch
-
 from dllm_contracts.defaults import ASSETS_DIR
-from engine_pod.loading.config_readers import config_from_dict
-from engine_pod.loading.loader import build_model
-from engine_pod.loading.sharded import draw_random
-from engine_pod.loading.weights import save_checkpoint
 
 logger = logging.getLogger("make_builtin_block_models")
 TOKENIZER_SOURCE = ASSETS_DIR / "tiny-llada"
@@ -61,6 +55,13 @@ MODELS = {
 
 
 def write(name: str, out: Path, seed: int = 0) -> Path:
+    import torch  # here: --help answers before torch loads
+
+    from engine_pod.loading.config_readers import config_from_dict
+    from engine_pod.loading.loader import build_model
+    from engine_pod.loading.sharded import draw_random
+    from engine_pod.loading.weights import save_checkpoint
+
     raw = {**MODELS[name], **SHAPE, **SPECIAL}
     config = config_from_dict(raw)
     model = build_model(config, torch.device("cpu"), torch.float32)

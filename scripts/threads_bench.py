@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import os
@@ -24,18 +25,24 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
 from dllm_contracts.engine_env import THREADS_ENV
 from engine_pod.cli.main import main as dllm
 
-TORCH_DEFAULT = torch.get_num_threads()  # read before anything sets it
+
+@functools.cache
+def torch_default() -> int:
+    """torch's own thread count, read before any run sets it (``run`` reads it first; torch loads here, so
+    --help answers at once)."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 def settings() -> dict[str, str | None]:
     """Column name -> the ``--threads`` value (None: the default choice, as a user without the flag gets:
     it samples the load when each run starts, so it may differ between the quiet and the busy rounds)."""
-    return {"default": None, "1 thread": "1", f"torch's default ({TORCH_DEFAULT})": str(TORCH_DEFAULT)}
+    default = torch_default()
+    return {"default": None, "1 thread": "1", f"torch's default ({default})": str(default)}
 
 
 def bench_once(
@@ -144,6 +151,7 @@ def parse_args() -> argparse.Namespace:
 
 def run() -> None:
     args = parse_args()
+    torch_default()  # before any run sets the threads
     os.environ.pop(THREADS_ENV, None)  # the default column is what a user without the variable gets
     started = time.monotonic()
     measured = measure([w for w in args.workloads.split(",") if w], args.rounds, args.limit, args.repeat)

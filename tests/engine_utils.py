@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 from collections import Counter
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import replace
 
 import torch
@@ -142,3 +142,14 @@ def dllm_generate_json(model, prompt_ids: list[int], *flags: str) -> dict:
         )
     assert code == 0
     return json.loads(out.getvalue())
+
+
+def in_process(argv: list[str]) -> tuple[int, dict | None, str]:
+    """A `dllm ... --json` command (``argv`` after ``dllm``) run in this process, whose torch is already
+    loaded: exit status, the payload it printed (None on failure), what it wrote to stderr."""
+    from engine_pod.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(argv)
+    return code, json.loads(out.getvalue()) if code == 0 else None, err.getvalue()

@@ -154,9 +154,7 @@ def _model_spec(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine_pod.bench.benchmark import BenchConfig, run_benchmark
-
-    check_logit_args(args)
+    check_logit_args(args)  # flags are refused before torch loads (seconds)
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
     unknown = [p for p in policies if split_policy(p)[0] not in POLICIES]
     if unknown or not policies:
@@ -187,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
     calibrate = args.calibrate_threshold
     if calibrate is not None and not (0 < calibrate < 1 and args.remasking == "threshold"):
         raise CliError("--calibrate-threshold takes a fraction in (0, 1) and needs --remasking threshold")
+    from engine_pod.bench.benchmark import BenchConfig, run_benchmark
+
     config = BenchConfig(
         **_run_settings(args, policies),
         batch_size=args.batch_size,

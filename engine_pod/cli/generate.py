@@ -74,13 +74,9 @@ def _prompt_ids(args: argparse.Namespace, loaded) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-
-    from engine_pod.generation import generate_one
-    from engine_pod.group_processes import ModelArgs, tensor_parallel_group
-
     check_logit_args(args)
     check_sparse_run(args)  # before any rank starts
-    threads = apply_threads(args.threads, logging.DEBUG)
+    place = group_place(args)  # sizes that make no group: refused before torch loads (seconds)
     if args.steps_per_block is not None:
         if args.steps_per_block < 1 or args.gen_length < 1:
             raise CliError("--steps-per-block and --gen-length must be positive")
@@ -88,8 +84,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         steps = args.steps if args.steps is not None else args.gen_length
         spb = steps_per_block_for(args.gen_length, args.block_length, steps)
-    place = group_place(args)  # sizes that make no group: refused before anything else
     decoding = decoding_config(args, spb)
+    threads = apply_threads(args.threads, logging.DEBUG)  # a bad count refused before torch loads
+
+    from engine_pod.generation import generate_one  # torch: every flag checked
+    from engine_pod.group_processes import ModelArgs, tensor_parallel_group
+
     per_rank = max(1, threads.threads // place.size)
     model = ModelArgs(args.model, args.device, args.dtype, family=args.family, threads=per_rank)
     if place.size > 1:

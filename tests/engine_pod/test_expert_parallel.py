@@ -24,7 +24,7 @@ from engine_pod.group_processes import ModelArgs, tensor_parallel_group
 from engine_pod.loading.loader import load_model
 from engine_pod.parallel.place import GroupPlace
 from engine_pod.scheduler.blockserve import BlockServeScheduler
-from tests.engine_utils import run_workload
+from tests.engine_utils import in_process, run_workload
 from tests.factories import random_workload
 
 LLADA2, GEMMA = "random:llada2-tiny", "random:diffusion-gemma-tiny"
@@ -35,12 +35,16 @@ MATRIX = [(model, tensor, expert) for model in (LLADA2, GEMMA) for tensor, exper
 
 
 def _generate(model: str, tensor: int, expert: int) -> dict:
-    """`dllm generate --json` in its own process (DiffusionGemma: a canvas of 32, its noise seeded)."""
+    """`dllm generate --json` in its own process (one: in this one; DiffusionGemma: a canvas of 32, its noise seeded)."""
     command = [sys.executable, "-m", "engine_pod.cli.main", "generate", "--model", model]
     command += ["--dtype", "float64", "--prompt-ids", ",".join(map(str, PROMPT)), "--threads", "1"]
     command += ["--gen-length", "32", "--seed", "3"] if "gemma" in model else ["--gen-length", "16"]
     command += [] if "gemma" in model else ["--block-length", "8"]
     command += ["--tensor-parallel", str(tensor), "--expert-parallel", str(expert), "--json"]
+    if tensor == expert == 1:  # one process: the same command in this one (its torch already loaded)
+        code, payload, err = in_process(command[3:])
+        assert code == 0, err
+        return payload
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=os.environ.copy())
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

@@ -1,13 +1,15 @@
 """A group's failure says what happened: a rank that died (its connection closed at once) is told apart from
 a rank that stopped answering (no other rank made progress for the timeout), whichever rank it is (rank 0
-also holds the group's store, where each rank's progress is counted). Two real gloo processes, real signals
-(SIGKILL, SIGSTOP) sent by the test, a collective timeout of 3 s."""
+also holds the group's store, where each rank's progress is counted). Two real gloo processes (the one not
+signalled the test's own), real signals (SIGKILL, SIGSTOP) sent by the test, a collective timeout of 3 s."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import queue
 import signal
+import threading
 
 import pytest
 import torch
@@ -41,19 +43,24 @@ def _rank(rank: int, address: str, silent: int, results) -> None:
 
 @pytest.mark.parametrize(("fault", "silent"), [(signal.SIGKILL, 1), (signal.SIGSTOP, 1), (signal.SIGSTOP, 0)])
 def test_a_group_failure_says_whether_a_rank_died_or_did_not_answer(fault, silent):
+    """The signalled rank spawned; the other runs in a thread of this process (one torch import fewer)."""
     spawn = multiprocessing.get_context("spawn")
-    results, address = [spawn.Queue(), spawn.Queue()], free_address()
-    ranks = [spawn.Process(target=_rank, args=(r, address, silent, results[r])) for r in (0, 1)]
-    for process in ranks:
-        process.start()
+    address = free_address()
+    results = [spawn.Queue(), queue.Queue()] if silent == 0 else [queue.Queue(), spawn.Queue()]
+    signalled = spawn.Process(target=_rank, args=(silent, address, silent, results[silent]))
+    signalled.start()
+    other = threading.Thread(
+        target=_rank, args=(1 - silent, address, silent, results[1 - silent]), daemon=True
+    )
+    other.start()
     try:
-        ready = {rank: pid for _, rank, pid in (queue.get(timeout=WAIT_S) for queue in results)}
+        ready = {rank: pid for _, rank, pid in (box.get(timeout=WAIT_S) for box in results)}
         os.kill(ready[silent], fault)
         phase, rank, message = results[1 - silent].get(timeout=WAIT_S)
     finally:
-        for process in ranks:
-            process.kill()
-            process.join(timeout=WAIT_S)
+        signalled.kill()
+        signalled.join(timeout=WAIT_S)
+        other.join(timeout=WAIT_S)
     assert (phase, rank) == ("failed", 1 - silent), message
     assert message.startswith("the tensor-parallel group failed in an all-reduce: "), message
     if fault == signal.SIGKILL:  # its connection closed at once

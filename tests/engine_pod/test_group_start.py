@@ -1,12 +1,13 @@
 """A tensor-parallel group waits long while it starts (ranks of a multi-node group start and load minutes
 apart); once it runs, a rank waits for another however long that one computes, and gives up within the
-collective timeout once no other rank makes progress. Two real gloo processes, a collective timeout of 1 s,
-and a leader that keeps the other rank waiting 2.5 s before the group starts, and after it either sleeping
-(no progress: a hung rank) or computing (a slow one)."""
+collective timeout once no other rank makes progress. Two real gloo processes (rank 1 the test's own), a
+collective timeout of 1 s, and a leader that keeps the other rank waiting 2.5 s before the group starts, and
+after it either sleeping (no progress: a hung rank) or computing (a slow one)."""
 
 from __future__ import annotations
 
 import multiprocessing
+import queue
 import time
 
 import pytest
@@ -45,18 +46,19 @@ def _rank(rank: int, address: str, late: str, results) -> None:
 
 
 def _seen(late: str) -> list[tuple]:
+    """What each rank saw: rank 0 spawned (the late one), rank 1 this process (one torch import fewer)."""
     spawn = multiprocessing.get_context("spawn")
     results, address = spawn.Queue(), free_address()
-    ranks = [spawn.Process(target=_rank, args=(r, address, late, results)) for r in (0, 1)]
-    for process in ranks:
-        process.start()
+    leader = spawn.Process(target=_rank, args=(0, address, late, results))
+    leader.start()
     try:
-        return [results.get(timeout=WAIT_S) for _ in range(4)]  # each rank starting, then running
+        here: queue.Queue = queue.Queue()
+        _rank(1, address, late, here)
+        return [here.get_nowait() for _ in range(2)] + [results.get(timeout=WAIT_S) for _ in range(2)]
     finally:
-        for process in ranks:
-            process.join(timeout=WAIT_S)
-            if process.is_alive():
-                process.kill()
+        leader.join(timeout=WAIT_S)
+        if leader.is_alive():
+            leader.kill()
 
 
 def test_a_late_rank_is_waited_for_while_the_group_starts_and_not_once_it_runs_and_stopped():

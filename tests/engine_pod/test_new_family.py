@@ -51,9 +51,10 @@ FAMILY = replace(
 PROBE = """
 import sys
 from engine_pod.loading.loader import load_model
-loaded = load_model(sys.argv[1])
-mlp = loaded.model.layers[0].mlp
-print(loaded.config.family, loaded.config.activation, mlp.activation.func.__name__, loaded.family.kind.name)
+for spec in sys.argv[1:]:  # each model: one line
+    loaded = load_model(spec)
+    mlp = loaded.model.layers[0].mlp
+    print(loaded.config.family, loaded.config.activation, mlp.activation.func.__name__, loaded.family.kind.name)
 """
 
 
@@ -69,9 +70,9 @@ def checkpoint(tmp_path_factory):
 
 
 def test_the_variant_loads_as_its_own_family_with_a_gelu_mlp(tree, checkpoint):
-    assert run(tree, "-c", PROBE, str(checkpoint)).split() == [VARIANT.name, "gelu", "gelu", "bidirectional"]
-    preset = run(tree, "-c", PROBE, f"random:{VARIANT.preset}").split()
-    assert preset == [VARIANT.name, "gelu", "gelu", "bidirectional"]
+    found, preset = run(tree, "-c", PROBE, str(checkpoint), f"random:{VARIANT.preset}").splitlines()
+    assert found.split() == [VARIANT.name, "gelu", "gelu", "bidirectional"]
+    assert preset.split() == [VARIANT.name, "gelu", "gelu", "bidirectional"]
 
 
 def test_the_variants_logits_are_a_gelu_mlps(tree, checkpoint, tmp_path):

@@ -26,7 +26,7 @@ from engine_pod.parallel.group import TensorParallel
 from engine_pod.parallel.place import GroupPlace
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.dllm_serve import DllmServeScheduler
-from tests.engine_utils import run_workload
+from tests.engine_utils import in_process, run_workload
 from tests.factories import random_workload
 
 PROMPT = [5, 17, 33, 8, 101, 64, 12]
@@ -35,7 +35,7 @@ TIMEOUT_S = 300  # a bound on a whole `dllm generate` run, however slow the mach
 
 
 def _generate(model: str, ranks: int, *flags: str) -> tuple[int, dict | None, str]:
-    """`dllm generate --json` in its own process: exit status, payload, stderr (DiffusionGemma: its canvas is
+    """`dllm generate --json` in its own process (one rank: in this one): exit status, payload, stderr (DiffusionGemma: its canvas is
     its block, its noise seeded)."""
     command = [sys.executable, "-m", "engine_pod.cli.main", "generate", "--model", model]
     command += ["--dtype", "float64", "--prompt-ids", ",".join(map(str, PROMPT))]
@@ -44,6 +44,8 @@ def _generate(model: str, ranks: int, *flags: str) -> tuple[int, dict | None, st
     else:
         command += ["--gen-length", "16", "--block-length", "8"]
     command += ["--threads", "1", "--tensor-parallel", str(ranks), "--json", *flags]
+    if ranks == 1:  # one process: the same command in this one (its torch already loaded)
+        return in_process(command[3:])
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=os.environ.copy())
     payload = json.loads(done.stdout) if done.returncode == 0 else None
     return done.returncode, payload, done.stderr
@@ -69,15 +71,18 @@ def test_dllm_generate_on_two_ranks_gives_the_tokens_of_one(model):
 
 
 @pytest.mark.parametrize(  # Dream and SDAR (K/V heads shared by ranks, dense block layers) behind -m slow
-    "model", [*SPLIT[::2], *(pytest.param(model, marks=pytest.mark.slow) for model in SPLIT[1::2])]
+    "model",
+    [*SPLIT[::2], *(pytest.param(model, marks=pytest.mark.slow) for model in SPLIT[1::2])],
+    scope="module",  # the tests of one model together, on one shared group
 )
-def test_a_seeded_sampled_request_draws_the_same_tokens_on_two_ranks(model):
+def test_a_seeded_sampled_request_draws_the_same_tokens_on_two_ranks(model, shared_group):
     torch.set_num_threads(1)
     decoding = DecodingConfig(block_length=8, steps_per_block=4, threshold=0.5, remasking="threshold")
     sampling = RequestParams(temperature=0.8, top_p=0.9, seed=7)
     one = generate_one(load_model(model, dtype="float64"), PROMPT, 16, decoding, params=sampling)
-    with tensor_parallel_group(GroupPlace(2), ModelArgs(model, dtype="float64")) as loaded:
-        two = generate_one(loaded, PROMPT, 16, decoding, params=sampling)
+    two = generate_one(
+        shared_group(GroupPlace(2), ModelArgs(model, dtype="float64")), PROMPT, 16, decoding, params=sampling
+    )
     assert two.token_ids == one.token_ids
 
 
@@ -94,16 +99,17 @@ def test_a_split_the_model_does_not_divide_is_refused_in_one_line():
     assert code != 0 and lines and all("Traceback" not in line for line in lines), err
 
 
-def test_each_rank_holds_its_share_and_a_forward_makes_two_all_reduces_per_layer():
+@pytest.mark.parametrize("model", ["random:llada-tiny"], scope="module")  # with the other LLaDA tests
+def test_each_rank_holds_its_share_and_a_forward_makes_two_all_reduces_per_layer(model, shared_group):
     torch.set_num_threads(1)
-    whole = load_model("random:llada-tiny", dtype="float64").model
+    whole = load_model(model, dtype="float64").model
     decoding = DecodingConfig(block_length=8, steps_per_block=4, cache="dual")
-    with tensor_parallel_group(GroupPlace(2), ModelArgs("random:llada-tiny", dtype="float64")) as loaded:
-        held = sum(p.numel() for p in loaded.model.parameters())
-        counts = loaded.parallel.counts
-        counts.clear()
-        result = generate_one(loaded, PROMPT, 16, decoding)
-        made = dict(counts)
+    loaded = shared_group(GroupPlace(2), ModelArgs(model, dtype="float64"))
+    held = sum(p.numel() for p in loaded.model.parameters())
+    counts = loaded.parallel.counts
+    counts.clear()
+    result = generate_one(loaded, PROMPT, 16, decoding)
+    made = dict(counts)
     layers = len(whole.layers)
     norms = sum(p.numel() for name, p in whole.named_parameters() if "norm" in name)
     assert held <= (sum(p.numel() for p in whole.parameters()) - norms) / 2 + norms
@@ -115,21 +121,24 @@ def test_each_rank_holds_its_share_and_a_forward_makes_two_all_reduces_per_layer
 
 
 @pytest.mark.parametrize(  # Dream and SDAR (K/V heads shared by ranks, dense block layers) behind -m slow
-    "model", [*SPLIT[::2], *(pytest.param(model, marks=pytest.mark.slow) for model in SPLIT[1::2])]
+    "model",
+    [*SPLIT[::2], *(pytest.param(model, marks=pytest.mark.slow) for model in SPLIT[1::2])],
+    scope="module",  # the tests of one model together, on one shared group
 )
-def test_a_blockserve_batch_on_two_ranks_gives_every_request_the_tokens_of_one_process(model):
+def test_a_blockserve_batch_on_two_ranks_gives_every_request_the_tokens_of_one_process(model, shared_group):
     """Mixed rows, leaving at different cycles and steps (threshold decoding, EOS at a common token)."""
     torch.set_num_threads(1)
     decoding = DecodingConfig(block_length=8, steps_per_block=8, threshold=0.6, remasking="threshold")
     workload = random_workload(random.Random(3), 10, 1024, 8, max_prompt=30, max_blocks=3)
     blockserve = partial(BlockServeScheduler, 8, [], SchedulerConfig(token_budget=512), ignore_eos=True)
     one = run_workload(load_model(model, dtype="float64"), blockserve, decoding, workload)
-    with tensor_parallel_group(GroupPlace(2), ModelArgs(model, dtype="float64")) as loaded:
-        two = run_workload(loaded, blockserve, decoding, workload)
+    two = run_workload(
+        shared_group(GroupPlace(2), ModelArgs(model, dtype="float64")), blockserve, decoding, workload
+    )
     assert two == one
 
 
-def test_a_dllm_serve_batch_on_two_ranks_carries_blocks_and_gives_the_tokens_of_one_process():
+def test_a_dllm_serve_batch_on_two_ranks_carries_blocks_and_gives_the_tokens_of_one_process(shared_group):
     """dLLM-Serve's staggered refreshes and step-level cycles: every rank carries the same rows' blocks and
     cache entries from one cycle to the next."""
     torch.set_num_threads(1)
@@ -139,8 +148,9 @@ def test_a_dllm_serve_batch_on_two_ranks_carries_blocks_and_gives_the_tokens_of_
     config = SchedulerConfig(token_budget=512, refresh_quota=0.3, batch_refresh_quota=0.3)
     dllm_serve = partial(DllmServeScheduler, 8, [], config, ignore_eos=True)
     one = run_workload(load_model(model, dtype="float64"), dllm_serve, decoding, workload)
-    with tensor_parallel_group(GroupPlace(2), ModelArgs(model, dtype="float64")) as loaded:
-        two = run_workload(loaded, dllm_serve, decoding, workload)
+    two = run_workload(
+        shared_group(GroupPlace(2), ModelArgs(model, dtype="float64")), dllm_serve, decoding, workload
+    )
     assert two == one
 
 
@@ -216,7 +226,9 @@ def test_dllm_profile_on_two_ranks_records_its_size_and_a_budget(tmp_path):
 
 
 @pytest.mark.slow  # CI runs DiffusionGemma's checkpoint on two ranks (test_tensor_parallel_gemma.py)
-def test_diffusion_gemma_blockserve_batch_on_two_ranks_gives_every_request_the_tokens_of_one_process():
+def test_diffusion_gemma_blockserve_batch_on_two_ranks_gives_every_request_the_tokens_of_one_process(
+    shared_group,
+):
     """Canvases stopping at their own steps, each request its own seeded noise."""
     torch.set_num_threads(1)
     model, canvas = "random:diffusion-gemma-tiny", 32
@@ -225,6 +237,6 @@ def test_diffusion_gemma_blockserve_batch_on_two_ranks_gives_every_request_the_t
     seeds = {request_id: RequestParams(seed=index + 1) for index, (request_id, _, _) in enumerate(workload)}
     blockserve = partial(BlockServeScheduler, canvas, [], SchedulerConfig(token_budget=1024), ignore_eos=True)
     one = run_workload(load_model(model, dtype="float64"), blockserve, decoding, workload, sampling=seeds)
-    with tensor_parallel_group(GroupPlace(2), ModelArgs(model, dtype="float64")) as loaded:
-        two = run_workload(loaded, blockserve, decoding, workload, sampling=seeds)
+    loaded = shared_group(GroupPlace(2), ModelArgs(model, dtype="float64"))
+    two = run_workload(loaded, blockserve, decoding, workload, sampling=seeds)
     assert two == one
