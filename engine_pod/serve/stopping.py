@@ -5,12 +5,19 @@ stop (interactive requests: their clients' connections end with the gateway)."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import threading
 
 from engine_pod.serve.queue_census import Census, census_of
 from engine_pod.serve.supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
+RELAYED = (signal.SIGTERM, signal.SIGINT)
+
+
+def _noted(*_) -> None:
+    """The Python-level handler: the wakeup fd has the signal already (``Stopping._relay`` acts on it)."""
 
 
 class Stopping:
@@ -26,8 +33,22 @@ class Stopping:
         self.left_at_kill: Census | None = None
 
     def install(self) -> None:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self.on_signal)
+        """Ctrl-C and SIGTERM acted on in a thread of their own. A Python signal handler runs in the main
+        thread between two of its bytecodes: one that set ``supervisor.stopping`` while the main thread held
+        that event's lock (inside its ``wait``) would wait for itself forever, and ``dllm serve`` would hang
+        on Ctrl-C. So the handlers do nothing; the signal's number reaches ``_relay`` through the wakeup fd."""
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        for signum in RELAYED:
+            signal.signal(signum, _noted)
+        threading.Thread(target=self._relay, args=(read,), name="signals", daemon=True).start()
+
+    def _relay(self, read: int) -> None:
+        while True:
+            for signum in os.read(read, 64):
+                if signum in RELAYED:
+                    self.on_signal()
 
     def on_signal(self, *_) -> None:
         if not self.supervisor.stopping.is_set():
