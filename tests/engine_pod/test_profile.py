@@ -130,7 +130,7 @@ def test_every_profile_measures_its_budget_once_and_it_fits(small_profile):
 
 
 def test_a_budget_far_past_the_grid_is_warned_about_in_the_terminal_and_the_json(small_profile):
-    """600 MiB over a grid of at most 384 tokens: the budget lies many times past the largest point."""
+    """600 MiB over a grid of at most 512 tokens: the budget lies many times past the largest point."""
     result, _, logged = small_profile
     extrapolation = result["extrapolation"]
     assert extrapolation["largest_measured_tokens"] == SMALL_MAX_TOKENS
