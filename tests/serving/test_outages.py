@@ -22,7 +22,7 @@ import redis
 from dllm_contracts.queue.connect import REDIS_PASSWORD_ENV, sync_client
 from dllm_contracts.queue.keys import ServiceKeys
 from tests.redis_cluster import LocalRedisCluster
-from tests.serving.outage_harness import Stack, Tally, reference_texts, start_load
+from tests.serving.outage_harness import Stack, Tally, reference_texts, start_load, wait_under_way
 from tests.serving_utils import BLOCK, WAIT_S, wait_for
 
 MAX_TOKENS = 2 * BLOCK
@@ -152,7 +152,7 @@ def test_on_a_redis_cluster_with_replicas_a_killed_master_fails_over(
     cluster = LocalRedisCluster(replicas=1, password="cluster-secret", node_timeout_ms=1000)
     with Stack(served_model, service, tmp_path, workers=1, redis_backend=cluster) as stack:
         during = start_load(stack.gateway.url, PROMPTS[:24], MAX_TOKENS)
-        wait_for(lambda: _done_count(stack) >= 4 or during.done(), 120, what="the load to get going")
+        wait_under_way(during)
         key = ServiceKeys(service).live  # every key of a service shares its hash tag: one slot
         master = cluster.master_of(key)
         assert not during.done(), "the kill must land while the load runs"
