@@ -19,6 +19,7 @@ from engine_pod.loading.loaded import (
     parse_device,
     parse_dtype,
 )
+from engine_pod.loading.materialize import materialize
 from engine_pod.loading.memory_check import check_weights_fit, parameter_count
 from engine_pod.loading.presets import preset_config
 from engine_pod.loading.sharded import load_shard
@@ -46,7 +47,7 @@ def build_model(config: Any, device: torch.device, dtype: torch.dtype) -> torch.
         check_weights_fit(config, device, dtype)
     with torch.device("meta"), no_initial_draws():
         model = architecture(config)
-    return model.to(dtype).to_empty(device=device).eval()
+    return materialize(model.to(dtype), device).eval()
 
 
 def load_metadata(spec: str, family: str | None = None) -> tuple[Any, Any]:

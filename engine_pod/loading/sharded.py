@@ -25,6 +25,7 @@ from dllm_contracts.model_source import ModelLoadError, resolve_model_dir
 from engine_pod.families.registry import family_of
 from engine_pod.loading.config_readers import load_config
 from engine_pod.loading.loaded import LoadedModel, expect_family, no_initial_draws, parse_device, parse_dtype
+from engine_pod.loading.materialize import materialize
 from engine_pod.loading.memory_check import check_weights_fit
 from engine_pod.loading.presets import preset_config
 from engine_pod.loading.tokenizer_files import LazyTokenizer, eos_ids, has_tokenizer
@@ -106,7 +107,7 @@ def load_shard(
     model = build_part(plan)
     if torch_device.type != "meta":
         check_weights_fit(config, torch_device, torch_dtype, sum(p.numel() for p in model.parameters()))
-    model = model.to(torch_dtype).to_empty(device=torch_device).eval()
+    model = materialize(model.to(torch_dtype), torch_device).eval()
     random = model_dir is None
     sources = (
         _random_sources(config, seed, torch_device) if random else _checkpoint_sources(config, model_dir)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -37,3 +39,23 @@ def test_the_tokenizer_loads_on_first_use():
     assert isinstance(loaded.tokenizer, LazyTokenizer) and loaded.tokenizer._tokenizer is None
     assert loaded.tokenizer.decode(loaded.tokenizer("count to 3 .")["input_ids"]) == "count to 3 ."
     assert loaded.tokenizer._tokenizer is not None
+
+
+_GENERATE_THEN_LIST_SYMPY = """
+import sys
+from engine_pod.cli.main import main
+for model in ("builtin:tiny-llada", "builtin:tiny-llada2-random"):
+    argv = ["generate", "--model", model, "--prompt", "count to 5 .", "--gen-length", "32", "--threads", "1"]
+    assert main(argv) == 0
+print(sorted(name for name in sys.modules if name.split(".")[0] == "sympy")[:3])
+"""
+
+
+def test_loading_and_generating_do_not_import_sympy():
+    """A meta-built model is given storage without torch's meta reference path, which imports sympy (about
+    half a CPU second, over a second for the mixture of experts, in every process that loads a model)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _GENERATE_THEN_LIST_SYMPY], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-500:]
