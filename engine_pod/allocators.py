@@ -39,6 +39,14 @@ def tune_cpu_allocator(mmap_threshold: int = MMAP_THRESHOLD) -> None:
         libc.mallopt(M_MMAP_THRESHOLD, mmap_threshold)
 
 
+def release_free_cpu_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``), so that resident memory is
+    what live allocations hold; a no-op under another C library."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
 @functools.cache
 def _libc():
     name = ctypes.util.find_library("c")

@@ -4,11 +4,25 @@ from __future__ import annotations
 
 import os
 import resource
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 CPUINFO = Path("/proc/cpuinfo")
+CLEAR_REFS = Path("/proc/self/clear_refs")
+RESET_PEAK_RESIDENT = "5"  # clear_refs: peak resident memory (VmHWM) back to what is resident now (Linux 4.0)
+
+
+@dataclass
+class _ResidentPeak:
+    """This process's CPU peak windows: the floor (its peak before the first) and whether they work."""
+
+    floor: int | None = None
+    windows: bool = False
+
+
+_resident = _ResidentPeak()
 
 
 def device_name(device: torch.device) -> str:
@@ -80,24 +94,43 @@ def _cgroup_limit() -> int | None:
     return None
 
 
-def reset_peak(device: torch.device) -> None:
+def reset_peak(device: torch.device, resident_window: bool = False) -> None:
     """Start a new peak window on CUDA (cached blocks released, so reserved memory starts from what is
-    allocated). On CPU the peak is the whole process's, on purpose: an engine process also pays for its
-    imports and its model load, so each grid point runs in a fresh child."""
+    allocated). On CPU the peak is the whole process's: an engine process also pays for its imports and
+    its model load. With ``resident_window`` (the profiler's points) a CPU window starts too: peak
+    resident memory back to what is resident now (Linux's ``clear_refs``), with the process's peak before
+    its first window kept as the floor of every window, so that a window's peak is what a fresh process
+    doing the same work reaches. Where the kernel refuses the reset the peak stays the whole process's
+    (``resident_windows`` says which)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+        return
+    if not resident_window:
+        return
+    if _resident.floor is None:
+        _resident.floor = _resident_high_water_mark()
+    try:
+        CLEAR_REFS.write_text(RESET_PEAK_RESIDENT)
+        _resident.windows = True
+    except OSError:
+        _resident.windows = False
+
+
+def resident_windows() -> bool:
+    """Whether this process's last CPU ``reset_peak`` started a window of its own."""
+    return _resident.windows
 
 
 def peak_bytes(device: torch.device) -> int:
     """The memory a piece of work held at its peak. CUDA: the caching allocator's reserved peak since the
     last reset (allocations plus the cache and fragmentation around them: what the device gives up);
-    CPU: this process's peak resident memory."""
+    CPU: this process's peak resident memory (in its window, at least the floor: ``reset_peak``)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         return int(torch.cuda.max_memory_reserved(device))
-    return _resident_high_water_mark()
+    return max(_resident.floor or 0, _resident_high_water_mark())
 
 
 def peak_allocated_bytes(device: torch.device) -> int:
@@ -109,7 +142,7 @@ def peak_allocated_bytes(device: torch.device) -> int:
 
 
 def _resident_high_water_mark() -> int:
-    """VmHWM: this address space's peak since exec. Not ru_maxrss, which a spawned child inherits from
+    """VmHWM: this address space's peak since exec or its last reset. Not ru_maxrss, which a spawned child inherits from
     the process it was forked from (Linux keeps it across execve), so a large parent would mask it."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():

@@ -32,26 +32,68 @@ def _call(function: Callable[..., Any], args: tuple, results, threads: int, foll
 def run_in_child(function: Callable[..., Any], *args: Any) -> Any:
     """``function(*args)`` in a spawned process with this process's torch threads (following the load if
     this process does); ChildDied if it ends without returning."""
+    results = _SPAWN.Queue()
+    process = _start(function, args, results)
+    value = _receive(results, process)
+    process.join()
+    return value
+
+
+class ChildSession:
+    """A spawned process (set up as ``run_in_child``'s) that answers calls one at a time: ``serve(calls,
+    answers, *args)`` runs in it, putting an answer on ``answers`` for each value it reads from ``calls``
+    until it reads None. ``ask`` raises ChildDied if the process ends before answering."""
+
+    def __init__(self, serve: Callable[..., None], *args: Any) -> None:
+        self._calls, self._answers = _SPAWN.Queue(), _SPAWN.Queue()
+        self._process = _start(serve, (self._calls, self._answers, *args), self._answers)
+
+    def __enter__(self) -> ChildSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def ask(self, value: Any) -> Any:
+        self._calls.put(value)
+        return _receive(self._answers, self._process)
+
+    def close(self) -> None:
+        """Tell the process to end and wait for it (killed if it does not end within a minute)."""
+        if self._process.is_alive():
+            self._calls.put(None)
+            self._process.join(timeout=CLOSE_WAIT_S)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+
+
+CLOSE_WAIT_S = 60.0
+_SPAWN = multiprocessing.get_context("spawn")
+
+
+def _start(function: Callable[..., Any], args: tuple, results) -> multiprocessing.Process:
+    """A spawned process that runs ``function(*args)`` (``_call``) and puts what it returns on ``results``."""
     import torch
 
     from engine_pod.cpu_load import following
 
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
     threads = torch.get_num_threads()
-    process = context.Process(
+    process = _SPAWN.Process(
         target=_call, args=(function, args, results, threads, following(), _parent_log())
     )
     process.start()
+    return process
+
+
+def _receive(results, process) -> Any:
+    """The next value on ``results``; ChildDied once ``process`` has ended without one."""
     while True:
         try:
-            value = results.get(timeout=1.0)
-            break
+            return results.get(timeout=1.0)
         except queue_module.Empty:
             if not process.is_alive():
                 raise ChildDied(process.exitcode) from None
-    process.join()
-    return value
 
 
 def _parent_log() -> tuple[int, logging.Formatter | None]:

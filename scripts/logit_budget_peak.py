@@ -3,8 +3,8 @@
 Usage: python scripts/logit_budget_peak.py [--model random:llada-tiny-8b-vocab] [--rows 8] [--width 256]
     [--chunks 64,auto,unbounded] [--threads 1]
 
-Each setting's peak is measured as ``dllm profile`` measures a grid point (a fresh child process per
-shape, its peak resident memory on a CPU, the allocator's peak on CUDA) with ``--max-materialized-logits``
+Each setting's peak is measured in a fresh child process of its own (its peak resident memory on a CPU,
+the allocator's peak on CUDA, as ``dllm profile`` measures a grid point) with ``--max-materialized-logits``
 in force; then the same cycle runs again in this process under every setting and its committed blocks
 are compared (they must be equal). Prints one JSON object.
 """
@@ -35,9 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from engine_pod.decoding.config import DecodingConfig
+    from engine_pod.isolation import run_in_child
     from engine_pod.loading.loader import load_model
     from engine_pod.profiling.grid import Point
-    from engine_pod.profiling.profiler import ProfileConfig, _measure, _rows_for
+    from engine_pod.profiling.profiler import ProfileConfig, _rows_for, measure_in_fresh_process
     from engine_pod.runner.factory import make_runner
     from engine_pod.scheduler.output import SchedulerOutput
 
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = ProfileConfig(
             model=args.model, block_length=args.block_length, max_materialized_logits=positions
         )
-        peaks[name] = _measure(cfg, None, point).peak_bytes
+        peaks[name] = run_in_child(measure_in_fresh_process, cfg, point).peak_bytes
         decoding = DecodingConfig(
             block_length=args.block_length,
             steps_per_block=cfg.steps,

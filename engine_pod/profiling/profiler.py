@@ -7,16 +7,19 @@ what a request holds (its context's KV pages and its active block or canvas).
 Each grid point runs one block cycle (a refresh forward plus cached steps) on a batch of
 ``rows x width`` tokens. CUDA points run in this process between allocator peak resets and record
 the reserved peak (what the device gives up, fragmentation included) beside the allocated one; CPU
-points each run in a child process so that its peak resident memory is that point's alone. The
-budget the fit gives is then measured once at its own size and lowered until that peak fits.
+points run one after another in one fresh process, each in a window of peak resident memory whose floor
+is that process's peak from its imports and model load: what a fresh engine process reaches at that
+shape. The budget the fit gives is then measured once at its own size and lowered until that peak fits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -25,12 +28,18 @@ from tqdm import tqdm
 from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
 from dllm_contracts.head_sparse_config import HeadSparseConfig
 from dllm_contracts.scheduler_config import DEFAULT_LAYOUT
-from engine_pod.allocators import CUDA_ALLOC_CONF, describe_allocator
+from engine_pod.allocators import CUDA_ALLOC_CONF, describe_allocator, release_free_cpu_memory
 from engine_pod.decoding.config import DecodingConfig
-from engine_pod.device_memory import available_memory, device_name, peak_allocated_bytes, total_memory
+from engine_pod.device_memory import (
+    available_memory,
+    device_name,
+    peak_allocated_bytes,
+    resident_windows,
+    total_memory,
+)
 from engine_pod.families.registry import family_of
 from engine_pod.group_processes import ModelArgs, tensor_parallel_group
-from engine_pod.isolation import ChildDied, run_in_child
+from engine_pod.isolation import ChildDied, ChildSession, run_in_child
 from engine_pod.loading.loader import LoadedModel, load_metadata, parse_device, parse_dtype
 from engine_pod.loading.sharded import build_part, model_plan
 from engine_pod.parallel.group import TensorParallel
@@ -101,7 +110,7 @@ def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> Poin
     )
     runner = make_runner(loaded, decoding, pool_tokens=point.tokens)  # a KV pool for every token
     rows = _rows_for(point, loaded, cfg.block_length, cfg.seed)
-    group_reset_peak(loaded)
+    group_reset_peak(loaded, resident_window=True)  # CPU: a window of its own (_measure_in_one_process)
     runner.run(SchedulerOutput.of_rows(rows, gather_rows=False, packed=cfg.layout == "packed"))
     peak, allocated = group_peak(loaded), peak_allocated_bytes(loaded.device)  # the worst rank's peak
     return Point(point.rows, point.width, peak, point.held_out, allocated)
@@ -117,16 +126,65 @@ def _place(cfg: ProfileConfig) -> GroupPlace:
     return GroupPlace(cfg.tensor_parallel, expert=cfg.expert_parallel)
 
 
-def _measure_fresh(cfg: ProfileConfig, point: Point) -> Point:
+def measure_in_fresh_process(cfg: ProfileConfig, point: Point) -> Point:
+    """One point in this process, the model loaded for it (``run_in_child`` gives it a fresh process)."""
     with _model(cfg) as loaded:
         return measure_point(loaded, point, cfg)
 
 
-def _measure(cfg: ProfileConfig, loaded: LoadedModel | None, point: Point) -> Point:
-    if loaded is not None:
-        return measure_point(loaded, point, cfg)
+def _measure_in_one_process(calls, answers, cfg: ProfileConfig) -> None:
+    """CPU points one after another in this fresh process, each in a peak window of its own whose floor is
+    the process's peak before the first (``device_memory.reset_peak``): what a fresh process reaches at
+    that shape. Each answer: the point and whether its window was its own."""
+    with _model(cfg) as loaded:
+        while (point := calls.get()) is not None:
+            gc.collect()  # what the last point left in reference cycles goes before the next window,
+            release_free_cpu_memory()  # and what the C heap keeps free of it is given back
+            answers.put((measure_point(loaded, point, cfg), resident_windows()))
+
+
+@dataclass(frozen=True)
+class _InProcessPoints:
+    """CUDA points in this process, between allocator peak resets."""
+
+    loaded: LoadedModel
+    cfg: ProfileConfig
+    measured_in: str = "this process"
+
+    def measure(self, point: Point) -> Point:
+        return measure_point(self.loaded, point, self.cfg)
+
+
+class _CpuPoints:
+    """CPU points measured in one fresh process (the model loaded once); where the kernel does not let a
+    process reset its peak, each point after the first in a fresh process of its own."""
+
+    def __init__(self, cfg: ProfileConfig) -> None:
+        self._cfg = cfg
+        self._session: ChildSession | None = ChildSession(_measure_in_one_process, cfg)
+        self.measured_in = "one fresh process"
+
+    def __enter__(self) -> _CpuPoints:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def measure(self, point: Point) -> Point:
+        if self._session is None:
+            return run_in_child(measure_in_fresh_process, self._cfg, point)
+        measured, own_window = self._session.ask(point)
+        if not own_window:  # the process's first point is its own all the same; the next would not be
+            self.__exit__()
+            self.measured_in = "a fresh process each"
+        return measured
+
+
+def _measured(measure: Callable[[Point], Point], point: Point) -> Point:
     try:
-        return run_in_child(_measure_fresh, cfg, point)
+        return measure(point)
     except ChildDied as exc:
         raise ProfileError(
             f"profiling {point.rows}x{point.width} tokens failed ({exc}); the grid does not fit this device: "
@@ -162,14 +220,17 @@ def run_profile(cfg: ProfileConfig, progress: bool = True) -> dict:
     limit = cfg.memory_limit if cfg.memory_limit is not None else available
     usable = int(limit * cfg.utilization)
     with contextlib.ExitStack() as held:
-        loaded = held.enter_context(_model(cfg)) if device.type == "cuda" else None
-        return _profile(cfg, device, loaded, total, available, limit, usable, progress)
+        if device.type == "cuda":
+            loaded = held.enter_context(_model(cfg))
+            points, weights = _InProcessPoints(loaded, cfg), loaded.weights_bytes
+        else:
+            points, weights = held.enter_context(_CpuPoints(cfg)), _weights_bytes(cfg)
+        return _profile(cfg, device, points, weights, total, available, limit, usable, progress)
 
 
 def _profile(
-    cfg, device, loaded, total: int, available: int, limit: int, usable: int, progress: bool
+    cfg, device, points, weights: int, total: int, available: int, limit: int, usable: int, progress: bool
 ) -> dict:
-    weights = loaded.weights_bytes if loaded else _weights_bytes(cfg)
     if usable <= weights:
         raise ProfileError(
             f"usable memory {usable} bytes is not more than the model's weights ({weights} bytes)"
@@ -178,16 +239,18 @@ def _profile(
     measured = []
     with tqdm(total=len(shapes) + 1, desc="profile", unit="shape", disable=not progress) as bar:
         for point in shapes:  # the bar ends its line even when a point fails, so an error prints alone
-            measured.append(_measure(cfg, loaded, point))
+            measured.append(_measured(points.measure, point))
             logger.debug("%d x %d tokens: peak %d bytes", point.rows, point.width, measured[-1].peak_bytes)
             if problem := smallest_too_large(measured[0], usable):  # the smallest first: no grid in vain
                 raise ProfileError(problem)
             bar.update(1)
         fit = _fit(measured, weights)
-        budget, checks = _checked_budget(cfg, loaded, fit, usable)
+        budget, checks = _checked_budget(cfg, points.measure, fit, usable)
         bar.update(1)
     memory = {"total": total, "free": available, "limit": limit, "usable": usable, "weights": weights}
-    return _result(cfg, device, memory, fit, budget, checks, measured)
+    return _result(cfg, device, memory, fit, budget, checks, measured) | {
+        "points_measured_in": points.measured_in
+    }
 
 
 def _fit(points: list[Point], weights: int) -> MemoryFit:
@@ -196,14 +259,14 @@ def _fit(points: list[Point], weights: int) -> MemoryFit:
 
 
 def _checked_budget(
-    cfg: ProfileConfig, loaded: LoadedModel | None, fit: MemoryFit, usable: int
+    cfg: ProfileConfig, measure: Callable[[Point], Point], fit: MemoryFit, usable: int
 ) -> tuple[int, list[dict]]:
     """The fit's budget, measured at its own size and scaled down until the measured peak fits."""
     budget, checks = fit.budget(usable), []
     for _ in range(MAX_CHECKS):
         if problem := no_block_fits(budget, cfg.block_length, fit, usable):
             raise ProfileError(problem)
-        point = _measure(cfg, loaded, check_shape(budget, cfg))
+        point = _measured(measure, check_shape(budget, cfg))
         checks.append(_check_record(budget, point, fit, usable))
         if point.peak_bytes <= usable:
             return budget, checks

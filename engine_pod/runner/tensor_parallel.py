@@ -85,10 +85,10 @@ def lead(runner: Runner, loaded: ServedModel, recipe: tuple[Any, ...]) -> Runner
     return LeaderRunner(runner, loaded)
 
 
-def group_reset_peak(loaded: ServedModel) -> None:
-    """A new peak window on every rank's device (rank 0 asks)."""
-    loaded.parallel.broadcast(("reset_peak",))
-    reset_peak(loaded.device)
+def group_reset_peak(loaded: ServedModel, resident_window: bool = False) -> None:
+    """A new peak window on every rank's device (rank 0 asks; ``device_memory.reset_peak``)."""
+    loaded.parallel.broadcast(("reset_peak", resident_window))
+    reset_peak(loaded.device, resident_window)
 
 
 def group_peak(loaded: ServedModel) -> int:
@@ -121,7 +121,7 @@ def follow(loaded: ServedModel, make_runner) -> None:
         elif kind == "warm":
             runner.warm_prefix(*body)
         elif kind == "reset_peak":
-            reset_peak(loaded.device)
+            reset_peak(loaded.device, *body)
         elif kind == "peak":
             loaded.parallel.max_of(peak_bytes(loaded.device))
         else:

@@ -52,7 +52,9 @@ def test_a_profiled_canvas_cycle_is_measured_with_its_context_pool_allocated(mon
         profiler, "make_runner", lambda *a, **k: runners.append(make_runner(*a, **k)) or runners[-1]
     )
     monkeypatch.setattr(
-        profiler, "group_reset_peak", lambda loaded: pool_at_reset.append(runners[-1].stepper.pool.nbytes())
+        profiler,
+        "group_reset_peak",
+        lambda loaded, **_: pool_at_reset.append(runners[-1].stepper.pool.nbytes()),
     )
     measure_point(loaded, Point(6, 17), cfg)
     pool = runners[0].stepper.pool
