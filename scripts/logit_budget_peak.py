@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine_pod.isolation import run_in_child
     from engine_pod.loading.loader import load_model
     from engine_pod.profiling.grid import Point
-    from engine_pod.profiling.profiler import ProfileConfig, _rows_for, measure_in_fresh_process
+    from engine_pod.profiling.points import ProfileConfig, _rows_for, measure_in_fresh_process
     from engine_pod.runner.factory import make_runner
     from engine_pod.scheduler.output import SchedulerOutput
 

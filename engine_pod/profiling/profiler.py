@@ -5,54 +5,37 @@ are also the KV pool's: the pool is allocated for them before the peak is reset,
 what a request holds (its context's KV pages and its active block or canvas).
 
 Each grid point runs one block cycle (a refresh forward plus cached steps) on a batch of
-``rows x width`` tokens. CUDA points run in this process between allocator peak resets and record
-the reserved peak (what the device gives up, fragmentation included) beside the allocated one; CPU
-points run one after another in one fresh process, each in a window of peak resident memory whose floor
-is that process's peak from its imports and model load: what a fresh engine process reaches at that
-shape. The budget the fit gives is then measured once at its own size and lowered until that peak fits.
+``rows x width`` tokens (``points.py``: CUDA points in this process, recording the reserved peak
+beside the allocated one; CPU points in one fresh process, each shape's peak resident memory as a fresh
+engine process would reach it). The budget the fit gives is then measured once at its own size and lowered until that peak fits.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
-import random
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
 import torch
 from tqdm import tqdm
 
 from dllm_contracts.defaults import DEFAULT_BLOCK_LENGTH
-from dllm_contracts.head_sparse_config import HeadSparseConfig
-from dllm_contracts.scheduler_config import DEFAULT_LAYOUT
-from engine_pod.allocators import CUDA_ALLOC_CONF, describe_allocator, release_free_cpu_memory
-from engine_pod.decoding.config import DecodingConfig
-from engine_pod.device_memory import (
-    available_memory,
-    device_name,
-    peak_allocated_bytes,
-    resident_windows,
-    total_memory,
-)
+from engine_pod.allocators import CUDA_ALLOC_CONF, describe_allocator
+from engine_pod.device_memory import available_memory, device_name, total_memory
 from engine_pod.families.registry import family_of
-from engine_pod.group_processes import ModelArgs, tensor_parallel_group
-from engine_pod.isolation import ChildDied, ChildSession, run_in_child
-from engine_pod.loading.loader import LoadedModel, load_metadata, parse_device, parse_dtype
+from engine_pod.isolation import ChildDied
+from engine_pod.loading.loader import load_metadata, parse_device, parse_dtype
 from engine_pod.loading.sharded import build_part, model_plan
 from engine_pod.parallel.group import TensorParallel
-from engine_pod.parallel.place import GroupPlace
 from engine_pod.profiling.cache_share import cache_share
+from engine_pod.profiling.config import ProfileConfig
 from engine_pod.profiling.extrapolation import Extrapolation
 from engine_pod.profiling.fit import MemoryFit, fit_peak
 from engine_pod.profiling.grid import Point, grid
+from engine_pod.profiling.points import CpuPoints, InProcessPoints, model_of, place_of
 from engine_pod.profiling.room import no_block_fits, smallest_too_large
-from engine_pod.runner.factory import make_runner
-from engine_pod.runner.tensor_parallel import group_peak, group_reset_peak
-from engine_pod.scheduler.cycle_row import CycleRow
-from engine_pod.scheduler.output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -61,125 +44,10 @@ class ProfileError(ValueError):
     """The profile cannot produce a usable budget (limit below the weights, grid too large, ...)."""
 
 
-@dataclass(frozen=True)
-class ProfileConfig:
-    model: str
-    device: str = "cpu"
-    dtype: str = "float32"
-    block_length: int | None = 32  # None: the model's (DiffusionGemma: its canvas; else 32)
-    steps: int = 4  # denoising steps per profiled block cycle (peak is reached by the first cached step)
-    memory_limit: int | None = None  # memory the engine may have; default: what the device has free
-    utilization: float = 0.9  # share of it to plan for
-    max_tokens: int = 16384  # largest batch (rows x width) on the grid
-    seed: int = 0
-    layout: str = DEFAULT_LAYOUT  # how the engine lays batches out (the budget counts that layout's tokens)
-    canvas: bool = False  # rows of one canvas each over a kept context (DiffusionGemma): set by run_profile
-    family: str | None = None  # the family the checkpoint must be (None: any)
-    tensor_parallel: int = 1  # ranks the model is split across: each rank's peak measured, the worst kept
-    expert_parallel: int = 1  # sets of ranks a mixture of experts' experts are spread over
-    max_materialized_logits: int | None = None  # the engine's logit budget (DecodingConfig), in force
-    logit_candidates: int = 0  # and its candidates (0: the whole vocabulary)
-    batch_invariant: bool = False  # the engine's products row-invariant (DecodingConfig.batch_invariant)
-    sparse: HeadSparseConfig = HeadSparseConfig()  # the head-sparse cache the engine will run (off: dense)
-
-
-def _rows_for(point: Point, loaded: LoadedModel, block_length: int, seed: int) -> list[CycleRow]:
-    rng = random.Random(seed)
-    special = {loaded.config.mask_token_id, *loaded.config.eos_token_ids}
-    vocab = [t for t in range(min(loaded.config.vocab_size, 4096)) if t not in special]
-    prefix = point.width - block_length
-    return [CycleRow(tuple(rng.choice(vocab) for _ in range(prefix))) for _ in range(point.rows)]
-
-
 CHECK_WIDTH = 1024  # width of the batch that checks the budget (narrower when the budget is small)
 MAX_CHECKS = 3  # measurements at the budget, each lowering it when its peak was over the limit
 # after an overshoot, aim this share of the headroom below the limit (peaks are noisy)
 CORRECTION_MARGIN = 0.03
-
-
-def measure_point(loaded: LoadedModel, point: Point, cfg: ProfileConfig) -> Point:
-    """One real block cycle at this shape (low-confidence quota: exactly cfg.steps forwards), measured."""
-    decoding = DecodingConfig(
-        block_length=cfg.block_length,
-        steps_per_block=cfg.steps,
-        remasking="low_confidence",
-        max_materialized_logits=cfg.max_materialized_logits,
-        logit_candidates=cfg.logit_candidates,
-        batch_invariant=cfg.batch_invariant,
-        sparse=cfg.sparse,
-    )
-    runner = make_runner(loaded, decoding, pool_tokens=point.tokens)  # a KV pool for every token
-    rows = _rows_for(point, loaded, cfg.block_length, cfg.seed)
-    group_reset_peak(loaded, resident_window=True)  # CPU: a window of its own (_measure_in_one_process)
-    runner.run(SchedulerOutput.of_rows(rows, gather_rows=False, packed=cfg.layout == "packed"))
-    peak, allocated = group_peak(loaded), peak_allocated_bytes(loaded.device)  # the worst rank's peak
-    return Point(point.rows, point.width, peak, point.held_out, allocated)
-
-
-def _model(cfg: ProfileConfig):
-    """The model (this process's rank of it) for as long as the context lasts."""
-    args = ModelArgs(cfg.model, cfg.device, cfg.dtype, cfg.seed, cfg.family)
-    return tensor_parallel_group(_place(cfg), args)
-
-
-def _place(cfg: ProfileConfig) -> GroupPlace:
-    return GroupPlace(cfg.tensor_parallel, expert=cfg.expert_parallel)
-
-
-def measure_in_fresh_process(cfg: ProfileConfig, point: Point) -> Point:
-    """One point in this process, the model loaded for it (``run_in_child`` gives it a fresh process)."""
-    with _model(cfg) as loaded:
-        return measure_point(loaded, point, cfg)
-
-
-def _measure_in_one_process(calls, answers, cfg: ProfileConfig) -> None:
-    """CPU points one after another in this fresh process, each in a peak window of its own whose floor is
-    the process's peak before the first (``device_memory.reset_peak``): what a fresh process reaches at
-    that shape. Each answer: the point and whether its window was its own."""
-    with _model(cfg) as loaded:
-        while (point := calls.get()) is not None:
-            gc.collect()  # what the last point left in reference cycles goes before the next window,
-            release_free_cpu_memory()  # and what the C heap keeps free of it is given back
-            answers.put((measure_point(loaded, point, cfg), resident_windows()))
-
-
-@dataclass(frozen=True)
-class _InProcessPoints:
-    """CUDA points in this process, between allocator peak resets."""
-
-    loaded: LoadedModel
-    cfg: ProfileConfig
-    measured_in: str = "this process"
-
-    def measure(self, point: Point) -> Point:
-        return measure_point(self.loaded, point, self.cfg)
-
-
-class _CpuPoints:
-    """CPU points measured in one fresh process (the model loaded once); where the kernel does not let a
-    process reset its peak, each point after the first in a fresh process of its own."""
-
-    def __init__(self, cfg: ProfileConfig) -> None:
-        self._cfg = cfg
-        self._session: ChildSession | None = ChildSession(_measure_in_one_process, cfg)
-        self.measured_in = "one fresh process"
-
-    def __enter__(self) -> _CpuPoints:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
-
-    def measure(self, point: Point) -> Point:
-        if self._session is None:
-            return run_in_child(measure_in_fresh_process, self._cfg, point)
-        measured, own_window = self._session.ask(point)
-        if not own_window:  # the process's first point is its own all the same; the next would not be
-            self.__exit__()
-            self.measured_in = "a fresh process each"
-        return measured
 
 
 def _measured(measure: Callable[[Point], Point], point: Point) -> Point:
@@ -221,10 +89,10 @@ def run_profile(cfg: ProfileConfig, progress: bool = True) -> dict:
     usable = int(limit * cfg.utilization)
     with contextlib.ExitStack() as held:
         if device.type == "cuda":
-            loaded = held.enter_context(_model(cfg))
-            points, weights = _InProcessPoints(loaded, cfg), loaded.weights_bytes
+            loaded = held.enter_context(model_of(cfg))
+            points, weights = InProcessPoints(loaded, cfg), loaded.weights_bytes
         else:
-            points, weights = held.enter_context(_CpuPoints(cfg)), _weights_bytes(cfg)
+            points, weights = held.enter_context(CpuPoints(cfg)), _weights_bytes(cfg)
         return _profile(cfg, device, points, weights, total, available, limit, usable, progress)
 
 
@@ -302,7 +170,7 @@ def _weights_bytes(cfg: ProfileConfig) -> int:
     """Parameter bytes of rank 0's part (the most any rank holds; the whole for one process), from the
     config alone (no weights are loaded)."""
     config, _ = load_metadata(cfg.model, cfg.family)
-    place = _place(cfg)
+    place = place_of(cfg)
     parallel = TensorParallel(0, place.size, layout=place.layout)
     model = build_part(model_plan(config, parallel)).to(parse_dtype(cfg.dtype))
     return sum(p.numel() * p.element_size() for p in model.parameters())
@@ -339,7 +207,7 @@ def _result(
         "warnings": extrapolation.warnings(),
         "token_budget": budget,
     } | cache_share(
-        cfg.model, cfg.family, cfg.dtype, _place(cfg).layout.tensor, fit.bytes_per_token, cfg.sparse
+        cfg.model, cfg.family, cfg.dtype, place_of(cfg).layout.tensor, fit.bytes_per_token, cfg.sparse
     )
 
 

@@ -13,9 +13,10 @@ from dllm_contracts.request_params import RequestParams
 from dllm_contracts.scheduler_config import SchedulerConfig
 from engine_pod.decoding.config import DecodingConfig
 from engine_pod.loading.loader import load_model, parameter_count
-from engine_pod.profiling import profiler
+from engine_pod.profiling import points
 from engine_pod.profiling.grid import Point, grid
-from engine_pod.profiling.profiler import ProfileConfig, check_shape, for_model, measure_point
+from engine_pod.profiling.points import measure_point
+from engine_pod.profiling.profiler import ProfileConfig, check_shape, for_model
 from engine_pod.runner.factory import make_runner
 from engine_pod.scheduler.blockserve import BlockServeScheduler
 from engine_pod.scheduler.static import sequential_scheduler
@@ -49,10 +50,10 @@ def test_a_profiled_canvas_cycle_is_measured_with_its_context_pool_allocated(mon
     cfg = for_model(ProfileConfig(model=str(REFERENCE), block_length=None, steps=3))
     runners, pool_at_reset = [], []
     monkeypatch.setattr(
-        profiler, "make_runner", lambda *a, **k: runners.append(make_runner(*a, **k)) or runners[-1]
+        points, "make_runner", lambda *a, **k: runners.append(make_runner(*a, **k)) or runners[-1]
     )
     monkeypatch.setattr(
-        profiler,
+        points,
         "group_reset_peak",
         lambda loaded, **_: pool_at_reset.append(runners[-1].stepper.pool.nbytes()),
     )

@@ -126,7 +126,7 @@ def test_every_command_refuses_a_budget_below_one_position_in_one_line(command, 
 def test_the_profiler_measures_with_the_budget_in_force():
     from engine_pod.models.row_invariant import TILE_ROWS
     from engine_pod.profiling.grid import Point
-    from engine_pod.profiling.profiler import ProfileConfig, measure_point
+    from engine_pod.profiling.points import ProfileConfig, measure_point
 
     loaded = load_model(str(REFERENCE_DIR / "llada"))
     cfg = ProfileConfig(model="unused", block_length=BLOCK, steps=2, max_materialized_logits=5)

@@ -13,7 +13,7 @@ import torch
 from engine_pod import device_memory
 from engine_pod.device_memory import peak_bytes, reset_peak, resident_windows
 from engine_pod.isolation import run_in_child
-from engine_pod.profiling import profiler
+from engine_pod.profiling import points as profiler_points
 from engine_pod.profiling.grid import Point
 from tests.engine_pod.shared_profiles import scored_small_profile
 
@@ -73,14 +73,14 @@ class _RefusingSession:
 
 def test_without_windows_each_point_after_the_first_runs_in_a_fresh_process(monkeypatch):
     fresh = []
-    monkeypatch.setattr(profiler, "ChildSession", _RefusingSession)
+    monkeypatch.setattr(profiler_points, "ChildSession", _RefusingSession)
     monkeypatch.setattr(
-        profiler,
+        profiler_points,
         "run_in_child",
         lambda f, cfg, point: fresh.append(point) or Point(point.rows, point.width, 2),
     )
-    cfg = profiler.ProfileConfig(model="builtin:tiny-llada")
-    with profiler._CpuPoints(cfg) as points:
+    cfg = profiler_points.ProfileConfig(model="builtin:tiny-llada")
+    with profiler_points.CpuPoints(cfg) as points:
         assert points.measured_in == "one fresh process"
         measured = [points.measure(Point(rows, 64)) for rows in (1, 2, 3)]
         assert points.measured_in == "a fresh process each"

@@ -13,7 +13,7 @@ from dllm_contracts.profile_summary import ProfileSummary, read_termination_mess
 from engine_pod.cli.main import build_parser, main
 from engine_pod.cli.scheduling import scheduler_config
 from engine_pod.loading.loader import load_model
-from engine_pod.profiling import profiler
+from engine_pod.profiling import points as profiler_points
 from engine_pod.profiling.grid import Point
 from tests.serving.serve_process import openai_client, running
 
@@ -56,11 +56,11 @@ def test_every_grid_point_runs_the_sparse_cache(monkeypatch):
         made.append(real(*args, **kwargs))
         return made[-1]
 
-    real = profiler.make_runner
-    monkeypatch.setattr(profiler, "make_runner", spy)
+    real = profiler_points.make_runner
+    monkeypatch.setattr(profiler_points, "make_runner", spy)
     sparse = HeadSparseConfig(mode="uniform", retention=0.3)
-    cfg = profiler.ProfileConfig(model="builtin:tiny-llada", block_length=32, sparse=sparse)
-    point = profiler.measure_point(load_model("builtin:tiny-llada"), Point(2, 128), cfg)
+    cfg = profiler_points.ProfileConfig(model="builtin:tiny-llada", block_length=32, sparse=sparse)
+    point = profiler_points.measure_point(load_model("builtin:tiny-llada"), Point(2, 128), cfg)
     stepper = made[0].stepper
     assert point.peak_bytes > 0 and stepper.heads is not None
     assert stepper.cache_pool.pool.capacity < 2 * 128  # a dense run: the point's 2 rows of 128 positions
