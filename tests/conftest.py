@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
-from pathlib import Path
 
 import torch
 from hypothesis import settings
@@ -25,15 +23,13 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
 def pytest_configure(config) -> None:
-    """Compiled bytecode for the suite's processes in a directory of its own (``PYTHONPYCACHEPREFIX``), written
-    and reused even where the environment says not to write any (``PYTHONDONTWRITEBYTECODE``, which CI
-    images set): otherwise each of the hundreds of ``dllm`` and gateway processes the tests start compiles
-    the project's sources again (about 0.7 CPU s a ``dllm`` process), and each test process rewrites every
-    test module's asserts. Nothing is written into the source tree. Set here, in the first process (xdist's
-    controller), so that its test processes and every child inherit it."""
+    """Compiled bytecode written and reused by the suite's processes, even where the environment says not
+    to write any (``PYTHONDONTWRITEBYTECODE``, which CI images set): otherwise each of the hundreds of
+    ``dllm`` and gateway processes the tests start compiles the project's sources again, and each test
+    process rewrites every test module's asserts again. Set here, in the first process (xdist's
+    controller), so that its test processes and every child inherit it; the files go where Python puts
+    them by default (``__pycache__``, which git ignores)."""
     if hasattr(config, "workerinput"):
         return
-    prefix = Path(tempfile.gettempdir()) / f"dllm-serve-tests-bytecode-{os.getuid()}"
-    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = str(prefix)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
