@@ -24,9 +24,9 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 def pytest_configure(config) -> None:
     """Compiled bytecode written and reused by the suite's processes, even where the environment says not
-    to write any (``PYTHONDONTWRITEBYTECODE``, which CI images set): otherwise each of the hundreds of
-    ``dllm`` and gateway processes the tests start compiles the project's sources again, and each test
-    process rewrites every test module's asserts again. Set here, in the first process (xdist's
+    to write any (``PYTHONDONTWRITEBYTECODE``, which container images often set, this machine's among
+    them): otherwise each of the hundreds of ``dllm`` and gateway processes the tests start compiles the
+    project's sources again, and each test process rewrites every test module's asserts again. Set here, in the first process (xdist's
     controller), so that its test processes and every child inherit it; the files go where Python puts
     them by default (``__pycache__``, which git ignores)."""
     if hasattr(config, "workerinput"):
