@@ -142,8 +142,9 @@ def peak_allocated_bytes(device: torch.device) -> int:
 
 
 def _resident_high_water_mark() -> int:
-    """VmHWM: this address space's peak since exec or its last reset. Not ru_maxrss, which a spawned child inherits from
-    the process it was forked from (Linux keeps it across execve), so a large parent would mask it."""
+    """VmHWM: this address space's peak since exec or its last reset. Not ru_maxrss, which a spawned child
+    inherits from the process it was forked from (Linux keeps it across execve), so a large parent would
+    mask it."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):

@@ -26,9 +26,9 @@ def pytest_configure(config) -> None:
     """Compiled bytecode written and reused by the suite's processes, even where the environment says not
     to write any (``PYTHONDONTWRITEBYTECODE``, which container images often set, this machine's among
     them): otherwise each of the hundreds of ``dllm`` and gateway processes the tests start compiles the
-    project's sources again, and each test process rewrites every test module's asserts again. Set here, in the first process (xdist's
-    controller), so that its test processes and every child inherit it; the files go where Python puts
-    them by default (``__pycache__``, which git ignores)."""
+    project's sources again, and each test process rewrites every test module's asserts again. Set here,
+    in the first process (xdist's controller), so that its test processes and every child inherit it; the
+    files go where Python puts them by default (``__pycache__``, which git ignores)."""
     if hasattr(config, "workerinput"):
         return
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)

@@ -102,15 +102,18 @@ class CpuPoints:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
+        self._close()
 
     def measure(self, point: Point) -> Point:
         if self._session is None:
             return run_in_child(measure_in_fresh_process, self._cfg, point)
         measured, own_window = self._session.ask(point)
         if not own_window:  # the process's first point is its own all the same; the next would not be
-            self.__exit__()
+            self._close()
             self.measured_in = "a fresh process each"
         return measured
+
+    def _close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None

@@ -7,7 +7,8 @@ what a request holds (its context's KV pages and its active block or canvas).
 Each grid point runs one block cycle (a refresh forward plus cached steps) on a batch of
 ``rows x width`` tokens (``points.py``: CUDA points in this process, recording the reserved peak
 beside the allocated one; CPU points in one fresh process, each shape's peak resident memory as a fresh
-engine process would reach it). The budget the fit gives is then measured once at its own size and lowered until that peak fits.
+engine process would reach it). The budget the fit gives is then measured once at its own size and
+lowered until that peak fits.
 """
 
 from __future__ import annotations
